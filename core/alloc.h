@@ -1,0 +1,29 @@
+/*
+ * alloc.h - the allocator every kex module uses.
+ *
+ * kex_malloc & co. behave like the libc functions but can be made to fail at
+ * the N-th call (kex_alloc_fail_at), which is how tests prove that out of
+ * memory is an ordinary error path (KEX_ENOMEM), never a crash or a leak.
+ * The hook is process-global and thread-safe (an atomic counter).
+ */
+#ifndef KEX_CORE_ALLOC_H
+#define KEX_CORE_ALLOC_H
+
+#include <stddef.h>
+
+void *kex_malloc(size_t size);
+void *kex_calloc(size_t n, size_t size);
+void *kex_realloc(void *p, size_t size);
+void kex_free(void *p);
+char *kex_strdup(const char *s);
+char *kex_strndup(const char *s, size_t n);
+
+/*
+ * Make the n-th allocation from now fail (n >= 1), and every one after it
+ * when `sticky` is nonzero.  n == 0 disarms the hook.  Returns nothing.
+ */
+void kex_alloc_fail_at(unsigned long n, int sticky);
+/* Number of allocations made through kex_malloc & co. since start. */
+unsigned long kex_alloc_count(void);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * arena.c - block-chained bump allocator.
+ */
+#include "core/arena.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+
+struct kex_arena_block {
+  kex_arena_block *prev;
+  size_t size;
+  _Alignas(16) char data[];
+};
+
+void kex_arena_init(kex_arena *a, size_t block_size) {
+  memset(a, 0, sizeof *a);
+  a->block_size = block_size ? block_size : 64 * 1024;
+}
+
+void kex_arena_destroy(kex_arena *a) {
+  kex_arena_block *b = a->head;
+  while (b) {
+    kex_arena_block *prev = b->prev;
+    kex_free(b);
+    b = prev;
+  }
+  size_t bs = a->block_size;
+  kex_arena_init(a, bs);
+}
+
+void *kex_arena_alloc(kex_arena *a, size_t size) {
+  size = (size + 15) & ~(size_t)15;
+  if (size == 0) size = 16;
+  if ((size_t)(a->end - a->cur) < size) {
+    size_t bsize = a->block_size;
+    if (size > bsize / 4) bsize = size > bsize ? size : bsize; /* big requests get their own block */
+    kex_arena_block *b = kex_malloc(sizeof *b + bsize);
+    if (!b) return NULL;
+    b->size = bsize;
+    a->total += bsize;
+    if (size > a->block_size / 4 && a->head && a->cur != a->end) {
+      /* keep filling the current block; chain the big one behind it */
+      b->prev = a->head->prev;
+      a->head->prev = b;
+      return b->data;
+    }
+    b->prev = a->head;
+    a->head = b;
+    a->cur = b->data;
+    a->end = b->data + bsize;
+  }
+  void *p = a->cur;
+  a->cur += size;
+  return p;
+}
+
+void *kex_arena_calloc(kex_arena *a, size_t n, size_t size) {
+  if (size && n > SIZE_MAX / size) return NULL;
+  void *p = kex_arena_alloc(a, n * size);
+  if (p) memset(p, 0, n * size);
+  return p;
+}
+
+void *kex_arena_memdup(kex_arena *a, const void *src, size_t size) {
+  void *p = kex_arena_alloc(a, size);
+  if (p && size) memcpy(p, src, size);
+  return p;
+}
+
+char *kex_arena_strdup(kex_arena *a, const char *s) { return kex_arena_memdup(a, s, strlen(s) + 1); }

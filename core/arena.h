@@ -1,0 +1,35 @@
+/*
+ * arena.h - bump allocator whose lifetime is one pass or one submission.
+ *
+ * Memory comes in blocks from kex_malloc; kex_arena_alloc never frees
+ * individually; kex_arena_reset/kex_arena_destroy release everything at once.
+ * Allocation failure returns NULL (never aborts).
+ */
+#ifndef KEX_CORE_ARENA_H
+#define KEX_CORE_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kex_arena_block kex_arena_block;
+
+typedef struct kex_arena {
+  kex_arena_block *head; /* current block, linked to older ones */
+  char *cur, *end;       /* free space in head */
+  size_t block_size;     /* default size of a new block */
+  size_t total;          /* bytes obtained from the allocator */
+} kex_arena;
+
+/* Initialise an empty arena (no allocation yet).  block_size 0 = 64 KiB. */
+void kex_arena_init(kex_arena *a, size_t block_size);
+/* Release every block; the arena is empty and reusable afterwards. */
+void kex_arena_destroy(kex_arena *a);
+/* Aligned (16 bytes) allocation; NULL when out of memory. */
+void *kex_arena_alloc(kex_arena *a, size_t size);
+/* Zeroed allocation; NULL when out of memory. */
+void *kex_arena_calloc(kex_arena *a, size_t n, size_t size);
+/* Copy of `size` bytes of src; NULL when out of memory. */
+void *kex_arena_memdup(kex_arena *a, const void *src, size_t size);
+char *kex_arena_strdup(kex_arena *a, const char *s);
+
+#endif

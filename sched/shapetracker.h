@@ -1,0 +1,127 @@
+/*
+ * shapetracker.h - View and ShapeTracker exactly as tinygrad 0.9.0
+ * (spec section 4: shape/view.py, shape/shapetracker.py).
+ *
+ * A View maps an index space (shape) to flat addresses (offset + sum idx*stride),
+ * valid where idx lies inside the per-dim mask [b, e).  A ShapeTracker is a
+ * list of views: views[0] indexes the buffer, views[n-1] is the visible shape.
+ *
+ * Interning: views and ShapeTrackers are hash-consed inside a kex_shape_ctx,
+ * so two equal values made from the same context are the same pointer.
+ * Compare them with `==`; use them as hash keys by pointer or by ->hash.
+ * Binary operations (st + st, simplify, view + view, reshape) are memoised.
+ *
+ * Ownership: everything returned lives in the context's arena and dies with
+ * kex_shape_ctx_free / the arena.  Functions returning pointers return NULL
+ * only when out of memory.  Arguments are assumed valid (the graph loader
+ * validates client input before any of this runs); shapes are non-negative
+ * ints, ndim <= KEX_MAX_DIMS.
+ */
+#ifndef KEX_SCHED_SHAPETRACKER_H
+#define KEX_SCHED_SHAPETRACKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/arena.h"
+#include "core/limits.h"
+#include "sched/symbolic.h"
+
+typedef struct kex_view {
+  uint64_t hash;
+  uint8_t ndim;
+  bool contiguous;
+  const int64_t *shape;   /* ndim entries */
+  const int64_t *strides; /* ndim entries */
+  int64_t offset;
+  const int64_t *mask;    /* NULL, or 2*ndim entries: mask[2i] = b_i, mask[2i+1] = e_i */
+} kex_view;
+
+typedef struct kex_st {
+  uint64_t hash;
+  uint32_t nviews;
+  const kex_view *const *views;
+} kex_st;
+
+typedef struct kex_shape_ctx kex_shape_ctx;
+
+/* A context whose objects are allocated from `arena` (not owned). NULL on OOM. */
+kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena);
+/* Frees the context's hash tables (the arena keeps the objects until it is destroyed). */
+void kex_shape_ctx_free(kex_shape_ctx *ctx);
+/* Symbolic context sharing the same arena. */
+kex_sym_ctx *kex_shape_sym(kex_shape_ctx *ctx);
+
+/* ---- View ---- */
+
+/* View.create: canonicalises strides, drops a full mask, computes contiguous, step 4 of the spec. */
+const kex_view *kex_view_create(kex_shape_ctx *ctx, int ndim, const int64_t *shape, const int64_t *strides,
+                                int64_t offset, const int64_t *mask);
+int64_t kex_view_size(const kex_view *v);
+const kex_view *kex_view_pad(kex_shape_ctx *ctx, const kex_view *v, const int64_t *arg);    /* arg: 2*ndim (before, after) */
+const kex_view *kex_view_shrink(kex_shape_ctx *ctx, const kex_view *v, const int64_t *arg); /* arg: 2*ndim (begin, end) */
+const kex_view *kex_view_expand(kex_shape_ctx *ctx, const kex_view *v, const int64_t *new_shape);
+const kex_view *kex_view_permute(kex_shape_ctx *ctx, const kex_view *v, const int *order);
+const kex_view *kex_view_stride(kex_shape_ctx *ctx, const kex_view *v, const int64_t *mul);
+/* View.reshape: 0 with *out set, 1 when the reshape cannot be one view (None), KEX_ENOMEM. */
+int kex_view_reshape(kex_shape_ctx *ctx, const kex_view *v, int ndim, const int64_t *new_shape, const kex_view **out);
+/* vm2 + vm1 (vm2 inner/earlier): 0 with *out, 1 for None, KEX_ENOMEM. */
+int kex_view_add(kex_shape_ctx *ctx, const kex_view *vm2, const kex_view *vm1, const kex_view **out);
+/* View.invert(out_shape): 0 with *out, 1 for None, KEX_ENOMEM. */
+int kex_view_invert(kex_shape_ctx *ctx, const kex_view *v, int ndim, const int64_t *out_shape, const kex_view **out);
+/* View.minify(): reshape to the _merge_dims sizes when possible, else v itself. */
+const kex_view *kex_view_minify(kex_shape_ctx *ctx, const kex_view *v);
+
+/* ---- ShapeTracker ---- */
+
+const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape);
+const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t nviews, const kex_view *const *views);
+static inline const kex_view *kex_st_last(const kex_st *st) { return st->views[st->nviews - 1]; }
+static inline int kex_st_ndim(const kex_st *st) { return kex_st_last(st)->ndim; }
+static inline const int64_t *kex_st_shape(const kex_st *st) { return kex_st_last(st)->shape; }
+int64_t kex_st_size(const kex_st *st);                /* prod(shape) */
+bool kex_st_contiguous(const kex_st *st);             /* 1 view and contiguous */
+bool kex_st_consecutive(const kex_st *st);            /* 1 view, no mask, row-major strides (any offset) */
+
+const kex_st *kex_st_reshape(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *new_shape);
+const kex_st *kex_st_pad(kex_shape_ctx *ctx, const kex_st *st, const int64_t *arg);
+const kex_st *kex_st_shrink(kex_shape_ctx *ctx, const kex_st *st, const int64_t *arg);
+const kex_st *kex_st_expand(kex_shape_ctx *ctx, const kex_st *st, const int64_t *new_shape);
+const kex_st *kex_st_permute(kex_shape_ctx *ctx, const kex_st *st, const int *order);
+const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t *mul);
+
+/* st1 + st2 (ShapeTracker.__add__): append st2's views one at a time, simplifying after each. */
+const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b);
+const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st);
+/* ShapeTracker.invert(out_shape): 0 with *out, 1 for None, KEX_ENOMEM. */
+int kex_st_invert(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *out_shape, const kex_st **out);
+
+/*
+ * expr_idxs(idxs): index and valid expressions for per-dim index nodes
+ * idxs[0..ndim-1] (ndim of the visible shape).  NULL idxs = Variables
+ * idx0..idx{n-1} over [0, shape_i - 1].  0 or KEX_ENOMEM.
+ */
+int kex_st_expr_idxs(kex_shape_ctx *ctx, const kex_st *st, const kex_sym *const *idxs, const kex_sym **idx,
+                     const kex_sym **valid);
+/*
+ * real_strides(ignore_valid): strides[i] set when known[i] is true (None in
+ * tinygrad when false).  0 or KEX_ENOMEM.
+ */
+int kex_st_real_strides(kex_shape_ctx *ctx, const kex_st *st, bool ignore_valid, int64_t *strides, bool *known);
+/* unit_stride_axes(): bitmask of axes with real stride 1.  <0 on OOM. */
+int64_t kex_st_unit_stride_axes(kex_shape_ctx *ctx, const kex_st *st);
+/* axis_is_masked(axis): 1, 0, or KEX_ENOMEM. */
+int kex_st_axis_is_masked(kex_shape_ctx *ctx, const kex_st *st, int axis);
+/* real_size(): max valid index + 1 (0 when never valid).  <0 on OOM. */
+int64_t kex_st_real_size(kex_shape_ctx *ctx, const kex_st *st);
+
+/*
+ * Stable text, tinygrad's repr:
+ * "ShapeTracker(views=(View(shape=(16,), strides=(1,), offset=0, mask=None, contiguous=True),))".
+ * Returns the length that the full text needs (like snprintf).
+ */
+int kex_view_repr(const kex_view *v, char *buf, size_t len);
+int kex_st_repr(const kex_st *st, char *buf, size_t len);
+
+#endif
