@@ -30,6 +30,8 @@ void kex_arena_destroy(kex_arena *a) {
 }
 
 void *kex_arena_alloc(kex_arena *a, size_t size) {
+  /* rounding up to 16 and adding the block header must not wrap around */
+  if (size > SIZE_MAX - 15 - sizeof(kex_arena_block)) return NULL;
   size = (size + 15) & ~(size_t)15;
   if (size == 0) size = 16;
   if ((size_t)(a->end - a->cur) < size) {
