@@ -16,6 +16,6 @@ uint64_t kex_hash_bytes(const void *data, size_t len, uint64_t seed) {
     len -= 8;
   }
   uint64_t tail = 0;
-  memcpy(&tail, p, len);
+  if (len) memcpy(&tail, p, len); /* data may be NULL when len is 0 */
   return kex_hash_mix(h, tail ^ ((uint64_t)len << 56));
 }
