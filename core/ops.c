@@ -64,8 +64,8 @@ kex_const kex_exec_alu(kex_op op, kex_dtype dt, const kex_const *s, int n) {
     kex_const_kind k = join_kind(s[0], s[1]);
     if (k == KEX_CONST_FLOAT) {
       double a = as_f(s[0]), b = as_f(s[1]);
-      r = kex_const_float(op == KEX_OP_ADD ? a + b : op == KEX_OP_SUB ? a - b : op == KEX_OP_MUL ? a * b : (a >= b ? a : b));
-      if (op == KEX_OP_MAX && isnan(a)) r = kex_const_float(a);
+      /* MAX is Python's max(a, b): a unless b > a, so max(nan, 1) = nan but max(1, nan) = 1 */
+      r = kex_const_float(op == KEX_OP_ADD ? a + b : op == KEX_OP_SUB ? a - b : op == KEX_OP_MUL ? a * b : (b > a ? b : a));
     } else {
       int64_t a = as_i(s[0]), b = as_i(s[1]);
       int64_t v = op == KEX_OP_ADD ? (int64_t)((uint64_t)a + (uint64_t)b)
