@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const tg_names[KEX_DT_COUNT] = {"bool", "char", "uchar", "short", "ushort", "int", "uint",
@@ -146,6 +147,14 @@ int kex_const_repr(kex_const c, char *buf, size_t len) {
     if (isnan(c.f)) return snprintf(buf, len, "nan");
     if (isinf(c.f)) return snprintf(buf, len, c.f > 0 ? "inf" : "-inf");
     if (c.f == floor(c.f) && fabs(c.f) < 1e16) return snprintf(buf, len, "%.1f", c.f);
-    return snprintf(buf, len, "%.17g", c.f);
+    /* Python's repr: the fewest digits that read back as the same double,
+       in exponent form outside [1e-4, 1e16) */
+    bool sci = fabs(c.f) >= 1e16 || fabs(c.f) < 1e-4;
+    char tmp[40];
+    for (int prec = 1; prec <= 17; prec++) {
+      snprintf(tmp, sizeof tmp, sci ? "%.*e" : "%.*g", sci ? prec - 1 : prec, c.f);
+      if (strtod(tmp, NULL) == c.f) break;
+    }
+    return snprintf(buf, len, "%s", tmp);
   }
 }
