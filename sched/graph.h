@@ -111,7 +111,18 @@ typedef struct kex_graph {
   kex_gnode *nodes;
   uint32_t noutputs, outcap;
   uint32_t *outputs;
+  int64_t inline_bytes; /* total inline BUFFER data so far (max_inline_bytes) */
 } kex_graph;
+
+/*
+ * Note: nodes and outputs are growable arrays from kex_realloc (not the arena,
+ * so growth wastes nothing); they too die with kex_graph_free.
+ */
+
+/* True for the movement ops RESHAPE EXPAND PERMUTE PAD SHRINK STRIDE. */
+bool kex_gop_is_movement(kex_gop op);
+/* The base of node idx: follows src[0] of movement ops back to a non-movement node. */
+uint32_t kex_graph_base(const kex_graph *g, uint32_t idx);
 
 /* ---- builder ---- */
 
