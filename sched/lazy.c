@@ -1,0 +1,658 @@
+/*
+ * lazy.c - replaying a client graph as tinygrad 0.9.0 LazyBuffer calls.
+ *
+ * Each graph node is one LazyBuffer method call (lazy.py): elementwise `e`
+ * with its constant folds, `cast` with CAST_BEFORE_VIEW, `r` with the split
+ * reduce, the movement methods through `_view`, `contiguous` with
+ * contiguous_child, `assign` and `copy_to_device`.  Every node goes through
+ * create_lazybuffer, so the lazycache returns an existing node for an
+ * identical call (same device, ShapeTracker, dtype, op, arg and source
+ * identities for a base; same ShapeTracker and base for a view).  All nodes
+ * of a replay stay alive for its whole life (the client holds the graph), so
+ * the weak references tinygrad uses are simply always live here.
+ */
+#include "sched/lazy.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/hash.h"
+
+/* ---- the lazycache: open addressing over kex_lb pointers ---- */
+
+struct kex_lazycache {
+  uint32_t cap, len;  /* cap is a power of two */
+  kex_lb **slots;
+  uint64_t *hashes;
+};
+
+typedef struct lb_key {
+  kex_lb *base;      /* non-NULL: a view key (st, base) */
+  const char *device;
+  const kex_st *st;
+  kex_dtype dtype;
+  kex_op op;
+  kex_const arg;
+  uint32_t axis_mask;
+  uint8_t nsrc;
+  kex_lb *const *srcs;
+} lb_key;
+
+static uint64_t const_hash(kex_const c) {
+  switch (c.kind) {
+  case KEX_CONST_INT: return (uint64_t)c.i;
+  case KEX_CONST_BOOL: return c.b;
+  default: {
+    double f = c.f == 0.0 ? 0.0 : c.f; /* 0.0 == -0.0 in Python, same hash */
+    if (f == floor(f) && fabs(f) < 9e18) return (uint64_t)(int64_t)f; /* 1.0 == 1 */
+    uint64_t u;
+    memcpy(&u, &f, 8);
+    return u;
+  }
+  }
+}
+
+/* Python equality of two const args (1 == 1.0 == True, nan != nan). */
+static bool const_eq(kex_const a, kex_const b) {
+  if (a.kind == KEX_CONST_FLOAT || b.kind == KEX_CONST_FLOAT) return kex_const_as_double(a) == kex_const_as_double(b);
+  int64_t x = a.kind == KEX_CONST_INT ? a.i : a.b, y = b.kind == KEX_CONST_INT ? b.i : b.b;
+  return x == y;
+}
+
+static uint64_t key_hash(const lb_key *k) {
+  if (k->base) return kex_hash_mix(kex_hash_u64(1, (uintptr_t)k->st), (uintptr_t)k->base);
+  uint64_t h = kex_hash_u64((uintptr_t)k->device, (uintptr_t)k->st);
+  h = kex_hash_u64(h, ((uint64_t)k->dtype << 8) | k->op);
+  h = kex_hash_u64(h, k->op == KEX_OP_CONST ? const_hash(k->arg) : k->axis_mask);
+  for (int i = 0; i < k->nsrc; i++) h = kex_hash_u64(h, (uintptr_t)k->srcs[i]);
+  return h;
+}
+
+static bool key_matches(const lb_key *k, const kex_lb *lb) {
+  if (k->base) return !kex_lb_is_base(lb) && lb->st == k->st && lb->base == k->base;
+  if (!kex_lb_is_base(lb) || lb->device != k->device || lb->st != k->st || lb->dtype != k->dtype || lb->op != k->op ||
+      lb->nsrc != k->nsrc || lb->axis_mask != k->axis_mask)
+    return false;
+  if (k->op == KEX_OP_CONST && !const_eq(lb->arg, k->arg)) return false;
+  for (int i = 0; i < k->nsrc; i++)
+    if (lb->srcs[i] != k->srcs[i]) return false;
+  return true;
+}
+
+static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
+  if (!c->cap) return NULL;
+  for (uint32_t i = (uint32_t)h & (c->cap - 1);; i = (i + 1) & (c->cap - 1)) {
+    if (!c->slots[i]) return NULL;
+    if (c->hashes[i] == h && key_matches(k, c->slots[i])) return c->slots[i];
+  }
+}
+
+static int cache_put(struct kex_lazycache *c, kex_lb *lb, uint64_t h) {
+  if ((c->len + 1) * 4 > c->cap * 3) {
+    uint32_t ncap = c->cap ? c->cap * 2 : 256;
+    kex_lb **ns = kex_calloc(ncap, sizeof *ns);
+    uint64_t *nh = kex_malloc(sizeof *nh * ncap);
+    if (!ns || !nh) {
+      kex_free(ns);
+      kex_free(nh);
+      return KEX_ENOMEM;
+    }
+    for (uint32_t i = 0; i < c->cap; i++) {
+      if (!c->slots[i]) continue;
+      uint32_t j = (uint32_t)c->hashes[i] & (ncap - 1);
+      while (ns[j]) j = (j + 1) & (ncap - 1);
+      ns[j] = c->slots[i];
+      nh[j] = c->hashes[i];
+    }
+    kex_free(c->slots);
+    kex_free(c->hashes);
+    c->slots = ns;
+    c->hashes = nh;
+    c->cap = ncap;
+  }
+  uint32_t i = (uint32_t)h & (c->cap - 1);
+  while (c->slots[i]) i = (i + 1) & (c->cap - 1);
+  c->slots[i] = lb;
+  c->hashes[i] = h;
+  c->len++;
+  return 0;
+}
+
+/* ---- replay state ---- */
+
+typedef struct replay_ctx {
+  kex_replay *r;
+  kex_error *err;
+  int node;   /* graph node being replayed, for messages */
+  int rc;     /* first failure (sticky): methods return NULL after it */
+} replay_ctx;
+
+#define FAIL_NOMEM(c) ((c)->rc = (c)->rc ? (c)->rc : kex_err_set((c)->err, KEX_ENOMEM, "node %d: out of memory", (c)->node), (kex_lb *)NULL)
+
+static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
+  if (r->nbuffers == r->capbuffers) {
+    uint32_t ncap = r->capbuffers ? r->capbuffers * 2 : 64;
+    kex_buffer_info *nb = kex_realloc(r->buffers, sizeof *nb * ncap);
+    if (!nb) return KEX_ENOMEM;
+    r->buffers = nb;
+    r->capbuffers = ncap;
+  }
+  r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
+  return (int)r->nbuffers++;
+}
+
+static bool same_shape(const kex_st *a, const kex_st *b) {
+  int n = kex_st_ndim(a);
+  return n == kex_st_ndim(b) && memcmp(kex_st_shape(a), kex_st_shape(b), sizeof(int64_t) * n) == 0;
+}
+
+static bool st_has_mask(const kex_st *st) {
+  for (uint32_t i = 0; i < st->nviews; i++)
+    if (st->views[i]->mask) return true;
+  return false;
+}
+
+static bool is_unrealized_const(const kex_lb *lb) { return !lb->base->realized && lb->base->op == KEX_OP_CONST; }
+static bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealized_const(lb) && !st_has_mask(lb->st); }
+
+/*
+ * create_lazybuffer: size-0 -> CONST 0; CONST args through as_const with the
+ * cache forced on; the lazycache lookup; then LazyBuffer.__init__ (buffer
+ * creation: ASSIGN shares its target's, VIEW is a sub-buffer).
+ */
+static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, kex_dtype dtype, kex_op op, kex_const arg,
+                         uint32_t axis_mask, int nsrc, kex_lb *const *srcs, kex_lb *base, bool enable_cache) {
+  if (c->rc) return NULL;
+  kex_replay *r = c->r;
+  if (kex_st_size(st) == 0) {
+    op = KEX_OP_CONST;
+    arg = kex_const_int(0);
+    nsrc = 0;
+    base = NULL;
+    axis_mask = 0;
+  }
+  if (!base && op == KEX_OP_CONST) {
+    arg = kex_const_as(arg, dtype);
+    enable_cache = true;
+  }
+  lb_key k = {base, device, st, dtype, op, arg, axis_mask, (uint8_t)nsrc, srcs};
+  uint64_t h = 0;
+  if (enable_cache) {
+    h = key_hash(&k);
+    kex_lb *hit = cache_get(r->cache, &k, h);
+    if (hit) return hit;
+  }
+  kex_lb *lb = kex_arena_calloc(r->arena, 1, sizeof *lb);
+  if (!lb) return FAIL_NOMEM(c);
+  lb->id = r->nlbs++;
+  lb->st = st;
+  lb->dtype = dtype;
+  lb->device = device;
+  lb->graph_node = -1;
+  lb->group_slot = -1;
+  if (base) {
+    lb->base = base;
+  } else {
+    lb->base = lb;
+    lb->op = op;
+    lb->arg = arg;
+    lb->axis_mask = axis_mask;
+    lb->nsrc = (uint8_t)nsrc;
+    for (int i = 0; i < nsrc; i++) lb->srcs[i] = srcs[i];
+    int b;
+    if (op == KEX_OP_ASSIGN) {
+      b = (int)srcs[1]->base->buffer;
+    } else if (op == KEX_OP_VIEW) {
+      const kex_lb *s = srcs[0];
+      b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer,
+                     s->st->views[0]->offset * kex_dtype_size(s->dtype));
+    } else {
+      b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
+    }
+    if (b < 0) return FAIL_NOMEM(c);
+    lb->buffer = (uint32_t)b;
+  }
+  if (enable_cache && cache_put(r->cache, lb, h) < 0) return FAIL_NOMEM(c);
+  return lb;
+}
+
+static kex_lb *loadop(replay_ctx *c, kex_op op, int ndim, const int64_t *shape, kex_dtype dtype, const char *device,
+                      kex_const arg, int nsrc, kex_lb *const *srcs) {
+  if (c->rc) return NULL;
+  const kex_st *st = kex_st_from_shape(c->r->shape, ndim, shape);
+  if (!st) return FAIL_NOMEM(c);
+  return create_lb(c, device, st, dtype, op, arg, 0, nsrc, srcs, NULL, false);
+}
+
+static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, kex_const val, int ndim,
+                           const int64_t *shape);
+
+/* LazyBuffer._view */
+static kex_lb *lb_view(replay_ctx *c, kex_lb *lb, const kex_st *new_st) {
+  if (c->rc) return NULL;
+  if (!new_st) return FAIL_NOMEM(c);
+  const kex_view *last = kex_st_last(new_st);
+  bool empty_mask = false;
+  if (last->mask)
+    for (int i = 0; i < last->ndim; i++)
+      if (last->mask[2 * i + 1] - last->mask[2 * i] == 0) empty_mask = true;
+  if (kex_st_size(lb->st) == 0 || empty_mask)
+    return lb_const_of(c, lb->dtype, lb->device, kex_const_int(0), kex_st_ndim(new_st), kex_st_shape(new_st));
+  if (kex_st_contiguous(new_st) && same_shape(lb->base->st, new_st)) return lb->base;
+  return create_lb(c, lb->device, new_st, lb->dtype, KEX_OP_CONST, kex_const_int(0), 0, 0, NULL, lb->base, true);
+}
+
+static kex_lb *lb_reshape(replay_ctx *c, kex_lb *lb, int ndim, const int64_t *shape) {
+  if (c->rc) return NULL;
+  return lb_view(c, lb, kex_st_reshape(c->r->shape, lb->st, ndim, shape));
+}
+
+static kex_lb *lb_expand(replay_ctx *c, kex_lb *lb, const int64_t *shape) {
+  if (c->rc) return NULL;
+  return lb_view(c, lb, kex_st_expand(c->r->shape, lb->st, shape));
+}
+
+/* LazyBuffer.loadop(CONST, (), ...).reshape((1,)*n).expand(shape) */
+static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, kex_const val, int ndim,
+                           const int64_t *shape) {
+  kex_lb *s = loadop(c, KEX_OP_CONST, 0, NULL, dtype, device, val, 0, NULL);
+  if (!s) return NULL;
+  int64_t ones[KEX_MAX_DIMS];
+  for (int i = 0; i < ndim; i++) ones[i] = 1;
+  s = lb_reshape(c, s, ndim, ones);
+  if (!s) return NULL;
+  return lb_expand(c, s, shape);
+}
+
+static kex_lb *lb_const(replay_ctx *c, kex_lb *like, kex_const val) {
+  return lb_const_of(c, like->dtype, like->device, val, kex_lb_ndim(like), kex_lb_shape(like));
+}
+
+static bool can_view(replay_ctx *c, const kex_lb *lb) {
+  return kex_st_consecutive(lb->st) && !is_unrealized_const(lb) && c->r->opts.buffer_view &&
+         lb->device == c->r->default_device;
+}
+
+static kex_lb *lb_e(replay_ctx *c, kex_op op, int n, kex_lb *const *in);
+
+/* LazyBuffer.cast(dtype, bitcast) */
+static kex_lb *lb_cast(replay_ctx *c, kex_lb *lb, kex_dtype dtype, bool bitcast) {
+  if (c->rc) return NULL;
+  if (lb->dtype == dtype) return lb;
+  if (!bitcast && is_unrealized_unmasked_const(lb))
+    return create_lb(c, lb->device, lb->st, dtype, KEX_OP_CONST, kex_const_as(lb->base->arg, dtype), 0, 0, NULL, NULL,
+                     true);
+  if (kex_dtype_size(dtype) <= kex_dtype_size(lb->dtype) && lb != lb->base) {
+    kex_lb *b = lb_cast(c, lb->base, dtype, bitcast);
+    if (!b) return NULL;
+    return lb_view(c, b, lb->st);
+  }
+  kex_op cop = bitcast ? (can_view(c, lb) ? KEX_OP_VIEW : KEX_OP_BITCAST) : KEX_OP_CAST;
+  const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(lb), kex_lb_shape(lb));
+  if (!st) return FAIL_NOMEM(c);
+  kex_lb *srcs[1] = {lb};
+  return create_lb(c, lb->device, st, dtype, cop, kex_const_int(0), 0, 1, srcs, NULL, true);
+}
+
+static bool arg_is(const kex_lb *lb, double v) { return kex_const_as_double(lb->base->arg) == v; }
+
+/* LazyBuffer.e: contiguous_child reuse, the folds, then a new base. */
+static kex_lb *lb_e(replay_ctx *c, kex_op op, int n, kex_lb *const *in) {
+  if (c->rc) return NULL;
+  kex_lb *srcs[3];
+  for (int i = 0; i < n; i++) {
+    kex_lb *s = in[i];
+    if (s == s->base && s->contiguous_child) {
+      srcs[i] = lb_view(c, s->contiguous_child, s->contiguous_child_st);
+      if (!srcs[i]) return NULL;
+    } else {
+      srcs[i] = s;
+    }
+  }
+  for (int i = op == KEX_OP_WHERE ? 2 : 1; i < n; i++)
+    if (srcs[i]->dtype != srcs[op == KEX_OP_WHERE ? 1 : 0]->dtype) {
+      c->rc = kex_err_set(c->err, KEX_EINVAL, "node %d (%s): all dtypes must match", c->node, kex_op_short(op));
+      return NULL;
+    }
+  if (op == KEX_OP_WHERE && srcs[0]->dtype != KEX_DT_BOOL) {
+    c->rc = kex_err_set(c->err, KEX_EINVAL, "node %d (WHERE): the condition must be bool", c->node);
+    return NULL;
+  }
+  if (op == KEX_OP_NEG && srcs[0]->dtype == KEX_DT_BOOL) {
+    c->rc = kex_err_set(c->err, KEX_EINVAL, "node %d (NEG): NEG does not accept dtype bool", c->node);
+    return NULL;
+  }
+  kex_dtype out = (op == KEX_OP_CMPLT || op == KEX_OP_CMPEQ) ? KEX_DT_BOOL : srcs[n - 1]->dtype;
+
+  /* const folding (python_alu ops only) */
+  bool alu = KEX_OP_IS_ALU(op) && op != KEX_OP_CAST && op != KEX_OP_BITCAST && op != KEX_OP_MULACC;
+  if (alu) {
+    bool all_const = true;
+    for (int i = 0; i < n; i++) all_const = all_const && is_unrealized_unmasked_const(srcs[i]);
+    if (all_const) {
+      kex_const v[3];
+      for (int i = 0; i < n; i++) v[i] = srcs[i]->base->arg;
+      kex_lb *self = lb_cast(c, in[0], out, false);
+      if (!self) return NULL;
+      return lb_const(c, self, kex_exec_alu(op, out, v, n));
+    }
+  }
+  kex_lb *x = in[0];
+  if (op == KEX_OP_NEG && x->base->op == KEX_OP_NEG && !x->base->realized) return x->base->srcs[0];
+  if (KEX_OP_IS_BINARY(op)) {
+    kex_lb *y = in[1];
+    if (op == KEX_OP_ADD) {
+      if (is_unrealized_unmasked_const(y) && arg_is(y, 0)) return x;
+      if (is_unrealized_unmasked_const(x) && arg_is(x, 0)) return y;
+    }
+    if (op == KEX_OP_SUB && is_unrealized_unmasked_const(y) && arg_is(y, 0)) return x;
+    if (op == KEX_OP_MUL) {
+      for (int side = 0; side < 2; side++) {
+        kex_lb *k = side ? y : x, *o = side ? x : y;
+        if (!is_unrealized_unmasked_const(k)) continue;
+        if (arg_is(k, 1)) return o;
+        if (arg_is(k, 0)) return lb_const(c, o, kex_const_int(0));
+        if (arg_is(k, -1)) return lb_e(c, KEX_OP_NEG, 1, &o);
+      }
+    }
+    if (op == KEX_OP_DIV && kex_dtype_is_float(x->dtype) && is_unrealized_unmasked_const(y) && !arg_is(y, 0)) {
+      kex_lb *m[2] = {x, lb_const(c, x, kex_const_float(1.0 / kex_const_as_double(y->base->arg)))};
+      if (!m[1]) return NULL;
+      return lb_e(c, KEX_OP_MUL, 2, m);
+    }
+  }
+  const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(x), kex_lb_shape(x));
+  if (!st) return FAIL_NOMEM(c);
+  return create_lb(c, x->device, st, out, op, kex_const_int(0), 0, n, srcs, NULL, true);
+}
+
+/* LazyBuffer._reduce_op: drop size-1 axes; none left -> self. */
+static kex_lb *lb_reduce_op(replay_ctx *c, kex_lb *lb, kex_op op, uint32_t axis_mask) {
+  if (c->rc) return NULL;
+  int nd = kex_lb_ndim(lb);
+  const int64_t *sh = kex_lb_shape(lb);
+  int64_t ns[KEX_MAX_DIMS];
+  uint32_t mask = 0;
+  for (int i = 0; i < nd; i++) {
+    if ((axis_mask >> i & 1) && sh[i] != 1) mask |= 1u << i;
+    ns[i] = (mask >> i & 1) ? 1 : sh[i];
+  }
+  if (!mask) return lb;
+  const kex_st *st = kex_st_from_shape(c->r->shape, nd, ns);
+  if (!st) return FAIL_NOMEM(c);
+  kex_lb *srcs[1] = {lb};
+  return create_lb(c, lb->device, st, lb->dtype, op, kex_const_int(0), mask, 1, srcs, NULL, true);
+}
+
+#define REDUCEOP_SPLIT_THRESHOLD 32768
+#define REDUCEOP_SPLIT_SIZE 22
+
+/* LazyBuffer.r: size-0 and const folds, then the split reduce (spec section 5). */
+static kex_lb *lb_r(replay_ctx *c, kex_lb *lb, kex_op op, int naxis, const int32_t *axis) {
+  if (c->rc) return NULL;
+  int nd = kex_lb_ndim(lb);
+  const int64_t *sh = kex_lb_shape(lb);
+  uint32_t mask = 0;
+  for (int i = 0; i < naxis; i++) mask |= 1u << axis[i];
+  int64_t ns[KEX_MAX_DIMS], new_prod = 1, reduced = 1;
+  bool zero_in_new = false, zero_in_shape = false;
+  for (int i = 0; i < nd; i++) {
+    ns[i] = (mask >> i & 1) ? 1 : sh[i];
+    new_prod *= ns[i];
+    if (mask >> i & 1) reduced *= sh[i];
+    zero_in_new |= ns[i] == 0;
+    zero_in_shape |= sh[i] == 0;
+  }
+  if (kex_lb_size(lb) == 0 && !zero_in_new)
+    return lb_const_of(c, lb->dtype, lb->device, op == KEX_OP_SUM ? kex_const_float(0.0) : kex_const_float(-INFINITY),
+                       nd, ns);
+  if (is_unrealized_unmasked_const(lb)) {
+    kex_const v = lb->base->arg;
+    if (op == KEX_OP_SUM) {
+      if (v.kind == KEX_CONST_FLOAT) v = kex_const_float(v.f * (double)reduced);
+      else v = kex_const_int((v.kind == KEX_CONST_INT ? v.i : v.b) * reduced);
+    } else if (v.kind == KEX_CONST_BOOL) {
+      v = kex_const_int(v.b); /* True * 1 == 1 */
+    }
+    return lb_const_of(c, lb->dtype, lb->device, v, nd, ns);
+  }
+  if (zero_in_shape || kex_lb_size(lb) / new_prod < REDUCEOP_SPLIT_THRESHOLD) return lb_reduce_op(c, lb, op, mask);
+  int64_t rs[KEX_MAX_DIMS];
+  bool known[KEX_MAX_DIMS];
+  if (kex_st_real_strides(c->r->shape, lb->st, true, rs, known) < 0) return FAIL_NOMEM(c);
+  int dim = -1;
+  int64_t divisor = 0;
+  int64_t top = ((int64_t)1 << REDUCEOP_SPLIT_SIZE) / new_prod;
+  if (top > 256) top = 256;
+  for (int a = 0; a < naxis && dim < 0; a++) {
+    int i = axis[a];
+    for (int64_t x = top; x >= 8; x--)
+      if (sh[i] % x == 0 && (!known[i] || rs[i] != 0)) {
+        dim = i;
+        divisor = x;
+        break;
+      }
+  }
+  if (dim < 0) return lb_reduce_op(c, lb, op, mask);
+  int64_t split[KEX_MAX_DIMS + 1];
+  int sn = 0;
+  for (int i = 0; i < nd; i++) {
+    if (i == dim) {
+      split[sn++] = divisor;
+      split[sn++] = sh[i] / divisor;
+    } else {
+      split[sn++] = sh[i];
+    }
+  }
+  int perm[KEX_MAX_DIMS + 1], pn = 0;
+  for (int i = 0; i < sn; i++)
+    if (i != dim) perm[pn++] = i;
+  perm[pn++] = dim;
+  kex_lb *s = lb_reshape(c, lb, sn, split);
+  if (!s) return NULL;
+  s = lb_view(c, s, kex_st_permute(c->r->shape, s->st, perm));
+  s = lb_reduce_op(c, s, op, mask);
+  s = lb_reduce_op(c, s, op, 1u << nd);
+  if (!s) return NULL;
+  return lb_reshape(c, s, nd, ns);
+}
+
+/* LazyBuffer.contiguous */
+static kex_lb *lb_contiguous(replay_ctx *c, kex_lb *lb) {
+  if (c->rc) return NULL;
+  if (!kex_st_contiguous(lb->st) || kex_lb_size(lb) != kex_lb_size(lb->base) || is_unrealized_const(lb)) {
+    kex_lb *ret = lb_e(c, can_view(c, lb) ? KEX_OP_VIEW : KEX_OP_CONTIGUOUS, 1, &lb);
+    if (!ret) return NULL;
+    const kex_st *inv;
+    int rc = kex_st_invert(c->r->shape, lb->st, kex_lb_ndim(lb->base), kex_lb_shape(lb->base), &inv);
+    if (rc < 0) return FAIL_NOMEM(c);
+    if (rc == 0) {
+      lb->base->contiguous_child = ret;
+      lb->base->contiguous_child_st = inv;
+    }
+    return ret;
+  }
+  lb->base->forced_realize = true;
+  return lb;
+}
+
+/* LazyBuffer.copy_to_device */
+static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
+  if (c->rc) return NULL;
+  if (lb->device == device) return lb;
+  if (kex_st_contiguous(lb->st) && kex_lb_size(lb) == kex_lb_size(lb->base) && !lb->base->realized &&
+      lb->base->op == KEX_OP_COPY) {
+    kex_lb *s = lb_copy_to(c, lb->base->srcs[0], device);
+    if (!s) return NULL;
+    return lb_reshape(c, s, kex_lb_ndim(lb), kex_lb_shape(lb));
+  }
+  if (is_unrealized_const(lb)) {
+    kex_lb *k = loadop(c, KEX_OP_CONST, 0, NULL, lb->dtype, device, lb->base->arg, 0, NULL);
+    if (!k) return NULL;
+    return lb_view(c, k, lb->st);
+  }
+  if (kex_lb_size(lb) < kex_lb_size(lb->base)) {
+    kex_lb *s = lb_contiguous(c, lb);
+    if (!s) return NULL;
+    const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(s), kex_lb_shape(s));
+    if (!st) return FAIL_NOMEM(c);
+    kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, NULL, false);
+    if (cp) cp->nbytes = kex_lb_size(s) * kex_dtype_size(s->dtype);
+    return cp;
+  }
+  kex_lb *b = lb->base;
+  const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(b), kex_lb_shape(b));
+  if (!st) return FAIL_NOMEM(c);
+  kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, NULL, false);
+  if (!cp) return NULL;
+  cp->nbytes = kex_lb_size(b) * kex_dtype_size(b->dtype);
+  return lb_view(c, cp, lb->st);
+}
+
+/* LazyBuffer.assign: target.assign(value) */
+static kex_lb *lb_assign(replay_ctx *c, kex_lb *target, kex_lb *value) {
+  if (c->rc) return NULL;
+  if (!target->base->realized) {
+    c->rc = kex_err_set(c->err, KEX_EINVAL, "node %d (ASSIGN): the target's base is not a held (realized) buffer",
+                        c->node);
+    return NULL;
+  }
+  kex_lb *srcs[2] = {value, target->base};
+  kex_lb *a = loadop(c, KEX_OP_ASSIGN, kex_lb_ndim(target), kex_lb_shape(target), target->dtype, target->device,
+                     kex_const_int(0), 2, srcs);
+  if (a && !kex_st_contiguous(target->st)) a->assign_st = target->st;
+  return a;
+}
+
+static const char *intern_device(kex_replay *r, const char *name) {
+  if (!name || strcmp(name, "default") == 0 || strcmp(name, r->opts.device_name) == 0) return r->default_device;
+  /* other device names: one interned copy each, found by a scan of earlier nodes' devices */
+  for (uint32_t i = 0; i < r->nlbs && i < r->graph->nnodes; i++) {
+    const kex_lb *lb = r->node_lb[i];
+    if (lb && strcmp(lb->device, name) == 0) return lb->device;
+  }
+  return kex_arena_strdup(r->arena, name);
+}
+
+
+/* Replay one graph node. */
+static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
+  kex_replay *r = c->r;
+  kex_lb *s[3] = {0};
+  for (int i = 0; i < n->nsrc; i++) s[i] = r->node_lb[n->src[i]];
+  switch (n->op) {
+  case KEX_GOP_BUFFER: case KEX_GOP_EMPTY: {
+    const char *dev = intern_device(r, n->device);
+    if (!dev) return FAIL_NOMEM(c);
+    kex_lb *lb = loadop(c, KEX_OP_EMPTY, n->ndim, n->shape, n->dtype, dev, kex_const_int(0), 0, NULL);
+    if (lb && n->op == KEX_GOP_BUFFER && lb->op == KEX_OP_EMPTY) lb->realized = true;
+    return lb;
+  }
+  case KEX_GOP_CONST: {
+    const char *dev = intern_device(r, n->device);
+    if (!dev) return FAIL_NOMEM(c);
+    return lb_const_of(c, n->dtype, dev, n->value, n->ndim, n->shape);
+  }
+  case KEX_GOP_EXP2: return lb_e(c, KEX_OP_EXP2, 1, s);
+  case KEX_GOP_LOG2: return lb_e(c, KEX_OP_LOG2, 1, s);
+  case KEX_GOP_SIN: return lb_e(c, KEX_OP_SIN, 1, s);
+  case KEX_GOP_SQRT: return lb_e(c, KEX_OP_SQRT, 1, s);
+  case KEX_GOP_NEG: return lb_e(c, KEX_OP_NEG, 1, s);
+  case KEX_GOP_CAST: return lb_cast(c, s[0], n->dtype, false);
+  case KEX_GOP_BITCAST: return lb_cast(c, s[0], n->dtype, true);
+  case KEX_GOP_ADD: return lb_e(c, KEX_OP_ADD, 2, s);
+  case KEX_GOP_SUB: return lb_e(c, KEX_OP_SUB, 2, s);
+  case KEX_GOP_MUL: return lb_e(c, KEX_OP_MUL, 2, s);
+  case KEX_GOP_DIV: return lb_e(c, KEX_OP_DIV, 2, s);
+  case KEX_GOP_MAX: return lb_e(c, KEX_OP_MAX, 2, s);
+  case KEX_GOP_MOD: return lb_e(c, KEX_OP_MOD, 2, s);
+  case KEX_GOP_CMPLT: return lb_e(c, KEX_OP_CMPLT, 2, s);
+  case KEX_GOP_CMPEQ: return lb_e(c, KEX_OP_CMPEQ, 2, s);
+  case KEX_GOP_XOR: return lb_e(c, KEX_OP_XOR, 2, s);
+  case KEX_GOP_WHERE: return lb_e(c, KEX_OP_WHERE, 3, s);
+  case KEX_GOP_MULACC: return lb_e(c, KEX_OP_MULACC, 3, s);
+  case KEX_GOP_REDUCE_SUM: return lb_r(c, s[0], KEX_OP_SUM, (int)n->naxis, n->axis);
+  case KEX_GOP_REDUCE_MAX: return lb_r(c, s[0], KEX_OP_RMAX, (int)n->naxis, n->axis);
+  case KEX_GOP_RESHAPE: return lb_view(c, s[0], kex_st_reshape(r->shape, s[0]->st, (int)n->narg, n->arg));
+  case KEX_GOP_EXPAND: return lb_view(c, s[0], kex_st_expand(r->shape, s[0]->st, n->arg));
+  case KEX_GOP_PERMUTE: {
+    int order[KEX_MAX_DIMS];
+    for (uint32_t i = 0; i < n->narg; i++) order[i] = (int)n->arg[i];
+    return lb_view(c, s[0], kex_st_permute(r->shape, s[0]->st, order));
+  }
+  case KEX_GOP_PAD: return lb_view(c, s[0], kex_st_pad(r->shape, s[0]->st, n->arg));
+  case KEX_GOP_SHRINK: return lb_view(c, s[0], kex_st_shrink(r->shape, s[0]->st, n->arg));
+  case KEX_GOP_STRIDE: return lb_view(c, s[0], kex_st_stride(r->shape, s[0]->st, n->arg));
+  case KEX_GOP_CONTIGUOUS: return lb_contiguous(c, s[0]);
+  case KEX_GOP_ASSIGN: return lb_assign(c, s[1], s[0]);
+  case KEX_GOP_COPY: {
+    const char *dev = intern_device(r, n->device);
+    if (!dev) return FAIL_NOMEM(c);
+    return lb_copy_to(c, s[0], dev);
+  }
+  default: break;
+  }
+  c->rc = kex_err_set(c->err, KEX_EINVAL, "node %d: unknown op", c->node);
+  return NULL;
+}
+
+int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena *arena, kex_replay **out,
+                     kex_error *err) {
+  int rc = 0;
+  *out = NULL;
+  kex_replay *r = kex_calloc(1, sizeof *r);
+  if (!r) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  r->arena = arena;
+  r->graph = g;
+  r->opts = *opts;
+  if (!r->opts.device_name) r->opts.device_name = "opencl";
+  r->shape = kex_shape_ctx_new(arena);
+  r->cache = kex_calloc(1, sizeof *r->cache);
+  r->node_lb = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
+  r->default_device = kex_arena_strdup(arena, r->opts.device_name);
+  if (!r->shape || !r->cache || !r->node_lb || !r->default_device) {
+    rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
+    goto out;
+  }
+  replay_ctx c = {r, err, 0, 0};
+  for (uint32_t i = 0; i < g->nnodes; i++) {
+    c.node = (int)i;
+    kex_lb *lb = replay_node(&c, &g->nodes[i]);
+    if (!lb) {
+      rc = c.rc ? c.rc : kex_err_set(err, KEX_EINTERNAL, "node %u: replay failed", i);
+      goto out;
+    }
+    if (lb->graph_node < 0) lb->graph_node = (int32_t)i;
+    if (lb->base->graph_node < 0) lb->base->graph_node = (int32_t)i;
+    r->node_lb[i] = lb;
+  }
+  /* buffers the client holds: inputs, outputs and assign targets are never planned away */
+  for (uint32_t i = 0; i < g->nnodes; i++) {
+    kex_lb *b = r->node_lb[i]->base;
+    kex_buffer_info *bi = &r->buffers[b->buffer];
+    if (bi->graph_node < 0) bi->graph_node = b->graph_node;
+    if (g->nodes[i].op == KEX_GOP_BUFFER || g->nodes[i].op == KEX_GOP_EMPTY) bi->held = true;
+  }
+  for (uint32_t i = 0; i < g->noutputs; i++) r->buffers[r->node_lb[g->outputs[i]]->base->buffer].held = true;
+out:
+  if (rc) {
+    kex_replay_free(r);
+    r = NULL;
+  }
+  *out = r;
+  return rc;
+}
+
+void kex_replay_free(kex_replay *r) {
+  if (!r) return;
+  if (r->cache) {
+    kex_free(r->cache->slots);
+    kex_free(r->cache->hashes);
+    kex_free(r->cache);
+  }
+  kex_shape_ctx_free(r->shape);
+  kex_free(r->node_lb);
+  kex_free(r->buffers);
+  kex_free(r);
+}

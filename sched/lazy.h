@@ -1,0 +1,103 @@
+/*
+ * lazy.h - LazyBuffers: the replay of a client graph with tinygrad 0.9.0's
+ * folding, lazycache and view rules (spec section 5), and the scheduler's
+ * view of them.
+ *
+ * A kex_lb is either a base (owns op, arg, srcs and a buffer) or a view
+ * (base != self, st maps onto the base's shape).  kex_replay walks a validated
+ * kex_graph in order and calls the LazyBuffer method each node names; the
+ * result maps every graph node to its LazyBuffer.  Everything lives in the
+ * caller's arena; the replay owns only its hash tables (kex_replay_free).
+ */
+#ifndef KEX_SCHED_LAZY_H
+#define KEX_SCHED_LAZY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/arena.h"
+#include "core/dtype.h"
+#include "core/errors.h"
+#include "core/ops.h"
+#include "sched/graph.h"
+#include "sched/shapetracker.h"
+
+typedef struct kex_lb kex_lb;
+
+struct kex_lb {
+  uint32_t id;          /* creation order */
+  kex_lb *base;         /* == self for a base */
+  const kex_st *st;
+  kex_dtype dtype;
+  const char *device;   /* interned: compare by pointer */
+  /* ---- base only ---- */
+  kex_op op;
+  uint8_t nsrc;
+  kex_lb *srcs[3];
+  kex_const arg;              /* CONST value */
+  uint32_t axis_mask;         /* SUM/RMAX: reduced axes */
+  const kex_st *assign_st;    /* ASSIGN: target view when not contiguous (arg=(st,)), else NULL */
+  int64_t nbytes;             /* COPY arg */
+  bool realized;              /* holds data (BUFFER input, or scheduled) */
+  bool forced_realize;
+  kex_lb *contiguous_child;   /* contiguous copy made by contiguous() ... */
+  const kex_st *contiguous_child_st; /* ... and the view that reads this base through it */
+  uint32_t buffer;            /* buffer id (ASSIGN shares its target's, VIEW is a sub-buffer) */
+  int32_t graph_node;         /* graph node that created it, -1 for internal nodes */
+  /* ---- scheduler scratch (sched/schedule.c) ---- */
+  uint32_t flags;
+  uint32_t nchildren, capchildren;
+  kex_lb **children;
+  kex_lb *reduce_for_op;
+  kex_lb *assign_of;          /* for an assign target: the ASSIGN in this schedule */
+  uint32_t mark, mark2;       /* visit epochs */
+  int32_t group_slot;
+};
+
+static inline bool kex_lb_is_base(const kex_lb *lb) { return lb->base == lb; }
+static inline int kex_lb_ndim(const kex_lb *lb) { return kex_st_ndim(lb->st); }
+static inline const int64_t *kex_lb_shape(const kex_lb *lb) { return kex_st_shape(lb->st); }
+static inline int64_t kex_lb_size(const kex_lb *lb) { return kex_st_size(lb->st); }
+
+/* Buffers the replay created: id -> (device, size, dtype), plus sub-buffer views. */
+typedef struct kex_buffer_info {
+  const char *device;
+  int64_t size;        /* elements */
+  kex_dtype dtype;
+  int32_t view_of;     /* -1, or the buffer this is a sub-buffer of */
+  int64_t offset;      /* bytes into view_of */
+  int32_t graph_node;  /* the graph node whose base owns it (-1 internal) */
+  bool held;           /* input, output or assign target: the memory planner leaves it alone */
+} kex_buffer_info;
+
+typedef struct kex_replay_opts {
+  /* tinygrad's view_supported_devices rule (CLANG/LLVM/CUDA/DISK): CONTIGUOUS of a
+     consecutive view and BITCAST become LoadOps.VIEW without a kernel. */
+  bool buffer_view;
+  const char *device_name; /* what "default" means: "opencl" or "cpu" */
+} kex_replay_opts;
+
+typedef struct kex_replay {
+  kex_arena *arena;
+  kex_shape_ctx *shape;
+  const kex_graph *graph;
+  kex_replay_opts opts;
+  kex_lb **node_lb;    /* per graph node */
+  uint32_t nlbs;
+  uint32_t nbuffers, capbuffers;
+  kex_buffer_info *buffers;
+  struct kex_lazycache *cache;
+  const char *default_device;
+} kex_replay;
+
+/*
+ * Replay every node of g (already validated).  On success *out is a new
+ * replay whose objects live in `arena`; free the replay's tables with
+ * kex_replay_free (the arena keeps the objects).  Errors: KEX_ENOMEM,
+ * KEX_EINVAL (a rule tinygrad asserts on, message names the node).
+ */
+int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena *arena, kex_replay **out,
+                     kex_error *err);
+void kex_replay_free(kex_replay *r);
+
+#endif

@@ -1,0 +1,277 @@
+/*
+ * print.c - the stable text and JSON forms of a schedule.
+ *
+ * Each item prints a header line (index, kind, output and input buffers),
+ * then its AST as a numbered DAG in postorder: every distinct LazyOp once, as
+ * "%N = OP(%a, %b) dtype [idx] [ShapeTracker]", so shared sub-ASTs never
+ * repeat and the text stays linear in the AST size.  The walk is iterative.
+ */
+#include <jansson.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "sched/schedule.h"
+
+int kex_item_label(const kex_sched_item *it, char *buf, size_t len) {
+  switch (it->kind) {
+  case KEX_ITEM_KERNEL: return snprintf(buf, len, "kernel:%uout", it->nout);
+  case KEX_ITEM_EMPTY: return snprintf(buf, len, "LoadOps.EMPTY");
+  case KEX_ITEM_COPY: return snprintf(buf, len, "LoadOps.COPY");
+  case KEX_ITEM_CUSTOM: return snprintf(buf, len, "LoadOps.CUSTOM");
+  case KEX_ITEM_VIEW: return snprintf(buf, len, "LoadOps.VIEW");
+  }
+  return snprintf(buf, len, "?");
+}
+
+/* Simple string builder on the heap. */
+typedef struct sbuf {
+  char *s;
+  size_t len, cap;
+  bool oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_put(sbuf *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (b->s && b->len + (size_t)n < b->cap) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t nc = (b->cap ? b->cap * 2 : 256) + (size_t)n;
+    char *ns = kex_realloc(b->s, nc);
+    if (!ns) {
+      b->oom = true;
+      return;
+    }
+    b->s = ns;
+    b->cap = nc;
+  }
+}
+
+static void sb_st(sbuf *b, const kex_st *st) {
+  char small[512];
+  int n = kex_st_repr(st, small, sizeof small);
+  if (n < (int)sizeof small) {
+    sb_put(b, "%s", small);
+    return;
+  }
+  char *big = kex_malloc((size_t)n + 1);
+  if (!big) {
+    b->oom = true;
+    return;
+  }
+  kex_st_repr(st, big, (size_t)n + 1);
+  sb_put(b, "%s", big);
+  kex_free(big);
+}
+
+/* Pointer -> number map for one AST, open addressing. */
+typedef struct numbering {
+  uint32_t cap, len;
+  const kex_lop **k;
+  uint32_t *v;
+} numbering;
+
+static int num_get(numbering *m, const kex_lop *l) {
+  if (!m->cap) return -1;
+  for (uint32_t i = (uint32_t)l->hash & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+    if (!m->k[i]) return -1;
+    if (m->k[i] == l) return (int)m->v[i];
+  }
+}
+
+static int num_put(numbering *m, const kex_lop *l, uint32_t v) {
+  if ((m->len + 1) * 2 > m->cap) {
+    uint32_t nc = m->cap ? m->cap * 2 : 64;
+    const kex_lop **nk = kex_calloc(nc, sizeof *nk);
+    uint32_t *nv = kex_calloc(nc, sizeof *nv);
+    if (!nk || !nv) {
+      kex_free(nk);
+      kex_free(nv);
+      return KEX_ENOMEM;
+    }
+    for (uint32_t i = 0; i < m->cap; i++) {
+      if (!m->k[i]) continue;
+      uint32_t j = (uint32_t)m->k[i]->hash & (nc - 1);
+      while (nk[j]) j = (j + 1) & (nc - 1);
+      nk[j] = m->k[i];
+      nv[j] = m->v[i];
+    }
+    kex_free(m->k);
+    kex_free(m->v);
+    m->k = nk;
+    m->v = nv;
+    m->cap = nc;
+  }
+  uint32_t i = (uint32_t)l->hash & (m->cap - 1);
+  while (m->k[i]) i = (i + 1) & (m->cap - 1);
+  m->k[i] = l;
+  m->v[i] = v;
+  m->len++;
+  return 0;
+}
+
+/*
+ * Append the AST lines of one kernel item to b, one line per distinct node,
+ * each line starting with `indent`.  Calls line_cb per finished line when given.
+ */
+static int ast_lines(const kex_sched_item *it, sbuf *b, const char *indent, json_t *arr) {
+  numbering m = {0};
+  const kex_lop **stack = NULL;
+  uint32_t n = 0, cap = 0;
+  uint32_t next = 0;
+  int rc = 0;
+  for (uint32_t o = 0; o < it->nout; o++) {
+    /* iterative postorder: push root; a node is emitted once all its sources are numbered */
+    if (n == cap) {
+      cap = cap ? cap * 2 : 64;
+      const kex_lop **ns = kex_realloc(stack, sizeof *ns * cap);
+      if (!ns) goto nomem;
+      stack = ns;
+    }
+    stack[n++] = it->ast[o];
+    while (n) {
+      const kex_lop *l = stack[n - 1];
+      if (num_get(&m, l) >= 0) {
+        n--;
+        continue;
+      }
+      bool ready = true;
+      for (int i = l->nsrc - 1; i >= 0; i--) {
+        if (num_get(&m, l->src[i]) >= 0) continue;
+        ready = false;
+        if (n == cap) {
+          cap *= 2;
+          const kex_lop **ns = kex_realloc(stack, sizeof *ns * cap);
+          if (!ns) goto nomem;
+          stack = ns;
+        }
+        stack[n++] = l->src[i];
+      }
+      if (!ready) continue;
+      n--;
+      if (num_put(&m, l, next)) goto nomem;
+      size_t start = b->len;
+      sb_put(b, "%s%%%u = %s", indent, next++, kex_op_name(l->op));
+      if (l->nsrc) {
+        sb_put(b, "(");
+        for (int i = 0; i < l->nsrc; i++) sb_put(b, "%s%%%d", i ? ", " : "", num_get(&m, l->src[i]));
+        sb_put(b, ")");
+      }
+      sb_put(b, " dtypes.%s", kex_dtype_tgname(l->dtype));
+      if (l->op == KEX_OP_LOAD || l->op == KEX_OP_STORE) sb_put(b, " idx=%d", l->idx);
+      if (l->op == KEX_OP_BCONST) {
+        char v[64];
+        kex_const_repr(l->val, v, sizeof v);
+        sb_put(b, " val=%s", v);
+      }
+      if (KEX_OP_IS_REDUCE(l->op)) {
+        sb_put(b, " axis=(");
+        int k = 0;
+        for (int a = 0; a < 32; a++)
+          if (l->axis_mask >> a & 1) sb_put(b, "%s%d", k++ ? ", " : "", a);
+        sb_put(b, k == 1 ? ",)" : ")");
+      }
+      if (l->st) {
+        sb_put(b, " ");
+        sb_st(b, l->st);
+      }
+      if (arr && !b->oom) {
+        const char *line = b->s + start + strlen(indent);
+        if (json_array_append_new(arr, json_stringn(line, b->len - start - strlen(indent)))) goto nomem;
+      }
+      sb_put(b, "\n");
+      if (b->oom) goto nomem;
+    }
+  }
+  goto out;
+nomem:
+  rc = KEX_ENOMEM;
+out:
+  kex_free(stack);
+  kex_free(m.k);
+  kex_free(m.v);
+  return rc;
+}
+
+static void buf_list(sbuf *b, const uint32_t *ids, uint32_t n) {
+  sb_put(b, "[");
+  for (uint32_t i = 0; i < n; i++) sb_put(b, "%sbuf%u", i ? ", " : "", ids[i]);
+  sb_put(b, "]");
+}
+
+int kex_schedule_print(const kex_schedule *s, FILE *f) {
+  sbuf b = {0};
+  int rc = 0;
+  for (uint32_t i = 0; i < s->nitems; i++) {
+    const kex_sched_item *it = &s->items[i];
+    char label[64];
+    kex_item_label(it, label, sizeof label);
+    uint32_t nout = 0;
+    for (uint32_t j = 0; j < it->nout; j++)
+      if (s->replay->buffers[it->outs[j]->buffer].size) nout++;
+    sb_put(&b, "item %u: %s outputs=", i, label);
+    buf_list(&b, it->bufs, nout < it->nbufs ? nout : it->nbufs);
+    sb_put(&b, " inputs=");
+    buf_list(&b, it->bufs + (nout < it->nbufs ? nout : it->nbufs), it->nbufs - (nout < it->nbufs ? nout : it->nbufs));
+    sb_put(&b, "\n");
+    if (it->kind == KEX_ITEM_KERNEL && (rc = ast_lines(it, &b, "  ", NULL))) break;
+    if (b.oom) break;
+    if (b.len > 1 << 16) {
+      fwrite(b.s, 1, b.len, f);
+      b.len = 0;
+    }
+  }
+  if (!rc && !b.oom) {
+    sb_put(&b, "kernels: %u\n", s->nkernels);
+    if (b.s) fwrite(b.s, 1, b.len, f);
+  }
+  if (b.oom) rc = KEX_ENOMEM;
+  kex_free(b.s);
+  return rc;
+}
+
+static json_t *id_array(const uint32_t *ids, uint32_t n) {
+  json_t *a = json_array();
+  for (uint32_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+  return a;
+}
+
+void *kex_schedule_to_json(const kex_schedule *s) {
+  json_t *items = json_array();
+  sbuf b = {0};
+  if (!items) return NULL;
+  for (uint32_t i = 0; i < s->nitems; i++) {
+    const kex_sched_item *it = &s->items[i];
+    char label[64];
+    kex_item_label(it, label, sizeof label);
+    uint32_t nout = 0;
+    for (uint32_t j = 0; j < it->nout; j++)
+      if (s->replay->buffers[it->outs[j]->buffer].size) nout++;
+    if (nout > it->nbufs) nout = it->nbufs;
+    json_t *ast = json_array();
+    json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "kind", it->kind == KEX_ITEM_KERNEL ? "kernel" : "loadop",
+                          "label", label, "outputs", id_array(it->bufs, nout), "inputs",
+                          id_array(it->bufs + nout, it->nbufs - nout), "buffers_planned",
+                          id_array(it->planned ? it->planned : it->bufs, it->nbufs), "ast", ast ? ast : json_null());
+    if (!o || !ast) goto fail;
+    b.len = 0;
+    if (it->kind == KEX_ITEM_KERNEL && ast_lines(it, &b, "", ast)) {
+      json_decref(o);
+      goto fail;
+    }
+    if (json_array_append_new(items, o)) goto fail;
+  }
+  kex_free(b.s);
+  return items;
+fail:
+  kex_free(b.s);
+  json_decref(items);
+  return NULL;
+}

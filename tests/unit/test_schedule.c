@@ -1,0 +1,367 @@
+/*
+ * test_schedule.c - the scheduler's rules on graphs whose answers the spec
+ * works out (spec section 15), the assign rules, the memory planner, the
+ * text form, out-of-memory at every allocation, and a 100,000-node chain
+ * scheduled on a small thread stack (no deep recursion anywhere).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "core/arena.h"
+#include "sched/graph.h"
+#include "sched/lazy.h"
+#include "sched/schedule.h"
+
+typedef struct planned {
+  kex_arena arena;
+  kex_graph *g;
+  kex_replay *r;
+  kex_schedule *s;
+  kex_error err;
+  int rc;
+} planned;
+
+static void plan_graph(planned *p, kex_graph *g, bool cpu) {
+  kex_arena_init(&p->arena, 0);
+  p->g = g;
+  p->r = NULL;
+  p->s = NULL;
+  memset(&p->err, 0, sizeof p->err);
+  kex_replay_opts ro = {cpu, cpu ? "cpu" : "opencl"};
+  p->rc = kex_replay_graph(g, &ro, &p->arena, &p->r, &p->err);
+  if (!p->rc) p->rc = kex_schedule_create(p->r, &p->s, &p->err);
+}
+
+static void plan_text(planned *p, const char *json, bool cpu) {
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  kex_error err = {0};
+  kex_graph *g = NULL;
+  int rc = kex_graph_from_json(json, strlen(json), &lim, &g, &err);
+  if (rc) fail_msg("graph: %s", err.msg);
+  plan_graph(p, g, cpu);
+}
+
+static void done(planned *p) {
+  kex_schedule_free(p->s);
+  kex_replay_free(p->r);
+  kex_graph_free(p->g);
+  kex_arena_destroy(&p->arena);
+}
+
+#define G(nodes, outs) "{\"format\":\"kex.graph.v1\",\"nodes\":[" nodes "],\"outputs\":[" outs "]}"
+#define EMPTYF(shape) "{\"op\":\"EMPTY\",\"dtype\":\"float32\",\"shape\":" shape "}"
+#define BUFF(shape) "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":" shape ",\"fill\":{\"random\":1}}"
+#define CONSTF(v, shape) "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":" shape ",\"value\":" v "}"
+
+static void expect_kernels(const char *json, int opencl, int cpu) {
+  planned p;
+  plan_text(&p, json, false);
+  if (p.rc) fail_msg("opencl: %s", p.err.msg);
+  assert_int_equal(p.s->nkernels, opencl);
+  done(&p);
+  plan_text(&p, json, true);
+  if (p.rc) fail_msg("cpu: %s", p.err.msg);
+  assert_int_equal(p.s->nkernels, cpu);
+  done(&p);
+}
+
+/* The same expression built twice is one LazyBuffer (lazycache) -> one kernel. */
+static void test_lazycache(void **state) {
+  (void)state;
+  expect_kernels(G(EMPTYF("[8]") "," EMPTYF("[8]") ",{\"op\":\"ADD\",\"src\":[0,1]},{\"op\":\"ADD\",\"src\":[0,1]}",
+                   "2,3"),
+                 1, 1);
+  /* but two different expressions are two kernels */
+  expect_kernels(G(EMPTYF("[8]") "," EMPTYF("[8]") ",{\"op\":\"ADD\",\"src\":[0,1]},{\"op\":\"MUL\",\"src\":[0,1]}",
+                   "2,3"),
+                 2, 2);
+}
+
+/* Sum of 4M floats splits into 256 partial sums, then the final sum (spec 5, `r`). */
+static void test_split_reduce(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(EMPTYF("[4194304]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}", "1"), false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 2);
+  const kex_sched_item *k1 = &p.s->items[1];
+  assert_int_equal(k1->kind, KEX_ITEM_KERNEL);
+  const kex_st *st = k1->ast[0]->st;
+  assert_int_equal(kex_st_ndim(st), 2);
+  assert_int_equal(kex_st_shape(st)[0], 1);
+  assert_int_equal(kex_st_shape(st)[1], 256);
+  done(&p);
+  /* below the threshold (ratio 32767 < 32768) there is no split */
+  expect_kernels(G(EMPTYF("[32767]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}", "1"), 1, 1);
+  expect_kernels(G(EMPTYF("[32768]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}", "1"), 2, 2);
+}
+
+/* softmax over (4,12,64,64): max, sum and the divide are 3 kernels (spec 15). */
+static void test_softmax(void **state) {
+  (void)state;
+  expect_kernels(G(EMPTYF("[4,12,64,64]") ",{\"op\":\"REDUCE_MAX\",\"src\":[0],\"axis\":[3]}"
+                                          ",{\"op\":\"EXPAND\",\"src\":[1],\"arg\":[4,12,64,64]}"
+                                          ",{\"op\":\"SUB\",\"src\":[0,2]}," CONSTF("1.4426950408889634", "[4,12,64,64]")
+                                          ",{\"op\":\"MUL\",\"src\":[3,4]},{\"op\":\"EXP2\",\"src\":[5]}"
+                                          ",{\"op\":\"REDUCE_SUM\",\"src\":[6],\"axis\":[3]}"
+                                          ",{\"op\":\"EXPAND\",\"src\":[7],\"arg\":[4,12,64,64]}"
+                                          ",{\"op\":\"DIV\",\"src\":[6,8]}",
+                   "9"),
+                 3, 3);
+}
+
+/* out0 = a.sum()+2, out1 = a.sum()+4, out2 = out0*out1: one kernel, three stores (MULTIOUTPUT). */
+static void test_multioutput(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(EMPTYF("[16]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}," CONSTF("2", "[1]")
+                  ",{\"op\":\"ADD\",\"src\":[1,2]}," CONSTF("4", "[1]") ",{\"op\":\"ADD\",\"src\":[1,4]}"
+                  ",{\"op\":\"MUL\",\"src\":[3,5]}",
+                  "3,5,6"),
+            false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 1);
+  const kex_sched_item *k = &p.s->items[p.s->nitems - 1];
+  assert_int_equal(k->nout, 3);
+  done(&p);
+}
+
+/* r = a.sum(0)+6; r.sum(0)*4; r.sum(1)*2 -> 3 kernels, the first stores ADD(SUM(a), 6) (the chase). */
+static void test_chase(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(EMPTYF("[4,4,4]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}," CONSTF("6", "[1,4,4]")
+                  ",{\"op\":\"ADD\",\"src\":[1,2]},{\"op\":\"REDUCE_SUM\",\"src\":[3],\"axis\":[1]}," CONSTF("4", "[1,1,4]")
+                  ",{\"op\":\"MUL\",\"src\":[4,5]},{\"op\":\"REDUCE_SUM\",\"src\":[3],\"axis\":[2]}," CONSTF("2", "[1,4,1]")
+                  ",{\"op\":\"MUL\",\"src\":[7,8]}",
+                  "6,9"),
+            false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 3);
+  const kex_sched_item *k = NULL;
+  for (uint32_t i = 0; i < p.s->nitems && !k; i++)
+    if (p.s->items[i].kind == KEX_ITEM_KERNEL) k = &p.s->items[i];
+  assert_non_null(k);
+  assert_int_equal(k->ast[0]->src[0]->op, KEX_OP_ADD);
+  done(&p);
+}
+
+/* a.log2().pad(..).sum() realizes the log2 first (unsafe pad); (a+b).pad(..).sum() fuses. */
+static void test_pad_safety(void **state) {
+  (void)state;
+  expect_kernels(G(EMPTYF("[4]") ",{\"op\":\"LOG2\",\"src\":[0]},{\"op\":\"PAD\",\"src\":[1],\"arg\":[[1,1]]}"
+                                 ",{\"op\":\"REDUCE_SUM\",\"src\":[2],\"axis\":[0]}",
+                   "3"),
+                 2, 2);
+  expect_kernels(G(EMPTYF("[4]") "," EMPTYF("[4]") ",{\"op\":\"ADD\",\"src\":[0,1]}"
+                                                   ",{\"op\":\"PAD\",\"src\":[2],\"arg\":[[1,1]]}"
+                                                   ",{\"op\":\"REDUCE_SUM\",\"src\":[3],\"axis\":[0]}",
+                   "4"),
+                 1, 1);
+}
+
+/* x[2:5].contiguous(): a buffer view on cpu (no kernel), a copy kernel on opencl. */
+static void test_buffer_view_rule(void **state) {
+  (void)state;
+  planned p;
+  const char *g = G(EMPTYF("[8]") ",{\"op\":\"SHRINK\",\"src\":[0],\"arg\":[[2,5]]}"
+                                  ",{\"op\":\"STRIDE\",\"src\":[1],\"arg\":[1]},{\"op\":\"CONTIGUOUS\",\"src\":[2]}",
+                    "3");
+  plan_text(&p, g, true);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 0);
+  assert_int_equal(p.s->items[p.s->nitems - 1].kind, KEX_ITEM_VIEW);
+  done(&p);
+  plan_text(&p, g, false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 1);
+  done(&p);
+}
+
+/* Reading the assign target through a permuted view is refused, naming the ASSIGN node. */
+static void test_assign_must_be_contiguous(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(BUFF("[4,4]") ",{\"op\":\"PERMUTE\",\"src\":[0],\"arg\":[1,0]}," CONSTF("1", "[4,4]")
+                  ",{\"op\":\"ADD\",\"src\":[1,2]},{\"op\":\"ASSIGN\",\"src\":[3,0]}",
+                  "4"),
+            false);
+  assert_int_equal(p.rc, KEX_EASSIGN);
+  assert_non_null(strstr(p.err.msg, "must be contiguous for assign"));
+  assert_non_null(strstr(p.err.msg, "node 4"));
+  done(&p);
+  /* the same through .contiguous() is fine: 2 kernels */
+  plan_text(&p, G(BUFF("[4,4]") ",{\"op\":\"PERMUTE\",\"src\":[0],\"arg\":[1,0]}," CONSTF("1", "[4,4]")
+                  ",{\"op\":\"ADD\",\"src\":[1,2]},{\"op\":\"CONTIGUOUS\",\"src\":[3]},{\"op\":\"ASSIGN\",\"src\":[4,0]}",
+                  "5"),
+            false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 2);
+  done(&p);
+}
+
+/* A kernel that reads an assign target runs before the assign, whatever the output order. */
+static void test_assign_ordering(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(BUFF("[16]") "," CONSTF("2", "[16]") ",{\"op\":\"MUL\",\"src\":[0,1]},{\"op\":\"ASSIGN\",\"src\":[2,0]},"
+                  CONSTF("1", "[16]") ",{\"op\":\"ADD\",\"src\":[0,4]}",
+                  "3,5"),
+            false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 2);
+  int reader = -1, assign = -1;
+  for (uint32_t i = 0; i < p.s->nitems; i++) {
+    const kex_sched_item *it = &p.s->items[i];
+    if (it->kind != KEX_ITEM_KERNEL) continue;
+    if (it->outs[0]->op == KEX_OP_ASSIGN) assign = (int)i;
+    else reader = (int)i;
+  }
+  assert_true(reader >= 0 && assign >= 0);
+  assert_true(reader < assign);
+  done(&p);
+}
+
+/* Three same-sized forced intermediates in a row share buffers after planning. */
+static void test_memory_planner(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(EMPTYF("[64]") "," CONSTF("1", "[64]") ",{\"op\":\"ADD\",\"src\":[0,1]},{\"op\":\"CONTIGUOUS\",\"src\":[2]}"
+                  ",{\"op\":\"ADD\",\"src\":[3,1]},{\"op\":\"CONTIGUOUS\",\"src\":[4]}"
+                  ",{\"op\":\"ADD\",\"src\":[5,1]},{\"op\":\"CONTIGUOUS\",\"src\":[6]}"
+                  ",{\"op\":\"ADD\",\"src\":[7,1]}",
+                  "8"),
+            false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 4);
+  assert_int_equal(p.s->nplanned_buffers, 3);
+  assert_true(p.s->nplanned_after <= 2);
+  /* the planned buffers of consecutive kernels never alias an input with the output */
+  for (uint32_t i = 0; i < p.s->nitems; i++) {
+    const kex_sched_item *it = &p.s->items[i];
+    for (uint32_t j = 1; j < it->nbufs; j++) assert_int_not_equal(it->planned[0], it->planned[j]);
+  }
+  done(&p);
+}
+
+/* x ** Tensor(0) style folding: MUL by const 0 gives no kernel; size-0 gives no kernel. */
+static void test_const_folding(void **state) {
+  (void)state;
+  expect_kernels(G(EMPTYF("[8]") "," CONSTF("0", "[8]") ",{\"op\":\"MUL\",\"src\":[0,1]}", "2"), 0, 0);
+  expect_kernels(G(EMPTYF("[8]") "," CONSTF("0", "[8]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"), 0, 0);
+  expect_kernels(G(EMPTYF("[8]") "," CONSTF("1", "[8]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"), 1, 1);
+  expect_kernels(G(CONSTF("3", "[8]") "," CONSTF("4", "[8]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"), 0, 0);
+}
+
+/* The text form is stable: two runs print identical text that ends with the kernel count. */
+static void test_print_stable(void **state) {
+  (void)state;
+  const char *g = G(EMPTYF("[4,4]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]},{\"op\":\"RESHAPE\",\"src\":[1],"
+                                    "\"arg\":[4]}",
+                    "2");
+  char *text[2];
+  for (int i = 0; i < 2; i++) {
+    planned p;
+    plan_text(&p, g, false);
+    assert_int_equal(p.rc, 0);
+    size_t len;
+    FILE *f = open_memstream(&text[i], &len);
+    assert_int_equal(kex_schedule_print(p.s, f), 0);
+    fclose(f);
+    done(&p);
+  }
+  assert_string_equal(text[0], text[1]);
+  assert_non_null(strstr(text[0], "item 0: LoadOps.EMPTY"));
+  assert_non_null(strstr(text[0], "item 1: kernel:1out"));
+  assert_non_null(strstr(text[0], "ReduceOps.SUM(%0) dtypes.float axis=(1,)"));
+  assert_non_null(strstr(text[0], "View(shape=(4, 4), strides=(4, 1), offset=0, mask=None, contiguous=True)"));
+  assert_non_null(strstr(text[0], "kernels: 1\n"));
+  free(text[0]);
+  free(text[1]);
+}
+
+/* Out of memory at every allocation of replay+schedule is KEX_ENOMEM, never a crash or a leak. */
+static void test_oom_everywhere(void **state) {
+  (void)state;
+  const char *json = G(EMPTYF("[4,4]") "," EMPTYF("[4,4]") ",{\"op\":\"ADD\",\"src\":[0,1]}"
+                                       ",{\"op\":\"REDUCE_SUM\",\"src\":[2],\"axis\":[1]}"
+                                       ",{\"op\":\"EXPAND\",\"src\":[3],\"arg\":[4,4]},{\"op\":\"DIV\",\"src\":[2,4]}",
+                       "5");
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  kex_error err;
+  int failures = 0;
+  for (unsigned long n = 1; n < 100000; n++) {
+    kex_graph *g = NULL;
+    assert_int_equal(kex_graph_from_json(json, strlen(json), &lim, &g, &err), 0);
+    planned p;
+    kex_alloc_fail_at(n, 1);
+    plan_graph(&p, g, false);
+    kex_alloc_fail_at(0, 0);
+    int rc = p.rc;
+    done(&p);
+    if (rc == 0) break;
+    assert_int_equal(rc, KEX_ENOMEM);
+    failures++;
+  }
+  assert_true(failures > 5);
+}
+
+#define CHAIN_N 100000
+
+static void *chain_thread(void *arg) {
+  planned *p = arg;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  kex_error err;
+  kex_graph *g = kex_graph_new(NULL);
+  int64_t shape[1] = {256};
+  kex_gnode in = {.op = KEX_GOP_EMPTY, .dtype = KEX_DT_FLOAT32, .ndim = 1, .shape = shape};
+  int a = kex_graph_add(g, &in, &lim, &err), b = kex_graph_add(g, &in, &lim, &err), cur = a;
+  for (int i = 0; i < CHAIN_N; i++) {
+    kex_gnode add = {.op = KEX_GOP_ADD, .nsrc = 2, .src = {(uint32_t)cur, (uint32_t)b}};
+    cur = kex_graph_add(g, &add, &lim, &err);
+  }
+  kex_graph_add_output(g, (uint32_t)cur, &lim, &err);
+  plan_graph(p, g, false);
+  return NULL;
+}
+
+/* A 100,000-node elementwise chain is one kernel, scheduled on a 256 KiB stack. */
+static void test_chain_100k(void **state) {
+  (void)state;
+  planned p;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, &attr, chain_thread, &p), 0);
+  pthread_join(t, NULL);
+  pthread_attr_destroy(&attr);
+  if (p.rc) fail_msg("%s", p.err.msg);
+  assert_int_equal(p.s->nkernels, 1);
+  assert_int_equal(p.s->nitems, 3); /* EMPTY, EMPTY, the kernel */
+  /* the kernel reads both inputs */
+  assert_int_equal(p.s->items[2].nin, 2);
+  done(&p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_lazycache),      cmocka_unit_test(test_split_reduce),
+      cmocka_unit_test(test_softmax),        cmocka_unit_test(test_multioutput),
+      cmocka_unit_test(test_chase),          cmocka_unit_test(test_pad_safety),
+      cmocka_unit_test(test_buffer_view_rule), cmocka_unit_test(test_assign_must_be_contiguous),
+      cmocka_unit_test(test_assign_ordering), cmocka_unit_test(test_memory_planner),
+      cmocka_unit_test(test_const_folding),  cmocka_unit_test(test_print_stable),
+      cmocka_unit_test(test_oom_everywhere), cmocka_unit_test(test_chain_100k),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
