@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# test.sh - THE test command: every test kex has, one summary, one closing line.
+#
+#  1. scripts/setup.sh (installs missing Debian packages).
+#  2. build/ (normal) and build-asan/ (-Dsanitize=true: ASan + UBSan), each
+#     configured (or reconfigured) and built with `ninja -k 0`.
+#  3. meson test -C build (every suite); meson test -C build-asan --suite unit.
+#     When a build fails, the tests whose executables are up to date still run;
+#     the others count as failed ("did not build"), never as stale passes.
+#  4. every tests/integration/*.sh (each prints its own "N passed, N failed").
+#  5. pytest on client/python/tests with /usr/bin/python3 (the Debian python,
+#     which has grpc and numpy).
+#  6. scripts/summarize.py: a per-suite table, then as the very last line
+#     "N passed, N failed".  Exits non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+exec 2>&1 # one stream, so the closing line really is last
+export KEX_SOURCE_ROOT=$PWD
+
+summary_args=()
+fail() { summary_args+=(--fail "$1" "$2"); echo "FAILED: $1 ($2)"; }
+skip() { summary_args+=(--skip "$1" "$2"); echo "skipped: $1 ($2)"; }
+
+if ! scripts/setup.sh; then
+  fail "setup" "scripts/setup.sh failed"
+fi
+
+# Names of the tests in build dir $1 (optionally only suite $2) whose
+# executable ninja considers up to date, as "ok NAME" or "stale NAME".
+test_freshness() {
+  meson introspect "$1" --tests | /usr/bin/python3 -c '
+import json, os, subprocess, sys
+build, suite = sys.argv[1], sys.argv[2]
+for t in json.load(sys.stdin):
+    if suite and not any(s.split(":")[-1] == suite for s in t["suite"]):
+        continue
+    exe = os.path.relpath(t["cmd"][0], build)
+    out = subprocess.run(["ninja", "-C", build, "-n", exe], capture_output=True, text=True).stdout
+    print(("ok " if "no work to do" in out else "stale ") + t["name"])
+' "$1" "${2:-}"
+}
+
+# build_and_test DIR SUITE [MESON_OPTION...]: configure, build, run the tests.
+build_and_test() {
+  local dir=$1 suite=$2
+  shift 2
+  local suite_args=()
+  [ -n "$suite" ] && suite_args=(--suite "$suite")
+  mkdir -p "$dir"
+  rm -f "$dir/meson-logs/testlog.json"
+  echo "== $dir: configure =="
+  if ! scripts/configure.sh "$dir" "$@" >"$dir/configure-output.txt" 2>&1; then
+    tail -n 30 "$dir/configure-output.txt"
+    fail "$dir: configure" "meson setup failed, see $dir/configure-output.txt"
+    return
+  fi
+  echo "== $dir: build =="
+  if ninja -C "$dir" -k 0 >"$dir/build-output.txt" 2>&1; then
+    echo "== $dir: meson test${suite:+ --suite $suite} =="
+    meson test -C "$dir" --no-rebuild --print-errorlogs "${suite_args[@]}"
+    summary_args+=(--meson "$dir")
+    return
+  fi
+  grep -E -A12 '^FAILED:' "$dir/build-output.txt" | head -n 80
+  fail "$dir: build" "compile errors, see $dir/build-output.txt"
+  local fresh=() state name
+  while read -r state name; do
+    if [ "$state" = ok ]; then
+      fresh+=("$name")
+    else
+      fail "$dir: $name" "did not build"
+    fi
+  done < <(test_freshness "$dir" "$suite")
+  if [ ${#fresh[@]} -gt 0 ]; then
+    echo "== $dir: meson test (the ${#fresh[@]} tests that built) =="
+    meson test -C "$dir" --no-rebuild --print-errorlogs "${fresh[@]}"
+    summary_args+=(--meson "$dir")
+  fi
+}
+
+build_and_test build ""
+build_and_test build-asan unit -Dsanitize=true
+
+shopt -s nullglob
+scripts_found=(tests/integration/*.sh)
+shopt -u nullglob
+if [ ${#scripts_found[@]} -eq 0 ]; then
+  skip "integration tests" "no tests/integration/*.sh yet"
+fi
+mkdir -p build/integration-logs
+for script in "${scripts_found[@]}"; do
+  log="build/integration-logs/$(basename "$script" .sh).log"
+  echo "== $script =="
+  KEX_BUILD_DIR=$PWD/build bash "$script" 2>&1 | tee "$log"
+  summary_args+=(--script "$script" "$log" "${PIPESTATUS[0]}")
+done
+
+if [ -d client/python/tests ]; then
+  echo "== pytest client/python/tests =="
+  junit=build/pytest-junit.xml
+  rm -f "$junit"
+  KEX_BUILD_DIR=$PWD/build /usr/bin/python3 -m pytest -q client/python/tests --junitxml="$junit"
+  summary_args+=(--junit "pytest client/python/tests" "$junit" "$?")
+else
+  skip "pytest client/python/tests" "client/python/tests does not exist yet"
+fi
+
+/usr/bin/python3 scripts/summarize.py "${summary_args[@]}"
