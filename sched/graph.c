@@ -298,11 +298,13 @@ static int add_input(kex_graph *g, uint32_t idx, const kex_gnode *in, const inli
   if (op == KEX_GOP_CONST) {
     if ((rc = convert_const(idx, opname, "value", in->value, in->dtype, &n->value, err)) < 0) goto out;
   }
-  if (op != KEX_GOP_BUFFER) goto out;
+  if (op == KEX_GOP_CONST) goto out; /* a 0-d constant viewed: no buffer of this size */
 
+  /* BUFFER and EMPTY each become one buffer of prod(shape) * itemsize bytes */
   if (__builtin_mul_overflow(elements, (int64_t)kex_dtype_size(in->dtype), &bytes) || bytes > lim->max_buffer_bytes)
     FAIL(KEX_ELIMIT, "buffer of %" PRId64 " elements of %s is more than the limit of %" PRId64 " bytes", elements,
          kex_dtypes[in->dtype].name, lim->max_buffer_bytes);
+  if (op != KEX_GOP_BUFFER) goto out;
   n->bufsrc = in->bufsrc;
   switch (in->bufsrc) {
   case KEX_BUF_DATA: {

@@ -668,6 +668,13 @@ static void test_limit_buffer_bytes(void **state) {
   ACCEPT_FREE(graph_json("{'op': 'BUFFER', 'dtype': 'float64', 'shape': [4], 'buffer': 'h'}", "0"), &lim);
   REFUSE(graph_json("{'op': 'BUFFER', 'dtype': 'float64', 'shape': [5], 'buffer': 'h'}", "0"), &lim, KEX_ELIMIT,
          "node 0 (BUFFER)");
+  /* an EMPTY becomes a buffer of the same size; a CONST does not */
+  ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'int32', 'shape': [2, 4]}", "0"), &lim);
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'int32', 'shape': [3, 3]}", "0"), &lim, KEX_ELIMIT, "node 0 (EMPTY)",
+          "32 bytes");
+  ACCEPT_FREE(graph_json("{'op': 'CONST', 'dtype': 'int32', 'shape': [3, 3], 'value': 1}", "0"), &lim);
+  assert_int_equal(kex_err_grpc_status(KEX_ELIMIT), KEX_GRPC_RESOURCE_EXHAUSTED);
+  assert_int_equal(kex_err_grpc_status(KEX_EINVAL), KEX_GRPC_INVALID_ARGUMENT);
 }
 
 static void test_limit_outputs(void **state) {
