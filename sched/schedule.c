@@ -220,12 +220,6 @@ static int add_child(sched *s, kex_lb *parent, kex_lb *child) {
   return 0;
 }
 
-static int64_t prod(const int64_t *v, int n) {
-  int64_t p = 1;
-  for (int i = 0; i < n; i++) p *= v[i];
-  return p;
-}
-
 /*
  * _recurse_lb: DFS from an output base.  Frames are (lb, next src) pairs on
  * s->stack (a view frame is replaced by its base, a tail call).
