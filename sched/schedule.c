@@ -717,7 +717,8 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
     }
   }
   it->nin = g.inputs.len;
-  it->ins = kex_arena_memdup(s->arena, g.inputs.v, sizeof(kex_lb *) * (g.inputs.len ? g.inputs.len : 1));
+  it->ins = kex_arena_alloc(s->arena, sizeof(kex_lb *) * (g.inputs.len ? g.inputs.len : 1));
+  if (it->ins && g.inputs.len) memcpy(it->ins, g.inputs.v, sizeof(kex_lb *) * g.inputs.len);
   if (!it->ins) rc = oom(s);
 out:
   pv_free(&g.inputs);
