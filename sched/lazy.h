@@ -51,7 +51,8 @@ struct kex_lb {
   kex_lb *reduce_for_op;
   kex_lb *assign_of;          /* for an assign target: the ASSIGN in this schedule */
   uint32_t mark, mark2;       /* visit epochs */
-  int32_t group_slot;
+  int32_t group_slot;         /* output group / schedule target index, -1 when none */
+  int32_t input_slot;         /* index among the current kernel's inputs */
 };
 
 static inline bool kex_lb_is_base(const kex_lb *lb) { return lb->base == lb; }

@@ -538,10 +538,10 @@ static int lazyop_input(sched *s, group_ctx *g, kex_lb *buf, const kex_st *st, c
   }
   if (buf->mark != g->gep + 1) {
     buf->mark = g->gep + 1;
-    buf->group_slot = (int32_t)g->inputs.len;
+    buf->input_slot = (int32_t)g->inputs.len;
     if (pv_push(&g->inputs, buf)) return oom(s);
   }
-  *res = make_leaf(s, KEX_OP_LOAD, buf->dtype, (int)g->nout + buf->group_slot, st, kex_const_int(0));
+  *res = make_leaf(s, KEX_OP_LOAD, buf->dtype, (int)g->nout + buf->input_slot, st, kex_const_int(0));
   return *res ? 0 : oom(s);
 }
 
