@@ -53,6 +53,8 @@ struct kex_lb {
   uint32_t mark, mark2;       /* visit epochs */
   int32_t group_slot;         /* output group / schedule target index, -1 when none */
   int32_t input_slot;         /* index among the current kernel's inputs */
+  uint32_t memo_epoch;        /* one-entry memo of _recursive_lazyop: (this, memo_st) -> memo_lop */
+  const void *memo_st, *memo_lop;
 };
 
 static inline bool kex_lb_is_base(const kex_lb *lb) { return lb->base == lb; }

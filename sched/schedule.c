@@ -184,6 +184,16 @@ static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, k
   return l;
 }
 
+/*
+ * A new inner AST node.  Inner nodes are not interned: the (buf, st) memo of
+ * _recursive_lazyop already makes each distinct sub-AST one node; only the
+ * leaves (LOAD/CONST), which recur across buffers, go through lop_intern.
+ */
+static const kex_lop *lop_new(kex_arena *arena, kex_lop *tmpl) {
+  tmpl->hash = lop_hash(tmpl);
+  return kex_arena_memdup(arena, tmpl, sizeof *tmpl);
+}
+
 /* ---- scheduler state ---- */
 
 typedef struct sched {
@@ -613,11 +623,12 @@ static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *o
           }
           f->st = f->child_st;
         }
-        void **memo = pm_find(&s->visit, buf, f->st);
-        if (memo) {
-          done = *memo;
+        if (buf->memo_epoch == g->gep && buf->memo_st == f->st) {
+          done = buf->memo_lop;
         } else {
-          f->next = 0;
+          void **memo = s->visit.len ? pm_find(&s->visit, buf, f->st) : NULL;
+          if (memo) done = *memo;
+          else f->next = 0;
         }
       }
     }
@@ -636,8 +647,16 @@ static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *o
       t.dtype = buf->dtype;
       if (buf->op == KEX_OP_CAST || buf->op == KEX_OP_BITCAST) t.cast_to = buf->dtype;
       if (KEX_OP_IS_REDUCE(buf->op)) t.axis_mask = buf->axis_mask;
-      done = lop_intern(s->lops, s->arena, &t);
-      if (!done || pm_put(&s->visit, buf, f->st, (void *)done)) {
+      done = lop_new(s->arena, &t);
+      if (!done) {
+        rc = oom(s);
+        goto out;
+      }
+      if (buf->memo_epoch != g->gep) {
+        buf->memo_epoch = g->gep;
+        buf->memo_st = f->st;
+        buf->memo_lop = done;
+      } else if (pm_put(&s->visit, buf, f->st, (void *)done)) {
         rc = oom(s);
         goto out;
       }
@@ -709,7 +728,7 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
       t.dtype = o->dtype;
       t.idx = (int32_t)i;
       t.st = view;
-      it->ast[i] = view ? lop_intern(s->lops, s->arena, &t) : NULL;
+      it->ast[i] = view ? lop_new(s->arena, &t) : NULL;
       if (!it->ast[i]) {
         rc = oom(s);
         goto out;

@@ -39,8 +39,9 @@ static const char *q(const char *s) {
 /* A graph JSON from a nodes list and an outputs list (single-quoted). */
 static const char *graph_json(const char *nodes, const char *outputs) {
   static char buf[JSON_MAX];
-  snprintf(buf, sizeof buf, "{'format': 'kex.graph.v1', 'device': 'default', 'nodes': [%s], 'outputs': [%s]}", nodes,
-           outputs);
+  int n = snprintf(buf, sizeof buf, "{'format': 'kex.graph.v1', 'device': 'default', 'nodes': [%s], 'outputs': [%s]}",
+                   nodes, outputs);
+  assert_true(n > 0 && (size_t)n < sizeof buf);
   return q(buf);
 }
 
