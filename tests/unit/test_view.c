@@ -178,6 +178,11 @@ static void test_reshape_masked(void **state) {
   /* a mask that a split cuts across is not reshapeable: (1,5) over 6 -> (2,3) */
   const kex_view *p1 = kex_view_pad(CTX, contig(state, 1, SH(4)), SH(1, 1));
   assert_int_equal(kex_view_reshape(CTX, p1, 2, SH(2, 3), &out), 1);
+  /* the split fits the mask edges but not the old dim (6 % 4): None */
+  const kex_view *row = kex_view_create(CTX, 2, SH(2, 6), NULL, 0, SH(1, 2, 0, 4));
+  assert_string_equal(vrepr(state, row),
+                      "View(shape=(2, 6), strides=(0, 1), offset=6, mask=((1, 2), (0, 4)), contiguous=False)");
+  assert_int_equal(kex_view_reshape(CTX, row, 2, SH(3, 4), &out), 1);
   /* an empty mask stays empty */
   const kex_view *e = kex_view_create(CTX, 2, SH(2, 3), NULL, 0, SH(0, 0, 0, 3));
   assert_int_equal(kex_view_reshape(CTX, e, 1, SH(6), &out), 0);
@@ -226,6 +231,8 @@ static void test_add_projection(void **state) {
   /* strided vm1 needs vm2 merged to (24,), which the transpose cannot do: None */
   const kex_view *s2 = kex_view_stride(CTX, contig(state, 1, SH(24)), SH(2));
   assert_int_equal(kex_view_add(CTX, t, s2, &out), 1);
+  /* idx0 in [0,4] is not provably below 4: vm2 must merge to (24,), None */
+  assert_int_equal(kex_view_add(CTX, t, contig(state, 1, SH(5)), &out), 1);
   /* memoised: asking again gives the same answers */
   assert_int_equal(kex_view_add(CTX, t, s2, &out), 1);
   assert_int_equal(kex_view_add(CTX, t, vm1, &out), 0);
@@ -244,6 +251,15 @@ static void test_add_masked_vm2(void **state) {
   assert_int_equal(kex_view_add(CTX, padded, flip, &out), 0);
   assert_ptr_equal(out, kex_view_stride(CTX, padded, SH(-1)));
   assert_string_equal(vrepr(state, out), "View(shape=(6,), strides=(-1,), offset=4, mask=((1, 5),), contiguous=False)");
+  /* every other element of a padded view: mask bound ceil(1/2) = 1 on vm1 */
+  const kex_view *every2 = kex_view_stride(CTX, contig(state, 1, SH(6)), SH(2));
+  assert_int_equal(kex_view_add(CTX, padded, every2, &out), 0);
+  assert_ptr_equal(out, kex_view_stride(CTX, padded, SH(2)));
+  assert_string_equal(vrepr(state, out), "View(shape=(3,), strides=(2,), offset=-1, mask=((1, 3),), contiguous=False)");
+  /* t.max == e violates vm2's mask: vm1 gets masked to (0,4) */
+  const kex_view *tail = kex_view_shrink(CTX, contig(state, 1, SH(6)), SH(1, 6));
+  assert_int_equal(kex_view_add(CTX, padded, tail, &out), 0);
+  assert_string_equal(vrepr(state, out), "View(shape=(5,), strides=(1,), offset=0, mask=((0, 4),), contiguous=False)");
   /* an empty vm1 mask short-circuits to the all-invalid view */
   const kex_view *empty = kex_view_create(CTX, 1, SH(6), NULL, 1, SH(3, 3));
   assert_int_equal(kex_view_add(CTX, padded, empty, &out), 0);
