@@ -18,15 +18,36 @@ void kex_arena_init(kex_arena *a, size_t block_size) {
   a->block_size = block_size ? block_size : 64 * 1024;
 }
 
-void kex_arena_destroy(kex_arena *a) {
-  kex_arena_block *b = a->head;
+static void free_chain(kex_arena_block *b) {
   while (b) {
     kex_arena_block *prev = b->prev;
     kex_free(b);
     b = prev;
   }
+}
+
+void kex_arena_destroy(kex_arena *a) {
+  free_chain(a->head);
+  free_chain(a->spare);
   size_t bs = a->block_size;
   kex_arena_init(a, bs);
+}
+
+void kex_arena_reset(kex_arena *a) {
+  kex_arena_block *b = a->head;
+  while (b) {
+    kex_arena_block *prev = b->prev;
+    if (b->size == a->block_size) {
+      b->prev = a->spare;
+      a->spare = b;
+    } else {
+      kex_free(b);
+    }
+    b = prev;
+  }
+  a->head = NULL;
+  a->cur = a->end = NULL;
+  a->total = 0;
 }
 
 void *kex_arena_alloc(kex_arena *a, size_t size) {
@@ -37,8 +58,14 @@ void *kex_arena_alloc(kex_arena *a, size_t size) {
   if ((size_t)(a->end - a->cur) < size) {
     size_t bsize = a->block_size;
     if (size > bsize / 4) bsize = size > bsize ? size : bsize; /* big requests get their own block */
-    kex_arena_block *b = kex_malloc(sizeof *b + bsize);
-    if (!b) return NULL;
+    kex_arena_block *b;
+    if (bsize == a->block_size && a->spare) {
+      b = a->spare;
+      a->spare = b->prev;
+    } else {
+      b = kex_malloc(sizeof *b + bsize);
+      if (!b) return NULL;
+    }
     b->size = bsize;
     a->total += bsize;
     if (size > a->block_size / 4 && a->head && a->cur != a->end) {

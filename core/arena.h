@@ -17,13 +17,20 @@ typedef struct kex_arena {
   kex_arena_block *head; /* current block, linked to older ones */
   char *cur, *end;       /* free space in head */
   size_t block_size;     /* default size of a new block */
-  size_t total;          /* bytes obtained from the allocator */
+  size_t total;          /* bytes of blocks in use since init/reset */
+  kex_arena_block *spare; /* standard-size blocks kept by kex_arena_reset for reuse */
 } kex_arena;
 
 /* Initialise an empty arena (no allocation yet).  block_size 0 = 64 KiB. */
 void kex_arena_init(kex_arena *a, size_t block_size);
 /* Release every block; the arena is empty and reusable afterwards. */
 void kex_arena_destroy(kex_arena *a);
+/*
+ * Release everything allocated, keeping the standard-size blocks for the next
+ * use (a per-submission arena that is reset instead of destroyed stops paying
+ * for page faults).  Pointers from before the reset are invalid after it.
+ */
+void kex_arena_reset(kex_arena *a);
 /* Aligned (16 bytes) allocation; NULL when out of memory. */
 void *kex_arena_alloc(kex_arena *a, size_t size);
 /* Zeroed allocation; NULL when out of memory. */

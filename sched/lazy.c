@@ -144,7 +144,7 @@ static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype
 
 static bool same_shape(const kex_st *a, const kex_st *b) {
   int n = kex_st_ndim(a);
-  return n == kex_st_ndim(b) && memcmp(kex_st_shape(a), kex_st_shape(b), sizeof(int64_t) * n) == 0;
+  return n == kex_st_ndim(b) && kex_i64_eq(kex_st_shape(a), kex_st_shape(b), n);
 }
 
 static bool st_has_mask(const kex_st *st) {
@@ -607,7 +607,8 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
   r->graph = g;
   r->opts = *opts;
   if (!r->opts.device_name) r->opts.device_name = "opencl";
-  r->shape = kex_shape_ctx_new(arena);
+  r->own_shape = !opts->shape;
+  r->shape = opts->shape ? opts->shape : kex_shape_ctx_new(arena);
   r->cache = kex_calloc(1, sizeof *r->cache);
   r->node_lb = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
@@ -651,7 +652,7 @@ void kex_replay_free(kex_replay *r) {
     kex_free(r->cache->hashes);
     kex_free(r->cache);
   }
-  kex_shape_ctx_free(r->shape);
+  if (r->own_shape) kex_shape_ctx_free(r->shape);
   kex_free(r->node_lb);
   kex_free(r->buffers);
   kex_free(r);

@@ -78,11 +78,16 @@ typedef struct kex_replay_opts {
      consecutive view and BITCAST become LoadOps.VIEW without a kernel. */
   bool buffer_view;
   const char *device_name; /* what "default" means: "opencl" or "cpu" */
+  /* Optional long-lived ShapeTracker context (views are immutable values, so one
+     context can serve many replays, as tinygrad's process-wide View caches do).
+     NULL: the replay makes its own in its arena.  Not thread-safe: one per thread. */
+  kex_shape_ctx *shape;
 } kex_replay_opts;
 
 typedef struct kex_replay {
   kex_arena *arena;
   kex_shape_ctx *shape;
+  bool own_shape;      /* shape was made for this replay */
   const kex_graph *graph;
   kex_replay_opts opts;
   kex_lb **node_lb;    /* per graph node */

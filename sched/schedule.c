@@ -600,15 +600,23 @@ static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *o
         f->buf = buf;
         f->st = st;
       }
-      if (buf->op == KEX_OP_CONST) {
-        const kex_st *ss = kex_st_simplify(s->sh, st);
-        done = ss ? make_leaf(s, KEX_OP_BCONST, buf->dtype, 0, ss, buf->arg) : NULL;
-        if (!done) {
-          rc = oom(s);
+      bool leaf = buf->op == KEX_OP_CONST || buf->realized || (in_realizes(buf) && buf->mark2 != g->gep);
+      if (leaf && buf->memo_epoch == g->gep && buf->memo_st == st) {
+        done = buf->memo_lop; /* the same leaf again (e.g. an input read by every node of a chain) */
+      } else if (leaf) {
+        if (buf->op == KEX_OP_CONST) {
+          const kex_st *ss = kex_st_simplify(s->sh, st);
+          done = ss ? make_leaf(s, KEX_OP_BCONST, buf->dtype, 0, ss, buf->arg) : NULL;
+          if (!done) {
+            rc = oom(s);
+            goto out;
+          }
+        } else if ((rc = lazyop_input(s, g, buf, st, &done))) {
           goto out;
         }
-      } else if (buf->realized || (in_realizes(buf) && buf->mark2 != g->gep)) {
-        if ((rc = lazyop_input(s, g, buf, st, &done))) goto out;
+        buf->memo_epoch = g->gep;
+        buf->memo_st = st;
+        buf->memo_lop = done;
       } else if (buf->op == KEX_OP_CONTIGUOUS || buf->op == KEX_OP_ASSIGN) {
         f->buf = buf->srcs[0]; /* the store does the work */
         continue;

@@ -99,7 +99,7 @@ bool kex_st_consecutive(const kex_st *st) {
   const kex_view *v = st->views[0];
   int64_t sfs[KEX_MAX_DIMS];
   kex__strides_for_shape(v->ndim, v->shape, sfs);
-  return v->ndim == 0 || memcmp(sfs, v->strides, v->ndim * sizeof *sfs) == 0;
+  return kex_i64_eq(sfs, v->strides, v->ndim);
 }
 
 /* ---- movement ops ---- */
@@ -168,7 +168,7 @@ const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
   if (!a || !b) return NULL;
   if (b->nviews == 1 && b->views[0]->contiguous) {
     const kex_view *la = kex_st_last(a), *v = b->views[0];
-    if (la->ndim == v->ndim && (v->ndim == 0 || memcmp(la->shape, v->shape, v->ndim * sizeof *v->shape) == 0))
+    if (la->ndim == v->ndim && kex_i64_eq(la->shape, v->shape, v->ndim))
       return kex_st_simplify(ctx, a);
   }
   const void *val;

@@ -36,7 +36,15 @@ typedef struct kex_view {
   const int64_t *strides; /* ndim entries */
   int64_t offset;
   const int64_t *mask;    /* NULL, or 2*ndim entries: mask[2i] = b_i, mask[2i+1] = e_i */
+  int64_t size;           /* prod(shape) */
 } kex_view;
+
+/* Small-array equality (dims are few: an inline loop beats a memcmp call). */
+static inline bool kex_i64_eq(const int64_t *a, const int64_t *b, int n) {
+  for (int i = 0; i < n; i++)
+    if (a[i] != b[i]) return false;
+  return true;
+}
 
 typedef struct kex_st {
   uint64_t hash;
@@ -58,7 +66,7 @@ kex_sym_ctx *kex_shape_sym(kex_shape_ctx *ctx);
 /* View.create: canonicalises strides, drops a full mask, computes contiguous, step 4 of the spec. */
 const kex_view *kex_view_create(kex_shape_ctx *ctx, int ndim, const int64_t *shape, const int64_t *strides,
                                 int64_t offset, const int64_t *mask);
-int64_t kex_view_size(const kex_view *v);
+static inline int64_t kex_view_size(const kex_view *v) { return v->size; }
 const kex_view *kex_view_pad(kex_shape_ctx *ctx, const kex_view *v, const int64_t *arg);    /* arg: 2*ndim (before, after) */
 const kex_view *kex_view_shrink(kex_shape_ctx *ctx, const kex_view *v, const int64_t *arg); /* arg: 2*ndim (begin, end) */
 const kex_view *kex_view_expand(kex_shape_ctx *ctx, const kex_view *v, const int64_t *new_shape);

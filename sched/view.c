@@ -152,14 +152,9 @@ void kex__strides_for_shape(int ndim, const int64_t *shape, int64_t *out) {
   }
 }
 
-int64_t kex_view_size(const kex_view *v) {
-  int64_t n = 1;
-  for (int i = 0; i < v->ndim; i++) n *= v->shape[i];
-  return n;
-}
 
 static bool shape_eq(int n1, const int64_t *s1, int n2, const int64_t *s2) {
-  return n1 == n2 && (n1 == 0 || memcmp(s1, s2, (size_t)n1 * sizeof *s1) == 0);
+  return n1 == n2 && kex_i64_eq(s1, s2, n1);
 }
 
 static uint64_t view_buf_hash(const view_buf *b) {
@@ -174,10 +169,9 @@ static uint64_t view_buf_hash(const view_buf *b) {
 
 static bool view_buf_eq(const view_buf *b, const kex_view *v) {
   if (b->ndim != v->ndim || b->offset != v->offset || b->has_mask != (v->mask != NULL)) return false;
-  size_t n = (size_t)b->ndim * sizeof(int64_t);
-  if (n && (memcmp(b->shape, v->shape, n) || memcmp(b->strides, v->strides, n))) return false;
-  if (b->has_mask && n && memcmp(b->mask, v->mask, 2 * n)) return false;
-  return true;
+  int n = b->ndim;
+  if (!kex_i64_eq(b->shape, v->shape, n) || !kex_i64_eq(b->strides, v->strides, n)) return false;
+  return !b->has_mask || kex_i64_eq(b->mask, v->mask, 2 * n);
 }
 
 /* Intern an already canonical buffer.  NULL on OOM. */
@@ -205,6 +199,8 @@ static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool c
   v->strides = data + n;
   v->offset = b->offset;
   v->mask = b->has_mask ? data + 2 * n : NULL;
+  v->size = 1;
+  for (size_t k = 0; k < n; k++) v->size *= b->shape[k];
   t->slots[i] = v;
   t->count++;
   return v;
@@ -228,7 +224,7 @@ static const kex_view *create_buf(kex_shape_ctx *ctx, view_buf *b, bool have_str
       if (b->mask[2 * i] != 0 || b->mask[2 * i + 1] != b->shape[i]) full = false;
     if (full) b->has_mask = false;
   }
-  bool contiguous = b->offset == 0 && !b->has_mask && (n == 0 || memcmp(b->strides, sfs, (size_t)n * sizeof *sfs) == 0);
+  bool contiguous = b->offset == 0 && !b->has_mask && kex_i64_eq(b->strides, sfs, n);
   if (b->has_mask && n > 0) {
     bool any_elim = false, any_empty = false;
     for (int i = 0; i < n; i++) {
