@@ -315,6 +315,38 @@ static void test_oom_everywhere(void **state) {
   assert_true(failures > 5);
 }
 
+
+/* COPY: to another device is a COPY item; a copy back collapses to the source; a shrunk view is made contiguous first. */
+static void test_copy_rules(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(EMPTYF("[16]") ",{\"op\":\"COPY\",\"src\":[0],\"device\":\"cpu\"}", "1"), false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nitems, 2);
+  assert_int_equal(p.s->items[1].kind, KEX_ITEM_COPY);
+  assert_int_equal(p.s->nkernels, 0);
+  done(&p);
+  /* double COPY = one COPY: there and back is the original buffer, nothing to run but its EMPTY */
+  plan_text(&p, G(EMPTYF("[16]") ",{\"op\":\"COPY\",\"src\":[0],\"device\":\"cpu\"}"
+                  ",{\"op\":\"COPY\",\"src\":[1],\"device\":\"opencl\"}", "2"), false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nitems, 1);
+  assert_int_equal(p.s->items[0].kind, KEX_ITEM_EMPTY);
+  done(&p);
+  /* a shrink before a copy: CONTIGUOUS kernel, then the COPY */
+  plan_text(&p, G(EMPTYF("[16]") ",{\"op\":\"SHRINK\",\"src\":[0],\"arg\":[[2,10]]}"
+                  ",{\"op\":\"COPY\",\"src\":[1],\"device\":\"cpu\"}", "2"), false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nkernels, 1);
+  assert_int_equal(p.s->items[p.s->nitems - 1].kind, KEX_ITEM_COPY);
+  done(&p);
+  /* a const is never copied: it becomes a const on the other device */
+  plan_text(&p, G(CONSTF("3", "[16]") ",{\"op\":\"COPY\",\"src\":[0],\"device\":\"cpu\"}", "1"), false);
+  assert_int_equal(p.rc, 0);
+  assert_int_equal(p.s->nitems, 0);
+  done(&p);
+}
+
 #define CHAIN_N 100000
 
 static void *chain_thread(void *arg) {
@@ -362,6 +394,7 @@ int main(void) {
       cmocka_unit_test(test_assign_ordering), cmocka_unit_test(test_memory_planner),
       cmocka_unit_test(test_const_folding),  cmocka_unit_test(test_print_stable),
       cmocka_unit_test(test_oom_everywhere), cmocka_unit_test(test_chain_100k),
+      cmocka_unit_test(test_copy_rules),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
