@@ -289,7 +289,7 @@ static kex_lb *lb_cast(replay_ctx *c, kex_lb *lb, kex_dtype dtype, bool bitcast)
     return lb_view(c, b, lb->st);
   }
   kex_op cop = bitcast ? (can_view(c, lb) ? KEX_OP_VIEW : KEX_OP_BITCAST) : KEX_OP_CAST;
-  const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(lb), kex_lb_shape(lb));
+  const kex_st *st = kex_st_from_shape_of(c->r->shape, lb->st);
   if (!st) return FAIL_NOMEM(c);
   kex_lb *srcs[1] = {lb};
   return create_lb(c, lb->device, st, dtype, cop, kex_const_int(0), 0, 1, srcs, NULL, true);
@@ -362,7 +362,7 @@ static kex_lb *lb_e(replay_ctx *c, kex_op op, int n, kex_lb *const *in) {
       return lb_e(c, KEX_OP_MUL, 2, m);
     }
   }
-  const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(x), kex_lb_shape(x));
+  const kex_st *st = kex_st_from_shape_of(c->r->shape, x->st);
   if (!st) return FAIL_NOMEM(c);
   return create_lb(c, x->device, st, out, op, kex_const_int(0), 0, n, srcs, NULL, true);
 }
@@ -495,14 +495,14 @@ static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
   if (kex_lb_size(lb) < kex_lb_size(lb->base)) {
     kex_lb *s = lb_contiguous(c, lb);
     if (!s) return NULL;
-    const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(s), kex_lb_shape(s));
+    const kex_st *st = kex_st_from_shape_of(c->r->shape, s->st);
     if (!st) return FAIL_NOMEM(c);
     kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, NULL, false);
     if (cp) cp->nbytes = kex_lb_size(s) * kex_dtype_size(s->dtype);
     return cp;
   }
   kex_lb *b = lb->base;
-  const kex_st *st = kex_st_from_shape(c->r->shape, kex_lb_ndim(b), kex_lb_shape(b));
+  const kex_st *st = kex_st_from_shape_of(c->r->shape, b->st);
   if (!st) return FAIL_NOMEM(c);
   kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, NULL, false);
   if (!cp) return NULL;

@@ -527,7 +527,7 @@ static int lazyop_input(sched *s, group_ctx *g, kex_lb *buf, const kex_st *st, c
       const kex_view *v = st->views[0];
       bool ok = false;
       if (st->nviews == 1 && v->mask) {
-        const kex_st *full = kex_st_from_shape(s->sh, kex_st_ndim(st), kex_st_shape(st));
+        const kex_st *full = kex_st_from_shape_of(s->sh, st);
         const kex_st *a = full ? kex_st_shrink(s->sh, full, v->mask) : NULL;
         const kex_st *b = kex_st_shrink(s->sh, st, v->mask);
         if (!a || !b) return oom(s);
@@ -624,7 +624,7 @@ static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *o
         f->child_st = st;
         if (KEX_OP_IS_REDUCE(buf->op)) {
           kex_lb *src = buf->srcs[0];
-          f->child_st = kex_st_from_shape(s->sh, kex_lb_ndim(src), kex_lb_shape(src));
+          f->child_st = kex_st_from_shape_of(s->sh, src->st);
           if (!f->child_st) {
             rc = oom(s);
             goto out;
@@ -720,7 +720,7 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
     for (uint32_t i = 0; i < nout; i++) {
       kex_lb *o = outs[i];
       const kex_lb *shape_of = o->reduce_for_op ? o->reduce_for_op : o;
-      const kex_st *ost = kex_st_from_shape(s->sh, kex_lb_ndim(shape_of), kex_lb_shape(shape_of));
+      const kex_st *ost = kex_st_from_shape_of(s->sh, shape_of->st);
       if (!ost) {
         rc = oom(s);
         goto out;

@@ -63,6 +63,12 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *
   return s;
 }
 
+const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
+  kex_view *last = (kex_view *)kex_st_last(st); /* the cache field is the one mutable part of a view */
+  if (!last->shape_st) last->shape_st = kex_st_from_shape(ctx, last->ndim, last->shape);
+  return last->shape_st;
+}
+
 const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape) {
   const kex_view *v = kex_view_create(ctx, ndim, shape, NULL, 0, NULL);
   if (!v) return NULL;

@@ -37,6 +37,7 @@ typedef struct kex_view {
   int64_t offset;
   const int64_t *mask;    /* NULL, or 2*ndim entries: mask[2i] = b_i, mask[2i+1] = e_i */
   int64_t size;           /* prod(shape) */
+  const struct kex_st *shape_st; /* cache: from_shape(shape) in the context that made this view (NULL until asked) */
 } kex_view;
 
 /* Small-array equality (dims are few: an inline loop beats a memcmp call). */
@@ -46,11 +47,12 @@ static inline bool kex_i64_eq(const int64_t *a, const int64_t *b, int n) {
   return true;
 }
 
-typedef struct kex_st {
+typedef struct kex_st kex_st;
+struct kex_st {
   uint64_t hash;
   uint32_t nviews;
   const kex_view *const *views;
-} kex_st;
+};
 
 typedef struct kex_shape_ctx kex_shape_ctx;
 
@@ -84,6 +86,8 @@ const kex_view *kex_view_minify(kex_shape_ctx *ctx, const kex_view *v);
 /* ---- ShapeTracker ---- */
 
 const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape);
+/* from_shape(shape of st): the contiguous ShapeTracker of st's visible shape, cached on the view. */
+const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st);
 const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t nviews, const kex_view *const *views);
 static inline const kex_view *kex_st_last(const kex_st *st) { return st->views[st->nviews - 1]; }
 static inline int kex_st_ndim(const kex_st *st) { return kex_st_last(st)->ndim; }

@@ -199,6 +199,7 @@ static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool c
   v->strides = data + n;
   v->offset = b->offset;
   v->mask = b->has_mask ? data + 2 * n : NULL;
+  v->shape_st = NULL;
   v->size = 1;
   for (size_t k = 0; k < n; k++) v->size *= b->shape[k];
   t->slots[i] = v;
