@@ -245,9 +245,8 @@ int kex_kernel_opts_string(const kex_kernel *k, char *buf, size_t len) {
   if (len) buf[0] = 0;
   for (uint32_t i = 0; i < k->napplied; i++) {
     char one[64];
-    int n = kex_opt_short(k->applied_opts[i], one, sizeof one);
+    kex_opt_short(k->applied_opts[i], one, sizeof one);
     int w = snprintf(p < len ? buf + p : NULL, p < len ? len - p : 0, "%s%s", i ? " " : "", one);
-    (void)n;
     total += w;
     p += (size_t)w;
   }
@@ -286,6 +285,8 @@ static int scratch_new(shape_scratch *s, uint32_t n) {
   if (!s->ndims || !s->shapes) {
     kex_free(s->ndims);
     kex_free(s->shapes);
+    s->ndims = NULL;
+    s->shapes = NULL;
     return KEX_ENOMEM;
   }
   return 0;

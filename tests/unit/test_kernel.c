@@ -581,6 +581,24 @@ static void test_shift_to_and_limit(void **state) {
   done(&p);
 }
 
+/* A kernel whose dims are all 1 has shape_len 0: no opt applies, nothing crashes. */
+static void test_scalar_kernel(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G(BUFF("[1]") "," BUFF("[1]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
+  kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
+  assert_int_equal(kex_kernel_shape_len(k), 0);
+  expect_name(k, "E_");
+  assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
+  expect_opts(k, "");
+  expect_refused(k, OPT(UPCAST, 0, 0), "invalid axis");
+  expect_refused(k, OPT(LOCAL, 0, 2), "invalid axis");
+  expect_accepted(k, OPT(NOLOCALS, KEX_OPT_NONE, KEX_OPT_NONE));
+  expect_colors(k, "");
+  kex_kernel_free(k);
+  done(&p);
+}
+
 /* Opt text forms. */
 static void test_opt_text(void **state) {
   (void)state;
@@ -612,6 +630,46 @@ static void test_multioutput_name(void **state) {
   done(&p);
 }
 
+/* Out of memory at every allocation of construction + hand-coded opts: KEX_ENOMEM, no crash, no leak. */
+static void oom_sweep(const char *json, const kex_renderer_caps *caps) {
+  planned p;
+  plan_text(&p, json);
+  char want_opts[512];
+  kex_kernel *k0 = make_kernel(&p, 0, caps);
+  assert_int_equal(kex_kernel_hand_coded_optimizations(k0, NULL), 0);
+  kex_kernel_opts_string(k0, want_opts, sizeof want_opts);
+  kex_kernel_free(k0);
+  int failures = 0;
+  for (unsigned long n = 1; n < 100000; n++) {
+    kex_kernel *k = NULL;
+    kex_error err = {0};
+    kex_alloc_fail_at(n, 1);
+    int rc = kex_kernel_from_item(p.s, nth_kernel(&p, 0), caps, &k, &err);
+    if (!rc) rc = kex_kernel_hand_coded_optimizations(k, &err);
+    kex_alloc_fail_at(0, 0);
+    if (rc == 0) {
+      expect_opts(k, want_opts);
+      kex_kernel_free(k);
+      break;
+    }
+    if (rc != KEX_ENOMEM) fail_msg("n=%lu: rc %d (%s)", n, rc, err.msg);
+    kex_kernel_free(k);
+    failures++;
+  }
+  assert_true(failures > 3);
+  done(&p);
+}
+
+static void test_oom_everywhere(void **state) {
+  (void)state;
+  oom_sweep(MATMUL(64, 64), &kex_renderer_opencl);
+  oom_sweep(G(BUFF("[64,64]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}", "1"), &kex_renderer_opencl);
+  oom_sweep(G(BUFF("[3,4096]") "," BUFF("[3,4096]") ",{\"op\":\"PAD\",\"src\":[0],\"arg\":[[0,3],[0,0]]}"
+              ",{\"op\":\"PAD\",\"src\":[1],\"arg\":[[3,0],[0,0]]},{\"op\":\"ADD\",\"src\":[2,3]},"
+              CONSTF("2", "[6,4096]") ",{\"op\":\"MUL\",\"src\":[4,5]}", "6"),
+            &kex_renderer_opencl);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul512_bench), cmocka_unit_test(test_matmul512_json),
@@ -623,7 +681,8 @@ int main(void) {
       cmocka_unit_test(test_local_checks),    cmocka_unit_test(test_group_checks),
       cmocka_unit_test(test_nolocals_checks), cmocka_unit_test(test_padto_checks),
       cmocka_unit_test(test_shift_to_and_limit), cmocka_unit_test(test_opt_text),
-      cmocka_unit_test(test_multioutput_name),
+      cmocka_unit_test(test_multioutput_name), cmocka_unit_test(test_oom_everywhere),
+      cmocka_unit_test(test_scalar_kernel),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
