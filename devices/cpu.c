@@ -1,0 +1,587 @@
+/*
+ * cpu.c - the C backend: C source -> the system compiler -> a shared
+ * object -> dlopen, run on a thread pool.
+ *
+ * compile() writes the source to a file in the device's own mkdtemp
+ * directory and runs `cc -O2 -shared -fPIC -x c - -o <unique>.so -lm` with
+ * posix_spawnp, the source on its stdin and its stdout+stderr in a log file
+ * that becomes the error message when the compiler fails; the .so bytes are
+ * the binary.  load() writes a binary to a new, never reused file name
+ * (dlopen caches by path), dlopens it, unlinks the file and dlsyms the
+ * kernel.  Temporary files never outlive the call that made them, and the
+ * directory goes with the device.
+ *
+ * Kernels have the signature (device.h):
+ *   void name(void **bufs, const int *ints, int gidx_start, int gidx_end);
+ * A launch splits [0, global[0]) into one contiguous range per thread (the
+ * calling thread runs the first one, the pool's workers the others) and
+ * returns when all ranges ran; its event holds the wall time.  Buffers are
+ * ordinary host memory, 64-byte aligned.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <gnu/libc-version.h>
+#include <limits.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "devices/device_impl.h"
+
+extern char **environ;
+
+#define KEX_CPU_CC "cc"
+#define KEX_CPU_FLAGS "-O2 -shared -fPIC"
+#define KEX_CPU_MAX_THREADS 256
+#define KEX_CPU_LOG_MAX (64 << 10) /* bytes of compiler output kept */
+#define KEX_CPU_ALIGN 64
+
+typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
+
+typedef struct kex_cpu_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t start, done;
+  pthread_t threads[KEX_CPU_MAX_THREADS];
+  int nthreads;            /* workers, not counting the launching thread */
+  unsigned long generation; /* bumped once per launch that uses the workers */
+  int remaining;           /* workers that have not finished this generation */
+  int stop;
+  /* the job of the current generation */
+  kex_cpu_kernel_fn fn;
+  void **bufs;
+  const int *ints;
+  int total, parts;
+} kex_cpu_pool;
+
+typedef struct kex_cpu_worker_arg {
+  kex_cpu_pool *pool;
+  int index; /* 1..nthreads: the part this worker runs */
+} kex_cpu_worker_arg;
+
+#define KEX_CPU_DIR_MAX 1024 /* bytes of the temp directory path; file paths stay below PATH_MAX */
+
+typedef struct kex_cpu_device {
+  char dir[KEX_CPU_DIR_MAX];
+  unsigned long counter; /* makes every temporary file name unique */
+  kex_cpu_pool pool;
+  kex_cpu_worker_arg args[KEX_CPU_MAX_THREADS];
+  int pool_ready;
+} kex_cpu_device;
+
+typedef struct kex_cpu_buffer {
+  unsigned char *data; /* KEX_CPU_ALIGN-aligned, inside the same allocation */
+} kex_cpu_buffer;
+
+typedef struct kex_cpu_program {
+  void *handle;
+  kex_cpu_kernel_fn fn;
+} kex_cpu_program;
+
+typedef struct kex_cpu_event {
+  double seconds;
+} kex_cpu_event;
+
+static double kex_cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- thread pool ---- */
+
+static void kex_cpu_run_part(kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total, int parts, int p) {
+  int start = (int)((long long)total * p / parts);
+  int end = (int)((long long)total * (p + 1) / parts);
+  fn(bufs, ints, start, end);
+}
+
+static void *kex_cpu_worker(void *a) {
+  kex_cpu_worker_arg *arg = a;
+  kex_cpu_pool *pool = arg->pool;
+  unsigned long seen = 0;
+
+  pthread_mutex_lock(&pool->mu);
+  for (;;) {
+    while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->start, &pool->mu);
+    if (pool->stop) break;
+    seen = pool->generation;
+    kex_cpu_kernel_fn fn = pool->fn;
+    void **bufs = pool->bufs;
+    const int *ints = pool->ints;
+    int total = pool->total, parts = pool->parts;
+    pthread_mutex_unlock(&pool->mu);
+    if (arg->index < parts) kex_cpu_run_part(fn, bufs, ints, total, parts, arg->index);
+    pthread_mutex_lock(&pool->mu);
+    if (--pool->remaining == 0) pthread_cond_signal(&pool->done);
+  }
+  pthread_mutex_unlock(&pool->mu);
+  return NULL;
+}
+
+/* Start up to `workers` threads; fewer when pthread_create fails (then logged). */
+static void kex_cpu_pool_start(kex_cpu_device *cpu, int workers) {
+  kex_cpu_pool *pool = &cpu->pool;
+  pthread_mutex_init(&pool->mu, NULL);
+  pthread_cond_init(&pool->start, NULL);
+  pthread_cond_init(&pool->done, NULL);
+  cpu->pool_ready = 1;
+  for (int i = 0; i < workers; i++) {
+    cpu->args[i].pool = pool;
+    cpu->args[i].index = i + 1;
+    int e = pthread_create(&pool->threads[i], NULL, kex_cpu_worker, &cpu->args[i]);
+    if (e != 0) {
+      KEX_WARN("cpu: started %d of %d pool threads: %s", i, workers, strerror(e));
+      break;
+    }
+    pool->nthreads++;
+  }
+}
+
+static void kex_cpu_pool_stop(kex_cpu_device *cpu) {
+  kex_cpu_pool *pool = &cpu->pool;
+  if (!cpu->pool_ready) return;
+  pthread_mutex_lock(&pool->mu);
+  pool->stop = 1;
+  pthread_cond_broadcast(&pool->start);
+  pthread_mutex_unlock(&pool->mu);
+  for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
+  pthread_cond_destroy(&pool->done);
+  pthread_cond_destroy(&pool->start);
+  pthread_mutex_destroy(&pool->mu);
+}
+
+/* Run fn over [0, total) split across the launching thread and the workers. */
+static void kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total) {
+  int parts = pool->nthreads + 1 < total ? pool->nthreads + 1 : total;
+  if (parts <= 1) {
+    fn(bufs, ints, 0, total);
+    return;
+  }
+  pthread_mutex_lock(&pool->mu);
+  pool->fn = fn;
+  pool->bufs = bufs;
+  pool->ints = ints;
+  pool->total = total;
+  pool->parts = parts;
+  pool->remaining = pool->nthreads;
+  pool->generation++;
+  pthread_cond_broadcast(&pool->start);
+  pthread_mutex_unlock(&pool->mu);
+  kex_cpu_run_part(fn, bufs, ints, total, parts, 0);
+  pthread_mutex_lock(&pool->mu);
+  while (pool->remaining > 0) pthread_cond_wait(&pool->done, &pool->mu);
+  pthread_mutex_unlock(&pool->mu);
+}
+
+/* ---- files and the compiler ---- */
+
+/* "<dir>/<stem><counter>.<ext>" into out[PATH_MAX]. */
+static void kex_cpu_path(kex_cpu_device *cpu, char *out, const char *stem, unsigned long id, const char *ext) {
+  snprintf(out, PATH_MAX, "%s/%s%lu.%s", cpu->dir, stem, id, ext);
+}
+
+/* Write n bytes to a new file (O_EXCL). Errors: KEX_EIO. */
+static int kex_cpu_write_file(const char *path, const void *data, size_t n, kex_error *err) {
+  const unsigned char *p = data;
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int rc = 0;
+  if (fd < 0) return kex_err_set(err, KEX_EIO, "cpu: creating %s failed: %s", path, strerror(errno));
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      rc = kex_err_set(err, KEX_EIO, "cpu: writing %s failed: %s", path, strerror(errno));
+      break;
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  if (close(fd) < 0 && rc == 0) rc = kex_err_set(err, KEX_EIO, "cpu: closing %s failed: %s", path, strerror(errno));
+  return rc;
+}
+
+/*
+ * Read at most max bytes of path into a new kex_malloc'd, NUL-terminated
+ * buffer (*out, owned by the caller; *n excludes the NUL).  Longer files
+ * are cut when `cut` is set, else KEX_ELIMIT.  Errors: KEX_EIO, KEX_ENOMEM.
+ */
+static int kex_cpu_read_file(const char *path, size_t max, int cut, unsigned char **out, size_t *n,
+                             kex_error *err) {
+  unsigned char *buf = NULL;
+  struct stat st;
+  size_t size, got = 0;
+  int fd, rc;
+
+  *out = NULL;
+  *n = 0;
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return kex_err_set(err, KEX_EIO, "cpu: opening %s failed: %s", path, strerror(errno));
+  if (fstat(fd, &st) < 0) {
+    rc = kex_err_set(err, KEX_EIO, "cpu: stat of %s failed: %s", path, strerror(errno));
+    goto out;
+  }
+  size = (size_t)st.st_size;
+  if (size > max) {
+    if (!cut) {
+      rc = kex_err_set(err, KEX_ELIMIT, "cpu: %s has %zu bytes, more than %zu", path, size, max);
+      goto out;
+    }
+    size = max;
+  }
+  buf = kex_malloc(size + 1);
+  if (!buf) {
+    rc = kex_err_set(err, KEX_ENOMEM, "cpu: out of memory reading %zu bytes of %s", size, path);
+    goto out;
+  }
+  while (got < size) {
+    ssize_t r = read(fd, buf + got, size - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      rc = kex_err_set(err, KEX_EIO, "cpu: reading %s failed: %s", path, strerror(errno));
+      goto out;
+    }
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  buf[got] = 0;
+  *out = buf;
+  *n = got;
+  buf = NULL;
+  rc = 0;
+out:
+  kex_free(buf);
+  close(fd);
+  return rc;
+}
+
+/*
+ * Run argv (looked up on PATH) with stdin from in_path (or /dev/null) and
+ * stdout+stderr into log_path; *status is the exit status (127 when the
+ * program could not be started, 128+signal when it was killed).
+ * Errors: KEX_EIO (posix_spawn itself failed).
+ */
+static int kex_cpu_spawn(char *const argv[], const char *in_path, const char *log_path, int *status,
+                         kex_error *err) {
+  posix_spawn_file_actions_t fa;
+  pid_t pid;
+  int e, ws = 0, rc = 0;
+
+  if ((e = posix_spawn_file_actions_init(&fa)) != 0)
+    return kex_err_set(err, KEX_EIO, "cpu: posix_spawn_file_actions_init failed: %s", strerror(e));
+  e = posix_spawn_file_actions_addopen(&fa, 0, in_path ? in_path : "/dev/null", O_RDONLY, 0);
+  if (!e) e = posix_spawn_file_actions_addopen(&fa, 2, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (!e) e = posix_spawn_file_actions_adddup2(&fa, 2, 1);
+  if (!e) e = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (e == ENOENT) {
+    *status = 127;
+    return 0;
+  }
+  if (e != 0) return kex_err_set(err, KEX_EIO, "cpu: starting %s failed: %s", argv[0], strerror(e));
+  while (waitpid(pid, &ws, 0) < 0) {
+    if (errno != EINTR) {
+      rc = kex_err_set(err, KEX_EIO, "cpu: waiting for %s failed: %s", argv[0], strerror(errno));
+      break;
+    }
+  }
+  if (rc == 0) *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
+  return rc;
+}
+
+static int kex_cpu_compile(void *impl, const char *source, const char *name, unsigned char **bin, size_t *bin_size,
+                           kex_error *err) {
+  kex_cpu_device *cpu = impl;
+  char src_path[PATH_MAX], so_path[PATH_MAX], log_path[PATH_MAX];
+  unsigned long id = ++cpu->counter;
+  unsigned char *log = NULL;
+  size_t log_n = 0;
+  int status = 0, rc;
+  char *argv[] = {KEX_CPU_CC, "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", so_path, "-lm", NULL};
+
+  kex_cpu_path(cpu, src_path, "k", id, "c");
+  kex_cpu_path(cpu, so_path, "k", id, "so");
+  kex_cpu_path(cpu, log_path, "k", id, "log");
+  rc = kex_cpu_write_file(src_path, source, strlen(source), err);
+  if (rc < 0) goto out;
+  double t0 = kex_cpu_now();
+  rc = kex_cpu_spawn(argv, src_path, log_path, &status, err);
+  if (rc < 0) goto out;
+  KEX_DEBUG("cpu: cc of kernel %s took %.1f ms (exit %d)", name, (kex_cpu_now() - t0) * 1e3, status);
+  if (status != 0) {
+    kex_cpu_read_file(log_path, KEX_CPU_LOG_MAX, 1, &log, &log_n, NULL);
+    if (status == 127 && log_n == 0)
+      rc = kex_err_set(err, KEX_ECOMPILE, "cpu: compiling kernel %s failed: %s was not found", name, KEX_CPU_CC);
+    else
+      rc = kex_err_set(err, KEX_ECOMPILE, "cpu: compiling kernel %s failed (%s exit %d); build log: %s", name,
+                       KEX_CPU_CC, status, log_n ? (char *)log : "(empty)");
+    KEX_DEBUG("cpu: build log of kernel %s:\n%s", name, log ? (char *)log : "");
+    goto out;
+  }
+  rc = kex_cpu_read_file(so_path, KEX_DEVICE_BINARY_MAX, 0, bin, bin_size, err);
+out:
+  kex_free(log);
+  unlink(src_path);
+  unlink(so_path);
+  unlink(log_path);
+  return rc;
+}
+
+/* ---- the device table ---- */
+
+static void kex_cpu_destroy(void *impl) {
+  kex_cpu_device *cpu = impl;
+  kex_cpu_pool_stop(cpu);
+  if (cpu->dir[0] && rmdir(cpu->dir) < 0) KEX_WARN("cpu: removing %s failed: %s", cpu->dir, strerror(errno));
+  kex_free(cpu);
+}
+
+static int kex_cpu_alloc(void *impl, size_t size, void **out, kex_error *err) {
+  kex_cpu_buffer *buf;
+  uintptr_t p;
+  (void)impl;
+  if (size > SIZE_MAX - sizeof *buf - KEX_CPU_ALIGN)
+    return kex_err_set(err, KEX_ELIMIT, "cpu: buffer of %zu bytes is too large", size);
+  buf = kex_malloc(sizeof *buf + KEX_CPU_ALIGN + size);
+  if (!buf) return kex_err_set(err, KEX_ENOMEM, "cpu: out of memory allocating a buffer of %zu bytes", size);
+  p = ((uintptr_t)(buf + 1) + KEX_CPU_ALIGN - 1) & ~(uintptr_t)(KEX_CPU_ALIGN - 1);
+  buf->data = (unsigned char *)p;
+  *out = buf;
+  return 0;
+}
+
+static void kex_cpu_free(void *impl, void *buf) {
+  (void)impl;
+  kex_free(buf);
+}
+
+static int kex_cpu_copy_in(void *impl, void *buf, size_t offset, const void *src, size_t size, kex_error *err) {
+  (void)impl;
+  (void)err;
+  memcpy(((kex_cpu_buffer *)buf)->data + offset, src, size);
+  return 0;
+}
+
+static int kex_cpu_copy_out(void *impl, void *buf, size_t offset, void *dst, size_t size, kex_error *err) {
+  (void)impl;
+  (void)err;
+  memcpy(dst, ((kex_cpu_buffer *)buf)->data + offset, size);
+  return 0;
+}
+
+static int kex_cpu_load(void *impl, const unsigned char *bin, size_t bin_size, const char *name, void **out,
+                        kex_error *err) {
+  kex_cpu_device *cpu = impl;
+  kex_cpu_program *prog = NULL;
+  char path[PATH_MAX];
+  void *handle = NULL;
+  int rc;
+
+  kex_cpu_path(cpu, path, "p", ++cpu->counter, "so");
+  prog = kex_calloc(1, sizeof *prog);
+  if (!prog) {
+    rc = kex_err_set(err, KEX_ENOMEM, "cpu: out of memory loading kernel %s", name);
+    goto out;
+  }
+  rc = kex_cpu_write_file(path, bin, bin_size, err);
+  if (rc < 0) goto out;
+  handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  unlink(path);
+  if (!handle) {
+    const char *why = dlerror();
+    rc = kex_err_set(err, KEX_ECOMPILE, "cpu: loading kernel %s failed: %s", name, why ? why : "dlopen failed");
+    goto out;
+  }
+  dlerror();
+  prog->fn = (kex_cpu_kernel_fn)dlsym(handle, name);
+  if (!prog->fn) {
+    rc = kex_err_set(err, KEX_ENOTFOUND, "cpu: the binary has no kernel %s", name);
+    goto out;
+  }
+  prog->handle = handle;
+  handle = NULL;
+  *out = prog;
+  prog = NULL;
+  rc = 0;
+out:
+  if (handle) dlclose(handle);
+  kex_free(prog);
+  return rc;
+}
+
+static void kex_cpu_program_free(void *impl, void *p) {
+  kex_cpu_program *prog = p;
+  (void)impl;
+  dlclose(prog->handle);
+  kex_free(prog);
+}
+
+static int kex_cpu_launch(void *impl, void *p, const char *name, const size_t global[3], const size_t local[3],
+                          void *const *bufs, int nbufs, const int32_t *ints, int nints, void **out, kex_error *err) {
+  kex_cpu_device *cpu = impl;
+  kex_cpu_program *prog = p;
+  void *ptrs[KEX_DEVICE_MAX_BUFS + 1];
+  int args[KEX_DEVICE_MAX_INTS + 1];
+  kex_cpu_event *ev;
+  double t0;
+
+  if (local)
+    return kex_err_set(err, KEX_EINVAL, "cpu: kernel %s: the cpu device has no local size (local must be NULL)",
+                       name);
+  if (global[1] != 1 || global[2] != 1)
+    return kex_err_set(err, KEX_EINVAL, "cpu: kernel %s: global %zux%zux%zu, only global[0] may exceed 1", name,
+                       global[0], global[1], global[2]);
+  ev = kex_calloc(1, sizeof *ev);
+  if (!ev) return kex_err_set(err, KEX_ENOMEM, "cpu: kernel %s: out of memory allocating an event", name);
+  for (int i = 0; i < nbufs; i++) ptrs[i] = ((kex_cpu_buffer *)bufs[i])->data;
+  ptrs[nbufs] = NULL;
+  for (int i = 0; i < nints; i++) args[i] = ints[i];
+  args[nints] = 0;
+  t0 = kex_cpu_now();
+  kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0]);
+  ev->seconds = kex_cpu_now() - t0;
+  *out = ev;
+  return 0;
+}
+
+static int kex_cpu_wait(void *impl, void *event, kex_error *err) {
+  (void)impl;
+  (void)event;
+  (void)err;
+  return 0;
+}
+
+static int kex_cpu_elapsed(void *impl, void *event, double *seconds, kex_error *err) {
+  (void)impl;
+  (void)err;
+  *seconds = ((kex_cpu_event *)event)->seconds;
+  return 0;
+}
+
+static void kex_cpu_event_free(void *impl, void *event) {
+  (void)impl;
+  kex_free(event);
+}
+
+static const kex_device_ops kex_cpu_ops = {
+    .destroy = kex_cpu_destroy,
+    .alloc = kex_cpu_alloc,
+    .free = kex_cpu_free,
+    .copy_in = kex_cpu_copy_in,
+    .copy_out = kex_cpu_copy_out,
+    .compile = kex_cpu_compile,
+    .load = kex_cpu_load,
+    .program_free = kex_cpu_program_free,
+    .launch = kex_cpu_launch,
+    .wait = kex_cpu_wait,
+    .elapsed = kex_cpu_elapsed,
+    .event_free = kex_cpu_event_free,
+};
+
+/* The value of "key" in /proc/cpuinfo (first occurrence) into out[KEX_DEVICE_FIELD_MAX]; "" if absent. */
+static void kex_cpu_cpuinfo(const char *key, char *out) {
+  char line[512];
+  size_t n = strlen(key);
+  FILE *f = fopen("/proc/cpuinfo", "re");
+  out[0] = 0;
+  if (!f) return;
+  while (fgets(line, sizeof line, f)) {
+    char *colon = strchr(line, ':');
+    if (strncmp(line, key, n) != 0 || !colon) continue;
+    char *v = colon + 1;
+    while (*v == ' ' || *v == '\t') v++;
+    v[strcspn(v, "\n")] = 0;
+    snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", v);
+    break;
+  }
+  fclose(f);
+}
+
+/*
+ * The first line of `cc --version` into out[KEX_DEVICE_FIELD_MAX].
+ * Errors: KEX_ENOTFOUND (no compiler), KEX_EIO.
+ */
+static int kex_cpu_compiler_version(kex_cpu_device *cpu, char *out, kex_error *err) {
+  char log_path[PATH_MAX];
+  char *argv[] = {KEX_CPU_CC, "--version", NULL};
+  unsigned char *text = NULL;
+  size_t n = 0;
+  int status = 0, rc;
+
+  kex_cpu_path(cpu, log_path, "version", ++cpu->counter, "txt");
+  rc = kex_cpu_spawn(argv, NULL, log_path, &status, err);
+  if (rc < 0) goto out;
+  if (status != 0) {
+    rc = kex_err_set(err, KEX_ENOTFOUND, "cpu: the system compiler %s is missing or broken (`%s --version` exit %d)",
+                     KEX_CPU_CC, KEX_CPU_CC, status);
+    goto out;
+  }
+  rc = kex_cpu_read_file(log_path, 4096, 1, &text, &n, err);
+  if (rc < 0) goto out;
+  text[strcspn((char *)text, "\n")] = 0;
+  snprintf(out, KEX_DEVICE_FIELD_MAX, "%s [%s]", text[0] ? (char *)text : KEX_CPU_CC, KEX_CPU_FLAGS);
+out:
+  kex_free(text);
+  unlink(log_path);
+  return rc;
+}
+
+int kex_cpu_open(kex_device **out, kex_error *err) {
+  kex_cpu_device *cpu = NULL;
+  kex_device_info info;
+  kex_device_identity *id = &info.identity;
+  char tmp[KEX_DEVICE_FIELD_MAX];
+  const char *tmpdir = getenv("TMPDIR");
+  struct utsname un;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  int rc;
+
+  memset(&info, 0, sizeof info);
+  cpu = kex_calloc(1, sizeof *cpu);
+  if (!cpu) return kex_err_set(err, KEX_ENOMEM, "cpu: out of memory opening the device");
+  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+  if (snprintf(cpu->dir, sizeof cpu->dir, "%s/kex-cpu-XXXXXX", tmpdir) >= (int)sizeof cpu->dir ||
+      !mkdtemp(cpu->dir)) {
+    rc = kex_err_set(err, KEX_EIO, "cpu: mkdtemp under %s failed: %s", tmpdir, strerror(errno));
+    cpu->dir[0] = 0;
+    goto out;
+  }
+  kex_device_set_field(id->kind, "cpu");
+  kex_cpu_cpuinfo("vendor_id", tmp);
+  kex_device_set_field(id->vendor, tmp);
+  kex_cpu_cpuinfo("model name", tmp);
+  kex_device_set_field(id->name, tmp);
+  if (uname(&un) == 0)
+    snprintf(tmp, sizeof tmp, "%s glibc %s", un.machine, gnu_get_libc_version());
+  else
+    snprintf(tmp, sizeof tmp, "glibc %s", gnu_get_libc_version());
+  kex_device_set_field(id->driver_version, tmp);
+  rc = kex_cpu_compiler_version(cpu, tmp, err);
+  if (rc < 0) goto out;
+  kex_device_set_field(id->compiler_version, tmp);
+
+  if (cores < 1) cores = 1;
+  if (cores > KEX_CPU_MAX_THREADS) cores = KEX_CPU_MAX_THREADS;
+  info.global_mem = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (1ull << 30);
+  info.max_alloc = info.global_mem / 4;
+  info.compute_units = (int)cores;
+  info.supports_fp64 = true;
+  kex_cpu_pool_start(cpu, (int)cores - 1);
+  KEX_DEBUG("cpu: opened (%s), %d threads, temp dir %s", id->compiler_version, cpu->pool.nthreads + 1, cpu->dir);
+  rc = kex_device_wrap(&kex_cpu_ops, cpu, &info, "the cpu backend renders no half type (gcc has no __fp16 on x86)",
+                       out, err);
+  cpu = NULL;
+out:
+  if (cpu) kex_cpu_destroy(cpu);
+  return rc;
+}

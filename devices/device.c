@@ -1,0 +1,344 @@
+/*
+ * device.c - the public device handles over the per-device function tables.
+ *
+ * Everything a caller touches goes through here: opening by name, listing,
+ * the identity string, the dtype check, and the handles (buffers, programs,
+ * events), each of which keeps a reference to its device so that a device
+ * is released only after the last handle made from it.  Arguments are
+ * checked once here, so that opencl.c, cpu.c and fault.c see only valid
+ * calls (device_impl.h says which rules that covers).
+ */
+#include "devices/device_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/alloc.h"
+
+struct kex_buffer {
+  kex_device *dev;
+  void *impl;
+  size_t size;
+};
+
+struct kex_program {
+  kex_device *dev;
+  void *impl;
+  char name[KEX_DEVICE_KERNEL_NAME_MAX + 1];
+};
+
+struct kex_event {
+  kex_device *dev;
+  void *impl;
+};
+
+void kex_device_set_field(char *field, const char *src) {
+  if (!src || !*src) src = "unknown";
+  snprintf(field, KEX_DEVICE_FIELD_MAX, "%s", src);
+}
+
+int kex_device_wrap(const kex_device_ops *ops, void *impl, const kex_device_info *info,
+                    const char *fp16_reason, kex_device **out, kex_error *err) {
+  kex_device *dev = kex_calloc(1, sizeof *dev);
+  if (!dev) {
+    ops->destroy(impl);
+    return kex_err_set(err, KEX_ENOMEM, "out of memory allocating the %s device", info->identity.kind);
+  }
+  dev->ops = ops;
+  dev->impl = impl;
+  atomic_init(&dev->refs, 1);
+  dev->info = *info;
+  snprintf(dev->fp16_reason, sizeof dev->fp16_reason, "%s", fp16_reason ? fp16_reason : "");
+  *out = dev;
+  return 0;
+}
+
+void kex_device_ref(kex_device *dev) {
+  if (dev) atomic_fetch_add(&dev->refs, 1);
+}
+
+void kex_device_unref(kex_device *dev) {
+  if (!dev) return;
+  if (atomic_fetch_sub(&dev->refs, 1) != 1) return;
+  dev->ops->destroy(dev->impl);
+  kex_free(dev);
+}
+
+const kex_device_info *kex_device_get_info(const kex_device *dev) { return &dev->info; }
+const kex_device_identity *kex_device_get_identity(const kex_device *dev) { return &dev->info.identity; }
+
+/* ---- opening and listing ---- */
+
+int kex_device_open(const char *name, kex_device **out, kex_error *err) {
+  int rc;
+  *out = NULL;
+  if (!name) return kex_err_set(err, KEX_EINVAL, "device name is NULL");
+  if (strcmp(name, "cpu") == 0) return kex_cpu_open(out, err);
+  if (strcmp(name, "opencl") == 0) return kex_cl_open(NULL, out, err);
+  if (strncmp(name, "opencl:", 7) == 0) {
+    if (!name[7]) return kex_err_set(err, KEX_EINVAL, "device name \"opencl:\" has an empty device-name substring");
+    return kex_cl_open(name + 7, out, err);
+  }
+  if (strcmp(name, "default") == 0) {
+    rc = kex_cl_open(NULL, out, err);
+    if (rc != KEX_ENOTFOUND) return rc;
+    return kex_cpu_open(out, err);
+  }
+  return kex_err_set(err, KEX_EINVAL,
+                     "unknown device \"%s\" (expected opencl, opencl:<name substring>, cpu or default)", name);
+}
+
+int kex_device_list(kex_device_desc **out, size_t *count, kex_error *err) {
+  kex_device_desc *list = NULL;
+  size_t n = 0, cap = 0;
+  int rc;
+
+  *out = NULL;
+  *count = 0;
+  rc = kex_cl_list(&list, &n, &cap, err);
+  if (rc < 0) goto out;
+  if (n == cap) {
+    kex_device_desc *grown = kex_realloc(list, (cap + 1) * sizeof *list);
+    if (!grown) {
+      rc = kex_err_set(err, KEX_ENOMEM, "out of memory listing devices");
+      goto out;
+    }
+    list = grown;
+    cap++;
+  }
+  memset(&list[n], 0, sizeof list[n]);
+  snprintf(list[n].open_name, sizeof list[n].open_name, "cpu");
+  snprintf(list[n].kind, sizeof list[n].kind, "cpu");
+  snprintf(list[n].name, sizeof list[n].name, "C backend (cc)");
+  n++;
+  *out = list;
+  *count = n;
+  list = NULL;
+  rc = 0;
+out:
+  kex_free(list);
+  return rc;
+}
+
+/* ---- identity and capabilities ---- */
+
+/* Append value to out[*len..cap) with '\\', ';' and '=' escaped; returns 0 or -1 when full. */
+static int render_escaped(char *out, size_t cap, size_t *len, const char *value) {
+  for (const char *p = value; *p; p++) {
+    int esc = *p == '\\' || *p == ';' || *p == '=';
+    if (*len + (size_t)esc + 1 >= cap) {
+      out[*len] = 0;
+      return -1;
+    }
+    if (esc) out[(*len)++] = '\\';
+    out[(*len)++] = *p;
+  }
+  out[*len] = 0;
+  return 0;
+}
+
+int kex_device_identity_render(const kex_device_identity *id, char *out, size_t cap) {
+  const char *keys[] = {"kind=", ";vendor=", ";name=", ";driver=", ";compiler="};
+  const char *values[] = {id->kind, id->vendor, id->name, id->driver_version, id->compiler_version};
+  size_t len = 0;
+
+  if (cap == 0) return KEX_ELIMIT;
+  out[0] = 0;
+  for (int i = 0; i < 5; i++) {
+    size_t k = strlen(keys[i]);
+    if (len + k >= cap) return KEX_ELIMIT;
+    memcpy(out + len, keys[i], k + 1);
+    len += k;
+    if (render_escaped(out, cap, &len, values[i]) < 0) return KEX_ELIMIT;
+  }
+  return (int)len;
+}
+
+int kex_device_check_dtype(const kex_device *dev, kex_dtype dt, kex_error *err) {
+  const char *name = dev->info.identity.name;
+  if ((int)dt < 0 || dt >= KEX_DT_COUNT) return kex_err_set(err, KEX_EINVAL, "dtype %d is out of range", (int)dt);
+  if (dt == KEX_DT_FLOAT16 && !dev->info.supports_fp16)
+    return kex_err_set(err, KEX_EUNSUPPORTED, "float16 is not supported on %s: %s", name, dev->fp16_reason);
+  if (dt == KEX_DT_FLOAT64 && !dev->info.supports_fp64)
+    return kex_err_set(err, KEX_EUNSUPPORTED, "float64 is not supported on %s: the device lacks cl_khr_fp64", name);
+  if (dt == KEX_DT_BFLOAT16)
+    return kex_err_set(err, KEX_EUNSUPPORTED, "bfloat16 is not supported on %s: no kex renderer emits it", name);
+  return 0;
+}
+
+/* ---- buffers ---- */
+
+int kex_device_alloc(kex_device *dev, size_t size, kex_buffer **out, kex_error *err) {
+  kex_buffer *buf = NULL;
+  int rc;
+
+  *out = NULL;
+  if (size == 0) return kex_err_set(err, KEX_EINVAL, "%s: buffer size is 0", dev->info.identity.kind);
+  if (size > dev->info.max_alloc)
+    return kex_err_set(err, KEX_ELIMIT, "%s: buffer of %zu bytes exceeds the device's max_alloc of %llu bytes",
+                       dev->info.identity.kind, size, (unsigned long long)dev->info.max_alloc);
+  buf = kex_calloc(1, sizeof *buf);
+  if (!buf) return kex_err_set(err, KEX_ENOMEM, "out of memory allocating a buffer handle");
+  rc = dev->ops->alloc(dev->impl, size, &buf->impl, err);
+  if (rc < 0) {
+    kex_free(buf);
+    return rc;
+  }
+  buf->dev = dev;
+  buf->size = size;
+  kex_device_ref(dev);
+  *out = buf;
+  return 0;
+}
+
+void kex_buffer_free(kex_buffer *buf) {
+  if (!buf) return;
+  buf->dev->ops->free(buf->dev->impl, buf->impl);
+  kex_device_unref(buf->dev);
+  kex_free(buf);
+}
+
+size_t kex_buffer_size(const kex_buffer *buf) { return buf->size; }
+
+static int check_range(const kex_buffer *buf, size_t offset, size_t size, const char *what, kex_error *err) {
+  if (size == 0 || offset > buf->size || size > buf->size - offset)
+    return kex_err_set(err, KEX_EINVAL, "%s: range [%zu, %zu + %zu) is empty or outside the buffer of %zu bytes", what,
+                       offset, offset, size, buf->size);
+  return 0;
+}
+
+int kex_buffer_copy_in(kex_buffer *buf, size_t offset, const void *src, size_t size, kex_error *err) {
+  int rc = check_range(buf, offset, size, "copy_in", err);
+  if (rc < 0) return rc;
+  return buf->dev->ops->copy_in(buf->dev->impl, buf->impl, offset, src, size, err);
+}
+
+int kex_buffer_copy_out(kex_buffer *buf, size_t offset, void *dst, size_t size, kex_error *err) {
+  int rc = check_range(buf, offset, size, "copy_out", err);
+  if (rc < 0) return rc;
+  return buf->dev->ops->copy_out(buf->dev->impl, buf->impl, offset, dst, size, err);
+}
+
+/* ---- programs ---- */
+
+/* 0 when name is a C identifier of at most KEX_DEVICE_KERNEL_NAME_MAX bytes. */
+static int check_kernel_name(const char *name, kex_error *err) {
+  size_t n;
+  if (!name || !*name) return kex_err_set(err, KEX_EINVAL, "kernel name is empty");
+  n = strlen(name);
+  if (n > KEX_DEVICE_KERNEL_NAME_MAX)
+    return kex_err_set(err, KEX_EINVAL, "kernel name of %zu bytes exceeds %d", n, KEX_DEVICE_KERNEL_NAME_MAX);
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    int ok = c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return kex_err_set(err, KEX_EINVAL, "kernel name \"%s\" is not a C identifier", name);
+  }
+  return 0;
+}
+
+int kex_device_compile(kex_device *dev, const char *source, const char *name, unsigned char **bin,
+                       size_t *bin_size, kex_error *err) {
+  size_t n;
+  int rc;
+
+  *bin = NULL;
+  *bin_size = 0;
+  rc = check_kernel_name(name, err);
+  if (rc < 0) return rc;
+  if (!source || !*source) return kex_err_set(err, KEX_EINVAL, "kernel %s: source is empty", name);
+  n = strlen(source);
+  if (n > KEX_DEVICE_SOURCE_MAX)
+    return kex_err_set(err, KEX_ELIMIT, "kernel %s: source of %zu bytes exceeds %u", name, n, KEX_DEVICE_SOURCE_MAX);
+  return dev->ops->compile(dev->impl, source, name, bin, bin_size, err);
+}
+
+int kex_device_load(kex_device *dev, const unsigned char *bin, size_t bin_size, const char *name,
+                    kex_program **out, kex_error *err) {
+  kex_program *prog;
+  int rc;
+
+  *out = NULL;
+  rc = check_kernel_name(name, err);
+  if (rc < 0) return rc;
+  if (!bin || bin_size == 0) return kex_err_set(err, KEX_EINVAL, "kernel %s: binary is empty", name);
+  if (bin_size > KEX_DEVICE_BINARY_MAX)
+    return kex_err_set(err, KEX_ELIMIT, "kernel %s: binary of %zu bytes exceeds %u", name, bin_size,
+                       KEX_DEVICE_BINARY_MAX);
+  prog = kex_calloc(1, sizeof *prog);
+  if (!prog) return kex_err_set(err, KEX_ENOMEM, "kernel %s: out of memory allocating a program", name);
+  rc = dev->ops->load(dev->impl, bin, bin_size, name, &prog->impl, err);
+  if (rc < 0) {
+    kex_free(prog);
+    return rc;
+  }
+  prog->dev = dev;
+  snprintf(prog->name, sizeof prog->name, "%s", name);
+  kex_device_ref(dev);
+  *out = prog;
+  return 0;
+}
+
+void kex_program_free(kex_program *prog) {
+  if (!prog) return;
+  prog->dev->ops->program_free(prog->dev->impl, prog->impl);
+  kex_device_unref(prog->dev);
+  kex_free(prog);
+}
+
+const char *kex_program_name(const kex_program *prog) { return prog->name; }
+
+int kex_program_launch(kex_program *prog, const size_t global[3], const size_t local[3],
+                       kex_buffer *const *bufs, int nbufs, const int32_t *ints, int nints,
+                       kex_event **out, kex_error *err) {
+  kex_device *dev = prog->dev;
+  void *impls[KEX_DEVICE_MAX_BUFS];
+  kex_event *ev = NULL;
+  int rc;
+
+  *out = NULL;
+  if (nbufs < 0 || nbufs > KEX_DEVICE_MAX_BUFS)
+    return kex_err_set(err, KEX_EINVAL, "kernel %s: %d buffers (0..%d allowed)", prog->name, nbufs,
+                       KEX_DEVICE_MAX_BUFS);
+  if (nints < 0 || nints > KEX_DEVICE_MAX_INTS || (nints > 0 && !ints))
+    return kex_err_set(err, KEX_EINVAL, "kernel %s: %d int scalars (0..%d allowed)", prog->name, nints,
+                       KEX_DEVICE_MAX_INTS);
+  for (int i = 0; i < 3; i++) {
+    if (global[i] == 0 || global[i] > INT32_MAX)
+      return kex_err_set(err, KEX_EINVAL, "kernel %s: global[%d] = %zu is outside 1..%d", prog->name, i, global[i],
+                         INT32_MAX);
+    if (local && (local[i] == 0 || local[i] > INT32_MAX || global[i] * local[i] > INT32_MAX))
+      return kex_err_set(err, KEX_EINVAL, "kernel %s: local[%d] = %zu (global %zu) is outside 1..%d work items",
+                         prog->name, i, local[i], global[i], INT32_MAX);
+  }
+  for (int i = 0; i < nbufs; i++) {
+    if (!bufs[i] || bufs[i]->dev != dev)
+      return kex_err_set(err, KEX_EINVAL, "kernel %s: buffer %d is NULL or belongs to another device", prog->name, i);
+    impls[i] = bufs[i]->impl;
+  }
+  ev = kex_calloc(1, sizeof *ev);
+  if (!ev) return kex_err_set(err, KEX_ENOMEM, "kernel %s: out of memory allocating an event", prog->name);
+  rc = dev->ops->launch(dev->impl, prog->impl, prog->name, global, local, impls, nbufs, ints, nints, &ev->impl, err);
+  if (rc < 0) {
+    kex_free(ev);
+    return rc;
+  }
+  ev->dev = dev;
+  kex_device_ref(dev);
+  *out = ev;
+  return 0;
+}
+
+int kex_event_wait(kex_event *ev, kex_error *err) { return ev->dev->ops->wait(ev->dev->impl, ev->impl, err); }
+
+int kex_event_elapsed(kex_event *ev, double *seconds, kex_error *err) {
+  *seconds = 0;
+  return ev->dev->ops->elapsed(ev->dev->impl, ev->impl, seconds, err);
+}
+
+void kex_event_free(kex_event *ev) {
+  if (!ev) return;
+  ev->dev->ops->event_free(ev->dev->impl, ev->impl);
+  kex_device_unref(ev->dev);
+  kex_free(ev);
+}

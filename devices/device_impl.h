@@ -1,0 +1,66 @@
+/*
+ * device_impl.h - what a device implementation provides (devices/ only).
+ *
+ * device.c owns the public handles (kex_device, kex_buffer, kex_program,
+ * kex_event): it checks arguments, keeps the refcounts and forwards to a
+ * kex_device_ops table whose functions see only the implementation's own
+ * opaque pointers ("impl").  An implementation therefore never validates
+ * what device.c already checked (sizes > 0, ranges inside buffers, name
+ * lengths, argument counts, global[i] >= 1), and fault.c can wrap any
+ * device by forwarding impl pointers to the inner table.
+ *
+ * Each function returns 0 or a negative KEX_E* code and fills err; on error
+ * it leaves no handle behind (*out untouched or NULL).
+ */
+#ifndef KEX_DEVICES_DEVICE_IMPL_H
+#define KEX_DEVICES_DEVICE_IMPL_H
+
+#include <stdatomic.h>
+
+#include "devices/device.h"
+
+typedef struct kex_device_ops {
+  /* Release the device (called once, on the last unref). */
+  void (*destroy)(void *dev);
+  int (*alloc)(void *dev, size_t size, void **buf, kex_error *err);
+  void (*free)(void *dev, void *buf);
+  int (*copy_in)(void *dev, void *buf, size_t offset, const void *src, size_t size, kex_error *err);
+  int (*copy_out)(void *dev, void *buf, size_t offset, void *dst, size_t size, kex_error *err);
+  int (*compile)(void *dev, const char *source, const char *name, unsigned char **bin, size_t *bin_size,
+                 kex_error *err);
+  int (*load)(void *dev, const unsigned char *bin, size_t bin_size, const char *name, void **prog,
+              kex_error *err);
+  void (*program_free)(void *dev, void *prog);
+  int (*launch)(void *dev, void *prog, const char *name, const size_t global[3], const size_t local[3],
+                void *const *bufs, int nbufs, const int32_t *ints, int nints, void **event, kex_error *err);
+  int (*wait)(void *dev, void *event, kex_error *err);
+  int (*elapsed)(void *dev, void *event, double *seconds, kex_error *err);
+  void (*event_free)(void *dev, void *event);
+} kex_device_ops;
+
+struct kex_device {
+  const kex_device_ops *ops;
+  void *impl;
+  atomic_int refs;
+  kex_device_info info;
+  char fp16_reason[96]; /* why float16 is refused, e.g. "the device lacks cl_khr_fp16" */
+};
+
+/*
+ * Wrap impl in a new kex_device with one reference.  On success the device
+ * owns impl (ops->destroy releases it); on error (KEX_ENOMEM) ops->destroy
+ * has already been called on impl.
+ */
+int kex_device_wrap(const kex_device_ops *ops, void *impl, const kex_device_info *info,
+                    const char *fp16_reason, kex_device **out, kex_error *err);
+
+/* Copy src into a KEX_DEVICE_FIELD_MAX field, cut if longer; "" becomes "unknown". */
+void kex_device_set_field(char *field, const char *src);
+
+/* Opening by name, per implementation (opencl.c, cpu.c). */
+int kex_cl_open(const char *match, kex_device **out, kex_error *err);
+/* Append the OpenCL devices to list[*count..cap); missing OpenCL is not an error. */
+int kex_cl_list(kex_device_desc **list, size_t *count, size_t *cap, kex_error *err);
+int kex_cpu_open(kex_device **out, kex_error *err);
+
+#endif

@@ -1,0 +1,145 @@
+/*
+ * fault.c - a device that fails the N-th call of one kind.
+ *
+ * It wraps any device (holding a reference on it) and forwards every call
+ * to the inner device's table with the inner implementation's pointers, so
+ * buffers, programs and events are the inner device's own.  Calls of the
+ * chosen kind (alloc, compile, launch, copy = copy_in + copy_out) are
+ * counted from creation; the n-th one returns KEX_EDEVICE with a message
+ * naming the kind and the call number, without reaching the inner device.
+ * This is how tests prove that device faults become errors, not crashes
+ * or leaks, in every layer above.
+ */
+#include <stdio.h>
+
+#include "core/alloc.h"
+#include "devices/device_impl.h"
+
+typedef struct kex_fault_device {
+  kex_device *inner;
+  kex_fault_kind kind;
+  unsigned long fail_at;
+  unsigned long calls[KEX_FAULT_KIND_COUNT];
+} kex_fault_device;
+
+static const char *const kex_fault_names[KEX_FAULT_KIND_COUNT] = {"alloc", "compile", "launch", "copy"};
+
+const char *kex_fault_kind_name(kex_fault_kind kind) {
+  return (int)kind >= 0 && kind < KEX_FAULT_KIND_COUNT ? kex_fault_names[kind] : "unknown";
+}
+
+/* Count one call of kind; KEX_EDEVICE (with err filled) when it is the one to fail. */
+static int kex_fault_hit(kex_fault_device *f, kex_fault_kind kind, kex_error *err) {
+  unsigned long n = ++f->calls[kind];
+  if (kind == f->kind && n == f->fail_at)
+    return kex_err_set(err, KEX_EDEVICE, "fault device: injected failure of %s call #%lu", kex_fault_names[kind], n);
+  return 0;
+}
+
+#define INNER(f) ((f)->inner->impl)
+#define OPS(f) ((f)->inner->ops)
+
+static void kex_fault_destroy(void *impl) {
+  kex_fault_device *f = impl;
+  kex_device_unref(f->inner);
+  kex_free(f);
+}
+
+static int kex_fault_alloc(void *impl, size_t size, void **buf, kex_error *err) {
+  kex_fault_device *f = impl;
+  int rc = kex_fault_hit(f, KEX_FAULT_ALLOC, err);
+  return rc < 0 ? rc : OPS(f)->alloc(INNER(f), size, buf, err);
+}
+
+static void kex_fault_free(void *impl, void *buf) {
+  kex_fault_device *f = impl;
+  OPS(f)->free(INNER(f), buf);
+}
+
+static int kex_fault_copy_in(void *impl, void *buf, size_t offset, const void *src, size_t size, kex_error *err) {
+  kex_fault_device *f = impl;
+  int rc = kex_fault_hit(f, KEX_FAULT_COPY, err);
+  return rc < 0 ? rc : OPS(f)->copy_in(INNER(f), buf, offset, src, size, err);
+}
+
+static int kex_fault_copy_out(void *impl, void *buf, size_t offset, void *dst, size_t size, kex_error *err) {
+  kex_fault_device *f = impl;
+  int rc = kex_fault_hit(f, KEX_FAULT_COPY, err);
+  return rc < 0 ? rc : OPS(f)->copy_out(INNER(f), buf, offset, dst, size, err);
+}
+
+static int kex_fault_compile(void *impl, const char *source, const char *name, unsigned char **bin,
+                             size_t *bin_size, kex_error *err) {
+  kex_fault_device *f = impl;
+  int rc = kex_fault_hit(f, KEX_FAULT_COMPILE, err);
+  return rc < 0 ? rc : OPS(f)->compile(INNER(f), source, name, bin, bin_size, err);
+}
+
+static int kex_fault_load(void *impl, const unsigned char *bin, size_t bin_size, const char *name, void **prog,
+                          kex_error *err) {
+  kex_fault_device *f = impl;
+  return OPS(f)->load(INNER(f), bin, bin_size, name, prog, err);
+}
+
+static void kex_fault_program_free(void *impl, void *prog) {
+  kex_fault_device *f = impl;
+  OPS(f)->program_free(INNER(f), prog);
+}
+
+static int kex_fault_launch(void *impl, void *prog, const char *name, const size_t global[3], const size_t local[3],
+                            void *const *bufs, int nbufs, const int32_t *ints, int nints, void **event,
+                            kex_error *err) {
+  kex_fault_device *f = impl;
+  int rc = kex_fault_hit(f, KEX_FAULT_LAUNCH, err);
+  return rc < 0 ? rc : OPS(f)->launch(INNER(f), prog, name, global, local, bufs, nbufs, ints, nints, event, err);
+}
+
+static int kex_fault_wait(void *impl, void *event, kex_error *err) {
+  kex_fault_device *f = impl;
+  return OPS(f)->wait(INNER(f), event, err);
+}
+
+static int kex_fault_elapsed(void *impl, void *event, double *seconds, kex_error *err) {
+  kex_fault_device *f = impl;
+  return OPS(f)->elapsed(INNER(f), event, seconds, err);
+}
+
+static void kex_fault_event_free(void *impl, void *event) {
+  kex_fault_device *f = impl;
+  OPS(f)->event_free(INNER(f), event);
+}
+
+static const kex_device_ops kex_fault_ops = {
+    .destroy = kex_fault_destroy,
+    .alloc = kex_fault_alloc,
+    .free = kex_fault_free,
+    .copy_in = kex_fault_copy_in,
+    .copy_out = kex_fault_copy_out,
+    .compile = kex_fault_compile,
+    .load = kex_fault_load,
+    .program_free = kex_fault_program_free,
+    .launch = kex_fault_launch,
+    .wait = kex_fault_wait,
+    .elapsed = kex_fault_elapsed,
+    .event_free = kex_fault_event_free,
+};
+
+int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n, kex_device **out) {
+  kex_fault_device *f;
+  kex_device_info info;
+  char kind_name[KEX_DEVICE_FIELD_MAX];
+
+  *out = NULL;
+  if (!inner || (int)kind < 0 || kind >= KEX_FAULT_KIND_COUNT || n == 0) return KEX_EINVAL;
+  f = kex_calloc(1, sizeof *f);
+  if (!f) return KEX_ENOMEM;
+  f->inner = inner;
+  f->kind = kind;
+  f->fail_at = n;
+  kex_device_ref(inner);
+  info = inner->info;
+  snprintf(kind_name, sizeof kind_name, "fault+%.200s", inner->info.identity.kind);
+  kex_device_set_field(info.identity.kind, kind_name);
+  /* on error kex_device_wrap has destroyed f, dropping the inner reference */
+  return kex_device_wrap(&kex_fault_ops, f, &info, inner->fp16_reason, out, NULL);
+}

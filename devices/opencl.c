@@ -1,0 +1,606 @@
+/*
+ * opencl.c - the OpenCL device, through the ICD loader (OpenCL 1.2 API).
+ *
+ * One device = one cl_context and one in-order command queue with
+ * CL_QUEUE_PROFILING_ENABLE, so kernel time is the event's
+ * CL_PROFILING_COMMAND_END - START, as tinygrad's CLProgram measures it.
+ * compile() builds from source (the build log goes into the error) and
+ * returns clGetProgramInfo(CL_PROGRAM_BINARIES), which a later cache can
+ * store; load() rebuilds from such a binary with clCreateProgramWithBinary.
+ * Because PoCL builds are slow (tens to hundreds of ms), the cl_program of
+ * the last compile is kept in a one-entry memo, and a load of exactly those
+ * bytes right after takes it over instead of building again.
+ *
+ * Launches follow tinygrad: global counts work-groups when local is given,
+ * so the NDRange global work size is global[i] * local[i]; buffers are the
+ * first kernel arguments, then the int scalars.
+ *
+ * Found on PoCL 3.1 (notes/stack.md section 4): no cl_khr_fp16; machine code
+ * is generated lazily at the first enqueue of each local size; local memory
+ * is ordinary RAM (LOCAL_MEM_TYPE = CL_GLOBAL).
+ */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "devices/device_impl.h"
+
+#ifndef CL_PLATFORM_NOT_FOUND_KHR
+#define CL_PLATFORM_NOT_FOUND_KHR -1001
+#endif
+
+#define KEX_CL_MAX_PLATFORMS 16
+#define KEX_CL_MAX_DEVICES 64
+
+typedef struct kex_cl_device {
+  cl_device_id device;
+  cl_context context;
+  cl_command_queue queue;
+  char name[KEX_DEVICE_FIELD_MAX];
+  /* The cl_program of the last compile and a copy of its binary (or NULL). */
+  cl_program memo_program;
+  unsigned char *memo_bin;
+  size_t memo_size;
+} kex_cl_device;
+
+typedef struct kex_cl_program {
+  cl_program program;
+  cl_kernel kernel;
+} kex_cl_program;
+
+/* ---- error names ---- */
+
+#define KEX_CL_ERROR_MAP(XX)                                                                                   \
+  XX(CL_SUCCESS) XX(CL_DEVICE_NOT_FOUND) XX(CL_DEVICE_NOT_AVAILABLE) XX(CL_COMPILER_NOT_AVAILABLE)             \
+  XX(CL_MEM_OBJECT_ALLOCATION_FAILURE) XX(CL_OUT_OF_RESOURCES) XX(CL_OUT_OF_HOST_MEMORY)                       \
+  XX(CL_PROFILING_INFO_NOT_AVAILABLE) XX(CL_MEM_COPY_OVERLAP) XX(CL_IMAGE_FORMAT_MISMATCH)                     \
+  XX(CL_IMAGE_FORMAT_NOT_SUPPORTED) XX(CL_BUILD_PROGRAM_FAILURE) XX(CL_MAP_FAILURE)                            \
+  XX(CL_MISALIGNED_SUB_BUFFER_OFFSET) XX(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)                         \
+  XX(CL_COMPILE_PROGRAM_FAILURE) XX(CL_LINKER_NOT_AVAILABLE) XX(CL_LINK_PROGRAM_FAILURE)                       \
+  XX(CL_DEVICE_PARTITION_FAILED) XX(CL_KERNEL_ARG_INFO_NOT_AVAILABLE) XX(CL_INVALID_VALUE)                     \
+  XX(CL_INVALID_DEVICE_TYPE) XX(CL_INVALID_PLATFORM) XX(CL_INVALID_DEVICE) XX(CL_INVALID_CONTEXT)              \
+  XX(CL_INVALID_QUEUE_PROPERTIES) XX(CL_INVALID_COMMAND_QUEUE) XX(CL_INVALID_HOST_PTR)                         \
+  XX(CL_INVALID_MEM_OBJECT) XX(CL_INVALID_IMAGE_FORMAT_DESCRIPTOR) XX(CL_INVALID_IMAGE_SIZE)                   \
+  XX(CL_INVALID_SAMPLER) XX(CL_INVALID_BINARY) XX(CL_INVALID_BUILD_OPTIONS) XX(CL_INVALID_PROGRAM)             \
+  XX(CL_INVALID_PROGRAM_EXECUTABLE) XX(CL_INVALID_KERNEL_NAME) XX(CL_INVALID_KERNEL_DEFINITION)                \
+  XX(CL_INVALID_KERNEL) XX(CL_INVALID_ARG_INDEX) XX(CL_INVALID_ARG_VALUE) XX(CL_INVALID_ARG_SIZE)              \
+  XX(CL_INVALID_KERNEL_ARGS) XX(CL_INVALID_WORK_DIMENSION) XX(CL_INVALID_WORK_GROUP_SIZE)                      \
+  XX(CL_INVALID_WORK_ITEM_SIZE) XX(CL_INVALID_GLOBAL_OFFSET) XX(CL_INVALID_EVENT_WAIT_LIST)                    \
+  XX(CL_INVALID_EVENT) XX(CL_INVALID_OPERATION) XX(CL_INVALID_GL_OBJECT) XX(CL_INVALID_BUFFER_SIZE)            \
+  XX(CL_INVALID_MIP_LEVEL) XX(CL_INVALID_GLOBAL_WORK_SIZE) XX(CL_INVALID_PROPERTY)                             \
+  XX(CL_INVALID_IMAGE_DESCRIPTOR) XX(CL_INVALID_COMPILER_OPTIONS) XX(CL_INVALID_LINKER_OPTIONS)                \
+  XX(CL_INVALID_DEVICE_PARTITION_COUNT) XX(CL_PLATFORM_NOT_FOUND_KHR)
+
+/* "CL_OUT_OF_RESOURCES" for -5; "CL_ERROR(<n>)" (static buffer) for unknown codes. */
+static const char *kex_cl_errname(cl_int e) {
+  static _Thread_local char unknown[32];
+  switch (e) {
+#define XX(name) \
+  case name:     \
+    return #name;
+    KEX_CL_ERROR_MAP(XX)
+#undef XX
+  }
+  snprintf(unknown, sizeof unknown, "CL_ERROR(%d)", (int)e);
+  return unknown;
+}
+
+/* The kex code for an OpenCL failure: allocation failures are KEX_ENOMEM, the rest KEX_EDEVICE. */
+static int kex_cl_code(cl_int e) {
+  if (e == CL_OUT_OF_HOST_MEMORY || e == CL_MEM_OBJECT_ALLOCATION_FAILURE) return KEX_ENOMEM;
+  return KEX_EDEVICE;
+}
+
+/* ---- enumeration ---- */
+
+typedef struct kex_cl_found {
+  cl_platform_id platform;
+  cl_device_id device;
+  int is_gpu;
+} kex_cl_found;
+
+/*
+ * Every OpenCL device of every platform, in order, into found[KEX_CL_MAX_DEVICES].
+ * No ICD / no platform gives *n = 0 and returns 0.  Errors: KEX_EDEVICE.
+ */
+static int kex_cl_enumerate(kex_cl_found *found, int *n, kex_error *err) {
+  cl_platform_id platforms[KEX_CL_MAX_PLATFORMS];
+  cl_uint np = 0;
+  cl_int e;
+
+  *n = 0;
+  e = clGetPlatformIDs(KEX_CL_MAX_PLATFORMS, platforms, &np);
+  if (e == CL_PLATFORM_NOT_FOUND_KHR || (e == CL_SUCCESS && np == 0)) return 0;
+  if (e != CL_SUCCESS) return kex_err_set(err, KEX_EDEVICE, "opencl: clGetPlatformIDs failed: %s", kex_cl_errname(e));
+  if (np > KEX_CL_MAX_PLATFORMS) np = KEX_CL_MAX_PLATFORMS;
+  for (cl_uint p = 0; p < np; p++) {
+    cl_device_id devices[KEX_CL_MAX_DEVICES];
+    cl_uint nd = 0;
+    e = clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, KEX_CL_MAX_DEVICES, devices, &nd);
+    if (e == CL_DEVICE_NOT_FOUND) continue;
+    if (e != CL_SUCCESS) {
+      KEX_WARN("opencl: clGetDeviceIDs on platform %u failed: %s", p, kex_cl_errname(e));
+      continue;
+    }
+    if (nd > KEX_CL_MAX_DEVICES) nd = KEX_CL_MAX_DEVICES;
+    for (cl_uint d = 0; d < nd && *n < KEX_CL_MAX_DEVICES; d++) {
+      cl_device_type type = 0;
+      clGetDeviceInfo(devices[d], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+      found[*n].platform = platforms[p];
+      found[*n].device = devices[d];
+      found[*n].is_gpu = (type & CL_DEVICE_TYPE_GPU) != 0;
+      (*n)++;
+    }
+  }
+  return 0;
+}
+
+/* A string property into out[KEX_DEVICE_FIELD_MAX] (cut if longer; "" on failure). */
+static void kex_cl_device_str(cl_device_id d, cl_device_info what, char *out) {
+  size_t need = 0;
+  char *tmp;
+  out[0] = 0;
+  if (clGetDeviceInfo(d, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
+  tmp = kex_malloc(need + 1);
+  if (!tmp) return;
+  if (clGetDeviceInfo(d, what, need, tmp, NULL) == CL_SUCCESS) {
+    tmp[need] = 0;
+    snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", tmp);
+  }
+  kex_free(tmp);
+}
+
+static void kex_cl_platform_str(cl_platform_id p, cl_platform_info what, char *out) {
+  size_t need = 0;
+  char *tmp;
+  out[0] = 0;
+  if (clGetPlatformInfo(p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
+  tmp = kex_malloc(need + 1);
+  if (!tmp) return;
+  if (clGetPlatformInfo(p, what, need, tmp, NULL) == CL_SUCCESS) {
+    tmp[need] = 0;
+    snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", tmp);
+  }
+  kex_free(tmp);
+}
+
+/*
+ * Whether the space-separated extension list of d contains ext.  Returns 1,
+ * 0, or KEX_ENOMEM.
+ */
+static int kex_cl_has_extension(cl_device_id d, const char *ext) {
+  size_t need = 0, n = strlen(ext);
+  char *list;
+  int found = 0;
+  if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &need) != CL_SUCCESS || need == 0) return 0;
+  list = kex_malloc(need + 1);
+  if (!list) return KEX_ENOMEM;
+  if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, need, list, NULL) == CL_SUCCESS) {
+    list[need] = 0;
+    for (char *p = list; (p = strstr(p, ext)) != NULL; p += n) {
+      if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) {
+        found = 1;
+        break;
+      }
+    }
+  }
+  kex_free(list);
+  return found;
+}
+
+int kex_cl_list(kex_device_desc **list, size_t *count, size_t *cap, kex_error *err) {
+  kex_cl_found found[KEX_CL_MAX_DEVICES];
+  int n = 0, rc;
+
+  rc = kex_cl_enumerate(found, &n, err);
+  if (rc < 0) return rc;
+  if (n == 0) return 0;
+  if (*count + (size_t)n > *cap) {
+    kex_device_desc *grown = kex_realloc(*list, (*count + (size_t)n) * sizeof **list);
+    if (!grown) return kex_err_set(err, KEX_ENOMEM, "out of memory listing OpenCL devices");
+    *list = grown;
+    *cap = *count + (size_t)n;
+  }
+  for (int i = 0; i < n; i++) {
+    kex_device_desc *d = &(*list)[(*count)++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->kind, sizeof d->kind, "opencl");
+    kex_cl_device_str(found[i].device, CL_DEVICE_NAME, d->name);
+    kex_cl_platform_str(found[i].platform, CL_PLATFORM_NAME, d->platform);
+    memcpy(d->open_name, "opencl:", 7);
+    memcpy(d->open_name + 7, d->name, sizeof d->name);
+    d->is_gpu = found[i].is_gpu;
+  }
+  return 0;
+}
+
+/* ---- the device table ---- */
+
+static void kex_cl_memo_clear(kex_cl_device *cl) {
+  if (cl->memo_program) clReleaseProgram(cl->memo_program);
+  kex_free(cl->memo_bin);
+  cl->memo_program = NULL;
+  cl->memo_bin = NULL;
+  cl->memo_size = 0;
+}
+
+static void kex_cl_destroy(void *impl) {
+  kex_cl_device *cl = impl;
+  kex_cl_memo_clear(cl);
+  if (cl->queue) {
+    clFinish(cl->queue);
+    clReleaseCommandQueue(cl->queue);
+  }
+  if (cl->context) clReleaseContext(cl->context);
+  kex_free(cl);
+}
+
+static int kex_cl_alloc(void *impl, size_t size, void **out, kex_error *err) {
+  kex_cl_device *cl = impl;
+  cl_int e = CL_SUCCESS;
+  cl_mem mem = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, size, NULL, &e);
+  if (!mem || e != CL_SUCCESS)
+    return kex_err_set(err, kex_cl_code(e), "opencl %s: clCreateBuffer of %zu bytes failed: %s", cl->name, size,
+                       kex_cl_errname(e));
+  *out = mem;
+  return 0;
+}
+
+static void kex_cl_free(void *impl, void *buf) {
+  (void)impl;
+  clReleaseMemObject((cl_mem)buf);
+}
+
+static int kex_cl_copy_in(void *impl, void *buf, size_t offset, const void *src, size_t size, kex_error *err) {
+  kex_cl_device *cl = impl;
+  cl_int e = clEnqueueWriteBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, src, 0, NULL, NULL);
+  if (e != CL_SUCCESS)
+    return kex_err_set(err, kex_cl_code(e), "opencl %s: clEnqueueWriteBuffer of %zu bytes failed: %s", cl->name,
+                       size, kex_cl_errname(e));
+  return 0;
+}
+
+static int kex_cl_copy_out(void *impl, void *buf, size_t offset, void *dst, size_t size, kex_error *err) {
+  kex_cl_device *cl = impl;
+  cl_int e = clEnqueueReadBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, dst, 0, NULL, NULL);
+  if (e != CL_SUCCESS)
+    return kex_err_set(err, kex_cl_code(e), "opencl %s: clEnqueueReadBuffer of %zu bytes failed: %s", cl->name,
+                       size, kex_cl_errname(e));
+  return 0;
+}
+
+/*
+ * Fill err with KEX_ECOMPILE, the failing step, the CL error and the build
+ * log of program (the full log also goes to the debug log).
+ */
+static int kex_cl_build_error(kex_cl_device *cl, cl_program program, const char *name, const char *step, cl_int e,
+                              kex_error *err) {
+  size_t need = 0;
+  char *log = NULL;
+  int rc;
+  if (clGetProgramBuildInfo(program, cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &need) == CL_SUCCESS && need > 0) {
+    log = kex_malloc(need + 1);
+    if (log && clGetProgramBuildInfo(program, cl->device, CL_PROGRAM_BUILD_LOG, need, log, NULL) == CL_SUCCESS)
+      log[need] = 0;
+    else if (log)
+      log[0] = 0;
+  }
+  rc = kex_err_set(err, KEX_ECOMPILE, "opencl %s: %s of kernel %s failed: %s; build log: %s", cl->name, step, name,
+                   kex_cl_errname(e), log && log[0] ? log : "(empty)");
+  KEX_DEBUG("opencl %s: build log of kernel %s:\n%s", cl->name, name, log ? log : "");
+  kex_free(log);
+  return rc;
+}
+
+static int kex_cl_compile(void *impl, const char *source, const char *name, unsigned char **bin, size_t *bin_size,
+                          kex_error *err) {
+  kex_cl_device *cl = impl;
+  cl_program program = NULL;
+  unsigned char *bytes = NULL, *memo_copy = NULL;
+  size_t size = 0;
+  cl_int e = CL_SUCCESS;
+  int rc;
+
+  program = clCreateProgramWithSource(cl->context, 1, &source, NULL, &e);
+  if (!program || e != CL_SUCCESS) {
+    rc = kex_err_set(err, kex_cl_code(e), "opencl %s: clCreateProgramWithSource of kernel %s failed: %s", cl->name,
+                     name, kex_cl_errname(e));
+    goto out;
+  }
+  e = clBuildProgram(program, 1, &cl->device, NULL, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    rc = kex_cl_build_error(cl, program, name, "clBuildProgram", e, err);
+    goto out;
+  }
+  e = clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL);
+  if (e != CL_SUCCESS || size == 0) {
+    rc = kex_err_set(err, KEX_ECOMPILE, "opencl %s: kernel %s has no binary (CL_PROGRAM_BINARY_SIZES: %s)", cl->name,
+                     name, kex_cl_errname(e));
+    goto out;
+  }
+  bytes = kex_malloc(size);
+  memo_copy = kex_malloc(size);
+  if (!bytes || !memo_copy) {
+    rc = kex_err_set(err, KEX_ENOMEM, "opencl %s: out of memory for the %zu-byte binary of kernel %s", cl->name, size,
+                     name);
+    goto out;
+  }
+  e = clGetProgramInfo(program, CL_PROGRAM_BINARIES, sizeof bytes, &bytes, NULL);
+  if (e != CL_SUCCESS) {
+    rc = kex_err_set(err, KEX_ECOMPILE, "opencl %s: CL_PROGRAM_BINARIES of kernel %s failed: %s", cl->name, name,
+                     kex_cl_errname(e));
+    goto out;
+  }
+  memcpy(memo_copy, bytes, size);
+  kex_cl_memo_clear(cl);
+  cl->memo_program = program;
+  cl->memo_bin = memo_copy;
+  cl->memo_size = size;
+  program = NULL;
+  memo_copy = NULL;
+  *bin = bytes;
+  *bin_size = size;
+  bytes = NULL;
+  rc = 0;
+out:
+  kex_free(memo_copy);
+  kex_free(bytes);
+  if (program) clReleaseProgram(program);
+  return rc;
+}
+
+static int kex_cl_load(void *impl, const unsigned char *bin, size_t bin_size, const char *name, void **out,
+                       kex_error *err) {
+  kex_cl_device *cl = impl;
+  kex_cl_program *prog = NULL;
+  cl_program program = NULL;
+  cl_int e = CL_SUCCESS, status = CL_SUCCESS;
+  int rc;
+
+  prog = kex_calloc(1, sizeof *prog);
+  if (!prog) {
+    rc = kex_err_set(err, KEX_ENOMEM, "opencl %s: out of memory loading kernel %s", cl->name, name);
+    goto out;
+  }
+  if (cl->memo_program && cl->memo_size == bin_size && memcmp(cl->memo_bin, bin, bin_size) == 0) {
+    program = cl->memo_program; /* take over the program the last compile built */
+    cl->memo_program = NULL;
+    kex_cl_memo_clear(cl);
+  } else {
+    program = clCreateProgramWithBinary(cl->context, 1, &cl->device, &bin_size, &bin, &status, &e);
+    if (!program || e != CL_SUCCESS || status != CL_SUCCESS) {
+      rc = kex_err_set(err, e == CL_OUT_OF_HOST_MEMORY ? KEX_ENOMEM : KEX_ECOMPILE,
+                       "opencl %s: clCreateProgramWithBinary of kernel %s failed: %s (binary status %s)", cl->name,
+                       name, kex_cl_errname(e), kex_cl_errname(status));
+      goto out;
+    }
+    e = clBuildProgram(program, 1, &cl->device, NULL, NULL, NULL);
+    if (e != CL_SUCCESS) {
+      rc = kex_cl_build_error(cl, program, name, "clBuildProgram from binary", e, err);
+      goto out;
+    }
+  }
+  prog->kernel = clCreateKernel(program, name, &e);
+  if (!prog->kernel || e != CL_SUCCESS) {
+    rc = kex_err_set(err, e == CL_INVALID_KERNEL_NAME ? KEX_ENOTFOUND : kex_cl_code(e),
+                     "opencl %s: clCreateKernel(%s) failed: %s", cl->name, name, kex_cl_errname(e));
+    goto out;
+  }
+  prog->program = program;
+  program = NULL;
+  *out = prog;
+  prog = NULL;
+  rc = 0;
+out:
+  if (program) clReleaseProgram(program);
+  kex_free(prog);
+  return rc;
+}
+
+static void kex_cl_program_free(void *impl, void *p) {
+  kex_cl_program *prog = p;
+  (void)impl;
+  clReleaseKernel(prog->kernel);
+  clReleaseProgram(prog->program);
+  kex_free(prog);
+}
+
+static int kex_cl_launch(void *impl, void *p, const char *name, const size_t global[3], const size_t local[3],
+                         void *const *bufs, int nbufs, const int32_t *ints, int nints, void **out, kex_error *err) {
+  kex_cl_device *cl = impl;
+  kex_cl_program *prog = p;
+  size_t gws[3];
+  cl_event ev = NULL;
+  cl_int e;
+
+  for (int i = 0; i < nbufs; i++) {
+    cl_mem mem = bufs[i];
+    e = clSetKernelArg(prog->kernel, (cl_uint)i, sizeof mem, &mem);
+    if (e != CL_SUCCESS)
+      return kex_err_set(err, KEX_EINVAL, "opencl %s: kernel %s: clSetKernelArg(%d, buffer) failed: %s", cl->name,
+                         name, i, kex_cl_errname(e));
+  }
+  for (int i = 0; i < nints; i++) {
+    cl_int v = ints[i];
+    e = clSetKernelArg(prog->kernel, (cl_uint)(nbufs + i), sizeof v, &v);
+    if (e != CL_SUCCESS)
+      return kex_err_set(err, KEX_EINVAL, "opencl %s: kernel %s: clSetKernelArg(%d, int) failed: %s", cl->name,
+                         name, nbufs + i, kex_cl_errname(e));
+  }
+  for (int i = 0; i < 3; i++) gws[i] = local ? global[i] * local[i] : global[i];
+  e = clEnqueueNDRangeKernel(cl->queue, prog->kernel, 3, NULL, gws, local, 0, NULL, &ev);
+  if (e != CL_SUCCESS) {
+    if (local)
+      return kex_err_set(err, kex_cl_code(e),
+                         "opencl %s: launching kernel %s (global %zux%zux%zu groups, local %zux%zux%zu) failed: %s",
+                         cl->name, name, global[0], global[1], global[2], local[0], local[1], local[2],
+                         kex_cl_errname(e));
+    return kex_err_set(err, kex_cl_code(e), "opencl %s: launching kernel %s (global %zux%zux%zu) failed: %s",
+                       cl->name, name, global[0], global[1], global[2], kex_cl_errname(e));
+  }
+  clFlush(cl->queue);
+  *out = ev;
+  return 0;
+}
+
+static int kex_cl_wait(void *impl, void *event, kex_error *err) {
+  kex_cl_device *cl = impl;
+  cl_event ev = event;
+  cl_int status = CL_COMPLETE;
+  cl_int e = clWaitForEvents(1, &ev);
+  if (e == CL_SUCCESS) e = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+  if (e != CL_SUCCESS || status < 0)
+    return kex_err_set(err, KEX_EDEVICE, "opencl %s: waiting for a kernel failed: %s", cl->name,
+                       kex_cl_errname(e != CL_SUCCESS ? e : status));
+  return 0;
+}
+
+static int kex_cl_elapsed(void *impl, void *event, double *seconds, kex_error *err) {
+  kex_cl_device *cl = impl;
+  cl_event ev = event;
+  cl_ulong start = 0, end = 0;
+  cl_int e;
+  int rc = kex_cl_wait(impl, event, err);
+  if (rc < 0) return rc;
+  e = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof start, &start, NULL);
+  if (e == CL_SUCCESS) e = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof end, &end, NULL);
+  if (e != CL_SUCCESS)
+    return kex_err_set(err, KEX_EDEVICE, "opencl %s: clGetEventProfilingInfo failed: %s", cl->name,
+                       kex_cl_errname(e));
+  *seconds = end > start ? (double)(end - start) * 1e-9 : 0.0;
+  return 0;
+}
+
+static void kex_cl_event_free(void *impl, void *event) {
+  (void)impl;
+  clReleaseEvent((cl_event)event);
+}
+
+static const kex_device_ops kex_cl_ops = {
+    .destroy = kex_cl_destroy,
+    .alloc = kex_cl_alloc,
+    .free = kex_cl_free,
+    .copy_in = kex_cl_copy_in,
+    .copy_out = kex_cl_copy_out,
+    .compile = kex_cl_compile,
+    .load = kex_cl_load,
+    .program_free = kex_cl_program_free,
+    .launch = kex_cl_launch,
+    .wait = kex_cl_wait,
+    .elapsed = kex_cl_elapsed,
+    .event_free = kex_cl_event_free,
+};
+
+/* Query everything kex_device_info holds. Errors: KEX_ENOMEM. */
+static int kex_cl_query(const kex_cl_found *f, kex_device_info *info) {
+  kex_device_identity *id = &info->identity;
+  char tmp[3 * KEX_DEVICE_FIELD_MAX], cver[KEX_DEVICE_FIELD_MAX], pver[KEX_DEVICE_FIELD_MAX];
+  cl_ulong global = 0, max_alloc = 0, local_size = 0;
+  cl_device_local_mem_type local_type = CL_NONE;
+  cl_device_fp_config dfp = 0;
+  cl_uint units = 0;
+  size_t wg = 0, items[3] = {0, 0, 0};
+  int fp16, fp64;
+
+  memset(info, 0, sizeof *info);
+  kex_device_set_field(id->kind, "opencl");
+  kex_cl_device_str(f->device, CL_DEVICE_VENDOR, tmp);
+  kex_device_set_field(id->vendor, tmp);
+  kex_cl_device_str(f->device, CL_DEVICE_NAME, tmp);
+  kex_device_set_field(id->name, tmp);
+  kex_cl_device_str(f->device, CL_DRIVER_VERSION, tmp);
+  kex_device_set_field(id->driver_version, tmp);
+  kex_cl_device_str(f->device, CL_DEVICE_OPENCL_C_VERSION, cver);
+  kex_cl_platform_str(f->platform, CL_PLATFORM_VERSION, pver);
+  snprintf(tmp, sizeof tmp, "%s / %s", cver, pver);
+  kex_device_set_field(id->compiler_version, tmp);
+
+  clGetDeviceInfo(f->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
+  clGetDeviceInfo(f->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+  clGetDeviceInfo(f->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_size, &local_size, NULL);
+  clGetDeviceInfo(f->device, CL_DEVICE_LOCAL_MEM_TYPE, sizeof local_type, &local_type, NULL);
+  clGetDeviceInfo(f->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+  clGetDeviceInfo(f->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof items, items, NULL);
+  clGetDeviceInfo(f->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL);
+  clGetDeviceInfo(f->device, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof dfp, &dfp, NULL);
+  fp16 = kex_cl_has_extension(f->device, "cl_khr_fp16");
+  fp64 = kex_cl_has_extension(f->device, "cl_khr_fp64");
+  if (fp16 < 0 || fp64 < 0) return KEX_ENOMEM;
+
+  info->global_mem = global;
+  info->max_alloc = max_alloc;
+  info->has_local = true;
+  info->has_shared = local_type != CL_NONE && local_size > 0;
+  info->supports_float4 = true;
+  info->supports_fp16 = fp16 == 1;
+  info->supports_fp64 = fp64 == 1 || dfp != 0;
+  info->shared_max = info->has_shared ? local_size : 0;
+  info->max_work_group_size = wg;
+  memcpy(info->max_work_item_sizes, items, sizeof items);
+  info->compute_units = (int)units;
+  return 0;
+}
+
+int kex_cl_open(const char *match, kex_device **out, kex_error *err) {
+  kex_cl_found found[KEX_CL_MAX_DEVICES];
+  kex_device_info info;
+  kex_cl_device *cl = NULL;
+  const kex_cl_found *pick = NULL;
+  cl_int e = CL_SUCCESS;
+  int n = 0, rc;
+
+  rc = kex_cl_enumerate(found, &n, err);
+  if (rc < 0) goto out;
+  if (n == 0) {
+    rc = kex_err_set(err, KEX_ENOTFOUND, "opencl: no OpenCL platform or device is present");
+    goto out;
+  }
+  for (int i = 0; i < n && !pick; i++) {
+    char name[KEX_DEVICE_FIELD_MAX];
+    if (!match) {
+      if (found[i].is_gpu) pick = &found[i];
+      continue;
+    }
+    kex_cl_device_str(found[i].device, CL_DEVICE_NAME, name);
+    if (strcasestr(name, match)) pick = &found[i];
+  }
+  if (!pick && !match) pick = &found[0];
+  if (!pick) {
+    rc = kex_err_set(err, KEX_ENOTFOUND, "opencl: no device name contains \"%s\" (%d devices present)", match, n);
+    goto out;
+  }
+  rc = kex_cl_query(pick, &info);
+  if (rc < 0) {
+    rc = kex_err_set(err, rc, "opencl: out of memory querying the device");
+    goto out;
+  }
+  cl = kex_calloc(1, sizeof *cl);
+  if (!cl) {
+    rc = kex_err_set(err, KEX_ENOMEM, "opencl: out of memory opening %s", info.identity.name);
+    goto out;
+  }
+  cl->device = pick->device;
+  snprintf(cl->name, sizeof cl->name, "%s", info.identity.name);
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)pick->platform, 0};
+  cl->context = clCreateContext(props, 1, &pick->device, NULL, NULL, &e);
+  if (!cl->context || e != CL_SUCCESS) {
+    rc = kex_err_set(err, kex_cl_code(e), "opencl %s: clCreateContext failed: %s", cl->name, kex_cl_errname(e));
+    goto out;
+  }
+  cl->queue = clCreateCommandQueue(cl->context, pick->device, CL_QUEUE_PROFILING_ENABLE, &e);
+  if (!cl->queue || e != CL_SUCCESS) {
+    rc = kex_err_set(err, kex_cl_code(e), "opencl %s: clCreateCommandQueue failed: %s", cl->name, kex_cl_errname(e));
+    goto out;
+  }
+  KEX_DEBUG("opencl: opened %s (%s), fp16 %d, local mem %llu", cl->name, info.identity.compiler_version,
+            info.supports_fp16, (unsigned long long)info.shared_max);
+  rc = kex_device_wrap(&kex_cl_ops, cl, &info, "the device lacks cl_khr_fp16", out, err);
+  cl = NULL; /* owned by the device now, or destroyed by kex_device_wrap */
+out:
+  if (cl) kex_cl_destroy(cl);
+  return rc;
+}

@@ -1,0 +1,947 @@
+/*
+ * test_devices.c - unit tests for devices/: opening by name and listing,
+ * identities, buffers, compile/load/launch of hand-written kernels checked
+ * against a reference computed on the host, tinygrad's launch convention
+ * (global counts work-groups), profiling time, compile errors with their
+ * build log, the float16 check, programs loaded again from their binary,
+ * the cpu device's thread split, the fault device, and out-of-memory at
+ * the N-th allocation.
+ *
+ * The OpenCL tests run on whatever platform is present (PoCL here) and skip
+ * with a printed reason where there is none.  PoCL builds are slow, so each
+ * OpenCL kernel is built once per run (state shared by the group), and the
+ * run gets its own POCL_CACHE_DIR (removed at the end) unless one is set,
+ * so that builds do not depend on ~/.cache.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/errors.h"
+#include "devices/device.h"
+
+#define N_MADD (1 << 20)
+
+static const char *const CL_MADD =
+    "__kernel void madd(__global float *out, __global const float *a, __global const float *b,\n"
+    "                   __global const float *c, int n) {\n"
+    "  int i = get_global_id(0);\n"
+    "  if (i < n) out[i] = a[i] * b[i] + c[i];\n"
+    "}\n";
+
+static const char *const CPU_MADD =
+    "void madd(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
+    "  float *out = bufs[0]; const float *a = bufs[1], *b = bufs[2], *c = bufs[3];\n"
+    "  int n = ints[0];\n"
+    "  for (int i = gidx_start; i < gidx_end; i++) if (i < n) out[i] = a[i] * b[i] + c[i];\n"
+    "}\n";
+
+/* Work-group sum of 64 items through __local memory and barriers. */
+static const char *const CL_WGSUM =
+    "__kernel void wgsum(__global float *out, __global const float *in) {\n"
+    "  __local float tmp[64];\n"
+    "  int l = get_local_id(0);\n"
+    "  tmp[l] = in[get_global_id(0)];\n"
+    "  barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "  for (int s = 32; s > 0; s >>= 1) {\n"
+    "    if (l < s) tmp[l] += tmp[l + s];\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "  }\n"
+    "  if (l == 0) out[get_group_id(0)] = tmp[0];\n"
+    "}\n";
+
+static const char *const CL_BAD =
+    "__kernel void bad(__global float *out) {\n"
+    "  out[0] = bogus_identifier_xyz * 2.0f;\n"
+    "}\n";
+
+static const char *const CPU_BAD =
+    "void bad(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
+    "  ((float *)bufs[0])[0] = bogus_identifier_xyz * 2.0f;\n"
+    "}\n";
+
+/* Records, per item, the start of the range that ran it and the thread. */
+static const char *const CPU_RANGES =
+    "#include <pthread.h>\n"
+    "void ranges(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
+    "  int *start = bufs[0]; int *end = bufs[1]; unsigned long *tid = bufs[2];\n"
+    "  (void)ints;\n"
+    "  for (int i = gidx_start; i < gidx_end; i++) {\n"
+    "    start[i] += gidx_start + 1; end[i] = gidx_end; tid[i] = (unsigned long)pthread_self();\n"
+    "  }\n"
+    "}\n";
+
+static const char *const CPU_TINY =
+    "void tiny(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
+    "  int *o = bufs[0];\n"
+    "  for (int i = gidx_start; i < gidx_end; i++) o[i] = ints[0] + i;\n"
+    "}\n";
+
+/* ---- shared state ---- */
+
+typedef struct compiled {
+  unsigned char *bin;
+  size_t size;
+  double compile_s;
+} compiled;
+
+static struct {
+  kex_device *cl, *cpu;
+  char cl_missing[KEX_ERROR_MSG_MAX];
+  compiled cl_madd, cpu_madd;
+  char pocl_cache[256];
+} g;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define NEED_CL()                                                  \
+  do {                                                             \
+    if (!g.cl) {                                                   \
+      print_message("opencl not available: %s\n", g.cl_missing);   \
+      skip();                                                      \
+    }                                                              \
+  } while (0)
+
+#define ASSERT_OK(expr)                                                                 \
+  do {                                                                                  \
+    int rc_ = (expr);                                                                   \
+    if (rc_ < 0) fail_msg("%s -> %s: %s", #expr, kex_errname(rc_), err.msg);            \
+  } while (0)
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  remove(path);
+  return 0;
+}
+
+static int group_setup(void **state) {
+  kex_error err = {0};
+  (void)state;
+  if (!getenv("POCL_CACHE_DIR")) {
+    snprintf(g.pocl_cache, sizeof g.pocl_cache, "%s/kex-test-pocl-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (mkdtemp(g.pocl_cache))
+      setenv("POCL_CACHE_DIR", g.pocl_cache, 1);
+    else
+      g.pocl_cache[0] = 0;
+  }
+  if (kex_device_open("cpu", &g.cpu, &err) < 0) {
+    fprintf(stderr, "cannot open the cpu device: %s\n", err.msg);
+    return -1;
+  }
+  if (kex_device_open("opencl", &g.cl, &err) < 0) {
+    snprintf(g.cl_missing, sizeof g.cl_missing, "%s", err.msg);
+    g.cl = NULL;
+  }
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  kex_free(g.cl_madd.bin);
+  kex_free(g.cpu_madd.bin);
+  kex_device_unref(g.cl);
+  kex_device_unref(g.cpu);
+  if (g.pocl_cache[0]) nftw(g.pocl_cache, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  return 0;
+}
+
+static int disarm_alloc_hook(void **state) {
+  (void)state;
+  kex_alloc_fail_at(0, 0);
+  return 0;
+}
+
+/* Compile `source` on dev into *c once per run. */
+static void compile_once(kex_device *dev, compiled *c, const char *source, const char *name) {
+  kex_error err = {0};
+  if (c->bin) return;
+  double t0 = now_s();
+  int rc = kex_device_compile(dev, source, name, &c->bin, &c->size, &err);
+  c->compile_s = now_s() - t0;
+  if (rc < 0) fail_msg("compile %s: %s", name, err.msg);
+  assert_true(c->size > 0);
+  print_message("%s: compile of %s took %.1f ms (%zu-byte binary)\n", kex_device_get_identity(dev)->kind, name,
+                c->compile_s * 1e3, c->size);
+}
+
+static kex_program *load_or_fail(kex_device *dev, const compiled *c, const char *name) {
+  kex_error err = {0};
+  kex_program *prog = NULL;
+  if (kex_device_load(dev, c->bin, c->size, name, &prog, &err) < 0) fail_msg("load %s: %s", name, err.msg);
+  assert_non_null(prog);
+  assert_string_equal(kex_program_name(prog), name);
+  return prog;
+}
+
+static kex_buffer *buffer_with(kex_device *dev, const void *data, size_t size) {
+  kex_error err = {0};
+  kex_buffer *buf = NULL;
+  if (kex_device_alloc(dev, size, &buf, &err) < 0) fail_msg("alloc %zu: %s", size, err.msg);
+  if (data && kex_buffer_copy_in(buf, 0, data, size, &err) < 0) fail_msg("copy_in: %s", err.msg);
+  return buf;
+}
+
+/* ---- opening, listing, identity ---- */
+
+static void test_open_by_name(void **state) {
+  kex_error err = {0};
+  kex_device *dev = NULL;
+  (void)state;
+
+  assert_int_equal(kex_device_open("bogus", &dev, &err), KEX_EINVAL);
+  assert_null(dev);
+  assert_non_null(strstr(err.msg, "bogus"));
+  assert_int_equal(kex_device_open("opencl:", &dev, &err), KEX_EINVAL);
+
+  ASSERT_OK(kex_device_open("default", &dev, &err));
+  assert_string_equal(kex_device_get_identity(dev)->kind, g.cl ? "opencl" : "cpu");
+  kex_device_unref(dev);
+  dev = NULL;
+
+  if (g.cl) {
+    /* a case-changed substring of the device name picks the same device */
+    const char *name = kex_device_get_identity(g.cl)->name;
+    char sub[8] = {0};
+    size_t len = strlen(name) < 6 ? strlen(name) : 6;
+    for (size_t i = 0; i < len; i++) sub[i] = (char)(name[i] >= 'a' && name[i] <= 'z' ? name[i] - 32 : name[i]);
+    char spec[32];
+    snprintf(spec, sizeof spec, "opencl:%s", sub);
+    ASSERT_OK(kex_device_open(spec, &dev, &err));
+    assert_string_equal(kex_device_get_identity(dev)->name, name);
+    kex_device_unref(dev);
+    dev = NULL;
+    assert_int_equal(kex_device_open("opencl:no-such-device-zz9", &dev, &err), KEX_ENOTFOUND);
+    assert_null(dev);
+    assert_non_null(strstr(err.msg, "no-such-device-zz9"));
+  } else {
+    assert_int_equal(kex_device_open("opencl", &dev, &err), KEX_ENOTFOUND);
+  }
+}
+
+static void test_list(void **state) {
+  kex_error err = {0};
+  kex_device_desc *list = NULL;
+  size_t n = 0, n_cl = 0;
+  (void)state;
+
+  assert_int_equal(kex_device_list(&list, &n, &err), 0);
+  assert_true(n >= 1);
+  assert_string_equal(list[n - 1].open_name, "cpu");
+  for (size_t i = 0; i + 1 < n; i++) {
+    kex_device *dev = NULL;
+    assert_string_equal(list[i].kind, "opencl");
+    assert_true(strncmp(list[i].open_name, "opencl:", 7) == 0);
+    /* every listed name opens the device it names */
+    assert_int_equal(kex_device_open(list[i].open_name, &dev, &err), 0);
+    assert_string_equal(kex_device_get_identity(dev)->name, list[i].name);
+    kex_device_unref(dev);
+    n_cl++;
+  }
+  assert_true(g.cl ? n_cl >= 1 : n_cl == 0);
+  kex_free(list);
+}
+
+static void check_identity(kex_device *dev, const char *kind) {
+  kex_error err = {0};
+  const kex_device_identity *id = kex_device_get_identity(dev);
+  char a[KEX_DEVICE_IDENTITY_STR_MAX], b[KEX_DEVICE_IDENTITY_STR_MAX], prefix[64];
+  kex_device *again = NULL;
+
+  assert_string_equal(id->kind, kind);
+  assert_true(id->vendor[0] && id->name[0] && id->driver_version[0] && id->compiler_version[0]);
+  int len = kex_device_identity_render(id, a, sizeof a);
+  assert_true(len > 0);
+  assert_int_equal((size_t)len, strlen(a));
+  snprintf(prefix, sizeof prefix, "kind=%s;vendor=", kind);
+  assert_true(strncmp(a, prefix, strlen(prefix)) == 0);
+  assert_non_null(strstr(a, ";compiler="));
+  /* stable: the same device opened again renders the same bytes */
+  assert_int_equal(kex_device_open(kind, &again, &err), 0);
+  assert_int_equal(kex_device_identity_render(kex_device_get_identity(again), b, sizeof b), len);
+  assert_string_equal(a, b);
+  kex_device_unref(again);
+  /* too small a buffer is refused, not overrun */
+  assert_int_equal(kex_device_identity_render(id, b, (size_t)len), KEX_ELIMIT);
+  assert_int_equal(strlen(b) < (size_t)len, 1);
+  print_message("identity: %s\n", a);
+}
+
+static void test_identity_cpu(void **state) {
+  const kex_device_info *info = kex_device_get_info(g.cpu);
+  (void)state;
+  check_identity(g.cpu, "cpu");
+  assert_non_null(strstr(info->identity.compiler_version, "-O2 -shared -fPIC"));
+  assert_false(info->has_local);
+  assert_false(info->has_shared);
+  assert_true(info->max_alloc > 0 && info->max_alloc <= info->global_mem);
+  assert_int_equal(info->compute_units, (int)sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+static void test_identity_cl(void **state) {
+  const kex_device_info *info;
+  (void)state;
+  NEED_CL();
+  info = kex_device_get_info(g.cl);
+  check_identity(g.cl, "opencl");
+  assert_true(info->has_local);
+  assert_true(info->max_alloc > 0 && info->max_alloc <= info->global_mem);
+  assert_true(info->max_work_group_size >= 64);
+  print_message("opencl: global %llu MiB, max_alloc %llu MiB, shared_max %llu, wg %zu, units %d, fp16 %d, fp64 %d\n",
+                (unsigned long long)(info->global_mem >> 20), (unsigned long long)(info->max_alloc >> 20),
+                (unsigned long long)info->shared_max, info->max_work_group_size, info->compute_units,
+                info->supports_fp16, info->supports_fp64);
+}
+
+static void test_identity_render_escapes(void **state) {
+  kex_device_identity x, y;
+  char a[KEX_DEVICE_IDENTITY_STR_MAX], b[KEX_DEVICE_IDENTITY_STR_MAX];
+  (void)state;
+  memset(&x, 0, sizeof x);
+  strcpy(x.kind, "k");
+  strcpy(x.vendor, "v;name=n");
+  strcpy(x.name, "m");
+  strcpy(x.driver_version, "d");
+  strcpy(x.compiler_version, "c\\");
+  y = x;
+  strcpy(y.vendor, "v");
+  strcpy(y.name, "n;name=m");
+  assert_true(kex_device_identity_render(&x, a, sizeof a) > 0);
+  assert_true(kex_device_identity_render(&y, b, sizeof b) > 0);
+  assert_string_equal(a, "kind=k;vendor=v\\;name\\=n;name=m;driver=d;compiler=c\\\\");
+  assert_string_not_equal(a, b);
+  assert_int_equal(kex_device_identity_render(&x, a, 0), KEX_ELIMIT);
+}
+
+/* ---- buffers ---- */
+
+static void check_roundtrip(kex_device *dev) {
+  kex_error err = {0};
+  size_t n = 1 << 18;
+  unsigned int *in = malloc(n * sizeof *in), *out = calloc(n, sizeof *out);
+  kex_buffer *buf = NULL, *none = NULL;
+  assert_non_null(in);
+  assert_non_null(out);
+  for (size_t i = 0; i < n; i++) in[i] = (unsigned int)(i * 2654435761u);
+
+  buf = buffer_with(dev, in, n * sizeof *in);
+  assert_int_equal(kex_buffer_size(buf), n * sizeof *in);
+  assert_int_equal(kex_buffer_copy_out(buf, 0, out, n * sizeof *out, &err), 0);
+  assert_memory_equal(in, out, n * sizeof *in);
+  /* offsets: write 16 bytes at 4096, read them back */
+  unsigned int patch[4] = {1, 2, 3, 4}, back[4] = {0};
+  assert_int_equal(kex_buffer_copy_in(buf, 4096, patch, sizeof patch, &err), 0);
+  assert_int_equal(kex_buffer_copy_out(buf, 4096, back, sizeof back, &err), 0);
+  assert_memory_equal(patch, back, sizeof patch);
+  assert_int_equal(kex_buffer_copy_out(buf, 4080, back, sizeof back, &err), 0);
+  assert_memory_equal(back, in + 1020, sizeof back);
+  /* ranges outside the buffer */
+  assert_int_equal(kex_buffer_copy_out(buf, n * sizeof *in - 8, back, sizeof back, &err), KEX_EINVAL);
+  assert_non_null(strstr(err.msg, "outside the buffer"));
+  assert_int_equal(kex_buffer_copy_in(buf, SIZE_MAX - 2, patch, sizeof patch, &err), KEX_EINVAL);
+  assert_int_equal(kex_buffer_copy_in(buf, 0, patch, 0, &err), KEX_EINVAL);
+  /* sizes the device refuses */
+  assert_int_equal(kex_device_alloc(dev, 0, &none, &err), KEX_EINVAL);
+  assert_null(none);
+  assert_int_equal(kex_device_alloc(dev, (size_t)kex_device_get_info(dev)->max_alloc + 1, &none, &err), KEX_ELIMIT);
+  assert_non_null(strstr(err.msg, "max_alloc"));
+  assert_null(none);
+  kex_buffer_free(buf);
+  kex_buffer_free(NULL);
+  free(in);
+  free(out);
+}
+
+static void test_roundtrip_cpu(void **state) {
+  (void)state;
+  check_roundtrip(g.cpu);
+}
+
+static void test_roundtrip_cl(void **state) {
+  (void)state;
+  NEED_CL();
+  check_roundtrip(g.cl);
+}
+
+/* ---- kernels ---- */
+
+typedef struct madd_data {
+  float *a, *b, *c, *ref, *out;
+  kex_buffer *bufs[4];
+} madd_data;
+
+static void madd_setup(kex_device *dev, madd_data *d) {
+  size_t bytes = N_MADD * sizeof(float);
+  d->a = malloc(bytes);
+  d->b = malloc(bytes);
+  d->c = malloc(bytes);
+  d->ref = malloc(bytes);
+  d->out = malloc(bytes);
+  assert_true(d->a && d->b && d->c && d->ref && d->out);
+  for (int i = 0; i < N_MADD; i++) {
+    d->a[i] = (float)(i % 1000) * 0.001f;
+    d->b[i] = (float)((i * 7) % 113) - 56.0f;
+    d->c[i] = 1.0f / (float)(1 + i % 17);
+    d->ref[i] = (float)((double)d->a[i] * (double)d->b[i] + (double)d->c[i]);
+    d->out[i] = -1.0f;
+  }
+  d->bufs[0] = buffer_with(dev, d->out, bytes);
+  d->bufs[1] = buffer_with(dev, d->a, bytes);
+  d->bufs[2] = buffer_with(dev, d->b, bytes);
+  d->bufs[3] = buffer_with(dev, d->c, bytes);
+}
+
+static void madd_teardown(madd_data *d) {
+  for (int i = 0; i < 4; i++) kex_buffer_free(d->bufs[i]);
+  free(d->a);
+  free(d->b);
+  free(d->c);
+  free(d->ref);
+  free(d->out);
+}
+
+/* Launch, wait, read the output back; returns the kernel time. */
+static double madd_run(kex_program *prog, madd_data *d, const size_t global[3], const size_t local[3]) {
+  kex_error err = {0};
+  kex_event *ev = NULL;
+  double s = 0;
+  int32_t n = N_MADD;
+  if (kex_program_launch(prog, global, local, d->bufs, 4, &n, 1, &ev, &err) < 0) fail_msg("launch: %s", err.msg);
+  assert_int_equal(kex_event_wait(ev, &err), 0);
+  assert_int_equal(kex_event_elapsed(ev, &s, &err), 0);
+  kex_event_free(ev);
+  assert_int_equal(kex_buffer_copy_out(d->bufs[0], 0, d->out, N_MADD * sizeof(float), &err), 0);
+  return s;
+}
+
+/* Items [0, n) match the reference within a rounding (fma contraction allowed), the rest still hold -1. */
+static void madd_check(const madd_data *d, int n) {
+  for (int i = 0; i < N_MADD; i++) {
+    float want = i < n ? d->ref[i] : -1.0f;
+    if (fabsf(d->out[i] - want) > 1e-6f * (1.0f + fabsf(want))) fail_msg("item %d: got %g want %g", i, d->out[i], want);
+  }
+}
+
+static void test_madd_cpu(void **state) {
+  madd_data d;
+  kex_program *prog;
+  (void)state;
+  compile_once(g.cpu, &g.cpu_madd, CPU_MADD, "madd");
+  prog = load_or_fail(g.cpu, &g.cpu_madd, "madd");
+  madd_setup(g.cpu, &d);
+  size_t global[3] = {N_MADD, 1, 1};
+  double s = madd_run(prog, &d, global, NULL);
+  assert_true(s > 0);
+  madd_check(&d, N_MADD);
+  s = madd_run(prog, &d, global, NULL); /* warm */
+  print_message("cpu: madd over %d floats took %.3f ms\n", N_MADD, s * 1e3);
+  kex_program_free(prog);
+  madd_teardown(&d);
+}
+
+static void test_madd_cl(void **state) {
+  madd_data d;
+  kex_program *prog;
+  kex_error err = {0};
+  (void)state;
+  NEED_CL();
+  compile_once(g.cl, &g.cl_madd, CL_MADD, "madd");
+  prog = load_or_fail(g.cl, &g.cl_madd, "madd");
+  madd_setup(g.cl, &d);
+  size_t global[3] = {N_MADD / 256, 1, 1}, local[3] = {256, 1, 1};
+  double t0 = now_s();
+  double s = madd_run(prog, &d, global, local);
+  double first = now_s() - t0;
+  assert_true(s > 0);
+  madd_check(&d, N_MADD);
+  s = madd_run(prog, &d, global, local);
+  print_message("opencl: madd over %d floats: first launch %.1f ms wall (PoCL codegen), kernel %.3f ms\n", N_MADD,
+                first * 1e3, s * 1e3);
+
+  /* global counts work-groups: 4 groups of 64 cover exactly 256 items */
+  for (int i = 0; i < N_MADD; i++) d.out[i] = -1.0f;
+  assert_int_equal(kex_buffer_copy_in(d.bufs[0], 0, d.out, N_MADD * sizeof(float), &err), 0);
+  size_t g4[3] = {4, 1, 1}, l64[3] = {64, 1, 1};
+  assert_true(madd_run(prog, &d, g4, l64) > 0);
+  madd_check(&d, 256);
+
+  /* without a local size, global is the work size */
+  for (int i = 0; i < N_MADD; i++) d.out[i] = -1.0f;
+  assert_int_equal(kex_buffer_copy_in(d.bufs[0], 0, d.out, N_MADD * sizeof(float), &err), 0);
+  size_t g1000[3] = {1000, 1, 1};
+  madd_run(prog, &d, g1000, NULL);
+  madd_check(&d, 1000);
+
+  kex_program_free(prog);
+  madd_teardown(&d);
+}
+
+static void test_wgsum_cl(void **state) {
+  enum { GROUPS = 64, LOCAL = 64 };
+  kex_error err = {0};
+  compiled c = {0};
+  kex_program *prog;
+  kex_event *ev = NULL;
+  float in[GROUPS * LOCAL], out[GROUPS];
+  double s = 0;
+  (void)state;
+  NEED_CL();
+  for (int i = 0; i < GROUPS * LOCAL; i++) in[i] = (float)((i * 37) % 101);
+  compile_once(g.cl, &c, CL_WGSUM, "wgsum");
+  prog = load_or_fail(g.cl, &c, "wgsum");
+  kex_buffer *bufs[2] = {buffer_with(g.cl, NULL, sizeof out), buffer_with(g.cl, in, sizeof in)};
+  size_t global[3] = {GROUPS, 1, 1}, local[3] = {LOCAL, 1, 1};
+  assert_int_equal(kex_program_launch(prog, global, local, bufs, 2, NULL, 0, &ev, &err), 0);
+  assert_int_equal(kex_event_elapsed(ev, &s, &err), 0);
+  assert_true(s > 0);
+  assert_int_equal(kex_buffer_copy_out(bufs[0], 0, out, sizeof out, &err), 0);
+  for (int gi = 0; gi < GROUPS; gi++) {
+    float want = 0;
+    for (int l = 0; l < LOCAL; l++) want += in[gi * LOCAL + l]; /* integers: exact in any order */
+    assert_true(out[gi] == want);
+  }
+  kex_event_free(ev);
+  kex_buffer_free(bufs[0]);
+  kex_buffer_free(bufs[1]);
+  kex_program_free(prog);
+  kex_free(c.bin);
+}
+
+/* ---- compile errors ---- */
+
+static void check_compile_error(kex_device *dev, const char *source, const char *also) {
+  kex_error err = {0};
+  unsigned char *bin = (unsigned char *)"x";
+  size_t size = 7;
+  assert_int_equal(kex_device_compile(dev, source, "bad", &bin, &size, &err), KEX_ECOMPILE);
+  assert_int_equal(err.code, KEX_ECOMPILE);
+  assert_null(bin);
+  assert_int_equal(size, 0);
+  assert_non_null(strstr(err.msg, "kernel bad"));
+  assert_non_null(strstr(err.msg, "bogus_identifier_xyz")); /* from the build log */
+  assert_non_null(strstr(err.msg, also));
+  print_message("%s\n", err.msg);
+  /* the arguments device.c refuses before any build */
+  assert_int_equal(kex_device_compile(dev, "", "bad", &bin, &size, &err), KEX_EINVAL);
+  assert_int_equal(kex_device_compile(dev, source, "1bad", &bin, &size, &err), KEX_EINVAL);
+  assert_int_equal(kex_device_compile(dev, source, "", &bin, &size, &err), KEX_EINVAL);
+}
+
+static void test_compile_error_cpu(void **state) {
+  (void)state;
+  check_compile_error(g.cpu, CPU_BAD, "cc exit 1");
+}
+
+static void test_compile_error_cl(void **state) {
+  (void)state;
+  NEED_CL();
+  check_compile_error(g.cl, CL_BAD, "CL_BUILD_PROGRAM_FAILURE");
+}
+
+/* ---- dtypes ---- */
+
+static void test_fp16_cl(void **state) {
+  kex_error err = {0};
+  const kex_device_info *info;
+  char want[KEX_ERROR_MSG_MAX];
+  (void)state;
+  NEED_CL();
+  info = kex_device_get_info(g.cl);
+  assert_int_equal(kex_device_check_dtype(g.cl, KEX_DT_FLOAT32, &err), 0);
+  assert_int_equal(kex_device_check_dtype(g.cl, KEX_DT_INT32, &err), 0);
+  if (!info->supports_fp16) {
+    assert_int_equal(kex_device_check_dtype(g.cl, KEX_DT_FLOAT16, &err), KEX_EUNSUPPORTED);
+    snprintf(want, sizeof want, "float16 is not supported on %s: the device lacks cl_khr_fp16", info->identity.name);
+    assert_string_equal(err.msg, want);
+    print_message("%s\n", err.msg);
+    return;
+  }
+  /* the device has cl_khr_fp16: a half kernel must run */
+  static const char *const src =
+      "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
+      "__kernel void hscale(__global half *out, __global const half *in) {\n"
+      "  int i = get_global_id(0); out[i] = in[i] * (half)2.0f;\n"
+      "}\n";
+  compiled c = {0};
+  kex_event *ev = NULL;
+  uint16_t in[64], out[64];
+  assert_int_equal(kex_device_check_dtype(g.cl, KEX_DT_FLOAT16, &err), 0);
+  for (int i = 0; i < 64; i++) in[i] = (uint16_t)(0x3c00 + (i << 4)); /* 1.0 .. < 2.0 */
+  compile_once(g.cl, &c, src, "hscale");
+  kex_program *prog = load_or_fail(g.cl, &c, "hscale");
+  kex_buffer *bufs[2] = {buffer_with(g.cl, NULL, sizeof out), buffer_with(g.cl, in, sizeof in)};
+  size_t global[3] = {1, 1, 1}, local[3] = {64, 1, 1};
+  assert_int_equal(kex_program_launch(prog, global, local, bufs, 2, NULL, 0, &ev, &err), 0);
+  assert_int_equal(kex_event_wait(ev, &err), 0);
+  assert_int_equal(kex_buffer_copy_out(bufs[0], 0, out, sizeof out, &err), 0);
+  for (int i = 0; i < 64; i++) assert_int_equal(out[i], in[i] + 0x0400); /* times 2 = exponent + 1 */
+  kex_event_free(ev);
+  kex_buffer_free(bufs[0]);
+  kex_buffer_free(bufs[1]);
+  kex_program_free(prog);
+  kex_free(c.bin);
+}
+
+static void test_dtype_cpu(void **state) {
+  kex_error err = {0};
+  (void)state;
+  assert_int_equal(kex_device_check_dtype(g.cpu, KEX_DT_FLOAT32, &err), 0);
+  assert_int_equal(kex_device_check_dtype(g.cpu, KEX_DT_FLOAT64, &err), 0);
+  assert_int_equal(kex_device_check_dtype(g.cpu, KEX_DT_FLOAT16, &err), KEX_EUNSUPPORTED);
+  assert_non_null(strstr(err.msg, "float16 is not supported on "));
+  assert_int_equal(kex_device_check_dtype(g.cpu, (kex_dtype)KEX_DT_COUNT, &err), KEX_EINVAL);
+}
+
+/* ---- binaries ---- */
+
+static void check_reload(kex_device *dev, compiled *c, const char *source) {
+  kex_error err = {0};
+  kex_program *p1, *p2, *none = NULL;
+  madd_data d;
+  size_t gsz = kex_device_get_info(dev)->has_local ? N_MADD / 256 : N_MADD;
+  size_t global[3] = {gsz, 1, 1}, local[3] = {256, 1, 1};
+
+  compile_once(dev, c, source, "madd");
+  /* two programs from the same bytes, as a cache would load them */
+  double t0 = now_s();
+  p1 = load_or_fail(dev, c, "madd");
+  double load_s = now_s() - t0;
+  p2 = load_or_fail(dev, c, "madd");
+  print_message("%s: load from a %zu-byte binary took %.1f ms\n", kex_device_get_identity(dev)->kind, c->size,
+                load_s * 1e3);
+  madd_setup(dev, &d);
+  madd_run(p2, &d, global, kex_device_get_info(dev)->has_local ? local : NULL);
+  madd_check(&d, N_MADD);
+  kex_program_free(p1);
+  madd_run(p2, &d, global, kex_device_get_info(dev)->has_local ? local : NULL);
+  madd_check(&d, N_MADD);
+  kex_program_free(p2);
+  madd_teardown(&d);
+
+  /* a kernel the binary does not have */
+  assert_int_equal(kex_device_load(dev, c->bin, c->size, "nosuch", &none, &err), KEX_ENOTFOUND);
+  assert_non_null(strstr(err.msg, "nosuch"));
+  assert_null(none);
+  /* bytes that are no binary */
+  static const unsigned char junk[64] = "this is not a binary of any device";
+  int rc = kex_device_load(dev, junk, sizeof junk, "madd", &none, &err);
+  assert_true(rc == KEX_ECOMPILE || rc == KEX_ENOTFOUND);
+  assert_null(none);
+  print_message("junk binary: %s\n", err.msg);
+}
+
+static void test_reload_cpu(void **state) {
+  (void)state;
+  check_reload(g.cpu, &g.cpu_madd, CPU_MADD);
+}
+
+static void test_reload_cl(void **state) {
+  (void)state;
+  NEED_CL();
+  check_reload(g.cl, &g.cl_madd, CL_MADD);
+}
+
+/* ---- the cpu thread split ---- */
+
+static int count_distinct_ul(const unsigned long *v, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    int seen = 0;
+    for (int j = 0; j < i && !seen; j++) seen = v[j] == v[i];
+    k += !seen;
+  }
+  return k;
+}
+
+static void test_cpu_threads(void **state) {
+  enum { N = 1001 };
+  kex_error err = {0};
+  compiled c = {0};
+  kex_event *ev = NULL;
+  int start[N] = {0}, end[N];
+  unsigned long tid[N], range_tid[KEX_DEVICE_MAX_BUFS];
+  int cores = kex_device_get_info(g.cpu)->compute_units, nranges = 0;
+  (void)state;
+
+  compile_once(g.cpu, &c, CPU_RANGES, "ranges");
+  kex_program *prog = load_or_fail(g.cpu, &c, "ranges");
+  kex_buffer *bufs[3] = {buffer_with(g.cpu, start, sizeof start), buffer_with(g.cpu, NULL, sizeof end),
+                         buffer_with(g.cpu, NULL, sizeof tid)};
+  size_t global[3] = {N, 1, 1};
+  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 3, NULL, 0, &ev, &err), 0);
+  assert_int_equal(kex_event_wait(ev, &err), 0);
+  kex_event_free(ev);
+  assert_int_equal(kex_buffer_copy_out(bufs[0], 0, start, sizeof start, &err), 0);
+  assert_int_equal(kex_buffer_copy_out(bufs[1], 0, end, sizeof end, &err), 0);
+  assert_int_equal(kex_buffer_copy_out(bufs[2], 0, tid, sizeof tid, &err), 0);
+  /* each item ran exactly once (start is accumulated), in contiguous ranges */
+  for (int i = 0; i < N; i++) {
+    int s = start[i] - 1;
+    assert_true(s >= 0 && s <= i && i < end[i]);
+    if (i == 0 || s != start[i - 1] - 1) {
+      assert_int_equal(s, i); /* a new range starts where the last ended */
+      if (i > 0) assert_int_equal(end[i - 1], i);
+      range_tid[nranges++] = tid[i];
+    } else {
+      assert_int_equal(tid[i], tid[i - 1]);
+    }
+  }
+  assert_int_equal(end[N - 1], N);
+  /* one range per core, each on its own thread; with 2 cores both halves ran */
+  assert_int_equal(nranges, cores);
+  assert_int_equal(count_distinct_ul(range_tid, nranges), cores);
+  if (cores == 2) assert_int_equal(start[N - 1] - 1, N / 2);
+  print_message("cpu: %d ranges on %d threads\n", nranges, count_distinct_ul(range_tid, nranges));
+
+  /* one item is one range */
+  size_t one[3] = {1, 1, 1};
+  assert_int_equal(kex_program_launch(prog, one, NULL, bufs, 3, NULL, 0, &ev, &err), 0);
+  kex_event_free(ev);
+  assert_int_equal(kex_buffer_copy_out(bufs[1], 0, end, sizeof(int), &err), 0);
+  assert_int_equal(end[0], 1);
+  /* what the cpu device refuses */
+  size_t two_d[3] = {N, 2, 1}, local[3] = {1, 1, 1};
+  ev = NULL;
+  assert_int_equal(kex_program_launch(prog, two_d, NULL, bufs, 3, NULL, 0, &ev, &err), KEX_EINVAL);
+  assert_int_equal(kex_program_launch(prog, global, local, bufs, 3, NULL, 0, &ev, &err), KEX_EINVAL);
+  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, KEX_DEVICE_MAX_BUFS + 1, NULL, 0, &ev, &err),
+                   KEX_EINVAL);
+  size_t zero[3] = {0, 1, 1};
+  assert_int_equal(kex_program_launch(prog, zero, NULL, bufs, 3, NULL, 0, &ev, &err), KEX_EINVAL);
+  assert_null(ev);
+  for (int i = 0; i < 3; i++) kex_buffer_free(bufs[i]);
+  kex_program_free(prog);
+  kex_free(c.bin);
+}
+
+/* Buffers of one device are refused by another's programs. */
+static void test_foreign_buffer(void **state) {
+  kex_error err = {0};
+  kex_device *other = NULL;
+  kex_event *ev = NULL;
+  (void)state;
+  compile_once(g.cpu, &g.cpu_madd, CPU_MADD, "madd");
+  kex_program *prog = load_or_fail(g.cpu, &g.cpu_madd, "madd");
+  assert_int_equal(kex_device_open("cpu", &other, &err), 0);
+  kex_buffer *b = buffer_with(other, NULL, 64);
+  kex_buffer *bufs[4] = {b, b, b, b};
+  size_t global[3] = {16, 1, 1};
+  int32_t n = 16;
+  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, &n, 1, &ev, &err), KEX_EINVAL);
+  assert_non_null(strstr(err.msg, "another device"));
+  kex_buffer_free(b);
+  kex_device_unref(other);
+  kex_program_free(prog);
+}
+
+/* ---- the fault device ---- */
+
+static void check_fault_error(int rc, const kex_error *err, kex_fault_kind kind, unsigned long n) {
+  char want[128];
+  assert_int_equal(rc, KEX_EDEVICE);
+  assert_int_equal(err->code, KEX_EDEVICE);
+  snprintf(want, sizeof want, "fault device: injected failure of %s call #%lu", kex_fault_kind_name(kind), n);
+  assert_string_equal(err->msg, want);
+}
+
+/* Two calls of `kind` through a fault device failing call n: exactly call n fails. */
+static void run_fault(kex_fault_kind kind, unsigned long n) {
+  kex_error err = {0};
+  kex_device *f = NULL;
+  int rc[2];
+
+  assert_int_equal(kex_fault_device_new(g.cpu, kind, n, &f), 0);
+  assert_string_equal(kex_device_get_identity(f)->kind, "fault+cpu");
+  switch (kind) {
+  case KEX_FAULT_ALLOC: {
+    kex_buffer *b[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+      rc[i] = kex_device_alloc(f, 256, &b[i], &err);
+      if (rc[i] < 0) check_fault_error(rc[i], &err, kind, n);
+      assert_true(rc[i] < 0 ? b[i] == NULL : b[i] != NULL);
+    }
+    kex_buffer_free(b[0]);
+    kex_buffer_free(b[1]);
+    break;
+  }
+  case KEX_FAULT_COPY: {
+    int v = 42, back = 0;
+    kex_buffer *b = buffer_with(f, NULL, sizeof v);
+    rc[0] = kex_buffer_copy_in(b, 0, &v, sizeof v, &err);
+    if (rc[0] < 0) check_fault_error(rc[0], &err, kind, n);
+    rc[1] = kex_buffer_copy_out(b, 0, &back, sizeof back, &err);
+    if (rc[1] < 0) check_fault_error(rc[1], &err, kind, n);
+    if (rc[0] == 0 && rc[1] == 0) assert_int_equal(back, 42);
+    kex_buffer_free(b);
+    break;
+  }
+  case KEX_FAULT_COMPILE: {
+    for (int i = 0; i < 2; i++) {
+      unsigned char *bin = NULL;
+      size_t size = 0;
+      rc[i] = kex_device_compile(f, CPU_TINY, "tiny", &bin, &size, &err);
+      if (rc[i] < 0) check_fault_error(rc[i], &err, kind, n);
+      assert_true(rc[i] < 0 ? bin == NULL : bin != NULL);
+      kex_free(bin);
+    }
+    break;
+  }
+  case KEX_FAULT_LAUNCH: {
+    compiled c = {0};
+    int out[8] = {0};
+    int32_t base = 100;
+    size_t global[3] = {8, 1, 1};
+    compile_once(f, &c, CPU_TINY, "tiny");
+    kex_program *prog = load_or_fail(f, &c, "tiny");
+    kex_buffer *b = buffer_with(f, out, sizeof out);
+    for (int i = 0; i < 2; i++) {
+      kex_event *ev = NULL;
+      rc[i] = kex_program_launch(prog, global, NULL, &b, 1, &base, 1, &ev, &err);
+      if (rc[i] < 0) {
+        check_fault_error(rc[i], &err, kind, n);
+        assert_null(ev);
+        continue;
+      }
+      assert_int_equal(kex_event_wait(ev, &err), 0);
+      kex_event_free(ev);
+      assert_int_equal(kex_buffer_copy_out(b, 0, out, sizeof out, &err), 0);
+      for (int j = 0; j < 8; j++) assert_int_equal(out[j], 100 + j);
+    }
+    kex_buffer_free(b);
+    kex_program_free(prog);
+    kex_free(c.bin);
+    break;
+  }
+  default:
+    fail();
+  }
+  assert_true(rc[n - 1] == KEX_EDEVICE);
+  assert_int_equal(rc[2 - n], 0);
+  kex_device_unref(f);
+}
+
+static void test_fault_device(void **state) {
+  kex_device *f = NULL;
+  (void)state;
+  for (int k = 0; k < KEX_FAULT_KIND_COUNT; k++) {
+    run_fault((kex_fault_kind)k, 1);
+    run_fault((kex_fault_kind)k, 2);
+  }
+  assert_int_equal(kex_fault_device_new(g.cpu, KEX_FAULT_ALLOC, 0, &f), KEX_EINVAL);
+  assert_int_equal(kex_fault_device_new(g.cpu, KEX_FAULT_KIND_COUNT, 1, &f), KEX_EINVAL);
+  assert_null(f);
+  assert_string_equal(kex_fault_kind_name(KEX_FAULT_COMPILE), "compile");
+}
+
+/* The fault device keeps its inner device alive after the caller's reference is gone. */
+static void test_fault_holds_inner(void **state) {
+  kex_error err = {0};
+  kex_device *inner = NULL, *f = NULL;
+  int v = 7, back = 0;
+  (void)state;
+  assert_int_equal(kex_device_open("cpu", &inner, &err), 0);
+  assert_int_equal(kex_fault_device_new(inner, KEX_FAULT_COPY, 3, &f), 0);
+  kex_device_unref(inner);
+  kex_buffer *b = buffer_with(f, &v, sizeof v); /* copy #1 */
+  assert_int_equal(kex_buffer_copy_out(b, 0, &back, sizeof back, &err), 0); /* #2 */
+  assert_int_equal(back, 7);
+  check_fault_error(kex_buffer_copy_out(b, 0, &back, sizeof back, &err), &err, KEX_FAULT_COPY, 3);
+  kex_device_unref(f); /* the buffer still holds the device */
+  assert_int_equal(kex_buffer_copy_out(b, 0, &back, sizeof back, &err), 0);
+  kex_buffer_free(b);
+}
+
+/* ---- out of memory at the N-th allocation ---- */
+
+/* alloc + copy + compile + load + launch on a fresh cpu device; returns the first failing rc. */
+static int oom_sequence(kex_error *err) {
+  kex_device *dev = NULL;
+  kex_buffer *b = NULL;
+  unsigned char *bin = NULL;
+  size_t size = 0;
+  kex_program *prog = NULL;
+  kex_event *ev = NULL;
+  int out[4] = {0};
+  int32_t base = 5;
+  size_t global[3] = {4, 1, 1};
+  double s;
+  int rc;
+
+  if ((rc = kex_device_open("cpu", &dev, err)) < 0) goto out;
+  if ((rc = kex_device_alloc(dev, sizeof out, &b, err)) < 0) goto out;
+  if ((rc = kex_buffer_copy_in(b, 0, out, sizeof out, err)) < 0) goto out;
+  if ((rc = kex_device_compile(dev, CPU_TINY, "tiny", &bin, &size, err)) < 0) goto out;
+  if ((rc = kex_device_load(dev, bin, size, "tiny", &prog, err)) < 0) goto out;
+  if ((rc = kex_program_launch(prog, global, NULL, &b, 1, &base, 1, &ev, err)) < 0) goto out;
+  if ((rc = kex_event_elapsed(ev, &s, err)) < 0) goto out;
+  if ((rc = kex_buffer_copy_out(b, 0, out, sizeof out, err)) < 0) goto out;
+  rc = out[3] == 8 ? 0 : KEX_EINTERNAL;
+out:
+  kex_event_free(ev);
+  kex_program_free(prog);
+  kex_free(bin);
+  kex_buffer_free(b);
+  kex_device_unref(dev);
+  return rc;
+}
+
+static void test_oom(void **state) {
+  kex_error err = {0};
+  int failures = 0;
+  (void)state;
+  for (unsigned long n = 1; n < 200; n++) {
+    kex_alloc_fail_at(n, 0);
+    int rc = oom_sequence(&err);
+    kex_alloc_fail_at(0, 0);
+    if (rc == 0) break;
+    assert_true(rc == KEX_ENOMEM || rc == KEX_EIO);
+    failures++;
+  }
+  assert_true(failures >= 5); /* every allocation of the sequence was failed once */
+  assert_int_equal(oom_sequence(&err), 0);
+  print_message("oom: %d allocation points failed cleanly\n", failures);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_open_by_name),
+      cmocka_unit_test(test_list),
+      cmocka_unit_test(test_identity_cpu),
+      cmocka_unit_test(test_identity_cl),
+      cmocka_unit_test(test_identity_render_escapes),
+      cmocka_unit_test(test_roundtrip_cpu),
+      cmocka_unit_test(test_roundtrip_cl),
+      cmocka_unit_test(test_madd_cpu),
+      cmocka_unit_test(test_madd_cl),
+      cmocka_unit_test(test_wgsum_cl),
+      cmocka_unit_test(test_compile_error_cpu),
+      cmocka_unit_test(test_compile_error_cl),
+      cmocka_unit_test(test_fp16_cl),
+      cmocka_unit_test(test_dtype_cpu),
+      cmocka_unit_test(test_reload_cpu),
+      cmocka_unit_test(test_reload_cl),
+      cmocka_unit_test(test_cpu_threads),
+      cmocka_unit_test(test_foreign_buffer),
+      cmocka_unit_test(test_fault_device),
+      cmocka_unit_test(test_fault_holds_inner),
+      cmocka_unit_test_teardown(test_oom, disarm_alloc_hook),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
