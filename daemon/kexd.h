@@ -1,0 +1,53 @@
+/*
+ * kexd.h - the daemon's configuration and its one state object.
+ *
+ * main.c fills a kexd_config from flags and environment; the kexd object
+ * holds everything the loop thread owns (server, jobs, counters).  rpc.c
+ * registers the method handlers on the server.
+ */
+#ifndef KEX_DAEMON_KEXD_H
+#define KEX_DAEMON_KEXD_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/limits.h"
+#include "daemon/jobs.h"
+#include "daemon/server.h"
+
+#define KEXD_MAX_DEVICES 16                  /* names in --device */
+#define KEXD_DEVICE_NAME_MAX 64              /* bytes of one device name */
+#define KEXD_DEFAULT_LISTEN "127.0.0.1:50051"
+#define KEXD_DEFAULT_DEVICES "opencl,cpu"
+#define KEXD_DEFAULT_LEASE_S 600.0
+#define KEXD_DEFAULT_GRACE_S 5.0
+#define KEXD_DEFAULT_MAX_MESSAGE (64 << 20)  /* bytes of one gRPC message, either way */
+#define KEXD_DEFAULT_PLAN_INLINE_NODES 1024  /* larger graphs are planned on the worker pool */
+
+typedef struct kexd_config {
+  const char *listen;
+  char *cache_path;              /* recorded; the beam cache arrives with its issue */
+  char devices[KEXD_MAX_DEVICES][KEXD_DEVICE_NAME_MAX];
+  uint32_t ndevices;             /* devices[0] is the default */
+  uint32_t workers;              /* worker pool threads (0 = libuv's default) */
+  double lease_s, grace_s;
+  int max_message;
+  kex_limits limits;
+  uint32_t max_jobs;
+  uint32_t plan_inline_nodes;
+} kexd_config;
+
+typedef struct kexd {
+  uv_loop_t *loop;
+  kexd_config cfg;
+  kexd_server *server;
+  kexd_jobs jobs;
+  uint64_t started_ms;
+  uint64_t submissions, plans, plan_errors, kernels_planned;
+  uint32_t plans_in_flight;
+} kexd;
+
+/* Register every kex.v1.Kex and grpc.health.v1.Health method.  0 or a negative code. */
+int kexd_rpc_register(kexd *d);
+
+#endif

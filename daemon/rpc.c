@@ -1,0 +1,740 @@
+/*
+ * rpc.c - decode, validate and route: one handler per method.
+ *
+ * Each handler runs on the loop thread with the request's bytes, unpacks them
+ * with protobuf-c (allocating through kex_malloc; the size was capped by
+ * gRPC at --max-message and is checked again here), checks the job token,
+ * does its work and ends the call with a reply or a status whose message a
+ * person can act on.  Nothing a client sends can make the daemon exit: every
+ * failure becomes a status.
+ *
+ * Plan converts the protobuf Graph into the kex_graph builder API (every
+ * refusal names the node), then replays and schedules it -- on the loop
+ * thread for small graphs, on the libuv worker pool for large ones -- and
+ * replies with the schedule items as `kex plan --json` prints them.
+ *
+ * Methods whose layers do not exist yet answer UNIMPLEMENTED naming the
+ * issue that delivers them.
+ */
+#include <grpc/status.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/arena.h"
+#include "core/dtype.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "daemon/kexd.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "kex/v1/kex.pb-c.h"
+#include "sched/graph.h"
+#include "sched/lazy.h"
+#include "sched/schedule.h"
+
+#define RPC_GRAPH_FORMAT "kex.graph.v1"
+#define RPC_SERVICE "kex.v1.Kex"
+#define RPC_HEALTH_SERVICE "grpc.health.v1.Health"
+#define RPC_MSG_NEEDS_KERNELS "needs the kernels layer (issue 3), which is not in this kexd yet"
+#define RPC_MSG_NEEDS_BEAM "arrives with the beam-search issue; this kexd does not have it yet"
+
+/* ---- protobuf-c through kex_malloc ---- */
+
+static _Thread_local bool pb_alloc_failed; /* an unpack failed for memory, not for bad bytes */
+
+static void *pb_alloc(void *ud, size_t size) {
+  void *p;
+  (void)ud;
+  p = kex_malloc(size);
+  if (!p) pb_alloc_failed = true;
+  return p;
+}
+
+static void pb_free(void *ud, void *p) {
+  (void)ud;
+  kex_free(p);
+}
+
+static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* A kex error as a call status: the message when there is one, else the code's text. */
+static void fail_kex(kexd_call *c, int rc, const kex_error *err) {
+  kexd_call_finish(c, kex_err_grpc_status(rc), err && err->msg[0] ? err->msg : kex_strerror(rc), NULL);
+}
+
+/*
+ * Unpack the request of call c as `desc`.  On failure the call is finished
+ * (INVALID_ARGUMENT for missing or malformed bytes, RESOURCE_EXHAUSTED for
+ * size or memory) and NULL is returned.  Free the result with free_msg.
+ */
+static ProtobufCMessage *decode(kexd *d, kexd_call *c, const ProtobufCMessageDescriptor *desc, const uint8_t *req,
+                                size_t len) {
+  ProtobufCMessage *m;
+  if (!req) {
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: the request carries no %s message", kexd_call_method(c),
+                    desc->name);
+    return NULL;
+  }
+  if (d->cfg.max_message > 0 && len > (size_t)d->cfg.max_message) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: request of %zu bytes is more than the limit of %d bytes",
+                    kexd_call_method(c), len, d->cfg.max_message);
+    return NULL;
+  }
+  pb_alloc_failed = false;
+  m = protobuf_c_message_unpack(desc, &pb_allocator, len, req);
+  if (!m) {
+    if (pb_alloc_failed)
+      kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory decoding a %zu-byte request",
+                      kexd_call_method(c), len);
+    else
+      kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: the request is not a valid %s message (%zu bytes)",
+                      kexd_call_method(c), desc->name, len);
+  }
+  return m;
+}
+
+static void free_msg(ProtobufCMessage *m) {
+  if (m) protobuf_c_message_free_unpacked(m, &pb_allocator);
+}
+
+/* The job named by token, lease renewed; NULL with the call finished (INVALID_ARGUMENT / NOT_FOUND). */
+static kexd_job *need_job(kexd *d, kexd_call *c, const char *token) {
+  kexd_job *job;
+  if (!token || !*token) {
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: missing job token (field `job`; OpenJob returns one)",
+                    kexd_call_method(c));
+    return NULL;
+  }
+  if (!(job = kexd_jobs_find(&d->jobs, token)))
+    kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "%s: unknown job token (never opened, closed, or expired after its lease)",
+                    kexd_call_method(c));
+  return job;
+}
+
+/* ---- grpc.health.v1.Health ---- */
+
+static bool health_known(const char *service) {
+  return !*service || strcmp(service, RPC_SERVICE) == 0 || strcmp(service, RPC_HEALTH_SERVICE) == 0;
+}
+
+static void rpc_health_check(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Grpc__Health__V1__HealthCheckRequest *m =
+      (Grpc__Health__V1__HealthCheckRequest *)decode(d, c, &grpc__health__v1__health_check_request__descriptor, req, len);
+  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  if (!m) return;
+  if (!health_known(m->service)) {
+    kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "unknown service \"%s\"", m->service);
+  } else {
+    r.status = kexd_server_stopping(d->server) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+                                                : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  }
+  free_msg(&m->base);
+}
+
+/*
+ * Watch: SERVING now, then nothing until the server stops (NOT_SERVING, then
+ * OK) or the client goes away.  The state is freed exactly once: when the
+ * call is finished or cancelled and no write is outstanding.
+ */
+typedef struct health_watch {
+  bool writing, stop_pending, dead;
+} health_watch;
+
+static void watch_end(kexd_call *c, health_watch *w) {
+  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  kex_free(w);
+}
+
+static void watch_written(kexd_call *c, int ok, void *ud) {
+  health_watch *w = ud;
+  w->writing = false;
+  if (w->dead) {
+    kex_free(w);
+    return;
+  }
+  if (ok && w->stop_pending) watch_end(c, w);
+  /* !ok: the call died; its cancel hook follows and frees w */
+}
+
+static void watch_cancelled(kexd_call *c, void *ud) {
+  health_watch *w = ud;
+  (void)c;
+  w->dead = true;
+  if (!w->writing) kex_free(w);
+}
+
+static void watch_stop(kexd_call *c, void *ud) {
+  health_watch *w = ud;
+  if (w->writing) w->stop_pending = true;
+  else watch_end(c, w);
+}
+
+static void rpc_health_watch(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Grpc__Health__V1__HealthCheckRequest *m =
+      (Grpc__Health__V1__HealthCheckRequest *)decode(d, c, &grpc__health__v1__health_check_request__descriptor, req, len);
+  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  health_watch *w = NULL;
+  int rc;
+  if (!m) return;
+  if (!health_known(m->service)) {
+    kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "unknown service \"%s\"", m->service);
+    goto out;
+  }
+  if (kexd_server_stopping(d->server)) {
+    r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+    goto out;
+  }
+  if (!(w = kex_calloc(1, sizeof *w))) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    goto out;
+  }
+  r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  w->writing = true;
+  if ((rc = kexd_call_write(c, &r.base, watch_written, w)) < 0) {
+    kex_free(w);
+    kexd_call_failf(c, GRPC_STATUS_INTERNAL, "cannot send the health status: %s", kex_strerror(rc));
+    goto out;
+  }
+  kexd_call_set_hooks(c, watch_cancelled, watch_stop, w);
+out:
+  free_msg(&m->base);
+}
+
+/* ---- jobs ---- */
+
+static void rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__OpenJobRequest *m = (Kex__V1__OpenJobRequest *)decode(d, c, &kex__v1__open_job_request__descriptor, req, len);
+  Kex__V1__OpenJobReply r = KEX__V1__OPEN_JOB_REPLY__INIT;
+  kexd_job *job;
+  int rc;
+  if (!m) return;
+  rc = kexd_jobs_open(&d->jobs, m->name, m->weight, m->memory_limit, &job);
+  if (rc == KEX_EINVAL)
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "OpenJob: the name is %zu bytes, more than the limit of %d",
+                    strlen(m->name), KEXD_JOB_NAME_MAX);
+  else if (rc == KEX_ELIMIT)
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: %u jobs are open, the limit (--max-jobs)",
+                    d->jobs.njobs);
+  else if (rc < 0)
+    kexd_call_failf(c, kex_err_grpc_status(rc), "OpenJob: %s", kex_strerror(rc));
+  else {
+    kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" opened (weight %u, memory limit %" PRIu64 " bytes)", job->name,
+            job->weight, job->memory_limit);
+    r.job = job->token;
+    r.lease_seconds = (uint32_t)ceil(d->cfg.lease_s);
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  }
+  free_msg(&m->base);
+}
+
+static void rpc_close_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__CloseJobRequest *m =
+      (Kex__V1__CloseJobRequest *)decode(d, c, &kex__v1__close_job_request__descriptor, req, len);
+  Kex__V1__CloseJobReply r = KEX__V1__CLOSE_JOB_REPLY__INIT;
+  if (!m) return;
+  if (need_job(d, c, m->job)) {
+    kexd_jobs_close_job(&d->jobs, m->job);
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  }
+  free_msg(&m->base);
+}
+
+/* ---- Graph (protobuf) -> kex_graph ---- */
+
+#define NODE_FAIL(code, ...)                                                            \
+  do {                                                                                  \
+    char m_[KEX_ERROR_MSG_MAX];                                                         \
+    snprintf(m_, sizeof m_, __VA_ARGS__);                                               \
+    rc = kex_err_set(err, code, "node %u (%s): %s", idx, pn->op ? pn->op : "?", m_);    \
+    goto out;                                                                           \
+  } while (0)
+
+/* A Scalar as a kex_const; -1 when it is empty or an unknown special string. */
+static int scalar_to_const(const Kex__V1__Scalar *s, kex_const *out) {
+  switch (s->kind_case) {
+  case KEX__V1__SCALAR__KIND_INT_VALUE: *out = kex_const_int(s->int_value); return 0;
+  case KEX__V1__SCALAR__KIND_FLOAT_VALUE: *out = kex_const_float(s->float_value); return 0;
+  case KEX__V1__SCALAR__KIND_BOOL_VALUE: *out = kex_const_bool(s->bool_value); return 0;
+  case KEX__V1__SCALAR__KIND_SPECIAL:
+    if (strcmp(s->special, "inf") == 0) *out = kex_const_float(INFINITY);
+    else if (strcmp(s->special, "-inf") == 0) *out = kex_const_float(-INFINITY);
+    else if (strcmp(s->special, "nan") == 0) *out = kex_const_float(NAN);
+    else return -1;
+    return 0;
+  default: return -1;
+  }
+}
+
+/* The movement arg each op takes, as the oneof case. */
+static Kex__V1__Node__ArgCase arg_case_for(kex_gop op) {
+  switch (op) {
+  case KEX_GOP_RESHAPE:
+  case KEX_GOP_EXPAND: return KEX__V1__NODE__ARG_NEW_SHAPE;
+  case KEX_GOP_PERMUTE: return KEX__V1__NODE__ARG_ORDER;
+  case KEX_GOP_PAD:
+  case KEX_GOP_SHRINK: return KEX__V1__NODE__ARG_PAIRS;
+  case KEX_GOP_STRIDE: return KEX__V1__NODE__ARG_STRIDES;
+  default: return KEX__V1__NODE__ARG__NOT_SET;
+  }
+}
+
+static const char *arg_case_name(Kex__V1__Node__ArgCase c) {
+  switch (c) {
+  case KEX__V1__NODE__ARG_NEW_SHAPE: return "new_shape";
+  case KEX__V1__NODE__ARG_ORDER: return "order";
+  case KEX__V1__NODE__ARG_PAIRS: return "pairs";
+  case KEX__V1__NODE__ARG_STRIDES: return "strides";
+  default: return "none";
+  }
+}
+
+static bool gop_is_input(kex_gop op) { return op == KEX_GOP_BUFFER || op == KEX_GOP_EMPTY || op == KEX_GOP_CONST; }
+
+/*
+ * Add protobuf node `idx` to g: the checks only the protobuf form can get
+ * wrong (op and dtype names, fields the op does not take, the oneof that
+ * must match the op, unknown buffer handles), then kex_graph_add for the
+ * rest.  0 or a negative code with *err naming the node.
+ */
+static int node_from_pb(kex_graph *g, uint32_t idx, const Kex__V1__Node *pn, const kex_limits *lim, kex_error *err) {
+  kex_gnode n;
+  int64_t *pairs = NULL;
+  int op, rc = 0;
+  memset(&n, 0, sizeof n);
+  if (!pn->op || (op = kex_gop_from_name(pn->op)) < 0) NODE_FAIL(KEX_EINVAL, "unknown op \"%s\"", pn->op ? pn->op : "");
+  n.op = (kex_gop)op;
+  /* src */
+  if (pn->n_src != (size_t)kex_gop_nsrc(n.op)) NODE_FAIL(KEX_EINVAL, "takes %d sources, got %zu", kex_gop_nsrc(n.op), pn->n_src);
+  for (size_t i = 0; i < pn->n_src; i++) {
+    if (pn->src[i] >= idx) NODE_FAIL(KEX_EINVAL, "source %u is not an earlier node", pn->src[i]);
+    n.src[i] = pn->src[i];
+  }
+  n.nsrc = (uint8_t)pn->n_src;
+  /* dtype */
+  bool takes_dtype = gop_is_input(n.op) || n.op == KEX_GOP_CAST || n.op == KEX_GOP_BITCAST;
+  if (pn->dtype && *pn->dtype) {
+    int dt = kex_dtype_from_name(pn->dtype);
+    if (!takes_dtype) NODE_FAIL(KEX_EINVAL, "unexpected field \"dtype\"");
+    if (dt < 0) NODE_FAIL(KEX_EINVAL, "unknown dtype \"%s\"", pn->dtype);
+    n.dtype = (kex_dtype)dt;
+  } else if (takes_dtype) {
+    NODE_FAIL(KEX_EINVAL, "missing \"dtype\"");
+  }
+  /* shape: inputs only; empty is the 0-d shape [] */
+  if (pn->n_shape && !gop_is_input(n.op)) NODE_FAIL(KEX_EINVAL, "unexpected field \"shape\"");
+  if (gop_is_input(n.op)) {
+    uint32_t maxd = lim->max_dims < KEX_MAX_DIMS ? lim->max_dims : KEX_MAX_DIMS;
+    if (pn->n_shape > maxd) NODE_FAIL(KEX_ELIMIT, "shape has %zu dims, more than the limit of %u", pn->n_shape, maxd);
+    n.ndim = (uint8_t)pn->n_shape;
+    n.shape = pn->shape;
+  }
+  /* arg */
+  Kex__V1__Node__ArgCase want = arg_case_for(n.op);
+  if (pn->arg_case != want) {
+    if (want == KEX__V1__NODE__ARG__NOT_SET) NODE_FAIL(KEX_EINVAL, "unexpected field \"%s\"", arg_case_name(pn->arg_case));
+    if (pn->arg_case == KEX__V1__NODE__ARG__NOT_SET) NODE_FAIL(KEX_EINVAL, "missing \"%s\"", arg_case_name(want));
+    NODE_FAIL(KEX_EINVAL, "takes \"%s\", not \"%s\"", arg_case_name(want), arg_case_name(pn->arg_case));
+  }
+  if (want == KEX__V1__NODE__ARG_PAIRS) {
+    const Kex__V1__Pairs *p = pn->pairs;
+    if (p->n_pairs > KEX_MAX_DIMS) NODE_FAIL(KEX_EINVAL, "has %zu pairs, more than any shape's %d dims", p->n_pairs, KEX_MAX_DIMS);
+    if (p->n_pairs && !(pairs = kex_malloc(2 * p->n_pairs * sizeof *pairs))) NODE_FAIL(KEX_ENOMEM, "out of memory");
+    for (size_t i = 0; i < p->n_pairs; i++) {
+      pairs[2 * i] = p->pairs[i]->first;
+      pairs[2 * i + 1] = p->pairs[i]->second;
+    }
+    n.narg = (uint32_t)(2 * p->n_pairs);
+    n.arg = pairs;
+  } else if (want != KEX__V1__NODE__ARG__NOT_SET) {
+    const Kex__V1__Ints *v = pn->new_shape; /* the union's members are all Ints * but pairs */
+    if (v->n_values > KEX_MAX_DIMS) NODE_FAIL(KEX_ELIMIT, "\"%s\" has %zu entries, more than the limit of %d dims", arg_case_name(want), v->n_values, KEX_MAX_DIMS);
+    n.narg = (uint32_t)v->n_values;
+    n.arg = v->values;
+  }
+  /* axis */
+  bool is_reduce = n.op == KEX_GOP_REDUCE_SUM || n.op == KEX_GOP_REDUCE_MAX;
+  if (pn->n_axis && !is_reduce) NODE_FAIL(KEX_EINVAL, "unexpected field \"axis\"");
+  if (pn->n_axis > KEX_MAX_DIMS) NODE_FAIL(KEX_EINVAL, "\"axis\" has %zu entries, more than any shape's %d dims", pn->n_axis, KEX_MAX_DIMS);
+  n.naxis = (uint32_t)pn->n_axis;
+  n.axis = pn->axis;
+  /* value */
+  if (pn->value && n.op != KEX_GOP_CONST) NODE_FAIL(KEX_EINVAL, "unexpected field \"value\"");
+  if (n.op == KEX_GOP_CONST) {
+    if (!pn->value) NODE_FAIL(KEX_EINVAL, "missing \"value\"");
+    if (scalar_to_const(pn->value, &n.value) < 0)
+      NODE_FAIL(KEX_EINVAL, "\"value\" must be a number, true/false, or \"inf\"/\"-inf\"/\"nan\"");
+  }
+  /* BUFFER contents */
+  if (pn->contents_case != KEX__V1__NODE__CONTENTS__NOT_SET && n.op != KEX_GOP_BUFFER)
+    NODE_FAIL(KEX_EINVAL, "unexpected contents (data, fill or buffer): only BUFFER takes them");
+  if (n.op == KEX_GOP_BUFFER) {
+    switch (pn->contents_case) {
+    case KEX__V1__NODE__CONTENTS_DATA:
+      n.bufsrc = KEX_BUF_DATA;
+      n.data = pn->data.data;
+      n.data_len = pn->data.len;
+      break;
+    case KEX__V1__NODE__CONTENTS_FILL_RANDOM: n.bufsrc = KEX_BUF_FILL_RANDOM; n.seed = pn->fill_random; break;
+    case KEX__V1__NODE__CONTENTS_FILL_ARANGE:
+      if (!pn->fill_arange) NODE_FAIL(KEX_EINVAL, "fill \"arange\" must be true");
+      n.bufsrc = KEX_BUF_FILL_ARANGE;
+      break;
+    case KEX__V1__NODE__CONTENTS_FILL_VALUE:
+      if (scalar_to_const(pn->fill_value, &n.fill) < 0)
+        NODE_FAIL(KEX_EINVAL, "fill \"value\" must be a number, true/false, or \"inf\"/\"-inf\"/\"nan\"");
+      n.bufsrc = KEX_BUF_FILL_VALUE;
+      break;
+    case KEX__V1__NODE__CONTENTS_BUFFER:
+      if (!pn->buffer || !*pn->buffer) NODE_FAIL(KEX_EINVAL, "\"buffer\" must be a non-empty handle");
+      /* the job holds no buffers until Upload and Submit exist (issue 3): every handle is unknown */
+      NODE_FAIL(KEX_ENOTFOUND, "unknown buffer handle \"%.64s\": the job holds no buffer of that name", pn->buffer);
+    default: NODE_FAIL(KEX_EINVAL, "BUFFER needs one of \"data\", \"fill_*\", \"buffer\"");
+    }
+  }
+  /* device */
+  if (pn->device && *pn->device) {
+    if (!gop_is_input(n.op) && n.op != KEX_GOP_COPY) NODE_FAIL(KEX_EINVAL, "unexpected field \"device\"");
+    n.device = pn->device;
+  }
+  if ((rc = kex_graph_add(g, &n, lim, err)) >= 0) rc = 0;
+out:
+  kex_free(pairs);
+  return rc;
+}
+
+#undef NODE_FAIL
+
+/*
+ * Build and validate a kex_graph from pg.  On success *out owns a new graph.
+ * Errors as kex_graph_add (KEX_EINVAL naming the node, KEX_ELIMIT for the
+ * limits, KEX_ENOMEM), KEX_ENOTFOUND for an unknown buffer handle.
+ */
+static int graph_from_pb(const Kex__V1__Graph *pg, const char *device, const kex_limits *lim, kex_graph **out,
+                         kex_error *err) {
+  kex_graph *g = NULL;
+  int rc = 0;
+  *out = NULL;
+  if (pg->format && *pg->format && strcmp(pg->format, RPC_GRAPH_FORMAT) != 0) {
+    rc = kex_err_set(err, KEX_EINVAL, "graph: \"format\" must be \"%s\", not \"%.64s\"", RPC_GRAPH_FORMAT, pg->format);
+    goto out;
+  }
+  if (pg->n_nodes > lim->max_nodes) {
+    rc = kex_err_set(err, KEX_ELIMIT, "graph: %zu nodes, more than the limit of %u (--max-nodes)", pg->n_nodes,
+                     lim->max_nodes);
+    goto out;
+  }
+  if (pg->n_outputs > lim->max_outputs) {
+    rc = kex_err_set(err, KEX_ELIMIT, "graph: %zu outputs, more than the limit of %u (--max-outputs)", pg->n_outputs,
+                     lim->max_outputs);
+    goto out;
+  }
+  if (!(g = kex_graph_new(device))) {
+    rc = kex_err_set(err, KEX_ENOMEM, "graph: out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < pg->n_nodes; i++)
+    if ((rc = node_from_pb(g, (uint32_t)i, pg->nodes[i], lim, err)) < 0) goto out;
+  for (size_t i = 0; i < pg->n_outputs; i++)
+    if ((rc = kex_graph_add_output(g, pg->outputs[i], lim, err)) < 0) goto out;
+  *out = g;
+  g = NULL;
+out:
+  kex_graph_free(g);
+  return rc;
+}
+
+/* ---- Plan ---- */
+
+/* One Plan in progress; owns the graph, the replay's arena and the reply. */
+typedef struct plan_work {
+  uv_work_t req;
+  kexd *d;
+  kexd_call *call;
+  char job[9];
+  kex_graph *g;
+  kex_replay_opts ro;
+  kex_arena arena;       /* the replay, the schedule and the reply live here */
+  kex_replay *replay;
+  kex_schedule *sched;
+  Kex__V1__PlanReply reply;
+  int rc;
+  kex_error err;
+} plan_work;
+
+static void plan_work_free(plan_work *w) {
+  kex_schedule_free(w->sched);
+  kex_replay_free(w->replay);
+  kex_graph_free(w->g);
+  kex_arena_destroy(&w->arena);
+  kex_free(w);
+}
+
+/* A JSON array of integers as an arena array of uint32; NULL on OOM (n = 0 gives a non-NULL pointer). */
+static uint32_t *json_u32s(kex_arena *a, const json_t *arr, size_t *n) {
+  uint32_t *v;
+  *n = json_array_size(arr);
+  if (!(v = kex_arena_alloc(a, (*n ? *n : 1) * sizeof *v))) return NULL;
+  for (size_t i = 0; i < *n; i++) v[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
+  return v;
+}
+
+/* Fill w->reply from the schedule (the `kex plan --json` items).  0 or KEX_ENOMEM. */
+static int plan_reply_build(plan_work *w) {
+  kex_arena *a = &w->arena;
+  Kex__V1__PlanReply *r = &w->reply;
+  json_t *items = kex_schedule_to_json(w->sched);
+  int rc = 0;
+  kex__v1__plan_reply__init(r);
+  if (!items) return KEX_ENOMEM;
+  r->kernels = w->sched->nkernels;
+  r->intermediate_buffers = w->sched->nplanned_buffers;
+  r->planned_buffers = w->sched->nplanned_after;
+  r->bytes_before = w->sched->planned_bytes_before;
+  r->bytes_after = w->sched->planned_bytes_after;
+  r->n_items = json_array_size(items);
+  if (!(r->items = kex_arena_calloc(a, r->n_items ? r->n_items : 1, sizeof *r->items))) goto nomem;
+  for (size_t i = 0; i < r->n_items; i++) {
+    const json_t *o = json_array_get(items, i), *ast = json_object_get(o, "ast");
+    Kex__V1__PlanItem *it = kex_arena_alloc(a, sizeof *it);
+    if (!it) goto nomem;
+    kex__v1__plan_item__init(it);
+    if (!(it->kind = kex_arena_strdup(a, json_string_value(json_object_get(o, "kind")))) ||
+        !(it->label = kex_arena_strdup(a, json_string_value(json_object_get(o, "label")))) ||
+        !(it->outputs = json_u32s(a, json_object_get(o, "outputs"), &it->n_outputs)) ||
+        !(it->inputs = json_u32s(a, json_object_get(o, "inputs"), &it->n_inputs)) ||
+        !(it->planned = json_u32s(a, json_object_get(o, "buffers_planned"), &it->n_planned)))
+      goto nomem;
+    it->n_ast = json_is_array(ast) ? json_array_size(ast) : 0;
+    if (!(it->ast = kex_arena_alloc(a, (it->n_ast ? it->n_ast : 1) * sizeof *it->ast))) goto nomem;
+    for (size_t k = 0; k < it->n_ast; k++)
+      if (!(it->ast[k] = kex_arena_strdup(a, json_string_value(json_array_get(ast, k))))) goto nomem;
+    r->items[i] = it;
+  }
+  goto out;
+nomem:
+  rc = KEX_ENOMEM;
+out:
+  json_decref(items);
+  return rc;
+}
+
+/* Replay, schedule and build the reply; safe on a worker thread (touches only w). */
+static void plan_run(plan_work *w) {
+  double t0 = now_us(), t1;
+  w->rc = kex_replay_graph(w->g, &w->ro, &w->arena, &w->replay, &w->err);
+  if (!w->rc) w->rc = kex_schedule_create(w->replay, &w->sched, &w->err);
+  t1 = now_us();
+  if (!w->rc && (w->rc = plan_reply_build(w)) < 0) kex_err_set(&w->err, w->rc, "Plan: out of memory building the reply");
+  w->reply.schedule_us = t1 - t0;
+}
+
+/* Reply on the loop thread and free the work. */
+static void plan_done(plan_work *w) {
+  kexd *d = w->d;
+  if (w->rc < 0) {
+    d->plan_errors++;
+    kex_log(KEX_LOG_INFO, w->job, 0, "Plan refused: %s", w->err.msg[0] ? w->err.msg : kex_strerror(w->rc));
+    fail_kex(w->call, w->rc, &w->err);
+  } else {
+    d->kernels_planned += w->reply.kernels;
+    kex_log(KEX_LOG_DEBUG, w->job, 0, "Plan: %u nodes -> %u kernels in %.0f us", w->g->nnodes, w->reply.kernels,
+            w->reply.schedule_us);
+    kexd_call_finish(w->call, GRPC_STATUS_OK, NULL, &w->reply.base);
+  }
+  d->plans_in_flight--;
+  kexd_call_unref(w->call);
+  plan_work_free(w);
+}
+
+static void plan_work_cb(uv_work_t *req) { plan_run(req->data); }
+
+static void plan_after_work_cb(uv_work_t *req, int status) {
+  plan_work *w = req->data;
+  if (status < 0 && !w->rc) w->rc = kex_err_set(&w->err, KEX_EINTERNAL, "Plan: the worker pool dropped the job");
+  plan_done(w);
+}
+
+/* Which configured device a graph's "device" names; NULL when none. */
+static const char *resolve_device(const kexd *d, const char *name) {
+  if (!name || !*name || strcmp(name, "default") == 0) return d->cfg.devices[0];
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++)
+    if (strcmp(d->cfg.devices[i], name) == 0) return d->cfg.devices[i];
+  return NULL;
+}
+
+static void rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__PlanRequest *m = (Kex__V1__PlanRequest *)decode(d, c, &kex__v1__plan_request__descriptor, req, len);
+  kexd_job *job;
+  plan_work *w = NULL;
+  const char *dev;
+  int rc;
+  if (!m) return;
+  if (!(job = need_job(d, c, m->job))) goto out;
+  d->plans++;
+  job->plans++;
+  if (!m->graph) {
+    d->plan_errors++;
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Plan: missing graph");
+    goto out;
+  }
+  if (!(dev = resolve_device(d, m->graph->device))) {
+    char names[KEXD_MAX_DEVICES * (KEXD_DEVICE_NAME_MAX + 2)] = "";
+    for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
+      if (i) strcat(names, ", ");
+      strcat(names, d->cfg.devices[i]);
+    }
+    d->plan_errors++;
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "graph: device \"%.64s\" is not one of this kexd's devices (%s)",
+                    m->graph->device, names);
+    goto out;
+  }
+  if (!(w = kex_calloc(1, sizeof *w))) {
+    d->plan_errors++;
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Plan: out of memory");
+    goto out;
+  }
+  kex_arena_init(&w->arena, 0);
+  w->d = d;
+  w->call = c;
+  memcpy(w->job, job->log_id, sizeof w->job);
+  /* a cpu device follows tinygrad's CLANG rules (buffer views), every other its GPU (OpenCL) rules */
+  w->ro.buffer_view = strncmp(dev, "cpu", 3) == 0;
+  w->ro.device_name = dev;
+  if ((rc = graph_from_pb(m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL, &d->cfg.limits,
+                          &w->g, &w->err)) < 0) {
+    d->plan_errors++;
+    kex_log(KEX_LOG_INFO, w->job, 0, "Plan refused: %s", w->err.msg);
+    fail_kex(c, rc, &w->err);
+    plan_work_free(w);
+    goto out;
+  }
+  kexd_call_ref(c); /* the plan's own reference: the call outlives a cancel until plan_done */
+  d->plans_in_flight++;
+  if (w->g->nnodes <= d->cfg.plan_inline_nodes) {
+    plan_run(w);
+    plan_done(w);
+  } else {
+    w->req.data = w;
+    if ((rc = uv_queue_work(d->loop, &w->req, plan_work_cb, plan_after_work_cb)) < 0) {
+      plan_run(w); /* the pool refused: do it here rather than fail */
+      plan_done(w);
+    }
+  }
+out:
+  free_msg(&m->base);
+}
+
+/* ---- devices and stats ---- */
+
+static void rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__ListDevicesRequest *m =
+      (Kex__V1__ListDevicesRequest *)decode(d, c, &kex__v1__list_devices_request__descriptor, req, len);
+  Kex__V1__ListDevicesReply r = KEX__V1__LIST_DEVICES_REPLY__INIT;
+  Kex__V1__Device devs[KEXD_MAX_DEVICES], *ptrs[KEXD_MAX_DEVICES];
+  if (!m) return;
+  if (*m->job && !need_job(d, c, m->job)) goto out;
+  /* the devices layer is being written: report the names kexd was configured with */
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
+    kex__v1__device__init(&devs[i]);
+    devs[i].name = d->cfg.devices[i];
+    devs[i].kind = strncmp(d->cfg.devices[i], "cpu", 3) == 0 ? "cpu" : "opencl";
+    devs[i].is_default = i == 0;
+    devs[i].available = false;
+    ptrs[i] = &devs[i];
+  }
+  r.n_devices = d->cfg.ndevices;
+  r.devices = ptrs;
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  free_msg(&m->base);
+}
+
+static void rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__GetStatsRequest *m = (Kex__V1__GetStatsRequest *)decode(d, c, &kex__v1__get_stats_request__descriptor, req, len);
+  Kex__V1__StatsReply r = KEX__V1__STATS_REPLY__INIT;
+  const kexd_server_stats *ss = kexd_server_get_stats(d->server);
+  if (!m) return;
+  if (*m->job && !need_job(d, c, m->job)) goto out;
+  r.jobs_open = d->jobs.njobs;
+  r.jobs_opened = d->jobs.opened;
+  r.jobs_closed = d->jobs.closed;
+  r.jobs_expired = d->jobs.expired;
+  r.submissions = d->submissions;
+  r.plans = d->plans;
+  r.plan_errors = d->plan_errors;
+  r.kernels_planned = d->kernels_planned;
+  r.calls = ss->calls;
+  r.calls_failed = ss->calls_failed;
+  uv_update_time(d->loop);
+  r.uptime_s = (uv_now(d->loop) - d->started_ms) / 1e3;
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  free_msg(&m->base);
+}
+
+/* ---- not yet ---- */
+
+static void rpc_unimplemented(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  const char *why = ud;
+  const char *name = strrchr(kexd_call_method(c), '/');
+  (void)req;
+  (void)len;
+  kexd_call_failf(c, GRPC_STATUS_UNIMPLEMENTED, "%s %s", name ? name + 1 : kexd_call_method(c), why);
+}
+
+int kexd_rpc_register(kexd *d) {
+  static const struct {
+    const char *path;
+    kexd_payload payload;
+    kexd_handler fn;
+    const char *why; /* UNIMPLEMENTED: which issue delivers it */
+  } table[] = {
+      {"/grpc.health.v1.Health/Check", KEXD_PAYLOAD_ONE, rpc_health_check, NULL},
+      {"/grpc.health.v1.Health/Watch", KEXD_PAYLOAD_ONE, rpc_health_watch, NULL},
+      {"/kex.v1.Kex/OpenJob", KEXD_PAYLOAD_ONE, rpc_open_job, NULL},
+      {"/kex.v1.Kex/CloseJob", KEXD_PAYLOAD_ONE, rpc_close_job, NULL},
+      {"/kex.v1.Kex/Plan", KEXD_PAYLOAD_ONE, rpc_plan, NULL},
+      {"/kex.v1.Kex/ListDevices", KEXD_PAYLOAD_ONE, rpc_list_devices, NULL},
+      {"/kex.v1.Kex/GetStats", KEXD_PAYLOAD_ONE, rpc_get_stats, NULL},
+      {"/kex.v1.Kex/Submit", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
+      {"/kex.v1.Kex/Upload", KEXD_PAYLOAD_STREAM, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
+      {"/kex.v1.Kex/Download", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
+      {"/kex.v1.Kex/Free", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
+      {"/kex.v1.Kex/Tune", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
+      {"/kex.v1.Kex/ListCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
+      {"/kex.v1.Kex/GetCacheEntry", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
+      {"/kex.v1.Kex/ExportCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
+      {"/kex.v1.Kex/ImportCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
+      {"/kex.v1.Kex/DeleteCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
+  };
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+    int rc = kexd_server_add_method(d->server, table[i].path, table[i].payload, table[i].fn,
+                                    table[i].why ? (void *)table[i].why : (void *)d);
+    if (rc < 0) {
+      KEX_ERROR("cannot register %s: %s", table[i].path, kex_strerror(rc));
+      return rc;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,120 @@
+/*
+ * server.h - the gRPC C core server on a libuv loop (../shared/notes/stack.md
+ * sections 1 and 2, shape A).
+ *
+ * One thread blocks in grpc_completion_queue_next and hands every completed
+ * tag to the loop thread through a locked list and uv_async_send.  Everything
+ * else -- call state, handlers, replies -- runs on the loop thread, so
+ * handlers need no locks.  Methods are registered by path before start; a
+ * generic grpc_server_request_call is always posted too, so a call to any
+ * path is accepted: a registered path is routed to its handler, any other is
+ * answered UNIMPLEMENTED at once.
+ *
+ * A handler receives a kexd_call holding one reference (the handler's) and
+ * must end it exactly once with kexd_call_finish (which may carry a last
+ * message), possibly later, e.g. from a uv_queue_work after-callback; it may
+ * write stream messages before that with kexd_call_write.  If the client
+ * cancels first, the handler's on_cancel hook (if set) runs and the call is
+ * finished for it; a handler that still holds work in flight keeps the call
+ * alive with kexd_call_ref / kexd_call_unref.
+ */
+#ifndef KEX_DAEMON_SERVER_H
+#define KEX_DAEMON_SERVER_H
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct kexd_server kexd_server;
+typedef struct kexd_call kexd_call;
+
+/* How a method's request arrives: one message read before the handler runs, or a client stream. */
+typedef enum kexd_payload { KEXD_PAYLOAD_ONE, KEXD_PAYLOAD_STREAM } kexd_payload;
+
+/*
+ * A method handler, on the loop thread.  req/len: the request message bytes
+ * (req NULL when the client sent none, or for KEXD_PAYLOAD_STREAM); the bytes
+ * are valid only during the call.
+ */
+typedef void (*kexd_handler)(kexd_call *call, const uint8_t *req, size_t len, void *ud);
+
+typedef struct kexd_server_opts {
+  const char *listen;    /* "127.0.0.1:50051", "unix:/path" */
+  int max_message;       /* bytes, both directions */
+  double grace_s;        /* in-flight calls get this long to finish at stop */
+  void (*on_stopped)(void *ud); /* the server is gone; the loop may be closed */
+  void *ud;
+} kexd_server_opts;
+
+/*
+ * Create the server on `loop` (not started): grpc server, completion queue,
+ * async handle.  Call grpc_init() first.  0 or a negative KEX_E* code.
+ */
+int kexd_server_new(uv_loop_t *loop, const kexd_server_opts *opts, kexd_server **out);
+/* Register a method path (before start).  0, KEX_EINVAL, KEX_ENOMEM. */
+int kexd_server_add_method(kexd_server *s, const char *path, kexd_payload payload, kexd_handler fn, void *ud);
+/*
+ * Bind and start: pre-post the requests and start the completion queue
+ * thread.  KEX_EUNAVAILABLE when the address cannot be bound (message
+ * logged).  On failure the server can only be freed with kexd_server_free.
+ */
+int kexd_server_start(kexd_server *s);
+/* The port bound (after start). */
+int kexd_server_port(const kexd_server *s);
+/*
+ * Graceful stop, on the loop thread: stop accepting, tell streaming calls
+ * (their on_stop hook), give in-flight calls grace_s, then cancel the rest,
+ * destroy the server, drain the queue, join the thread, close the handles
+ * and call on_stopped.  Idempotent.
+ */
+void kexd_server_stop(kexd_server *s);
+bool kexd_server_stopping(const kexd_server *s);
+/* Free a server that was never started or has stopped (on_stopped ran). */
+void kexd_server_free(kexd_server *s);
+/* Calls being served now (handlers not yet finished). */
+uint32_t kexd_server_calls_active(const kexd_server *s);
+
+/* ---- per call ---- */
+
+const char *kexd_call_method(const kexd_call *c);
+/* Seconds left before the client's deadline (INFINITY when none). */
+double kexd_call_time_left(const kexd_call *c);
+bool kexd_call_cancelled(const kexd_call *c);
+/* Handler hooks: the client cancelled / the server is stopping.  Both optional. */
+void kexd_call_set_hooks(kexd_call *c, void (*on_cancel)(kexd_call *, void *), void (*on_stop)(kexd_call *, void *),
+                         void *ud);
+void kexd_call_ref(kexd_call *c);
+void kexd_call_unref(kexd_call *c);
+
+/*
+ * Send one stream message (initial metadata first if not yet sent).  Only
+ * one write may be outstanding; `done(call, ok, ud)` runs when it completes
+ * (ok 0: the call is dead).  0, KEX_EINVAL (finished or a write pending),
+ * KEX_ENOMEM, KEX_EINTERNAL (grpc refused the batch).
+ */
+int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd_call *, int ok, void *ud), void *ud);
+/* True while a write is outstanding. */
+bool kexd_call_writing(const kexd_call *c);
+/*
+ * End the call: an optional last message (only with status 0), then the
+ * status with `details` (may be NULL).  Releases the handler's reference.
+ * Does nothing (but release) after a cancel.  Returns 0 or a negative code
+ * (the reference is released either way).  A reply larger than max_message
+ * is replaced by RESOURCE_EXHAUSTED naming its size.
+ */
+int kexd_call_finish(kexd_call *c, int status, const char *details, const ProtobufCMessage *msg);
+/* kexd_call_finish with a printf-style details message and no message. */
+int kexd_call_failf(kexd_call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Counters the server keeps (GetStats). */
+typedef struct kexd_server_stats {
+  uint64_t calls;        /* calls accepted, any method */
+  uint64_t calls_failed; /* finished with a status other than OK */
+  uint64_t unimplemented;
+} kexd_server_stats;
+const kexd_server_stats *kexd_server_get_stats(const kexd_server *s);
+
+#endif
