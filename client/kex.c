@@ -20,6 +20,13 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
+#ifdef KEX_HAVE_RUN
+#include <sys/stat.h>
+
+#include "core/alloc.h"
+#include "devices/device.h"
+#include "search/run.h"
+#endif
 
 static void usage(FILE *f) {
   fputs("usage: kex <command> [options]\n"
@@ -32,6 +39,16 @@ static void usage(FILE *f) {
         "                or cpu (tinygrad's CLANG device: consecutive CONTIGUOUS\n"
         "                and BITCAST become buffer views, no kernel)\n"
         "      --json    print {\"kernels\": N, \"schedule_us\": T, \"items\": [...]}\n"
+        "  run [--device opencl|cpu|NAME] [--json] [--repeat N] [--out DIR] [--source] FILE.json\n"
+        "      replay, schedule, lower, compile and run a graph in-process; print each\n"
+        "      kernel (name, applied opts, time) and then the outputs.\n"
+        "      --device  opencl (first OpenCL GPU, else first OpenCL device; default),\n"
+        "                cpu (C source -> cc -> dlopen), or opencl:<name substring>\n"
+        "      --repeat  time each kernel as the median of N runs after a warm-up\n"
+        "      --out     write each output as DIR/out<i>.npy\n"
+        "      --source  print each kernel's rendered source\n"
+        "      --json    print {\"kernels\": [{\"name\", \"opts\", \"us\"}],\n"
+        "                \"outputs\": [{\"dtype\", \"shape\", \"data\"}]} (data: base64, little-endian)\n"
         "  help        this text\n"
         "\n"
         "exit codes: 0 success, 2 bad input (usage, invalid graph), 1 other errors\n",
@@ -123,6 +140,159 @@ out:
   return ret;
 }
 
+
+#ifdef KEX_HAVE_RUN
+static char *base64(const unsigned char *p, size_t n) {
+  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  char *out = kex_malloc(4 * ((n + 2) / 3) + 1), *o = out;
+  if (!out) return NULL;
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+    *o++ = tab[v >> 18 & 63];
+    *o++ = tab[v >> 12 & 63];
+    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+    *o++ = i + 2 < n ? tab[v & 63] : '=';
+  }
+  *o = 0;
+  return out;
+}
+
+/* Print up to 8 leading elements of an output, numpy-like. */
+static void print_values(const kex_run_output *o) {
+  size_t item = (size_t)kex_dtype_size(o->dtype), n = item ? o->nbytes / item : 0;
+  printf("[");
+  for (size_t i = 0; i < n && i < 8; i++) {
+    const unsigned char *p = (const unsigned char *)o->data + i * item;
+    double v = 0;
+    switch (o->dtype) {
+    case KEX_DT_BOOL: v = *p != 0; break;
+    case KEX_DT_INT8: v = *(const int8_t *)p; break;
+    case KEX_DT_UINT8: v = *p; break;
+    case KEX_DT_INT16: { int16_t x; memcpy(&x, p, 2); v = x; break; }
+    case KEX_DT_UINT16: { uint16_t x; memcpy(&x, p, 2); v = x; break; }
+    case KEX_DT_INT32: { int32_t x; memcpy(&x, p, 4); v = x; break; }
+    case KEX_DT_UINT32: { uint32_t x; memcpy(&x, p, 4); v = x; break; }
+    case KEX_DT_INT64: { int64_t x; memcpy(&x, p, 8); v = (double)x; break; }
+    case KEX_DT_UINT64: { uint64_t x; memcpy(&x, p, 8); v = (double)x; break; }
+    case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, p, 2); v = x; break; }
+    case KEX_DT_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); v = f; break; }
+    case KEX_DT_FLOAT32: { float x; memcpy(&x, p, 4); v = x; break; }
+    default: memcpy(&v, p, 8); break;
+    }
+    printf("%s%.6g", i ? ", " : "", v);
+  }
+  printf("%s]\n", n > 8 ? ", ..." : "");
+}
+
+static int cmd_run(int argc, char **argv) {
+  static const struct option opts[] = {{"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
+                                       {"repeat", required_argument, NULL, 'r'}, {"out", required_argument, NULL, 'o'},
+                                       {"source", no_argument, NULL, 's'},      {"help", no_argument, NULL, 'h'},
+                                       {0}};
+  const char *device = "opencl", *outdir = NULL;
+  bool as_json = false, source = false;
+  int repeat = 1, c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "d:jr:o:sh", opts, NULL)) != -1) {
+    switch (c) {
+    case 'd': device = optarg; break;
+    case 'j': as_json = true; break;
+    case 'r': repeat = atoi(optarg); break;
+    case 'o': outdir = optarg; break;
+    case 's': source = true; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (repeat < 1 || repeat > 100000) {
+    fprintf(stderr, "kex run: --repeat must be between 1 and 100000\n");
+    return 2;
+  }
+  if (optind != argc - 1) {
+    fprintf(stderr, "kex run: expected one graph file\n");
+    usage(stderr);
+    return 2;
+  }
+  const char *path = argv[optind];
+  kex_limits limits = KEX_LIMITS_DEFAULT;
+  kex_error err = {0};
+  kex_graph *g = NULL;
+  kex_device *dev = NULL;
+  kex_run_result res = {0};
+  int ret = 0;
+  int rc = kex_graph_from_json_file(path, &limits, &g, &err);
+  if (rc) {
+    fprintf(stderr, "kex run: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
+    ret = exit_code(rc);
+    goto out;
+  }
+  if ((rc = kex_device_open(device, &dev, &err))) {
+    fprintf(stderr, "kex run: device '%s': %s\n", device, err.msg[0] ? err.msg : kex_strerror(rc));
+    ret = rc == KEX_EINVAL ? 2 : 1;
+    goto out;
+  }
+  kex_run_opts ro = {repeat, source};
+  if ((rc = kex_run_graph(g, dev, &ro, &res, &err))) {
+    fprintf(stderr, "kex run: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
+    ret = exit_code(rc);
+    goto out;
+  }
+  if (outdir) {
+    mkdir(outdir, 0777);
+    for (uint32_t i = 0; i < res.noutputs; i++) {
+      char p[4096];
+      snprintf(p, sizeof p, "%s/out%u.npy", outdir, i);
+      const kex_run_output *o = &res.outputs[i];
+      if ((rc = kex_write_npy(p, o->dtype, o->ndim, o->shape, o->data, &err))) {
+        fprintf(stderr, "kex run: %s\n", err.msg);
+        ret = 1;
+        goto out;
+      }
+    }
+  }
+  if (as_json) {
+    json_t *ks = json_array(), *os = json_array();
+    for (uint32_t i = 0; i < res.nkernels; i++) {
+      json_t *k = json_pack("{s:s, s:s, s:f}", "name", res.kernels[i].name, "opts", res.kernels[i].opts, "us",
+                            res.kernels[i].us);
+      if (source && res.kernels[i].source) json_object_set_new(k, "source", json_string(res.kernels[i].source));
+      json_array_append_new(ks, k);
+    }
+    for (uint32_t i = 0; i < res.noutputs; i++) {
+      const kex_run_output *o = &res.outputs[i];
+      json_t *shape = json_array();
+      for (int d = 0; d < o->ndim; d++) json_array_append_new(shape, json_integer(o->shape[d]));
+      char *b64 = base64(o->data, o->nbytes);
+      json_array_append_new(os, json_pack("{s:s, s:o, s:s}", "dtype", kex_dtypes[o->dtype].name, "shape", shape,
+                                          "data", b64 ? b64 : ""));
+      kex_free(b64);
+    }
+    json_t *doc = json_pack("{s:o, s:o}", "kernels", ks, "outputs", os);
+    json_dumpf(doc, stdout, JSON_COMPACT);
+    fputc('\n', stdout);
+    json_decref(doc);
+  } else {
+    for (uint32_t i = 0; i < res.nkernels; i++) {
+      const kex_run_kernel *k = &res.kernels[i];
+      printf("kernel %u: %-28s %-44s %10.2f us\n", i, k->name, k->opts[0] ? k->opts : "(no opts)", k->us);
+      if (source && k->source) printf("%s\n", k->source);
+    }
+    for (uint32_t i = 0; i < res.noutputs; i++) {
+      const kex_run_output *o = &res.outputs[i];
+      printf("output %u: %s (", i, kex_dtypes[o->dtype].name);
+      for (int d = 0; d < o->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)o->shape[d]);
+      printf(o->ndim == 1 ? ",) " : ") ");
+      print_values(o);
+    }
+  }
+out:
+  kex_run_result_free(&res);
+  kex_device_unref(dev);
+  kex_graph_free(g);
+  return ret;
+}
+#endif
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -134,6 +304,14 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
+#ifdef KEX_HAVE_RUN
+  if (strcmp(cmd, "run") == 0) return cmd_run(argc - 1, argv + 1);
+#else
+  if (strcmp(cmd, "run") == 0) {
+    fprintf(stderr, "kex run: this build has no kernel runner (devices/ and search/ lowering are missing)\n");
+    return 1;
+  }
+#endif
   fprintf(stderr, "kex: unknown command '%s'\n", cmd);
   usage(stderr);
   return 2;

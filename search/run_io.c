@@ -1,0 +1,186 @@
+/*
+ * run_io.c - the host-side pieces of running a graph: generating BUFFER
+ * contents from fill specs, reading a view of a buffer on the host, and
+ * writing .npy files.  No device is involved here.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "search/run.h"
+
+static uint64_t splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Store value v (as double, or as int when is_int) into element i of dtype dt. */
+static void store_elem(void *out, size_t i, kex_dtype dt, double v, int64_t iv, bool is_int) {
+  unsigned char *p = (unsigned char *)out + i * (size_t)kex_dtype_size(dt);
+  if (!is_int) iv = (int64_t)v;
+  switch (dt) {
+  case KEX_DT_BOOL: *(uint8_t *)p = is_int ? iv != 0 : v != 0; break;
+  case KEX_DT_INT8: *(int8_t *)p = (int8_t)iv; break;
+  case KEX_DT_UINT8: *(uint8_t *)p = (uint8_t)iv; break;
+  case KEX_DT_INT16: { int16_t x = (int16_t)iv; memcpy(p, &x, 2); break; }
+  case KEX_DT_UINT16: { uint16_t x = (uint16_t)iv; memcpy(p, &x, 2); break; }
+  case KEX_DT_INT32: { int32_t x = (int32_t)iv; memcpy(p, &x, 4); break; }
+  case KEX_DT_UINT32: { uint32_t x = (uint32_t)iv; memcpy(p, &x, 4); break; }
+  case KEX_DT_INT64: memcpy(p, &iv, 8); break;
+  case KEX_DT_UINT64: { uint64_t x = (uint64_t)iv; memcpy(p, &x, 8); break; }
+  case KEX_DT_FLOAT16: { _Float16 x = (_Float16)(is_int ? (double)iv : v); memcpy(p, &x, 2); break; }
+  case KEX_DT_BFLOAT16: { uint16_t x = f32_to_bf16((float)(is_int ? (double)iv : v)); memcpy(p, &x, 2); break; }
+  case KEX_DT_FLOAT32: { float x = (float)(is_int ? (double)iv : v); memcpy(p, &x, 4); break; }
+  case KEX_DT_FLOAT64: { double x = is_int ? (double)iv : v; memcpy(p, &x, 8); break; }
+  default: break;
+  }
+}
+
+int kex_fill_buffer(const kex_gnode *n, void *out, size_t nbytes, kex_error *err) {
+  size_t elems = (size_t)kex_dtype_size(n->dtype) ? nbytes / (size_t)kex_dtype_size(n->dtype) : 0;
+  switch (n->bufsrc) {
+  case KEX_BUF_DATA:
+    if (n->data_len != nbytes)
+      return kex_err_set(err, KEX_EINVAL, "inline data is %zu bytes, the buffer %zu", n->data_len, nbytes);
+    if (nbytes) memcpy(out, n->data, nbytes);
+    return 0;
+  case KEX_BUF_FILL_RANDOM: {
+    uint64_t state = n->seed;
+    for (size_t i = 0; i < elems; i++) {
+      uint64_t r = splitmix64(&state);
+      if (kex_dtype_is_float(n->dtype)) store_elem(out, i, n->dtype, (double)(r >> 11) * 0x1.0p-53, 0, false);
+      else if (n->dtype == KEX_DT_BOOL) store_elem(out, i, n->dtype, 0, (int64_t)(r >> 63), true);
+      else if (kex_dtype_is_unsigned(n->dtype)) store_elem(out, i, n->dtype, 0, (int64_t)(r % 100), true);
+      else store_elem(out, i, n->dtype, 0, (int64_t)(r % 200) - 100, true);
+    }
+    return 0;
+  }
+  case KEX_BUF_FILL_ARANGE:
+    for (size_t i = 0; i < elems; i++) store_elem(out, i, n->dtype, 0, (int64_t)i, true);
+    return 0;
+  case KEX_BUF_FILL_VALUE: {
+    kex_const c = n->fill;
+    for (size_t i = 0; i < elems; i++) {
+      if (c.kind == KEX_CONST_FLOAT) store_elem(out, i, n->dtype, c.f, 0, false);
+      else store_elem(out, i, n->dtype, 0, c.kind == KEX_CONST_INT ? c.i : c.b, true);
+    }
+    return 0;
+  }
+  case KEX_BUF_HANDLE:
+    return kex_err_set(err, KEX_ENOTFOUND, "buffer handle '%s' is unknown here (handles live in a kexd job)",
+                       n->handle ? n->handle : "");
+  }
+  return kex_err_set(err, KEX_EINVAL, "unknown buffer source");
+}
+
+/* Flat element index in the base for logical index idx (NULL-free, row-major), or -1 when masked out. */
+static int64_t st_address(const kex_st *st, const int64_t *idx_in) {
+  int64_t idx[KEX_MAX_DIMS];
+  int nd = kex_st_ndim(st);
+  memcpy(idx, idx_in, sizeof *idx * (size_t)nd);
+  for (int vi = (int)st->nviews - 1; vi >= 0; vi--) {
+    const kex_view *v = st->views[vi];
+    int64_t addr = v->offset;
+    for (int d = 0; d < v->ndim; d++) {
+      if (v->mask && (idx[d] < v->mask[2 * d] || idx[d] >= v->mask[2 * d + 1])) return -1;
+      addr += idx[d] * v->strides[d];
+    }
+    if (vi == 0) return addr;
+    const kex_view *prev = st->views[vi - 1];
+    for (int d = prev->ndim - 1; d >= 0; d--) {
+      int64_t s = prev->shape[d];
+      idx[d] = s ? addr % s : 0;
+      addr = s ? addr / s : 0;
+    }
+  }
+  return -1;
+}
+
+void kex_st_gather(const kex_st *st, const void *base, size_t itemsize, void *out) {
+  int nd = kex_st_ndim(st);
+  const int64_t *shape = kex_st_shape(st);
+  int64_t total = kex_st_size(st);
+  int64_t idx[KEX_MAX_DIMS] = {0};
+  for (int64_t e = 0; e < total; e++) {
+    int64_t a = st_address(st, idx);
+    unsigned char *dst = (unsigned char *)out + (size_t)e * itemsize;
+    if (a < 0) memset(dst, 0, itemsize);
+    else memcpy(dst, (const unsigned char *)base + (size_t)a * itemsize, itemsize);
+    for (int d = nd - 1; d >= 0; d--) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+static const char *npy_descr(kex_dtype dt) {
+  switch (dt) {
+  case KEX_DT_BOOL: return "|b1";
+  case KEX_DT_INT8: return "|i1";
+  case KEX_DT_UINT8: return "|u1";
+  case KEX_DT_INT16: return "<i2";
+  case KEX_DT_UINT16: return "<u2";
+  case KEX_DT_INT32: return "<i4";
+  case KEX_DT_UINT32: return "<u4";
+  case KEX_DT_INT64: return "<i8";
+  case KEX_DT_UINT64: return "<u8";
+  case KEX_DT_FLOAT16: return "<f2";
+  case KEX_DT_BFLOAT16: return "<f4"; /* numpy has no bfloat16: widened */
+  case KEX_DT_FLOAT32: return "<f4";
+  default: return "<f8";
+  }
+}
+
+int kex_write_npy(const char *path, kex_dtype dt, int ndim, const int64_t *shape, const void *data, kex_error *err) {
+  char header[512];
+  int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (", npy_descr(dt));
+  int64_t elems = 1;
+  for (int i = 0; i < ndim; i++) {
+    n += snprintf(header + n, sizeof header - (size_t)n, "%lld%s", (long long)shape[i], ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));
+    elems *= shape[i];
+  }
+  n += snprintf(header + n, sizeof header - (size_t)n, "), }");
+  int total = 10 + n + 1;
+  int pad = (64 - total % 64) % 64;
+  FILE *f = fopen(path, "wb");
+  if (!f) return kex_err_set(err, KEX_EIO, "cannot write %s: %s", path, strerror(errno));
+  uint16_t hlen = (uint16_t)(n + pad + 1);
+  fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+  unsigned char hl[2] = {(unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
+  fwrite(hl, 1, 2, f);
+  fwrite(header, 1, (size_t)n, f);
+  for (int i = 0; i < pad; i++) fputc(' ', f);
+  fputc('\n', f);
+  if (dt == KEX_DT_BFLOAT16) {
+    for (int64_t i = 0; i < elems; i++) {
+      uint16_t h;
+      memcpy(&h, (const unsigned char *)data + 2 * i, 2);
+      float x = bf16_to_f32(h);
+      fwrite(&x, 4, 1, f);
+    }
+  } else {
+    fwrite(data, (size_t)kex_dtype_size(dt), (size_t)elems, f);
+  }
+  int bad = ferror(f);
+  if (fclose(f) != 0 || bad) return kex_err_set(err, KEX_EIO, "cannot write %s", path);
+  return 0;
+}
