@@ -45,6 +45,10 @@ typedef struct kexd {
   uint64_t started_ms;
   uint64_t submissions, plans, plan_errors, kernels_planned;
   uint32_t plans_in_flight;
+  /* devices/ discovery (KEXD_HAVE_DEVICES), done once at the first ListDevices */
+  void *device_descs;            /* kex_device_desc[], kex_malloc'd */
+  size_t ndevice_descs;
+  int devices_listed;            /* 0 not yet, 1 done, <0 the error it gave */
 } kexd;
 
 /* Register every kex.v1.Kex and grpc.health.v1.Health method.  0 or a negative code. */

@@ -345,5 +345,6 @@ out_loop:
   if (uv_loop_close(&loop) != 0) KEX_WARN("event loop closed with handles still open");
   grpc_shutdown();
   kex_free(d->cfg.cache_path);
+  kex_free(d->device_descs);
   return ret;
 }

@@ -35,6 +35,9 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
+#ifdef KEXD_HAVE_DEVICES
+#include "devices/device.h"
+#endif
 
 #define RPC_GRAPH_FORMAT "kex.graph.v1"
 #define RPC_SERVICE "kex.v1.Kex"
@@ -645,24 +648,88 @@ out:
 
 /* ---- devices and stats ---- */
 
+#define RPC_MAX_LISTED (2 * KEXD_MAX_DEVICES) /* devices in one ListDevices reply */
+
+#ifdef KEXD_HAVE_DEVICES
+/*
+ * The discovered device a configured name opens, as kex_device_open picks it:
+ * "opencl" the first GPU else the first OpenCL device, "opencl:<sub>" a name
+ * containing sub, "cpu" the C backend, "default" the first GPU, OpenCL device, cpu.
+ */
+static const kex_device_desc *match_device(const kex_device_desc *descs, size_t n, const char *name) {
+  const kex_device_desc *first_cl = NULL, *gpu = NULL, *cpu = NULL;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(descs[i].kind, "opencl") == 0) {
+      if (!first_cl) first_cl = &descs[i];
+      if (!gpu && descs[i].is_gpu) gpu = &descs[i];
+    } else if (strcmp(descs[i].kind, "cpu") == 0 && !cpu) {
+      cpu = &descs[i];
+    }
+  }
+  if (strcmp(name, "opencl") == 0) return gpu ? gpu : first_cl;
+  if (strcmp(name, "cpu") == 0) return cpu;
+  if (strcmp(name, "default") == 0) return gpu ? gpu : first_cl ? first_cl : cpu;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(descs[i].open_name, name) == 0) return &descs[i];
+  if (strncmp(name, "opencl:", 7) == 0)
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(descs[i].kind, "opencl") == 0 && strcasestr(descs[i].name, name + 7)) return &descs[i];
+  return NULL;
+}
+#endif
+
 static void rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd *d = ud;
   Kex__V1__ListDevicesRequest *m =
       (Kex__V1__ListDevicesRequest *)decode(d, c, &kex__v1__list_devices_request__descriptor, req, len);
   Kex__V1__ListDevicesReply r = KEX__V1__LIST_DEVICES_REPLY__INIT;
-  Kex__V1__Device devs[KEXD_MAX_DEVICES], *ptrs[KEXD_MAX_DEVICES];
+  Kex__V1__Device devs[RPC_MAX_LISTED], *ptrs[RPC_MAX_LISTED];
+  size_t n = 0;
   if (!m) return;
   if (*m->job && !need_job(d, c, m->job)) goto out;
-  /* the devices layer is being written: report the names kexd was configured with */
+  /* the names kexd was configured with, the first the default ... */
   for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
-    kex__v1__device__init(&devs[i]);
-    devs[i].name = d->cfg.devices[i];
-    devs[i].kind = strncmp(d->cfg.devices[i], "cpu", 3) == 0 ? "cpu" : "opencl";
-    devs[i].is_default = i == 0;
-    devs[i].available = false;
-    ptrs[i] = &devs[i];
+    kex__v1__device__init(&devs[n]);
+    devs[n].name = d->cfg.devices[i];
+    devs[n].kind = strncmp(d->cfg.devices[i], "cpu", 3) == 0 ? "cpu" : "opencl";
+    devs[n].is_default = i == 0;
+    ptrs[n] = &devs[n];
+    n++;
   }
-  r.n_devices = d->cfg.ndevices;
+#ifdef KEXD_HAVE_DEVICES
+  /* ... with what devices/ finds on this machine (listed once; OpenCL discovery takes ~20 ms) */
+  if (!d->devices_listed) {
+    kex_device_desc *descs = NULL;
+    kex_error err = {0};
+    int rc = kex_device_list(&descs, &d->ndevice_descs, &err);
+    d->devices_listed = rc < 0 ? rc : 1;
+    d->device_descs = descs;
+    if (rc < 0) KEX_WARN("ListDevices: %s", err.msg[0] ? err.msg : kex_strerror(rc));
+  }
+  const kex_device_desc *descs = d->device_descs;
+  for (size_t i = 0; i < n; i++) {
+    const kex_device_desc *dd = match_device(descs, d->ndevice_descs, devs[i].name);
+    if (!dd) continue;
+    devs[i].kind = (char *)dd->kind;
+    devs[i].device_name = (char *)dd->name;
+    devs[i].vendor = (char *)dd->platform;
+    devs[i].available = true;
+  }
+  for (size_t i = 0; i < d->ndevice_descs && n < RPC_MAX_LISTED; i++) {
+    bool listed = false;
+    for (size_t k = 0; k < n; k++) listed |= strcmp(devs[k].name, descs[i].open_name) == 0;
+    if (listed) continue;
+    kex__v1__device__init(&devs[n]);
+    devs[n].name = (char *)descs[i].open_name;
+    devs[n].kind = (char *)descs[i].kind;
+    devs[n].device_name = (char *)descs[i].name;
+    devs[n].vendor = (char *)descs[i].platform;
+    devs[n].available = true;
+    ptrs[n] = &devs[n];
+    n++;
+  }
+#endif
+  r.n_devices = n;
   r.devices = ptrs;
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
 out:
