@@ -1,20 +1,14 @@
 #!/usr/bin/env bash
-# run.sh [kex plan ARGS...] - set up, build, and plan a graph with `kex plan`.
+# run.sh [kexd OPTIONS...] - set up, build, and run the daemon with its embedded defaults.
 #
-# kexd (the daemon) does not exist yet; until it does, "running kex" means
-# scheduling a graph in-process: with no arguments this plans
-# examples/graphs/softmax.json, otherwise it passes its arguments to
-# `build/kex plan` (e.g. `scripts/run.sh --json examples/graphs/add.json`).
+# kexd listens on 127.0.0.1:50051 (gRPC), keeps its cache file under
+# $XDG_CACHE_HOME/kex/ (else ~/.cache/kex/), and uses the first OpenCL GPU,
+# else the first OpenCL device, else the cpu backend.  Options are passed to
+# kexd (`scripts/run.sh --help` lists them).  Stop it with Ctrl-C (SIGINT) or
+# SIGTERM: in-flight calls get the grace period, then it exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/configure.sh build >/dev/null
-ninja -C build
-if [ ! -x build/kex ]; then
-  echo "run: build/kex was not built (client/kex.c is not there yet); nothing to plan" >&2
-  exit 1
-fi
-if [ $# -eq 0 ]; then
-  set -- examples/graphs/softmax.json
-fi
-exec ./build/kex plan "$@"
+ninja -C build >/dev/null
+exec ./build/daemon/kexd "$@"
