@@ -1,0 +1,443 @@
+/*
+ * astkey.c - canonical AST text and its SHA-256 (the beam cache's AST key).
+ *
+ * One pass over the kernel's STORE roots with an explicit stack: a node is
+ * numbered when its last source is done (postorder, roots and sources in
+ * order).  Two tables make the numbering canonical: a pointer memo (each
+ * kex_lop is formatted once) and a structural table keyed by the node's
+ * line body, whose sources are already canonical numbers, so equal sub-DAGs
+ * get one number whether or not the scheduler shared their pointers.  The
+ * text buffer doubles as the store of the line bodies the structural table
+ * compares against.  SHA-256 follows FIPS 180-4 and is tested against its
+ * vectors in tests/unit/test_astkey.c.
+ */
+#include "search/astkey.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/hash.h"
+
+/* ---- SHA-256 ---- */
+
+static const uint32_t sha256_k[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+static inline uint32_t ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void sha256_block(uint32_t h[8], const uint8_t *p) {
+  uint32_t w[64];
+  for (int i = 0; i < 16; i++)
+    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+  for (int i = 16; i < 64; i++) {
+    uint32_t s0 = ror32(w[i - 15], 7) ^ ror32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    uint32_t s1 = ror32(w[i - 2], 17) ^ ror32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+  for (int i = 0; i < 64; i++) {
+    uint32_t t1 = hh + (ror32(e, 6) ^ ror32(e, 11) ^ ror32(e, 25)) + ((e & f) ^ (~e & g)) + sha256_k[i] + w[i];
+    uint32_t t2 = (ror32(a, 2) ^ ror32(a, 13) ^ ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+  }
+  h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
+}
+
+void kex_sha256_init(kex_sha256 *s) {
+  static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  memcpy(s->h, iv, sizeof iv);
+  s->nbytes = 0;
+  s->nblock = 0;
+}
+
+void kex_sha256_update(kex_sha256 *s, const void *data, size_t len) {
+  const uint8_t *p = data;
+  s->nbytes += len;
+  if (s->nblock) {
+    size_t take = 64 - s->nblock < len ? 64 - s->nblock : len;
+    memcpy(s->block + s->nblock, p, take);
+    s->nblock += (uint32_t)take, p += take, len -= take;
+    if (s->nblock < 64) return;
+    sha256_block(s->h, s->block);
+    s->nblock = 0;
+  }
+  for (; len >= 64; p += 64, len -= 64) sha256_block(s->h, p);
+  memcpy(s->block, p, len);
+  s->nblock = (uint32_t)len;
+}
+
+void kex_sha256_final(kex_sha256 *s, uint8_t out[32]) {
+  uint64_t bits = s->nbytes * 8;
+  uint8_t pad[72] = {0x80};
+  size_t npad = (s->nblock < 56 ? 56 : 120) - s->nblock;
+  for (int i = 0; i < 8; i++) pad[npad + i] = (uint8_t)(bits >> (56 - 8 * i));
+  kex_sha256_update(s, pad, npad + 8);
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(s->h[i] >> (24 - 8 * j));
+}
+
+void kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]) {
+  kex_sha256 s;
+  kex_sha256_init(&s);
+  kex_sha256_update(&s, data, len);
+  kex_sha256_final(&s, out);
+}
+
+void kex_hex(const uint8_t *bytes, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) out[2 * i] = digits[bytes[i] >> 4], out[2 * i + 1] = digits[bytes[i] & 15];
+  out[2 * n] = 0;
+}
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+int kex_unhex(const char *hex, uint8_t *bytes, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    int hi = hexval(hex[2 * i]), lo = hi < 0 ? -1 : hexval(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return KEX_EPARSE;
+    bytes[i] = (uint8_t)(hi << 4 | lo);
+  }
+  return hex[2 * n] ? KEX_EPARSE : 0;
+}
+
+/* ---- a growable text buffer (sticky OOM) ---- */
+
+typedef struct text_buf {
+  char *p;
+  size_t len, cap;
+  bool oom;
+} text_buf;
+
+static bool buf_reserve(text_buf *b, size_t extra) {
+  if (b->oom) return false;
+  if (b->len + extra + 1 <= b->cap) return true;
+  size_t cap = b->cap ? b->cap : 256;
+  while (cap < b->len + extra + 1) cap *= 2;
+  char *p = kex_realloc(b->p, cap);
+  if (!p) return !(b->oom = true);
+  b->p = p, b->cap = cap;
+  return true;
+}
+
+static void buf_put(text_buf *b, const char *s, size_t n) {
+  if (!buf_reserve(b, n)) return;
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = 0;
+}
+
+static void buf_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(text_buf *b, const char *fmt, ...) {
+  va_list ap;
+  char small[128];
+  va_start(ap, fmt);
+  int n = vsnprintf(small, sizeof small, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n < sizeof small) {
+    buf_put(b, small, (size_t)n);
+    return;
+  }
+  if (!buf_reserve(b, (size_t)n)) return;
+  va_start(ap, fmt);
+  vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+}
+
+/* ShapeTracker repr appended to b. */
+static void buf_st(text_buf *b, const kex_st *st) {
+  char small[512];
+  int n = kex_st_repr(st, small, sizeof small);
+  if (n < 0) return;
+  if ((size_t)n < sizeof small) {
+    buf_put(b, small, (size_t)n);
+    return;
+  }
+  if (!buf_reserve(b, (size_t)n)) return;
+  kex_st_repr(st, b->p + b->len, (size_t)n + 1);
+  b->len += (size_t)n;
+}
+
+/* ---- the walk ---- */
+
+typedef struct node_rec {
+  size_t body_off; /* offset of the line body in the text */
+  uint32_t body_len;
+  uint64_t hash;
+} node_rec;
+
+typedef struct walk_frame {
+  const kex_lop *n;
+  uint32_t next; /* next source to visit */
+} walk_frame;
+
+typedef struct ast_walk {
+  text_buf text, line;
+  /* pointer memo: open addressing, ptr_keys[i] == NULL is empty */
+  const kex_lop **ptr_keys;
+  uint32_t *ptr_ids;
+  size_t ptr_cap, ptr_n;
+  /* structural table: ids + 1 (0 is empty), keyed by node_rec.hash */
+  uint32_t *st_slots;
+  size_t st_cap;
+  node_rec *nodes;
+  uint32_t nnodes, capnodes;
+  walk_frame *stack;
+  uint32_t sp, capstack;
+} ast_walk;
+
+static uint64_t ptr_hash(const void *p) { return kex_hash_u64(0, (uint64_t)(uintptr_t)p); }
+
+/* The canonical number of a finished node, or -1 when not seen yet. */
+static int64_t memo_get(const ast_walk *w, const kex_lop *n) {
+  if (!w->ptr_cap) return -1;
+  for (size_t i = ptr_hash(n) & (w->ptr_cap - 1);; i = (i + 1) & (w->ptr_cap - 1)) {
+    if (w->ptr_keys[i] == n) return w->ptr_ids[i];
+    if (!w->ptr_keys[i]) return -1;
+  }
+}
+
+static int memo_put(ast_walk *w, const kex_lop *n, uint32_t id) {
+  if ((w->ptr_n + 1) * 2 > w->ptr_cap) {
+    size_t cap = w->ptr_cap ? w->ptr_cap * 2 : 1024;
+    const kex_lop **keys = kex_calloc(cap, sizeof *keys);
+    uint32_t *ids = kex_malloc(cap * sizeof *ids);
+    if (!keys || !ids) {
+      kex_free(keys);
+      kex_free(ids);
+      return KEX_ENOMEM;
+    }
+    for (size_t j = 0; j < w->ptr_cap; j++) {
+      if (!w->ptr_keys[j]) continue;
+      size_t i = ptr_hash(w->ptr_keys[j]) & (cap - 1);
+      while (keys[i]) i = (i + 1) & (cap - 1);
+      keys[i] = w->ptr_keys[j], ids[i] = w->ptr_ids[j];
+    }
+    kex_free(w->ptr_keys);
+    kex_free(w->ptr_ids);
+    w->ptr_keys = keys, w->ptr_ids = ids, w->ptr_cap = cap;
+  }
+  size_t i = ptr_hash(n) & (w->ptr_cap - 1);
+  while (w->ptr_keys[i]) i = (i + 1) & (w->ptr_cap - 1);
+  w->ptr_keys[i] = n, w->ptr_ids[i] = id;
+  w->ptr_n++;
+  return 0;
+}
+
+/* The id of the node whose body is w->line, -1 when new. */
+static int64_t struct_find(const ast_walk *w, uint64_t h) {
+  if (!w->st_cap) return -1;
+  for (size_t i = h & (w->st_cap - 1);; i = (i + 1) & (w->st_cap - 1)) {
+    uint32_t s = w->st_slots[i];
+    if (!s) return -1;
+    const node_rec *r = &w->nodes[s - 1];
+    if (r->hash == h && r->body_len == w->line.len && !memcmp(w->text.p + r->body_off, w->line.p, w->line.len))
+      return s - 1;
+  }
+}
+
+static int struct_add(ast_walk *w, uint32_t id) {
+  if (((size_t)w->nnodes + 1) * 2 > w->st_cap) {
+    size_t cap = w->st_cap ? w->st_cap * 2 : 1024;
+    uint32_t *slots = kex_calloc(cap, sizeof *slots);
+    if (!slots) return KEX_ENOMEM;
+    for (uint32_t j = 0; j < w->nnodes; j++) {
+      if (j == id) continue;
+      size_t i = w->nodes[j].hash & (cap - 1);
+      while (slots[i]) i = (i + 1) & (cap - 1);
+      slots[i] = j + 1;
+    }
+    kex_free(w->st_slots);
+    w->st_slots = slots, w->st_cap = cap;
+  }
+  size_t i = w->nodes[id].hash & (w->st_cap - 1);
+  while (w->st_slots[i]) i = (i + 1) & (w->st_cap - 1);
+  w->st_slots[i] = id + 1;
+  return 0;
+}
+
+/* The line body of n (sources already numbered) into w->line. */
+static int format_body(ast_walk *w, const kex_lop *n, int64_t idx, kex_error *err) {
+  text_buf *b = &w->line;
+  b->len = 0;
+  if (b->p) b->p[0] = 0;
+  buf_printf(b, "%s %s", kex_op_name(n->op), kex_dtypes[n->dtype].name);
+  switch (n->op) {
+  case KEX_OP_LOAD:
+  case KEX_OP_STORE:
+  case KEX_OP_BCONST:
+    if (!n->st) return kex_err_set(err, KEX_EINVAL, "AST node %lld (%s) has no ShapeTracker", (long long)idx,
+                                   kex_op_name(n->op));
+    if (n->op == KEX_OP_BCONST) {
+      if (n->val.kind == KEX_CONST_FLOAT) {
+        uint64_t bits;
+        memcpy(&bits, &n->val.f, sizeof bits);
+        buf_printf(b, " val=f:0x%016llx", (unsigned long long)bits);
+      } else if (n->val.kind == KEX_CONST_INT) {
+        buf_printf(b, " val=i:%lld", (long long)n->val.i);
+      } else if (n->val.kind == KEX_CONST_BOOL) {
+        buf_printf(b, " val=b:%d", n->val.b ? 1 : 0);
+      } else {
+        return kex_err_set(err, KEX_EINVAL, "AST node %lld: const kind %d is unknown", (long long)idx,
+                           (int)n->val.kind);
+      }
+    } else {
+      buf_printf(b, " idx=%d", (int)n->idx);
+    }
+    buf_put(b, " st=", 4);
+    buf_st(b, n->st);
+    break;
+  case KEX_OP_CAST:
+  case KEX_OP_BITCAST:
+    if ((unsigned)n->cast_to >= KEX_DT_COUNT)
+      return kex_err_set(err, KEX_EINVAL, "AST node %lld: cast dtype %d is out of range", (long long)idx,
+                         (int)n->cast_to);
+    buf_printf(b, " to=%s", kex_dtypes[n->cast_to].name);
+    break;
+  case KEX_OP_SUM:
+  case KEX_OP_RMAX:
+    buf_put(b, " axis=(", 7);
+    for (int a = 0; a < 32; a++)
+      if (n->axis_mask >> a & 1) buf_printf(b, "%d,", a);
+    buf_put(b, ")", 1);
+    break;
+  default:
+    break;
+  }
+  for (uint32_t i = 0; i < n->nsrc; i++) buf_printf(b, "%s%u", i ? ",%" : " src=%", (unsigned)memo_get(w, n->src[i]));
+  return b->oom ? KEX_ENOMEM : 0;
+}
+
+static int check_node(const kex_lop *n, const char *what, uint32_t i, kex_error *err) {
+  if (!n) return kex_err_set(err, KEX_EINVAL, "AST %s %u is NULL", what, i);
+  if ((unsigned)n->op >= KEX_OP_COUNT) return kex_err_set(err, KEX_EINVAL, "AST %s %u: op %d is out of range", what, i, (int)n->op);
+  if ((unsigned)n->dtype >= KEX_DT_COUNT)
+    return kex_err_set(err, KEX_EINVAL, "AST %s %u: dtype %d is out of range", what, i, (int)n->dtype);
+  if (n->nsrc > 3) return kex_err_set(err, KEX_EINVAL, "AST %s %u: %u sources (at most 3)", what, i, n->nsrc);
+  return 0;
+}
+
+static int push(ast_walk *w, const kex_lop *n, kex_error *err) {
+  if (w->sp == w->capstack) {
+    if (w->capstack >= KEX_AST_MAX_NODES)
+      return kex_err_set(err, KEX_ELIMIT, "AST is deeper than %u nodes (or cyclic)", KEX_AST_MAX_NODES);
+    uint32_t cap = w->capstack ? w->capstack * 2 : 256;
+    walk_frame *s = kex_realloc(w->stack, cap * sizeof *s);
+    if (!s) return kex_err_set(err, KEX_ENOMEM, "AST key: out of memory for the walk stack");
+    w->stack = s, w->capstack = cap;
+  }
+  w->stack[w->sp++] = (walk_frame){n, 0};
+  return 0;
+}
+
+/* Number a node whose sources are all numbered: reuse a structurally equal one or append its line. */
+static int finish(ast_walk *w, const kex_lop *n, kex_error *err) {
+  int rc = format_body(w, n, w->nnodes, err);
+  if (rc) return rc == KEX_ENOMEM ? kex_err_set(err, rc, "AST key: out of memory") : rc;
+  uint64_t h = kex_hash_bytes(w->line.p, w->line.len, 0);
+  int64_t id = struct_find(w, h);
+  if (id < 0) {
+    if (w->nnodes >= KEX_AST_MAX_NODES)
+      return kex_err_set(err, KEX_ELIMIT, "AST has more than %u distinct nodes", KEX_AST_MAX_NODES);
+    if (w->nnodes == w->capnodes) {
+      uint32_t cap = w->capnodes ? w->capnodes * 2 : 256;
+      node_rec *r = kex_realloc(w->nodes, cap * sizeof *r);
+      if (!r) return kex_err_set(err, KEX_ENOMEM, "AST key: out of memory");
+      w->nodes = r, w->capnodes = cap;
+    }
+    id = w->nnodes;
+    buf_printf(&w->text, "%%%u ", (unsigned)id);
+    size_t off = w->text.len;
+    buf_put(&w->text, w->line.p, w->line.len);
+    buf_put(&w->text, "\n", 1);
+    if (w->text.oom) return kex_err_set(err, KEX_ENOMEM, "AST key: out of memory for the text");
+    w->nodes[w->nnodes++] = (node_rec){off, (uint32_t)w->line.len, h};
+    if (struct_add(w, (uint32_t)id)) return kex_err_set(err, KEX_ENOMEM, "AST key: out of memory");
+  }
+  if (memo_put(w, n, (uint32_t)id)) return kex_err_set(err, KEX_ENOMEM, "AST key: out of memory");
+  return 0;
+}
+
+static void walk_free(ast_walk *w) {
+  kex_free(w->line.p);
+  kex_free(w->ptr_keys);
+  kex_free(w->ptr_ids);
+  kex_free(w->st_slots);
+  kex_free(w->nodes);
+  kex_free(w->stack);
+}
+
+int kex_ast_text(const kex_lop *const *ast, uint32_t nout, char **out, size_t *len, kex_error *err) {
+  ast_walk w = {0};
+  int rc = 0;
+
+  *out = NULL;
+  if (len) *len = 0;
+  if (nout == 0 || !ast) {
+    rc = kex_err_set(err, KEX_EINVAL, "AST key: a kernel needs at least one output");
+    goto out;
+  }
+  if (nout > KEX_AST_MAX_OUTPUTS) {
+    rc = kex_err_set(err, KEX_ELIMIT, "AST key: %u outputs (at most %u)", nout, KEX_AST_MAX_OUTPUTS);
+    goto out;
+  }
+  buf_printf(&w.text, "%s\noutputs %u\n", KEX_AST_KEY_VERSION, nout);
+  for (uint32_t r = 0; r < nout; r++) {
+    if ((rc = check_node(ast[r], "output", r, err))) goto out;
+    if (memo_get(&w, ast[r]) >= 0) continue;
+    if ((rc = push(&w, ast[r], err))) goto out;
+    while (w.sp) {
+      walk_frame *f = &w.stack[w.sp - 1];
+      if (f->next < f->n->nsrc) {
+        const kex_lop *c = f->n->src[f->next++];
+        if ((rc = check_node(c, "source of node at depth", w.sp, err))) goto out;
+        if (memo_get(&w, c) < 0 && (rc = push(&w, c, err))) goto out;
+        continue;
+      }
+      if ((rc = finish(&w, f->n, err))) goto out;
+      w.sp--;
+    }
+  }
+  for (uint32_t r = 0; r < nout; r++) buf_printf(&w.text, "out %%%u\n", (unsigned)memo_get(&w, ast[r]));
+  if (w.text.oom) {
+    rc = kex_err_set(err, KEX_ENOMEM, "AST key: out of memory for the text");
+    goto out;
+  }
+  *out = w.text.p;
+  if (len) *len = w.text.len;
+  w.text.p = NULL;
+out:
+  kex_free(w.text.p);
+  walk_free(&w);
+  return rc;
+}
+
+int kex_ast_key(const kex_lop *const *ast, uint32_t nout, kex_ast_digest *key, kex_error *err) {
+  char *text = NULL;
+  size_t len = 0;
+  int rc = kex_ast_text(ast, nout, &text, &len, err);
+  if (rc) goto out;
+  kex_sha256_bytes(text, len, key->bytes);
+  kex_hex(key->bytes, KEX_AST_KEY_BYTES, key->hex);
+out:
+  kex_free(text);
+  return rc;
+}
