@@ -1,15 +1,21 @@
 /*
- * jobs.c - the job table: tokens from getrandom(2), lookup, lease expiry.
+ * jobs.c - the job table: tokens from getrandom(2), lookup, lease expiry,
+ * and each job's buffers and memory accounting.
  *
  * Jobs are few (at most max_jobs), so the table is an unordered array and a
  * lookup compares the token with every job's in constant time per entry (no
  * early exit on the first differing byte).  The lease sweep runs on a uv
  * timer a few times per lease (at least every second) and closes every job
- * whose last call is older than the lease.  Loop thread only.
+ * whose last call is older than the lease.  Closing a job cancels its
+ * queued device work and drops its buffers (the device memory is freed by
+ * the runner once no Download holds a buffer any more).  Buffers per job are
+ * an unordered array searched with the same constant-time compare as
+ * tokens.  Loop thread only.
  */
 #include "daemon/jobs.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <string.h>
 #include <sys/random.h>
 
@@ -22,13 +28,41 @@
 
 static void job_free(kexd_job *job) {
   if (!job) return;
+  kex_free(job->bufs);
   kex_free(job->name);
   kex_free(job);
 }
 
-/* Remove jobs[i] (order is not kept). */
+/* 128 random bits as 32 hex characters and a NUL into out.  0 or KEX_EIO. */
+static int random_hex(char out[KEXD_TOKEN_LEN + 1]) {
+  static const char hex[] = "0123456789abcdef";
+  unsigned char raw[KEXD_TOKEN_BYTES];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return KEX_EIO;
+    got += (size_t)n;
+  }
+  for (size_t i = 0; i < sizeof raw; i++) {
+    out[2 * i] = hex[raw[i] >> 4];
+    out[2 * i + 1] = hex[raw[i] & 15];
+  }
+  out[KEXD_TOKEN_LEN] = '\0';
+  memset(raw, 0, sizeof raw);
+  return 0;
+}
+
+/* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
 static void jobs_remove(kexd_jobs *j, uint32_t i) {
-  job_free(j->jobs[i]);
+  kexd_job *job = j->jobs[i];
+  if (j->disp) kexd_dispatch_cancel_job(j->disp, job->id);
+  while (job->nbufs) {
+    kexd_buffer *b = job->bufs[--job->nbufs];
+    job->bytes_held -= b->bytes;
+    kexd_buffer_unref(j, b);
+  }
+  job_free(job);
   j->jobs[i] = j->jobs[--j->njobs];
 }
 
@@ -48,10 +82,11 @@ static void on_sweep(uv_timer_t *t) {
   }
 }
 
-int kexd_jobs_init(kexd_jobs *j, uv_loop_t *loop, double lease_s, uint32_t max_jobs) {
+int kexd_jobs_init(kexd_jobs *j, uv_loop_t *loop, double lease_s, uint32_t max_jobs, kexd_dispatch *disp) {
   uint64_t period;
   memset(j, 0, sizeof *j);
   j->loop = loop;
+  j->disp = disp;
   j->lease_s = lease_s;
   j->max_jobs = max_jobs ? max_jobs : KEXD_LIMIT_JOBS;
   if (uv_timer_init(loop, &j->timer) < 0) return KEX_EINTERNAL;
@@ -91,21 +126,12 @@ static int find_index(const kexd_jobs *j, const char *token) {
 }
 
 int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, kexd_job **out) {
-  static const char hex[] = "0123456789abcdef";
-  unsigned char raw[KEXD_TOKEN_BYTES];
   kexd_job *job = NULL;
-  size_t got = 0;
   int rc = 0;
   *out = NULL;
   if (!name) name = "";
   if (strlen(name) > KEXD_JOB_NAME_MAX) return KEX_EINVAL;
   if (j->njobs >= j->max_jobs) return KEX_ELIMIT;
-  while (got < sizeof raw) {
-    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return KEX_EIO;
-    got += (size_t)n;
-  }
   if (j->njobs == j->cap) {
     uint32_t cap = j->cap ? 2 * j->cap : 16;
     kexd_job **nj = kex_realloc(j->jobs, cap * sizeof *nj);
@@ -117,17 +143,14 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
     rc = KEX_ENOMEM;
     goto out;
   }
-  for (size_t i = 0; i < sizeof raw; i++) {
-    job->token[2 * i] = hex[raw[i] >> 4];
-    job->token[2 * i + 1] = hex[raw[i] & 15];
-  }
-  job->token[KEXD_TOKEN_LEN] = '\0';
+  if ((rc = random_hex(job->token)) < 0) goto out;
   memcpy(job->log_id, job->token, 8);
   job->log_id[8] = '\0';
   if (find_index(j, job->token) >= 0) { /* 2^-128: believed impossible */
     rc = KEX_EINTERNAL;
     goto out;
   }
+  job->id = ++j->next_id;
   job->weight = weight ? weight : 1;
   job->memory_limit = memory_limit;
   job->opened_ms = job->last_used_ms = uv_now(j->loop);
@@ -137,7 +160,6 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
   job = NULL;
 out:
   job_free(job);
-  memset(raw, 0, sizeof raw);
   return rc;
 }
 
@@ -156,4 +178,134 @@ int kexd_jobs_close_job(kexd_jobs *j, const char *token) {
   j->closed++;
   jobs_remove(j, (uint32_t)i);
   return 0;
+}
+
+kexd_job *kexd_jobs_find_id(kexd_jobs *j, uint64_t id) {
+  for (uint32_t i = 0; i < j->njobs; i++)
+    if (j->jobs[i]->id == id) return j->jobs[i];
+  return NULL;
+}
+
+/* ---- buffers ---- */
+
+int kexd_job_reserve(kexd_job *job, uint64_t bytes, kex_error *err) {
+  uint64_t would = job->bytes_held + job->bytes_reserved + bytes;
+  if (job->nbufs >= KEXD_LIMIT_BUFFERS_PER_JOB)
+    return kex_err_set(err, KEX_ELIMIT, "job '%s' holds %u buffers, the limit", job->name, job->nbufs);
+  if (job->memory_limit && (would > job->memory_limit || would < bytes))
+    return kex_err_set(err, KEX_ELIMIT, "job '%s' would hold %" PRIu64 " bytes, over its memory limit of %" PRIu64
+                       " bytes", job->name, would, job->memory_limit);
+  job->bytes_reserved += bytes;
+  return 0;
+}
+
+void kexd_job_unreserve(kexd_job *job, uint64_t bytes) {
+  job->bytes_reserved = bytes > job->bytes_reserved ? 0 : job->bytes_reserved - bytes;
+}
+
+int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32_t device, kex_dtype dtype,
+                        const int64_t *shape, uint8_t ndim, uint64_t bytes, kexd_buffer **out) {
+  kexd_buffer *b;
+  int rc;
+  (void)j;
+  *out = NULL;
+  if (ndim > KEX_MAX_DIMS) return KEX_EINVAL;
+  if (job->nbufs == job->capbufs) {
+    uint32_t cap = job->capbufs ? 2 * job->capbufs : 8;
+    kexd_buffer **nb = kex_realloc(job->bufs, cap * sizeof *nb);
+    if (!nb) return KEX_ENOMEM;
+    job->bufs = nb;
+    job->capbufs = cap;
+  }
+  if (!(b = kex_calloc(1, sizeof *b))) return KEX_ENOMEM;
+  if ((rc = random_hex(b->handle)) < 0) {
+    kex_free(b);
+    return rc;
+  }
+  if (kexd_job_find_buffer(job, b->handle)) { /* 2^-128: believed impossible */
+    kex_free(b);
+    return KEX_EINTERNAL;
+  }
+  b->refs = 1;
+  b->dtype = dtype;
+  b->ndim = ndim;
+  if (ndim) memcpy(b->shape, shape, ndim * sizeof *shape);
+  b->bytes = bytes;
+  b->device = device;
+  b->job = job->id;
+  b->weight = job->weight;
+  b->dev_buf = dev_buf;
+  job->bufs[job->nbufs++] = b;
+  job->bytes_held += bytes;
+  *out = b;
+  return 0;
+}
+
+static int find_buffer_index(const kexd_job *job, const char *handle) {
+  int found = -1;
+  if (!handle || strlen(handle) != KEXD_HANDLE_LEN) return -1;
+  for (uint32_t i = 0; i < job->nbufs; i++)
+    if (token_cmp(job->bufs[i]->handle, handle) == 0) found = (int)i;
+  return found;
+}
+
+kexd_buffer *kexd_job_find_buffer(kexd_job *job, const char *handle) {
+  int i = find_buffer_index(job, handle);
+  return i < 0 ? NULL : job->bufs[i];
+}
+
+int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle) {
+  int i = find_buffer_index(job, handle);
+  kexd_buffer *b;
+  if (i < 0) return KEX_ENOTFOUND;
+  b = job->bufs[i];
+  job->bufs[i] = job->bufs[--job->nbufs];
+  job->bytes_held -= b->bytes;
+  kexd_buffer_unref(j, b);
+  return 0;
+}
+
+void kexd_buffer_ref(kexd_buffer *b) { b->refs++; }
+
+static void buffer_freed(kexd_work *w) {
+  kexd_buffer *b = w->ud;
+  kex_free(b);
+}
+
+void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b) {
+  int rc;
+  if (!b || --b->refs) return;
+  j->buffers_freed++;
+  if (!b->dev_buf) {
+    kex_free(b);
+    return;
+  }
+  memset(&b->free_work, 0, sizeof b->free_work);
+  b->free_work.kind = KEXD_WORK_FREE;
+  b->free_work.job = b->job;
+  b->free_work.weight = b->weight;
+  b->free_work.must_run = true;
+  b->free_work.buf = b->dev_buf;
+  b->free_work.done = buffer_freed;
+  b->free_work.ud = b;
+  if (!j->disp || (rc = kexd_dispatch_post(j->disp, b->device, &b->free_work)) < 0) {
+    /* only after the runners stopped: the process is exiting and takes the memory with it */
+    KEX_WARN("buffer %.8s of %" PRIu64 " bytes not freed on its device: the dispatcher is stopped", b->handle, b->bytes);
+    kex_free(b);
+  }
+}
+
+void kexd_jobs_free_device_buffer(kexd_jobs *j, kex_buffer *dev_buf, uint32_t device, uint64_t job, uint32_t weight) {
+  kexd_buffer *b;
+  if (!dev_buf) return;
+  if (!(b = kex_calloc(1, sizeof *b))) {
+    KEX_ERROR("out of memory freeing a device buffer: %zu bytes stay allocated", kex_buffer_size(dev_buf));
+    return;
+  }
+  b->refs = 1;
+  b->device = device;
+  b->job = job;
+  b->weight = weight;
+  b->dev_buf = dev_buf;
+  kexd_buffer_unref(j, b);
 }

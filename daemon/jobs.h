@@ -1,10 +1,17 @@
 /*
- * jobs.h - jobs (tenants): tokens, leases, counters.
+ * jobs.h - jobs (tenants): tokens, leases, buffers, memory accounting.
  *
  * A job is opened with a name, a weight and a memory limit and is named in
  * every later call by an unguessable token (128 bits from getrandom(2), as
  * 32 hex characters).  Any call that names a job renews its lease; a uv timer
- * closes jobs idle past their lease.  Loop thread only.
+ * closes jobs idle past their lease.
+ *
+ * A job holds buffers (device memory), each named by a handle that is just
+ * as unguessable and means nothing in another job.  Every byte a job's
+ * buffers hold, plus the bytes of its uploads in flight (reserved), counts
+ * against its memory limit.  Closing a job (CloseJob, lease expiry,
+ * shutdown) cancels its queued device work and frees every buffer it holds
+ * through the device's runner.  Loop thread only.
  */
 #ifndef KEX_DAEMON_JOBS_H
 #define KEX_DAEMON_JOBS_H
@@ -13,12 +20,39 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "core/dtype.h"
+#include "core/limits.h"
+#include "daemon/dispatch.h"
+
 #define KEXD_TOKEN_BYTES 16                      /* random bytes per token */
 #define KEXD_TOKEN_LEN (2 * KEXD_TOKEN_BYTES)    /* hex characters */
 #define KEXD_JOB_NAME_MAX 256                    /* bytes of a job name */
 #define KEXD_LIMIT_JOBS 4096                     /* default: jobs open at once */
+#define KEXD_HANDLE_LEN KEXD_TOKEN_LEN           /* hex characters of a buffer handle */
+#define KEXD_LIMIT_BUFFERS_PER_JOB 65536         /* buffers one job may hold */
+
+/*
+ * A buffer a job holds.  Reference counted on the loop thread: the job's
+ * table holds one, each Download in progress another; the device memory is
+ * freed (a FREE item on the device's runner) when the last goes.  dev_buf
+ * is only ever dereferenced by that runner.
+ */
+typedef struct kexd_buffer {
+  char handle[KEXD_HANDLE_LEN + 1];
+  uint32_t refs;
+  kex_dtype dtype;
+  uint8_t ndim;
+  int64_t shape[KEX_MAX_DIMS];
+  uint64_t bytes;
+  uint32_t device;       /* index into the configured devices */
+  uint64_t job;          /* the job (and flow) it was made for */
+  uint32_t weight;
+  kex_buffer *dev_buf;
+  kexd_work free_work;   /* the FREE item posted at the last reference: freeing never allocates */
+} kexd_buffer;
 
 typedef struct kexd_job {
+  uint64_t id;           /* serial, never reused: names the job's flows and outlives it in messages */
   char token[KEXD_TOKEN_LEN + 1];
   char log_id[9];        /* the token's first 8 characters: logs never carry the whole token */
   char *name;
@@ -27,6 +61,10 @@ typedef struct kexd_job {
   uint64_t last_used_ms; /* uv_now at the last call naming the job */
   uint64_t opened_ms;
   uint64_t plans;
+  kexd_buffer **bufs;    /* unordered */
+  uint32_t nbufs, capbufs;
+  uint64_t bytes_held;     /* sum of bufs[i]->bytes */
+  uint64_t bytes_reserved; /* uploads accepted but not yet on the device */
 } kexd_job;
 
 typedef struct kexd_jobs {
@@ -38,10 +76,13 @@ typedef struct kexd_jobs {
   kexd_job **jobs;   /* unordered; small counts, linear lookup */
   uint32_t njobs, cap;
   uint64_t opened, closed, expired;
+  uint64_t next_id;
+  kexd_dispatch *disp; /* where buffers are freed */
+  uint64_t buffers_freed;
 } kexd_jobs;
 
-/* Set up (and start the lease timer).  0 or a negative code. */
-int kexd_jobs_init(kexd_jobs *j, uv_loop_t *loop, double lease_s, uint32_t max_jobs);
+/* Set up (and start the lease timer); buffers are freed through disp.  0 or a negative code. */
+int kexd_jobs_init(kexd_jobs *j, uv_loop_t *loop, double lease_s, uint32_t max_jobs, kexd_dispatch *disp);
 /* Close every job and the timer (asynchronously: the loop runs its close callback). */
 void kexd_jobs_close(kexd_jobs *j);
 /*
@@ -54,5 +95,34 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
 kexd_job *kexd_jobs_find(kexd_jobs *j, const char *token);
 /* Close the job with this token.  0 or KEX_ENOTFOUND. */
 int kexd_jobs_close_job(kexd_jobs *j, const char *token);
+/* The open job with this id (lease not renewed); NULL when it is gone. */
+kexd_job *kexd_jobs_find_id(kexd_jobs *j, uint64_t id);
+
+/*
+ * Reserve `bytes` of job's memory limit for an upload in flight.  0, or
+ * KEX_ELIMIT with *err saying "job 'x' would hold N bytes, over its memory
+ * limit of M bytes" (or naming the buffer-count limit); nothing is reserved
+ * then.
+ */
+int kexd_job_reserve(kexd_job *job, uint64_t bytes, kex_error *err);
+/* Give back a reservation (the upload finished or failed). */
+void kexd_job_unreserve(kexd_job *job, uint64_t bytes);
+/*
+ * Add a device buffer to the job under a new handle (getrandom).  On
+ * success *out is the record (owned by the job, one reference) and the
+ * job's bytes_held has grown by bytes; on failure the caller still owns
+ * dev_buf.  KEX_EIO, KEX_ENOMEM.
+ */
+int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32_t device, kex_dtype dtype,
+                        const int64_t *shape, uint8_t ndim, uint64_t bytes, kexd_buffer **out);
+/* The job's buffer with this handle; NULL when it holds none (a handle of another job included). */
+kexd_buffer *kexd_job_find_buffer(kexd_job *job, const char *handle);
+/* Remove the buffer from the job (bytes_held shrinks) and drop the job's reference.  0 or KEX_ENOTFOUND. */
+int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle);
+/* Free a device buffer no job holds (an upload whose job or call went away) through its runner. */
+void kexd_jobs_free_device_buffer(kexd_jobs *j, kex_buffer *dev_buf, uint32_t device, uint64_t job, uint32_t weight);
+void kexd_buffer_ref(kexd_buffer *b);
+/* Drop a reference; the last one posts the device free (loop thread). */
+void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b);
 
 #endif

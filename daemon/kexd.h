@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "core/limits.h"
+#include "daemon/dispatch.h"
 #include "daemon/jobs.h"
 #include "daemon/server.h"
 
@@ -23,6 +24,9 @@
 #define KEXD_DEFAULT_GRACE_S 5.0
 #define KEXD_DEFAULT_MAX_MESSAGE (64 << 20)  /* bytes of one gRPC message, either way */
 #define KEXD_DEFAULT_PLAN_INLINE_NODES 1024  /* larger graphs are planned on the worker pool */
+#define KEXD_DOWNLOAD_CHUNK (1u << 20)       /* bytes per Download chunk unless the client asks for fewer */
+#define KEXD_BUSY_MAX_ITEMS 100000           /* _BusyWork: items per call */
+#define KEXD_BUSY_MAX_MS 1000.0              /* _BusyWork: ms per item */
 
 typedef struct kexd_config {
   const char *listen;
@@ -35,6 +39,7 @@ typedef struct kexd_config {
   kex_limits limits;
   uint32_t max_jobs;
   uint32_t plan_inline_nodes;
+  bool test_busy_work;           /* registers /kex.v1.Kex/_BusyWork (tests only) */
 } kexd_config;
 
 typedef struct kexd {
@@ -42,6 +47,8 @@ typedef struct kexd {
   kexd_config cfg;
   kexd_server *server;
   kexd_jobs jobs;
+  kexd_dispatch *disp;           /* the device runners */
+  uint64_t uploads, downloads, upload_errors;
   uint64_t started_ms;
   uint64_t submissions, plans, plan_errors, kernels_planned;
   uint32_t plans_in_flight;

@@ -43,6 +43,8 @@ static void usage(FILE *f) {
           "  --max-jobs N           jobs open at once (default %d)\n"
           "  --plan-inline-nodes N  graphs up to N nodes are planned on the loop thread, larger\n"
           "                         ones on the worker pool (default %d)\n"
+          "  --test-busy-work       TESTS ONLY (off by default): serve /kex.v1.Kex/_BusyWork, which\n"
+          "                         queues busy-CPU items on a device runner for a job\n"
           "  --log LEVEL            debug, info, warn, error (KEX_LOG; default info)\n"
           "  --help                 this text\n"
           "\n"
@@ -116,7 +118,7 @@ static char *default_cache_path(void) {
 enum {
   OPT_LISTEN = 256, OPT_CACHE, OPT_DEVICE, OPT_WORKERS, OPT_LEASE, OPT_GRACE, OPT_MAX_MESSAGE, OPT_MAX_NODES,
   OPT_MAX_DIMS, OPT_MAX_ELEMENTS, OPT_MAX_INLINE, OPT_MAX_BUFFER, OPT_MAX_OUTPUTS, OPT_MAX_JOBS, OPT_PLAN_INLINE,
-  OPT_LOG, OPT_HELP
+  OPT_LOG, OPT_TEST_BUSY, OPT_HELP
 };
 
 /* Fill cfg from the environment, then argv.  0, 1 for --help (exit 0), -1 for bad flags (exit 2). */
@@ -138,6 +140,7 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
       {"max-jobs", required_argument, NULL, OPT_MAX_JOBS},
       {"plan-inline-nodes", required_argument, NULL, OPT_PLAN_INLINE},
       {"log", required_argument, NULL, OPT_LOG},
+      {"test-busy-work", no_argument, NULL, OPT_TEST_BUSY},
       {"help", no_argument, NULL, OPT_HELP},
       {0}};
   const char *env, *cache = NULL;
@@ -229,6 +232,7 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
       kex_log_set_level((enum kex_log_level)l);
       break;
     }
+    case OPT_TEST_BUSY: cfg->test_busy_work = true; break;
     case OPT_HELP:
     case 'h': usage(stdout); return 1;
     default: usage(stderr); return -1;
@@ -265,7 +269,8 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 /* Close the handles main owns; uv_run returns once every handle is closed. */
 static void close_handles(daemon_state *st) {
-  kexd_jobs_close(&st->d.jobs);
+  kexd_jobs_close(&st->d.jobs); /* cancels queued work and posts the buffers' frees ... */
+  if (st->d.disp) kexd_dispatch_stop(st->d.disp, NULL, NULL); /* ... which run before the runners exit */
   if (st->signals_open) {
     st->signals_open = false;
     uv_close((uv_handle_t *)&st->sigterm, NULL);
@@ -307,7 +312,12 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_loop;
   }
-  if (kexd_rpc_register(d) < 0 || kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs) < 0) {
+  if ((rc = kexd_dispatch_new(&loop, (const char(*)[64])d->cfg.devices, d->cfg.ndevices, &d->disp)) < 0) {
+    KEX_ERROR("cannot create the device dispatcher: %s", kex_strerror(rc));
+    ret = 1;
+    goto out_server;
+  }
+  if (kexd_rpc_register(d) < 0 || kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
     ret = 1;
     goto out_handles;
   }
@@ -341,6 +351,7 @@ out_handles:
   uv_run(&loop, UV_RUN_DEFAULT);
 out_server:
   kexd_server_free(d->server);
+  kexd_dispatch_free(d->disp);
 out_loop:
   if (uv_loop_close(&loop) != 0) KEX_WARN("event loop closed with handles still open");
   grpc_shutdown();

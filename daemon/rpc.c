@@ -20,6 +20,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -646,6 +647,543 @@ out:
   free_msg(&m->base);
 }
 
+/* ---- buffers: Upload, Download, Free ---- */
+
+/* Index of the configured device `name` names ("" and "default": the first); -1 when none. */
+static int device_index(const kexd *d, const char *name) {
+  if (!name || !*name || strcmp(name, "default") == 0) return 0;
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++)
+    if (strcmp(d->cfg.devices[i], name) == 0) return (int)i;
+  return -1;
+}
+
+/* "float32 [2, 3]" into out[cap]. */
+static void describe_buffer(char *out, size_t cap, kex_dtype dt, const int64_t *shape, size_t ndim) {
+  size_t n = (size_t)snprintf(out, cap, "%s [", kex_dtypes[dt].name);
+  for (size_t i = 0; i < ndim && n < cap; i++) n += (size_t)snprintf(out + n, cap - n, "%s%" PRId64, i ? ", " : "", shape[i]);
+  if (n < cap) snprintf(out + n, cap - n, "]");
+}
+
+/*
+ * One Upload stream.  Freed exactly once, by whoever sees it last: the read
+ * callback or the device callback when the call is over, or the cancel hook
+ * when neither is outstanding.
+ */
+typedef struct upload {
+  kexd *d;
+  kexd_call *call;
+  uint64_t job;            /* 0 until the header */
+  char log_id[9];
+  bool have_header, reading, on_device, dead;
+  kex_dtype dtype;
+  uint8_t ndim;
+  int64_t shape[KEX_MAX_DIMS];
+  uint32_t device;
+  uint64_t total, got, reserved;
+  uint8_t *bytes;          /* total bytes, filled by the chunks */
+  kexd_work work;
+} upload;
+
+static void upload_free(upload *u) {
+  kexd_job *job = u->reserved ? kexd_jobs_find_id(&u->d->jobs, u->job) : NULL;
+  if (job) kexd_job_unreserve(job, u->reserved);
+  kex_free(u->bytes);
+  kex_free(u);
+}
+
+/* End the call with an error, count it, free u. */
+static void upload_fail(upload *u, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void upload_fail(upload *u, int status, const char *fmt, ...) {
+  char msg[KEX_ERROR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  u->d->upload_errors++;
+  kex_log(KEX_LOG_INFO, u->job ? u->log_id : NULL, 0, "Upload refused: %s", msg);
+  kexd_call_finish(u->call, status, msg, NULL);
+  upload_free(u);
+}
+
+static void upload_cancelled(kexd_call *c, void *ud) {
+  upload *u = ud;
+  (void)c;
+  u->dead = true;
+  if (!u->reading && !u->on_device) upload_free(u);
+}
+
+/* The buffer is on the device (or the device refused it): hand out the handle. */
+static void upload_on_device(kexd_work *w) {
+  upload *u = w->ud;
+  kexd *d = u->d;
+  kexd_call *c = u->call;
+  kexd_job *job = kexd_jobs_find_id(&d->jobs, u->job);
+  kexd_buffer *b;
+  int rc;
+  u->on_device = false;
+  if (job) kexd_job_unreserve(job, u->reserved);
+  u->reserved = 0;
+  kex_free(u->bytes);
+  u->bytes = NULL;
+  if (w->rc < 0) {
+    if (u->dead) upload_free(u);
+    else upload_fail(u, kex_err_grpc_status(w->rc), "Upload: %s", w->err.msg[0] ? w->err.msg : kex_strerror(w->rc));
+  } else if (u->dead || !job) {
+    kexd_jobs_free_device_buffer(&d->jobs, w->out_buf, u->device, u->job, w->weight);
+    if (u->dead) upload_free(u);
+    else upload_fail(u, GRPC_STATUS_NOT_FOUND, "Upload: the job was closed while its buffer was being uploaded");
+  } else if ((rc = kexd_job_add_buffer(&d->jobs, job, w->out_buf, u->device, u->dtype, u->shape, u->ndim, u->total,
+                                       &b)) < 0) {
+    kexd_jobs_free_device_buffer(&d->jobs, w->out_buf, u->device, u->job, w->weight);
+    upload_fail(u, kex_err_grpc_status(rc), "Upload: cannot record the buffer: %s", kex_strerror(rc));
+  } else {
+    Kex__V1__UploadReply r = KEX__V1__UPLOAD_REPLY__INIT;
+    r.handle = b->handle;
+    r.bytes = b->bytes;
+    d->uploads++;
+    kex_log(KEX_LOG_DEBUG, u->log_id, 0, "Upload: %" PRIu64 " bytes as buffer %.8s on %s", b->bytes, b->handle,
+            d->cfg.devices[u->device]);
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+    upload_free(u);
+  }
+  kexd_call_unref(c); /* the device item's reference */
+}
+
+/* The header: check dtype, shape, device and the job's memory limit; reserve and allocate.  0 or the call is ended. */
+static int upload_header(upload *u, kexd_job *job, const Kex__V1__UploadHeader *h) {
+  const kex_limits *lim = &u->d->cfg.limits;
+  uint32_t maxd = lim->max_dims < KEX_MAX_DIMS ? lim->max_dims : KEX_MAX_DIMS;
+  uint64_t elements = 1;
+  kex_error err = {0};
+  int dt, dev;
+  if (!h->dtype || (dt = kex_dtype_from_name(h->dtype)) < 0) {
+    upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: unknown dtype \"%.64s\"", h->dtype ? h->dtype : "");
+    return -1;
+  }
+  if (h->n_shape > maxd) {
+    upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: shape has %zu dims, more than the limit of %u",
+                h->n_shape, maxd);
+    return -1;
+  }
+  for (size_t i = 0; i < h->n_shape; i++) {
+    if (h->shape[i] < 0) {
+      upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: shape dim %zu is %" PRId64 ", negative", i, h->shape[i]);
+      return -1;
+    }
+    if (h->shape[i] && elements > (uint64_t)lim->max_elements / (uint64_t)h->shape[i]) {
+      upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: shape has more than the limit of %" PRId64
+                  " elements (--max-elements)", lim->max_elements);
+      return -1;
+    }
+    elements *= (uint64_t)h->shape[i];
+    u->shape[i] = h->shape[i];
+  }
+  if ((dev = device_index(u->d, h->device)) < 0) {
+    upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: device \"%.64s\" is not one of this kexd's devices",
+                h->device);
+    return -1;
+  }
+  u->dtype = (kex_dtype)dt;
+  u->ndim = (uint8_t)h->n_shape;
+  u->device = (uint32_t)dev;
+  u->total = elements * (uint64_t)kex_dtype_size(u->dtype);
+  if (u->total > (uint64_t)lim->max_buffer_bytes) {
+    upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: %" PRIu64 " bytes, more than the limit of %" PRId64
+                " bytes of one buffer (--max-buffer-bytes)", u->total, lim->max_buffer_bytes);
+    return -1;
+  }
+  if (kexd_job_reserve(job, u->total, &err) < 0) {
+    upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: %s", err.msg);
+    return -1;
+  }
+  u->reserved = u->total;
+  if (u->total && !(u->bytes = kex_malloc(u->total))) {
+    upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: out of memory for %" PRIu64 " bytes", u->total);
+    return -1;
+  }
+  u->have_header = true;
+  return 0;
+}
+
+/* All chunks are in: check the total and send the bytes to the device.  The call is ended on failure. */
+static void upload_end(upload *u) {
+  kexd_job *job = kexd_jobs_find_id(&u->d->jobs, u->job);
+  char what[160];
+  int rc;
+  if (!u->have_header) {
+    upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: the stream ended without a header");
+    return;
+  }
+  if (u->got != u->total) {
+    describe_buffer(what, sizeof what, u->dtype, u->shape, u->ndim);
+    upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: got %" PRIu64 " bytes, %s needs %" PRIu64, u->got, what,
+                u->total);
+    return;
+  }
+  if (!job) {
+    upload_fail(u, GRPC_STATUS_NOT_FOUND, "Upload: the job was closed during the upload");
+    return;
+  }
+  memset(&u->work, 0, sizeof u->work);
+  u->work.kind = KEXD_WORK_UPLOAD;
+  u->work.job = job->id;
+  u->work.weight = job->weight;
+  u->work.size = u->total;
+  u->work.src = u->bytes;
+  u->work.src_size = u->total;
+  u->work.done = upload_on_device;
+  u->work.ud = u;
+  if ((rc = kexd_dispatch_post(u->d->disp, u->device, &u->work)) < 0) {
+    upload_fail(u, GRPC_STATUS_UNAVAILABLE, "Upload: the device runner is not available: %s", kex_strerror(rc));
+    return;
+  }
+  u->on_device = true;
+  kexd_call_ref(u->call);
+}
+
+static void upload_on_message(kexd_call *c, const uint8_t *msg, size_t len, int ok, void *ud) {
+  upload *u = ud;
+  kexd *d = u->d;
+  Kex__V1__UploadRequest *m = NULL;
+  kexd_job *job;
+  int rc;
+  u->reading = false;
+  if (u->dead) {
+    upload_free(u);
+    return;
+  }
+  if (!ok) {
+    upload_fail(u, GRPC_STATUS_CANCELLED, "Upload: the stream broke");
+    return;
+  }
+  if (!msg) {
+    upload_end(u);
+    return;
+  }
+  if (!(m = (Kex__V1__UploadRequest *)decode(d, c, &kex__v1__upload_request__descriptor, msg, len))) {
+    d->upload_errors++;
+    upload_free(u);
+    return;
+  }
+  if (*m->job || !u->have_header) {
+    if (!(job = need_job(d, c, m->job))) {
+      d->upload_errors++;
+      upload_free(u);
+      goto out;
+    }
+    if (u->have_header && job->id != u->job) {
+      upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: the stream names two different jobs");
+      goto out;
+    }
+  } else if (!(job = kexd_jobs_find_id(&d->jobs, u->job))) {
+    upload_fail(u, GRPC_STATUS_NOT_FOUND, "Upload: the job was closed during the upload");
+    goto out;
+  } else {
+    job->last_used_ms = uv_now(d->loop);
+  }
+  if (!u->have_header) {
+    u->job = job->id;
+    memcpy(u->log_id, job->log_id, sizeof u->log_id);
+    if (m->part_case != KEX__V1__UPLOAD_REQUEST__PART_HEADER) {
+      upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: the first message must carry the header (dtype, shape)");
+      goto out;
+    }
+    if (upload_header(u, job, m->header) < 0) goto out;
+  } else if (m->part_case == KEX__V1__UPLOAD_REQUEST__PART_HEADER) {
+    upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: a second header after %" PRIu64 " bytes", u->got);
+    goto out;
+  } else if (m->part_case == KEX__V1__UPLOAD_REQUEST__PART_CHUNK) {
+    if (m->chunk.len > u->total - u->got) {
+      char what[160];
+      describe_buffer(what, sizeof what, u->dtype, u->shape, u->ndim);
+      upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: more than the %" PRIu64 " bytes %s needs (got %" PRIu64
+                  " so far, then a chunk of %zu)", u->total, what, u->got, m->chunk.len);
+      goto out;
+    }
+    if (m->chunk.len) memcpy(u->bytes + u->got, m->chunk.data, m->chunk.len);
+    u->got += m->chunk.len;
+  } else {
+    upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: a message with neither header nor chunk");
+    goto out;
+  }
+  if ((rc = kexd_call_read(c, upload_on_message, u)) < 0) {
+    upload_fail(u, GRPC_STATUS_INTERNAL, "Upload: cannot read the stream: %s", kex_strerror(rc));
+    goto out;
+  }
+  u->reading = true;
+out:
+  free_msg(&m->base);
+}
+
+static void rpc_upload(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  upload *u;
+  int rc;
+  (void)req;
+  (void)len;
+  if (!(u = kex_calloc(1, sizeof *u))) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: out of memory");
+    return;
+  }
+  u->d = d;
+  u->call = c;
+  if ((rc = kexd_call_read(c, upload_on_message, u)) < 0) {
+    kex_free(u);
+    kexd_call_failf(c, GRPC_STATUS_INTERNAL, "Upload: cannot read the stream: %s", kex_strerror(rc));
+    return;
+  }
+  u->reading = true;
+  kexd_call_set_hooks(c, upload_cancelled, NULL, u);
+}
+
+/*
+ * One Download stream: copy a chunk out on the device's runner, write it,
+ * repeat.  At most one of the two is outstanding (`busy`); the buffer is
+ * referenced throughout, so a Free or CloseJob meanwhile only frees it after.
+ */
+typedef struct download {
+  kexd *d;
+  kexd_call *call;
+  kexd_buffer *buf;
+  uint64_t job;
+  uint64_t offset;
+  size_t chunk;
+  bool busy, dead;
+  uint8_t *data;
+  size_t n;
+  kexd_work work;
+} download;
+
+static void download_free(download *dl) {
+  kexd_buffer_unref(&dl->d->jobs, dl->buf);
+  kex_free(dl->data);
+  kex_free(dl);
+}
+
+static void download_cancelled(kexd_call *c, void *ud) {
+  download *dl = ud;
+  (void)c;
+  dl->dead = true;
+  if (!dl->busy) download_free(dl);
+}
+
+static void download_on_copy(kexd_work *w);
+
+/* Copy the next chunk out.  The call is ended (and dl freed) on failure. */
+static void download_next(download *dl) {
+  kexd_job *job = kexd_jobs_find_id(&dl->d->jobs, dl->job);
+  int rc;
+  if (!job) {
+    kexd_call_failf(dl->call, GRPC_STATUS_NOT_FOUND, "Download: the job was closed during the download");
+    download_free(dl);
+    return;
+  }
+  dl->n = dl->buf->bytes - dl->offset < dl->chunk ? (size_t)(dl->buf->bytes - dl->offset) : dl->chunk;
+  if (!(dl->data = kex_malloc(dl->n ? dl->n : 1))) {
+    kexd_call_failf(dl->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "Download: out of memory for a %zu-byte chunk", dl->n);
+    download_free(dl);
+    return;
+  }
+  memset(&dl->work, 0, sizeof dl->work);
+  dl->work.kind = KEXD_WORK_COPY_OUT;
+  dl->work.job = job->id;
+  dl->work.weight = job->weight;
+  dl->work.buf = dl->buf->dev_buf;
+  dl->work.offset = dl->offset;
+  dl->work.size = dl->n;
+  dl->work.dst = dl->data;
+  dl->work.done = download_on_copy;
+  dl->work.ud = dl;
+  if (dl->n == 0) { /* an empty buffer: one empty chunk, nothing to copy */
+    dl->work.rc = 0;
+    dl->busy = true;
+    kexd_call_ref(dl->call);
+    download_on_copy(&dl->work);
+    return;
+  }
+  if ((rc = kexd_dispatch_post(dl->d->disp, dl->buf->device, &dl->work)) < 0) {
+    kexd_call_failf(dl->call, GRPC_STATUS_UNAVAILABLE, "Download: the device runner is not available: %s",
+                    kex_strerror(rc));
+    download_free(dl);
+    return;
+  }
+  dl->busy = true;
+  kexd_call_ref(dl->call);
+}
+
+static void download_written(kexd_call *c, int ok, void *ud) {
+  download *dl = ud;
+  dl->busy = false;
+  kex_free(dl->data);
+  dl->data = NULL;
+  if (dl->dead) {
+    download_free(dl);
+    return;
+  }
+  if (!ok) {
+    kexd_call_failf(c, GRPC_STATUS_CANCELLED, "Download: the stream broke");
+    download_free(dl);
+    return;
+  }
+  dl->offset += dl->n;
+  if (dl->offset >= dl->buf->bytes) {
+    dl->d->downloads++;
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, NULL);
+    download_free(dl);
+    return;
+  }
+  download_next(dl);
+}
+
+static void download_on_copy(kexd_work *w) {
+  download *dl = w->ud;
+  kexd_call *c = dl->call;
+  Kex__V1__DownloadChunk m = KEX__V1__DOWNLOAD_CHUNK__INIT;
+  int rc;
+  dl->busy = false;
+  if (dl->dead) {
+    download_free(dl);
+  } else if (w->rc < 0) {
+    kexd_call_finish(c, kex_err_grpc_status(w->rc),
+                     w->rc == KEX_ECANCELLED ? "Download: the job was closed during the download"
+                     : w->err.msg[0]         ? w->err.msg
+                                             : kex_strerror(w->rc),
+                     NULL);
+    download_free(dl);
+  } else {
+    m.offset = dl->offset;
+    m.data.data = dl->data;
+    m.data.len = dl->n;
+    if (dl->offset == 0) {
+      m.dtype = (char *)kex_dtypes[dl->buf->dtype].name;
+      m.n_shape = dl->buf->ndim;
+      m.shape = dl->buf->shape;
+      m.total_bytes = dl->buf->bytes;
+    }
+    if ((rc = kexd_call_write(c, &m.base, download_written, dl)) < 0) {
+      kexd_call_failf(c, GRPC_STATUS_INTERNAL, "Download: cannot send a chunk: %s", kex_strerror(rc));
+      download_free(dl);
+    } else {
+      dl->busy = true;
+    }
+  }
+  kexd_call_unref(c); /* the copy's reference */
+}
+
+static void rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__DownloadRequest *m =
+      (Kex__V1__DownloadRequest *)decode(d, c, &kex__v1__download_request__descriptor, req, len);
+  kexd_job *job;
+  kexd_buffer *b;
+  download *dl;
+  size_t max_chunk = KEXD_DOWNLOAD_CHUNK;
+  if (!m) return;
+  if (!(job = need_job(d, c, m->job))) goto out;
+  if (!(b = kexd_job_find_buffer(job, m->handle))) {
+    kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "Download: job '%s' holds no buffer \"%.40s\"", job->name, m->handle);
+    goto out;
+  }
+  if (!(dl = kex_calloc(1, sizeof *dl))) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Download: out of memory");
+    goto out;
+  }
+  /* room for the chunk's other fields under --max-message */
+  if (d->cfg.max_message > 8192 && (size_t)d->cfg.max_message - 4096 < max_chunk) max_chunk = (size_t)d->cfg.max_message - 4096;
+  dl->d = d;
+  dl->call = c;
+  dl->buf = b;
+  dl->job = job->id;
+  dl->chunk = m->chunk_bytes && m->chunk_bytes < max_chunk ? m->chunk_bytes : max_chunk;
+  kexd_buffer_ref(b);
+  kexd_call_set_hooks(c, download_cancelled, NULL, dl);
+  download_next(dl);
+out:
+  free_msg(&m->base);
+}
+
+static void rpc_free(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__FreeRequest *m = (Kex__V1__FreeRequest *)decode(d, c, &kex__v1__free_request__descriptor, req, len);
+  Kex__V1__FreeReply r = KEX__V1__FREE_REPLY__INIT;
+  kexd_job *job;
+  if (!m) return;
+  if (!(job = need_job(d, c, m->job))) goto out;
+  for (size_t i = 0; i < m->n_handles; i++) /* all or nothing: check every handle first */
+    if (!kexd_job_find_buffer(job, m->handles[i])) {
+      kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "Free: job '%s' holds no buffer \"%.40s\" (handle %zu); nothing freed",
+                      job->name, m->handles[i], i);
+      goto out;
+    }
+  for (size_t i = 0; i < m->n_handles; i++)
+    if (kexd_job_free_buffer(&d->jobs, job, m->handles[i]) == 0) r.freed++; /* a repeated handle counts once */
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  free_msg(&m->base);
+}
+
+/* ---- _BusyWork (kexd --test-busy-work only) ---- */
+
+typedef struct busy_item {
+  kexd_work work;
+  double ms;
+} busy_item;
+
+/* Spin for arg's milliseconds on the runner thread; the device time is the wall time spun. */
+static int busy_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
+  const busy_item *b = arg;
+  double t0 = now_us(), t;
+  (void)dev;
+  (void)err;
+  do t = now_us();
+  while (t - t0 < b->ms * 1e3);
+  *device_s = (t - t0) / 1e6;
+  return 0;
+}
+
+static void busy_done(kexd_work *w) { kex_free(w->ud); }
+
+static void rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__BusyWorkRequest *m =
+      (Kex__V1__BusyWorkRequest *)decode(d, c, &kex__v1__busy_work_request__descriptor, req, len);
+  Kex__V1__BusyWorkReply r = KEX__V1__BUSY_WORK_REPLY__INIT;
+  kexd_job *job;
+  int dev, rc;
+  if (!m) return;
+  if (!(job = need_job(d, c, m->job))) goto out;
+  if (m->items > KEXD_BUSY_MAX_ITEMS || !(m->ms >= 0 && m->ms <= KEXD_BUSY_MAX_MS)) {
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "_BusyWork: items must be <= %d and ms in [0, %g]",
+                    KEXD_BUSY_MAX_ITEMS, KEXD_BUSY_MAX_MS);
+    goto out;
+  }
+  if ((dev = device_index(d, m->device)) < 0) {
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "_BusyWork: device \"%.64s\" is not one of this kexd's devices",
+                    m->device);
+    goto out;
+  }
+  for (uint32_t i = 0; i < m->items; i++) {
+    busy_item *b = kex_calloc(1, sizeof *b);
+    if (!b) break;
+    b->ms = m->ms;
+    b->work.kind = KEXD_WORK_RUN;
+    b->work.job = job->id;
+    b->work.weight = job->weight;
+    b->work.fn = busy_run;
+    b->work.arg = b;
+    b->work.done = busy_done;
+    b->work.ud = b;
+    if ((rc = kexd_dispatch_post(d->disp, (uint32_t)dev, &b->work)) < 0) {
+      kex_free(b);
+      break;
+    }
+    r.queued++;
+  }
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  free_msg(&m->base);
+}
+
 /* ---- devices and stats ---- */
 
 #define RPC_MAX_LISTED (2 * KEXD_MAX_DEVICES) /* devices in one ListDevices reply */
@@ -741,8 +1279,10 @@ static void rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud
   Kex__V1__GetStatsRequest *m = (Kex__V1__GetStatsRequest *)decode(d, c, &kex__v1__get_stats_request__descriptor, req, len);
   Kex__V1__StatsReply r = KEX__V1__STATS_REPLY__INIT;
   const kexd_server_stats *ss = kexd_server_get_stats(d->server);
+  kexd_job *job = NULL;
+  Kex__V1__JobStats *js = NULL, **jsp = NULL;
   if (!m) return;
-  if (*m->job && !need_job(d, c, m->job)) goto out;
+  if (*m->job && !(job = need_job(d, c, m->job))) goto out;
   r.jobs_open = d->jobs.njobs;
   r.jobs_opened = d->jobs.opened;
   r.jobs_closed = d->jobs.closed;
@@ -755,8 +1295,38 @@ static void rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud
   r.calls_failed = ss->calls_failed;
   uv_update_time(d->loop);
   r.uptime_s = (uv_now(d->loop) - d->started_ms) / 1e3;
+  r.buffers_freed = d->jobs.buffers_freed;
+  for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
+  /* one job when a token was given, every open job otherwise */
+  r.n_job_stats = job ? 1 : d->jobs.njobs;
+  if (r.n_job_stats) {
+    if (!(js = kex_calloc(r.n_job_stats, sizeof *js)) || !(jsp = kex_calloc(r.n_job_stats, sizeof *jsp))) {
+      kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "GetStats: out of memory");
+      goto out;
+    }
+    for (size_t i = 0; i < r.n_job_stats; i++) {
+      const kexd_job *jb = job ? job : d->jobs.jobs[i];
+      kexd_flow_stats fs;
+      kexd_dispatch_job_stats(d->disp, jb->id, &fs);
+      kex__v1__job_stats__init(&js[i]);
+      js[i].name = jb->name;
+      js[i].weight = jb->weight;
+      js[i].memory_limit = jb->memory_limit;
+      js[i].bytes_held = jb->bytes_held;
+      js[i].bytes_reserved = jb->bytes_reserved;
+      js[i].buffers = jb->nbufs;
+      js[i].queued = fs.queued;
+      js[i].running = fs.running;
+      js[i].items_done = fs.items_done;
+      js[i].device_time_s = fs.device_s;
+      jsp[i] = &js[i];
+    }
+    r.job_stats = jsp;
+  }
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
 out:
+  kex_free(jsp);
+  kex_free(js);
   free_msg(&m->base);
 }
 
@@ -785,9 +1355,9 @@ int kexd_rpc_register(kexd *d) {
       {"/kex.v1.Kex/ListDevices", KEXD_PAYLOAD_ONE, rpc_list_devices, NULL},
       {"/kex.v1.Kex/GetStats", KEXD_PAYLOAD_ONE, rpc_get_stats, NULL},
       {"/kex.v1.Kex/Submit", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
-      {"/kex.v1.Kex/Upload", KEXD_PAYLOAD_STREAM, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
-      {"/kex.v1.Kex/Download", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
-      {"/kex.v1.Kex/Free", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
+      {"/kex.v1.Kex/Upload", KEXD_PAYLOAD_STREAM, rpc_upload, NULL},
+      {"/kex.v1.Kex/Download", KEXD_PAYLOAD_ONE, rpc_download, NULL},
+      {"/kex.v1.Kex/Free", KEXD_PAYLOAD_ONE, rpc_free, NULL},
       {"/kex.v1.Kex/Tune", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
       {"/kex.v1.Kex/ListCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
       {"/kex.v1.Kex/GetCacheEntry", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
@@ -802,6 +1372,11 @@ int kexd_rpc_register(kexd *d) {
       KEX_ERROR("cannot register %s: %s", table[i].path, kex_strerror(rc));
       return rc;
     }
+  }
+  if (d->cfg.test_busy_work) {
+    int rc = kexd_server_add_method(d->server, "/kex.v1.Kex/_BusyWork", KEXD_PAYLOAD_ONE, rpc_busy_work, d);
+    if (rc < 0) return rc;
+    KEX_WARN("--test-busy-work: serving /kex.v1.Kex/_BusyWork (a test facility; never use it in production)");
   }
   return 0;
 }

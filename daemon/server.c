@@ -64,14 +64,16 @@ struct kexd_call {
   grpc_call_details details; /* generic requests */
   grpc_byte_buffer *payload; /* the request message */
   char *method_name;   /* generic: the path the client called */
-  tag t_new, t_close, t_recv, t_write, t_finish;
-  grpc_byte_buffer *write_bb, *finish_bb;
+  tag t_new, t_close, t_recv, t_write, t_finish, t_read;
+  grpc_byte_buffer *write_bb, *finish_bb, *read_bb;
   int close_cancelled; /* RECV_CLOSE_ON_SERVER out-param */
   int refs;
   bool active;         /* a handler owns it (between dispatch and finish) */
-  bool finished, cancelled, initial_md_sent, writing;
+  bool finished, cancelled, initial_md_sent, writing, reading;
   void (*write_done)(kexd_call *, int, void *);
   void *write_ud;
+  kexd_read_cb read_done;
+  void *read_ud;
   void (*on_cancel)(kexd_call *, void *);
   void (*on_stop)(kexd_call *, void *);
   void *hook_ud;
@@ -174,6 +176,7 @@ static void call_free(kexd_call *c) {
   kexd_server *s = c->srv;
   if (c->call) grpc_call_unref(c->call);
   if (c->payload) grpc_byte_buffer_destroy(c->payload);
+  if (c->read_bb) grpc_byte_buffer_destroy(c->read_bb);
   grpc_metadata_array_destroy(&c->md);
   if (c->generic) grpc_call_details_destroy(&c->details);
   kex_free(c->method_name);
@@ -215,6 +218,7 @@ static void on_close(tag *t);
 static void on_recv(tag *t);
 static void on_write(tag *t);
 static void on_finish(tag *t);
+static void on_read(tag *t);
 
 /* Post one request for method m (NULL: generic).  0 or a negative code; logged. */
 static int post_request(kexd_server *s, const method *m) {
@@ -233,6 +237,7 @@ static int post_request(kexd_server *s, const method *m) {
   c->t_recv.fn = on_recv;
   c->t_write.fn = on_write;
   c->t_finish.fn = on_finish;
+  c->t_read.fn = on_read;
   grpc_metadata_array_init(&c->md);
   s->nobjects++;
   if (m)
@@ -367,6 +372,50 @@ static void on_write(tag *t) {
   c->write_done = NULL;
   if (done) done(c, t->success && !c->cancelled, c->write_ud);
   call_unref(c);
+}
+
+/* One client-stream message arrived (or the stream ended, or the call died). */
+static void on_read(tag *t) {
+  kexd_call *c = CALL_FROM(t, t_read);
+  kexd_read_cb done = c->read_done;
+  void *ud = c->read_ud;
+  grpc_byte_buffer *bb = c->read_bb;
+  grpc_byte_buffer_reader r;
+  c->reading = false;
+  c->read_bb = NULL;
+  c->read_done = NULL;
+  if (!t->success || c->cancelled) {
+    if (done) done(c, NULL, 0, 0, ud);
+  } else if (!bb) {
+    if (done) done(c, NULL, 0, 1, ud); /* the client half-closed: end of stream */
+  } else if (grpc_byte_buffer_reader_init(&r, bb)) {
+    grpc_slice all = grpc_byte_buffer_reader_readall(&r);
+    const uint8_t *p = GRPC_SLICE_START_PTR(all);
+    grpc_byte_buffer_reader_destroy(&r);
+    if (done) done(c, p ? p : (const uint8_t *)"", GRPC_SLICE_LENGTH(all), 1, ud);
+    grpc_slice_unref(all);
+  } else if (done) {
+    done(c, NULL, 0, 0, ud);
+  }
+  if (bb) grpc_byte_buffer_destroy(bb);
+  call_unref(c);
+}
+
+int kexd_call_read(kexd_call *c, kexd_read_cb done, void *ud) {
+  grpc_op op;
+  if (c->finished || c->reading || !done) return KEX_EINVAL;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->read_bb;
+  c->read_done = done;
+  c->read_ud = ud;
+  c->reading = true;
+  if (start_batch(c, &op, 1, &c->t_read) < 0) {
+    c->reading = false;
+    c->read_done = NULL;
+    return KEX_EINTERNAL;
+  }
+  return 0;
 }
 
 static void on_finish(tag *t) {

@@ -96,6 +96,18 @@ void kexd_call_unref(kexd_call *c);
  * KEX_ENOMEM, KEX_EINTERNAL (grpc refused the batch).
  */
 int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd_call *, int ok, void *ud), void *ud);
+/*
+ * Read the next message of a client stream (KEXD_PAYLOAD_STREAM methods).
+ * Only one read may be outstanding; `done(call, msg, len, ok, ud)` runs on
+ * the loop thread when it completes: ok 1 with msg != NULL is a message (the
+ * bytes are valid only during the callback; an empty message has len 0 and
+ * msg != NULL), ok 1 with msg == NULL the end of the stream (the client
+ * half-closed), ok 0 a dead call (cancelled or broken; the handler should
+ * finish or drop it).  0, KEX_EINVAL (finished, a read pending, no
+ * callback), KEX_EINTERNAL; when it returns an error, done is never called.
+ */
+typedef void (*kexd_read_cb)(kexd_call *c, const uint8_t *msg, size_t len, int ok, void *ud);
+int kexd_call_read(kexd_call *c, kexd_read_cb done, void *ud);
 /* True while a write is outstanding. */
 bool kexd_call_writing(const kexd_call *c);
 /*

@@ -1,0 +1,425 @@
+/*
+ * dispatch.c - one runner thread per device, weighted fair queueing across
+ * jobs (dispatch.h says what the callers see).
+ *
+ * A runner is created on the loop thread at the first item for its device.
+ * Its thread opens the device (kex_device_open runs there, never on the
+ * loop), then repeatedly takes the head item of the flow with the smallest
+ * virtual time, runs it with the lock released, charges the measured time to
+ * the flow and hands the item back: onto the runner's done list, with
+ * uv_async_send to wake the loop, whose async callback runs each item's
+ * done.  A device that fails to open fails the item that needed it and is
+ * tried again at the next item.
+ *
+ * Virtual time: flow.vtime advances by device_s / weight after each item.
+ * When a flow becomes active (it had nothing queued or running), its vtime
+ * becomes max(vtime, min vtime of the other active flows) -- or
+ * max(vtime, runner.vclock), the vtime of the last flow picked, when no
+ * other flow is active -- so idleness is never credit.  Ties go to the flow
+ * served least recently.
+ *
+ * Stop: cancelled items and finished ones go back through the done list;
+ * after the runner thread has drained its must_run items it unrefs the
+ * device, says it exited, and the loop joins it (at once: it has returned)
+ * and closes the async handle.
+ */
+#include "daemon/dispatch.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+#define DISPATCH_NAME_MAX 64
+
+typedef struct flow {
+  uint64_t job;
+  uint32_t weight;
+  double vtime;         /* seconds of device time / weight */
+  uint64_t last_served; /* runner.picks at its last pick: tie-break */
+  kexd_work *head, *tail;
+  uint32_t queued, running;
+  uint64_t items_done;
+  double device_s;
+  bool cancelled;       /* its job is gone: remove once empty */
+  struct flow *next;
+} flow;
+
+typedef struct runner {
+  kexd_dispatch *d;
+  uint32_t index;
+  char name[DISPATCH_NAME_MAX];
+  pthread_t thread;
+  bool thread_started, joined;
+  uv_async_t async;
+  bool async_open;
+  /*
+   * lock protects everything below it: the flows and their queues and
+   * counters, vclock and picks, the done list, stopping and exited.  The
+   * loop thread takes it to post, cancel, read stats and drain the done
+   * list; the runner thread to pick and to hand an item back.  It is never
+   * held while an item runs or while the device opens.
+   */
+  pthread_mutex_t lock;
+  pthread_cond_t wake;  /* signalled (under lock) when an item is queued or stopping is set */
+  flow *flows;
+  double vclock;
+  uint64_t picks;
+  kexd_work *done_head, *done_tail;
+  bool stopping, exited;
+  /* runner thread only */
+  kex_device *dev;
+} runner;
+
+struct kexd_dispatch {
+  uv_loop_t *loop;
+  uint32_t nrunners;
+  runner **runners;     /* [nrunners]; NULL until the device's first item */
+  char (*names)[DISPATCH_NAME_MAX];
+  bool stopping;
+  uint32_t open_handles;
+  void (*on_stopped)(void *);
+  void *stopped_ud;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- under the runner's lock ---- */
+
+static void done_push(runner *r, kexd_work *w) {
+  w->next = NULL;
+  if (r->done_tail) r->done_tail->next = w;
+  else r->done_head = w;
+  r->done_tail = w;
+}
+
+static flow *flow_find(runner *r, uint64_t job) {
+  for (flow *f = r->flows; f; f = f->next)
+    if (f->job == job) return f;
+  return NULL;
+}
+
+static void flow_remove(runner *r, flow *f) {
+  flow **pp = &r->flows;
+  while (*pp != f) pp = &(*pp)->next;
+  *pp = f->next;
+  kex_free(f);
+}
+
+static bool flow_active(const flow *f) { return f->queued || f->running; }
+
+/* f becomes active: start at max(its vtime, the smallest vtime of the other active flows / the clock). */
+static void flow_activate(runner *r, flow *f) {
+  bool any = false;
+  double vmin = 0;
+  for (flow *g = r->flows; g; g = g->next) {
+    if (g == f || !flow_active(g)) continue;
+    if (!any || g->vtime < vmin) vmin = g->vtime;
+    any = true;
+  }
+  if (!any) vmin = r->vclock;
+  if (f->vtime < vmin) f->vtime = vmin;
+}
+
+/* Move f's queued items that may be dropped to the done list as cancelled.  Returns how many. */
+static uint32_t flow_cancel(runner *r, flow *f) {
+  kexd_work **pp = &f->head, *w;
+  uint32_t n = 0;
+  f->tail = NULL;
+  while ((w = *pp)) {
+    if (w->must_run || w->kind == KEXD_WORK_FREE) {
+      f->tail = w;
+      pp = &w->next;
+      continue;
+    }
+    *pp = w->next;
+    f->queued--;
+    w->rc = kex_err_set(&w->err, KEX_ECANCELLED, "cancelled: the job was closed or the daemon is stopping");
+    done_push(r, w);
+    n++;
+  }
+  return n;
+}
+
+/* The flow with queued items and the smallest vtime (least recently served on a tie); NULL when none. */
+static flow *flow_pick(runner *r) {
+  flow *best = NULL;
+  for (flow *f = r->flows; f; f = f->next) {
+    if (!f->queued) continue;
+    if (!best || f->vtime < best->vtime || (f->vtime == best->vtime && f->last_served < best->last_served)) best = f;
+  }
+  return best;
+}
+
+/* ---- the runner thread ---- */
+
+static void open_failed(const runner *r, kex_error *err, int rc, const kex_error *open_err) {
+  kex_err_set(err, rc, "device \"%s\" cannot be opened: %s", r->name,
+              open_err->msg[0] ? open_err->msg : kex_strerror(rc));
+}
+
+/* Run one item on the device (opening it first if needed); fills w's result fields. */
+static void run_item(runner *r, kexd_work *w) {
+  double t0 = now_s();
+  kex_error oerr = {0};
+  int rc;
+  w->device_s = -1;
+  w->rc = 0;
+  if (!r->dev && w->kind != KEXD_WORK_FREE && (rc = kex_device_open(r->name, &r->dev, &oerr)) < 0) {
+    r->dev = NULL;
+    open_failed(r, &w->err, rc, &oerr);
+    w->rc = rc;
+    w->device_s = 0;
+    return;
+  }
+  switch (w->kind) {
+  case KEXD_WORK_UPLOAD:
+    w->rc = kex_device_alloc(r->dev, w->size ? w->size : 1, &w->out_buf, &w->err);
+    if (!w->rc && w->src_size && (w->rc = kex_buffer_copy_in(w->out_buf, 0, w->src, w->src_size, &w->err)) < 0) {
+      kex_buffer_free(w->out_buf);
+      w->out_buf = NULL;
+    }
+    break;
+  case KEXD_WORK_COPY_OUT:
+    w->rc = kex_buffer_copy_out(w->buf, w->offset, w->dst, w->size, &w->err);
+    break;
+  case KEXD_WORK_FREE:
+    kex_buffer_free(w->buf);
+    break;
+  case KEXD_WORK_RUN:
+    w->rc = w->fn(r->dev, w->arg, &w->device_s, &w->err);
+    break;
+  }
+  if (w->device_s < 0) w->device_s = now_s() - t0;
+}
+
+static void *runner_main(void *arg) {
+  runner *r = arg;
+  pthread_mutex_lock(&r->lock);
+  for (;;) {
+    flow *f = flow_pick(r);
+    kexd_work *w;
+    if (!f) {
+      if (r->stopping) break;
+      pthread_cond_wait(&r->wake, &r->lock);
+      continue;
+    }
+    w = f->head;
+    f->head = w->next;
+    if (!f->head) f->tail = NULL;
+    f->queued--;
+    f->running++;
+    f->last_served = ++r->picks;
+    if (f->vtime > r->vclock) r->vclock = f->vtime;
+    pthread_mutex_unlock(&r->lock);
+    run_item(r, w);
+    pthread_mutex_lock(&r->lock);
+    f->running--;
+    f->vtime += w->device_s / f->weight;
+    f->device_s += w->device_s;
+    f->items_done++;
+    done_push(r, w);
+    if (f->cancelled && !flow_active(f)) flow_remove(r, f);
+    pthread_mutex_unlock(&r->lock);
+    uv_async_send(&r->async);
+    pthread_mutex_lock(&r->lock);
+  }
+  pthread_mutex_unlock(&r->lock);
+  kex_device_unref(r->dev); /* the buffers were freed by FREE items; each kept its own reference anyway */
+  r->dev = NULL;
+  pthread_mutex_lock(&r->lock);
+  r->exited = true;
+  pthread_mutex_unlock(&r->lock);
+  uv_async_send(&r->async);
+  return NULL;
+}
+
+/* ---- the loop thread ---- */
+
+static void on_runner_closed(uv_handle_t *h) {
+  runner *r = h->data;
+  kexd_dispatch *d = r->d;
+  r->async_open = false;
+  if (--d->open_handles == 0 && d->stopping && d->on_stopped) d->on_stopped(d->stopped_ud);
+}
+
+/* Run done for every item handed back; after the thread exited, join it and close the handle. */
+static void on_runner_async(uv_async_t *a) {
+  runner *r = a->data;
+  kexd_work *w;
+  bool exited;
+  pthread_mutex_lock(&r->lock);
+  w = r->done_head;
+  r->done_head = r->done_tail = NULL;
+  exited = r->exited;
+  pthread_mutex_unlock(&r->lock);
+  while (w) {
+    kexd_work *next = w->next; /* done may free w */
+    w->next = NULL;
+    w->done(w);
+    w = next;
+  }
+  if (exited && !r->joined) {
+    pthread_join(r->thread, NULL);
+    r->joined = true;
+    uv_close((uv_handle_t *)&r->async, on_runner_closed);
+  }
+}
+
+int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[64], uint32_t ndevices, kexd_dispatch **out) {
+  kexd_dispatch *d;
+  *out = NULL;
+  if (!(d = kex_calloc(1, sizeof *d))) return KEX_ENOMEM;
+  d->loop = loop;
+  d->nrunners = ndevices;
+  if (!(d->runners = kex_calloc(ndevices ? ndevices : 1, sizeof *d->runners)) ||
+      !(d->names = kex_calloc(ndevices ? ndevices : 1, sizeof *d->names))) {
+    kexd_dispatch_free(d);
+    return KEX_ENOMEM;
+  }
+  for (uint32_t i = 0; i < ndevices; i++) snprintf(d->names[i], DISPATCH_NAME_MAX, "%s", names[i]);
+  *out = d;
+  return 0;
+}
+
+static void runner_free(runner *r) {
+  if (!r) return;
+  while (r->flows) flow_remove(r, r->flows);
+  pthread_cond_destroy(&r->wake);
+  pthread_mutex_destroy(&r->lock);
+  kex_free(r);
+}
+
+/* The runner of device i, started now if it is not yet.  NULL when it cannot be. */
+static runner *runner_get(kexd_dispatch *d, uint32_t i) {
+  runner *r = d->runners[i];
+  if (r) return r;
+  if (!(r = kex_calloc(1, sizeof *r))) return NULL;
+  r->d = d;
+  r->index = i;
+  memcpy(r->name, d->names[i], sizeof r->name);
+  pthread_mutex_init(&r->lock, NULL);
+  pthread_cond_init(&r->wake, NULL);
+  if (uv_async_init(d->loop, &r->async, on_runner_async) < 0) {
+    runner_free(r);
+    return NULL;
+  }
+  r->async.data = r;
+  r->async_open = true;
+  d->open_handles++;
+  if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
+    KEX_ERROR("dispatch: cannot start the runner thread of device \"%s\"", r->name);
+    r->joined = true;
+    d->runners[i] = r; /* freed with the dispatcher, after its handle closed */
+    uv_close((uv_handle_t *)&r->async, on_runner_closed);
+    return NULL;
+  }
+  r->thread_started = true;
+  d->runners[i] = r;
+  kex_log(KEX_LOG_DEBUG, NULL, 0, "dispatch: runner for device \"%s\" started", r->name);
+  return r;
+}
+
+int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {
+  runner *r;
+  flow *f;
+  if (device_index >= d->nrunners || !w->done || (w->kind == KEXD_WORK_RUN && !w->fn) ||
+      ((w->kind == KEXD_WORK_COPY_OUT || w->kind == KEXD_WORK_FREE) && !w->buf))
+    return KEX_EINVAL;
+  if (d->stopping) return KEX_EUNAVAILABLE;
+  if (d->runners[device_index] && !d->runners[device_index]->thread_started) return KEX_EINTERNAL;
+  if (!(r = runner_get(d, device_index))) return KEX_EINTERNAL;
+  w->next = NULL;
+  w->rc = 0;
+  w->out_buf = NULL;
+  w->device_s = 0;
+  w->err.code = 0;
+  w->err.msg[0] = '\0';
+  pthread_mutex_lock(&r->lock);
+  if (!(f = flow_find(r, w->job))) {
+    if (!(f = kex_calloc(1, sizeof *f))) {
+      pthread_mutex_unlock(&r->lock);
+      return KEX_ENOMEM;
+    }
+    f->job = w->job;
+    f->next = r->flows;
+    r->flows = f;
+  }
+  f->weight = w->weight ? w->weight : 1;
+  f->cancelled = false;
+  if (!flow_active(f)) flow_activate(r, f);
+  if (f->tail) f->tail->next = w;
+  else f->head = w;
+  f->tail = w;
+  f->queued++;
+  pthread_cond_signal(&r->wake);
+  pthread_mutex_unlock(&r->lock);
+  return 0;
+}
+
+void kexd_dispatch_cancel_job(kexd_dispatch *d, uint64_t job) {
+  for (uint32_t i = 0; i < d->nrunners; i++) {
+    runner *r = d->runners[i];
+    flow *f;
+    uint32_t n = 0;
+    if (!r || !r->thread_started) continue;
+    pthread_mutex_lock(&r->lock);
+    if ((f = flow_find(r, job))) {
+      n = flow_cancel(r, f);
+      f->cancelled = true;
+      if (!flow_active(f)) flow_remove(r, f);
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (n) uv_async_send(&r->async);
+  }
+}
+
+void kexd_dispatch_job_stats(kexd_dispatch *d, uint64_t job, kexd_flow_stats *out) {
+  memset(out, 0, sizeof *out);
+  for (uint32_t i = 0; i < d->nrunners; i++) {
+    runner *r = d->runners[i];
+    flow *f;
+    if (!r || !r->thread_started) continue;
+    pthread_mutex_lock(&r->lock);
+    if ((f = flow_find(r, job))) {
+      out->queued += f->queued;
+      out->running += f->running;
+      out->items_done += f->items_done;
+      out->device_s += f->device_s;
+    }
+    pthread_mutex_unlock(&r->lock);
+  }
+}
+
+void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *), void *ud) {
+  if (d->stopping) return;
+  d->stopping = true;
+  d->on_stopped = on_stopped;
+  d->stopped_ud = ud;
+  for (uint32_t i = 0; i < d->nrunners; i++) {
+    runner *r = d->runners[i];
+    if (!r || !r->thread_started) continue;
+    pthread_mutex_lock(&r->lock);
+    for (flow *f = r->flows; f; f = f->next) flow_cancel(r, f);
+    r->stopping = true;
+    pthread_cond_signal(&r->wake);
+    pthread_mutex_unlock(&r->lock);
+    uv_async_send(&r->async);
+  }
+  if (d->open_handles == 0 && on_stopped) on_stopped(ud);
+}
+
+void kexd_dispatch_free(kexd_dispatch *d) {
+  if (!d) return;
+  for (uint32_t i = 0; d->runners && i < d->nrunners; i++) runner_free(d->runners[i]);
+  kex_free(d->runners);
+  kex_free(d->names);
+  kex_free(d);
+}

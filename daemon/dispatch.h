@@ -1,0 +1,118 @@
+/*
+ * dispatch.h - device runner threads and the weighted fair queue in front
+ * of each device.
+ *
+ * One runner thread per device in use (started at the first work item for
+ * that device, which it opens itself): the only thread that calls into that
+ * device and its handles (devices/device.h).  The loop thread posts work
+ * items; after kexd_dispatch_post the item belongs to the dispatcher until
+ * its `done` callback runs on the loop thread, and the runner reads only
+ * its request fields and writes only its result fields -- a message, never
+ * shared state.
+ *
+ * Fairness: each job has a FIFO of items per device (a "flow").  The runner
+ * always runs the head item of the flow with the smallest virtual time; a
+ * flow's virtual time advances by each item's measured time divided by the
+ * job's weight, so saturating jobs share the device in proportion to their
+ * weights.  A flow that becomes active (nothing queued or running before)
+ * starts at max(its virtual time, the smallest virtual time of the active
+ * flows), so an idle job cannot bank credit.
+ *
+ * Items of one job on one device run in the order they were posted.
+ */
+#ifndef KEX_DAEMON_DISPATCH_H
+#define KEX_DAEMON_DISPATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "core/errors.h"
+#include "devices/device.h"
+
+typedef struct kexd_dispatch kexd_dispatch;
+typedef struct kexd_work kexd_work;
+
+typedef enum kexd_work_kind {
+  KEXD_WORK_UPLOAD,   /* alloc `size` bytes, copy src[0..src_size) in; result: out_buf */
+  KEXD_WORK_COPY_OUT, /* copy [offset, offset + size) of buf to dst */
+  KEXD_WORK_FREE,     /* kex_buffer_free(buf); always runs, even when the job is cancelled */
+  KEXD_WORK_RUN,      /* fn(dev, arg, &device_s, &err) */
+} kexd_work_kind;
+
+/*
+ * A closure run on the device's runner thread with the open device.  It
+ * sets *device_s to the device time it measured (seconds; leave it negative
+ * and the runner uses the wall time of the call) and returns 0 or a
+ * negative KEX_E* code with *err filled.  It must touch only dev and what
+ * arg owns.
+ */
+typedef int (*kexd_work_fn)(kex_device *dev, void *arg, double *device_s, kex_error *err);
+
+/* Runs on the loop thread when the item is finished (or cancelled: rc KEX_ECANCELLED). */
+typedef void (*kexd_work_done)(kexd_work *w);
+
+struct kexd_work {
+  /* request: set before posting, read-only after */
+  kexd_work_kind kind;
+  uint64_t job;       /* the flow it is charged to (kexd_job.id) */
+  uint32_t weight;    /* the job's weight (>= 1) */
+  bool must_run;      /* not dropped by kexd_dispatch_cancel_job / stop (FREE always is) */
+  kex_buffer *buf;    /* COPY_OUT, FREE */
+  size_t offset, size;/* COPY_OUT: the range; UPLOAD: bytes to allocate */
+  const void *src;    /* UPLOAD: src_size bytes to copy in (owned by the poster) */
+  size_t src_size;
+  void *dst;          /* COPY_OUT: size bytes (owned by the poster) */
+  kexd_work_fn fn;    /* RUN */
+  void *arg;
+  kexd_work_done done;
+  void *ud;           /* the poster's */
+  /* result: written by the runner, read in done */
+  int rc;
+  kex_error err;
+  kex_buffer *out_buf; /* UPLOAD: the new buffer, owned by the poster from done on */
+  double device_s;     /* measured time of the item */
+  /* dispatcher links */
+  kexd_work *next;
+};
+
+/* Per-job counters, summed over devices (GetStats). */
+typedef struct kexd_flow_stats {
+  uint32_t queued;     /* items waiting */
+  uint32_t running;    /* items on a device now */
+  uint64_t items_done; /* items that ran (cancelled ones excluded) */
+  double device_s;     /* measured time of the items that ran */
+} kexd_flow_stats;
+
+/* A dispatcher for up to `ndevices` named devices (names copied).  0, KEX_ENOMEM. */
+int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[64], uint32_t ndevices, kexd_dispatch **out);
+
+/*
+ * Queue w for device `device_index` (starting its runner when needed).
+ * After 0 the item belongs to the dispatcher until w->done runs on the loop
+ * thread.  Errors (done is then never called): KEX_EINVAL (bad index or
+ * kind), KEX_EUNAVAILABLE (stopping), KEX_EINTERNAL (no thread).
+ */
+int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w);
+
+/*
+ * The job is gone: its queued items that are not must_run finish with
+ * KEX_ECANCELLED without running (their done still runs); its flows are
+ * removed once empty.  An item already running finishes normally.
+ */
+void kexd_dispatch_cancel_job(kexd_dispatch *d, uint64_t job);
+
+/* The job's counters now (briefly takes each runner's lock). */
+void kexd_dispatch_job_stats(kexd_dispatch *d, uint64_t job, kexd_flow_stats *out);
+
+/*
+ * Stop: queued items that are not must_run are cancelled, the rest run, the
+ * runners close their devices and exit, the loop handles close; then
+ * on_stopped(ud) runs on the loop thread.  Idempotent.
+ */
+void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *ud), void *ud);
+/* Free a dispatcher after on_stopped ran (or one that never started a runner). */
+void kexd_dispatch_free(kexd_dispatch *d);
+
+#endif
