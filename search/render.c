@@ -1,0 +1,488 @@
+/*
+ * render.c - uops_to_cstyle (tinygrad 0.9.0 renderer/cstyle.py, spec 10)
+ * with two dialects: OpenCL C (tinygrad's OpenCLRenderer) and C for the
+ * cpu device (tinygrad's ClangRenderer, adapted to devices/device.h: the
+ * buffers come in `void **bufs` and the outermost global loop runs over
+ * [gidx_start, gidx_end), the range this thread of the pool owns).
+ *
+ * The walk is linear over g->linear; r[u] is the expression of each uop.
+ * ALUs and CASTs with one user are inlined into it (MAX never is), as in
+ * tinygrad, except that an expression longer than INLINE_MAX bytes is given
+ * its own variable (a long elementwise chain would otherwise become one
+ * quadratic-size expression).
+ */
+#include "search/render.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "search/lower.h"
+
+#define INLINE_MAX 4000
+
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+  bool oom;
+} sbuf;
+
+static void sb_vadd(sbuf *b, const char *fmt, va_list ap) {
+  if (b->oom) return;
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap2);
+  va_end(ap2);
+  if (n < 0) {
+    b->oom = true;
+    return;
+  }
+  if (b->len + (size_t)n + 1 > b->cap) {
+    size_t ncap = b->cap ? b->cap : 1024;
+    while (ncap < b->len + (size_t)n + 1) ncap *= 2;
+    char *np = kex_realloc(b->p, ncap);
+    if (!np) {
+      b->oom = true;
+      return;
+    }
+    b->p = np;
+    b->cap = ncap;
+  }
+  vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+  b->len += (size_t)n;
+}
+
+static void sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_add(sbuf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sb_vadd(b, fmt, ap);
+  va_end(ap);
+}
+
+typedef struct rctx {
+  int dialect;
+  const kex_uop_graph *g;
+  kex_arena arena;
+  const char **r;     /* by uop id */
+  uint32_t *children; /* by uop id */
+  sbuf body;
+  int depth;
+  int cnt_alu, cnt_val, cnt_acc, cnt_ridx, cnt_cast, cnt_precast;
+  bool uses_half, oom;
+} rctx;
+
+static char *fmt(rctx *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
+static char *fmt(rctx *c, const char *f, ...) {
+  va_list ap, ap2;
+  va_start(ap, f);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, f, ap);
+  va_end(ap);
+  char *s = n >= 0 ? kex_arena_alloc(&c->arena, (size_t)n + 1) : NULL;
+  if (s) vsnprintf(s, (size_t)n + 1, f, ap2);
+  else c->oom = true;
+  va_end(ap2);
+  return s ? s : "";
+}
+
+static void kk(rctx *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
+static void kk(rctx *c, const char *f, ...) {
+  for (int i = 0; i < c->depth; i++) sb_add(&c->body, "  ");
+  va_list ap;
+  va_start(ap, f);
+  sb_vadd(&c->body, f, ap);
+  va_end(ap);
+  sb_add(&c->body, "\n");
+}
+
+static const char *scalar_name(int dialect, kex_dtype dt) {
+  if (dialect == KEX_DIALECT_OPENCL) return kex_dtypes[dt].cl_name;
+  if (dt == KEX_DT_FLOAT16) return "_Float16";
+  return kex_dtypes[dt].clang_name;
+}
+
+static const char *type_name(rctx *c, kex_udtype d) {
+  if (d.dt == KEX_DT_FLOAT16) c->uses_half = true;
+  const char *s = scalar_name(c->dialect, d.dt);
+  return d.vec > 1 ? fmt(c, "%s%d", s, d.vec) : s;
+}
+
+/* strip_parens: "(a+b)" -> "a+b" when the outer parens match. */
+static const char *strip_parens(rctx *c, const char *s) {
+  size_t n = strlen(s);
+  if (n < 2 || s[0] != '(' || s[n - 1] != ')') return s;
+  const char *o = strchr(s + 1, '('), *cl = strchr(s + 1, ')');
+  long io = o ? (long)(o - s - 1) : -1, ic = cl ? (long)(cl - s - 1) : -1;
+  if (!(io < ic)) return s;
+  return fmt(c, "%.*s", (int)(n - 2), s + 1);
+}
+
+/* Python repr of a float, shortest round-trip ("2.0", "1e-05", "0.1"). */
+static void float_repr(double x, char *buf, size_t len) {
+  char tmp[64];
+  int p;
+  for (p = 1; p <= 17; p++) {
+    snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
+    if (strtod(tmp, NULL) == x) break;
+  }
+  if (p > 17) p = 17;
+  int e = (int)floor(log10(fabs(x)));
+  snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
+  e = atoi(strchr(tmp, 'e') + 1);
+  if (x == 0) {
+    snprintf(buf, len, "%s", signbit(x) ? "-0.0" : "0.0");
+    return;
+  }
+  if (e < -4 || e >= 16) {
+    /* mantissa digits without trailing zeros, exponent with at least 2 digits */
+    char m[40];
+    snprintf(m, sizeof m, "%.*e", p - 1, x);
+    char *ep = strchr(m, 'e');
+    *ep = 0;
+    snprintf(buf, len, "%se%c%02d", m, e < 0 ? '-' : '+', abs(e));
+  } else {
+    int dec = p - 1 - e;
+    if (dec < 0) dec = 0;
+    snprintf(buf, len, "%.*f", dec, x);
+    if (!strchr(buf, '.')) strncat(buf, ".0", len - strlen(buf) - 1);
+  }
+}
+
+/* render_const(x, dtype) without the negative-value parens. */
+static const char *render_const(rctx *c, kex_const v, kex_udtype d) {
+  kex_const x = kex_const_as(v, d.dt);
+  char val[96];
+  bool plain = d.vec == 1 && (d.dt == KEX_DT_FLOAT32 || d.dt == KEX_DT_INT32 || d.dt == KEX_DT_BOOL);
+  if (kex_dtype_is_float(d.dt) && isnan(x.f)) {
+    snprintf(val, sizeof val, "NAN");
+  } else if (kex_dtype_is_float(d.dt) && isinf(x.f)) {
+    snprintf(val, sizeof val, "%sINFINITY", x.f < 0 ? "-" : "");
+  } else if (d.dt == KEX_DT_FLOAT64) {
+    float_repr(x.f, val, sizeof val);
+    plain = true;
+  } else if (d.dt == KEX_DT_BOOL) {
+    snprintf(val, sizeof val, "%d", x.b ? 1 : 0);
+  } else if (d.dt == KEX_DT_FLOAT32 && d.vec == 1) {
+    float_repr(x.f, val, sizeof val);
+    strncat(val, "f", sizeof val - strlen(val) - 1);
+  } else if (kex_dtype_is_float(d.dt)) {
+    float_repr(x.f, val, sizeof val);
+  } else if (d.dt == KEX_DT_INT32 && x.i == INT32_MIN) {
+    snprintf(val, sizeof val, "(-2147483647-1)");
+  } else if (d.dt == KEX_DT_INT64 && x.i == INT64_MIN) {
+    snprintf(val, sizeof val, "(-9223372036854775807ll-1)");
+  } else if (d.dt == KEX_DT_UINT64) {
+    snprintf(val, sizeof val, "%lluull", (unsigned long long)x.i);
+  } else if (d.dt == KEX_DT_INT64) {
+    snprintf(val, sizeof val, "%lldll", (long long)x.i);
+  } else if (kex_dtype_is_unsigned(d.dt)) {
+    snprintf(val, sizeof val, "%lluu", (unsigned long long)(uint64_t)x.i);
+  } else {
+    snprintf(val, sizeof val, "%lld", (long long)x.i);
+  }
+  if (plain) return fmt(c, "%s", val);
+  const char *t = type_name(c, d);
+  if (d.vec > 1) {
+    sbuf b = {0};
+    sb_add(&b, "(%s)(", t);
+    for (int i = 0; i < d.vec; i++) sb_add(&b, "%s%s", i ? "," : "", val);
+    sb_add(&b, ")");
+    const char *s = b.oom ? NULL : fmt(c, "%s", b.p);
+    if (!s) c->oom = true;
+    kex_free(b.p);
+    return s ? s : "";
+  }
+  return fmt(c, "(%s)(%s)", t, val);
+}
+
+static bool const_negative(kex_const v) {
+  switch (v.kind) {
+  case KEX_CONST_INT: return v.i < 0;
+  case KEX_CONST_FLOAT: return v.f < 0;
+  default: return false;
+  }
+}
+
+/* A unary math function: OpenCL builtins are overloaded; C picks the float/double name. */
+static const char *render_math(rctx *c, const char *fn, const char *x, kex_udtype d) {
+  if (c->dialect == KEX_DIALECT_OPENCL) return fmt(c, "%s(%s)", fn, x);
+  if (d.dt == KEX_DT_FLOAT64) return fmt(c, "%s(%s)", fn, x);
+  if (d.dt == KEX_DT_FLOAT32) return fmt(c, "%sf(%s)", fn, x);
+  return fmt(c, "((%s)%sf((float)(%s)))", type_name(c, d), fn, x);
+}
+
+static const char *code_for_op(rctx *c, kex_op op, const char **o, kex_udtype d, const kex_uop *u) {
+  bool ocl = c->dialect == KEX_DIALECT_OPENCL;
+  switch (op) {
+  case KEX_OP_NEG: return d.dt == KEX_DT_BOOL ? fmt(c, "(!%s)", o[0]) : fmt(c, "(-%s)", o[0]);
+  case KEX_OP_SQRT: return render_math(c, "sqrt", o[0], d);
+  case KEX_OP_EXP2: return render_math(c, "exp2", o[0], d);
+  case KEX_OP_LOG2: return render_math(c, "log2", o[0], d);
+  case KEX_OP_SIN: return render_math(c, "sin", o[0], d);
+  case KEX_OP_ADD: return fmt(c, "(%s+%s)", o[0], o[1]);
+  case KEX_OP_SUB: return fmt(c, "(%s-%s)", o[0], o[1]);
+  case KEX_OP_MUL: return fmt(c, "(%s*%s)", o[0], o[1]);
+  case KEX_OP_DIV: return fmt(c, "(%s/%s)", o[0], o[1]);
+  case KEX_OP_MAX:
+    if (d.dt == KEX_DT_BOOL) return fmt(c, "(%s||%s)", o[0], o[1]);
+    if (ocl) return fmt(c, "max(%s,%s)", o[0], o[1]);
+    return fmt(c, "((%s>%s)?%s:%s)", o[0], o[1], o[0], o[1]);
+  case KEX_OP_MOD:
+    if (kex_dtype_is_float(d.dt)) return render_math(c, "fmod", fmt(c, "%s,%s", o[0], o[1]), d);
+    return fmt(c, "(%s%%%s)", o[0], o[1]);
+  case KEX_OP_CMPLT: return fmt(c, "(%s<%s)", o[0], o[1]);
+  case KEX_OP_CMPEQ: return fmt(c, "(%s==%s)", o[0], o[1]);
+  case KEX_OP_XOR: return fmt(c, "(%s^%s)", o[0], o[1]);
+  case KEX_OP_WHERE: return fmt(c, "(%s?%s:%s)", o[0], o[1], o[2]);
+  case KEX_OP_MULACC: return fmt(c, "((%s*%s)+%s)", o[0], o[1], o[2]);
+  default: break;
+  }
+  (void)u;
+  c->oom = true;
+  return "";
+}
+
+static const char *render_cast(rctx *c, const char **xs, uint32_t n, kex_udtype d) {
+  const char *t = type_name(c, d);
+  if (n == 1) return fmt(c, "(%s)(%s)", t, xs[0]);
+  sbuf b = {0};
+  sb_add(&b, "(%s)(", t);
+  for (uint32_t i = 0; i < n; i++) sb_add(&b, "%s%s", i ? "," : "", xs[i]);
+  sb_add(&b, ")");
+  const char *s = b.oom ? NULL : fmt(c, "%s", b.p);
+  kex_free(b.p);
+  if (!s) c->oom = true;
+  return s ? s : "";
+}
+
+static const char *ptr_prefix(rctx *c, const kex_uop *buf) {
+  if (c->dialect != KEX_DIALECT_OPENCL) return "";
+  return buf->uop == KEX_UOP_DEFINE_LOCAL ? "__local " : "__global ";
+}
+
+static const char *render_load(rctx *c, kex_udtype out, const kex_uop *buf, const char *idx) {
+  const char *bn = c->r[buf->id];
+  if (out.vec > 1) {
+    const char *v = fmt(c, "*((%s%s*)(%s+%s))", ptr_prefix(c, buf), type_name(c, out), bn, idx);
+    return render_cast(c, &v, 1, out);
+  }
+  return fmt(c, "%s[%s]", bn, idx);
+}
+
+static int emit(rctx *c, const kex_uop *u, kex_error *err) {
+  const char **r = c->r;
+  const kex_uop *const *vin = u->vin;
+  switch (u->uop) {
+  case KEX_UOP_IF:
+    kk(c, "if (%s) {", r[vin[0]->id]);
+    c->depth++;
+    break;
+  case KEX_UOP_BARRIER:
+    if (c->dialect != KEX_DIALECT_OPENCL) return kex_err_set(err, KEX_EUNSUPPORTED, "render: BARRIER on cpu");
+    kk(c, "barrier(CLK_LOCAL_MEM_FENCE);");
+    break;
+  case KEX_UOP_ENDRANGE:
+  case KEX_UOP_ENDIF:
+    c->depth--;
+    kk(c, "}");
+    break;
+  case KEX_UOP_STORE: {
+    const kex_uop *buf = vin[0], *val = vin[2];
+    if (u->nvin > 3) {
+      kk(c, "if (%s) {", r[vin[3]->id]);
+      c->depth++;
+    }
+    const char *idx = strip_parens(c, r[vin[1]->id]);
+    if (val->dtype.vec > 1)
+      kk(c, "*((%s%s*)(%s+%s)) = %s;", ptr_prefix(c, buf), type_name(c, val->dtype), r[buf->id], idx, r[val->id]);
+    else
+      kk(c, "%s[%s] = %s;", r[buf->id], idx, r[val->id]);
+    if (u->nvin > 3) {
+      c->depth--;
+      kk(c, "}");
+    }
+    break;
+  }
+  case KEX_UOP_RANGE: {
+    const char *nm = fmt(c, "ridx%d", c->cnt_ridx++);
+    r[u->id] = nm;
+    if (c->dialect == KEX_DIALECT_CPU && u->arg.i[0] == 1 && u->arg.i[1] == 0) {
+      if (c->depth != 1)
+        return kex_err_set(err, KEX_EINTERNAL, "render: the outer global loop is not the outermost statement");
+      kk(c, "for (int %s = gidx_start; %s < gidx_end; %s++) {", nm, nm, nm);
+    } else {
+      kk(c, "for (int %s = %s; %s < %s; %s++) {", nm, r[vin[0]->id], nm, r[vin[1]->id], nm);
+    }
+    c->depth++;
+    break;
+  }
+  case KEX_UOP_ALU: {
+    const char *o[3];
+    for (uint32_t i = 0; i < u->nvin; i++) {
+      const kex_uop *v = vin[i];
+      bool same = (u->arg.op == KEX_OP_ADD || u->arg.op == KEX_OP_MUL || u->arg.op == KEX_OP_XOR) &&
+                  v->uop == KEX_UOP_ALU && v->arg.op == u->arg.op;
+      o[i] = same ? strip_parens(c, r[v->id]) : r[v->id];
+    }
+    const char *val = code_for_op(c, u->arg.op, o, u->dtype, u);
+    if (c->children[u->id] <= 1 && u->arg.op != KEX_OP_MAX && strlen(val) <= INLINE_MAX) {
+      r[u->id] = val;
+    } else {
+      const char *nm = fmt(c, "alu%d", c->cnt_alu++);
+      kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
+      r[u->id] = nm;
+    }
+    break;
+  }
+  case KEX_UOP_SPECIAL: {
+    if (c->dialect != KEX_DIALECT_OPENCL) return kex_err_set(err, KEX_EUNSUPPORTED, "render: SPECIAL on cpu");
+    const char *nm = u->arg.name;
+    const char *fn = nm[0] == 'g' ? "get_group_id" : nm[0] == 'l' ? "get_local_id" : "get_global_id";
+    kk(c, "int %s = %s(%lld); /* %lld */", nm, fn, (long long)u->arg.i[0], (long long)u->arg.i[1]);
+    r[u->id] = nm;
+    break;
+  }
+  case KEX_UOP_LOAD: {
+    const char *val = render_load(c, u->dtype, vin[0], strip_parens(c, r[vin[1]->id]));
+    if (u->nvin > 3 && vin[2]->uop != KEX_UOP_BARRIER && vin[2]->uop != KEX_UOP_IF)
+      val = fmt(c, "(%s?%s:%s)", r[vin[2]->id], val, r[vin[3]->id]);
+    const char *nm = fmt(c, "val%d", c->cnt_val++);
+    kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
+    r[u->id] = nm;
+    break;
+  }
+  case KEX_UOP_PHI:
+    kk(c, "%s = %s;", r[vin[0]->id], r[vin[1]->id]);
+    r[u->id] = r[vin[0]->id];
+    break;
+  case KEX_UOP_CAST:
+  case KEX_UOP_BITCAST: {
+    const char *val;
+    if (u->uop == KEX_UOP_BITCAST) {
+      const char *pc = fmt(c, "precast%d", c->cnt_precast++);
+      kk(c, "%s %s = %s;", type_name(c, vin[0]->dtype), pc, r[vin[0]->id]);
+      if (c->dialect == KEX_DIALECT_OPENCL) {
+        val = fmt(c, "as_%s(%s)", type_name(c, u->dtype), pc);
+      } else {
+        const char *t = type_name(c, u->dtype);
+        val = fmt(c, "({ %s _b; __builtin_memcpy(&_b, &%s, sizeof(_b)); _b; })", t, pc);
+      }
+    } else {
+      const char *xs[16];
+      if (u->nvin > 16) return kex_err_set(err, KEX_EUNSUPPORTED, "render: CAST of %u values", u->nvin);
+      for (uint32_t i = 0; i < u->nvin; i++) xs[i] = r[vin[i]->id];
+      val = render_cast(c, xs, u->nvin, u->dtype);
+    }
+    if (c->children[u->id] <= 1 && strlen(val) <= INLINE_MAX) {
+      r[u->id] = val;
+    } else {
+      const char *nm = fmt(c, "cast%d", c->cnt_cast++);
+      kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
+      r[u->id] = nm;
+    }
+    break;
+  }
+  case KEX_UOP_DEFINE_LOCAL:
+    if (c->dialect != KEX_DIALECT_OPENCL) return kex_err_set(err, KEX_EUNSUPPORTED, "render: DEFINE_LOCAL on cpu");
+    kk(c, "__attribute__ ((aligned (16))) __local %s %s[%lld];", type_name(c, kex_ud(u->dtype.dt)), u->arg.name,
+       (long long)u->arg.i[0]);
+    r[u->id] = u->arg.name;
+    break;
+  case KEX_UOP_DEFINE_GLOBAL:
+    r[u->id] = fmt(c, "data%lld", (long long)u->arg.i[0]);
+    break;
+  case KEX_UOP_DEFINE_ACC: {
+    const char *nm = fmt(c, "acc%d", c->cnt_acc++);
+    kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, render_const(c, u->arg.c, u->dtype));
+    r[u->id] = nm;
+    break;
+  }
+  case KEX_UOP_CONST: {
+    const char *v = render_const(c, u->arg.c, u->dtype);
+    r[u->id] = const_negative(kex_const_as(u->arg.c, u->dtype.dt)) ? fmt(c, "(%s)", v) : v;
+    break;
+  }
+  case KEX_UOP_GEP: {
+    static const char xyzw[] = "xyzw";
+    if (vin[0]->dtype.vec > 4)
+      r[u->id] = fmt(c, "%s[%lld]", r[vin[0]->id], (long long)u->arg.i[0]);
+    else
+      r[u->id] = fmt(c, "%s.%c", r[vin[0]->id], xyzw[u->arg.i[0] & 3]);
+    break;
+  }
+  default:
+    return kex_err_set(err, KEX_EINTERNAL, "render: cannot render %s", kex_uop_name(u->uop));
+  }
+  return 0;
+}
+
+int kex_render_cstyle(int dialect, const char *name, const kex_uop_graph *g, char **src, kex_error *err) {
+  rctx c;
+  memset(&c, 0, sizeof c);
+  c.dialect = dialect;
+  c.g = g;
+  c.depth = 1;
+  kex_arena_init(&c.arena, 0);
+  int rc = 0;
+  sbuf out = {0};
+  *src = NULL;
+  c.r = kex_calloc(g->n ? g->n : 1, sizeof *c.r);
+  c.children = kex_calloc(g->n ? g->n : 1, sizeof *c.children);
+  if (!c.r || !c.children) goto oom;
+  for (uint32_t i = 0; i < g->nlinear; i++) {
+    for (uint32_t j = 0; j < g->linear[i]->nvin; j++) c.children[g->linear[i]->vin[j]->id]++;
+    if (g->linear[i]->dtype.vec && g->linear[i]->dtype.dt == KEX_DT_FLOAT16) c.uses_half = true;
+  }
+  for (uint32_t i = 0; i < g->nlinear && !rc; i++) {
+    if (g->linear[i]->uop == KEX_UOP_UNMUL) {
+      rc = kex_err_set(err, KEX_EINTERNAL, "render: UNMUL left after folding");
+      break;
+    }
+    rc = emit(&c, g->linear[i], err);
+    if (c.oom || c.body.oom) goto oom;
+  }
+  if (rc) goto out;
+  /* header */
+  if (dialect == KEX_DIALECT_OPENCL) {
+    if (c.uses_half) sb_add(&out, "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n");
+    sb_add(&out, "__kernel void %s(", name);
+    int np = 0;
+    for (uint32_t i = 0; i < g->nlinear; i++) {
+      const kex_uop *u = g->linear[i];
+      if (u->uop != KEX_UOP_DEFINE_GLOBAL) continue;
+      sb_add(&out, "%s%s__global %s* data%lld", np++ ? ", " : "", u->arg.i[1] ? "" : "const ",
+             scalar_name(dialect, u->dtype.dt), (long long)u->arg.i[0]);
+      if (u->dtype.dt == KEX_DT_FLOAT16) c.uses_half = true;
+    }
+    sb_add(&out, ") {\n");
+  } else {
+    sb_add(&out, "#include <math.h>\n");
+    sb_add(&out, "void %s(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n", name);
+    int np = 0;
+    for (uint32_t i = 0; i < g->nlinear; i++) {
+      const kex_uop *u = g->linear[i];
+      if (u->uop != KEX_UOP_DEFINE_GLOBAL) continue;
+      const char *t = scalar_name(dialect, u->dtype.dt), *cq = u->arg.i[1] ? "" : "const ";
+      sb_add(&out, "  %s%s* restrict data%lld = (%s%s*)bufs[%d];\n", cq, t, (long long)u->arg.i[0], cq, t, np++);
+    }
+    sb_add(&out, "  (void)ints; (void)gidx_start; (void)gidx_end;\n");
+  }
+  sb_add(&out, "%s}\n", c.body.p ? c.body.p : "");
+  if (out.oom) goto oom;
+  *src = out.p;
+  out.p = NULL;
+  goto out;
+oom:
+  rc = kex_err_set(err, KEX_ENOMEM, "render: out of memory");
+out:
+  kex_free(out.p);
+  kex_free(c.body.p);
+  kex_free(c.r);
+  kex_free(c.children);
+  kex_arena_destroy(&c.arena);
+  return rc;
+}

@@ -1,0 +1,997 @@
+/*
+ * test_codegen.c - the Linearizer, uop folding and the C-style renderers
+ * (search/lower.c, uops.c, render.c):
+ *
+ *   - rendered source of the spec's examples (spec 10: the CLANG
+ *     `(a*b).sum(1)+1` loops, the 512x512 matmul's float4 loads/stores and
+ *     name on OpenCL);
+ *   - correctness on the real devices: graphs built here with random inputs
+ *     are scheduled, every kernel gets its hand-coded opts, is lowered,
+ *     compiled and launched through devices/device.h on the OpenCL device
+ *     (PoCL) and on the cpu device, and the outputs are compared with a
+ *     reference interpreter written in plain C below;
+ *   - every `numeric` case of ../shared/cases run on both devices against
+ *     tinygrad's recorded outputs.
+ *
+ * Without an OpenCL platform the OpenCL half is skipped with a printed reason.
+ * The schedule is always made with tinygrad's GPU device rules (no buffer
+ * views), so every schedule item is a kernel, a copy or an empty buffer.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <dirent.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "core/alloc.h"
+#include "core/arena.h"
+#include "sched/graph.h"
+#include "sched/lazy.h"
+#include "sched/schedule.h"
+#include "search/kernel.h"
+#include "search/lower.h"
+#ifdef KEX_HAVE_DEVICES
+#include "devices/device.h"
+#endif
+
+/* ---------- planning ---------- */
+
+typedef struct planned {
+  kex_arena arena;
+  kex_graph *g;
+  kex_replay *r;
+  kex_schedule *s;
+} planned;
+
+static int plan(planned *p, kex_graph *g, kex_error *err) {
+  kex_arena_init(&p->arena, 0);
+  p->g = g;
+  p->r = NULL;
+  p->s = NULL;
+  kex_replay_opts ro = {false, "opencl", NULL};
+  int rc = kex_replay_graph(g, &ro, &p->arena, &p->r, err);
+  if (!rc) rc = kex_schedule_create(p->r, &p->s, err);
+  return rc;
+}
+
+static void done(planned *p) {
+  kex_schedule_free(p->s);
+  kex_replay_free(p->r);
+  kex_graph_free(p->g);
+  kex_arena_destroy(&p->arena);
+}
+
+/* Lower kernel item it with hand-coded opts (when hand) for caps/dialect. */
+static int lower_item(const planned *p, const kex_sched_item *it, const kex_renderer_caps *caps, int dialect,
+                      bool hand, kex_name_counter *names, kex_program_src *out, kex_error *err) {
+  kex_kernel *k = NULL;
+  int rc = kex_kernel_from_item(p->s, it, caps, &k, err);
+  if (!rc && hand) rc = kex_kernel_hand_coded_optimizations(k, err);
+  if (!rc) rc = kex_lower_kernel(k, caps, dialect, names, out, err);
+  kex_kernel_free(k);
+  return rc;
+}
+
+/* ---------- typed host values ---------- */
+
+static uint16_t f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+  int exp = (int)((x >> 23) & 0xff) - 127 + 15;
+  if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return (uint16_t)sign;
+    mant |= 0x800000;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = (uint32_t)(sign | ((uint32_t)exp << 10) | (mant >> 13));
+  uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+  return (uint16_t)h;
+}
+
+static float h2f(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, x;
+  if (exp == 0) {
+    if (!mant) x = sign;
+    else {
+      int e = -1;
+      do { e++; mant <<= 1; } while (!(mant & 0x400));
+      x = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) x = sign | 0x7f800000 | (mant << 13);
+  else x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+static double load_typed(const void *p, kex_dtype dt, int64_t i) {
+  switch (dt) {
+  case KEX_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
+  case KEX_DT_INT8: return ((const int8_t *)p)[i];
+  case KEX_DT_UINT8: return ((const uint8_t *)p)[i];
+  case KEX_DT_INT16: return ((const int16_t *)p)[i];
+  case KEX_DT_UINT16: return ((const uint16_t *)p)[i];
+  case KEX_DT_INT32: return ((const int32_t *)p)[i];
+  case KEX_DT_UINT32: return ((const uint32_t *)p)[i];
+  case KEX_DT_INT64: return (double)((const int64_t *)p)[i];
+  case KEX_DT_UINT64: return (double)((const uint64_t *)p)[i];
+  case KEX_DT_FLOAT16: return h2f(((const uint16_t *)p)[i]);
+  case KEX_DT_FLOAT32: return ((const float *)p)[i];
+  case KEX_DT_FLOAT64: return ((const double *)p)[i];
+  default: return 0;
+  }
+}
+
+/* ---------- graph builder ---------- */
+
+typedef struct gb {
+  kex_graph *g;
+  kex_limits lim;
+  uint64_t seed;
+} gb;
+
+static uint64_t rnd(gb *b) {
+  b->seed = b->seed * 6364136223846793005ull + 1442695040888963407ull;
+  return b->seed >> 33;
+}
+
+static int add(gb *b, kex_gnode n) {
+  kex_error err = {0};
+  int r = kex_graph_add(b->g, &n, &b->lim, &err);
+  if (r < 0) fail_msg("graph add: %s", err.msg);
+  return r;
+}
+
+/* A BUFFER input with random data: floats in [-1,1) (or [lo, hi) for ints). */
+static int input(gb *b, kex_dtype dt, int ndim, const int64_t *shape, double lo, double hi) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  size_t sz = (size_t)n * (size_t)kex_dtype_size(dt);
+  uint8_t *d = malloc(sz ? sz : 1);
+  for (int64_t i = 0; i < n; i++) {
+    double u = (double)(rnd(b) % 1000000) / 1000000.0, v = lo + (hi - lo) * u;
+    switch (dt) {
+    case KEX_DT_FLOAT32: ((float *)d)[i] = (float)v; break;
+    case KEX_DT_INT32: ((int32_t *)d)[i] = (int32_t)floor(v); break;
+    case KEX_DT_BOOL: d[i] = v > 0; break;
+    case KEX_DT_FLOAT16: ((uint16_t *)d)[i] = f2h((float)v); break;
+    default: fail_msg("input dtype");
+    }
+  }
+  kex_gnode nd = {.op = KEX_GOP_BUFFER, .dtype = dt, .ndim = (uint8_t)ndim, .shape = shape, .bufsrc = KEX_BUF_DATA,
+                  .data = d, .data_len = sz};
+  int r = add(b, nd);
+  free(d);
+  return r;
+}
+
+static int op1(gb *b, kex_gop op, int a) { return add(b, (kex_gnode){.op = op, .nsrc = 1, .src = {(uint32_t)a}}); }
+static int op2(gb *b, kex_gop op, int a, int c) {
+  return add(b, (kex_gnode){.op = op, .nsrc = 2, .src = {(uint32_t)a, (uint32_t)c}});
+}
+static int op3(gb *b, kex_gop op, int a, int c, int d) {
+  return add(b, (kex_gnode){.op = op, .nsrc = 3, .src = {(uint32_t)a, (uint32_t)c, (uint32_t)d}});
+}
+static int cast(gb *b, kex_gop op, int a, kex_dtype dt) {
+  return add(b, (kex_gnode){.op = op, .nsrc = 1, .src = {(uint32_t)a}, .dtype = dt});
+}
+static int mov(gb *b, kex_gop op, int a, int narg, const int64_t *arg) {
+  return add(b, (kex_gnode){.op = op, .nsrc = 1, .src = {(uint32_t)a}, .narg = (uint32_t)narg, .arg = arg});
+}
+static int red(gb *b, kex_gop op, int a, int naxis, const int32_t *axis) {
+  return add(b, (kex_gnode){.op = op, .nsrc = 1, .src = {(uint32_t)a}, .naxis = (uint32_t)naxis, .axis = axis});
+}
+static int cnst(gb *b, kex_dtype dt, int ndim, const int64_t *shape, kex_const v) {
+  return add(b, (kex_gnode){.op = KEX_GOP_CONST, .dtype = dt, .ndim = (uint8_t)ndim, .shape = shape, .value = v});
+}
+static void output(gb *b, int n) {
+  kex_error err = {0};
+  if (kex_graph_add_output(b->g, (uint32_t)n, &b->lim, &err)) fail_msg("output: %s", err.msg);
+}
+static void gb_init(gb *b, uint64_t seed) {
+  b->g = kex_graph_new(NULL);
+  b->lim = KEX_LIMITS_DEFAULT;
+  b->seed = seed;
+  assert_non_null(b->g);
+}
+
+/* ---------- reference interpreter over the graph ---------- */
+
+typedef struct rval {
+  int64_t n;
+  double *v;
+} rval;
+
+static double round_to(double x, kex_dtype dt) {
+  switch (dt) {
+  case KEX_DT_FLOAT32: return (double)(float)x;
+  case KEX_DT_FLOAT16: return h2f(f2h((float)x));
+  case KEX_DT_INT32: return (double)(int32_t)(int64_t)x;
+  case KEX_DT_BOOL: return x != 0;
+  default: return x;
+  }
+}
+
+static void unravel(int64_t i, int nd, const int64_t *shape, int64_t *c) {
+  for (int d = nd - 1; d >= 0; d--) {
+    c[d] = shape[d] ? i % shape[d] : 0;
+    i = shape[d] ? i / shape[d] : 0;
+  }
+}
+
+static int64_t ravel(int nd, const int64_t *shape, const int64_t *c) {
+  int64_t i = 0;
+  for (int d = 0; d < nd; d++) i = i * shape[d] + c[d];
+  return i;
+}
+
+static double alu(kex_gop op, kex_dtype dt, kex_dtype out, double a, double b, double c) {
+  bool isf = kex_dtype_is_float(dt);
+  switch (op) {
+  case KEX_GOP_EXP2: return exp2(a);
+  case KEX_GOP_LOG2: return log2(a);
+  case KEX_GOP_SIN: return sin(a);
+  case KEX_GOP_SQRT: return sqrt(a);
+  case KEX_GOP_NEG: return dt == KEX_DT_BOOL ? !a : -a;
+  case KEX_GOP_ADD: return a + b;
+  case KEX_GOP_SUB: return a - b;
+  case KEX_GOP_MUL: return a * b;
+  case KEX_GOP_DIV: return isf ? a / b : (double)((int64_t)a / (int64_t)b);
+  case KEX_GOP_MAX: return a > b ? a : b;
+  case KEX_GOP_MOD: return isf ? fmod(a, b) : (double)((int64_t)a % (int64_t)b);
+  case KEX_GOP_CMPLT: return a < b;
+  case KEX_GOP_CMPEQ: return a == b;
+  case KEX_GOP_XOR: return (double)((int64_t)a ^ (int64_t)b);
+  case KEX_GOP_WHERE: return a != 0 ? b : c;
+  case KEX_GOP_MULACC: return a * b + c;
+  default: break;
+  }
+  (void)out;
+  return 0;
+}
+
+static double cast_val(double x, kex_dtype from, kex_dtype to) {
+  (void)from;
+  if (to == KEX_DT_BOOL) return x != 0;
+  if (kex_dtype_is_int(to)) return round_to(trunc(x), to);
+  return round_to(x, to);
+}
+
+/* Values of every graph node (row-major, as doubles rounded to the node's dtype). */
+static rval *reference(const kex_graph *g) {
+  rval *vals = calloc(g->nnodes, sizeof *vals);
+  for (uint32_t ni = 0; ni < g->nnodes; ni++) {
+    const kex_gnode *n = &g->nodes[ni];
+    int64_t cnt = 1;
+    for (int d = 0; d < n->ndim; d++) cnt *= n->shape[d];
+    rval *o = &vals[ni];
+    o->n = cnt;
+    o->v = calloc((size_t)(cnt ? cnt : 1), sizeof(double));
+    const kex_gnode *s0 = n->nsrc ? &g->nodes[n->src[0]] : NULL;
+    const double *a = n->nsrc ? vals[n->src[0]].v : NULL, *b = n->nsrc > 1 ? vals[n->src[1]].v : NULL,
+                 *c = n->nsrc > 2 ? vals[n->src[2]].v : NULL;
+    int64_t ci[KEX_MAX_DIMS], si[KEX_MAX_DIMS];
+    switch (n->op) {
+    case KEX_GOP_BUFFER:
+      for (int64_t i = 0; i < cnt; i++) o->v[i] = load_typed(n->data, n->dtype, i);
+      break;
+    case KEX_GOP_CONST:
+      for (int64_t i = 0; i < cnt; i++) o->v[i] = kex_const_as_double(n->value);
+      break;
+    case KEX_GOP_CAST:
+      for (int64_t i = 0; i < cnt; i++) o->v[i] = cast_val(a[i], s0->dtype, n->dtype);
+      break;
+    case KEX_GOP_REDUCE_SUM:
+    case KEX_GOP_REDUCE_MAX: {
+      bool mx = n->op == KEX_GOP_REDUCE_MAX;
+      for (int64_t i = 0; i < cnt; i++) o->v[i] = mx ? -INFINITY : 0;
+      if (mx && kex_dtype_is_int(n->dtype)) for (int64_t i = 0; i < cnt; i++) o->v[i] = -2147483648.0;
+      if (mx && n->dtype == KEX_DT_BOOL) for (int64_t i = 0; i < cnt; i++) o->v[i] = 0;
+      for (int64_t i = 0; i < vals[n->src[0]].n; i++) {
+        unravel(i, s0->ndim, s0->shape, si);
+        for (int d = 0; d < n->ndim; d++) ci[d] = n->shape[d] == 1 ? 0 : si[d];
+        int64_t j = ravel(n->ndim, n->shape, ci);
+        o->v[j] = mx ? (a[i] > o->v[j] ? a[i] : o->v[j]) : round_to(o->v[j] + a[i], n->dtype == KEX_DT_FLOAT32 ? KEX_DT_FLOAT64 : n->dtype);
+      }
+      for (int64_t i = 0; i < cnt; i++) o->v[i] = round_to(o->v[i], n->dtype);
+      break;
+    }
+    case KEX_GOP_RESHAPE:
+    case KEX_GOP_CONTIGUOUS:
+    case KEX_GOP_COPY:
+      memcpy(o->v, a, (size_t)cnt * sizeof(double));
+      break;
+    case KEX_GOP_EXPAND:
+    case KEX_GOP_PERMUTE:
+    case KEX_GOP_PAD:
+    case KEX_GOP_SHRINK:
+    case KEX_GOP_STRIDE:
+      for (int64_t i = 0; i < cnt; i++) {
+        unravel(i, n->ndim, n->shape, ci);
+        bool valid = true;
+        for (int d = 0; d < s0->ndim; d++) {
+          switch (n->op) {
+          case KEX_GOP_EXPAND: si[d] = s0->shape[d] == 1 ? 0 : ci[d]; break;
+          case KEX_GOP_PERMUTE: si[n->arg[d]] = ci[d]; break;
+          case KEX_GOP_PAD:
+            si[d] = ci[d] - n->arg[2 * d];
+            valid = valid && si[d] >= 0 && si[d] < s0->shape[d];
+            break;
+          case KEX_GOP_SHRINK: si[d] = ci[d] + n->arg[2 * d]; break;
+          default: {
+            int64_t m = n->arg[d];
+            si[d] = m > 0 ? ci[d] * m : (s0->shape[d] - 1) + ci[d] * m;
+          }
+          }
+        }
+        if (n->op == KEX_GOP_PERMUTE)
+          for (int d = 0; d < s0->ndim; d++) si[n->arg[d]] = ci[d];
+        o->v[i] = valid ? a[ravel(s0->ndim, s0->shape, si)] : 0;
+      }
+      break;
+    default:
+      if (n->nsrc >= 1 && n->op >= KEX_GOP_EXP2 && n->op <= KEX_GOP_MULACC) {
+        kex_dtype in_dt = n->op == KEX_GOP_WHERE ? g->nodes[n->src[1]].dtype : s0->dtype;
+        for (int64_t i = 0; i < cnt; i++)
+          o->v[i] = round_to(alu(n->op, in_dt, n->dtype, a[i], b ? b[i] : 0, c ? c[i] : 0), n->dtype);
+      } else {
+        fail_msg("reference: op %s", kex_gop_name(n->op));
+      }
+    }
+  }
+  return vals;
+}
+
+static void free_reference(const kex_graph *g, rval *v) {
+  for (uint32_t i = 0; i < g->nnodes; i++) free(v[i].v);
+  free(v);
+}
+
+/* ---------- running a schedule on a device ---------- */
+
+#ifdef KEX_HAVE_DEVICES
+
+typedef struct run_stats {
+  int kernels;
+  double seconds; /* sum of kernel times */
+  char last_name[KEX_PROGRAM_NAME_MAX];
+  double last_seconds;
+} run_stats;
+
+/* Evaluate a ShapeTracker at coordinates c of its visible shape: buffer index, or -1 when invalid. */
+static int64_t st_index(const kex_st *st, const int64_t *c0) {
+  int64_t c[KEX_MAX_DIMS];
+  const kex_view *v = kex_st_last(st);
+  memcpy(c, c0, (size_t)v->ndim * sizeof *c);
+  for (int vi = (int)st->nviews - 1; vi >= 0; vi--) {
+    v = st->views[vi];
+    int64_t idx = v->offset;
+    for (int d = 0; d < v->ndim; d++) {
+      if (v->mask && (c[d] < v->mask[2 * d] || c[d] >= v->mask[2 * d + 1])) return -1;
+      idx += c[d] * v->strides[d];
+    }
+    if (vi == 0) return idx;
+    const kex_view *prev = st->views[vi - 1];
+    unravel(idx, prev->ndim, prev->shape, c);
+  }
+  return -1;
+}
+
+/*
+ * Run every item of p's schedule on dev with its hand-coded opts; read graph
+ * output j into outs[j] (malloc'd doubles).  Returns 0, or a KEX_E* code with
+ * err set; KEX_EUNSUPPORTED when the device cannot run a dtype of the graph.
+ */
+static int run_on(planned *p, kex_device *dev, int dialect, double **outs, run_stats *stats, kex_error *err) {
+  const kex_renderer_caps *caps = dialect == KEX_DIALECT_OPENCL ? &kex_renderer_opencl : &kex_renderer_cpu;
+  kex_replay *r = p->r;
+  int rc = 0;
+  kex_buffer **bufs = calloc(r->nbuffers, sizeof *bufs);
+  kex_name_counter names;
+  kex_name_counter_init(&names);
+  memset(stats, 0, sizeof *stats);
+  for (uint32_t i = 0; i < r->nbuffers; i++) {
+    if ((rc = kex_device_check_dtype(dev, r->buffers[i].dtype, err))) goto out;
+    size_t sz = (size_t)r->buffers[i].size * (size_t)kex_dtype_size(r->buffers[i].dtype);
+    if ((rc = kex_device_alloc(dev, sz ? sz : 16, &bufs[i], err))) goto out;
+  }
+  for (uint32_t ni = 0; ni < p->g->nnodes; ni++) {
+    const kex_gnode *n = &p->g->nodes[ni];
+    if (n->op != KEX_GOP_BUFFER) continue;
+    kex_lb *lb = r->node_lb[ni];
+    if (!lb) continue;
+    if (n->bufsrc != KEX_BUF_DATA) {
+      rc = kex_err_set(err, KEX_EUNSUPPORTED, "input %u is not inline data", ni);
+      goto out;
+    }
+    if (n->data_len && (rc = kex_buffer_copy_in(bufs[lb->base->buffer], 0, n->data, n->data_len, err))) goto out;
+  }
+  for (uint32_t ii = 0; ii < p->s->nitems; ii++) {
+    const kex_sched_item *it = &p->s->items[ii];
+    if (it->kind == KEX_ITEM_EMPTY) continue;
+    if (it->kind == KEX_ITEM_COPY) {
+      uint32_t dst = it->bufs[0], src = it->bufs[1];
+      size_t sz = (size_t)r->buffers[dst].size * (size_t)kex_dtype_size(r->buffers[dst].dtype);
+      void *tmp = malloc(sz ? sz : 1);
+      rc = kex_buffer_copy_out(bufs[src], 0, tmp, sz, err);
+      if (!rc) rc = kex_buffer_copy_in(bufs[dst], 0, tmp, sz, err);
+      free(tmp);
+      if (rc) goto out;
+      continue;
+    }
+    if (it->kind != KEX_ITEM_KERNEL) {
+      rc = kex_err_set(err, KEX_EUNSUPPORTED, "schedule item %u of kind %d", ii, it->kind);
+      goto out;
+    }
+    kex_program_src ps;
+    if ((rc = lower_item(p, it, caps, dialect, true, &names, &ps, err))) goto out;
+    unsigned char *bin = NULL;
+    size_t binsz = 0;
+    kex_program *prog = NULL;
+    kex_event *ev = NULL;
+    kex_buffer *args[KEX_DEVICE_MAX_BUFS];
+    rc = kex_device_compile(dev, ps.src, ps.name, &bin, &binsz, err);
+    if (rc && getenv("KEX_CODEGEN_VERBOSE")) fprintf(stderr, "%s\n", ps.src);
+    if (!rc) rc = kex_device_load(dev, bin, binsz, ps.name, &prog, err);
+    for (uint32_t a = 0; !rc && a < ps.nargs; a++) args[a] = bufs[it->bufs[ps.args[a].idx]];
+    if (!rc)
+      rc = kex_program_launch(prog, ps.global, ps.has_local ? ps.local : NULL, args, (int)ps.nargs, NULL, 0, &ev, err);
+    double secs = 0;
+    if (!rc) rc = kex_event_elapsed(ev, &secs, err);
+    if (!rc) {
+      stats->kernels++;
+      stats->seconds += secs;
+      snprintf(stats->last_name, sizeof stats->last_name, "%s", ps.name);
+      stats->last_seconds = secs;
+    }
+    if (getenv("KEX_CODEGEN_VERBOSE")) fprintf(stderr, "%s %.3f ms\n%s\n", ps.name, secs * 1e3, ps.src);
+    kex_event_free(ev);
+    kex_program_free(prog);
+    kex_free(bin);
+    kex_program_src_free(&ps);
+    if (rc) goto out;
+  }
+  for (uint32_t j = 0; j < p->g->noutputs; j++) {
+    kex_lb *lb = r->node_lb[p->g->outputs[j]];
+    int64_t n = kex_lb_size(lb);
+    outs[j] = calloc((size_t)(n ? n : 1), sizeof(double));
+    kex_lb *base = lb->base;
+    if (base->op == KEX_OP_CONST && !base->realized) {
+      for (int64_t i = 0; i < n; i++) outs[j][i] = kex_const_as_double(base->arg);
+      continue;
+    }
+    kex_buffer_info *bi = &r->buffers[base->buffer];
+    size_t sz = (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype);
+    void *host = malloc(sz ? sz : 1);
+    if (sz && (rc = kex_buffer_copy_out(bufs[base->buffer], 0, host, sz, err))) {
+      free(host);
+      goto out;
+    }
+    int64_t c[KEX_MAX_DIMS];
+    for (int64_t i = 0; i < n; i++) {
+      unravel(i, kex_lb_ndim(lb), kex_lb_shape(lb), c);
+      int64_t bi2 = lb == base ? i : st_index(lb->st, c);
+      outs[j][i] = bi2 < 0 ? 0 : load_typed(host, bi->dtype, bi2);
+    }
+    free(host);
+  }
+out:
+  for (uint32_t i = 0; i < r->nbuffers; i++) kex_buffer_free(bufs[i]);
+  free(bufs);
+  kex_name_counter_free(&names);
+  return rc;
+}
+
+static kex_device *cl_dev, *cpu_dev;
+static const char *cl_skip;
+#endif
+
+/* Compare n values; returns the number of mismatches (first few printed). */
+static int compare(const char *what, const double *got, const double *want, int64_t n, kex_dtype dt, double rtol,
+                   double atol) {
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double g = got[i], w = want[i];
+    bool ok;
+    if (kex_dtype_is_float(dt)) ok = (isnan(g) && isnan(w)) || g == w || fabs(g - w) <= atol + rtol * fabs(w);
+    else ok = g == w;
+    if (!ok && bad++ < 5) fprintf(stderr, "  %s[%lld]: got %.9g, want %.9g\n", what, (long long)i, g, w);
+  }
+  return bad;
+}
+
+/* ---------- device correctness on built graphs ---------- */
+
+static const char *dev_names[2] = {"opencl", "cpu"};
+
+/* Run b's graph on both devices and compare every output with the reference interpreter. */
+static void check_graph(gb *b, const char *label) {
+#ifdef KEX_HAVE_DEVICES
+  rval *ref = reference(b->g);
+  kex_graph *g = b->g;
+  for (int d = 0; d < 2; d++) {
+    kex_device *dev = d == 0 ? cl_dev : cpu_dev;
+    if (!dev) {
+      if (d == 0) fprintf(stderr, "[ SKIP ] %s on opencl: %s\n", label, cl_skip);
+      continue;
+    }
+    planned p;
+    kex_error err = {0};
+    kex_graph *gc = g;
+    if (plan(&p, gc, &err)) fail_msg("%s: plan: %s", label, err.msg);
+    double *outs[64] = {0};
+    run_stats st;
+    int rc = run_on(&p, dev, d == 0 ? KEX_DIALECT_OPENCL : KEX_DIALECT_CPU, outs, &st, &err);
+    if (rc) fail_msg("%s on %s: %s", label, dev_names[d], err.msg);
+    int bad = 0;
+    for (uint32_t j = 0; j < g->noutputs; j++) {
+      uint32_t on = g->outputs[j];
+      char what[128];
+      snprintf(what, sizeof what, "%s/%s/out%u", label, dev_names[d], j);
+      bad += compare(what, outs[j], ref[on].v, ref[on].n, g->nodes[on].dtype, 1e-4, 1e-5);
+      free(outs[j]);
+    }
+    p.g = NULL; /* the graph is shared by both runs */
+    done(&p);
+    if (bad) fail_msg("%s on %s: %d values differ", label, dev_names[d], bad);
+  }
+  free_reference(g, ref);
+  kex_graph_free(g);
+  b->g = NULL;
+#else
+  (void)label;
+  kex_graph_free(b->g);
+  b->g = NULL;
+#endif
+}
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+#define A(...) ((const int32_t[]){__VA_ARGS__})
+
+static void test_elementwise_broadcast(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 1);
+  int x = input(&b, KEX_DT_FLOAT32, 2, S(64, 1), -1, 1), y = input(&b, KEX_DT_FLOAT32, 2, S(1, 48), -1, 1);
+  int xe = mov(&b, KEX_GOP_EXPAND, x, 2, S(64, 48)), ye = mov(&b, KEX_GOP_EXPAND, y, 2, S(64, 48));
+  int z = op2(&b, KEX_GOP_ADD, op2(&b, KEX_GOP_MUL, xe, ye), xe);
+  output(&b, z);
+  int a3 = input(&b, KEX_DT_FLOAT32, 3, S(64, 64, 1), -1, 1), b3 = input(&b, KEX_DT_FLOAT32, 3, S(1, 64, 64), -1, 1);
+  output(&b, op2(&b, KEX_GOP_ADD, mov(&b, KEX_GOP_EXPAND, a3, 3, S(64, 64, 64)), mov(&b, KEX_GOP_EXPAND, b3, 3, S(64, 64, 64))));
+  check_graph(&b, "broadcast");
+}
+
+static void test_unary_binary_float(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 2);
+  int x = input(&b, KEX_DT_FLOAT32, 1, S(1000), 0.1, 4), y = input(&b, KEX_DT_FLOAT32, 1, S(1000), -2, 2);
+  kex_gop un[] = {KEX_GOP_EXP2, KEX_GOP_LOG2, KEX_GOP_SIN, KEX_GOP_SQRT, KEX_GOP_NEG};
+  for (size_t i = 0; i < sizeof un / sizeof *un; i++) output(&b, op1(&b, un[i], x));
+  kex_gop bin[] = {KEX_GOP_ADD, KEX_GOP_SUB, KEX_GOP_MUL, KEX_GOP_DIV, KEX_GOP_MAX, KEX_GOP_CMPLT, KEX_GOP_CMPEQ};
+  for (size_t i = 0; i < sizeof bin / sizeof *bin; i++) output(&b, op2(&b, bin[i], x, y));
+  int c = op2(&b, KEX_GOP_CMPLT, x, y);
+  output(&b, op3(&b, KEX_GOP_WHERE, c, x, y));
+  output(&b, op2(&b, KEX_GOP_CMPEQ, x, x));
+  check_graph(&b, "float ops");
+}
+
+static void test_unary_binary_int(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 3);
+  int x = input(&b, KEX_DT_INT32, 1, S(999), -1000, 1000), y = input(&b, KEX_DT_INT32, 1, S(999), 1, 50);
+  kex_gop bin[] = {KEX_GOP_ADD, KEX_GOP_SUB, KEX_GOP_MUL, KEX_GOP_DIV, KEX_GOP_MAX, KEX_GOP_MOD,
+                   KEX_GOP_CMPLT, KEX_GOP_CMPEQ, KEX_GOP_XOR};
+  for (size_t i = 0; i < sizeof bin / sizeof *bin; i++) output(&b, op2(&b, bin[i], x, y));
+  output(&b, op1(&b, KEX_GOP_NEG, x));
+  output(&b, op3(&b, KEX_GOP_WHERE, op2(&b, KEX_GOP_CMPLT, x, y), x, y));
+  /* cast chain: int -> float -> half? no: float -> int -> bool -> float */
+  int f = cast(&b, KEX_GOP_CAST, x, KEX_DT_FLOAT32);
+  int f2 = op2(&b, KEX_GOP_MUL, f, cnst(&b, KEX_DT_FLOAT32, 1, S(999), kex_const_float(0.37)));
+  int i2 = cast(&b, KEX_GOP_CAST, f2, KEX_DT_INT32);
+  int bo = cast(&b, KEX_GOP_CAST, i2, KEX_DT_BOOL);
+  output(&b, cast(&b, KEX_GOP_CAST, bo, KEX_DT_FLOAT32));
+  output(&b, i2);
+  check_graph(&b, "int ops");
+}
+
+static void test_reductions(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 4);
+  int x = input(&b, KEX_DT_FLOAT32, 3, S(8, 16, 32), -1, 1);
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, x, 1, A(0)));
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, x, 1, A(1)));
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, x, 1, A(2)));
+  output(&b, red(&b, KEX_GOP_REDUCE_MAX, x, 1, A(1)));
+  output(&b, red(&b, KEX_GOP_REDUCE_MAX, x, 2, A(0, 2)));
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, x, 3, A(0, 1, 2)));
+  int y = input(&b, KEX_DT_FLOAT32, 2, S(4096, 16), -1, 1);
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, y, 1, A(1)));
+  int z = input(&b, KEX_DT_FLOAT32, 2, S(64, 64), -1, 1);
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, z, 1, A(1)));
+  int w = input(&b, KEX_DT_INT32, 2, S(33, 17), -100, 100);
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, w, 1, A(0)));
+  output(&b, red(&b, KEX_GOP_REDUCE_MAX, w, 1, A(1)));
+  check_graph(&b, "reductions");
+}
+
+static void test_big_sum(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 5);
+  int x = input(&b, KEX_DT_FLOAT32, 1, S(4194304), -1, 1);
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, x, 1, A(0)));
+  check_graph(&b, "sum 4M");
+}
+
+static int matmul(gb *b, int n, int m, int k, uint64_t seed) {
+  (void)seed;
+  int a = input(b, KEX_DT_FLOAT32, 2, S(n, k), -1, 1), w = input(b, KEX_DT_FLOAT32, 2, S(k, m), -1, 1);
+  int64_t ar[3] = {n, 1, k}, wr[3] = {1, k, m}, ex[3] = {n, m, k};
+  int a3 = mov(b, KEX_GOP_EXPAND, mov(b, KEX_GOP_RESHAPE, a, 3, ar), 3, ex);
+  int wt = mov(b, KEX_GOP_PERMUTE, mov(b, KEX_GOP_RESHAPE, w, 3, wr), 3, S(0, 2, 1));
+  int w3 = mov(b, KEX_GOP_EXPAND, wt, 3, ex);
+  int s = red(b, KEX_GOP_REDUCE_SUM, op2(b, KEX_GOP_MUL, a3, w3), 1, A(2));
+  return mov(b, KEX_GOP_RESHAPE, s, 2, ((int64_t[]){n, m}));
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 6);
+  output(&b, matmul(&b, 64, 64, 64, 6));
+  output(&b, matmul(&b, 512, 512, 512, 7));
+  output(&b, matmul(&b, 33, 17, 45, 8));
+  check_graph(&b, "matmul");
+}
+
+static void test_softmax(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 9);
+  int x = input(&b, KEX_DT_FLOAT32, 2, S(4, 8), -3, 3);
+  int m = mov(&b, KEX_GOP_EXPAND, red(&b, KEX_GOP_REDUCE_MAX, x, 1, A(1)), 2, S(4, 8));
+  int d = op2(&b, KEX_GOP_SUB, x, m);
+  int e = op1(&b, KEX_GOP_EXP2, op2(&b, KEX_GOP_MUL, d, cnst(&b, KEX_DT_FLOAT32, 2, S(4, 8), kex_const_float(1.4426950408889634))));
+  int s = mov(&b, KEX_GOP_EXPAND, red(&b, KEX_GOP_REDUCE_SUM, e, 1, A(1)), 2, S(4, 8));
+  output(&b, op2(&b, KEX_GOP_DIV, e, s));
+  check_graph(&b, "softmax");
+}
+
+static void test_movement(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 10);
+  int x = input(&b, KEX_DT_FLOAT32, 2, S(4, 6), -1, 1);
+  int two = cnst(&b, KEX_DT_FLOAT32, 2, S(6, 8), kex_const_float(2.0));
+  output(&b, op2(&b, KEX_GOP_MUL, mov(&b, KEX_GOP_PAD, x, 4, S(1, 1, 0, 2)), two));
+  int y = input(&b, KEX_DT_FLOAT32, 3, S(5, 7, 9), -1, 1);
+  int sh = mov(&b, KEX_GOP_SHRINK, y, 6, S(1, 4, 0, 7, 2, 9));
+  int fl = mov(&b, KEX_GOP_STRIDE, sh, 3, S(-1, 1, -1));
+  int pe = mov(&b, KEX_GOP_PERMUTE, fl, 3, S(2, 0, 1));
+  output(&b, op2(&b, KEX_GOP_ADD, pe, pe));
+  output(&b, op1(&b, KEX_GOP_CONTIGUOUS, mov(&b, KEX_GOP_PERMUTE, y, 3, S(1, 2, 0))));
+  /* masked loads: cat of two (3,4096) along dim 0, times 2 */
+  int c1 = input(&b, KEX_DT_FLOAT32, 2, S(3, 4096), -1, 1), c2 = input(&b, KEX_DT_FLOAT32, 2, S(3, 4096), -1, 1);
+  int p1 = mov(&b, KEX_GOP_PAD, c1, 4, S(0, 3, 0, 0)), p2 = mov(&b, KEX_GOP_PAD, c2, 4, S(3, 0, 0, 0));
+  output(&b, op2(&b, KEX_GOP_MUL, op2(&b, KEX_GOP_ADD, p1, p2), cnst(&b, KEX_DT_FLOAT32, 2, S(6, 4096), kex_const_float(2))));
+  /* pad then reduce (masked loads under a reduce) */
+  int q = input(&b, KEX_DT_FLOAT32, 2, S(30, 30), -1, 1);
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, mov(&b, KEX_GOP_PAD, q, 4, S(2, 2, 3, 1)), 1, A(1)));
+  /* strided subsample */
+  output(&b, op2(&b, KEX_GOP_ADD, mov(&b, KEX_GOP_STRIDE, q, 2, S(2, 3)), mov(&b, KEX_GOP_STRIDE, q, 2, S(-2, -3))));
+  check_graph(&b, "movement");
+}
+
+static void test_elementwise_4m(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 11);
+  int a = input(&b, KEX_DT_FLOAT32, 1, S(1 << 20), -1, 1), c = input(&b, KEX_DT_FLOAT32, 1, S(1 << 20), -1, 1),
+      d = input(&b, KEX_DT_FLOAT32, 1, S(1 << 20), -1, 1);
+  output(&b, op2(&b, KEX_GOP_ADD, op2(&b, KEX_GOP_MUL, a, c), d));
+  check_graph(&b, "a*b+c");
+}
+
+/* ---------- rendered source ---------- */
+
+static void expect_in(const char *src, const char *needle) {
+  if (!strstr(src, needle)) fail_msg("source lacks \"%s\":\n%s", needle, src);
+}
+
+static void test_render_clang_example(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 12);
+  int a = input(&b, KEX_DT_FLOAT32, 2, S(64, 33), -1, 1), v = input(&b, KEX_DT_FLOAT32, 1, S(33), -1, 1);
+  int ve = mov(&b, KEX_GOP_EXPAND, mov(&b, KEX_GOP_RESHAPE, v, 2, S(1, 33)), 2, S(64, 33));
+  int s = red(&b, KEX_GOP_REDUCE_SUM, op2(&b, KEX_GOP_MUL, a, ve), 1, A(1));
+  int one = cnst(&b, KEX_DT_FLOAT32, 2, S(64, 1), kex_const_float(1.0));
+  output(&b, op2(&b, KEX_GOP_ADD, s, one));
+  planned p;
+  kex_error err = {0};
+  assert_int_equal(plan(&p, b.g, &err), 0);
+  assert_int_equal(p.s->nkernels, 1);
+  kex_program_src ps;
+  const kex_sched_item *it = NULL;
+  for (uint32_t i = 0; i < p.s->nitems; i++)
+    if (p.s->items[i].kind == KEX_ITEM_KERNEL) it = &p.s->items[i];
+  if (lower_item(&p, it, &kex_renderer_cpu, KEX_DIALECT_CPU, true, NULL, &ps, &err)) fail_msg("%s", err.msg);
+  assert_string_equal(ps.name, "r_64_33");
+  expect_in(ps.src, "void r_64_33(void **bufs, const int *ints, int gidx_start, int gidx_end) {");
+  expect_in(ps.src, "for (int ridx0 = gidx_start; ridx0 < gidx_end; ridx0++) {");
+  expect_in(ps.src, "float acc0 = 0.0f;");
+  expect_in(ps.src, "for (int ridx1 = 0; ridx1 < 33; ridx1++) {");
+  expect_in(ps.src, "float val0 = data1[(ridx0*33)+ridx1];");
+  expect_in(ps.src, "float val1 = data2[ridx1];");
+  expect_in(ps.src, "acc0 = ((val0*val1)+acc0);");
+  expect_in(ps.src, "data0[ridx0] = (acc0+1.0f);");
+  assert_int_equal(ps.global[0], 64);
+  assert_int_equal(ps.global[1], 1);
+  assert_false(ps.has_local);
+  assert_int_equal(ps.nargs, 3);
+  assert_true(ps.args[0].is_output);
+  kex_program_src_free(&ps);
+  /* the same kernel for OpenCL: no loops over globals, SPECIALs instead */
+  if (lower_item(&p, it, &kex_renderer_opencl, KEX_DIALECT_OPENCL, true, NULL, &ps, &err)) fail_msg("%s", err.msg);
+  expect_in(ps.src, "__kernel void ");
+  expect_in(ps.src, "const __global float* data1");
+  expect_in(ps.src, "get_group_id(0)");
+  kex_program_src_free(&ps);
+  done(&p);
+}
+
+static void test_render_matmul_float4(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 13);
+  output(&b, matmul(&b, 512, 512, 512, 0));
+  planned p;
+  kex_error err = {0};
+  assert_int_equal(plan(&p, b.g, &err), 0);
+  const kex_sched_item *it = NULL;
+  for (uint32_t i = 0; i < p.s->nitems; i++)
+    if (p.s->items[i].kind == KEX_ITEM_KERNEL) it = &p.s->items[i];
+  kex_program_src ps;
+  kex_name_counter names;
+  kex_name_counter_init(&names);
+  if (lower_item(&p, it, &kex_renderer_opencl, KEX_DIALECT_OPENCL, true, &names, &ps, &err)) fail_msg("%s", err.msg);
+  assert_string_equal(ps.name, "r_16_8_8_16_128_4_4_4");
+  expect_in(ps.src, "int gidx1 = get_group_id(0); /* 8 */");
+  expect_in(ps.src, "int lidx3 = get_local_id(1); /* 16 */");
+  expect_in(ps.src, "float4 acc0 = (float4)(0.0,0.0,0.0,0.0);");
+  expect_in(ps.src, "(float4)(*((__global float4*)(data1+");
+  expect_in(ps.src, "*((__global float4*)(data0+");
+  assert_int_equal(ps.global[0], 8);
+  assert_int_equal(ps.global[1], 16);
+  assert_int_equal(ps.local[0], 8);
+  assert_int_equal(ps.local[1], 16);
+  assert_true(ps.has_local);
+  if (getenv("KEX_CODEGEN_VERBOSE")) fprintf(stderr, "%s\n", ps.src);
+  kex_program_src_free(&ps);
+  /* a repeated name gets n1 */
+  if (lower_item(&p, it, &kex_renderer_opencl, KEX_DIALECT_OPENCL, true, &names, &ps, &err)) fail_msg("%s", err.msg);
+  assert_string_equal(ps.name, "r_16_8_8_16_128_4_4_4n1");
+  kex_program_src_free(&ps);
+  kex_name_counter_free(&names);
+  done(&p);
+}
+
+static void test_render_group_reduce(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 14);
+  int x = input(&b, KEX_DT_FLOAT32, 1, S(4194304), -1, 1);
+  output(&b, red(&b, KEX_GOP_REDUCE_SUM, x, 1, A(0)));
+  planned p;
+  kex_error err = {0};
+  assert_int_equal(plan(&p, b.g, &err), 0);
+  const kex_sched_item *it = NULL;
+  for (uint32_t i = 0; i < p.s->nitems && !it; i++)
+    if (p.s->items[i].kind == KEX_ITEM_KERNEL) it = &p.s->items[i];
+  kex_program_src ps;
+  if (lower_item(&p, it, &kex_renderer_opencl, KEX_DIALECT_OPENCL, true, NULL, &ps, &err)) fail_msg("%s", err.msg);
+  assert_string_equal(ps.name, "r_256_16_1024");
+  expect_in(ps.src, "__attribute__ ((aligned (16))) __local float temp[16];");
+  expect_in(ps.src, "barrier(CLK_LOCAL_MEM_FENCE);");
+  expect_in(ps.src, "if ((lidx1<1)) {");
+  expect_in(ps.src, "for (int ridx1 = 0; ridx1 < 16; ridx1++) {");
+  kex_program_src_free(&ps);
+  done(&p);
+}
+
+/* ---------- the numeric cases ---------- */
+
+static int b64val(int c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+static uint8_t *b64decode(const char *s, size_t *len) {
+  size_t n = strlen(s);
+  uint8_t *out = malloc(n / 4 * 3 + 4);
+  size_t o = 0;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < n; i++) {
+    int v = b64val(s[i]);
+    if (v < 0) continue;
+    acc = (acc << 6) | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out[o++] = (uint8_t)(acc >> bits);
+    }
+  }
+  *len = o;
+  return out;
+}
+
+static void test_numeric_cases(void **state) {
+  (void)state;
+#ifdef KEX_HAVE_DEVICES
+  const char *dir = getenv("KEX_CASES_DIR");
+  if (!dir) dir = "../shared/cases";
+  DIR *dd = opendir(dir);
+  if (!dd) {
+    fprintf(stderr, "[ SKIP ] numeric cases: no %s\n", dir);
+    return;
+  }
+  struct dirent *de;
+  char *files[512];
+  int nfiles = 0;
+  while ((de = readdir(dd)) && nfiles < 512) {
+    size_t l = strlen(de->d_name);
+    if (l > 5 && !strcmp(de->d_name + l - 5, ".json") && strcmp(de->d_name, "INDEX.json")) files[nfiles++] = strdup(de->d_name);
+  }
+  closedir(dd);
+  for (int i = 0; i < nfiles; i++)
+    for (int j = i + 1; j < nfiles; j++)
+      if (strcmp(files[i], files[j]) > 0) {
+        char *t = files[i];
+        files[i] = files[j];
+        files[j] = t;
+      }
+  int total = 0, pass[2] = {0, 0}, skipped[2] = {0, 0}, failed[2] = {0, 0};
+  for (int fi = 0; fi < nfiles; fi++) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, files[fi]);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *num = root ? json_object_get(root, "numeric") : NULL;
+    if (!num || !json_is_object(num)) {
+      json_decref(root);
+      continue;
+    }
+    total++;
+    double rtol = json_real_value(json_object_get(num, "rtol")), atol = json_real_value(json_object_get(num, "atol"));
+    char *text = json_dumps(num, JSON_COMPACT);
+    json_t *expected = json_object_get(num, "expected");
+    for (int d = 0; d < 2; d++) {
+      kex_device *dev = d == 0 ? cl_dev : cpu_dev;
+      if (!dev) {
+        skipped[d]++;
+        continue;
+      }
+      kex_limits lim = KEX_LIMITS_DEFAULT;
+      kex_error err = {0};
+      kex_graph *g = NULL;
+      if (kex_graph_from_json(text, strlen(text), &lim, &g, &err)) fail_msg("%s: graph: %s", files[fi], err.msg);
+      planned p;
+      if (plan(&p, g, &err)) fail_msg("%s: plan: %s", files[fi], err.msg);
+      double *outs[KEX_LIMIT_OUTPUTS > 256 ? 256 : KEX_LIMIT_OUTPUTS] = {0};
+      run_stats st;
+      int rc = g->noutputs > 256 ? KEX_ELIMIT : run_on(&p, dev, d == 0 ? KEX_DIALECT_OPENCL : KEX_DIALECT_CPU, outs, &st, &err);
+      int bad = 0;
+      if (rc == KEX_EUNSUPPORTED) {
+        fprintf(stderr, "[ SKIP ] %s on %s: %s\n", files[fi], dev_names[d], err.msg);
+        skipped[d]++;
+      } else if (rc) {
+        fprintf(stderr, "[ FAIL ] %s on %s: %s\n", files[fi], dev_names[d], err.msg);
+        failed[d]++;
+      } else {
+        for (uint32_t j = 0; j < g->noutputs && j < json_array_size(expected); j++) {
+          json_t *e = json_array_get(expected, j);
+          int dt = kex_dtype_from_name(json_string_value(json_object_get(e, "dtype")));
+          size_t len;
+          uint8_t *raw = b64decode(json_string_value(json_object_get(e, "data")), &len);
+          int64_t n = dt >= 0 ? (int64_t)len / kex_dtype_size((kex_dtype)dt) : 0;
+          double *want = calloc((size_t)(n ? n : 1), sizeof *want);
+          for (int64_t q = 0; q < n; q++) want[q] = load_typed(raw, (kex_dtype)dt, q);
+          int64_t have = kex_lb_size(p.r->node_lb[g->outputs[j]]);
+          char what[256];
+          snprintf(what, sizeof what, "%s/%s/out%u", files[fi], dev_names[d], j);
+          if (have != n) {
+            fprintf(stderr, "  %s: %lld values, expected %lld\n", what, (long long)have, (long long)n);
+            bad++;
+          } else {
+            bad += compare(what, outs[j], want, n, (kex_dtype)dt, rtol, atol);
+          }
+          free(want);
+          free(raw);
+        }
+        if (bad) {
+          fprintf(stderr, "[ FAIL ] %s on %s: %d values differ\n", files[fi], dev_names[d], bad);
+          failed[d]++;
+        } else {
+          pass[d]++;
+        }
+      }
+      for (uint32_t j = 0; j < g->noutputs && j < 256; j++) free(outs[j]);
+      done(&p);
+    }
+    free(text);
+    json_decref(root);
+  }
+  for (int i = 0; i < nfiles; i++) free(files[i]);
+  fprintf(stderr, "numeric cases: %d; opencl: %d pass, %d fail, %d skipped; cpu: %d pass, %d fail, %d skipped\n", total,
+          pass[0], failed[0], skipped[0], pass[1], failed[1], skipped[1]);
+  assert_int_equal(failed[0], 0);
+  assert_int_equal(failed[1], 0);
+  assert_true(pass[1] > 0);
+#endif
+}
+
+static int setup(void **state) {
+  (void)state;
+#ifdef KEX_HAVE_DEVICES
+  kex_error err = {0};
+  if (kex_device_open("opencl", &cl_dev, &err)) {
+    cl_dev = NULL;
+    static char why[KEX_ERROR_MSG_MAX + 64];
+    snprintf(why, sizeof why, "no OpenCL device (%s)", err.msg);
+    cl_skip = why;
+    fprintf(stderr, "[ SKIP ] the OpenCL half: %s\n", why);
+  }
+  if (kex_device_open("cpu", &cpu_dev, &err)) fail_msg("cpu device: %s", err.msg);
+#endif
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+#ifdef KEX_HAVE_DEVICES
+  kex_device_unref(cl_dev);
+  kex_device_unref(cpu_dev);
+#endif
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_render_clang_example),
+      cmocka_unit_test(test_render_matmul_float4),
+      cmocka_unit_test(test_render_group_reduce),
+      cmocka_unit_test(test_elementwise_broadcast),
+      cmocka_unit_test(test_unary_binary_float),
+      cmocka_unit_test(test_unary_binary_int),
+      cmocka_unit_test(test_reductions),
+      cmocka_unit_test(test_big_sum),
+      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_softmax),
+      cmocka_unit_test(test_movement),
+      cmocka_unit_test(test_elementwise_4m),
+      cmocka_unit_test(test_numeric_cases),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
