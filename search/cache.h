@@ -1,0 +1,252 @@
+/*
+ * cache.h - the on-disk cache kexd and the kex CLI share: compiled program
+ * binaries and beam-search results, in one SQLite file (WAL mode).
+ *
+ * Keys are exact, so a hit can never be another kernel's or another
+ * device's entry:
+ *
+ *   programs      (SHA-256 of the kernel source, device identity)
+ *   beam results  (AST key (search/astkey.h), device identity,
+ *                  search options string, codegen version string)
+ *
+ * A device identity is stored as its five fields (devices/device.h); two
+ * identities are the same device only when all five are byte-equal.  The
+ * search options string (beam width, limits) and codegen version are
+ * canonical strings the caller builds; they are compared byte for byte.
+ *
+ * Schema (version KEX_CACHE_SCHEMA_VERSION = 2):
+ *
+ *   schema_version(version INTEGER)                      one row
+ *   devices(id INTEGER PRIMARY KEY, kind, vendor, name, driver_version,
+ *           compiler_version, rendered,  UNIQUE(the five fields))
+ *   programs(source_sha256 BLOB, device_id -> devices, kernel_name, binary BLOB,
+ *            created_at,  PRIMARY KEY(source_sha256, device_id))
+ *   beam_results(ast_key BLOB, device_id -> devices, search_opts, codegen_version,
+ *                opts TEXT, best_time_s, hand_time_s, search_time_s, kernel_name,
+ *                created_at, candidates (v2), ast_text (v2),
+ *                PRIMARY KEY(ast_key, device_id, search_opts, codegen_version))
+ *
+ * `opts` is the portable text of the applied opts: kex_opt_short forms
+ * separated by one space ("UPCAST(1,4) UPCAST(0,4) LOCAL(0,16)", "" for
+ * none, "NOLOCALS", None axes/amts as "None").  `created_at` is unix
+ * seconds.  A file of an older version is migrated on open (0 -> 1 -> 2,
+ * each step in the transaction that bumps the version); a newer version is
+ * refused.  A row that does not decode (bad opts text, wrong column types,
+ * out-of-range values) is logged, deleted and reported as KEX_ECORRUPT,
+ * never returned as a hit.
+ *
+ * Export format (kex_cache_export / kex_cache_import), JSON lines, UTF-8:
+ *
+ *   line 1:  {"format":"kex.cache.export.v1","schema":2}
+ *   then one object per entry, either
+ *   {"type":"beam","ast_key":"<64 hex>","device":DEV,"search_opts":"...",
+ *    "codegen_version":"...","opts":"UPCAST(1,4) ...","best_time_s":1.5e-05,
+ *    "hand_time_s":2e-05,"search_time_s":12.5,"candidates":140,
+ *    "kernel_name":"r_16_8_8","created_at":1718000000,"ast_text":"kex.ast.v1\n..."|null}
+ *   {"type":"program","source_sha256":"<64 hex>","device":DEV,
+ *    "kernel_name":"E_4","binary":"<base64, RFC 4648 with padding>","created_at":1718000000}
+ *   DEV = {"kind":"...","vendor":"...","name":"...","driver_version":"...","compiler_version":"..."}
+ *
+ * Every field is required (ast_text may be null).  Import checks each line
+ * (types, lengths, hex, base64, opts text, finite non-negative times, and
+ * that ast_text hashes to ast_key when given) and refuses a bad line naming
+ * its number; good lines are stored in one transaction under the identity
+ * they name, so an entry made on another device can only ever hit there.
+ *
+ * Threads and processes: a handle is used by one thread at a time.  Any
+ * number of handles and processes may share one file (WAL, busy timeout of
+ * KEX_CACHE_BUSY_TIMEOUT_MS).  Do not carry a handle across fork().
+ *
+ * Errors: 0 or a negative KEX_E* code with *err (may be NULL) naming what
+ * failed; SQLite failures carry sqlite3_errmsg: KEX_EIO (I/O, cannot open,
+ * read-only, disk full), KEX_EUNAVAILABLE (still busy after the timeout),
+ * KEX_ECORRUPT (a damaged file or row), KEX_ENOMEM, KEX_EINTERNAL (other).
+ */
+#ifndef KEX_SEARCH_CACHE_H
+#define KEX_SEARCH_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/errors.h"
+#include "devices/device.h"
+#include "search/astkey.h"
+#include "search/kernel.h"
+
+#define KEX_CACHE_SCHEMA_VERSION 2
+#define KEX_CACHE_BUSY_TIMEOUT_MS 5000
+#define KEX_CACHE_MAX_OPTS 64                        /* opts of one beam result */
+#define KEX_CACHE_OPTS_TEXT_MAX 2048                 /* bytes of the opts text */
+#define KEX_CACHE_SEARCH_OPTS_MAX 512                /* bytes of a search options string, NUL included */
+#define KEX_CACHE_CODEGEN_MAX 128                    /* bytes of a codegen version, NUL included */
+#define KEX_CACHE_KERNEL_NAME_MAX (KEX_DEVICE_KERNEL_NAME_MAX + 1) /* NUL included */
+#define KEX_CACHE_AST_TEXT_MAX (256u << 20)          /* bytes of a stored AST text */
+#define KEX_CACHE_LIST_MAX 100000                    /* entries of one list page */
+#define KEX_CACHE_IMPORT_LINE_MAX ((size_t)KEX_DEVICE_BINARY_MAX / 3 * 4 + (1u << 20)) /* bytes of one line */
+#define KEX_CACHE_IMPORT_ERRORS 8                    /* messages kept in an import report */
+
+typedef struct kex_cache kex_cache;
+
+/*
+ * Open (creating when missing, with its parent directories) the cache file
+ * at path, migrate it to the current schema, and return a new handle in
+ * *out (kex_cache_close).  Errors: KEX_EIO (cannot create the directory or
+ * open the file), KEX_EUNSUPPORTED (a newer schema version, or a SQLite
+ * file that is not a kex cache), KEX_ECORRUPT (not a database), KEX_ENOMEM.
+ */
+int kex_cache_open(const char *path, kex_cache **out, kex_error *err);
+/* Finalize the statements and close the file.  NULL is a no-op. */
+void kex_cache_close(kex_cache *c);
+/* The schema version the open file has (KEX_CACHE_SCHEMA_VERSION after open). */
+int kex_cache_schema_version(kex_cache *c, kex_error *err);
+
+/* What one handle has seen (for the daemon's stats). */
+typedef struct kex_cache_stats {
+  uint64_t beam_hits, beam_misses, program_hits, program_misses, corrupt_dropped;
+} kex_cache_stats;
+void kex_cache_get_stats(const kex_cache *c, kex_cache_stats *out);
+
+/* ---- programs ---- */
+
+typedef struct kex_cache_program {
+  char kernel_name[KEX_CACHE_KERNEL_NAME_MAX];
+  void *binary; /* kex_malloc'd, owned by the caller after a hit (kex_free) */
+  size_t binary_len;
+  int64_t created_at;
+} kex_cache_program;
+
+/*
+ * Store (or replace) the binary compiled from source[source_len] on device
+ * `dev`.  Errors: KEX_EINVAL (empty binary or source, a bad identity or
+ * kernel name), KEX_ELIMIT (binary over KEX_DEVICE_BINARY_MAX), SQLite.
+ */
+int kex_cache_program_put(kex_cache *c, const char *source, size_t source_len, const kex_device_identity *dev,
+                          const char *kernel_name, const void *binary, size_t binary_len, kex_error *err);
+/*
+ * Look the binary up: 0 and *out filled (out->binary is the caller's), or
+ * KEX_ENOTFOUND (a miss; *out zeroed), KEX_ECORRUPT (a damaged row was
+ * dropped), SQLite errors.
+ */
+int kex_cache_program_get(kex_cache *c, const char *source, size_t source_len, const kex_device_identity *dev,
+                          kex_cache_program *out, kex_error *err);
+
+/* ---- beam results ---- */
+
+typedef struct kex_cache_beam_key {
+  uint8_t ast_key[KEX_AST_KEY_BYTES];
+  const kex_device_identity *device;
+  const char *search_opts;     /* canonical, < KEX_CACHE_SEARCH_OPTS_MAX bytes */
+  const char *codegen_version; /* < KEX_CACHE_CODEGEN_MAX bytes */
+} kex_cache_beam_key;
+
+typedef struct kex_cache_beam_value {
+  uint32_t nopts;
+  kex_opt opts[KEX_CACHE_MAX_OPTS];
+  double best_time_s;   /* the winner's measured time */
+  double hand_time_s;   /* the hand-coded heuristic's time */
+  double search_time_s; /* how long the search took */
+  int64_t candidates;   /* candidates timed */
+  char kernel_name[KEX_CACHE_KERNEL_NAME_MAX];
+  int64_t created_at;   /* unix seconds; 0 on put means now */
+} kex_cache_beam_value;
+
+/*
+ * Store (or replace) a beam result.  ast_text (may be NULL) is the
+ * kex_ast_text the key was made from, kept for kex_cache_get_entry; when
+ * given it must hash to key->ast_key.  Errors: KEX_EINVAL (a field out of
+ * range, named), KEX_ELIMIT (a string over its limit), SQLite.
+ */
+int kex_cache_beam_put(kex_cache *c, const kex_cache_beam_key *key, const kex_cache_beam_value *val,
+                       const char *ast_text, kex_error *err);
+/*
+ * 0 and *out filled on a hit; KEX_ENOTFOUND on a miss; KEX_ECORRUPT when
+ * the row did not decode (it is deleted and logged; treat it as a miss);
+ * SQLite errors.
+ */
+int kex_cache_beam_get(kex_cache *c, const kex_cache_beam_key *key, kex_cache_beam_value *out, kex_error *err);
+
+/* ---- listing, lookup, delete (the cache API) ---- */
+
+typedef struct kex_cache_entry {
+  uint8_t ast_key[KEX_AST_KEY_BYTES];
+  char ast_hex[KEX_AST_KEY_HEX];
+  kex_device_identity device;
+  char device_rendered[KEX_DEVICE_IDENTITY_STR_MAX];
+  char search_opts[KEX_CACHE_SEARCH_OPTS_MAX];
+  char codegen_version[KEX_CACHE_CODEGEN_MAX];
+  kex_cache_beam_value value;
+  char *ast_text; /* kex_cache_get_entry only: kex_malloc'd (caller frees) or NULL when not stored */
+} kex_cache_entry;
+
+/* Beam-result filters; NULL or "" (0 for max_age_s) matches anything. */
+typedef struct kex_cache_filter {
+  const char *device;      /* substring of the rendered identity ("kind=...;vendor=...;...") */
+  const char *kernel_name; /* substring */
+  const char *key_prefix;  /* prefix of the AST key's hex (either case) */
+  int64_t max_age_s;       /* only entries created at most this many seconds ago */
+} kex_cache_filter;
+
+/* Called per entry; the entry is valid during the call only.  Nonzero stops the listing. */
+typedef int (*kex_cache_entry_cb)(const kex_cache_entry *e, void *arg);
+
+/*
+ * The beam results matching filter (NULL = all), in key order (AST key,
+ * device, search options, codegen version), skipping `offset` and passing
+ * at most `limit` (1..KEX_CACHE_LIST_MAX) to cb.  The callback must not use
+ * c.  Rows that do not decode are dropped as in kex_cache_beam_get and not
+ * passed.  *count (may be NULL) = entries passed.  Errors: KEX_EINVAL (a bad
+ * limit or a key prefix that is not hex), SQLite.
+ */
+int kex_cache_list(kex_cache *c, const kex_cache_filter *filter, uint64_t offset, uint32_t limit,
+                   kex_cache_entry_cb cb, void *arg, uint32_t *count, kex_error *err);
+/*
+ * The newest beam result whose AST key is ast_hex (64 hex digits) and, when
+ * device is neither NULL nor "", whose rendered identity is exactly device.
+ * *out is filled, with out->ast_text when stored (caller kex_frees it).
+ * Errors: KEX_EINVAL (bad hex), KEX_ENOTFOUND, KEX_ECORRUPT, SQLite.
+ */
+int kex_cache_get_entry(kex_cache *c, const char *ast_hex, const char *device, kex_cache_entry *out,
+                        kex_error *err);
+/* Delete the beam results matching filter (NULL = all) in one transaction; *deleted = rows removed. */
+int kex_cache_delete(kex_cache *c, const kex_cache_filter *filter, uint64_t *deleted, kex_error *err);
+
+/* ---- export / import (format above) ---- */
+
+/*
+ * Write the header and every beam result matching filter (NULL = all),
+ * then, unless the filter has a key prefix (programs have no AST key),
+ * every program matching its device, kernel name and age.  *count (may be
+ * NULL) = entries written.  Errors: KEX_EIO (a write failed), KEX_ENOMEM,
+ * SQLite.
+ */
+int kex_cache_export(kex_cache *c, FILE *f, const kex_cache_filter *filter, uint64_t *count, kex_error *err);
+
+typedef struct kex_cache_import_report {
+  uint64_t imported, rejected;
+  uint32_t nerrors;                                /* messages kept (at most KEX_CACHE_IMPORT_ERRORS) */
+  char errors[KEX_CACHE_IMPORT_ERRORS][256];       /* "line 3: ast_key: not 64 hex digits" */
+} kex_cache_import_report;
+
+/*
+ * Read an export from f; store every valid entry (replacing entries with
+ * the same key) in one transaction.  *rep (may be NULL) counts imported and
+ * rejected lines.  Returns 0 when every line was stored; KEX_EPARSE when the
+ * header is missing or wrong (nothing stored) or some lines were refused
+ * (the others are stored; err names the first refused line); KEX_ELIMIT for
+ * a line over KEX_CACHE_IMPORT_LINE_MAX; KEX_EIO, KEX_ENOMEM, SQLite.
+ */
+int kex_cache_import(kex_cache *c, FILE *f, kex_cache_import_report *rep, kex_error *err);
+
+/* ---- helpers ---- */
+
+/*
+ * The opts text ("UPCAST(1,4) LOCAL(0,16)") of opts[n] into buf[len]:
+ * 0, or KEX_ELIMIT when it does not fit.  Parse the reverse: 0 with
+ * opts[*n], KEX_EPARSE naming the bad token, KEX_ELIMIT over max opts.
+ */
+int kex_cache_opts_format(const kex_opt *opts, uint32_t n, char *buf, size_t len);
+int kex_cache_opts_parse(const char *text, kex_opt *opts, uint32_t max, uint32_t *n, kex_error *err);
+
+#endif

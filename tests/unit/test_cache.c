@@ -1,0 +1,896 @@
+/*
+ * test_cache.c - the SQLite cache (search/cache.c) on real files in a
+ * mkdtemp directory: program and beam round trips; keys that differ only in
+ * device identity, search options or codegen version miss; damaged rows are
+ * dropped and reported, never returned; migration of a hand-made v1 file; a
+ * newer or foreign file refused; integrity after many writes; two handles
+ * and a forked writer sharing one file; a writer killed with SIGKILL in the
+ * middle of a big transaction leaves only whole entries; export/import
+ * reproduces every entry and keeps foreign identities foreign; malformed
+ * import lines refused by line number; list filters, paging and delete.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sqlite3.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "search/astkey.h"
+#include "search/cache.h"
+
+static char tmpdir[256];
+static int file_counter;
+
+/* A fresh path in the temp dir (the file does not exist yet). */
+static void fresh_path(char *buf, size_t len, const char *tag) {
+  snprintf(buf, len, "%s/%s-%d/cache.db", tmpdir, tag, file_counter++);
+}
+
+static kex_device_identity identity(const char *kind, const char *name, const char *driver, const char *compiler) {
+  kex_device_identity d;
+  memset(&d, 0, sizeof d);
+  snprintf(d.kind, sizeof d.kind, "%s", kind);
+  snprintf(d.vendor, sizeof d.vendor, "ACME; Inc=1");
+  snprintf(d.name, sizeof d.name, "%s", name);
+  snprintf(d.driver_version, sizeof d.driver_version, "%s", driver);
+  snprintf(d.compiler_version, sizeof d.compiler_version, "%s", compiler);
+  return d;
+}
+
+static kex_device_identity this_dev(void) { return identity("opencl", "pthread-cpu", "6.0", "OpenCL C 1.2 PoCL 6.0"); }
+
+static kex_cache *open_ok(const char *path) {
+  kex_cache *c = NULL;
+  kex_error err = {0};
+  if (kex_cache_open(path, &c, &err)) fail_msg("open %s: %s", path, err.msg);
+  return c;
+}
+
+static void key_of(int n, uint8_t out[32]) {
+  char s[32];
+  snprintf(s, sizeof s, "kernel-%d", n);
+  kex_sha256_bytes(s, strlen(s), out);
+}
+
+static kex_cache_beam_value value_of(int n) {
+  kex_cache_beam_value v;
+  memset(&v, 0, sizeof v);
+  v.nopts = 3;
+  v.opts[0] = kex_opt_make(KEX_OPT_UPCAST, 1, 4);
+  v.opts[1] = kex_opt_make(KEX_OPT_LOCAL, 0, n % 32);
+  v.opts[2] = kex_opt_make(KEX_OPT_GROUPTOP, 0, 256);
+  v.best_time_s = 1e-6 * (n + 1);
+  v.hand_time_s = 2e-6 * (n + 1);
+  v.search_time_s = 0.5 + n;
+  v.candidates = 100 + n;
+  snprintf(v.kernel_name, sizeof v.kernel_name, "r_%d_16", n);
+  return v;
+}
+
+static void beam_put_ok(kex_cache *c, int n, const kex_device_identity *d, const char *so, const char *cg) {
+  kex_cache_beam_key k = {.device = d, .search_opts = so, .codegen_version = cg};
+  kex_cache_beam_value v = value_of(n);
+  kex_error err = {0};
+  key_of(n, k.ast_key);
+  if (kex_cache_beam_put(c, &k, &v, NULL, &err)) fail_msg("beam put %d: %s", n, err.msg);
+}
+
+static int beam_get(kex_cache *c, int n, const kex_device_identity *d, const char *so, const char *cg,
+                    kex_cache_beam_value *out, kex_error *err) {
+  kex_cache_beam_key k = {.device = d, .search_opts = so, .codegen_version = cg};
+  key_of(n, k.ast_key);
+  return kex_cache_beam_get(c, &k, out, err);
+}
+
+static void expect_beam_value(const kex_cache_beam_value *got, int n) {
+  kex_cache_beam_value want = value_of(n);
+  assert_int_equal(got->nopts, want.nopts);
+  for (uint32_t i = 0; i < want.nopts; i++) {
+    assert_int_equal(got->opts[i].op, want.opts[i].op);
+    assert_int_equal(got->opts[i].axis, want.opts[i].axis);
+    assert_int_equal(got->opts[i].amt, want.opts[i].amt);
+  }
+  assert_true(got->best_time_s == want.best_time_s);
+  assert_true(got->hand_time_s == want.hand_time_s);
+  assert_true(got->search_time_s == want.search_time_s);
+  assert_int_equal(got->candidates, want.candidates);
+  assert_string_equal(got->kernel_name, want.kernel_name);
+  assert_true(got->created_at > 0);
+}
+
+static int64_t sql_int(const char *path, const char *sql) {
+  sqlite3 *db = NULL;
+  sqlite3_stmt *s = NULL;
+  int64_t v = -1;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
+  if (sqlite3_step(s) == SQLITE_ROW) v = sqlite3_column_int64(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return v;
+}
+
+static void sql_exec(const char *path, const char *sql) {
+  sqlite3 *db = NULL;
+  char *msg = NULL;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) fail_msg("%s: %s", sql, msg);
+  sqlite3_close(db);
+}
+
+/* Remove a database file and its WAL companions. */
+static void remove_db(const char *path) {
+  char p[600];
+  unlink(path);
+  snprintf(p, sizeof p, "%s-wal", path);
+  unlink(p);
+  snprintf(p, sizeof p, "%s-shm", path);
+  unlink(p);
+}
+
+static void expect_integrity_ok(const char *path) {
+  sqlite3 *db = NULL;
+  sqlite3_stmt *s = NULL;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+  assert_string_equal((const char *)sqlite3_column_text(s, 0), "ok");
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+}
+
+/* ---- round trips and misses ---- */
+
+static void test_program_roundtrip(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "prog");
+  kex_cache *c = open_ok(path);
+  kex_device_identity d = this_dev(), other = this_dev();
+  snprintf(other.driver_version, sizeof other.driver_version, "6.1");
+  const char *src = "__kernel void E_4(__global float *a) { a[get_global_id(0)] = 1.0f; }";
+  uint8_t bin[3000];
+  for (size_t i = 0; i < sizeof bin; i++) bin[i] = (uint8_t)(i * 7 + 1);
+  kex_error err = {0};
+  kex_cache_program p;
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), KEX_ENOTFOUND);
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_4", bin, sizeof bin, &err), 0);
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), 0);
+  assert_int_equal(p.binary_len, sizeof bin);
+  assert_memory_equal(p.binary, bin, sizeof bin);
+  assert_string_equal(p.kernel_name, "E_4");
+  kex_free(p.binary);
+  /* another driver version, another source: misses */
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &other, &p, &err), KEX_ENOTFOUND);
+  assert_null(p.binary);
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src) - 1, &d, &p, &err), KEX_ENOTFOUND);
+  /* replace */
+  bin[0] ^= 0xff;
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_4", bin, sizeof bin, &err), 0);
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), 0);
+  assert_int_equal(((uint8_t *)p.binary)[0], bin[0]);
+  kex_free(p.binary);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 1);
+  /* bad input */
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "bad name!", bin, sizeof bin, &err), KEX_EINVAL);
+  assert_non_null(strstr(err.msg, "kernel name"));
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_4", bin, 0, &err), KEX_EINVAL);
+  kex_device_identity empty = d;
+  empty.vendor[0] = 0;
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &empty, "E_4", bin, 1, &err), KEX_EINVAL);
+  assert_non_null(strstr(err.msg, "vendor"));
+  /* a damaged row is dropped, not returned */
+  sql_exec(path, "UPDATE programs SET binary = 'not a blob'");
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), KEX_ECORRUPT);
+  assert_null(p.binary);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 0);
+  kex_cache_close(c);
+}
+
+static void test_beam_roundtrip_and_misses(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "beam");
+  kex_cache *c = open_ok(path);
+  assert_int_equal(kex_cache_schema_version(c, NULL), KEX_CACHE_SCHEMA_VERSION);
+  kex_device_identity d = this_dev();
+  const char *so = "beam=2;upcast_max=256;local_max=1024", *cg = "kex-codegen-1";
+  kex_cache_beam_value v;
+  kex_error err = {0};
+  assert_int_equal(beam_get(c, 1, &d, so, cg, &v, &err), KEX_ENOTFOUND);
+  beam_put_ok(c, 1, &d, so, cg);
+  assert_int_equal(beam_get(c, 1, &d, so, cg, &v, &err), 0);
+  expect_beam_value(&v, 1);
+
+  /* each key part alone makes a miss */
+  kex_device_identity d2 = d;
+  snprintf(d2.compiler_version, sizeof d2.compiler_version, "OpenCL C 1.2 PoCL 6.1");
+  assert_int_equal(beam_get(c, 1, &d2, so, cg, &v, &err), KEX_ENOTFOUND);
+  d2 = d;
+  snprintf(d2.kind, sizeof d2.kind, "cpu");
+  assert_int_equal(beam_get(c, 1, &d2, so, cg, &v, &err), KEX_ENOTFOUND);
+  assert_int_equal(beam_get(c, 1, &d, "beam=4;upcast_max=256;local_max=1024", cg, &v, &err), KEX_ENOTFOUND);
+  assert_int_equal(beam_get(c, 1, &d, so, "kex-codegen-2", &v, &err), KEX_ENOTFOUND);
+  assert_int_equal(beam_get(c, 2, &d, so, cg, &v, &err), KEX_ENOTFOUND);
+  /* identities whose fields differ only in where a separator falls are different devices */
+  kex_device_identity a = identity("opencl", "x;y", "1", "c"), b = identity("opencl", "x", "1", "c");
+  snprintf(b.vendor, sizeof b.vendor, "ACME; Inc=1;y");
+  beam_put_ok(c, 3, &a, so, cg);
+  assert_int_equal(beam_get(c, 3, &b, so, cg, &v, &err), KEX_ENOTFOUND);
+
+  /* NOLOCALS and None survive the opts text */
+  kex_cache_beam_key k = {.device = &d, .search_opts = so, .codegen_version = cg};
+  key_of(9, k.ast_key);
+  kex_cache_beam_value w = value_of(9);
+  w.nopts = 2;
+  w.opts[0] = kex_opt_make(KEX_OPT_NOLOCALS, KEX_OPT_NONE, KEX_OPT_NONE);
+  w.opts[1] = kex_opt_make(KEX_OPT_TC, 0, KEX_OPT_NONE);
+  assert_int_equal(kex_cache_beam_put(c, &k, &w, NULL, &err), 0);
+  assert_int_equal(kex_cache_beam_get(c, &k, &v, &err), 0);
+  assert_int_equal(v.nopts, 2);
+  assert_int_equal(v.opts[0].op, KEX_OPT_NOLOCALS);
+  assert_int_equal(v.opts[1].amt, KEX_OPT_NONE);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results WHERE opts = 'NOLOCALS TC(0,None)'"), 1);
+
+  /* bad values are refused before they reach the file */
+  w.best_time_s = -1;
+  assert_int_equal(kex_cache_beam_put(c, &k, &w, NULL, &err), KEX_EINVAL);
+  w.best_time_s = 1e-5;
+  assert_int_equal(kex_cache_beam_put(c, &k, &w, "kex.ast.v1\nnot the text of this key\n", &err), KEX_EINVAL);
+  assert_non_null(strstr(err.msg, "does not hash"));
+
+  kex_cache_stats st;
+  kex_cache_get_stats(c, &st);
+  assert_int_equal(st.beam_hits, 2);
+  assert_int_equal(st.beam_misses, 7);
+  kex_cache_close(c);
+  /* the file persists: a new handle hits */
+  c = open_ok(path);
+  assert_int_equal(beam_get(c, 1, &d, so, cg, &v, &err), 0);
+  kex_cache_close(c);
+}
+
+static void test_opts_text(void **state) {
+  (void)state;
+  kex_opt o[4];
+  uint32_t n = 0;
+  kex_error err = {0};
+  char buf[128];
+  assert_int_equal(kex_cache_opts_parse("", o, 4, &n, &err), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(kex_cache_opts_parse("UPCAST(1,4) UNROLL(0,0) PADTO(2,32)", o, 4, &n, &err), 0);
+  assert_int_equal(n, 3);
+  assert_int_equal(kex_cache_opts_format(o, n, buf, sizeof buf), 0);
+  assert_string_equal(buf, "UPCAST(1,4) UNROLL(0,0) PADTO(2,32)");
+  const char *bad[] = {"UPCAST(1,4", "UPCAST(1,4)  LOCAL(0,2)", "FOO(1,2)", "UPCAST(-1,4)", "UPCAST(1,4) ", "upcast(1,4)",
+                       "UPCAST(1,99999999999)", "NOLOCALSX"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    if (kex_cache_opts_parse(bad[i], o, 4, &n, &err) != KEX_EPARSE) fail_msg("accepted \"%s\"", bad[i]);
+  assert_int_equal(kex_cache_opts_parse("LOCAL(0,2) LOCAL(0,2) LOCAL(0,2) LOCAL(0,2) LOCAL(0,2)", o, 4, &n, &err),
+                   KEX_ELIMIT);
+  assert_int_equal(kex_cache_opts_format(o, 4, buf, 12), KEX_ELIMIT);
+}
+
+/* ---- damaged rows ---- */
+
+static void test_corrupt_rows_dropped(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "corrupt");
+  kex_cache *c = open_ok(path);
+  kex_device_identity d = this_dev();
+  kex_cache_beam_value v;
+  kex_error err = {0};
+  for (int i = 0; i < 4; i++) beam_put_ok(c, i, &d, "s", "g");
+  /* another process (or a bug) writes bad values straight into the file */
+  sql_exec(path, "UPDATE beam_results SET opts = 'UPCAST(1,' WHERE kernel_name = 'r_0_16';"
+                 "UPDATE beam_results SET best_time_s = 'fast' WHERE kernel_name = 'r_1_16';"
+                 "UPDATE beam_results SET kernel_name = 'r 2; drop' WHERE kernel_name = 'r_2_16';");
+  kex_log_set_level(KEX_LOG_OFF);
+  assert_int_equal(beam_get(c, 0, &d, "s", "g", &v, &err), KEX_ECORRUPT);
+  assert_non_null(strstr(err.msg, "opts"));
+  assert_int_equal(v.nopts, 0);
+  assert_int_equal(beam_get(c, 1, &d, "s", "g", &v, &err), KEX_ECORRUPT);
+  assert_non_null(strstr(err.msg, "time"));
+  assert_int_equal(v.best_time_s, 0);
+  /* a listing passes only the good rows and drops the bad one it met */
+  uint32_t n = 0;
+  assert_int_equal(kex_cache_list(c, NULL, 0, 100, NULL, NULL, &n, &err), 0);
+  assert_int_equal(n, 1);
+  kex_log_set_level(KEX_LOG_WARN);
+  /* gone: now plain misses, and only the good row is left in the file */
+  assert_int_equal(beam_get(c, 0, &d, "s", "g", &v, &err), KEX_ENOTFOUND);
+  assert_int_equal(beam_get(c, 1, &d, "s", "g", &v, &err), KEX_ENOTFOUND);
+  assert_int_equal(beam_get(c, 3, &d, "s", "g", &v, &err), 0);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 1);
+  kex_cache_stats st;
+  kex_cache_get_stats(c, &st);
+  assert_int_equal(st.corrupt_dropped, 3);
+  kex_cache_close(c);
+}
+
+/* ---- schema versions ---- */
+
+/* The version-1 schema, exactly as migration 0 -> 1 wrote it. */
+static const char v1_schema[] =
+    "CREATE TABLE schema_version(version INTEGER NOT NULL);"
+    "INSERT INTO schema_version VALUES (1);"
+    "CREATE TABLE devices(id INTEGER PRIMARY KEY, kind TEXT NOT NULL, vendor TEXT NOT NULL, name TEXT NOT NULL,"
+    " driver_version TEXT NOT NULL, compiler_version TEXT NOT NULL, rendered TEXT NOT NULL,"
+    " UNIQUE(kind, vendor, name, driver_version, compiler_version));"
+    "CREATE TABLE programs(source_sha256 BLOB NOT NULL, device_id INTEGER NOT NULL REFERENCES devices(id),"
+    " kernel_name TEXT NOT NULL, binary BLOB NOT NULL, created_at INTEGER NOT NULL,"
+    " PRIMARY KEY(source_sha256, device_id));"
+    "CREATE TABLE beam_results(ast_key BLOB NOT NULL, device_id INTEGER NOT NULL REFERENCES devices(id),"
+    " search_opts TEXT NOT NULL, codegen_version TEXT NOT NULL, opts TEXT NOT NULL, best_time_s REAL NOT NULL,"
+    " hand_time_s REAL NOT NULL, search_time_s REAL NOT NULL, kernel_name TEXT NOT NULL,"
+    " created_at INTEGER NOT NULL, PRIMARY KEY(ast_key, device_id, search_opts, codegen_version));";
+
+static void test_migration_from_v1(void **state) {
+  (void)state;
+  char path[512], sql[4096], hex[65];
+  uint8_t key[32];
+  fresh_path(path, sizeof path, "v1");
+  kex_cache_close(open_ok(path)); /* makes the directory; then replace the file with a v1 one */
+  remove_db(path);
+  key_of(5, key);
+  kex_hex(key, 32, hex);
+  kex_device_identity d = this_dev();
+  snprintf(sql, sizeof sql,
+           "%s INSERT INTO devices VALUES (1, '%s', '%s', '%s', '%s', '%s', 'old');"
+           "INSERT INTO beam_results VALUES (x'%s', 1, 's', 'g', 'UPCAST(0,4)', 1e-5, 2e-5, 3.0, 'E_5', %lld);",
+           v1_schema, d.kind, d.vendor, d.name, d.driver_version, d.compiler_version, hex, (long long)time(NULL));
+  sql_exec(path, sql);
+  assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 1);
+
+  kex_cache *c = open_ok(path);
+  assert_int_equal(kex_cache_schema_version(c, NULL), 2);
+  kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+  memcpy(k.ast_key, key, 32);
+  kex_cache_beam_value v;
+  kex_error err = {0};
+  assert_int_equal(kex_cache_beam_get(c, &k, &v, &err), 0);
+  assert_int_equal(v.nopts, 1);
+  assert_int_equal(v.opts[0].amt, 4);
+  assert_int_equal(v.candidates, 0); /* the v2 column's default */
+  assert_string_equal(v.kernel_name, "E_5");
+  /* v2 columns and indexes exist and work */
+  beam_put_ok(c, 6, &d, "s", "g");
+  assert_int_equal(sql_int(path, "SELECT candidates FROM beam_results WHERE kernel_name = 'r_6_16'"), 106);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM sqlite_master WHERE name = 'beam_results_created'"), 1);
+  kex_cache_close(c);
+  /* reopening a current file changes nothing */
+  c = open_ok(path);
+  assert_int_equal(kex_cache_schema_version(c, NULL), 2);
+  kex_cache_close(c);
+  expect_integrity_ok(path);
+}
+
+static void test_newer_or_foreign_refused(void **state) {
+  (void)state;
+  char path[512];
+  kex_cache *c = (kex_cache *)1;
+  kex_error err = {0};
+  fresh_path(path, sizeof path, "newer");
+  kex_cache_close(open_ok(path));
+  sql_exec(path, "UPDATE schema_version SET version = 3");
+  assert_int_equal(kex_cache_open(path, &c, &err), KEX_EUNSUPPORTED);
+  assert_null(c);
+  assert_non_null(strstr(err.msg, "schema version 3"));
+  assert_non_null(strstr(err.msg, "up to 2"));
+  assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 3); /* left untouched */
+
+  /* tinygrad's own cache.db is not ours */
+  fresh_path(path, sizeof path, "foreign");
+  kex_cache_close(open_ok(path));
+  remove_db(path);
+  sql_exec(path, "CREATE TABLE beam_search_16 (ast blob, amt integer, val blob)");
+  assert_int_equal(kex_cache_open(path, &c, &err), KEX_EUNSUPPORTED);
+  assert_non_null(strstr(err.msg, "not a kex cache"));
+
+  /* a file that is not SQLite at all */
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("this is not a database, it is a text file that is long enough to have a header...\n", f);
+  fclose(f);
+  char wal[600];
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  unlink(wal);
+  int rc = kex_cache_open(path, &c, &err);
+  assert_true(rc == KEX_ECORRUPT || rc == KEX_EIO);
+
+  /* a parent that is a file cannot become a directory */
+  snprintf(wal, sizeof wal, "%s/sub/cache.db", path);
+  assert_int_equal(kex_cache_open(wal, &c, &err), KEX_EIO);
+  assert_int_equal(kex_cache_open("", &c, &err), KEX_EINVAL);
+}
+
+/* ---- many writes, many writers ---- */
+
+static void test_integrity_after_many_writes(void **state) {
+  (void)state;
+  char path[512];
+  snprintf(path, sizeof path, "%s/deep/er/and/deeper/cache.db", tmpdir); /* mkdir -p */
+  kex_cache *c = open_ok(path);
+  kex_device_identity d = this_dev(), d2 = identity("cpu", "host", "1", "cc 12");
+  for (int i = 0; i < 2000; i++) beam_put_ok(c, i, i % 3 ? &d : &d2, "s", "g");
+  for (int i = 0; i < 500; i++) beam_put_ok(c, i, i % 3 ? &d : &d2, "s", "g"); /* replacements */
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 2000);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM devices"), 2);
+  expect_integrity_ok(path);
+  kex_cache_close(c);
+  sqlite3 *db;
+  sqlite3_stmt *s;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+  assert_string_equal((const char *)sqlite3_column_text(s, 0), "wal");
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+}
+
+/* Child body: open its own handle and write entries [from, from + n); exit status 0 on success. */
+static int child_writes(const char *path, int from, int n) {
+  kex_cache *c = NULL;
+  kex_error err = {0};
+  kex_device_identity d = this_dev();
+  if (kex_cache_open(path, &c, &err)) return 10;
+  for (int i = from; i < from + n; i++) {
+    kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+    kex_cache_beam_value v = value_of(i);
+    key_of(i, k.ast_key);
+    if (kex_cache_beam_put(c, &k, &v, NULL, &err)) {
+      fprintf(stderr, "child put %d: %s\n", i, err.msg);
+      return 11;
+    }
+  }
+  kex_cache_close(c);
+  return 0;
+}
+
+static void test_two_handles_and_fork(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "shared");
+  kex_cache *a = open_ok(path), *b = open_ok(path);
+  kex_device_identity d = this_dev();
+  kex_cache_beam_value v;
+  kex_error err = {0};
+  for (int i = 0; i < 200; i++) beam_put_ok(i % 2 ? a : b, i, &d, "s", "g");
+  for (int i = 0; i < 200; i++) {
+    assert_int_equal(beam_get(i % 2 ? b : a, i, &d, "s", "g", &v, &err), 0);
+    expect_beam_value(&v, i);
+  }
+  kex_cache_close(b);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(child_writes(path, 1000, 600));
+  for (int i = 2000; i < 2600; i++) beam_put_ok(a, i, &d, "s", "g"); /* the parent writes at the same time */
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(beam_get(a, 1599, &d, "s", "g", &v, &err), 0);
+  expect_beam_value(&v, 1599);
+  kex_cache_close(a);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 1400);
+  expect_integrity_ok(path);
+}
+
+#define KILL_BATCH 400
+
+/* Child body: import batches of KILL_BATCH entries (one transaction each) until killed. */
+static int child_imports_forever(const char *path) {
+  kex_cache *c = NULL;
+  kex_error err = {0};
+  if (kex_cache_open(path, &c, &err)) return 10;
+  for (int batch = 0;; batch++) {
+    FILE *f = tmpfile();
+    if (!f) return 12;
+    fprintf(f, "{\"format\":\"kex.cache.export.v1\",\"schema\":2}\n");
+    for (int i = 0; i < KILL_BATCH; i++) {
+      int n = batch * KILL_BATCH + i;
+      uint8_t key[32];
+      char hex[65];
+      key_of(n, key);
+      kex_hex(key, 32, hex);
+      fprintf(f,
+              "{\"type\":\"beam\",\"ast_key\":\"%s\",\"device\":{\"kind\":\"opencl\",\"vendor\":\"v\",\"name\":\"n\","
+              "\"driver_version\":\"1\",\"compiler_version\":\"c\"},\"search_opts\":\"s\",\"codegen_version\":\"g\","
+              "\"opts\":\"UPCAST(0,4) LOCAL(0,%d)\",\"best_time_s\":%d,\"hand_time_s\":%d,\"search_time_s\":1,"
+              "\"candidates\":%d,\"kernel_name\":\"k_%d\",\"created_at\":%d,\"ast_text\":null}\n",
+              hex, n % 64, n, 2 * n, 3 * n, n, 1000 + n);
+    }
+    rewind(f);
+    int rc = kex_cache_import(c, f, NULL, &err);
+    fclose(f);
+    if (rc) return 13;
+  }
+}
+
+typedef struct kill_check {
+  uint32_t n, bad;
+} kill_check;
+
+/* Every surviving entry must be whole: its fields agree with the number in its kernel name. */
+static int check_whole(const kex_cache_entry *e, void *arg) {
+  kill_check *k = arg;
+  int n = atoi(e->value.kernel_name + 2);
+  uint8_t key[32];
+  key_of(n, key);
+  k->n++;
+  if (memcmp(key, e->ast_key, 32) || e->value.best_time_s != n || e->value.hand_time_s != 2 * n ||
+      e->value.candidates != 3 * n || e->value.created_at != 1000 + n || e->value.nopts != 2 ||
+      e->value.opts[1].amt != n % 64)
+    k->bad++;
+  return 0;
+}
+
+static void test_kill9_mid_transaction(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "kill");
+  kex_cache_close(open_ok(path));
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(child_imports_forever(path));
+  /* wait until a few batches are in, then kill it at a random point of the next one */
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    int64_t n = sql_int(path, "SELECT count(*) FROM beam_results");
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (n >= 3 * KILL_BATCH || now.tv_sec - start.tv_sec > 60) break;
+    usleep(20000);
+  }
+  usleep((useconds_t)(rand() % 30000));
+  assert_int_equal(kill(pid, SIGKILL), 0);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status)); /* it was killed, not finished or failed */
+  assert_int_equal(WTERMSIG(status), SIGKILL);
+
+  kex_cache *c = open_ok(path);
+  expect_integrity_ok(path);
+  kill_check k = {0};
+  kex_error err = {0};
+  assert_int_equal(kex_cache_list(c, NULL, 0, KEX_CACHE_LIST_MAX, check_whole, &k, NULL, &err), 0);
+  int64_t rows = sql_int(path, "SELECT count(*) FROM beam_results");
+  assert_true(rows >= 3 * KILL_BATCH);
+  assert_int_equal(rows % KILL_BATCH, 0); /* only whole transactions */
+  assert_int_equal(k.n, rows);
+  assert_int_equal(k.bad, 0);
+  /* and the file takes new writes */
+  kex_device_identity d = this_dev();
+  beam_put_ok(c, 999999, &d, "s", "g");
+  kex_cache_close(c);
+}
+
+/* ---- export / import ---- */
+
+typedef struct collected {
+  char lines[64][2048];
+  uint32_t n;
+} collected;
+
+static int collect(const kex_cache_entry *e, void *arg) {
+  collected *col = arg;
+  char opts[256];
+  kex_cache_opts_format(e->value.opts, e->value.nopts, opts, sizeof opts);
+  if (col->n < 64)
+    snprintf(col->lines[col->n++], sizeof col->lines[0], "%s|%.60s|%.40s|%.20s|%.100s|%.17g|%.17g|%.17g|%lld|%.60s|%lld",
+             e->ast_hex, e->device_rendered, e->search_opts, e->codegen_version, opts, e->value.best_time_s,
+             e->value.hand_time_s, e->value.search_time_s, (long long)e->value.candidates, e->value.kernel_name,
+             (long long)e->value.created_at);
+  return 0;
+}
+
+static void test_export_import(void **state) {
+  (void)state;
+  char p1[512], p2[512];
+  fresh_path(p1, sizeof p1, "export");
+  fresh_path(p2, sizeof p2, "import");
+  kex_cache *a = open_ok(p1);
+  kex_device_identity d = this_dev(), d2 = identity("cpu", "host \"quoted\" \xc3\xa9", "1", "cc 12 -O2");
+  kex_error err = {0};
+  for (int i = 0; i < 20; i++) beam_put_ok(a, i, i % 2 ? &d : &d2, i % 3 ? "beam=2" : "beam=4", "g1");
+  /* one entry with its AST text */
+  const char *text = "kex.ast.v1\noutputs 1\n%0 BufferOps.LOAD float32 idx=1 st=X\nout %0\n";
+  kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+  kex_sha256_bytes(text, strlen(text), k.ast_key);
+  kex_cache_beam_value v = value_of(77);
+  assert_int_equal(kex_cache_beam_put(a, &k, &v, text, &err), 0);
+  uint8_t bin[1000];
+  for (size_t i = 0; i < sizeof bin; i++) bin[i] = (uint8_t)(i * 31);
+  for (int i = 0; i < 3; i++) {
+    char src[32];
+    snprintf(src, sizeof src, "source %d", i);
+    assert_int_equal(kex_cache_program_put(a, src, strlen(src), i ? &d : &d2, "E_1", bin, sizeof bin - (size_t)i, &err), 0);
+  }
+  FILE *f = tmpfile();
+  uint64_t count = 0;
+  assert_int_equal(kex_cache_export(a, f, NULL, &count, &err), 0);
+  assert_int_equal(count, 24);
+  rewind(f);
+  kex_cache *b = open_ok(p2);
+  kex_cache_import_report rep;
+  assert_int_equal(kex_cache_import(b, f, &rep, &err), 0);
+  assert_int_equal(rep.imported, 24);
+  assert_int_equal(rep.rejected, 0);
+  fclose(f);
+
+  collected *ca = calloc(1, sizeof *ca), *cb = calloc(1, sizeof *cb);
+  assert_int_equal(kex_cache_list(a, NULL, 0, 100, collect, ca, NULL, &err), 0);
+  assert_int_equal(kex_cache_list(b, NULL, 0, 100, collect, cb, NULL, &err), 0);
+  assert_int_equal(ca->n, 21);
+  assert_int_equal(cb->n, ca->n);
+  for (uint32_t i = 0; i < ca->n; i++) assert_string_equal(ca->lines[i], cb->lines[i]);
+  free(ca);
+  free(cb);
+  kex_cache_entry *e = calloc(1, sizeof *e);
+  char hex[65];
+  kex_hex(k.ast_key, 32, hex);
+  assert_int_equal(kex_cache_get_entry(b, hex, NULL, e, &err), 0);
+  assert_non_null(e->ast_text);
+  assert_string_equal(e->ast_text, text);
+  kex_free(e->ast_text);
+  free(e);
+  for (int i = 0; i < 3; i++) {
+    char src[32];
+    kex_cache_program p;
+    snprintf(src, sizeof src, "source %d", i);
+    assert_int_equal(kex_cache_program_get(b, src, strlen(src), i ? &d : &d2, &p, &err), 0);
+    assert_int_equal(p.binary_len, sizeof bin - (size_t)i);
+    assert_memory_equal(p.binary, bin, p.binary_len);
+    kex_free(p.binary);
+  }
+  /* a filtered export: one device only, no programs when a key prefix is given */
+  kex_cache_filter flt = {.device = "kind=cpu"};
+  f = tmpfile();
+  assert_int_equal(kex_cache_export(a, f, &flt, &count, &err), 0);
+  assert_int_equal(count, 10 + 1);
+  fclose(f);
+  kex_cache_close(a);
+  kex_cache_close(b);
+}
+
+static void test_import_foreign_identity(void **state) {
+  (void)state;
+  char path[512], hex[65];
+  uint8_t key[32];
+  fresh_path(path, sizeof path, "foreignid");
+  kex_cache *c = open_ok(path);
+  key_of(42, key);
+  kex_hex(key, 32, hex);
+  char buf[2048];
+  snprintf(buf, sizeof buf,
+           "{\"format\":\"kex.cache.export.v1\",\"schema\":2}\n"
+           "{\"type\":\"beam\",\"ast_key\":\"%s\",\"device\":{\"kind\":\"opencl\",\"vendor\":\"NVIDIA Corporation\","
+           "\"name\":\"NVIDIA H200\",\"driver_version\":\"550.54\",\"compiler_version\":\"OpenCL C 1.2 CUDA\"},"
+           "\"search_opts\":\"s\",\"codegen_version\":\"g\",\"opts\":\"UPCAST(0,4) LOCAL(0,32)\",\"best_time_s\":1e-6,"
+           "\"hand_time_s\":2e-6,\"search_time_s\":3,\"candidates\":5,\"kernel_name\":\"E_32768_32_4\",\"created_at\":%lld,"
+           "\"ast_text\":null}\n",
+           hex, (long long)time(NULL));
+  FILE *f = fmemopen(buf, strlen(buf), "r");
+  kex_error err = {0};
+  kex_cache_import_report rep;
+  assert_int_equal(kex_cache_import(c, f, &rep, &err), 0);
+  fclose(f);
+  assert_int_equal(rep.imported, 1);
+  /* this device misses: the entry was made elsewhere */
+  kex_device_identity d = this_dev();
+  kex_cache_beam_value v;
+  assert_int_equal(beam_get(c, 42, &d, "s", "g", &v, &err), KEX_ENOTFOUND);
+  /* it is stored under its own identity, where it hits */
+  kex_device_identity h200 = identity("opencl", "NVIDIA H200", "550.54", "OpenCL C 1.2 CUDA");
+  snprintf(h200.vendor, sizeof h200.vendor, "NVIDIA Corporation");
+  assert_int_equal(beam_get(c, 42, &h200, "s", "g", &v, &err), 0);
+  assert_string_equal(v.kernel_name, "E_32768_32_4");
+  kex_cache_entry *e = calloc(1, sizeof *e);
+  assert_int_equal(kex_cache_get_entry(c, hex, NULL, e, &err), 0);
+  assert_string_equal(e->device.name, "NVIDIA H200");
+  assert_string_equal(e->device_rendered, "kind=opencl;vendor=NVIDIA Corporation;name=NVIDIA H200;driver=550.54;"
+                                          "compiler=OpenCL C 1.2 CUDA");
+  assert_int_equal(kex_cache_get_entry(c, hex, e->device_rendered, e, &err), 0);
+  assert_int_equal(kex_cache_get_entry(c, hex, "kind=opencl;vendor=v", e, &err), KEX_ENOTFOUND);
+  assert_int_equal(kex_cache_get_entry(c, "zz", NULL, e, &err), KEX_EINVAL);
+  free(e);
+  kex_cache_close(c);
+}
+
+static void test_import_malformed_lines(void **state) {
+  (void)state;
+  char path[512], hex[65], other[65];
+  uint8_t key[32];
+  fresh_path(path, sizeof path, "malformed");
+  kex_cache *c = open_ok(path);
+  key_of(1, key);
+  kex_hex(key, 32, hex);
+  key_of(2, key);
+  kex_hex(key, 32, other);
+#define DEV "\"device\":{\"kind\":\"cpu\",\"vendor\":\"v\",\"name\":\"n\",\"driver_version\":\"1\",\"compiler_version\":\"c\"}"
+#define BEAM(key, opts, best, kname, extra)                                                                        \
+  "{\"type\":\"beam\",\"ast_key\":\"" key "\"," DEV ",\"search_opts\":\"s\",\"codegen_version\":\"g\",\"opts\":\"" opts \
+  "\",\"best_time_s\":" best ",\"hand_time_s\":1,\"search_time_s\":1,\"candidates\":1,\"kernel_name\":\"" kname   \
+  "\",\"created_at\":5" extra "}\n"
+  char buf[8192];
+  snprintf(buf, sizeof buf,
+           "{\"format\":\"kex.cache.export.v1\",\"schema\":2}\n"                                   /* 1 */
+           BEAM("%s", "UPCAST(0,4)", "1", "E_1", ",\"ast_text\":null")                             /* 2 ok */
+           "not json at all\n"                                                                     /* 3 */
+           BEAM("%.60s", "UPCAST(0,4)", "1", "E_1", ",\"ast_text\":null")                          /* 4 short key */
+           BEAM("%s", "UPCAST(0,", "1", "E_1", ",\"ast_text\":null")                               /* 5 opts */
+           BEAM("%s", "UPCAST(0,4)", "-1", "E_1", ",\"ast_text\":null")                            /* 6 time */
+           BEAM("%s", "UPCAST(0,4)", "1", "E 1", ",\"ast_text\":null")                             /* 7 name */
+           BEAM("%s", "UPCAST(0,4)", "1", "E_1", "")                                               /* 8 no ast_text */
+           BEAM("%s", "UPCAST(0,4)", "1", "E_1", ",\"ast_text\":\"kex.ast.v1\\nwrong\\n\"")        /* 9 hash */
+           "{\"type\":\"program\",\"source_sha256\":\"%s\"," DEV ",\"kernel_name\":\"E_1\",\"binary\":\"AAE=\",\"created_at\":1}\n" /* 10 ok */
+           "{\"type\":\"program\",\"source_sha256\":\"%s\"," DEV ",\"kernel_name\":\"E_1\",\"binary\":\"A*E=\",\"created_at\":1}\n" /* 11 b64 */
+           "{\"type\":\"shader\"}\n"                                                               /* 12 */
+           BEAM("%s", "UPCAST(0,4)", "1", "E_2", ",\"ast_text\":null"),                            /* 13 ok */
+           hex, hex, hex, hex, hex, hex, hex, other, other, other);
+  FILE *f = fmemopen(buf, strlen(buf), "r");
+  kex_error err = {0};
+  kex_cache_import_report rep;
+  assert_int_equal(kex_cache_import(c, f, &rep, &err), KEX_EPARSE);
+  fclose(f);
+  assert_int_equal(rep.imported, 3);
+  assert_int_equal(rep.rejected, 9);
+  assert_non_null(strstr(err.msg, "9 line(s) refused, 3 stored; first: line 3"));
+  assert_int_equal(rep.nerrors, KEX_CACHE_IMPORT_ERRORS);
+  const char *want[] = {"line 3: not a JSON object", "line 4: ast_key", "line 5: opts", "line 6: best_time_s",
+                        "line 7: cache: kernel name", "line 8: ast_text", "line 9: cache: the AST text does not hash",
+                        "line 11: binary"};
+  for (int i = 0; i < KEX_CACHE_IMPORT_ERRORS; i++)
+    if (strncmp(rep.errors[i], want[i], strlen(want[i]))) fail_msg("error %d is \"%s\", want \"%s...\"", i, rep.errors[i], want[i]);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 2);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 1);
+  assert_int_equal(sql_int(path, "SELECT length(binary) FROM programs"), 2);
+
+  /* no header: nothing stored */
+  const char *nohdr = BEAM("0000000000000000000000000000000000000000000000000000000000000000", "", "1", "E_3", ",\"ast_text\":null");
+  f = fmemopen((void *)nohdr, strlen(nohdr), "r");
+  assert_int_equal(kex_cache_import(c, f, &rep, &err), KEX_EPARSE);
+  fclose(f);
+  assert_int_equal(rep.imported, 0);
+  assert_non_null(strstr(err.msg, "line 1"));
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 2);
+  kex_cache_close(c);
+#undef BEAM
+#undef DEV
+}
+
+/* ---- list filters, paging, delete ---- */
+
+static int count_cb(const kex_cache_entry *e, void *arg) {
+  (void)e;
+  (*(int *)arg)++;
+  return 0;
+}
+
+static uint32_t list_n(kex_cache *c, const kex_cache_filter *f) {
+  uint32_t n = 0;
+  kex_error err = {0};
+  if (kex_cache_list(c, f, 0, 1000, NULL, NULL, &n, &err)) fail_msg("list: %s", err.msg);
+  return n;
+}
+
+typedef struct page_seen {
+  char hex[64][65];
+  int n;
+} page_seen;
+
+static int page_cb(const kex_cache_entry *e, void *arg) {
+  page_seen *p = arg;
+  for (int i = 0; i < p->n; i++)
+    if (!strcmp(p->hex[i], e->ast_hex)) fail_msg("entry %s listed twice", e->ast_hex);
+  if (p->n < 64) snprintf(p->hex[p->n++], 65, "%s", e->ast_hex);
+  return 0;
+}
+
+static void test_list_filters_paging_delete(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "list");
+  kex_cache *c = open_ok(path);
+  kex_device_identity d = this_dev(), d2 = identity("cpu", "host", "1", "cc 12");
+  kex_error err = {0};
+  for (int i = 0; i < 30; i++) beam_put_ok(c, i, i < 10 ? &d2 : &d, "s", "g");
+  /* ten of them are old */
+  sql_exec(path, "UPDATE beam_results SET created_at = created_at - 86400 WHERE candidates >= 120");
+  assert_int_equal(list_n(c, NULL), 30);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.device = "kind=cpu"}), 10);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.device = "PoCL"}), 20);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.device = "vendor=ACME\\; Inc\\=1"}), 30); /* escaped rendering */
+  assert_int_equal(list_n(c, &(kex_cache_filter){.kernel_name = "r_2"}), 11); /* r_2_16, r_20_16 .. r_29_16 */
+  assert_int_equal(list_n(c, &(kex_cache_filter){.max_age_s = 3600}), 20);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.kernel_name = "r_2", .max_age_s = 3600}), 1);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.device = "no such device"}), 0);
+  uint8_t key[32];
+  char hex[65];
+  key_of(7, key);
+  kex_hex(key, 32, hex);
+  hex[6] = 0;
+  assert_int_equal(list_n(c, &(kex_cache_filter){.key_prefix = hex}), 1);
+  for (char *p = hex; *p; p++)
+    if (*p >= 'a') *p = (char)(*p - 'a' + 'A');
+  assert_int_equal(list_n(c, &(kex_cache_filter){.key_prefix = hex}), 1);
+  uint32_t n = 0;
+  assert_int_equal(kex_cache_list(c, &(kex_cache_filter){.key_prefix = "xyz"}, 0, 10, NULL, NULL, &n, &err), KEX_EINVAL);
+  assert_int_equal(kex_cache_list(c, NULL, 0, 0, NULL, NULL, &n, &err), KEX_EINVAL);
+
+  /* pages of 7 cover all 30 exactly once */
+  page_seen seen = {0};
+  for (uint64_t off = 0;; off += 7) {
+    assert_int_equal(kex_cache_list(c, NULL, off, 7, page_cb, &seen, &n, &err), 0);
+    assert_true(n <= 7);
+    if (n < 7) break;
+  }
+  assert_int_equal(seen.n, 30);
+  for (int i = 1; i < seen.n; i++) assert_true(strcmp(seen.hex[i - 1], seen.hex[i]) < 0); /* key order */
+  int stopped = 0;
+  assert_int_equal(kex_cache_list(c, NULL, 0, 100, count_cb, &stopped, &n, &err), 0);
+  assert_int_equal(stopped, 30);
+
+  /* delete by filter */
+  uint64_t deleted = 0;
+  assert_int_equal(kex_cache_delete(c, &(kex_cache_filter){.device = "kind=cpu", .kernel_name = "r_1"}, &deleted, &err), 0);
+  assert_int_equal(deleted, 1); /* r_1_16 (r_1x_16 are on the other device) */
+  assert_int_equal(kex_cache_delete(c, &(kex_cache_filter){.max_age_s = 3600, .device = "PoCL"}, &deleted, &err), 0);
+  assert_int_equal(deleted, 10); /* 10..19 are recent and on d */
+  assert_int_equal(list_n(c, NULL), 19);
+  assert_int_equal(kex_cache_delete(c, NULL, &deleted, &err), 0);
+  assert_int_equal(deleted, 19);
+  assert_int_equal(list_n(c, NULL), 0);
+  kex_cache_close(c);
+}
+
+/* ---- setup ---- */
+
+static int setup(void **state) {
+  (void)state;
+  const char *base = getenv("TMPDIR");
+  snprintf(tmpdir, sizeof tmpdir, "%s/kex-test-cache-XXXXXX", base && base[0] ? base : "/tmp");
+  if (!mkdtemp(tmpdir)) return -1;
+  srand((unsigned)time(NULL));
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_program_roundtrip),
+      cmocka_unit_test(test_beam_roundtrip_and_misses),
+      cmocka_unit_test(test_opts_text),
+      cmocka_unit_test(test_corrupt_rows_dropped),
+      cmocka_unit_test(test_migration_from_v1),
+      cmocka_unit_test(test_newer_or_foreign_refused),
+      cmocka_unit_test(test_integrity_after_many_writes),
+      cmocka_unit_test(test_two_handles_and_fork),
+      cmocka_unit_test(test_kill9_mid_transaction),
+      cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_import_foreign_identity),
+      cmocka_unit_test(test_import_malformed_lines),
+      cmocka_unit_test(test_list_filters_paging_delete),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
