@@ -440,7 +440,7 @@ static int migrate(kex_cache *c, kex_error *err) {
       sqlite3_free(msg);
       goto out;
     }
-    if (v > 0 || version > 0) KEX_INFO("cache %s: migrated schema %lld -> %lld", c->path, (long long)v, (long long)v + 1);
+    if (version > 0) KEX_INFO("cache %s: migrated schema %lld -> %lld", c->path, (long long)v, (long long)v + 1);
   }
   rc = tx_commit(c, err);
 out:
