@@ -11,7 +11,7 @@ packages=(
   libuv1-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libsqlite3-dev libcmocka-dev meson ninja-build libjansson-dev
   python3-grpcio python3-grpc-tools python3-numpy python3-pytest
-  libopenblas-dev pkg-config gcc
+  libopenblas-dev libssl-dev pkg-config gcc
 )
 
 missing=()

@@ -21,78 +21,39 @@
 #include "core/alloc.h"
 #include "core/hash.h"
 
-/* ---- SHA-256 ---- */
+#include <openssl/evp.h>
 
-static const uint32_t sha256_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-};
+/* ---- SHA-256 (OpenSSL libcrypto) ---- */
 
-static inline uint32_t ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-static void sha256_block(uint32_t h[8], const uint8_t *p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; i++)
-    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-  for (int i = 16; i < 64; i++) {
-    uint32_t s0 = ror32(w[i - 15], 7) ^ ror32(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = ror32(w[i - 2], 17) ^ ror32(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+int kex_sha256_init(kex_sha256 *s) {
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  s->ctx = ctx;
+  if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+    EVP_MD_CTX_free(ctx);
+    s->ctx = NULL;
+    return KEX_ENOMEM;
   }
-  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
-  for (int i = 0; i < 64; i++) {
-    uint32_t t1 = hh + (ror32(e, 6) ^ ror32(e, 11) ^ ror32(e, 25)) + ((e & f) ^ (~e & g)) + sha256_k[i] + w[i];
-    uint32_t t2 = (ror32(a, 2) ^ ror32(a, 13) ^ ror32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
-  }
-  h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += hh;
-}
-
-void kex_sha256_init(kex_sha256 *s) {
-  static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  memcpy(s->h, iv, sizeof iv);
-  s->nbytes = 0;
-  s->nblock = 0;
+  return 0;
 }
 
 void kex_sha256_update(kex_sha256 *s, const void *data, size_t len) {
-  const uint8_t *p = data;
-  s->nbytes += len;
-  if (s->nblock) {
-    size_t take = 64 - s->nblock < len ? 64 - s->nblock : len;
-    memcpy(s->block + s->nblock, p, take);
-    s->nblock += (uint32_t)take, p += take, len -= take;
-    if (s->nblock < 64) return;
-    sha256_block(s->h, s->block);
-    s->nblock = 0;
-  }
-  for (; len >= 64; p += 64, len -= 64) sha256_block(s->h, p);
-  memcpy(s->block, p, len);
-  s->nblock = (uint32_t)len;
+  if (s->ctx && len) EVP_DigestUpdate(s->ctx, data, len);
 }
 
 void kex_sha256_final(kex_sha256 *s, uint8_t out[32]) {
-  uint64_t bits = s->nbytes * 8;
-  uint8_t pad[72] = {0x80};
-  size_t npad = (s->nblock < 56 ? 56 : 120) - s->nblock;
-  for (int i = 0; i < 8; i++) pad[npad + i] = (uint8_t)(bits >> (56 - 8 * i));
-  kex_sha256_update(s, pad, npad + 8);
-  for (int i = 0; i < 8; i++)
-    for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(s->h[i] >> (24 - 8 * j));
+  unsigned int n = 0;
+  if (!s->ctx || EVP_DigestFinal_ex(s->ctx, out, &n) != 1) memset(out, 0, 32);
+  EVP_MD_CTX_free(s->ctx);
+  s->ctx = NULL;
 }
 
-void kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]) {
-  kex_sha256 s;
-  kex_sha256_init(&s);
-  kex_sha256_update(&s, data, len);
-  kex_sha256_final(&s, out);
+int kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]) {
+  unsigned int n = 0;
+  if (EVP_Digest(len ? data : "", len, out, &n, EVP_sha256(), NULL) != 1) {
+    memset(out, 0, 32);
+    return KEX_ENOMEM;
+  }
+  return 0;
 }
 
 void kex_hex(const uint8_t *bytes, size_t n, char *out) {
@@ -435,7 +396,10 @@ int kex_ast_key(const kex_lop *const *ast, uint32_t nout, kex_ast_digest *key, k
   size_t len = 0;
   int rc = kex_ast_text(ast, nout, &text, &len, err);
   if (rc) goto out;
-  kex_sha256_bytes(text, len, key->bytes);
+  if (kex_sha256_bytes(text, len, key->bytes)) {
+    rc = kex_err_set(err, KEX_ENOMEM, "out of memory hashing the AST");
+    goto out;
+  }
   kex_hex(key->bytes, KEX_AST_KEY_BYTES, key->hex);
 out:
   kex_free(text);

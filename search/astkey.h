@@ -25,8 +25,8 @@
  * -0.0, and each NaN payload, are different keys).  Any change to this
  * format must bump the version string.
  *
- * SHA-256 (FIPS 180-4) is implemented here (kex_sha256*); search/ links no
- * crypto library.
+ * SHA-256 comes from OpenSSL's libcrypto (EVP); kex_sha256* are thin
+ * wrappers so callers need no OpenSSL header.
  */
 #ifndef KEX_SEARCH_ASTKEY_H
 #define KEX_SEARCH_ASTKEY_H
@@ -46,17 +46,16 @@
 /* ---- SHA-256 ---- */
 
 typedef struct kex_sha256 {
-  uint32_t h[8];
-  uint64_t nbytes;
-  uint8_t block[64];
-  uint32_t nblock;
+  void *ctx; /* EVP_MD_CTX */
 } kex_sha256;
 
-void kex_sha256_init(kex_sha256 *s);
+/* Start a streaming digest: 0, or KEX_ENOMEM. */
+int kex_sha256_init(kex_sha256 *s);
 void kex_sha256_update(kex_sha256 *s, const void *data, size_t len);
+/* Write the digest and release the context. */
 void kex_sha256_final(kex_sha256 *s, uint8_t out[32]);
-/* One-shot digest of data[len]. */
-void kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]);
+/* One-shot digest of data[len]: 0, or KEX_ENOMEM (libcrypto could not allocate). */
+int kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]);
 /* Lowercase hex of n bytes into out[2n+1] (NUL-terminated). */
 void kex_hex(const uint8_t *bytes, size_t n, char *out);
 /* Parse exactly 2n hex digits (either case) into bytes[n]: 0, or KEX_EPARSE. */

@@ -11,9 +11,8 @@
  * and reported (KEX_ECORRUPT), never returned.
  *
  * Device identities are rows of `devices`; the rendered form kept there is
- * only for display and substring filters (the key is the five fields).  It
- * is rendered here with kex_device_identity_render's format because
- * search/ does not link devices/.
+ * only for display and substring filters (the key is the five fields),
+ * rendered by kex_device_identity_render.
  */
 #include "search/cache.h"
 
@@ -186,26 +185,6 @@ static int check_string(const char *s, size_t cap, const char *what, kex_error *
 }
 
 static bool time_ok(double t) { return isfinite(t) && t >= 0; }
-
-/* kex_device_identity_render's format (devices/device.c). */
-static int render_identity(const kex_device_identity *id, char *out, size_t cap) {
-  const char *keys[] = {"kind=", ";vendor=", ";name=", ";driver=", ";compiler="};
-  const char *vals[] = {id->kind, id->vendor, id->name, id->driver_version, id->compiler_version};
-  size_t len = 0;
-  for (int i = 0; i < 5; i++) {
-    for (const char *k = keys[i]; *k; k++) {
-      if (len + 1 >= cap) return KEX_ELIMIT;
-      out[len++] = *k;
-    }
-    for (const char *v = vals[i]; *v; v++) {
-      if (len + 2 >= cap) return KEX_ELIMIT;
-      if (*v == '\\' || *v == ';' || *v == '=') out[len++] = '\\';
-      out[len++] = *v;
-    }
-  }
-  out[len] = 0;
-  return (int)len;
-}
 
 /* Copy a NUL-terminated string into dst[cap], cut to fit (always terminated). */
 static void copy_cut(char *dst, size_t cap, const char *src) {
@@ -517,7 +496,7 @@ static int device_id(kex_cache *c, const kex_device_identity *d, int64_t *id, ke
   sqlite3_stmt *s = NULL;
   int rc, src;
 
-  if (render_identity(d, rendered, sizeof rendered) < 0)
+  if (kex_device_identity_render(d, rendered, sizeof rendered) < 0)
     return kex_err_set(err, KEX_ELIMIT, "cache: device identity renders longer than %d bytes", KEX_DEVICE_IDENTITY_STR_MAX);
   if ((rc = get_stmt(c, STMT_DEV_INSERT, &s, err))) goto out;
   src = bind_identity(s, 1, d);
@@ -555,7 +534,7 @@ int kex_cache_program_put(kex_cache *c, const char *source, size_t source_len, c
   if (binary_len > KEX_DEVICE_BINARY_MAX)
     return kex_err_set(err, KEX_ELIMIT, "cache: binary of %zu bytes over the %u-byte limit", binary_len, KEX_DEVICE_BINARY_MAX);
   if ((rc = check_identity(dev, err)) || (rc = check_kernel_name(kernel_name, err))) return rc;
-  kex_sha256_bytes(source, source_len, hash);
+  if (kex_sha256_bytes(source, source_len, hash)) return kex_err_set(err, KEX_ENOMEM, "cache: out of memory hashing");
   if ((rc = tx_begin(c, err))) goto out;
   if ((rc = device_id(c, dev, &dev_id, err))) goto out;
   if ((rc = get_stmt(c, STMT_PROG_PUT, &s, err))) goto out;
@@ -604,7 +583,7 @@ int kex_cache_program_get(kex_cache *c, const char *source, size_t source_len, c
   memset(out, 0, sizeof *out);
   if (!source) return kex_err_set(err, KEX_EINVAL, "cache: program source is missing");
   if ((rc = check_identity(dev, err))) return rc;
-  kex_sha256_bytes(source, source_len, hash);
+  if (kex_sha256_bytes(source, source_len, hash)) return kex_err_set(err, KEX_ENOMEM, "cache: out of memory hashing");
   if ((rc = get_stmt(c, STMT_PROG_GET, &s, err))) goto out;
   src = sqlite3_bind_blob(s, 1, hash, 32, SQLITE_STATIC);
   if (src == SQLITE_OK) src = bind_identity(s, 2, dev);
@@ -712,7 +691,7 @@ static int check_ast_text(const uint8_t *key, const char *ast_text, kex_error *e
   if (!ast_text) return 0;
   size_t n = strnlen(ast_text, KEX_CACHE_AST_TEXT_MAX);
   if (n >= KEX_CACHE_AST_TEXT_MAX) return kex_err_set(err, KEX_ELIMIT, "cache: AST text over %u bytes", KEX_CACHE_AST_TEXT_MAX - 1);
-  kex_sha256_bytes(ast_text, n, d);
+  if (kex_sha256_bytes(ast_text, n, d)) return kex_err_set(err, KEX_ENOMEM, "cache: out of memory hashing");
   if (memcmp(d, key, 32)) return kex_err_set(err, KEX_EINVAL, "cache: the AST text does not hash to the AST key");
   return 0;
 }
