@@ -160,9 +160,10 @@ static flow *flow_pick(runner *r) {
 
 /* ---- the runner thread ---- */
 
-static void open_failed(const runner *r, kex_error *err, int rc, const kex_error *open_err) {
-  kex_err_set(err, rc, "device \"%s\" cannot be opened: %s", r->name,
-              open_err->msg[0] ? open_err->msg : kex_strerror(rc));
+/* A device that does not open makes its items UNAVAILABLE (it is configured, just not usable now). */
+static int open_failed(const runner *r, kex_error *err, int rc, const kex_error *open_err) {
+  return kex_err_set(err, KEX_EUNAVAILABLE, "device \"%s\" cannot be opened: %s", r->name,
+                     open_err->msg[0] ? open_err->msg : kex_strerror(rc));
 }
 
 /* Run one item on the device (opening it first if needed); fills w's result fields. */
@@ -174,8 +175,7 @@ static void run_item(runner *r, kexd_work *w) {
   w->rc = 0;
   if (!r->dev && w->kind != KEXD_WORK_FREE && (rc = kex_device_open(r->name, &r->dev, &oerr)) < 0) {
     r->dev = NULL;
-    open_failed(r, &w->err, rc, &oerr);
-    w->rc = rc;
+    w->rc = open_failed(r, &w->err, rc, &oerr);
     w->device_s = 0;
     return;
   }
@@ -352,8 +352,7 @@ int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {
     f->next = r->flows;
     r->flows = f;
   }
-  f->weight = w->weight ? w->weight : 1;
-  f->cancelled = false;
+  f->weight = w->weight ? w->weight : 1; /* a cancelled flow stays cancelled: job ids are never reused */
   if (!flow_active(f)) flow_activate(r, f);
   if (f->tail) f->tail->next = w;
   else f->head = w;

@@ -19,6 +19,9 @@
  * flows), so an idle job cannot bank credit.
  *
  * Items of one job on one device run in the order they were posted.
+ * After kexd_dispatch_cancel_job only items of must_run kinds should be
+ * posted for that job (their flow is removed once it is empty again); work
+ * that outlives its job goes to flow 0, the daemon's own.
  */
 #ifndef KEX_DAEMON_DISPATCH_H
 #define KEX_DAEMON_DISPATCH_H
@@ -35,7 +38,7 @@ typedef struct kexd_dispatch kexd_dispatch;
 typedef struct kexd_work kexd_work;
 
 typedef enum kexd_work_kind {
-  KEXD_WORK_UPLOAD,   /* alloc `size` bytes, copy src[0..src_size) in; result: out_buf */
+  KEXD_WORK_UPLOAD,   /* alloc `size` bytes, copy src[0..src_size) in (none: a plain alloc); result: out_buf */
   KEXD_WORK_COPY_OUT, /* copy [offset, offset + size) of buf to dst */
   KEXD_WORK_FREE,     /* kex_buffer_free(buf); always runs, even when the job is cancelled */
   KEXD_WORK_RUN,      /* fn(dev, arg, &device_s, &err) */
@@ -56,7 +59,7 @@ typedef void (*kexd_work_done)(kexd_work *w);
 struct kexd_work {
   /* request: set before posting, read-only after */
   kexd_work_kind kind;
-  uint64_t job;       /* the flow it is charged to (kexd_job.id) */
+  uint64_t job;       /* the flow it is charged to (kexd_job.id; 0 is the daemon's own) */
   uint32_t weight;    /* the job's weight (>= 1) */
   bool must_run;      /* not dropped by kexd_dispatch_cancel_job / stop (FREE always is) */
   kex_buffer *buf;    /* COPY_OUT, FREE */

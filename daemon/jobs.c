@@ -56,12 +56,12 @@ static int random_hex(char out[KEXD_TOKEN_LEN + 1]) {
 /* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
 static void jobs_remove(kexd_jobs *j, uint32_t i) {
   kexd_job *job = j->jobs[i];
-  if (j->disp) kexd_dispatch_cancel_job(j->disp, job->id);
-  while (job->nbufs) {
+  while (job->nbufs) { /* first: their FREE items join the job's flow, which cancelling keeps */
     kexd_buffer *b = job->bufs[--job->nbufs];
     job->bytes_held -= b->bytes;
     kexd_buffer_unref(j, b);
   }
+  if (j->disp) kexd_dispatch_cancel_job(j->disp, job->id);
   job_free(job);
   j->jobs[i] = j->jobs[--j->njobs];
 }
@@ -282,8 +282,9 @@ void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b) {
   }
   memset(&b->free_work, 0, sizeof b->free_work);
   b->free_work.kind = KEXD_WORK_FREE;
-  b->free_work.job = b->job;
-  b->free_work.weight = b->weight;
+  /* a buffer that outlived its job (a Download held it) is freed on the daemon's own flow, 0 */
+  b->free_work.job = kexd_jobs_find_id(j, b->job) ? b->job : 0;
+  b->free_work.weight = b->free_work.job ? b->weight : 1;
   b->free_work.must_run = true;
   b->free_work.buf = b->dev_buf;
   b->free_work.done = buffer_freed;

@@ -680,7 +680,8 @@ typedef struct upload {
   int64_t shape[KEX_MAX_DIMS];
   uint32_t device;
   uint64_t total, got, reserved;
-  uint8_t *bytes;          /* total bytes, filled by the chunks */
+  uint8_t *bytes;          /* cap bytes, grown as chunks arrive (never past total) */
+  uint64_t cap;
   kexd_work work;
 } upload;
 
@@ -797,10 +798,6 @@ static int upload_header(upload *u, kexd_job *job, const Kex__V1__UploadHeader *
     return -1;
   }
   u->reserved = u->total;
-  if (u->total && !(u->bytes = kex_malloc(u->total))) {
-    upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: out of memory for %" PRIu64 " bytes", u->total);
-    return -1;
-  }
   u->have_header = true;
   return 0;
 }
@@ -899,6 +896,17 @@ static void upload_on_message(kexd_call *c, const uint8_t *msg, size_t len, int 
       upload_fail(u, GRPC_STATUS_INVALID_ARGUMENT, "Upload: more than the %" PRIu64 " bytes %s needs (got %" PRIu64
                   " so far, then a chunk of %zu)", u->total, what, u->got, m->chunk.len);
       goto out;
+    }
+    if (u->got + m->chunk.len > u->cap) { /* a header alone never makes kexd allocate the whole buffer */
+      uint64_t cap = u->cap * 2 > u->got + m->chunk.len ? u->cap * 2 : u->got + m->chunk.len;
+      uint8_t *nb;
+      if (cap > u->total) cap = u->total;
+      if (!(nb = kex_realloc(u->bytes, cap))) {
+        upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: out of memory for %" PRIu64 " bytes", cap);
+        goto out;
+      }
+      u->bytes = nb;
+      u->cap = cap;
     }
     if (m->chunk.len) memcpy(u->bytes + u->got, m->chunk.data, m->chunk.len);
     u->got += m->chunk.len;

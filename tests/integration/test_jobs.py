@@ -384,11 +384,23 @@ def fairness():
         j = kex.OpenJob(kex_pb2.OpenJobRequest(name=f"term{w}", weight=w), timeout=5).job
         busy(kex_pb2.BusyWorkRequest(job=j, items=5000, ms=5), timeout=10)
     upload(kex, j2, "uint8", [MiB], b"\0" * MiB)
+    gate = []
+
+    def hanging():
+        yield kex_pb2.UploadRequest(job=j2, header=kex_pb2.UploadHeader(dtype="uint8", shape=[1000]))
+        yield kex_pb2.UploadRequest(chunk=b"\0" * 10)
+        while not gate:
+            time.sleep(0.01)
+    fut = kex.Upload.future(hanging(), timeout=30)
     time.sleep(0.2)
-    ch.close()
     rc, took = sigterm(proc)
+    gate.append(1)
+    e = rpc_error(fut.result)
+    check("the Upload stream open at SIGTERM ends with an error status (not a hang)", e is not None, desc(e))
+    ch.close()
     out = proc.stdout.read() if proc.stdout else ""
-    check(f"SIGTERM with ~50 s of device work queued: exit 0 in {took:.2f} s", rc == 0 and took < 5,
+    check(f"SIGTERM with ~50 s of device work queued and an Upload open: exit 0 in {took:.2f} s (grace 1 s)",
+          rc == 0 and took < 5,
           f"rc {rc}; {out[-500:]}")
     check("the busy-work kexd log is free of sanitizer reports and crashes",
           not any(w in out for w in ("AddressSanitizer", "runtime error", "Segmentation", "LeakSanitizer")), out[-800:])
@@ -396,12 +408,23 @@ def fairness():
 
 
 def not_served_without_flag():
-    proc, port, ok = start_kexd()
-    if check("kexd without --test-busy-work starts", ok):
+    proc, port, ok = start_kexd("--device", "cpu,opencl:no-such-device")
+    if check("kexd without --test-busy-work, devices cpu,opencl:no-such-device starts", ok):
         ch = grpc.insecure_channel(f"127.0.0.1:{port}")
         e = rpc_error(busy_stub(ch), kex_pb2.BusyWorkRequest(items=1, ms=1), timeout=5)
         check("without --test-busy-work, _BusyWork is UNIMPLEMENTED",
               e is not None and e.code() == grpc.StatusCode.UNIMPLEMENTED, desc(e))
+        kex = kex_pb2_grpc.KexStub(ch)
+        j = kex.OpenJob(kex_pb2.OpenJobRequest(name="nodev"), timeout=5).job
+        e = rpc_error(upload, kex, j, "uint8", [4], b"abcd", device="opencl:no-such-device")
+        check("Upload to a device that cannot be opened: UNAVAILABLE saying so (twice: it is retried), no crash",
+              e is not None and e.code() == grpc.StatusCode.UNAVAILABLE and "cannot be opened" in e.details()
+              and "cannot be opened" in desc(rpc_error(upload, kex, j, "uint8", [4], b"abcd",
+                                                       device="opencl:no-such-device")), desc(e))
+        r = upload(kex, j, "uint8", [4], b"abcd")
+        check("... and the cpu device keeps working", download(kex, j, r.handle)[0] == b"abcd")
+        s = kex.GetStats(kex_pb2.GetStatsRequest(job=j), timeout=5)
+        check("the failed uploads reserve nothing", s.job_stats[0].bytes_reserved == 0 and s.bytes_held == 4, str(s))
         ch.close()
     stop(proc)
 
