@@ -33,7 +33,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 
-#define DISPATCH_NAME_MAX 64
+#define DISPATCH_NAME_MAX KEXD_DISPATCH_NAME_MAX
 
 typedef struct flow {
   uint64_t job;
@@ -273,7 +273,8 @@ static void on_runner_async(uv_async_t *a) {
   }
 }
 
-int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[64], uint32_t ndevices, kexd_dispatch **out) {
+int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MAX], uint32_t ndevices,
+                      kexd_dispatch **out) {
   kexd_dispatch *d;
   *out = NULL;
   if (!(d = kex_calloc(1, sizeof *d))) return KEX_ENOMEM;

@@ -88,8 +88,11 @@ typedef struct kexd_flow_stats {
   double device_s;     /* measured time of the items that ran */
 } kexd_flow_stats;
 
-/* A dispatcher for up to `ndevices` named devices (names copied).  0, KEX_ENOMEM. */
-int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[64], uint32_t ndevices, kexd_dispatch **out);
+#define KEXD_DISPATCH_NAME_MAX 64 /* bytes of a device name, NUL included */
+
+/* A dispatcher for `ndevices` named devices (names copied; index = position).  0, KEX_ENOMEM. */
+int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MAX], uint32_t ndevices,
+                      kexd_dispatch **out);
 
 /*
  * Queue w for device `device_index` (starting its runner when needed).

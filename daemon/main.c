@@ -312,7 +312,7 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_loop;
   }
-  if ((rc = kexd_dispatch_new(&loop, (const char(*)[64])d->cfg.devices, d->cfg.ndevices, &d->disp)) < 0) {
+  if ((rc = kexd_dispatch_new(&loop, (const char(*)[KEXD_DISPATCH_NAME_MAX])d->cfg.devices, d->cfg.ndevices, &d->disp)) < 0) {
     KEX_ERROR("cannot create the device dispatcher: %s", kex_strerror(rc));
     ret = 1;
     goto out_server;

@@ -275,6 +275,29 @@ def buffers(kex):
           st.bytes_reserved == MiB and e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
           and r.bytes == MiB, f"{st} {desc(e)}")
 
+    # a Download cancelled mid-stream, a CloseJob during a Download: the buffer is freed once, kexd keeps serving
+    c = kex.OpenJob(kex_pb2.OpenJobRequest(name="cancels"), timeout=5).job
+    hc = upload(kex, c, "uint8", [8 * MiB], b"\3" * (8 * MiB)).handle
+    it = kex.Download(kex_pb2.DownloadRequest(job=c, handle=hc, chunk_bytes=65536), timeout=30)
+    first = next(it)
+    it.cancel()
+    time.sleep(0.2)
+    r = kex.Free(kex_pb2.FreeRequest(job=c, handles=[hc]), timeout=5)
+    st = job_stats(kex, c)
+    check("a Download cancelled after its first chunk: the buffer still frees (freed 1, 0 bytes held)",
+          len(first.data) == 65536 and r.freed == 1 and st.bytes_held == 0 and st.buffers == 0, f"{r} {st}")
+    hc = upload(kex, c, "uint8", [8 * MiB], b"\4" * (8 * MiB)).handle
+    it = kex.Download(kex_pb2.DownloadRequest(job=c, handle=hc, chunk_bytes=4096), timeout=30)
+    first = next(it)
+    s0 = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+    kex.CloseJob(kex_pb2.CloseJobRequest(job=c), timeout=5)
+    e = rpc_error(lambda: [x for x in it])
+    time.sleep(0.2)
+    s1 = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+    check("CloseJob during a Download: the stream ends with an error naming the closed job, the buffer is freed",
+          e is not None and "closed" in e.details() and s0.bytes_held - s1.bytes_held == 8 * MiB
+          and s1.buffers_freed == s0.buffers_freed + 1, f"{desc(e)}; {s0.bytes_held} -> {s1.bytes_held}")
+
     # CloseJob frees every buffer of the job
     total0 = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
     kex.CloseJob(kex_pb2.CloseJobRequest(job=b), timeout=5)
