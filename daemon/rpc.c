@@ -13,6 +13,12 @@
  * thread for small graphs, on the libuv worker pool for large ones -- and
  * replies with the schedule items as `kex plan --json` prints them.
  *
+ * Upload (a client stream), Download (a server stream) and Free move a
+ * job's buffers: the bytes go to and from the device only through its
+ * runner (dispatch.c), one work item at a time, and the handler's state
+ * lives until the last of its read, write or device item comes back.
+ * kexd --test-busy-work adds /kex.v1.Kex/_BusyWork (tests only).
+ *
  * Methods whose layers do not exist yet answer UNIMPLEMENTED naming the
  * issue that delivers them.
  */
