@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/ptrmap.h"
 #include "sched/schedule.h"
 
 int kex_item_label(const kex_sched_item *it, char *buf, size_t len) {
@@ -71,58 +72,20 @@ static void sb_st(sbuf *b, const kex_st *st) {
   kex_free(big);
 }
 
-/* Pointer -> number map for one AST, open addressing. */
-typedef struct numbering {
-  uint32_t cap, len;
-  const kex_lop **k;
-  uint32_t *v;
-} numbering;
-
-static int num_get(numbering *m, const kex_lop *l) {
-  if (!m->cap) return -1;
-  for (uint32_t i = (uint32_t)l->hash & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
-    if (!m->k[i]) return -1;
-    if (m->k[i] == l) return (int)m->v[i];
-  }
+/* AST node -> its %N number (stored as number + 1 in the map's value). */
+static int num_get(kex_ptrmap *m, const kex_lop *l) {
+  void **v = kex_ptrmap_find(m, l, NULL);
+  return v ? (int)((uintptr_t)*v - 1) : -1;
 }
 
-static int num_put(numbering *m, const kex_lop *l, uint32_t v) {
-  if ((m->len + 1) * 2 > m->cap) {
-    uint32_t nc = m->cap ? m->cap * 2 : 64;
-    const kex_lop **nk = kex_calloc(nc, sizeof *nk);
-    uint32_t *nv = kex_calloc(nc, sizeof *nv);
-    if (!nk || !nv) {
-      kex_free(nk);
-      kex_free(nv);
-      return KEX_ENOMEM;
-    }
-    for (uint32_t i = 0; i < m->cap; i++) {
-      if (!m->k[i]) continue;
-      uint32_t j = (uint32_t)m->k[i]->hash & (nc - 1);
-      while (nk[j]) j = (j + 1) & (nc - 1);
-      nk[j] = m->k[i];
-      nv[j] = m->v[i];
-    }
-    kex_free(m->k);
-    kex_free(m->v);
-    m->k = nk;
-    m->v = nv;
-    m->cap = nc;
-  }
-  uint32_t i = (uint32_t)l->hash & (m->cap - 1);
-  while (m->k[i]) i = (i + 1) & (m->cap - 1);
-  m->k[i] = l;
-  m->v[i] = v;
-  m->len++;
-  return 0;
-}
+static int num_put(kex_ptrmap *m, const kex_lop *l, uint32_t v) { return kex_ptrmap_put(m, l, NULL, (void *)(uintptr_t)(v + 1)); }
 
 /*
  * Append the AST lines of one kernel item to b, one line per distinct node,
  * each line starting with `indent`.  Calls line_cb per finished line when given.
  */
 static int ast_lines(const kex_sched_item *it, sbuf *b, const char *indent, json_t *arr) {
-  numbering m = {0};
+  kex_ptrmap m = {0};
   const kex_lop **stack = NULL;
   uint32_t n = 0, cap = 0;
   uint32_t next = 0;
@@ -195,8 +158,7 @@ nomem:
   rc = KEX_ENOMEM;
 out:
   kex_free(stack);
-  kex_free(m.k);
-  kex_free(m.v);
+  kex_ptrmap_free(&m);
   return rc;
 }
 

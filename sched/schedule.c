@@ -20,6 +20,7 @@
 
 #include "core/alloc.h"
 #include "core/hash.h"
+#include "core/ptrmap.h"
 
 enum {
   F_ALLBUFS = 1u << 0,
@@ -50,80 +51,6 @@ static int pv_push(ptrvec *p, void *x) {
 static void pv_free(ptrvec *p) {
   kex_free(p->v);
   memset(p, 0, sizeof *p);
-}
-
-/* ---- pointer-pair hash map: (a, b) -> value ---- */
-
-typedef struct pairmap {
-  uint32_t cap, len;
-  const void **ka, **kb;
-  void **val;
-} pairmap;
-
-static uint64_t pair_hash(const void *a, const void *b) { return kex_hash_mix((uintptr_t)a, (uintptr_t)b); }
-
-static void **pm_find(pairmap *m, const void *a, const void *b) {
-  if (!m->cap) return NULL;
-  for (uint32_t i = (uint32_t)pair_hash(a, b) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
-    if (!m->ka[i]) return NULL;
-    if (m->ka[i] == a && m->kb[i] == b) return &m->val[i];
-  }
-}
-
-static int pm_put(pairmap *m, const void *a, const void *b, void *v) {
-  if ((m->len + 1) * 2 > m->cap) {
-    uint32_t ncap = m->cap ? m->cap * 2 : 64;
-    const void **na = kex_calloc(ncap, sizeof *na), **nb = kex_calloc(ncap, sizeof *nb);
-    void **nv = kex_calloc(ncap, sizeof *nv);
-    if (!na || !nb || !nv) {
-      kex_free(na);
-      kex_free(nb);
-      kex_free(nv);
-      return KEX_ENOMEM;
-    }
-    for (uint32_t i = 0; i < m->cap; i++) {
-      if (!m->ka[i]) continue;
-      uint32_t j = (uint32_t)pair_hash(m->ka[i], m->kb[i]) & (ncap - 1);
-      while (na[j]) j = (j + 1) & (ncap - 1);
-      na[j] = m->ka[i];
-      nb[j] = m->kb[i];
-      nv[j] = m->val[i];
-    }
-    kex_free(m->ka);
-    kex_free(m->kb);
-    kex_free(m->val);
-    m->ka = na;
-    m->kb = nb;
-    m->val = nv;
-    m->cap = ncap;
-  }
-  uint32_t i = (uint32_t)pair_hash(a, b) & (m->cap - 1);
-  while (m->ka[i]) {
-    if (m->ka[i] == a && m->kb[i] == b) {
-      m->val[i] = v;
-      return 0;
-    }
-    i = (i + 1) & (m->cap - 1);
-  }
-  m->ka[i] = a;
-  m->kb[i] = b;
-  m->val[i] = v;
-  m->len++;
-  return 0;
-}
-
-static void pm_clear(pairmap *m) {
-  if (m->len) {
-    memset(m->ka, 0, sizeof *m->ka * m->cap);
-    m->len = 0;
-  }
-}
-
-static void pm_free(pairmap *m) {
-  kex_free(m->ka);
-  kex_free(m->kb);
-  kex_free(m->val);
-  memset(m, 0, sizeof *m);
 }
 
 /* ---- hash-consed LazyOps ---- */
@@ -202,7 +129,7 @@ typedef struct sched {
   kex_arena *arena;
   kex_error *err;
   ptrvec realizes, allbufs, simple_pads, stack, stack2, group, tmp;
-  pairmap visit;     /* (tr, st) pairs of _recursive_group; (buf, st) memo of _recursive_lazyop */
+  kex_ptrmap visit;     /* (tr, st) pairs of _recursive_group; (buf, st) memo of _recursive_lazyop */
   uint32_t epoch;    /* for lb->mark */
   struct kex_sched_tables *lops;
 } sched;
@@ -340,18 +267,18 @@ static int group_add(sched *s, kex_lb *lb, uint32_t gep) {
 static int recursive_group(sched *s, kex_lb *r, uint32_t gep) {
   ptrvec *st = &s->stack;
   st->len = 0;
-  pm_clear(&s->visit);
+  kex_ptrmap_clear(&s->visit);
   if (pv_push(st, r) || pv_push(st, (void *)r->st) || pv_push(st, (void *)(intptr_t)-1)) return KEX_ENOMEM;
   while (st->len) {
     kex_lb *tr = st->v[st->len - 3];
     const kex_st *tst = st->v[st->len - 2];
     intptr_t next = (intptr_t)st->v[st->len - 1];
     if (next == -1) {
-      if (pm_find(&s->visit, tr, tst)) {
+      if (kex_ptrmap_find(&s->visit, tr, tst)) {
         st->len -= 3;
         continue;
       }
-      if (pm_put(&s->visit, tr, tst, (void *)1)) return KEX_ENOMEM;
+      if (kex_ptrmap_put(&s->visit, tr, tst, (void *)1)) return KEX_ENOMEM;
       if (in_realizes(tr)) {
         if (!kex_st_contiguous(tst) || kex_st_size(tst) != kex_st_size(r->st) || tr->reduce_for_op)
           if (group_add(s, r, gep)) return KEX_ENOMEM;
@@ -634,7 +561,7 @@ static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *o
         if (buf->memo_epoch == g->gep && buf->memo_st == f->st) {
           done = buf->memo_lop;
         } else {
-          void **memo = s->visit.len ? pm_find(&s->visit, buf, f->st) : NULL;
+          void **memo = s->visit.len ? kex_ptrmap_find(&s->visit, buf, f->st) : NULL;
           if (memo) done = *memo;
           else f->next = 0;
         }
@@ -664,7 +591,7 @@ static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *o
         buf->memo_epoch = g->gep;
         buf->memo_st = f->st;
         buf->memo_lop = done;
-      } else if (pm_put(&s->visit, buf, f->st, (void *)done)) {
+      } else if (kex_ptrmap_put(&s->visit, buf, f->st, (void *)done)) {
         rc = oom(s);
         goto out;
       }
@@ -716,7 +643,7 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
       rc = oom(s);
       goto out;
     }
-    pm_clear(&s->visit);
+    kex_ptrmap_clear(&s->visit);
     for (uint32_t i = 0; i < nout; i++) {
       kex_lb *o = outs[i];
       const kex_lb *shape_of = o->reduce_for_op ? o->reduce_for_op : o;
@@ -930,7 +857,7 @@ out:
   pv_free(&s.stack2);
   pv_free(&s.group);
   pv_free(&s.tmp);
-  pm_free(&s.visit);
+  kex_ptrmap_free(&s.visit);
   if (rc) {
     kex_schedule_free(sc);
     sc = NULL;

@@ -27,6 +27,7 @@
 #include "core/limits.h"
 #include "core/log.h"
 #include "core/ops.h"
+#include "core/ptrmap.h"
 
 static const int all_codes[] = {
 #define XX(name, value, msg, grpc) KEX_E##name,
@@ -702,6 +703,45 @@ static void test_limits_defaults(void **state) {
   assert_int_equal(l.max_outputs, KEX_LIMIT_OUTPUTS);
 }
 
+
+/* ptrmap: pairs are distinct keys, values overwrite, growth keeps every entry, OOM leaves the map intact. */
+static void test_ptrmap(void **state) {
+  (void)state;
+  static char objs[3000];
+  kex_ptrmap m = {0};
+  assert_null(kex_ptrmap_find(&m, &objs[0], NULL));
+  for (int i = 0; i < 1000; i++) {
+    assert_int_equal(kex_ptrmap_put(&m, &objs[i], NULL, &objs[i + 1]), 0);
+    assert_int_equal(kex_ptrmap_put(&m, &objs[i], &objs[1], &objs[i + 2]), 0);
+  }
+  assert_int_equal(m.len, 2000);
+  for (int i = 0; i < 1000; i++) {
+    void **v = kex_ptrmap_find(&m, &objs[i], NULL);
+    assert_non_null(v);
+    assert_ptr_equal(*v, &objs[i + 1]);
+    v = kex_ptrmap_find(&m, &objs[i], &objs[1]);
+    assert_non_null(v);
+    assert_ptr_equal(*v, &objs[i + 2]);
+  }
+  assert_null(kex_ptrmap_find(&m, &objs[1500], NULL));
+  assert_int_equal(kex_ptrmap_put(&m, &objs[5], NULL, &objs[2999]), 0);
+  assert_int_equal(m.len, 2000);
+  assert_ptr_equal(*kex_ptrmap_find(&m, &objs[5], NULL), &objs[2999]);
+  /* a put that must grow fails cleanly under OOM and keeps the old contents */
+  for (int k = 1000; (m.len + 1) * 2 <= m.cap; k++) assert_int_equal(kex_ptrmap_put(&m, &objs[k], &objs[2], NULL), 0);
+  uint32_t len = m.len;
+  kex_alloc_fail_at(1, 1);
+  int rc = kex_ptrmap_put(&m, &objs[2500], NULL, NULL);
+  kex_alloc_fail_at(0, 0);
+  assert_int_equal(rc, KEX_ENOMEM);
+  assert_int_equal(m.len, len);
+  assert_ptr_equal(*kex_ptrmap_find(&m, &objs[7], NULL), &objs[8]);
+  kex_ptrmap_clear(&m);
+  assert_int_equal(m.len, 0);
+  assert_null(kex_ptrmap_find(&m, &objs[7], NULL));
+  kex_ptrmap_free(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_err_table_complete),
@@ -739,6 +779,7 @@ int main(void) {
       cmocka_unit_test(test_log_parse_level),
       cmocka_unit_test(test_log_writes_lines),
       cmocka_unit_test(test_limits_defaults),
+      cmocka_unit_test(test_ptrmap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
