@@ -20,6 +20,7 @@
 #include "core/errors.h"
 #include "devices/device.h"
 #include "sched/graph.h"
+#include "sched/lazy.h"
 #include "sched/shapetracker.h"
 
 /* Fill `out` (prod(shape) * itemsize bytes) for BUFFER node n as its fill spec or data says. */
@@ -32,11 +33,14 @@ int kex_fill_buffer(const kex_gnode *n, void *out, size_t nbytes, kex_error *err
  */
 void kex_st_gather(const kex_st *st, const void *base, size_t itemsize, void *out);
 
+/* Fill n elements of dtype dt at out with the constant c (converted as dtypes.as_const). */
+void kex_fill_const(kex_dtype dt, kex_const c, void *out, size_t n);
+
 /* Write a .npy file (version 1.0) of dtype/shape with `data`.  bfloat16 is written as float32. */
 int kex_write_npy(const char *path, kex_dtype dt, int ndim, const int64_t *shape, const void *data, kex_error *err);
 
 typedef struct kex_run_kernel {
-  char name[KEX_DEVICE_KERNEL_NAME_MAX + 1];
+  char name[160];       /* KEX_PROGRAM_NAME_MAX */
   char opts[512];       /* applied opts, short form: "UPCAST(0,4) LOCAL(0,32)" */
   double us;            /* one run, or the median of `repeat` timed runs after a warm-up */
   char *source;         /* rendered source (kex_malloc'd) */
@@ -62,6 +66,20 @@ typedef struct kex_run_opts {
   int repeat;           /* >= 1: timed runs per kernel (median), after one warm-up when > 1 */
   bool keep_source;     /* fill kex_run_kernel.source */
 } kex_run_opts;
+
+/*
+ * The in-process pipeline's pieces, shared with `kex plan`: the replay rules
+ * for a device kind (cpu follows tinygrad's CLANG rules), and one kernel item
+ * lowered with hand-coded opts for that kind.
+ */
+kex_replay_opts kex_run_replay_opts(bool cpu);
+struct kex_schedule;
+struct kex_sched_item;
+struct kex_program_src;
+struct kex_name_counter;
+int kex_run_lower_item(const struct kex_schedule *s, const struct kex_sched_item *it, bool cpu,
+                       struct kex_name_counter *names, struct kex_program_src *out, char *opts, size_t opts_len,
+                       kex_error *err);
 
 /*
  * Run graph g on dev.  On success *res holds the kernels (in schedule order)

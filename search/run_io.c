@@ -55,6 +55,13 @@ static void store_elem(void *out, size_t i, kex_dtype dt, double v, int64_t iv, 
   }
 }
 
+void kex_fill_const(kex_dtype dt, kex_const c, void *out, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (c.kind == KEX_CONST_FLOAT) store_elem(out, i, dt, c.f, 0, false);
+    else store_elem(out, i, dt, 0, c.kind == KEX_CONST_INT ? c.i : c.b, true);
+  }
+}
+
 int kex_fill_buffer(const kex_gnode *n, void *out, size_t nbytes, kex_error *err) {
   size_t elems = (size_t)kex_dtype_size(n->dtype) ? nbytes / (size_t)kex_dtype_size(n->dtype) : 0;
   switch (n->bufsrc) {
@@ -77,14 +84,7 @@ int kex_fill_buffer(const kex_gnode *n, void *out, size_t nbytes, kex_error *err
   case KEX_BUF_FILL_ARANGE:
     for (size_t i = 0; i < elems; i++) store_elem(out, i, n->dtype, 0, (int64_t)i, true);
     return 0;
-  case KEX_BUF_FILL_VALUE: {
-    kex_const c = n->fill;
-    for (size_t i = 0; i < elems; i++) {
-      if (c.kind == KEX_CONST_FLOAT) store_elem(out, i, n->dtype, c.f, 0, false);
-      else store_elem(out, i, n->dtype, 0, c.kind == KEX_CONST_INT ? c.i : c.b, true);
-    }
-    return 0;
-  }
+  case KEX_BUF_FILL_VALUE: kex_fill_const(n->dtype, n->fill, out, elems); return 0;
   case KEX_BUF_HANDLE:
     return kex_err_set(err, KEX_ENOTFOUND, "buffer handle '%s' is unknown here (handles live in a kexd job)",
                        n->handle ? n->handle : "");

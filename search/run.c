@@ -1,0 +1,232 @@
+/*
+ * run.c - run a graph on one device, in-process (kex run).
+ *
+ * replay (device rules) -> schedule -> memory plan -> one device buffer per
+ * planned buffer -> BUFFER inputs copied in -> items in schedule order:
+ * EMPTY allocates nothing more, COPY and VIEW copy bytes, a kernel is
+ * built with hand-coded opts, lowered, compiled, loaded and launched (timed
+ * as the median of `repeat` runs after a warm-up) -> outputs read back
+ * through their ShapeTracker views.  The daemon runs the same steps split
+ * across its worker pool and device runner.
+ */
+#include "search/run.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/arena.h"
+#include "search/kernel.h"
+#include "search/lower.h"
+#include "sched/schedule.h"
+
+kex_replay_opts kex_run_replay_opts(bool cpu) { return (kex_replay_opts){cpu, cpu ? "cpu" : "opencl", NULL}; }
+
+int kex_run_lower_item(const kex_schedule *s, const kex_sched_item *it, bool cpu, kex_name_counter *names,
+                       kex_program_src *out, char *opts, size_t opts_len, kex_error *err) {
+  const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
+  kex_kernel *k = NULL;
+  int rc = kex_kernel_from_item(s, it, caps, &k, err);
+  if (!rc) rc = kex_kernel_hand_coded_optimizations(k, err);
+  if (!rc && opts) kex_kernel_opts_string(k, opts, opts_len);
+  if (!rc) rc = kex_lower_kernel(k, caps, cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, names, out, err);
+  kex_kernel_free(k);
+  return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static size_t buf_bytes(const kex_buffer_info *bi) { return (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype); }
+
+/* Launch prog `runs` times (after a warm-up when runs > 1); *us = median kernel time. */
+static int time_launches(kex_program *prog, const kex_program_src *ps, kex_buffer *const *args, int runs, double *us,
+                         kex_error *err) {
+  double *t = kex_malloc(sizeof *t * (size_t)runs);
+  if (!t) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  int rc = 0;
+  for (int i = runs > 1 ? -1 : 0; i < runs && !rc; i++) {
+    kex_event *ev = NULL;
+    double secs = 0;
+    rc = kex_program_launch(prog, ps->global, ps->has_local ? ps->local : NULL, args, (int)ps->nargs, NULL, 0, &ev,
+                            err);
+    if (!rc) rc = kex_event_elapsed(ev, &secs, err);
+    kex_event_free(ev);
+    if (i >= 0) t[i] = secs * 1e6;
+  }
+  if (!rc) {
+    qsort(t, (size_t)runs, sizeof *t, cmp_double);
+    *us = t[runs / 2];
+  }
+  kex_free(t);
+  return rc;
+}
+
+/* Copy `size` bytes from src (at src_off) to dst through the host. */
+static int copy_between(kex_buffer *dst, kex_buffer *src, size_t src_off, size_t size, kex_error *err) {
+  if (!size) return 0;
+  void *tmp = kex_malloc(size);
+  if (!tmp) return kex_err_set(err, KEX_ENOMEM, "out of memory copying %zu bytes", size);
+  int rc = kex_buffer_copy_out(src, src_off, tmp, size, err);
+  if (!rc) rc = kex_buffer_copy_in(dst, 0, tmp, size, err);
+  kex_free(tmp);
+  return rc;
+}
+
+/* Read graph output lb into o (its own shape, row-major). */
+static int read_output(kex_replay *r, kex_buffer **bufs, const int32_t *phys, kex_lb *lb, kex_run_output *o,
+                       kex_error *err) {
+  o->dtype = lb->dtype;
+  o->ndim = kex_lb_ndim(lb);
+  memcpy(o->shape, kex_lb_shape(lb), sizeof(int64_t) * (size_t)o->ndim);
+  size_t n = (size_t)kex_lb_size(lb), item = (size_t)kex_dtype_size(lb->dtype);
+  o->nbytes = n * item;
+  o->data = kex_calloc(n ? n : 1, item);
+  if (!o->data) return kex_err_set(err, KEX_ENOMEM, "out of memory reading an output");
+  kex_lb *base = lb->base;
+  if (base->op == KEX_OP_CONST && !base->realized) { /* folded to a constant: nothing ran */
+    kex_fill_const(lb->dtype, kex_const_as(base->arg, lb->dtype), o->data, n);
+    return 0;
+  }
+  const kex_buffer_info *bi = &r->buffers[base->buffer];
+  size_t bytes = buf_bytes(bi);
+  if (lb == base && bytes == o->nbytes) return bytes ? kex_buffer_copy_out(bufs[phys[base->buffer]], 0, o->data, bytes, err) : 0;
+  void *host = kex_malloc(bytes ? bytes : 1);
+  if (!host) return kex_err_set(err, KEX_ENOMEM, "out of memory reading an output");
+  int rc = bytes ? kex_buffer_copy_out(bufs[phys[base->buffer]], 0, host, bytes, err) : 0;
+  if (!rc) kex_st_gather(lb->st, host, item, o->data);
+  kex_free(host);
+  return rc;
+}
+
+int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts, kex_run_result *res,
+                  kex_error *err) {
+  int rc = 0;
+  memset(res, 0, sizeof *res);
+  bool cpu = strcmp(kex_device_get_identity(dev)->kind, "cpu") == 0 ||
+             strstr(kex_device_get_identity(dev)->kind, "+cpu") != NULL;
+  kex_arena arena;
+  kex_arena_init(&arena, 0);
+  kex_replay *r = NULL;
+  kex_schedule *s = NULL;
+  kex_buffer **bufs = NULL;
+  int32_t *phys = NULL; /* replay buffer id -> index in bufs */
+  kex_name_counter names;
+  kex_name_counter_init(&names);
+  kex_replay_opts ro = kex_run_replay_opts(cpu);
+  if ((rc = kex_replay_graph(g, &ro, &arena, &r, err)) || (rc = kex_schedule_create(r, &s, err))) goto out;
+
+  /* one device buffer per planned buffer id */
+  bufs = kex_calloc(r->nbuffers ? r->nbuffers : 1, sizeof *bufs);
+  phys = kex_malloc(sizeof *phys * (r->nbuffers ? r->nbuffers : 1));
+  if (!bufs || !phys) goto nomem;
+  for (uint32_t i = 0; i < r->nbuffers; i++) phys[i] = (int32_t)i;
+  for (uint32_t i = 0; i < s->nitems; i++)
+    for (uint32_t j = 0; j < s->items[i].nbufs; j++) phys[s->items[i].bufs[j]] = (int32_t)s->items[i].planned[j];
+  for (uint32_t i = 0; i < r->nbuffers; i++) {
+    uint32_t p = (uint32_t)phys[i];
+    if (bufs[p]) continue;
+    bool used = r->buffers[i].held;
+    for (uint32_t k = 0; k < s->nitems && !used; k++)
+      for (uint32_t j = 0; j < s->items[k].nbufs && !used; j++) used = (uint32_t)phys[s->items[k].bufs[j]] == p;
+    if (!used) continue;
+    if ((rc = kex_device_check_dtype(dev, r->buffers[p].dtype, err))) goto out;
+    size_t sz = buf_bytes(&r->buffers[p]);
+    if ((rc = kex_device_alloc(dev, sz ? sz : 16, &bufs[p], err))) goto out;
+  }
+  /* inputs */
+  for (uint32_t ni = 0; ni < g->nnodes; ni++) {
+    const kex_gnode *n = &g->nodes[ni];
+    kex_lb *lb = r->node_lb[ni];
+    if (n->op != KEX_GOP_BUFFER || lb->base->op != KEX_OP_EMPTY || !bufs[phys[lb->base->buffer]]) continue;
+    const kex_buffer_info *bi = &r->buffers[lb->base->buffer];
+    size_t sz = buf_bytes(bi);
+    void *host = kex_malloc(sz ? sz : 1);
+    if (!host) goto nomem;
+    rc = kex_fill_buffer(n, host, sz, err);
+    if (rc) kex_err_set(err, rc, "node %u (BUFFER): %s", ni, err->msg);
+    if (!rc && sz) rc = kex_buffer_copy_in(bufs[phys[lb->base->buffer]], 0, host, sz, err);
+    kex_free(host);
+    if (rc) goto out;
+  }
+  /* the schedule */
+  res->kernels = kex_calloc(s->nkernels ? s->nkernels : 1, sizeof *res->kernels);
+  if (!res->kernels) goto nomem;
+  for (uint32_t ii = 0; ii < s->nitems; ii++) {
+    const kex_sched_item *it = &s->items[ii];
+    if (it->kind == KEX_ITEM_EMPTY) continue;
+    if (it->kind == KEX_ITEM_COPY || it->kind == KEX_ITEM_VIEW) {
+      uint32_t dst = it->bufs[0];
+      const kex_buffer_info *di = &r->buffers[dst];
+      size_t off = it->kind == KEX_ITEM_VIEW && di->view_of >= 0 ? (size_t)di->offset : 0;
+      if (it->nbufs < 2) continue;
+      if ((rc = copy_between(bufs[phys[dst]], bufs[phys[it->bufs[1]]], off, buf_bytes(di), err))) goto out;
+      continue;
+    }
+    if (it->kind != KEX_ITEM_KERNEL) {
+      rc = kex_err_set(err, KEX_EUNSUPPORTED, "schedule item %u: LoadOps.CUSTOM cannot run", ii);
+      goto out;
+    }
+    kex_run_kernel *rk = &res->kernels[res->nkernels];
+    kex_program_src ps = {0};
+    unsigned char *bin = NULL;
+    size_t binsz = 0;
+    kex_program *prog = NULL;
+    kex_buffer *args[KEX_DEVICE_MAX_BUFS];
+    rc = kex_run_lower_item(s, it, cpu, &names, &ps, rk->opts, sizeof rk->opts, err);
+    if (!rc) {
+      snprintf(rk->name, sizeof rk->name, "%s", ps.name);
+      rc = kex_device_compile(dev, ps.src, ps.name, &bin, &binsz, err);
+    }
+    if (!rc) rc = kex_device_load(dev, bin, binsz, ps.name, &prog, err);
+    if (!rc && ps.nargs > KEX_DEVICE_MAX_BUFS) rc = kex_err_set(err, KEX_ELIMIT, "%u kernel arguments", ps.nargs);
+    for (uint32_t a = 0; !rc && a < ps.nargs; a++) args[a] = bufs[phys[it->bufs[ps.args[a].idx]]];
+    if (!rc) rc = time_launches(prog, &ps, args, opts->repeat > 0 ? opts->repeat : 1, &rk->us, err);
+    if (rc) {
+      char msg[KEX_ERROR_MSG_MAX];
+      snprintf(msg, sizeof msg, "%s", err->msg);
+      kex_err_set(err, rc, "kernel %u (%s): %s", res->nkernels, ps.name[0] ? ps.name : "?", msg);
+    } else {
+      if (opts->keep_source) {
+        rk->source = ps.src;
+        ps.src = NULL;
+      }
+      res->nkernels++;
+    }
+    kex_program_free(prog);
+    kex_free(bin);
+    kex_program_src_free(&ps);
+    if (rc) goto out;
+  }
+  /* outputs */
+  res->outputs = kex_calloc(g->noutputs ? g->noutputs : 1, sizeof *res->outputs);
+  if (!res->outputs) goto nomem;
+  for (uint32_t j = 0; j < g->noutputs; j++) {
+    if ((rc = read_output(r, bufs, phys, r->node_lb[g->outputs[j]], &res->outputs[j], err))) goto out;
+    res->noutputs++;
+  }
+  goto out;
+nomem:
+  rc = kex_err_set(err, KEX_ENOMEM, "out of memory running the graph");
+out:
+  if (bufs)
+    for (uint32_t i = 0; i < r->nbuffers; i++) kex_buffer_free(bufs[i]);
+  kex_free(bufs);
+  kex_free(phys);
+  kex_name_counter_free(&names);
+  kex_schedule_free(s);
+  kex_replay_free(r);
+  kex_arena_destroy(&arena);
+  if (rc) kex_run_result_free(res);
+  return rc;
+}
+
+void kex_run_result_free(kex_run_result *res) {
+  for (uint32_t i = 0; i < res->nkernels; i++) kex_free(res->kernels[i].source);
+  kex_free(res->kernels);
+  for (uint32_t i = 0; i < res->noutputs; i++) kex_free(res->outputs[i].data);
+  kex_free(res->outputs);
+  memset(res, 0, sizeof *res);
+}
