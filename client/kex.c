@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/alloc.h"
 #include "core/arena.h"
 #include "core/errors.h"
 #include "sched/graph.h"
@@ -23,8 +24,8 @@
 #ifdef KEX_HAVE_RUN
 #include <sys/stat.h>
 
-#include "core/alloc.h"
 #include "devices/device.h"
+#include "search/lower.h"
 #include "search/run.h"
 #endif
 
@@ -32,13 +33,14 @@ static void usage(FILE *f) {
   fputs("usage: kex <command> [options]\n"
         "\n"
         "commands:\n"
-        "  plan [--device opencl|cpu] [--json] FILE.json\n"
+        "  plan [--device opencl|cpu] [--json] [--source] FILE.json\n"
         "      replay and schedule a graph in-process; print every schedule item\n"
         "      (kind, output/input buffers, AST with ShapeTrackers) and `kernels: N`.\n"
         "      --device  whose rules apply: opencl (tinygrad's GPU device, default)\n"
         "                or cpu (tinygrad's CLANG device: consecutive CONTIGUOUS\n"
         "                and BITCAST become buffer views, no kernel)\n"
         "      --json    print {\"kernels\": N, \"schedule_us\": T, \"items\": [...]}\n"
+        "      --source  also print each kernel's rendered source (OpenCL C or C)\n"
         "  run [--device opencl|cpu|NAME] [--json] [--repeat N] [--out DIR] [--source] FILE.json\n"
         "      replay, schedule, lower, compile and run a graph in-process; print each\n"
         "      kernel (name, applied opts, time) and then the outputs.\n"
@@ -67,15 +69,17 @@ static int exit_code(int rc) {
 
 static int cmd_plan(int argc, char **argv) {
   static const struct option opts[] = {
-      {"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {0}};
+      {"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'}, {"source", no_argument, NULL, 's'},
+      {"help", no_argument, NULL, 'h'},         {0}};
   const char *device = "opencl";
-  bool as_json = false;
+  bool as_json = false, source = false;
   int c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "d:jh", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "d:jsh", opts, NULL)) != -1) {
     switch (c) {
     case 'd': device = optarg; break;
     case 'j': as_json = true; break;
+    case 's': source = true; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -114,8 +118,59 @@ static int cmd_plan(int argc, char **argv) {
     ret = exit_code(rc);
     goto out;
   }
+  char **notes = kex_calloc(s->nitems ? s->nitems : 1, sizeof *notes);
+  char **names = kex_calloc(s->nitems ? s->nitems : 1, sizeof *names);
+  char **kopts = kex_calloc(s->nitems ? s->nitems : 1, sizeof *kopts);
+  char **sources = kex_calloc(s->nitems ? s->nitems : 1, sizeof *sources);
+  if (!notes || !names || !kopts || !sources) {
+    fprintf(stderr, "kex plan: out of memory\n");
+    ret = 1;
+    goto out_notes;
+  }
+#ifdef KEX_HAVE_RUN
+  {
+    /* kernel names, applied (hand-coded) opts and the rendered source, as `kex run` would make them */
+    kex_name_counter nc;
+    kex_name_counter_init(&nc);
+    for (uint32_t i = 0; i < s->nitems; i++) {
+      if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
+      kex_program_src ps = {0};
+      char o[512] = "";
+      kex_error lerr = {0};
+      size_t len = 0;
+      FILE *m = open_memstream(&notes[i], &len);
+      if (kex_run_lower_item(s, &s->items[i], ro.buffer_view, &nc, &ps, o, sizeof o, &lerr) == 0) {
+        fprintf(m, "  kernel %s opts: %s\n", ps.name, o[0] ? o : "(none)");
+        names[i] = strdup(ps.name);
+        kopts[i] = strdup(o);
+        if (source) {
+          sources[i] = strdup(ps.src);
+          for (const char *p = ps.src; *p;) {
+            const char *nl = strchr(p, '\n');
+            size_t n = nl ? (size_t)(nl - p) : strlen(p);
+            fprintf(m, "  | %.*s\n", (int)n, p);
+            p += n + (nl ? 1 : 0);
+          }
+        }
+      } else {
+        fprintf(m, "  kernel: lowering failed: %s\n", lerr.msg);
+      }
+      fclose(m);
+      kex_program_src_free(&ps);
+    }
+    kex_name_counter_free(&nc);
+  }
+#else
+  (void)source;
+#endif
   if (as_json) {
     json_t *items = kex_schedule_to_json(s);
+    for (uint32_t i = 0; items && i < s->nitems; i++) {
+      json_t *it = json_array_get(items, i);
+      if (names[i]) json_object_set_new(it, "name", json_string(names[i]));
+      if (kopts[i]) json_object_set_new(it, "opts", json_string(kopts[i]));
+      if (sources[i]) json_object_set_new(it, "source", json_string(sources[i]));
+    }
     json_t *o = items ? json_pack("{s:i, s:f, s:o, s:{s:i, s:i, s:I, s:I}}", "kernels", (json_int_t)s->nkernels,
                                   "schedule_us", t1 - t0, "items", items, "memory", "intermediate_buffers",
                                   (json_int_t)s->nplanned_buffers, "planned_buffers", (json_int_t)s->nplanned_after,
@@ -128,10 +183,21 @@ static int cmd_plan(int argc, char **argv) {
     }
     fputc('\n', stdout);
     json_decref(o);
-  } else if (kex_schedule_print(s, stdout)) {
+  } else if (kex_schedule_print_annotated(s, stdout, (const char *const *)notes)) {
     fprintf(stderr, "kex plan: out of memory printing the schedule\n");
     ret = 1;
   }
+out_notes:
+  for (uint32_t i = 0; i < s->nitems; i++) {
+    if (notes) free(notes[i]);
+    if (names) free(names[i]);
+    if (kopts) free(kopts[i]);
+    if (sources) free(sources[i]);
+  }
+  kex_free(notes);
+  kex_free(names);
+  kex_free(kopts);
+  kex_free(sources);
 out:
   kex_schedule_free(s);
   kex_replay_free(r);

@@ -168,7 +168,9 @@ static void buf_list(sbuf *b, const uint32_t *ids, uint32_t n) {
   sb_put(b, "]");
 }
 
-int kex_schedule_print(const kex_schedule *s, FILE *f) {
+int kex_schedule_print(const kex_schedule *s, FILE *f) { return kex_schedule_print_annotated(s, f, NULL); }
+
+int kex_schedule_print_annotated(const kex_schedule *s, FILE *f, const char *const *notes) {
   sbuf b = {0};
   int rc = 0;
   for (uint32_t i = 0; i < s->nitems; i++) {
@@ -183,6 +185,7 @@ int kex_schedule_print(const kex_schedule *s, FILE *f) {
     sb_put(&b, " inputs=");
     buf_list(&b, it->bufs + (nout < it->nbufs ? nout : it->nbufs), it->nbufs - (nout < it->nbufs ? nout : it->nbufs));
     sb_put(&b, "\n");
+    if (notes && notes[i]) sb_put(&b, "%s", notes[i]);
     if (it->kind == KEX_ITEM_KERNEL && (rc = ast_lines(it, &b, "  ", NULL))) break;
     if (b.oom) break;
     if (b.len > 1 << 16) {

@@ -84,6 +84,8 @@ int kex_item_label(const kex_sched_item *it, char *buf, size_t len);
  * ShapeTracker views.  Ends with "kernels: N".
  */
 int kex_schedule_print(const kex_schedule *s, FILE *f);
+/* The same with notes[i] (text ending in a newline, or NULL) printed under item i's header line. */
+int kex_schedule_print_annotated(const kex_schedule *s, FILE *f, const char *const *notes);
 /* The same as a JSON array of items (jansson json_t*, cast to void* to keep jansson out of the header). */
 void *kex_schedule_to_json(const kex_schedule *s);
 
