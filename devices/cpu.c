@@ -576,9 +576,10 @@ int kex_cpu_open(kex_device **out, kex_error *err) {
   info.max_alloc = info.global_mem / 4;
   info.compute_units = (int)cores;
   info.supports_fp64 = true;
+  info.supports_fp16 = true; /* the C renderer uses _Float16, which gcc supports on x86-64 and arm64 */
   kex_cpu_pool_start(cpu, (int)cores - 1);
   KEX_DEBUG("cpu: opened (%s), %d threads, temp dir %s", id->compiler_version, cpu->pool.nthreads + 1, cpu->dir);
-  rc = kex_device_wrap(&kex_cpu_ops, cpu, &info, "the cpu backend renders no half type (gcc has no __fp16 on x86)",
+  rc = kex_device_wrap(&kex_cpu_ops, cpu, &info, "",
                        out, err);
   cpu = NULL;
 out:
