@@ -543,6 +543,8 @@ int kex_cpu_open(kex_device **out, kex_error *err) {
   const char *tmpdir = getenv("TMPDIR");
   struct utsname un;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const char *want = getenv("KEX_CPU_THREADS"); /* override: benchmarks compare 1 and N threads */
+  if (want && atol(want) > 0) cores = atol(want);
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   int rc;
 

@@ -42,7 +42,7 @@
  *           ints[j] the j-th int scalar.  The outer global dimension
  *           global[0] is split into contiguous ranges
  *           [gidx_start, gidx_end) across a thread pool sized to the online
- *           cores; the kernel loops over its range of the outer index (and
+ *           cores (KEX_CPU_THREADS=N at open time overrides the count); the kernel loops over its range of the outer index (and
  *           over every inner dimension itself).  global[1] and global[2]
  *           must be 1, local must be NULL (has_local is false).  Ranges are
  *           disjoint and cover [0, global[0]) exactly; a range is never
