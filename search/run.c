@@ -16,6 +16,9 @@
 
 #include "core/alloc.h"
 #include "core/arena.h"
+#include "core/log.h"
+#include "search/beam.h"
+#include "search/cache.h"
 #include "search/kernel.h"
 #include "search/lower.h"
 #include "sched/schedule.h"
@@ -29,6 +32,27 @@ int kex_run_lower_item(const kex_schedule *s, const kex_sched_item *it, bool cpu
   int rc = kex_kernel_from_item(s, it, caps, &k, err);
   if (!rc) rc = kex_kernel_hand_coded_optimizations(k, err);
   if (!rc && opts) kex_kernel_opts_string(k, opts, opts_len);
+  if (!rc) rc = kex_lower_kernel(k, caps, cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, names, out, err);
+  kex_kernel_free(k);
+  return rc;
+}
+
+/* Item ii lowered with the opts a BEAM search (or its cached result) chose. */
+static int lower_beam(const kex_graph *g, const kex_schedule *s, uint32_t ii, bool cpu, kex_device *dev,
+                      const kex_run_opts *opts, kex_cache *cache, kex_name_counter *names, kex_program_src *out,
+                      char *ostr, size_t olen, kex_error *err) {
+  const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
+  kex_beam_opts bo;
+  kex_beam_opts_init(&bo, opts->beam);
+  if (opts->beam_max_candidates > 0) bo.max_candidates = opts->beam_max_candidates;
+  bo.cache = cache;
+  kex_beam_target t = {g, s, ii, cpu};
+  kex_beam_result br;
+  kex_kernel *k = NULL;
+  int rc = kex_beam_optimize(&t, dev, &bo, &br, err);
+  if (!rc) rc = kex_kernel_from_item(s, &s->items[ii], caps, &k, err);
+  if (!rc) rc = kex_beam_apply_opts(k, br.opts, br.nopts, err);
+  if (!rc) kex_kernel_opts_string(k, ostr, olen);
   if (!rc) rc = kex_lower_kernel(k, caps, cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, names, out, err);
   kex_kernel_free(k);
   return rc;
@@ -116,7 +140,16 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
   kex_name_counter names;
   kex_name_counter_init(&names);
   kex_replay_opts ro = kex_run_replay_opts(cpu);
+  kex_cache *cache = NULL;
   if ((rc = kex_replay_graph(g, &ro, &arena, &r, err)) || (rc = kex_schedule_create(r, &s, err))) goto out;
+  if (opts->beam > 0 && !(opts->cache_path && !opts->cache_path[0])) {
+    char path[4096];
+    kex_error ce = {0};
+    int crc = opts->cache_path ? (snprintf(path, sizeof path, "%s", opts->cache_path), 0)
+                               : kex_beam_default_cache_path(path, sizeof path, &ce);
+    if (!crc) crc = kex_cache_open(path, &cache, &ce);
+    if (crc) KEX_WARN("beam cache unavailable, searching without it: %s", ce.msg);
+  }
 
   /* one device buffer per planned buffer id */
   bufs = kex_calloc(r->nbuffers ? r->nbuffers : 1, sizeof *bufs);
@@ -175,7 +208,10 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
     size_t binsz = 0;
     kex_program *prog = NULL;
     kex_buffer *args[KEX_DEVICE_MAX_BUFS];
-    rc = kex_run_lower_item(s, it, cpu, &names, &ps, rk->opts, sizeof rk->opts, err);
+    if (opts->beam > 0)
+      rc = lower_beam(g, s, ii, cpu, dev, opts, cache, &names, &ps, rk->opts, sizeof rk->opts, err);
+    else
+      rc = kex_run_lower_item(s, it, cpu, &names, &ps, rk->opts, sizeof rk->opts, err);
     if (!rc) {
       snprintf(rk->name, sizeof rk->name, "%s", ps.name);
       rc = kex_device_compile(dev, ps.src, ps.name, &bin, &binsz, err);
@@ -216,6 +252,7 @@ out:
   kex_free(bufs);
   kex_free(phys);
   kex_name_counter_free(&names);
+  kex_cache_close(cache);
   kex_schedule_free(s);
   kex_replay_free(r);
   kex_arena_destroy(&arena);

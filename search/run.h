@@ -65,6 +65,9 @@ typedef struct kex_run_result {
 typedef struct kex_run_opts {
   int repeat;           /* >= 1: timed runs per kernel (median), after one warm-up when > 1 */
   bool keep_source;     /* fill kex_run_kernel.source */
+  int beam;             /* > 0: opts from a BEAM search of this width (cached), else hand-coded */
+  const char *cache_path; /* beam cache file; NULL: kex_beam_default_cache_path; "" : no cache */
+  int beam_max_candidates; /* 0: the search's default cap per round */
 } kex_run_opts;
 
 /*

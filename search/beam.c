@@ -1,0 +1,874 @@
+/*
+ * beam.c - BEAM search over one kernel (beam.h explains what is tinygrad's
+ * and what is not).  One search:
+ *
+ *   cache lookup -> (miss) pool + per-worker replicas -> the kernel's buffers,
+ *   filled with random data -> the hand-coded kernel compiled and timed ->
+ *   rounds: actions of every beam entry (apply_opt on copies, limits) ->
+ *   lowered on the pool -> in order: uop limit, source dedup, compile (timed),
+ *   binary dedup, load, reduced-grid timing -> leaders chosen with the tie
+ *   rule, re-timed -> progress or stop -> beam best vs hand-coded at full
+ *   size -> cache put.
+ *
+ * The calling thread owns the kernel's main shape context (the schedule's);
+ * workers own their replicas.  Every device call goes through dev_exec.
+ */
+#include "search/beam.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/arena.h"
+#include "core/log.h"
+#include "search/astkey.h"
+#include "search/lower.h"
+#include "search/pool.h"
+#include "search/run.h"
+
+/* ---- actions ---- */
+
+static kex_opt actions[KEX_BEAM_NACTIONS];
+
+static void init_actions(void) {
+  static const int up[] = {0, 2, 3, 4, 5, 7}, unr[] = {0, 4, 7}, loc[] = {2, 3, 4, 8, 13, 16, 29},
+                   gt[] = {13, 16, 28, 29, 32, 49, 64, 256}, gr[] = {0, 4, 8, 16};
+  int n = 0;
+  for (int a = 0; a < 6; a++)
+    for (int x = 0; x < 6; x++) actions[n++] = kex_opt_make(KEX_OPT_UPCAST, x, up[a]);
+  for (int a = 0; a < 3; a++)
+    for (int x = 0; x < 5; x++) actions[n++] = kex_opt_make(KEX_OPT_UNROLL, x, unr[a]);
+  for (int a = 0; a < 7; a++)
+    for (int x = 0; x < 5; x++) actions[n++] = kex_opt_make(KEX_OPT_LOCAL, x, loc[a]);
+  for (int a = 0; a < 8; a++)
+    for (int x = 0; x < 3; x++) actions[n++] = kex_opt_make(KEX_OPT_GROUPTOP, x, gt[a]);
+  for (int a = 0; a < 4; a++)
+    for (int x = 0; x < 3; x++) actions[n++] = kex_opt_make(KEX_OPT_GROUP, x, gr[a]);
+  for (int x = 0; x < 7; x++) actions[n++] = kex_opt_make(KEX_OPT_PADTO, x, 32);
+  actions[n++] = kex_opt_make(KEX_OPT_LOCAL, 0, 32);
+  actions[n++] = kex_opt_make(KEX_OPT_UPCASTMID, 1, 4);
+  actions[n++] = kex_opt_make(KEX_OPT_TC, 0, 0);
+  for (int x = 0; x < 9; x++) actions[n++] = kex_opt_make(KEX_OPT_TC, x, 2);
+}
+
+const kex_opt *kex_beam_actions(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, init_actions);
+  return actions;
+}
+
+static bool action_exists(kex_optop op, int axis, int amt) {
+  const kex_opt *a = kex_beam_actions();
+  for (int i = 0; i < KEX_BEAM_NACTIONS; i++)
+    if (a[i].op == op && a[i].axis == axis && a[i].amt == amt) return true;
+  return false;
+}
+
+static int real_axis(const kex_kernel *k, kex_opt o) {
+  if (o.axis == KEX_OPT_NONE) return -1;
+  if (o.op == KEX_OPT_UNROLL) return kex_kernel_first_reduce(k) + o.axis;
+  if (o.op == KEX_OPT_GROUP || o.op == KEX_OPT_GROUPTOP)
+    return kex_kernel_first_reduce(k) + k->group_for_reduces + o.axis;
+  return o.axis;
+}
+
+/* ---- options ---- */
+
+void kex_beam_opts_init(kex_beam_opts *o, int width) {
+  memset(o, 0, sizeof *o);
+  o->width = width;
+  o->upcast_max = 256;
+  o->local_max = 1024;
+  o->uops_max = 3000;
+  o->min_progress_us = 0.01;
+  o->tie_tolerance = 0.02;
+  o->timing_runs = 5;
+  o->retime_runs = 9;
+  o->max_candidates = 96;
+  o->compile_timeout_s = 10.0;
+  o->max_global_size = 65536;
+}
+
+int kex_beam_search_opts_string(const kex_beam_opts *o, char *buf, size_t len) {
+  int n = snprintf(buf, len, "beam=%d;upcast_max=%d;local_max=%d;uops_max=%d;cap=%d;rounds=%d", o->width,
+                   o->upcast_max, o->local_max, o->uops_max, o->max_candidates, o->max_rounds);
+  return n < 0 || (size_t)n >= len ? KEX_ELIMIT : 0;
+}
+
+int kex_beam_default_cache_path(char *buf, size_t len, kex_error *err) {
+  const char *env = getenv("KEX_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  int n;
+  if (env && *env)
+    n = snprintf(buf, len, "%s", env);
+  else if (xdg && *xdg)
+    n = snprintf(buf, len, "%s/kex/cache.db", xdg);
+  else if (home && *home)
+    n = snprintf(buf, len, "%s/.cache/kex/cache.db", home);
+  else
+    return kex_err_set(err, KEX_ENOTFOUND, "no cache path: KEX_CACHE, XDG_CACHE_HOME and HOME are unset");
+  if (n < 0 || (size_t)n >= len) return kex_err_set(err, KEX_ELIMIT, "cache path longer than %zu bytes", len - 1);
+  return 0;
+}
+
+int kex_beam_apply_opts(kex_kernel *k, const kex_opt *opts, uint32_t n, kex_error *err) {
+  for (uint32_t i = 0; i < n; i++) {
+    int rc = kex_kernel_apply_opt(k, opts[i], true, err);
+    if (rc) {
+      char s[64], msg[KEX_ERROR_MSG_MAX];
+      kex_opt_short(opts[i], s, sizeof s);
+      snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
+      return kex_err_set(err, rc, "opt %u %s does not apply: %s", i, s, msg);
+    }
+  }
+  return 0;
+}
+
+/* ---- device jobs ---- */
+
+static int exec_direct(void *ctx, kex_device *dev, kex_beam_device_job job, void *arg, kex_error *err) {
+  (void)ctx;
+  return job(dev, arg, err);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+typedef struct search_bufs {
+  uint32_t n;
+  size_t bytes[KEX_DEVICE_MAX_BUFS];
+  kex_dtype dtype[KEX_DEVICE_MAX_BUFS];
+  kex_buffer *buf[KEX_DEVICE_MAX_BUFS];
+} search_bufs;
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Deterministic random contents: floats in [0, 1), ints in [0, 100), bools 0/1. */
+static void fill_random(kex_dtype dt, void *out, size_t bytes, uint64_t seed) {
+  size_t item = (size_t)kex_dtype_size(dt), n = item ? bytes / item : 0;
+  unsigned char *p = out;
+  for (size_t i = 0; i < n; i++, p += item) {
+    uint64_t r = splitmix(&seed);
+    double u = (double)(r >> 11) / 9007199254740992.0;
+    switch (dt) {
+    case KEX_DT_FLOAT32: { float f = (float)u; memcpy(p, &f, 4); break; }
+    case KEX_DT_FLOAT64: memcpy(p, &u, 8); break;
+    case KEX_DT_FLOAT16: { _Float16 h = (_Float16)u; memcpy(p, &h, 2); break; }
+    case KEX_DT_BFLOAT16: { float f = (float)u; uint32_t b; memcpy(&b, &f, 4); uint16_t h = (uint16_t)(b >> 16); memcpy(p, &h, 2); break; }
+    case KEX_DT_BOOL: *p = (unsigned char)(r & 1); break;
+    default: {
+      uint64_t v = r % 100;
+      memcpy(p, &v, item < 8 ? item : 8); /* little-endian: the low bytes */
+      break;
+    }
+    }
+  }
+}
+
+static int job_alloc(kex_device *dev, void *arg, kex_error *err) {
+  search_bufs *b = arg;
+  for (uint32_t i = 0; i < b->n; i++) {
+    int rc = kex_device_alloc(dev, b->bytes[i], &b->buf[i], err);
+    if (rc) return rc;
+    void *host = kex_malloc(b->bytes[i]);
+    if (!host) return kex_err_set(err, KEX_ENOMEM, "out of memory filling search buffer %u", i);
+    fill_random(b->dtype[i], host, b->bytes[i], 0x6b6578ull + i);
+    rc = kex_buffer_copy_in(b->buf[i], 0, host, b->bytes[i], err);
+    kex_free(host);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int job_free_bufs(kex_device *dev, void *arg, kex_error *err) {
+  (void)dev;
+  (void)err;
+  search_bufs *b = arg;
+  for (uint32_t i = 0; i < b->n; i++) kex_buffer_free(b->buf[i]);
+  return 0;
+}
+
+typedef struct compile_job {
+  const kex_program_src *ps;
+  unsigned char *bin;
+  size_t binsz;
+  double seconds;
+} compile_job;
+
+static int job_compile(kex_device *dev, void *arg, kex_error *err) {
+  compile_job *c = arg;
+  double t0 = now_s();
+  int rc = kex_device_compile(dev, c->ps->src, c->ps->name, &c->bin, &c->binsz, err);
+  c->seconds = now_s() - t0;
+  return rc;
+}
+
+typedef struct load_job {
+  const unsigned char *bin;
+  size_t binsz;
+  const char *name;
+  kex_program *prog;
+} load_job;
+
+static int job_load(kex_device *dev, void *arg, kex_error *err) {
+  load_job *l = arg;
+  return kex_device_load(dev, l->bin, l->binsz, l->name, &l->prog, err);
+}
+
+static int job_free_prog(kex_device *dev, void *arg, kex_error *err) {
+  (void)dev;
+  (void)err;
+  kex_program_free(arg);
+  return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct time_job {
+  kex_program *prog;
+  size_t global[3];
+  const size_t *local;
+  kex_buffer *args[KEX_DEVICE_MAX_BUFS];
+  int nargs;
+  int runs;
+  double factor;
+  double early_stop_us; /* INFINITY: none */
+  double us;            /* median x factor */
+} time_job;
+
+/* One warm-up launch, then up to `runs` timed launches (stopping early past early_stop); median x factor. */
+static int job_time(kex_device *dev, void *arg, kex_error *err) {
+  (void)dev;
+  time_job *t = arg;
+  double samples[KEX_BEAM_MAX_RUNS];
+  int n = 0, rc = 0;
+  for (int i = -1; i < t->runs && !rc; i++) {
+    kex_event *ev = NULL;
+    double secs = 0;
+    rc = kex_program_launch(t->prog, t->global, t->local, t->args, t->nargs, NULL, 0, &ev, err);
+    if (!rc) rc = kex_event_elapsed(ev, &secs, err);
+    kex_event_free(ev);
+    if (rc || i < 0) continue;
+    samples[n++] = secs * 1e6 * t->factor;
+    if (samples[n - 1] > t->early_stop_us) break;
+  }
+  if (rc) return rc;
+  qsort(samples, (size_t)n, sizeof *samples, cmp_double);
+  t->us = samples[n / 2];
+  return 0;
+}
+
+/* ---- per-worker replicas: each lowers in its own replay of the graph ---- */
+
+typedef struct replica {
+  bool ready;
+  int rc;
+  kex_arena arena;
+  kex_replay *replay;
+  kex_schedule *schedule;
+  kex_kernel *base;
+} replica;
+
+typedef struct search_ctx {
+  const kex_beam_target *target;
+  const kex_renderer_caps *caps;
+  int dialect;
+  replica *replicas;
+} search_ctx;
+
+static void replica_free(replica *r) {
+  if (!r->ready) return;
+  kex_kernel_free(r->base);
+  kex_schedule_free(r->schedule);
+  kex_replay_free(r->replay);
+  kex_arena_destroy(&r->arena);
+  r->ready = false;
+}
+
+static int replica_init(replica *r, const search_ctx *sc, kex_error *err) {
+  kex_arena_init(&r->arena, 0);
+  r->ready = true;
+  kex_replay_opts ro = kex_run_replay_opts(sc->target->cpu);
+  int rc = kex_replay_graph(sc->target->graph, &ro, &r->arena, &r->replay, err);
+  if (!rc) rc = kex_schedule_create(r->replay, &r->schedule, err);
+  if (!rc && sc->target->item >= r->schedule->nitems)
+    rc = kex_err_set(err, KEX_EINTERNAL, "replica schedule has %u items", r->schedule->nitems);
+  if (!rc) rc = kex_kernel_from_item(r->schedule, &r->schedule->items[sc->target->item], sc->caps, &r->base, err);
+  return rc;
+}
+
+typedef struct candidate {
+  kex_pool_job job;
+  /* inputs (immutable while queued) */
+  const search_ctx *sc;
+  uint32_t nopts;
+  kex_opt opts[KEX_CACHE_MAX_OPTS];
+  uint8_t seq[KEX_CACHE_MAX_OPTS]; /* action ids (1-based); 0 for opts that did not come from an action */
+  int parent;
+  /* results (the worker's until waited for) */
+  int rc;
+  char msg[KEX_ERROR_MSG_MAX];
+  kex_program_src ps;
+  /* the main thread's */
+  kex_program *prog;
+  double us, factor;
+  bool timed;
+} candidate;
+
+static void lower_candidate(kex_pool_job *job, int worker) {
+  candidate *c = (candidate *)job;
+  replica *r = &c->sc->replicas[worker];
+  kex_error err = {0};
+  kex_kernel *k = NULL;
+  c->rc = 0;
+  if (!r->ready) r->rc = replica_init(r, c->sc, &err);
+  if (r->rc) {
+    c->rc = r->rc;
+    snprintf(c->msg, sizeof c->msg, "replica: %.400s", err.msg);
+    return;
+  }
+  k = kex_kernel_copy(r->base);
+  if (!k) {
+    c->rc = KEX_ENOMEM;
+    snprintf(c->msg, sizeof c->msg, "out of memory");
+    return;
+  }
+  c->rc = kex_beam_apply_opts(k, c->opts, c->nopts, &err);
+  if (!c->rc) c->rc = kex_lower_kernel(k, c->sc->caps, c->sc->dialect, NULL, &c->ps, &err);
+  if (c->rc) snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+  kex_kernel_free(k);
+}
+
+/* ---- small sets of digests ---- */
+
+typedef struct digest_set {
+  uint32_t n, cap;
+  uint8_t (*d)[32];
+} digest_set;
+
+/* 1 if present, 0 if added, KEX_ENOMEM. */
+static int digest_add(digest_set *s, const void *data, size_t len) {
+  uint8_t h[32];
+  if (kex_sha256_bytes(data, len, h)) return KEX_ENOMEM;
+  for (uint32_t i = 0; i < s->n; i++)
+    if (!memcmp(s->d[i], h, 32)) return 1;
+  if (s->n == s->cap) {
+    uint32_t cap = s->cap ? 2 * s->cap : 64;
+    void *p = kex_realloc(s->d, (size_t)cap * 32);
+    if (!p) return KEX_ENOMEM;
+    s->d = p;
+    s->cap = cap;
+  }
+  memcpy(s->d[s->n++], h, 32);
+  return 0;
+}
+
+/* ---- ranking ---- */
+
+/* a before b in the deterministic order: fewer opts, then smaller action ids. */
+static int cand_order(const candidate *a, const candidate *b) {
+  if (a->nopts != b->nopts) return a->nopts < b->nopts ? -1 : 1;
+  for (uint32_t i = 0; i < a->nopts; i++)
+    if (a->seq[i] != b->seq[i]) return a->seq[i] < b->seq[i] ? -1 : 1;
+  return 0;
+}
+
+/*
+ * Pick up to k leaders from the timed candidates: repeatedly the fastest
+ * remaining time t, and among the remaining within t x (1 + tol) the first
+ * in cand_order.  out[] gets their indices; returns how many.
+ */
+static int pick_leaders(candidate **c, int n, int k, double tol, int *out) {
+  bool *taken = kex_calloc((size_t)(n ? n : 1), 1);
+  int m = 0;
+  if (!taken) return 0;
+  while (m < k) {
+    double tmin = INFINITY;
+    for (int i = 0; i < n; i++)
+      if (!taken[i] && c[i]->timed && c[i]->us < tmin) tmin = c[i]->us;
+    if (!isfinite(tmin)) break;
+    int pick = -1;
+    for (int i = 0; i < n; i++)
+      if (!taken[i] && c[i]->timed && c[i]->us <= tmin * (1 + tol) && (pick < 0 || cand_order(c[i], c[pick]) < 0))
+        pick = i;
+    taken[pick] = true;
+    out[m++] = pick;
+  }
+  kex_free(taken);
+  return m;
+}
+
+/* ---- the search ---- */
+
+typedef struct search {
+  const kex_beam_opts *o;
+  kex_device *dev;
+  kex_beam_exec_fn exec;
+  search_bufs bufs;
+  const kex_sched_item *item;
+  kex_beam_result *res;
+  kex_beam_progress prog;
+} search;
+
+static void report(search *s, const char *phase) {
+  if (!s->o->progress) return;
+  s->prog.phase = phase;
+  s->prog.compiled = s->res->compiled;
+  s->prog.timed = s->res->timed;
+  s->o->progress(&s->prog, s->o->progress_arg);
+}
+
+static void fill_time_job(search *s, const kex_program_src *ps, kex_program *prog, bool reduce, time_job *t) {
+  memset(t, 0, sizeof *t);
+  t->prog = prog;
+  memcpy(t->global, ps->global, sizeof t->global);
+  t->local = ps->has_local ? ps->local : NULL;
+  t->nargs = (int)ps->nargs;
+  for (uint32_t a = 0; a < ps->nargs; a++) t->args[a] = s->bufs.buf[ps->args[a].idx];
+  t->factor = 1;
+  t->early_stop_us = INFINITY;
+  if (!reduce) return;
+  for (;;) {
+    int64_t prod = (int64_t)t->global[0] * (int64_t)t->global[1] * (int64_t)t->global[2];
+    if (prod <= s->o->max_global_size) break;
+    int j = 2;
+    while (j >= 0 && t->global[j] <= 16) j--;
+    if (j < 0) break;
+    t->global[j] /= 2;
+    t->factor *= 2;
+  }
+}
+
+/* Compile and load ps (no dedup); *prog on success; compile seconds in *secs. */
+static int compile_load(search *s, const kex_program_src *ps, kex_program **prog, unsigned char **bin, size_t *binsz,
+                        double *secs, kex_error *err) {
+  compile_job cj = {ps, NULL, 0, 0};
+  int rc = s->exec(s->o->exec_ctx, s->dev, job_compile, &cj, err);
+  *secs = cj.seconds;
+  s->res->compile_s += cj.seconds;
+  if (!rc) {
+    load_job lj = {cj.bin, cj.binsz, ps->name, NULL};
+    rc = s->exec(s->o->exec_ctx, s->dev, job_load, &lj, err);
+    *prog = lj.prog;
+  }
+  if (bin && !rc) {
+    *bin = cj.bin;
+    *binsz = cj.binsz;
+  } else {
+    kex_free(cj.bin);
+  }
+  return rc;
+}
+
+static void free_prog(search *s, kex_program **p) {
+  if (!*p) return;
+  s->exec(s->o->exec_ctx, s->dev, job_free_prog, *p, NULL);
+  *p = NULL;
+}
+
+static void free_candidate(search *s, candidate *c) {
+  if (!c) return;
+  free_prog(s, &c->prog);
+  kex_program_src_free(&c->ps);
+  kex_free(c);
+}
+
+/* Expand beam entry b's actions into cands (appending); the kernel kb has b's opts applied. */
+static int expand(search *s, const search_ctx *sc, const candidate *b, int bi, const kex_kernel *kb, candidate ***cands,
+                  int *n, int *cap) {
+  const kex_opt *acts = kex_beam_actions();
+  int shape_len = kex_kernel_shape_len(kb);
+  const int64_t *full = kex_kernel_full_shape(kb);
+  if (b->nopts >= KEX_CACHE_MAX_OPTS) return 0;
+  for (int i = 0; i < KEX_BEAM_NACTIONS; i++) {
+    kex_opt a = acts[i];
+    if (a.op != KEX_OPT_TC) {
+      int ax = real_axis(kb, a);
+      if (ax >= shape_len || (full[ax] == a.amt && action_exists(a.op, ax, 0))) continue;
+    }
+    kex_kernel *k2 = kex_kernel_copy(kb);
+    if (!k2) return KEX_ENOMEM;
+    kex_error e = {0};
+    if (kex_kernel_apply_opt(k2, a, true, &e)) {
+      kex_kernel_free(k2);
+      continue;
+    }
+    char colors[KEX_MAX_DIMS + 1];
+    int64_t up = 1, lcl = 1;
+    const int64_t *f2 = kex_kernel_full_shape(k2);
+    kex_kernel_colors(k2, colors, sizeof colors);
+    for (int d = 0; colors[d]; d++) {
+      if (colors[d] == 'm' || colors[d] == 'y') up *= f2[d];
+      else if (colors[d] == 'c' || colors[d] == 'g' || colors[d] == 'w') lcl *= f2[d];
+    }
+    kex_kernel_free(k2);
+    if (up > s->o->upcast_max || lcl > s->o->local_max) continue;
+    if (*n == *cap) {
+      int nc = *cap ? 2 * *cap : 128;
+      void *p = kex_realloc(*cands, sizeof **cands * (size_t)nc);
+      if (!p) return KEX_ENOMEM;
+      *cands = p;
+      *cap = nc;
+    }
+    candidate *c = kex_calloc(1, sizeof *c);
+    if (!c) return KEX_ENOMEM;
+    c->sc = sc;
+    c->nopts = b->nopts + 1;
+    memcpy(c->opts, b->opts, sizeof(kex_opt) * b->nopts);
+    memcpy(c->seq, b->seq, b->nopts);
+    c->opts[b->nopts] = a;
+    c->seq[b->nopts] = (uint8_t)(i + 1);
+    c->parent = bi;
+    c->us = INFINITY;
+    (*cands)[(*n)++] = c;
+  }
+  return 0;
+}
+
+static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool *pool, const kex_program_src *hand_ps,
+                      candidate **best_out, kex_error *err) {
+  const kex_beam_opts *o = s->o;
+  kex_beam_result *res = s->res;
+  int rc = 0, width = o->width;
+  candidate *beam[KEX_BEAM_MAX_WIDTH] = {0};
+  int nbeam = 1;
+  candidate **cands = NULL;
+  int ncands = 0, capcands = 0;
+  digest_set seen_src = {0}, seen_bin = {0};
+  (void)hand_ps;
+  beam[0] = kex_calloc(1, sizeof *beam[0]);
+  if (!beam[0]) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  beam[0]->sc = sc;
+  beam[0]->us = INFINITY;
+  for (uint32_t round = 1;; round++) {
+    s->prog.round = round;
+    res->rounds = round;
+    /* candidates of every beam entry, beam order then action order */
+    for (int bi = 0; bi < nbeam && !rc; bi++) {
+      kex_kernel *kb = kex_kernel_copy(k0);
+      if (!kb) rc = KEX_ENOMEM;
+      if (!rc && kex_beam_apply_opts(kb, beam[bi]->opts, beam[bi]->nopts, err)) rc = KEX_EINTERNAL;
+      if (!rc) rc = expand(s, sc, beam[bi], bi, kb, &cands, &ncands, &capcands);
+      kex_kernel_free(kb);
+    }
+    if (rc) {
+      rc = kex_err_set(err, rc == KEX_ENOMEM ? KEX_ENOMEM : KEX_EINTERNAL, "expanding the beam: %s",
+                       rc == KEX_ENOMEM ? "out of memory" : err->msg);
+      break;
+    }
+    s->prog.round_candidates = (uint32_t)ncands;
+    for (int i = 0; i < ncands; i++) kex_pool_submit(pool, &cands[i]->job, lower_candidate);
+    int per_entry = o->max_candidates > 0 ? (o->max_candidates + nbeam - 1) / nbeam : 0;
+    int used[KEX_BEAM_MAX_WIDTH] = {0};
+    double best_round = INFINITY;
+    for (int i = 0; i < ncands; i++) {
+      candidate *c = cands[i];
+      kex_pool_wait(pool, &c->job);
+      if (rc) continue; /* drain */
+      if (c->rc) {
+        res->lower_failed++;
+        KEX_DEBUG("beam: candidate %d does not lower: %s", i, c->msg);
+        continue;
+      }
+      if ((int)c->ps.nuops >= o->uops_max) {
+        res->over_uops++;
+        continue;
+      }
+      if (per_entry && used[c->parent] >= per_entry) {
+        res->capped++;
+        continue;
+      }
+      /* dedup by rendered source before compiling */
+      int d = digest_add(&seen_src, c->ps.src, strlen(c->ps.src));
+      if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
+      if (d == 1) { res->dup_source++; continue; }
+      used[c->parent]++;
+      unsigned char *bin = NULL;
+      size_t binsz = 0;
+      double secs = 0;
+      kex_error ce = {0};
+      int crc = compile_load(s, &c->ps, &c->prog, &bin, &binsz, &secs, &ce);
+      res->compiled++;
+      if (crc) {
+        res->compile_failed++;
+        KEX_WARN("beam: %s does not compile: %.200s", c->ps.name, ce.msg);
+        continue;
+      }
+      if (secs > o->compile_timeout_s) {
+        res->compile_timeouts++;
+        kex_free(bin);
+        free_prog(s, &c->prog);
+        continue;
+      }
+      d = digest_add(&seen_bin, bin, binsz);
+      kex_free(bin);
+      if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
+      if (d == 1) {
+        res->dup_binary++;
+        free_prog(s, &c->prog);
+        continue;
+      }
+      time_job tj;
+      fill_time_job(s, &c->ps, c->prog, true, &tj);
+      tj.runs = o->timing_runs;
+      double ref = fmin(beam[0]->us, best_round);
+      tj.early_stop_us = isfinite(ref) ? 3 * ref : INFINITY;
+      kex_error te = {0};
+      if (s->exec(o->exec_ctx, s->dev, job_time, &tj, &te)) {
+        KEX_WARN("beam: %s does not run: %.200s", c->ps.name, te.msg);
+        free_prog(s, &c->prog);
+        continue;
+      }
+      c->us = tj.us;
+      c->factor = tj.factor;
+      c->timed = true;
+      res->timed++;
+      if (c->us < best_round) best_round = c->us;
+      s->prog.best_us = fmin(s->prog.best_us, c->us);
+      report(s, "round");
+    }
+    if (rc) break;
+    /* leaders, re-timed together with the current best */
+    int lead[KEX_BEAM_MAX_WIDTH];
+    int nlead = pick_leaders(cands, ncands, width, o->tie_tolerance, lead);
+    for (int j = -1; j < nlead && !rc; j++) {
+      candidate *c = j < 0 ? beam[0] : cands[lead[j]];
+      if (!c->prog) continue;
+      time_job tj;
+      fill_time_job(s, &c->ps, c->prog, true, &tj);
+      tj.runs = o->retime_runs;
+      kex_error te = {0};
+      if (!s->exec(o->exec_ctx, s->dev, job_time, &tj, &te)) c->us = tj.us;
+    }
+    candidate *lc[KEX_BEAM_MAX_WIDTH];
+    for (int j = 0; j < nlead; j++) lc[j] = cands[lead[j]];
+    int order[KEX_BEAM_MAX_WIDTH];
+    int nord = pick_leaders(lc, nlead, nlead, o->tie_tolerance, order);
+    double prev = beam[0]->us, bestt = nord ? lc[order[0]]->us : INFINITY;
+    double threshold = isfinite(prev) ? fmax(o->min_progress_us, o->tie_tolerance * prev) : o->min_progress_us;
+    bool exiting = nord == 0 || bestt < o->min_progress_us || !(prev - bestt > threshold);
+    if (!exiting) {
+      for (int j = 0; j < nbeam; j++) free_candidate(s, beam[j]);
+      for (int j = 0; j < nord; j++) {
+        beam[j] = lc[order[j]];
+        for (int i = 0; i < ncands; i++)
+          if (cands[i] == beam[j]) cands[i] = NULL;
+      }
+      nbeam = nord;
+      s->prog.best_us = beam[0]->us;
+    }
+    for (int i = 0; i < ncands; i++) free_candidate(s, cands[i]);
+    ncands = 0;
+    report(s, "round");
+    if (exiting || (o->max_rounds > 0 && (int)round >= o->max_rounds)) break;
+  }
+  for (int i = 0; i < ncands; i++) free_candidate(s, cands[i]);
+  kex_free(cands);
+  kex_free(seen_src.d);
+  kex_free(seen_bin.d);
+  for (int j = 1; j < nbeam; j++) free_candidate(s, beam[j]);
+  if (rc) {
+    free_candidate(s, beam[0]);
+    return rc;
+  }
+  *best_out = beam[0];
+  return 0;
+}
+
+static int lookup_cache(const kex_beam_opts *o, const kex_cache_beam_key *key, const kex_kernel *k0,
+                        kex_beam_result *res, kex_error *err) {
+  kex_cache_beam_value v;
+  kex_error ce = {0};
+  int rc = kex_cache_beam_get(o->cache, key, &v, &ce);
+  if (rc == KEX_ENOTFOUND) return KEX_ENOTFOUND;
+  if (rc == KEX_ECORRUPT) {
+    snprintf(res->cache_note, sizeof res->cache_note, "corrupt cache entry dropped: %.400s", ce.msg);
+    KEX_WARN("beam cache: %s", res->cache_note);
+    return KEX_ENOTFOUND;
+  }
+  if (rc) return kex_err_set(err, rc, "beam cache lookup: %s", ce.msg);
+  kex_kernel *k = kex_kernel_copy(k0);
+  if (!k) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  rc = kex_beam_apply_opts(k, v.opts, v.nopts, &ce);
+  if (rc) {
+    snprintf(res->cache_note, sizeof res->cache_note, "cached opts ignored: %.400s", ce.msg);
+    KEX_WARN("beam cache: %s", res->cache_note);
+    kex_kernel_free(k);
+    return KEX_ENOTFOUND;
+  }
+  kex_kernel_name(k, res->name, sizeof res->name);
+  kex_kernel_free(k);
+  res->nopts = v.nopts;
+  memcpy(res->opts, v.opts, sizeof(kex_opt) * v.nopts);
+  res->best_us = v.best_time_s * 1e6;
+  res->hand_us = v.hand_time_s * 1e6;
+  res->from_cache = true;
+  return 0;
+}
+
+int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_opts *opts, kex_beam_result *res,
+                      kex_error *err) {
+  double t0 = now_s();
+  memset(res, 0, sizeof *res);
+  if (opts->width < 1 || opts->width > KEX_BEAM_MAX_WIDTH)
+    return kex_err_set(err, KEX_EINVAL, "beam width %d not in 1..%d", opts->width, KEX_BEAM_MAX_WIDTH);
+  if (opts->timing_runs < 1 || opts->timing_runs > KEX_BEAM_MAX_RUNS || opts->retime_runs < 1 ||
+      opts->retime_runs > KEX_BEAM_MAX_RUNS)
+    return kex_err_set(err, KEX_EINVAL, "timing runs must be in 1..%d", KEX_BEAM_MAX_RUNS);
+  if (t->item >= t->schedule->nitems || t->schedule->items[t->item].kind != KEX_ITEM_KERNEL)
+    return kex_err_set(err, KEX_EINVAL, "schedule item %u is not a kernel", t->item);
+  const kex_sched_item *it = &t->schedule->items[t->item];
+  const kex_renderer_caps *caps = t->cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
+  search s = {opts, dev, opts->exec ? opts->exec : exec_direct, {0}, it, res, {0}};
+  s.prog.best_us = INFINITY;
+  search_ctx sc = {t, caps, t->cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, NULL};
+  kex_kernel *k0 = NULL, *kh = NULL, *kw = NULL;
+  kex_pool *pool = NULL;
+  kex_program_src hand_ps = {0}, best_ps = {0};
+  kex_program *hand_prog = NULL;
+  candidate *best = NULL;
+  char *ast_text = NULL;
+  kex_ast_digest dig;
+  char sopts[KEX_CACHE_SEARCH_OPTS_MAX];
+  int rc = kex_kernel_from_item(t->schedule, it, caps, &k0, err);
+  if (rc) goto out;
+  if ((rc = kex_ast_key(it->ast, it->nout, &dig, err))) goto out;
+  memcpy(res->ast_hex, dig.hex, sizeof res->ast_hex);
+  if ((rc = kex_beam_search_opts_string(opts, sopts, sizeof sopts))) {
+    kex_err_set(err, rc, "search options string too long");
+    goto out;
+  }
+  kex_cache_beam_key key = {{0}, kex_device_get_identity(dev), sopts, KEX_CODEGEN_VERSION};
+  memcpy(key.ast_key, dig.bytes, sizeof key.ast_key);
+  if (opts->cache) {
+    rc = lookup_cache(opts, &key, k0, res, err);
+    if (rc == 0) {
+      res->search_s = now_s() - t0;
+      report(&s, "cache");
+      goto out;
+    }
+    if (rc != KEX_ENOTFOUND) goto out;
+    rc = 0;
+  }
+
+  /* buffers, filled with random data */
+  if (it->nbufs > KEX_DEVICE_MAX_BUFS) {
+    rc = kex_err_set(err, KEX_ELIMIT, "kernel has %u buffers (limit %d)", it->nbufs, KEX_DEVICE_MAX_BUFS);
+    goto out;
+  }
+  s.bufs.n = it->nbufs;
+  for (uint32_t j = 0; j < it->nbufs; j++) {
+    const kex_buffer_info *bi = &t->schedule->replay->buffers[it->bufs[j]];
+    size_t bytes = (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype);
+    s.bufs.bytes[j] = bytes ? bytes : 16;
+    s.bufs.dtype[j] = bi->dtype;
+  }
+  if ((rc = s.exec(opts->exec_ctx, dev, job_alloc, &s.bufs, err))) goto out;
+
+  /* hand-coded, at full size */
+  kh = kex_kernel_copy(k0);
+  if (!kh) goto nomem;
+  if ((rc = kex_kernel_hand_coded_optimizations(kh, err))) goto out;
+  if ((rc = kex_lower_kernel(kh, caps, sc.dialect, NULL, &hand_ps, err))) goto out;
+  double secs;
+  if ((rc = compile_load(&s, &hand_ps, &hand_prog, NULL, NULL, &secs, err))) goto out;
+  res->compiled++;
+  report(&s, "hand");
+
+  /* the search */
+  if ((rc = kex_pool_create(opts->threads, &pool, err))) goto out;
+  sc.replicas = kex_calloc((size_t)kex_pool_size(pool), sizeof *sc.replicas);
+  if (!sc.replicas) goto nomem;
+  if ((rc = run_search(&s, &sc, k0, pool, &hand_ps, &best, err))) goto out;
+  res->beam_us = best->us;
+  res->factor = best->factor;
+
+  /* the beam's best against hand-coded, full size, alternating */
+  kw = kex_kernel_copy(k0);
+  if (!kw) goto nomem;
+  if ((rc = kex_beam_apply_opts(kw, best->opts, best->nopts, err))) goto out;
+  kex_program *bp = best->prog;
+  if (!bp) { /* the search kept the unoptimized kernel */
+    if ((rc = kex_lower_kernel(kw, caps, sc.dialect, NULL, &best_ps, err))) goto out;
+    if ((rc = compile_load(&s, &best_ps, &best->prog, NULL, NULL, &secs, err))) goto out;
+    res->compiled++;
+    bp = best->prog;
+  }
+  const kex_program_src *bps = best->prog && best->ps.src ? &best->ps : &best_ps;
+  report(&s, "compare");
+  double th[KEX_BEAM_MAX_RUNS], tb[KEX_BEAM_MAX_RUNS];
+  int nr = opts->retime_runs;
+  for (int r = 0; r < nr; r++) {
+    time_job a, b;
+    fill_time_job(&s, &hand_ps, hand_prog, false, &a);
+    fill_time_job(&s, bps, bp, false, &b);
+    a.runs = b.runs = 1;
+    if ((rc = s.exec(opts->exec_ctx, dev, job_time, &a, err))) goto out;
+    if ((rc = s.exec(opts->exec_ctx, dev, job_time, &b, err))) goto out;
+    th[r] = a.us;
+    tb[r] = b.us;
+  }
+  qsort(th, (size_t)nr, sizeof *th, cmp_double);
+  qsort(tb, (size_t)nr, sizeof *tb, cmp_double);
+  res->hand_us = th[nr / 2];
+  double beam_full = tb[nr / 2];
+  res->hand_won = !(beam_full < res->hand_us * (1 - opts->tie_tolerance));
+  const kex_kernel *chosen = res->hand_won ? kh : kw;
+  res->best_us = res->hand_won ? res->hand_us : beam_full;
+  res->nopts = chosen->napplied;
+  memcpy(res->opts, chosen->applied_opts, sizeof(kex_opt) * chosen->napplied);
+  kex_kernel_name(chosen, res->name, sizeof res->name);
+  res->search_s = now_s() - t0;
+  s.prog.best_us = res->best_us;
+  report(&s, "done");
+
+  if (opts->cache) {
+    kex_cache_beam_value v = {0};
+    v.nopts = res->nopts;
+    memcpy(v.opts, res->opts, sizeof(kex_opt) * res->nopts);
+    v.best_time_s = res->best_us * 1e-6;
+    v.hand_time_s = res->hand_us * 1e-6;
+    v.search_time_s = res->search_s;
+    v.candidates = res->timed;
+    snprintf(v.kernel_name, sizeof v.kernel_name, "%s", res->name);
+    kex_error ce = {0};
+    if (kex_ast_text(it->ast, it->nout, &ast_text, NULL, &ce)) ast_text = NULL;
+    if ((rc = kex_cache_beam_put(opts->cache, &key, &v, ast_text, &ce))) {
+      kex_err_set(err, rc, "beam cache put: %s", ce.msg);
+      goto out;
+    }
+  }
+  goto out;
+nomem:
+  rc = kex_err_set(err, KEX_ENOMEM, "out of memory in the beam search");
+out:
+  int nworkers = pool ? kex_pool_size(pool) : 0;
+  kex_pool_destroy(pool); /* joins the workers before their replicas go */
+  if (sc.replicas)
+    for (int i = 0; i < nworkers; i++) replica_free(&sc.replicas[i]);
+  kex_free(sc.replicas);
+  free_candidate(&s, best);
+  if (hand_prog) s.exec(opts->exec_ctx, dev, job_free_prog, hand_prog, NULL);
+  if (s.bufs.n) s.exec(opts->exec_ctx, dev, job_free_bufs, &s.bufs, NULL);
+  kex_program_src_free(&hand_ps);
+  kex_program_src_free(&best_ps);
+  kex_free(ast_text);
+  kex_kernel_free(kw);
+  kex_kernel_free(kh);
+  kex_kernel_free(k0);
+  return rc;
+}

@@ -1,0 +1,157 @@
+/*
+ * beam.h - tinygrad 0.9.0's BEAM search (engine/search.py, spec 12) for one
+ * kernel of a schedule, with the port's fixes for speed and repeatability,
+ * and the beam-result cache (search/cache.h) in front of it.
+ *
+ * What is tinygrad's, exactly: the 141 actions in order, the real_axis
+ * duplicate rule (an action whose amt is the whole real dim is skipped when
+ * Opt(op, REAL axis, 0) is also an action), the limits (upcast product <=
+ * upcast_max, local product <= local_max, uop count < uops_max), the beam of
+ * width N, candidates in (beam entry, action) order, dedup on the compiled
+ * binary, timing on a reduced grid (halve the last global dim > 16 until
+ * prod(global) <= max_global_size; time x factor) with an early stop at 3x
+ * the best time, and a last comparison against the hand-coded opts at full
+ * size that keeps the faster.
+ *
+ * What differs, and why:
+ *   - candidates are rendered (lowered) in parallel on a worker pool
+ *     (search/pool.h); each worker lowers in its own replica of the graph's
+ *     replay (shape contexts are single-threaded), so a work item is only
+ *     the item index and the opts list;
+ *   - candidates are deduplicated by rendered source before compiling
+ *     (saves the compile) and by binary after (tinygrad's seen_libs);
+ *   - the kernel's buffers are allocated once per search and filled with
+ *     deterministic random data (tinygrad times never-written buffers:
+ *     zero pages on CPU devices rank kernels wrongly, spec 12);
+ *   - each candidate is the median of `timing_runs` runs after a warm-up;
+ *     the round's leaders and the current best are re-timed with
+ *     `retime_runs` runs before the beam keeps them;
+ *   - ties are broken deterministically: candidates whose times are within
+ *     `tie_tolerance` (2%) of the fastest count as equal and the one with
+ *     fewer opts, then the lexicographically smaller action ids, wins; a
+ *     round only counts as progress when it beats the current best by more
+ *     than max(min_progress_us, tie_tolerance x best), and when it does not
+ *     the beam keeps its (shorter) best instead of tinygrad's "take the
+ *     marginally faster one"; the final comparison keeps the beam's kernel
+ *     only when it is faster than hand-coded by more than tie_tolerance.
+ *     Together these make the same device and kernel give the same opts
+ *     unless two kernels differ by more than 2% in one run and less in
+ *     another;
+ *   - a candidate that fails to lower or compile is skipped and counted
+ *     (tinygrad 0.9.0 aborts the whole search on a CompileError);
+ *   - compile time is measured; a compile longer than compile_timeout_s is
+ *     counted and its candidate skipped (a compile cannot be interrupted
+ *     from outside the driver);
+ *   - at most `max_candidates` candidates are compiled per round (after
+ *     source dedup), shared equally between the beam entries, each entry's
+ *     share taken in action order; 0 means no cap (tinygrad).
+ *
+ * Threads: the search runs on the calling thread; device work (alloc, copy,
+ * compile, load, launch, free) goes through opts->exec, which must run the
+ * job on the thread that owns the device and return its result (the daemon
+ * routes it to its device runner; NULL runs it directly).  The pool threads
+ * never touch the device.
+ *
+ * Errors: 0 or a negative KEX_E* code with *err naming what failed.  A
+ * failing candidate is never an error; a failing hand-coded kernel, buffer
+ * allocation or cache I/O error is.  A cache entry that fails to decode or
+ * whose opts no longer apply is reported in res->cache_note and ignored.
+ */
+#ifndef KEX_SEARCH_BEAM_H
+#define KEX_SEARCH_BEAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/errors.h"
+#include "devices/device.h"
+#include "sched/graph.h"
+#include "sched/schedule.h"
+#include "search/cache.h"
+#include "search/kernel.h"
+
+/* Bumped whenever kernel.c/heuristic.c/lower.c/uops.c/render.c change the code an opts list produces. */
+#define KEX_CODEGEN_VERSION "kex.codegen.v1"
+#define KEX_BEAM_NACTIONS 141
+#define KEX_BEAM_MAX_WIDTH 64
+#define KEX_BEAM_MAX_RUNS 1000
+
+/* The action list, tinygrad's order (index i is action id i+1). */
+const kex_opt *kex_beam_actions(void);
+
+/* A piece of device work: run it on the thread that owns dev. */
+typedef int (*kex_beam_device_job)(kex_device *dev, void *arg, kex_error *err);
+/* Run job(dev, arg, err) on the device's thread and return its result. */
+typedef int (*kex_beam_exec_fn)(void *ctx, kex_device *dev, kex_beam_device_job job, void *arg, kex_error *err);
+
+typedef struct kex_beam_progress {
+  const char *phase;   /* "hand", "round", "compare", "done", "cache" */
+  uint32_t round;      /* 1-based */
+  uint32_t round_candidates, compiled, timed;
+  double best_us;      /* best (reduced-grid, extrapolated) time so far; INFINITY before any */
+} kex_beam_progress;
+typedef void (*kex_beam_progress_fn)(const kex_beam_progress *p, void *arg);
+
+typedef struct kex_beam_opts {
+  int width;                 /* beam width N (>= 1) */
+  int upcast_max, local_max, uops_max;
+  double min_progress_us;
+  double tie_tolerance;      /* relative, 0.02 */
+  int timing_runs;           /* per candidate, median, after one warm-up */
+  int retime_runs;           /* leaders and the final comparison */
+  int max_candidates;        /* compiled per round; 0 = no cap */
+  int max_rounds;            /* 0 = until no progress */
+  double compile_timeout_s;
+  int64_t max_global_size;   /* reduced-grid timing limit */
+  int threads;               /* render pool size, 0 = online cores */
+  kex_beam_exec_fn exec;     /* NULL = run device jobs directly */
+  void *exec_ctx;
+  kex_beam_progress_fn progress;
+  void *progress_arg;
+  kex_cache *cache;          /* NULL = no cache */
+} kex_beam_opts;
+
+/* Defaults: width, 256, 1024, 3000, 0.01 us, 2%, 5 runs, 9 re-time runs, 96 per round, 10 s, 65536. */
+void kex_beam_opts_init(kex_beam_opts *o, int width);
+/* The cache's search options string ("beam=2;upcast_max=256;local_max=1024;uops_max=3000;cap=96"). */
+int kex_beam_search_opts_string(const kex_beam_opts *o, char *buf, size_t len);
+/* The default cache file: $KEX_CACHE, else $XDG_CACHE_HOME/kex/cache.db, else ~/.cache/kex/cache.db.  KEX_ELIMIT/KEX_ENOTFOUND. */
+int kex_beam_default_cache_path(char *buf, size_t len, kex_error *err);
+
+typedef struct kex_beam_result {
+  char name[KEX_CACHE_KERNEL_NAME_MAX]; /* kernel name with the chosen opts */
+  char ast_hex[KEX_AST_KEY_HEX];
+  uint32_t nopts;
+  kex_opt opts[KEX_CACHE_MAX_OPTS];     /* the chosen opts (applied to a fresh kernel) */
+  double best_us, hand_us;              /* full-size times of the chosen and the hand-coded kernel */
+  double search_s;                      /* wall time of this call */
+  double beam_us;                       /* the beam's best, reduced-grid extrapolated */
+  double factor;                        /* the reduced-grid factor the beam's best was timed with */
+  bool from_cache, hand_won;
+  uint32_t rounds, compiled, timed;
+  uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
+  double compile_s;                     /* total compile time */
+  char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was reported and ignored, else "" */
+} kex_beam_result;
+
+/* The kernel to optimize: schedule item `item` of s, which was made from graph g with kex_run_replay_opts(cpu). */
+typedef struct kex_beam_target {
+  const kex_graph *graph;
+  const kex_schedule *schedule;
+  uint32_t item;
+  bool cpu;
+} kex_beam_target;
+
+/*
+ * Choose opts for the target on dev: the cached result when opts->cache
+ * has a valid one for (AST key, device identity, search options, codegen
+ * version), else a search whose result is then stored.  *res is filled.
+ */
+int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_opts *opts, kex_beam_result *res,
+                      kex_error *err);
+
+/* Apply opts[n] to k in order: 0, or KEX_EOPT naming the opt that failed (k then holds the ones before it). */
+int kex_beam_apply_opts(kex_kernel *k, const kex_opt *opts, uint32_t n, kex_error *err);
+
+#endif
