@@ -27,6 +27,9 @@
 #include "devices/device.h"
 #include "search/lower.h"
 #include "search/run.h"
+
+int kex_cmd_tune(int argc, char **argv);
+int kex_cmd_cache(int argc, char **argv);
 #endif
 
 static void usage(FILE *f) {
@@ -51,6 +54,10 @@ static void usage(FILE *f) {
         "      --source  print each kernel's rendered source\n"
         "      --json    print {\"kernels\": [{\"name\", \"opts\", \"us\"}],\n"
         "                \"outputs\": [{\"dtype\", \"shape\", \"data\"}]} (data: base64, little-endian)\n"
+        "      --beam N  BEAM-search each kernel (width N) or use the cached result\n"
+        "  tune [--device opencl|cpu] [--beam N] [--json] [--cache PATH|--no-cache] FILE.json\n"
+        "      BEAM-search every kernel in-process and store the results in the cache\n"
+        "  cache ls|show|export|import|rm [--json] [--cache PATH] ...   (kex cache --help)\n"
         "  help        this text\n"
         "\n"
         "exit codes: 0 success, 2 bad input (usage, invalid graph), 1 other errors\n",
@@ -254,21 +261,27 @@ static int cmd_run(int argc, char **argv) {
   static const struct option opts[] = {{"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
                                        {"repeat", required_argument, NULL, 'r'}, {"out", required_argument, NULL, 'o'},
                                        {"source", no_argument, NULL, 's'},      {"help", no_argument, NULL, 'h'},
+                                       {"beam", required_argument, NULL, 'b'},
                                        {0}};
   const char *device = "opencl", *outdir = NULL;
   bool as_json = false, source = false;
-  int repeat = 1, c;
+  int repeat = 1, beam = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "d:jr:o:sh", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "d:jr:o:shb:", opts, NULL)) != -1) {
     switch (c) {
     case 'd': device = optarg; break;
     case 'j': as_json = true; break;
     case 'r': repeat = atoi(optarg); break;
     case 'o': outdir = optarg; break;
     case 's': source = true; break;
+    case 'b': beam = atoi(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
+  }
+  if (beam < 0 || beam > 64) {
+    fprintf(stderr, "kex run: --beam must be between 0 and 64\n");
+    return 2;
   }
   if (repeat < 1 || repeat > 100000) {
     fprintf(stderr, "kex run: --repeat must be between 1 and 100000\n");
@@ -297,7 +310,7 @@ static int cmd_run(int argc, char **argv) {
     ret = rc == KEX_EINVAL ? 2 : 1;
     goto out;
   }
-  kex_run_opts ro = {repeat, source};
+  kex_run_opts ro = {repeat, source, beam};
   if ((rc = kex_run_graph(g, dev, &ro, &res, &err))) {
     fprintf(stderr, "kex run: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
     ret = exit_code(rc);
@@ -372,6 +385,8 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
 #ifdef KEX_HAVE_RUN
   if (strcmp(cmd, "run") == 0) return cmd_run(argc - 1, argv + 1);
+  if (strcmp(cmd, "tune") == 0) return kex_cmd_tune(argc - 1, argv + 1);   /* client/kex_tune.c */
+  if (strcmp(cmd, "cache") == 0) return kex_cmd_cache(argc - 1, argv + 1); /* client/kex_cache.c */
 #else
   if (strcmp(cmd, "run") == 0) {
     fprintf(stderr, "kex run: this build has no kernel runner (devices/ and search/ lowering are missing)\n");

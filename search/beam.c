@@ -247,7 +247,8 @@ typedef struct time_job {
   int runs;
   double factor;
   double early_stop_us; /* INFINITY: none */
-  double us;            /* median x factor */
+  bool use_min;         /* report the fastest run instead of the median */
+  double us;            /* median (or min) x factor */
 } time_job;
 
 /* One warm-up launch, then up to `runs` timed launches (stopping early past early_stop); median x factor. */
@@ -268,7 +269,7 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
   }
   if (rc) return rc;
   qsort(samples, (size_t)n, sizeof *samples, cmp_double);
-  t->us = samples[n / 2];
+  t->us = t->use_min ? samples[0] : samples[n / 2];
   return 0;
 }
 
@@ -544,7 +545,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
   const kex_beam_opts *o = s->o;
   kex_beam_result *res = s->res;
   int rc = 0, width = o->width;
-  candidate *beam[KEX_BEAM_MAX_WIDTH] = {0};
+  candidate *beam[2 * KEX_BEAM_MAX_WIDTH + 1] = {0};
   int nbeam = 1;
   candidate **cands = NULL;
   int ncands = 0, capcands = 0;
@@ -639,27 +640,39 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       res->timed++;
       if (c->us < best_round) best_round = c->us;
       s->prog.best_us = fmin(s->prog.best_us, c->us);
-      report(s, "round");
+      report(s, "search");
     }
     if (rc) break;
-    /* leaders, re-timed together with the current best */
-    int lead[KEX_BEAM_MAX_WIDTH];
-    int nlead = pick_leaders(cands, ncands, width, o->tie_tolerance, lead);
+    /*
+     * Leaders: the best 2N+1 by the tie rule are re-timed together with the
+     * current best.  The relative change between a candidate's first and
+     * second timing measures this round's noise; differences below it (and
+     * below tie_tolerance) are ties, decided by the opts order.
+     */
+    int lead[2 * KEX_BEAM_MAX_WIDTH + 1];
+    int nlead = pick_leaders(cands, ncands, 2 * width + 1, o->tie_tolerance, lead);
+    double noise = 0;
     for (int j = -1; j < nlead && !rc; j++) {
       candidate *c = j < 0 ? beam[0] : cands[lead[j]];
       if (!c->prog) continue;
       time_job tj;
       fill_time_job(s, &c->ps, c->prog, true, &tj);
       tj.runs = o->retime_runs;
+      tj.use_min = true;
       kex_error te = {0};
-      if (!s->exec(o->exec_ctx, s->dev, job_time, &tj, &te)) c->us = tj.us;
+      if (s->exec(o->exec_ctx, s->dev, job_time, &tj, &te)) continue;
+      double lo = fmin(c->us, tj.us);
+      if (lo > 0 && isfinite(c->us)) noise = fmax(noise, fabs(c->us - tj.us) / lo);
+      c->us = tj.us;
     }
-    candidate *lc[KEX_BEAM_MAX_WIDTH];
+    double tol = fmin(KEX_BEAM_MAX_TIE, fmax(o->tie_tolerance, noise));
+    if (tol > res->tie_used) res->tie_used = tol;
+    candidate *lc[2 * KEX_BEAM_MAX_WIDTH + 1];
     for (int j = 0; j < nlead; j++) lc[j] = cands[lead[j]];
-    int order[KEX_BEAM_MAX_WIDTH];
-    int nord = pick_leaders(lc, nlead, nlead, o->tie_tolerance, order);
+    int order[2 * KEX_BEAM_MAX_WIDTH + 1];
+    int nord = pick_leaders(lc, nlead, width, tol, order);
     double prev = beam[0]->us, bestt = nord ? lc[order[0]]->us : INFINITY;
-    double threshold = isfinite(prev) ? fmax(o->min_progress_us, o->tie_tolerance * prev) : o->min_progress_us;
+    double threshold = isfinite(prev) ? fmax(o->min_progress_us, tol * prev) : o->min_progress_us;
     bool exiting = nord == 0 || bestt < o->min_progress_us || !(prev - bestt > threshold);
     if (!exiting) {
       for (int j = 0; j < nbeam; j++) free_candidate(s, beam[j]);
@@ -673,7 +686,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
     }
     for (int i = 0; i < ncands; i++) free_candidate(s, cands[i]);
     ncands = 0;
-    report(s, "round");
+    report(s, "search");
     if (exiting || (o->max_rounds > 0 && (int)round >= o->max_rounds)) break;
   }
   for (int i = 0; i < ncands; i++) free_candidate(s, cands[i]);
@@ -810,8 +823,8 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   }
   const kex_program_src *bps = best->prog && best->ps.src ? &best->ps : &best_ps;
   report(&s, "compare");
-  double th[KEX_BEAM_MAX_RUNS], tb[KEX_BEAM_MAX_RUNS];
-  int nr = opts->retime_runs;
+  double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS];
+  int nr = 2 * opts->retime_runs;
   for (int r = 0; r < nr; r++) {
     time_job a, b;
     fill_time_job(&s, &hand_ps, hand_prog, false, &a);
@@ -824,8 +837,8 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   }
   qsort(th, (size_t)nr, sizeof *th, cmp_double);
   qsort(tb, (size_t)nr, sizeof *tb, cmp_double);
-  res->hand_us = th[nr / 2];
-  double beam_full = tb[nr / 2];
+  res->hand_us = th[0];
+  double beam_full = tb[0];
   res->hand_won = !(beam_full < res->hand_us * (1 - opts->tie_tolerance));
   const kex_kernel *chosen = res->hand_won ? kh : kw;
   res->best_us = res->hand_won ? res->hand_us : beam_full;
