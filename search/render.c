@@ -232,7 +232,12 @@ static const char *code_for_op(rctx *c, kex_op op, const char **o, kex_udtype d,
     if (ocl) return fmt(c, "max(%s,%s)", o[0], o[1]);
     return fmt(c, "((%s>%s)?%s:%s)", o[0], o[1], o[0], o[1]);
   case KEX_OP_MOD:
-    if (kex_dtype_is_float(d.dt)) return render_math(c, "fmod", fmt(c, "%s,%s", o[0], o[1]), d);
+    if (kex_dtype_is_float(d.dt)) {
+      /* a half MOD goes through fmodf: each operand is converted, not the comma expression "(float)(a,b)" */
+      if (!ocl && d.dt == KEX_DT_FLOAT16)
+        return fmt(c, "((%s)fmodf((float)(%s),(float)(%s)))", type_name(c, d), o[0], o[1]);
+      return render_math(c, "fmod", fmt(c, "%s,%s", o[0], o[1]), d);
+    }
     return fmt(c, "(%s%%%s)", o[0], o[1]);
   case KEX_OP_CMPLT: return fmt(c, "(%s<%s)", o[0], o[1]);
   case KEX_OP_CMPEQ: return fmt(c, "(%s==%s)", o[0], o[1]);
