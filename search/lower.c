@@ -306,7 +306,7 @@ static kex_const reduce_init(const kex_lop *r) {
   kex_dtype dt = r->dtype;
   if (r->op == KEX_OP_SUM) return kex_dtype_is_float(dt) ? kex_const_float(0.0) : kex_const_int(0);
   if (kex_dtype_is_int(dt))
-    return kex_dtype_is_unsigned(dt) ? kex_const_int(0) : kex_const_int(-(int64_t)(1ull << (kex_dtype_size(dt) * 8 - 1)));
+    return kex_dtype_is_unsigned(dt) ? kex_const_int(0) : kex_const_int(-(int64_t)((1ull << (kex_dtype_size(dt) * 8 - 1)) - 1) - 1);
   return kex_dtype_is_float(dt) ? kex_const_float(-__builtin_inf()) : kex_const_bool(false);
 }
 
