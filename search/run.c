@@ -65,20 +65,41 @@ static int cmp_double(const void *a, const void *b) {
 
 static size_t buf_bytes(const kex_buffer_info *bi) { return (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype); }
 
-/* Launch prog `runs` times (after a warm-up when runs > 1); *us = median kernel time. */
+/* One launch; *secs = its device time. */
+static int launch_once(kex_program *prog, const kex_program_src *ps, kex_buffer *const *args, double *secs,
+                       kex_error *err) {
+  kex_event *ev = NULL;
+  *secs = 0;
+  int rc = kex_program_launch(prog, ps->global, ps->has_local ? ps->local : NULL, args, (int)ps->nargs, NULL, 0, &ev,
+                              err);
+  if (!rc) rc = kex_event_elapsed(ev, secs, err);
+  kex_event_free(ev);
+  return rc;
+}
+
+#define WARMUP_MIN_LAUNCHES 3
+#define WARMUP_MAX_LAUNCHES 10
+#define WARMUP_SECONDS 0.02
+
+/*
+ * Launch prog `runs` times; *us = the median kernel time.  With runs > 1 the
+ * timed runs follow a warm-up of 3 to 10 launches (until 20 ms of kernel
+ * time): on these VMs freshly written pages run 2-4x slower for the first
+ * launches, which would otherwise land in the median.
+ */
 static int time_launches(kex_program *prog, const kex_program_src *ps, kex_buffer *const *args, int runs, double *us,
                          kex_error *err) {
   double *t = kex_malloc(sizeof *t * (size_t)runs);
   if (!t) return kex_err_set(err, KEX_ENOMEM, "out of memory");
   int rc = 0;
-  for (int i = runs > 1 ? -1 : 0; i < runs && !rc; i++) {
-    kex_event *ev = NULL;
-    double secs = 0;
-    rc = kex_program_launch(prog, ps->global, ps->has_local ? ps->local : NULL, args, (int)ps->nargs, NULL, 0, &ev,
-                            err);
-    if (!rc) rc = kex_event_elapsed(ev, &secs, err);
-    kex_event_free(ev);
-    if (i >= 0) t[i] = secs * 1e6;
+  double warm = 0, secs = 0;
+  for (int w = 0; runs > 1 && !rc && w < WARMUP_MAX_LAUNCHES && (w < WARMUP_MIN_LAUNCHES || warm < WARMUP_SECONDS); w++) {
+    rc = launch_once(prog, ps, args, &secs, err);
+    warm += secs;
+  }
+  for (int i = 0; i < runs && !rc; i++) {
+    rc = launch_once(prog, ps, args, &secs, err);
+    t[i] = secs * 1e6;
   }
   if (!rc) {
     qsort(t, (size_t)runs, sizeof *t, cmp_double);
