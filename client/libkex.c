@@ -1,0 +1,1383 @@
+/*
+ * libkex.c - the C client of kexd on the gRPC C core.
+ *
+ * Every public call is one gRPC call with its own completion queue, driven
+ * synchronously: start a batch, wait for its tag, start the next.  The call
+ * always ends with a batch of its own that receives the status, so a server
+ * error that cuts a stream short still arrives with its message.  Requests
+ * are packed with protobuf-c; replies are unpacked through kex_malloc.
+ *
+ * Graphs arrive as kex.graph.v1 JSON text; graph_from_json builds the
+ * protobuf Graph in an arena that dies with the call.  The conversion is
+ * lenient on purpose: it only refuses what cannot be expressed in protobuf
+ * (a wrong JSON type), and the daemon checks everything else and answers
+ * with a message naming the node.
+ */
+#include "client/libkex.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/status.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/arena.h"
+#include "core/dtype.h"
+#include "kex/v1/kex.pb-c.h"
+
+#define CLIENT_DEFAULT_TIMEOUT_S 60.0
+#define CLIENT_DEFAULT_MAX_MESSAGE (64 << 20)
+#define CLIENT_CERTS_MAX (4 << 20) /* bytes of a root certificate file */
+#define NPY_HEADER_MAX 4096        /* bytes of a .npy header we read */
+
+/* The methods, in the order of the handle table. */
+enum {
+  M_OPEN_JOB,
+  M_CLOSE_JOB,
+  M_UPLOAD,
+  M_DOWNLOAD,
+  M_FREE,
+  M_SUBMIT,
+  M_PLAN,
+  M_LIST_DEVICES,
+  M_GET_STATS,
+  M_COUNT
+};
+
+static const char *const method_paths[M_COUNT] = {
+    "/kex.v1.Kex/OpenJob", "/kex.v1.Kex/CloseJob", "/kex.v1.Kex/Upload",      "/kex.v1.Kex/Download",
+    "/kex.v1.Kex/Free",    "/kex.v1.Kex/Submit",   "/kex.v1.Kex/Plan",        "/kex.v1.Kex/ListDevices",
+    "/kex.v1.Kex/GetStats",
+};
+
+struct kex_client {
+  grpc_channel *channel;
+  void *methods[M_COUNT];
+  grpc_metadata auth;  /* "authorization: Bearer ..." when has_auth */
+  bool has_auth;
+  double timeout_s;
+};
+
+/* ---- status ---- */
+
+static int status_set(kex_status *st, int code, int grpc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int status_set(kex_status *st, int code, int grpc, const char *fmt, ...) {
+  if (st) {
+    va_list ap;
+    st->code = code;
+    st->grpc = grpc;
+    va_start(ap, fmt);
+    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+static void status_ok(kex_status *st) {
+  if (st) {
+    st->code = 0;
+    st->grpc = 0;
+    st->msg[0] = 0;
+  }
+}
+
+int kex_code_from_grpc(int s) {
+  switch (s) {
+  case GRPC_STATUS_OK: return 0;
+  case GRPC_STATUS_CANCELLED: return KEX_ECANCELLED;
+  case GRPC_STATUS_INVALID_ARGUMENT: return KEX_EINVAL;
+  case GRPC_STATUS_OUT_OF_RANGE: return KEX_EINVAL;
+  case GRPC_STATUS_DEADLINE_EXCEEDED: return KEX_EDEADLINE;
+  case GRPC_STATUS_NOT_FOUND: return KEX_ENOTFOUND;
+  case GRPC_STATUS_RESOURCE_EXHAUSTED: return KEX_ELIMIT;
+  case GRPC_STATUS_UNIMPLEMENTED: return KEX_EUNIMPLEMENTED;
+  case GRPC_STATUS_UNAVAILABLE: return KEX_EUNAVAILABLE;
+  case GRPC_STATUS_DATA_LOSS: return KEX_ECORRUPT;
+  default: return KEX_EINTERNAL; /* UNKNOWN, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ... */
+  }
+}
+
+const char *kex_grpc_status_name(int s) {
+  static const char *const names[] = {"OK",
+                                      "CANCELLED",
+                                      "UNKNOWN",
+                                      "INVALID_ARGUMENT",
+                                      "DEADLINE_EXCEEDED",
+                                      "NOT_FOUND",
+                                      "ALREADY_EXISTS",
+                                      "PERMISSION_DENIED",
+                                      "RESOURCE_EXHAUSTED",
+                                      "FAILED_PRECONDITION",
+                                      "ABORTED",
+                                      "OUT_OF_RANGE",
+                                      "UNIMPLEMENTED",
+                                      "INTERNAL",
+                                      "UNAVAILABLE",
+                                      "DATA_LOSS",
+                                      "UNAUTHENTICATED"};
+  return s >= 0 && s < (int)(sizeof names / sizeof names[0]) ? names[s] : "UNKNOWN";
+}
+
+/* ---- protobuf-c through kex_malloc ---- */
+
+static void *pb_alloc(void *ud, size_t size) {
+  (void)ud;
+  return kex_malloc(size);
+}
+
+static void pb_free(void *ud, void *p) {
+  (void)ud;
+  kex_free(p);
+}
+
+static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
+
+/* ---- connect ---- */
+
+/* Read a whole (small) file into a NUL-terminated kex_malloc'd string; NULL on error. */
+static char *read_small_file(const char *path, size_t max) {
+  FILE *f = fopen(path, "rb");
+  char *buf = NULL;
+  size_t n;
+  if (!f) return NULL;
+  if (!(buf = kex_malloc(max + 1))) goto out;
+  n = fread(buf, 1, max, f);
+  if (ferror(f) || n == max) {
+    kex_free(buf);
+    buf = NULL;
+    goto out;
+  }
+  buf[n] = 0;
+out:
+  fclose(f);
+  return buf;
+}
+
+int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client **out, kex_status *st) {
+  kex_client_opts o = {0};
+  grpc_channel_credentials *creds = NULL;
+  char *pem = NULL;
+  kex_client *c = NULL;
+  int rc = 0;
+  *out = NULL;
+  if (opts) o = *opts;
+  if (!addr || !*addr) return status_set(st, KEX_EINVAL, 0, "connect: empty server address");
+  if (!(c = kex_calloc(1, sizeof *c))) return status_set(st, KEX_ENOMEM, 0, "connect: out of memory");
+  grpc_init();
+  c->timeout_s = o.timeout_s > 0 ? o.timeout_s : CLIENT_DEFAULT_TIMEOUT_S;
+  if (o.token && *o.token) {
+    size_t n = strlen(o.token);
+    char *v = kex_malloc(n + 8);
+    if (!v) {
+      rc = status_set(st, KEX_ENOMEM, 0, "connect: out of memory");
+      goto out;
+    }
+    memcpy(v, "Bearer ", 7);
+    memcpy(v + 7, o.token, n + 1);
+    c->auth.key = grpc_slice_from_static_string("authorization");
+    c->auth.value = grpc_slice_from_copied_string(v);
+    c->has_auth = true;
+    kex_free(v);
+  }
+  if (o.root_certs || o.tls) {
+    if (o.root_certs && !(pem = read_small_file(o.root_certs, CLIENT_CERTS_MAX))) {
+      rc = status_set(st, KEX_EINVAL, 0, "connect: cannot read root certificates \"%s\": %s", o.root_certs,
+                      strerror(errno ? errno : EINVAL));
+      goto out;
+    }
+    creds = grpc_ssl_credentials_create(pem, NULL, NULL, NULL);
+  } else {
+    creds = grpc_insecure_credentials_create();
+  }
+  if (!creds) {
+    rc = status_set(st, KEX_EINVAL, 0, "connect: cannot create channel credentials");
+    goto out;
+  }
+  {
+    int max_message = o.max_message > 0 ? o.max_message : CLIENT_DEFAULT_MAX_MESSAGE;
+    grpc_arg args[2];
+    memset(args, 0, sizeof args);
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = max_message;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = max_message;
+    grpc_channel_args chargs = {2, args};
+    c->channel = grpc_channel_create(addr, creds, &chargs);
+  }
+  if (!c->channel) {
+    rc = status_set(st, KEX_EINVAL, 0, "connect: cannot create a channel to \"%s\"", addr);
+    goto out;
+  }
+  for (int i = 0; i < M_COUNT; i++) c->methods[i] = grpc_channel_register_call(c->channel, method_paths[i], NULL, NULL);
+  status_ok(st);
+out:
+  if (creds) grpc_channel_credentials_release(creds);
+  kex_free(pem);
+  if (rc) kex_client_close(c);
+  else *out = c;
+  return rc;
+}
+
+void kex_client_close(kex_client *c) {
+  if (!c) return;
+  if (c->channel) grpc_channel_destroy(c->channel);
+  if (c->has_auth) {
+    grpc_slice_unref(c->auth.key);
+    grpc_slice_unref(c->auth.value);
+  }
+  kex_free(c);
+  grpc_shutdown();
+}
+
+/* ---- one call ---- */
+
+typedef struct rpc {
+  kex_client *client;
+  const char *name; /* method name for messages */
+  grpc_call *call;
+  grpc_completion_queue *cq;
+  grpc_metadata_array initial_md, trailing_md;
+  bool got_initial_md;
+} rpc;
+
+static int rpc_end(rpc *r, kex_status *st);
+
+static gpr_timespec deadline_after(double seconds) {
+  if (seconds <= 0) return gpr_inf_future(GPR_CLOCK_REALTIME);
+  return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                      gpr_time_from_micros((int64_t)(seconds * 1e6), GPR_TIMESPAN));
+}
+
+static int rpc_begin(kex_client *c, int method, double timeout_s, rpc *r, kex_status *st) {
+  memset(r, 0, sizeof *r);
+  r->client = c;
+  r->name = method_paths[method] + strlen("/kex.v1.Kex/");
+  grpc_metadata_array_init(&r->initial_md);
+  grpc_metadata_array_init(&r->trailing_md);
+  r->cq = grpc_completion_queue_create_for_next(NULL);
+  r->call = grpc_channel_create_registered_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq, c->methods[method],
+                                                deadline_after(timeout_s), NULL);
+  if (!r->call) {
+    kex_status ignored;
+    rpc_end(r, &ignored);
+    return status_set(st, KEX_EINTERNAL, 0, "%s: cannot create the call", r->name);
+  }
+  return 0;
+}
+
+/* Run one batch and wait for it: 1 when it succeeded, 0 when it did not (the call is over). */
+static int rpc_batch(rpc *r, grpc_op *ops, size_t n) {
+  grpc_call_error e = grpc_call_start_batch(r->call, ops, n, r, NULL);
+  if (e != GRPC_CALL_OK) return 0;
+  grpc_event ev = grpc_completion_queue_next(r->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+/*
+ * Receive the call's status and release the call.  Returns 0 for OK, else
+ * the mapped kex code with *st holding the server's message.
+ */
+static int rpc_end(rpc *r, kex_status *st) {
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  const char *error_string = NULL;
+  int rc = 0;
+  if (r->call) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &r->trailing_md;
+    op.data.recv_status_on_client.status = &status;
+    op.data.recv_status_on_client.status_details = &details;
+    op.data.recv_status_on_client.error_string = &error_string;
+    if (!rpc_batch(r, &op, 1)) {
+      rc = status_set(st, KEX_EINTERNAL, GRPC_STATUS_UNKNOWN, "%s: the call ended without a status", r->name);
+    } else if (status != GRPC_STATUS_OK) {
+      size_t n = GRPC_SLICE_LENGTH(details);
+      rc = kex_code_from_grpc(status);
+      if (n) {
+        status_set(st, rc, status, "%.*s", (int)(n < KEX_ERROR_MSG_MAX - 1 ? n : KEX_ERROR_MSG_MAX - 1),
+                   (const char *)GRPC_SLICE_START_PTR(details));
+      } else {
+        status_set(st, rc, status, "%s: %s", r->name, kex_grpc_status_name(status));
+      }
+    }
+    grpc_slice_unref(details);
+    if (error_string) gpr_free((void *)error_string);
+    grpc_call_unref(r->call);
+    r->call = NULL;
+  }
+  if (r->cq) {
+    grpc_completion_queue_shutdown(r->cq);
+    while (grpc_completion_queue_next(r->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(r->cq);
+    r->cq = NULL;
+  }
+  grpc_metadata_array_destroy(&r->initial_md);
+  grpc_metadata_array_destroy(&r->trailing_md);
+  return rc;
+}
+
+static void op_send_initial(rpc *r, grpc_op *op) {
+  op->op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (r->client->has_auth) {
+    op->data.send_initial_metadata.count = 1;
+    op->data.send_initial_metadata.metadata = &r->client->auth;
+  }
+}
+
+/* A packed message as a byte buffer (NULL when out of memory). */
+static grpc_byte_buffer *pack(const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  grpc_slice s = grpc_slice_malloc(n);
+  grpc_byte_buffer *bb;
+  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+  bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  return bb;
+}
+
+/* Unpack bb (destroyed) as desc; NULL with *st set when it is not one. */
+static ProtobufCMessage *unpack(rpc *r, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc, kex_status *st) {
+  grpc_byte_buffer_reader rd;
+  ProtobufCMessage *m = NULL;
+  if (!grpc_byte_buffer_reader_init(&rd, bb)) {
+    status_set(st, KEX_ECORRUPT, 0, "%s: unreadable reply", r->name);
+  } else {
+    grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
+    m = protobuf_c_message_unpack(desc, &pb_allocator, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    if (!m) status_set(st, KEX_ECORRUPT, 0, "%s: the reply is not a valid %s (%zu bytes)", r->name, desc->name,
+                       (size_t)GRPC_SLICE_LENGTH(s));
+    grpc_slice_unref(s);
+    grpc_byte_buffer_reader_destroy(&rd);
+  }
+  grpc_byte_buffer_destroy(bb);
+  return m;
+}
+
+/* Send the one request of a unary or server-streaming call and close the sending side. */
+static int rpc_send_request(rpc *r, const ProtobufCMessage *req) {
+  grpc_op ops[3];
+  grpc_byte_buffer *bb = pack(req);
+  int ok;
+  memset(ops, 0, sizeof ops);
+  op_send_initial(r, &ops[0]);
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ok = rpc_batch(r, ops, 3);
+  grpc_byte_buffer_destroy(bb);
+  return ok;
+}
+
+/*
+ * Receive the next message as desc into *out: 1 with a message, 0 at the end
+ * of the stream (or when the call failed: rpc_end says why), -1 with *st set
+ * when the bytes are not a desc.
+ */
+static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, kex_status *st) {
+  grpc_op ops[2];
+  grpc_byte_buffer *bb = NULL;
+  size_t n = 0;
+  *out = NULL;
+  memset(ops, 0, sizeof ops);
+  if (!r->got_initial_md) {
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
+    r->got_initial_md = true;
+  }
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &bb;
+  if (!rpc_batch(r, ops, n) || !bb) {
+    if (bb) grpc_byte_buffer_destroy(bb);
+    return 0;
+  }
+  if (!(*out = unpack(r, bb, desc, st))) return -1;
+  return 1;
+}
+
+/* A unary call: request out, one reply in (*reply owned by the caller, free_msg). */
+static int unary(kex_client *c, int method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *reply_desc,
+                 ProtobufCMessage **reply, kex_status *st) {
+  rpc r;
+  int rc, got = 0;
+  *reply = NULL;
+  if ((rc = rpc_begin(c, method, c->timeout_s, &r, st))) return rc;
+  if (rpc_send_request(&r, req)) got = rpc_recv(&r, reply_desc, reply, st);
+  if (got < 0) {
+    kex_status ignored;
+    rpc_end(&r, &ignored);
+    return st ? st->code : KEX_ECORRUPT;
+  }
+  rc = rpc_end(&r, st);
+  if (!rc && !*reply) rc = status_set(st, KEX_ECORRUPT, 0, "%s: the server sent OK without a reply", r.name);
+  if (rc && *reply) {
+    protobuf_c_message_free_unpacked(*reply, &pb_allocator);
+    *reply = NULL;
+  }
+  if (!rc) status_ok(st);
+  return rc;
+}
+
+static void free_msg(void *m) {
+  if (m) protobuf_c_message_free_unpacked(m, &pb_allocator);
+}
+
+/* ---- jobs ---- */
+
+static void copy_token(char dst[KEX_TOKEN_MAX], const char *src) {
+  snprintf(dst, KEX_TOKEN_MAX, "%s", src ? src : "");
+}
+
+int kex_job_open(kex_client *c, const char *name, uint32_t weight, uint64_t memory_limit, char job[KEX_TOKEN_MAX],
+                 uint32_t *lease_s, kex_status *st) {
+  Kex__V1__OpenJobRequest req = KEX__V1__OPEN_JOB_REQUEST__INIT;
+  Kex__V1__OpenJobReply *rep = NULL;
+  int rc;
+  req.name = (char *)(name ? name : "");
+  req.weight = weight;
+  req.memory_limit = memory_limit;
+  job[0] = 0;
+  if ((rc = unary(c, M_OPEN_JOB, &req.base, &kex__v1__open_job_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+    return rc;
+  copy_token(job, rep->job);
+  if (lease_s) *lease_s = rep->lease_seconds;
+  free_msg(rep);
+  return 0;
+}
+
+int kex_job_close(kex_client *c, const char *job, kex_status *st) {
+  Kex__V1__CloseJobRequest req = KEX__V1__CLOSE_JOB_REQUEST__INIT;
+  ProtobufCMessage *rep = NULL;
+  int rc;
+  req.job = (char *)(job ? job : "");
+  rc = unary(c, M_CLOSE_JOB, &req.base, &kex__v1__close_job_reply__descriptor, &rep, st);
+  free_msg(rep);
+  return rc;
+}
+
+/* ---- buffers ---- */
+
+/* Reads the next up-to-cap bytes of an upload into buf; returns the count or -1 with *st set. */
+typedef long (*upload_reader)(void *ud, void *buf, size_t cap, kex_status *st);
+
+/* Upload: the header, then nbytes from read in chunks, then the reply. */
+static int upload_stream(kex_client *c, const char *job, const char *dtype, int ndim, const int64_t *shape,
+                         const char *device, size_t nbytes, upload_reader read, void *ud, char handle[KEX_TOKEN_MAX],
+                         kex_status *st) {
+  Kex__V1__UploadRequest req = KEX__V1__UPLOAD_REQUEST__INIT;
+  Kex__V1__UploadHeader hdr = KEX__V1__UPLOAD_HEADER__INIT;
+  Kex__V1__UploadReply *rep = NULL;
+  grpc_op ops[3];
+  unsigned char *chunk = NULL;
+  kex_status local_err = {0};
+  bool client_failed = false;
+  rpc r;
+  int rc, got = 0;
+  handle[0] = 0;
+  if (ndim < 0 || ndim > KEX_CLIENT_DIMS_MAX) return status_set(st, KEX_EINVAL, 0, "Upload: %d dims", ndim);
+  if ((rc = rpc_begin(c, M_UPLOAD, 0, &r, st))) return rc;
+  if (!(chunk = kex_malloc(KEX_UPLOAD_CHUNK))) {
+    client_failed = true;
+    status_set(&local_err, KEX_ENOMEM, 0, "Upload: out of memory");
+    grpc_call_cancel(r.call, NULL);
+    goto finish;
+  }
+  hdr.dtype = (char *)dtype;
+  hdr.n_shape = (size_t)ndim;
+  hdr.shape = (int64_t *)shape;
+  hdr.device = (char *)(device ? device : "");
+  req.job = (char *)(job ? job : "");
+  req.part_case = KEX__V1__UPLOAD_REQUEST__PART_HEADER;
+  req.header = &hdr;
+  {
+    grpc_byte_buffer *bb = pack(&req.base);
+    memset(ops, 0, sizeof ops);
+    op_send_initial(&r, &ops[0]);
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+    int ok = rpc_batch(&r, ops, 2);
+    grpc_byte_buffer_destroy(bb);
+    if (!ok) goto finish; /* the server ended the call: rpc_end says why */
+  }
+  req.header = NULL;
+  req.part_case = KEX__V1__UPLOAD_REQUEST__PART_CHUNK;
+  for (size_t sent = 0; sent < nbytes;) {
+    size_t want = nbytes - sent < KEX_UPLOAD_CHUNK ? nbytes - sent : KEX_UPLOAD_CHUNK;
+    long n = read(ud, chunk, want, &local_err);
+    if (n <= 0) {
+      if (n == 0) status_set(&local_err, KEX_EIO, 0, "Upload: the data ended after %zu of %zu bytes", sent, nbytes);
+      client_failed = true;
+      grpc_call_cancel(r.call, NULL);
+      goto finish;
+    }
+    req.chunk.data = chunk;
+    req.chunk.len = (size_t)n;
+    grpc_byte_buffer *bb = pack(&req.base);
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = bb;
+    int ok = rpc_batch(&r, ops, 1);
+    grpc_byte_buffer_destroy(bb);
+    if (!ok) goto finish;
+    sent += (size_t)n;
+  }
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  if (rpc_batch(&r, ops, 1)) got = rpc_recv(&r, &kex__v1__upload_reply__descriptor, (ProtobufCMessage **)&rep, st);
+finish:
+  if (got < 0) {
+    kex_status ignored;
+    rpc_end(&r, &ignored);
+    rc = st ? st->code : KEX_ECORRUPT;
+    goto out;
+  }
+  rc = rpc_end(&r, st);
+  if (client_failed) {
+    if (st) *st = local_err;
+    rc = local_err.code;
+  } else if (!rc && !rep) {
+    rc = status_set(st, KEX_ECORRUPT, 0, "Upload: the server sent OK without a reply");
+  }
+  if (!rc) {
+    copy_token(handle, rep->handle);
+    status_ok(st);
+  }
+out:
+  free_msg(rep);
+  kex_free(chunk);
+  return rc;
+}
+
+typedef struct mem_reader {
+  const unsigned char *p;
+  size_t left;
+} mem_reader;
+
+static long read_mem(void *ud, void *buf, size_t cap, kex_status *st) {
+  mem_reader *m = ud;
+  size_t n = cap < m->left ? cap : m->left;
+  (void)st;
+  memcpy(buf, m->p, n);
+  m->p += n;
+  m->left -= n;
+  return (long)n;
+}
+
+static int dtype_itemsize(const char *dtype) {
+  int dt = dtype ? kex_dtype_from_name(dtype) : -1;
+  return dt < 0 ? -1 : kex_dtype_size((kex_dtype)dt);
+}
+
+/* prod(shape) * itemsize, or -1 when a dim is negative or the product overflows. */
+static long long shape_bytes(int ndim, const int64_t *shape, int itemsize) {
+  long long n = itemsize;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0 || (shape[i] && n > (1ll << 62) / shape[i])) return -1;
+    n *= shape[i];
+  }
+  return n;
+}
+
+int kex_upload(kex_client *c, const char *job, const char *dtype, int ndim, const int64_t *shape, const void *data,
+               size_t nbytes, const char *device, char handle[KEX_TOKEN_MAX], kex_status *st) {
+  int isz = dtype_itemsize(dtype);
+  mem_reader m = {data, nbytes};
+  handle[0] = 0;
+  if (isz < 0) return status_set(st, KEX_EINVAL, 0, "Upload: unknown dtype \"%s\"", dtype ? dtype : "");
+  if (ndim < 0 || ndim > KEX_CLIENT_DIMS_MAX || shape_bytes(ndim, shape, isz) != (long long)nbytes)
+    return status_set(st, KEX_EINVAL, 0, "Upload: %zu bytes do not fill a %s buffer of that shape", nbytes, dtype);
+  return upload_stream(c, job, dtype, ndim, shape, device, nbytes, read_mem, &m, handle, st);
+}
+
+/* ---- .npy ---- */
+
+static const struct {
+  const char *descr, *dtype;
+} npy_types[] = {
+    {"b1", "bool"},   {"i1", "int8"},   {"u1", "uint8"},   {"i2", "int16"},   {"u2", "uint16"},  {"i4", "int32"},
+    {"u4", "uint32"}, {"i8", "int64"},  {"u8", "uint64"},  {"f2", "float16"}, {"f4", "float32"}, {"f8", "float64"},
+};
+
+/* Parse the header of an open .npy file: dtype, shape; the file is left at the data. */
+static int npy_read_header(FILE *f, const char *path, char dtype[32], int *ndim, int64_t *shape, kex_status *st) {
+  unsigned char pre[12];
+  char hdr[NPY_HEADER_MAX + 1];
+  size_t hlen, pre_len;
+  const char *p;
+  if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0)
+    return status_set(st, KEX_EPARSE, 0, "%s: not a .npy file (no \\x93NUMPY magic)", path);
+  if (pre[6] == 1) {
+    hlen = pre[8] | (size_t)pre[9] << 8;
+    pre_len = 10;
+  } else {
+    if (fread(pre + 10, 1, 2, f) != 2) return status_set(st, KEX_EPARSE, 0, "%s: truncated .npy header", path);
+    hlen = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+    pre_len = 12;
+  }
+  (void)pre_len;
+  if (hlen > NPY_HEADER_MAX) return status_set(st, KEX_EPARSE, 0, "%s: .npy header of %zu bytes is too long", path, hlen);
+  if (fread(hdr, 1, hlen, f) != hlen) return status_set(st, KEX_EPARSE, 0, "%s: truncated .npy header", path);
+  hdr[hlen] = 0;
+  if (strstr(hdr, "'fortran_order': True"))
+    return status_set(st, KEX_EPARSE, 0, "%s: Fortran-order arrays are not supported (save with C order)", path);
+  if (!(p = strstr(hdr, "'descr':"))) return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no descr", path);
+  p = strchr(p + 8, '\'');
+  if (!p) return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no descr", path);
+  p++;
+  char order = *p;
+  if (order == '>' && !(p[2] == '1' && p[3] == '\''))
+    return status_set(st, KEX_EPARSE, 0, "%s: big-endian arrays are not supported", path);
+  if (order == '<' || order == '|' || order == '=' || order == '>') p++;
+  dtype[0] = 0;
+  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
+    if (strncmp(p, npy_types[i].descr, 2) == 0 && p[2] == '\'') snprintf(dtype, 32, "%s", npy_types[i].dtype);
+  if (!dtype[0]) {
+    const char *e = strchr(p, '\'');
+    return status_set(st, KEX_EPARSE, 0, "%s: numpy dtype '%.*s' has no kex dtype", path, e ? (int)(e - p) : 8, p);
+  }
+  if (!(p = strstr(hdr, "'shape':")) || !(p = strchr(p, '(')))
+    return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no shape", path);
+  p++;
+  *ndim = 0;
+  for (;;) {
+    while (*p == ' ' || *p == ',') p++;
+    if (*p == ')') break;
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || v < 0) return status_set(st, KEX_EPARSE, 0, "%s: bad .npy shape", path);
+    if (*ndim == KEX_CLIENT_DIMS_MAX)
+      return status_set(st, KEX_EPARSE, 0, "%s: more than %d dims", path, KEX_CLIENT_DIMS_MAX);
+    shape[(*ndim)++] = v;
+    p = end;
+  }
+  return 0;
+}
+
+static long read_file_chunk(void *ud, void *buf, size_t cap, kex_status *st) {
+  FILE *f = ud;
+  size_t n = fread(buf, 1, cap, f);
+  if (n == 0 && ferror(f)) return status_set(st, KEX_EIO, 0, "Upload: read error: %s", strerror(errno)), -1;
+  return (long)n;
+}
+
+int kex_upload_npy(kex_client *c, const char *job, const char *path, const char *device, char handle[KEX_TOKEN_MAX],
+                   kex_status *st) {
+  char dtype[32];
+  int64_t shape[KEX_CLIENT_DIMS_MAX];
+  int ndim = 0, rc;
+  long long nbytes;
+  FILE *f = fopen(path, "rb");
+  handle[0] = 0;
+  if (!f) return status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
+  if ((rc = npy_read_header(f, path, dtype, &ndim, shape, st))) goto out;
+  nbytes = shape_bytes(ndim, shape, dtype_itemsize(dtype));
+  if (nbytes < 0) {
+    rc = status_set(st, KEX_EPARSE, 0, "%s: shape too large", path);
+    goto out;
+  }
+  rc = upload_stream(c, job, dtype, ndim, shape, device, (size_t)nbytes, read_file_chunk, f, handle, st);
+out:
+  fclose(f);
+  return rc;
+}
+
+int kex_buffer_write_npy(const kex_buffer *b, const char *path, kex_status *st) {
+  const char *descr = NULL;
+  char hdr[512], shape[400] = "";
+  size_t off = 0;
+  FILE *f;
+  int rc = 0;
+  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
+    if (strcmp(b->dtype, npy_types[i].dtype) == 0) descr = npy_types[i].descr;
+  if (!descr) return status_set(st, KEX_EINVAL, 0, "%s: numpy has no dtype for %s", path, b->dtype);
+  for (int d = 0; d < b->ndim; d++)
+    off += (size_t)snprintf(shape + off, sizeof shape - off, "%lld%s", (long long)b->shape[d],
+                            b->ndim == 1 ? "," : d + 1 < b->ndim ? ", " : "");
+  int n = snprintf(hdr, sizeof hdr, "{'descr': '%c%s', 'fortran_order': False, 'shape': (%s), }",
+                   descr[1] == '1' ? '|' : '<', descr, shape);
+  int total = 10 + n + 1;
+  int pad = (64 - total % 64) % 64;
+  if (!(f = fopen(path, "wb"))) return status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
+  unsigned hl = (unsigned)(n + pad + 1);
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
+  fwrite(pre, 1, 10, f);
+  fwrite(hdr, 1, (size_t)n, f);
+  for (int i = 0; i < pad; i++) fputc(' ', f);
+  fputc('\n', f);
+  if (b->nbytes) fwrite(b->data, 1, b->nbytes, f);
+  if (ferror(f)) rc = status_set(st, KEX_EIO, 0, "%s: write error", path);
+  if (fclose(f) && !rc) rc = status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
+  if (!rc) status_ok(st);
+  return rc;
+}
+
+/* ---- download, free ---- */
+
+void kex_buffer_free(kex_buffer *b) {
+  if (!b) return;
+  kex_free(b->data);
+  b->data = NULL;
+  b->nbytes = 0;
+}
+
+/* Set dtype and shape of b from protobuf fields. */
+static int buffer_meta(kex_buffer *b, const char *dtype, size_t nshape, const int64_t *shape) {
+  snprintf(b->dtype, sizeof b->dtype, "%s", dtype ? dtype : "");
+  if (nshape > KEX_CLIENT_DIMS_MAX) return -1;
+  b->ndim = (int)nshape;
+  for (size_t i = 0; i < nshape; i++) b->shape[i] = shape[i];
+  return 0;
+}
+
+int kex_download(kex_client *c, const char *job, const char *handle, kex_buffer *out, kex_status *st) {
+  Kex__V1__DownloadRequest req = KEX__V1__DOWNLOAD_REQUEST__INIT;
+  Kex__V1__DownloadChunk *ch = NULL;
+  kex_status local_err = {0};
+  bool client_failed = false, first = true;
+  size_t total = 0;
+  rpc r;
+  int rc, got;
+  memset(out, 0, sizeof *out);
+  req.job = (char *)(job ? job : "");
+  req.handle = (char *)(handle ? handle : "");
+  if ((rc = rpc_begin(c, M_DOWNLOAD, 0, &r, st))) return rc;
+  if (!rpc_send_request(&r, &req.base)) goto finish;
+  while ((got = rpc_recv(&r, &kex__v1__download_chunk__descriptor, (ProtobufCMessage **)&ch, &local_err)) == 1) {
+    if (first) {
+      first = false;
+      total = ch->total_bytes;
+      if (buffer_meta(out, ch->dtype, ch->n_shape, ch->shape) < 0 ||
+          !(out->data = kex_malloc(total ? total : 1))) {
+        status_set(&local_err, total ? KEX_ENOMEM : KEX_ECORRUPT, 0, "Download: cannot hold %zu bytes", total);
+        got = -1;
+      }
+    }
+    if (got == 1 && (ch->offset > total || ch->data.len > total - ch->offset)) {
+      status_set(&local_err, KEX_ECORRUPT, 0, "Download: chunk at %llu of %zu bytes past the %zu-byte buffer",
+                 (unsigned long long)ch->offset, ch->data.len, total);
+      got = -1;
+    }
+    if (got == 1) {
+      if (ch->data.len) memcpy((unsigned char *)out->data + ch->offset, ch->data.data, ch->data.len);
+      out->nbytes += ch->data.len;
+    }
+    free_msg(ch);
+    ch = NULL;
+    if (got < 0) break;
+  }
+  if (got < 0) {
+    client_failed = true;
+    grpc_call_cancel(r.call, NULL);
+  }
+finish:
+  rc = rpc_end(&r, st);
+  if (client_failed) {
+    if (st) *st = local_err;
+    rc = local_err.code;
+  } else if (!rc && first) {
+    rc = status_set(st, KEX_ECORRUPT, 0, "Download: the server sent OK without any chunk");
+  } else if (!rc && out->nbytes != total) {
+    rc = status_set(st, KEX_ECORRUPT, 0, "Download: got %zu of %zu bytes", out->nbytes, total);
+  }
+  if (rc) kex_buffer_free(out);
+  else status_ok(st);
+  return rc;
+}
+
+int kex_free_buffers(kex_client *c, const char *job, const char *const *handles, size_t n, uint32_t *freed,
+                     kex_status *st) {
+  Kex__V1__FreeRequest req = KEX__V1__FREE_REQUEST__INIT;
+  Kex__V1__FreeReply *rep = NULL;
+  int rc;
+  req.job = (char *)(job ? job : "");
+  req.n_handles = n;
+  req.handles = (char **)handles;
+  if ((rc = unary(c, M_FREE, &req.base, &kex__v1__free_reply__descriptor, (ProtobufCMessage **)&rep, st))) return rc;
+  if (freed) *freed = rep->freed;
+  free_msg(rep);
+  return 0;
+}
+
+/* ---- JSON graph -> protobuf Graph ---- */
+
+typedef struct graph_build {
+  kex_arena *arena;
+  kex_status *st;
+} graph_build;
+
+#define GB_FAIL(...)                                                 \
+  do {                                                               \
+    status_set(gb->st, KEX_EPARSE, 0, __VA_ARGS__);                  \
+    return -1;                                                       \
+  } while (0)
+
+static int b64_value(int ch) {
+  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+  if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
+  if (ch >= '0' && ch <= '9') return ch - '0' + 52;
+  if (ch == '+' || ch == '-') return 62;
+  if (ch == '/' || ch == '_') return 63;
+  return -1;
+}
+
+/* Decode base64 s into arena memory; -1 for a character that is not base64. */
+static int b64_decode(kex_arena *a, const char *s, ProtobufCBinaryData *out) {
+  size_t n = strlen(s), o = 0;
+  unsigned char *d = kex_arena_alloc(a, n / 4 * 3 + 3);
+  uint32_t acc = 0;
+  int bits = 0;
+  if (!d) return -2;
+  for (size_t i = 0; i < n; i++) {
+    int v;
+    if (s[i] == '=' || s[i] == '\n' || s[i] == '\r' || s[i] == ' ') continue;
+    if ((v = b64_value((unsigned char)s[i])) < 0) return -1;
+    acc = acc << 6 | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      d[o++] = (unsigned char)(acc >> bits);
+    }
+  }
+  out->data = d;
+  out->len = o;
+  return 0;
+}
+
+static int json_ints(graph_build *gb, uint32_t idx, const char *field, json_t *v, int64_t **out, size_t *n) {
+  size_t i;
+  json_t *x;
+  if (!json_is_array(v)) GB_FAIL("node %u: \"%s\" must be a list of integers", idx, field);
+  *n = json_array_size(v);
+  if (!(*out = kex_arena_alloc(gb->arena, (*n ? *n : 1) * sizeof **out))) GB_FAIL("out of memory");
+  json_array_foreach(v, i, x) {
+    if (!json_is_integer(x)) GB_FAIL("node %u: \"%s\"[%zu] must be an integer", idx, field, i);
+    (*out)[i] = json_integer_value(x);
+  }
+  return 0;
+}
+
+static int json_scalar(graph_build *gb, uint32_t idx, const char *field, json_t *v, Kex__V1__Scalar **out) {
+  Kex__V1__Scalar *s = kex_arena_calloc(gb->arena, 1, sizeof *s);
+  if (!s) GB_FAIL("out of memory");
+  kex__v1__scalar__init(s);
+  if (json_is_integer(v)) {
+    s->kind_case = KEX__V1__SCALAR__KIND_INT_VALUE;
+    s->int_value = json_integer_value(v);
+  } else if (json_is_real(v)) {
+    s->kind_case = KEX__V1__SCALAR__KIND_FLOAT_VALUE;
+    s->float_value = json_real_value(v);
+  } else if (json_is_boolean(v)) {
+    s->kind_case = KEX__V1__SCALAR__KIND_BOOL_VALUE;
+    s->bool_value = json_is_true(v);
+  } else if (json_is_string(v)) {
+    s->kind_case = KEX__V1__SCALAR__KIND_SPECIAL;
+    s->special = kex_arena_strdup(gb->arena, json_string_value(v));
+  } else {
+    GB_FAIL("node %u: \"%s\" must be a number, true/false, or \"inf\"/\"-inf\"/\"nan\"", idx, field);
+  }
+  *out = s;
+  return 0;
+}
+
+static Kex__V1__Ints *make_ints(graph_build *gb, int64_t *v, size_t n) {
+  Kex__V1__Ints *x = kex_arena_calloc(gb->arena, 1, sizeof *x);
+  if (!x) return NULL;
+  kex__v1__ints__init(x);
+  x->values = v;
+  x->n_values = n;
+  return x;
+}
+
+/* The "arg" of a movement op: pairs for PAD/SHRINK (or a list of lists), else one list of ints. */
+static int json_arg(graph_build *gb, uint32_t idx, Kex__V1__Node *n, json_t *v) {
+  bool pairs = strcmp(n->op, "PAD") == 0 || strcmp(n->op, "SHRINK") == 0 ||
+               (json_is_array(v) && json_array_size(v) && json_is_array(json_array_get(v, 0)));
+  if (pairs) {
+    size_t i;
+    json_t *p;
+    Kex__V1__Pairs *ps = kex_arena_calloc(gb->arena, 1, sizeof *ps);
+    if (!json_is_array(v)) GB_FAIL("node %u: \"arg\" must be a list of [a, b] pairs", idx);
+    if (!ps) GB_FAIL("out of memory");
+    kex__v1__pairs__init(ps);
+    ps->n_pairs = json_array_size(v);
+    if (!(ps->pairs = kex_arena_calloc(gb->arena, ps->n_pairs ? ps->n_pairs : 1, sizeof *ps->pairs))) GB_FAIL("out of memory");
+    json_array_foreach(v, i, p) {
+      Kex__V1__Pair *pr = kex_arena_calloc(gb->arena, 1, sizeof *pr);
+      if (!pr) GB_FAIL("out of memory");
+      kex__v1__pair__init(pr);
+      if (!json_is_array(p) || json_array_size(p) != 2 || !json_is_integer(json_array_get(p, 0)) ||
+          !json_is_integer(json_array_get(p, 1)))
+        GB_FAIL("node %u: \"arg\"[%zu] must be a pair of integers", idx, i);
+      pr->first = json_integer_value(json_array_get(p, 0));
+      pr->second = json_integer_value(json_array_get(p, 1));
+      ps->pairs[i] = pr;
+    }
+    n->arg_case = KEX__V1__NODE__ARG_PAIRS;
+    n->pairs = ps;
+    return 0;
+  }
+  int64_t *vals;
+  size_t nv;
+  if (json_ints(gb, idx, "arg", v, &vals, &nv)) return -1;
+  Kex__V1__Ints *ints = make_ints(gb, vals, nv);
+  if (!ints) GB_FAIL("out of memory");
+  if (strcmp(n->op, "PERMUTE") == 0) {
+    n->arg_case = KEX__V1__NODE__ARG_ORDER;
+    n->order = ints;
+  } else if (strcmp(n->op, "STRIDE") == 0) {
+    n->arg_case = KEX__V1__NODE__ARG_STRIDES;
+    n->strides = ints;
+  } else {
+    n->arg_case = KEX__V1__NODE__ARG_NEW_SHAPE;
+    n->new_shape = ints;
+  }
+  return 0;
+}
+
+static int json_node(graph_build *gb, uint32_t idx, json_t *jn, Kex__V1__Node **out) {
+  Kex__V1__Node *n = kex_arena_calloc(gb->arena, 1, sizeof *n);
+  json_t *v;
+  if (!n) GB_FAIL("out of memory");
+  kex__v1__node__init(n);
+  if (!json_is_object(jn)) GB_FAIL("node %u: must be an object", idx);
+  if (!(v = json_object_get(jn, "op")) || !json_is_string(v)) GB_FAIL("node %u: missing \"op\"", idx);
+  n->op = kex_arena_strdup(gb->arena, json_string_value(v));
+  if ((v = json_object_get(jn, "src"))) {
+    int64_t *src;
+    if (json_ints(gb, idx, "src", v, &src, &n->n_src)) return -1;
+    if (!(n->src = kex_arena_alloc(gb->arena, (n->n_src ? n->n_src : 1) * sizeof *n->src))) GB_FAIL("out of memory");
+    for (size_t i = 0; i < n->n_src; i++) {
+      if (src[i] < 0 || src[i] > UINT32_MAX) GB_FAIL("node %u: source %lld is not a node index", idx, (long long)src[i]);
+      n->src[i] = (uint32_t)src[i];
+    }
+  }
+  if ((v = json_object_get(jn, "dtype"))) {
+    if (!json_is_string(v)) GB_FAIL("node %u: \"dtype\" must be a string", idx);
+    n->dtype = kex_arena_strdup(gb->arena, json_string_value(v));
+  }
+  if ((v = json_object_get(jn, "shape")) && json_ints(gb, idx, "shape", v, &n->shape, &n->n_shape)) return -1;
+  if ((v = json_object_get(jn, "arg")) && json_arg(gb, idx, n, v)) return -1;
+  if ((v = json_object_get(jn, "axis"))) {
+    int64_t *ax;
+    if (json_ints(gb, idx, "axis", v, &ax, &n->n_axis)) return -1;
+    if (!(n->axis = kex_arena_alloc(gb->arena, (n->n_axis ? n->n_axis : 1) * sizeof *n->axis))) GB_FAIL("out of memory");
+    for (size_t i = 0; i < n->n_axis; i++) n->axis[i] = (int32_t)ax[i];
+  }
+  if ((v = json_object_get(jn, "value")) && json_scalar(gb, idx, "value", v, &n->value)) return -1;
+  if ((v = json_object_get(jn, "data"))) {
+    int r;
+    if (!json_is_string(v)) GB_FAIL("node %u: \"data\" must be a base64 string", idx);
+    if ((r = b64_decode(gb->arena, json_string_value(v), &n->data)) == -2) GB_FAIL("out of memory");
+    if (r < 0) GB_FAIL("node %u: \"data\" is not base64", idx);
+    n->contents_case = KEX__V1__NODE__CONTENTS_DATA;
+  } else if ((v = json_object_get(jn, "fill"))) {
+    json_t *f;
+    if (!json_is_object(v)) GB_FAIL("node %u: \"fill\" must be an object", idx);
+    if ((f = json_object_get(v, "random"))) {
+      if (!json_is_integer(f) || json_integer_value(f) < 0) GB_FAIL("node %u: fill \"random\" must be a seed >= 0", idx);
+      n->contents_case = KEX__V1__NODE__CONTENTS_FILL_RANDOM;
+      n->fill_random = (uint64_t)json_integer_value(f);
+    } else if ((f = json_object_get(v, "arange"))) {
+      n->contents_case = KEX__V1__NODE__CONTENTS_FILL_ARANGE;
+      n->fill_arange = json_is_true(f);
+    } else if ((f = json_object_get(v, "value"))) {
+      if (json_scalar(gb, idx, "fill.value", f, &n->fill_value)) return -1;
+      n->contents_case = KEX__V1__NODE__CONTENTS_FILL_VALUE;
+    } else {
+      GB_FAIL("node %u: \"fill\" needs one of \"random\", \"arange\", \"value\"", idx);
+    }
+  } else if ((v = json_object_get(jn, "buffer"))) {
+    if (!json_is_string(v)) GB_FAIL("node %u: \"buffer\" must be a handle string", idx);
+    n->contents_case = KEX__V1__NODE__CONTENTS_BUFFER;
+    n->buffer = kex_arena_strdup(gb->arena, json_string_value(v));
+  }
+  if ((v = json_object_get(jn, "device"))) {
+    if (!json_is_string(v)) GB_FAIL("node %u: \"device\" must be a string", idx);
+    n->device = kex_arena_strdup(gb->arena, json_string_value(v));
+  }
+  *out = n;
+  return 0;
+}
+
+/* Parse graph_json into *g (arena memory).  0, or KEX_EPARSE/KEX_ENOMEM with *st set. */
+static int graph_from_json(const char *graph_json, kex_arena *arena, Kex__V1__Graph *g, kex_status *st) {
+  graph_build gbs = {arena, st}, *gb = &gbs;
+  json_error_t jerr;
+  json_t *root = NULL, *gj, *nodes, *outs, *v;
+  int rc = KEX_EPARSE;
+  kex__v1__graph__init(g);
+  if (!graph_json) return status_set(st, KEX_EINVAL, 0, "graph: NULL JSON text");
+  if (!(root = json_loads(graph_json, 0, &jerr))) {
+    status_set(st, KEX_EPARSE, 0, "graph: JSON error at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+    goto out;
+  }
+  gj = root;
+  if (json_is_object(root) && !json_object_get(root, "nodes") && json_is_object(json_object_get(root, "graph")))
+    gj = json_object_get(root, "graph");
+  if (!json_is_object(gj)) {
+    status_set(st, KEX_EPARSE, 0, "graph: the JSON is not an object");
+    goto out;
+  }
+  if ((v = json_object_get(gj, "format")) && json_is_string(v)) g->format = kex_arena_strdup(arena, json_string_value(v));
+  if ((v = json_object_get(gj, "device")) && json_is_string(v)) g->device = kex_arena_strdup(arena, json_string_value(v));
+  nodes = json_object_get(gj, "nodes");
+  outs = json_object_get(gj, "outputs");
+  if (!json_is_array(nodes)) {
+    status_set(st, KEX_EPARSE, 0, "graph: missing \"nodes\" list");
+    goto out;
+  }
+  g->n_nodes = json_array_size(nodes);
+  if (!(g->nodes = kex_arena_calloc(arena, g->n_nodes ? g->n_nodes : 1, sizeof *g->nodes))) {
+    rc = status_set(st, KEX_ENOMEM, 0, "graph: out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < g->n_nodes; i++)
+    if (json_node(gb, (uint32_t)i, json_array_get(nodes, i), &g->nodes[i])) goto out;
+  if (outs) {
+    int64_t *o;
+    size_t n;
+    if (json_ints(gb, 0, "outputs", outs, &o, &n)) {
+      status_set(st, KEX_EPARSE, 0, "graph: \"outputs\" must be a list of node indices");
+      goto out;
+    }
+    if (!(g->outputs = kex_arena_alloc(arena, (n ? n : 1) * sizeof *g->outputs))) {
+      rc = status_set(st, KEX_ENOMEM, 0, "graph: out of memory");
+      goto out;
+    }
+    for (size_t i = 0; i < n; i++) g->outputs[i] = o[i] < 0 || o[i] > UINT32_MAX ? UINT32_MAX : (uint32_t)o[i];
+    g->n_outputs = n;
+  }
+  rc = 0;
+out:
+  json_decref(root);
+  return rc;
+}
+
+/* ---- plan ---- */
+
+static char *dupstr(const char *s) { return kex_strdup(s ? s : ""); }
+
+static uint32_t *dup_u32(const uint32_t *v, size_t n) {
+  uint32_t *d = kex_malloc((n ? n : 1) * sizeof *d);
+  if (d && n) memcpy(d, v, n * sizeof *d);
+  return d;
+}
+
+void kex_plan_free(kex_plan *p) {
+  if (!p) return;
+  for (size_t i = 0; i < p->nitems; i++) {
+    kex_plan_item *it = &p->items[i];
+    kex_free(it->kind);
+    kex_free(it->label);
+    kex_free(it->outputs);
+    kex_free(it->inputs);
+    kex_free(it->planned);
+    for (size_t j = 0; j < it->nast; j++) kex_free(it->ast[j]);
+    kex_free(it->ast);
+  }
+  kex_free(p->items);
+  kex_free(p);
+}
+
+static int plan_copy(const Kex__V1__PlanReply *rep, kex_plan **out) {
+  kex_plan *p = kex_calloc(1, sizeof *p);
+  if (!p) return KEX_ENOMEM;
+  p->kernels = rep->kernels;
+  p->schedule_us = rep->schedule_us;
+  p->intermediate_buffers = rep->intermediate_buffers;
+  p->planned_buffers = rep->planned_buffers;
+  p->bytes_before = rep->bytes_before;
+  p->bytes_after = rep->bytes_after;
+  if (!(p->items = kex_calloc(rep->n_items ? rep->n_items : 1, sizeof *p->items))) goto nomem;
+  for (size_t i = 0; i < rep->n_items; i++) {
+    const Kex__V1__PlanItem *src = rep->items[i];
+    kex_plan_item *it = &p->items[i];
+    p->nitems = i + 1;
+    it->kind = dupstr(src->kind);
+    it->label = dupstr(src->label);
+    it->outputs = dup_u32(src->outputs, src->n_outputs);
+    it->inputs = dup_u32(src->inputs, src->n_inputs);
+    it->planned = dup_u32(src->planned, src->n_planned);
+    it->noutputs = src->n_outputs;
+    it->ninputs = src->n_inputs;
+    it->nplanned = src->n_planned;
+    it->ast = kex_calloc(src->n_ast ? src->n_ast : 1, sizeof *it->ast);
+    if (!it->kind || !it->label || !it->outputs || !it->inputs || !it->planned || !it->ast) goto nomem;
+    for (size_t j = 0; j < src->n_ast; j++) {
+      it->nast = j + 1;
+      if (!(it->ast[j] = dupstr(src->ast[j]))) goto nomem;
+    }
+  }
+  *out = p;
+  return 0;
+nomem:
+  kex_plan_free(p);
+  return KEX_ENOMEM;
+}
+
+int kex_plan_graph(kex_client *c, const char *job, const char *graph_json, kex_plan **out, kex_status *st) {
+  Kex__V1__PlanRequest req = KEX__V1__PLAN_REQUEST__INIT;
+  Kex__V1__Graph g;
+  Kex__V1__PlanReply *rep = NULL;
+  kex_arena arena;
+  int rc;
+  *out = NULL;
+  kex_arena_init(&arena, 0);
+  if ((rc = graph_from_json(graph_json, &arena, &g, st))) goto out;
+  req.job = (char *)(job ? job : "");
+  req.graph = &g;
+  if ((rc = unary(c, M_PLAN, &req.base, &kex__v1__plan_reply__descriptor, (ProtobufCMessage **)&rep, st))) goto out;
+  if ((rc = plan_copy(rep, out))) status_set(st, rc, 0, "Plan: out of memory copying the reply");
+out:
+  free_msg(rep);
+  kex_arena_destroy(&arena);
+  return rc;
+}
+
+/* ---- submit ---- */
+
+void kex_result_free(kex_result *r) {
+  if (!r) return;
+  for (size_t i = 0; i < r->noutputs; i++) kex_buffer_free(&r->outputs[i].buf);
+  for (size_t i = 0; i < r->nkernels; i++) kex_free(r->kernels[i].kernel);
+  kex_free(r->outputs);
+  kex_free(r->kernels);
+  kex_free(r);
+}
+
+static int result_copy(const Kex__V1__Done *d, kex_result **out) {
+  kex_result *r = kex_calloc(1, sizeof *r);
+  if (!r) return KEX_ENOMEM;
+  r->total_us = d->total_us;
+  if (!(r->outputs = kex_calloc(d->n_outputs ? d->n_outputs : 1, sizeof *r->outputs)) ||
+      !(r->kernels = kex_calloc(d->n_kernels ? d->n_kernels : 1, sizeof *r->kernels)))
+    goto nomem;
+  for (size_t i = 0; i < d->n_outputs; i++) {
+    const Kex__V1__Output *o = d->outputs[i];
+    kex_output *ko = &r->outputs[i];
+    r->noutputs = i + 1;
+    copy_token(ko->handle, o->handle);
+    if (buffer_meta(&ko->buf, o->dtype, o->n_shape, o->shape) < 0) goto nomem;
+    ko->has_data = o->has_data;
+    if (o->has_data) {
+      if (!(ko->buf.data = kex_malloc(o->data.len ? o->data.len : 1))) goto nomem;
+      if (o->data.len) memcpy(ko->buf.data, o->data.data, o->data.len);
+      ko->buf.nbytes = o->data.len;
+    }
+  }
+  for (size_t i = 0; i < d->n_kernels; i++) {
+    r->nkernels = i + 1;
+    if (!(r->kernels[i].kernel = dupstr(d->kernels[i]->kernel))) goto nomem;
+    r->kernels[i].compile_us = d->kernels[i]->compile_us;
+    r->kernels[i].run_us = d->kernels[i]->run_us;
+  }
+  *out = r;
+  return 0;
+nomem:
+  kex_result_free(r);
+  return KEX_ENOMEM;
+}
+
+int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex_submit_opts *opts, kex_event_cb cb,
+               void *ud, kex_result **out, kex_status *st) {
+  Kex__V1__SubmitRequest req = KEX__V1__SUBMIT_REQUEST__INIT;
+  Kex__V1__BeamOptions beam = KEX__V1__BEAM_OPTIONS__INIT;
+  Kex__V1__SubmitEvent *ev = NULL;
+  Kex__V1__Graph g;
+  kex_submit_opts o = {0};
+  kex_status local_err = {0};
+  bool client_failed = false;
+  kex_arena arena;
+  rpc r;
+  int rc, got = 0;
+  *out = NULL;
+  if (opts) o = *opts;
+  kex_arena_init(&arena, 0);
+  if ((rc = graph_from_json(graph_json, &arena, &g, st))) goto out;
+  req.job = (char *)(job ? job : "");
+  req.graph = &g;
+  req.return_bytes = o.return_bytes;
+  if (o.beam_width) {
+    beam.beam_width = o.beam_width;
+    req.beam = &beam;
+  }
+  if ((rc = rpc_begin(c, M_SUBMIT, o.timeout_s, &r, st))) goto out;
+  if (!rpc_send_request(&r, &req.base)) goto finish;
+  while ((got = rpc_recv(&r, &kex__v1__submit_event__descriptor, (ProtobufCMessage **)&ev, &local_err)) == 1) {
+    kex_event e;
+    memset(&e, 0, sizeof e);
+    switch (ev->event_case) {
+    case KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED:
+      e.kind = KEX_EVENT_ACCEPTED;
+      e.submission = ev->accepted->submission;
+      if (cb) cb(&e, ud);
+      break;
+    case KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED:
+      e.kind = KEX_EVENT_SCHEDULED;
+      e.kernels = (const char *const *)ev->scheduled->kernels;
+      e.nkernels = ev->scheduled->n_kernels;
+      if (cb) cb(&e, ud);
+      break;
+    case KEX__V1__SUBMIT_EVENT__EVENT_COMPILING:
+    case KEX__V1__SUBMIT_EVENT__EVENT_RUNNING: {
+      bool comp = ev->event_case == KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
+      e.kind = comp ? KEX_EVENT_COMPILING : KEX_EVENT_RUNNING;
+      e.i = comp ? ev->compiling->i : ev->running->i;
+      e.n = comp ? ev->compiling->n : ev->running->n;
+      e.kernel = comp ? ev->compiling->kernel : ev->running->kernel;
+      if (cb) cb(&e, ud);
+      break;
+    }
+    case KEX__V1__SUBMIT_EVENT__EVENT_DONE:
+      if (!*out && result_copy(ev->done, out)) {
+        status_set(&local_err, KEX_ENOMEM, 0, "Submit: out of memory copying the result");
+        got = -1;
+      }
+      break;
+    default: break; /* an event this client does not know: newer server */
+    }
+    free_msg(ev);
+    ev = NULL;
+    if (got < 0) break;
+  }
+  if (got < 0) {
+    client_failed = true;
+    grpc_call_cancel(r.call, NULL);
+  }
+finish:
+  rc = rpc_end(&r, st);
+  if (client_failed) {
+    if (st) *st = local_err;
+    rc = local_err.code;
+  } else if (!rc && !*out) {
+    rc = status_set(st, KEX_ECORRUPT, 0, "Submit: the stream ended OK without a done event");
+  }
+  if (rc) {
+    kex_result_free(*out);
+    *out = NULL;
+  }
+out:
+  kex_arena_destroy(&arena);
+  if (!rc) status_ok(st);
+  return rc;
+}
+
+/* ---- devices, stats ---- */
+
+void kex_devices_free(kex_device_info *d, size_t n) {
+  if (!d) return;
+  for (size_t i = 0; i < n; i++) {
+    kex_free(d[i].name);
+    kex_free(d[i].kind);
+    kex_free(d[i].vendor);
+    kex_free(d[i].device_name);
+    kex_free(d[i].driver_version);
+  }
+  kex_free(d);
+}
+
+int kex_devices(kex_client *c, kex_device_info **out, size_t *n, kex_status *st) {
+  Kex__V1__ListDevicesRequest req = KEX__V1__LIST_DEVICES_REQUEST__INIT;
+  Kex__V1__ListDevicesReply *rep = NULL;
+  kex_device_info *d = NULL;
+  int rc;
+  *out = NULL;
+  *n = 0;
+  if ((rc = unary(c, M_LIST_DEVICES, &req.base, &kex__v1__list_devices_reply__descriptor, (ProtobufCMessage **)&rep,
+                  st)))
+    return rc;
+  if (!(d = kex_calloc(rep->n_devices ? rep->n_devices : 1, sizeof *d))) goto nomem;
+  for (size_t i = 0; i < rep->n_devices; i++) {
+    const Kex__V1__Device *s = rep->devices[i];
+    d[i].name = dupstr(s->name);
+    d[i].kind = dupstr(s->kind);
+    d[i].vendor = dupstr(s->vendor);
+    d[i].device_name = dupstr(s->device_name);
+    d[i].driver_version = dupstr(s->driver_version);
+    d[i].is_default = s->is_default;
+    d[i].available = s->available;
+    if (!d[i].name || !d[i].kind || !d[i].vendor || !d[i].device_name || !d[i].driver_version) {
+      kex_devices_free(d, i + 1);
+      goto nomem;
+    }
+  }
+  *out = d;
+  *n = rep->n_devices;
+  free_msg(rep);
+  return 0;
+nomem:
+  free_msg(rep);
+  return status_set(st, KEX_ENOMEM, 0, "ListDevices: out of memory");
+}
+
+void kex_stats_free(kex_stats *s) {
+  if (!s) return;
+  for (size_t i = 0; i < s->njobs; i++) kex_free(s->jobs[i].name);
+  kex_free(s->jobs);
+  kex_free(s);
+}
+
+int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *st) {
+  Kex__V1__GetStatsRequest req = KEX__V1__GET_STATS_REQUEST__INIT;
+  Kex__V1__StatsReply *rep = NULL;
+  kex_stats *s;
+  int rc;
+  *out = NULL;
+  req.job = (char *)(job ? job : "");
+  if ((rc = unary(c, M_GET_STATS, &req.base, &kex__v1__stats_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+    return rc;
+  if (!(s = kex_calloc(1, sizeof *s)) || !(s->jobs = kex_calloc(rep->n_job_stats ? rep->n_job_stats : 1, sizeof *s->jobs))) {
+    kex_free(s);
+    free_msg(rep);
+    return status_set(st, KEX_ENOMEM, 0, "GetStats: out of memory");
+  }
+  s->jobs_open = rep->jobs_open;
+  s->jobs_opened = rep->jobs_opened;
+  s->jobs_closed = rep->jobs_closed;
+  s->jobs_expired = rep->jobs_expired;
+  s->submissions = rep->submissions;
+  s->plans = rep->plans;
+  s->plan_errors = rep->plan_errors;
+  s->kernels_planned = rep->kernels_planned;
+  s->calls = rep->calls;
+  s->calls_failed = rep->calls_failed;
+  s->uptime_s = rep->uptime_s;
+  s->bytes_held = rep->bytes_held;
+  s->buffers_freed = rep->buffers_freed;
+  for (size_t i = 0; i < rep->n_job_stats; i++) {
+    const Kex__V1__JobStats *j = rep->job_stats[i];
+    kex_job_stats *d = &s->jobs[i];
+    s->njobs = i + 1;
+    if (!(d->name = dupstr(j->name))) {
+      kex_stats_free(s);
+      free_msg(rep);
+      return status_set(st, KEX_ENOMEM, 0, "GetStats: out of memory");
+    }
+    d->weight = j->weight;
+    d->memory_limit = j->memory_limit;
+    d->bytes_held = j->bytes_held;
+    d->buffers = j->buffers;
+    d->queued = j->queued;
+    d->running = j->running;
+    d->items_done = j->items_done;
+    d->device_time_s = j->device_time_s;
+    d->bytes_reserved = j->bytes_reserved;
+  }
+  *out = s;
+  free_msg(rep);
+  return 0;
+}

@@ -1,0 +1,242 @@
+/*
+ * libkex.h - the C client library of kexd.
+ *
+ * One kex_client is one gRPC channel to one kexd.  Every call is
+ * synchronous, takes its own completion queue and may run on any thread at
+ * the same time as the others (the channel is shared, calls are not).
+ *
+ * Errors: every fallible function returns 0 or a negative KEX_E* code
+ * (core/errors.h) and, when `st` is not NULL, fills *st with the code, the
+ * gRPC status the call ended with and the server's message (or, for errors
+ * found in the client, a message naming what was wrong).  gRPC statuses map
+ * back to kex codes with kex_code_from_grpc().
+ *
+ * Graphs are passed as kex.graph.v1 JSON text (shared/graph-format.md), either
+ * the bare graph object or an object with the graph under "graph" (the form
+ * of the test cases); libkex converts them to the protobuf Graph.
+ *
+ * Ownership: strings passed in are borrowed for the duration of the call.
+ * Results are allocated by the library and released with the matching
+ * *_free function; fixed-size outputs (tokens, handles) are written into
+ * caller buffers of KEX_TOKEN_MAX bytes.
+ */
+#ifndef KEX_LIBKEX_H
+#define KEX_LIBKEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/errors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KEX_TOKEN_MAX 128        /* bytes of a job token or buffer handle, NUL included */
+#define KEX_CLIENT_DIMS_MAX 16   /* dims of a buffer's shape */
+#define KEX_UPLOAD_CHUNK (1u << 20) /* bytes per Upload message */
+
+/* Outcome of a call: kex code, gRPC status and message. */
+typedef struct kex_status {
+  int code;                     /* 0 or a KEX_E* code */
+  int grpc;                     /* gRPC status code (0 = OK); 0 for errors found in the client */
+  char msg[KEX_ERROR_MSG_MAX];  /* server's message, or the client's */
+} kex_status;
+
+/* How to connect.  Zero-initialize and set what you need. */
+typedef struct kex_client_opts {
+  const char *token;            /* sent as "authorization: Bearer TOKEN" on every call (NULL = none) */
+  bool tls;                     /* TLS (system roots unless root_certs is set) */
+  const char *root_certs;       /* PEM file of root certificates; implies tls */
+  double timeout_s;             /* deadline of each unary call; 0 = 60 s */
+  int max_message;              /* largest message either way; 0 = 64 MiB */
+} kex_client_opts;
+
+typedef struct kex_client kex_client;
+
+/* The kex code a gRPC status code maps back to (0 for OK). */
+int kex_code_from_grpc(int grpc_status);
+
+/* Name of a gRPC status code ("NOT_FOUND"), "UNKNOWN" for unknown codes. */
+const char *kex_grpc_status_name(int grpc_status);
+
+/*
+ * Connect to kexd at addr ("host:port" or "unix:/path").  opts may be NULL.
+ * The channel connects lazily: an unreachable server shows up as
+ * KEX_EUNAVAILABLE on the first call.  On success *out is a client the caller
+ * owns (kex_client_close); on error *out is NULL.  Returns 0, KEX_EINVAL (bad
+ * address, unreadable root_certs), KEX_ENOMEM.
+ */
+int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client **out, kex_status *st);
+
+/* Close the channel and free the client (NULL is a no-op).  No call may be in flight. */
+void kex_client_close(kex_client *c);
+
+/*
+ * Open a job.  weight 0 means 1; memory_limit 0 means no limit.  The token is
+ * written to job (KEX_TOKEN_MAX bytes); *lease_s (may be NULL) receives the
+ * lease in seconds.  Returns 0 or the call's error.
+ */
+int kex_job_open(kex_client *c, const char *name, uint32_t weight, uint64_t memory_limit, char job[KEX_TOKEN_MAX],
+                 uint32_t *lease_s, kex_status *st);
+
+/* Close a job: its buffers are freed.  NOT_FOUND for an unknown token. */
+int kex_job_close(kex_client *c, const char *job, kex_status *st);
+
+/*
+ * Upload nbytes bytes from data as a buffer of dtype and shape, streamed in
+ * KEX_UPLOAD_CHUNK pieces.  device NULL or "" = the default device.  The
+ * handle (held by the job) is written to handle.  data is borrowed.
+ */
+int kex_upload(kex_client *c, const char *job, const char *dtype, int ndim, const int64_t *shape, const void *data,
+               size_t nbytes, const char *device, char handle[KEX_TOKEN_MAX], kex_status *st);
+
+/*
+ * Upload a .npy file (little-endian, C order) streamed from disk chunk by
+ * chunk; dtype and shape come from its header.  KEX_EPARSE for a file that is
+ * not a .npy kex can read, KEX_EIO when it cannot be read.
+ */
+int kex_upload_npy(kex_client *c, const char *job, const char *path, const char *device, char handle[KEX_TOKEN_MAX],
+                   kex_status *st);
+
+/* A buffer downloaded from kexd. */
+typedef struct kex_buffer {
+  char dtype[32];
+  int ndim;
+  int64_t shape[KEX_CLIENT_DIMS_MAX];
+  void *data;                   /* nbytes bytes, owned by the struct */
+  size_t nbytes;
+} kex_buffer;
+
+/* Download a buffer the job holds into *out (free with kex_buffer_free). */
+int kex_download(kex_client *c, const char *job, const char *handle, kex_buffer *out, kex_status *st);
+
+/* Release a kex_buffer's data (the struct itself is the caller's). */
+void kex_buffer_free(kex_buffer *b);
+
+/* Write b as a .npy file at path.  KEX_EIO, or KEX_EINVAL for a dtype numpy has no name for (bfloat16). */
+int kex_buffer_write_npy(const kex_buffer *b, const char *path, kex_status *st);
+
+/* Free n buffers of the job; *freed (may be NULL) receives how many were. */
+int kex_free_buffers(kex_client *c, const char *job, const char *const *handles, size_t n, uint32_t *freed,
+                     kex_status *st);
+
+/* One schedule item of a plan. */
+typedef struct kex_plan_item {
+  char *kind;                   /* "kernel" or "loadop" */
+  char *label;                  /* "kernel:1out", "LoadOps.EMPTY", ... */
+  uint32_t *outputs, *inputs, *planned;
+  size_t noutputs, ninputs, nplanned;
+  char **ast;                   /* AST lines (postorder) */
+  size_t nast;
+} kex_plan_item;
+
+/* The reply of Plan. */
+typedef struct kex_plan {
+  uint32_t kernels;
+  double schedule_us;
+  kex_plan_item *items;
+  size_t nitems;
+  uint32_t intermediate_buffers, planned_buffers;
+  int64_t bytes_before, bytes_after;
+} kex_plan;
+
+/* Schedule a graph (JSON text) without running it.  *out is owned by the caller (kex_plan_free). */
+int kex_plan_graph(kex_client *c, const char *job, const char *graph_json, kex_plan **out, kex_status *st);
+
+void kex_plan_free(kex_plan *p);
+
+/* Events of a Submit stream, in this order: accepted, scheduled, compiling/running per kernel. */
+typedef enum kex_event_kind {
+  KEX_EVENT_ACCEPTED,
+  KEX_EVENT_SCHEDULED,
+  KEX_EVENT_COMPILING,
+  KEX_EVENT_RUNNING,
+} kex_event_kind;
+
+typedef struct kex_event {
+  kex_event_kind kind;
+  uint64_t submission;          /* ACCEPTED */
+  uint32_t i, n;                /* COMPILING, RUNNING: kernel i of n */
+  const char *kernel;           /* COMPILING, RUNNING: the kernel's name */
+  const char *const *kernels;   /* SCHEDULED: the kernels, in order */
+  size_t nkernels;
+} kex_event;
+
+/* Called for each event on the calling thread; everything it points to lives only during the call. */
+typedef void (*kex_event_cb)(const kex_event *ev, void *ud);
+
+typedef struct kex_submit_opts {
+  bool return_bytes;            /* send every output's bytes with the result */
+  double timeout_s;             /* deadline of the whole submission; 0 = none */
+  uint32_t beam_width;          /* > 0: BEAM-search each kernel */
+} kex_submit_opts;
+
+typedef struct kex_output {
+  char handle[KEX_TOKEN_MAX];   /* held by the job until freed */
+  kex_buffer buf;               /* dtype, shape; data only with return_bytes */
+  bool has_data;
+} kex_output;
+
+typedef struct kex_kernel_time {
+  char *kernel;
+  double compile_us, run_us;
+} kex_kernel_time;
+
+/* The done event of a submission. */
+typedef struct kex_result {
+  kex_output *outputs;
+  size_t noutputs;
+  kex_kernel_time *kernels;
+  size_t nkernels;
+  double total_us;
+} kex_result;
+
+/*
+ * Submit a graph (JSON text): schedule, compile and run it.  cb (may be NULL)
+ * sees each event as it arrives; the done event becomes *out (kex_result_free).
+ * opts may be NULL.  A deadline that passes is KEX_EDEADLINE.  When this
+ * returns an error, *out is NULL (events already delivered stay delivered).
+ */
+int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex_submit_opts *opts, kex_event_cb cb,
+               void *ud, kex_result **out, kex_status *st);
+
+void kex_result_free(kex_result *r);
+
+typedef struct kex_device_info {
+  char *name, *kind, *vendor, *device_name, *driver_version;
+  bool is_default, available;
+} kex_device_info;
+
+/* The devices kexd can run kernels on; *out (n entries) is freed with kex_devices_free. */
+int kex_devices(kex_client *c, kex_device_info **out, size_t *n, kex_status *st);
+
+void kex_devices_free(kex_device_info *d, size_t n);
+
+typedef struct kex_job_stats {
+  char *name;
+  uint32_t weight, buffers, queued, running;
+  uint64_t memory_limit, bytes_held, items_done, bytes_reserved;
+  double device_time_s;
+} kex_job_stats;
+
+typedef struct kex_stats {
+  uint32_t jobs_open;
+  uint64_t jobs_opened, jobs_closed, jobs_expired, submissions, plans, plan_errors, kernels_planned, calls,
+      calls_failed, bytes_held, buffers_freed;
+  double uptime_s;
+  kex_job_stats *jobs;
+  size_t njobs;
+} kex_stats;
+
+/* Server counters; job NULL or "" = every open job, else that job only.  Free with kex_stats_free. */
+int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *st);
+
+void kex_stats_free(kex_stats *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

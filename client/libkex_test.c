@@ -1,0 +1,326 @@
+/*
+ * libkex_test.c - libkex against a real kexd (tests/integration/test_libkex.sh
+ * starts one and passes its address).
+ *
+ * usage: libkex_test ADDR CASES_DIR
+ *
+ * Each check prints "ok - ...", "FAIL - ..." or "skip - ... (reason)"; the
+ * last line is "N passed, N failed" and the exit status is 1 if any failed.
+ * The checks: jobs, Plan kernel counts against tinygrad's for every case in
+ * CASES_DIR, Upload/Download bytes intact (memory and .npy, chunked), Free,
+ * ListDevices, GetStats, the status codes and messages of bad input, an
+ * unreachable server, and Submit (skipped with the server's message while
+ * kexd answers UNIMPLEMENTED).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/libkex.h"
+#include "core/alloc.h"
+
+static int passed, failed;
+
+static void check(int cond, const char *what, const kex_status *st) {
+  if (cond) {
+    passed++;
+    printf("ok - %s\n", what);
+  } else {
+    failed++;
+    printf("FAIL - %s", what);
+    if (st) printf(" (code %d %s, grpc %d: %s)", st->code, kex_errname(st->code), st->grpc, st->msg);
+    printf("\n");
+  }
+}
+
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *s = NULL;
+  long n;
+  if (!f) return NULL;
+  if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 && (s = malloc((size_t)n + 1))) {
+    if (fread(s, 1, (size_t)n, f) != (size_t)n) {
+      free(s);
+      s = NULL;
+    } else {
+      s[n] = 0;
+    }
+  }
+  fclose(f);
+  return s;
+}
+
+/* Plan every case of INDEX.json; count the ones whose kernel count differs from tinygrad's (opencl). */
+static void test_plan_cases(kex_client *c, const char *job, const char *cases) {
+  char path[4096], what[256];
+  json_t *index, *name;
+  json_error_t jerr;
+  size_t i, n = 0, wrong = 0, errors = 0;
+  snprintf(path, sizeof path, "%s/INDEX.json", cases);
+  if (!(index = json_load_file(path, 0, &jerr))) {
+    check(0, "plan: the cases index loads", NULL);
+    return;
+  }
+  json_array_foreach(index, i, name) {
+    snprintf(path, sizeof path, "%s/%s.json", cases, json_string_value(name));
+    char *text = read_text(path);
+    json_t *doc = text ? json_loads(text, 0, &jerr) : NULL;
+    json_t *k = doc ? json_object_get(json_object_get(doc, "kernels"), "opencl") : NULL;
+    if (k && json_is_integer(k)) {
+      kex_plan *p = NULL;
+      kex_status st;
+      n++;
+      if (kex_plan_graph(c, job, text, &p, &st)) {
+        errors++;
+        printf("# %s: %s\n", json_string_value(name), st.msg);
+      } else if ((json_int_t)p->kernels != json_integer_value(k)) {
+        wrong++;
+        printf("# %s: %u kernels, tinygrad %lld\n", json_string_value(name), p->kernels,
+               (long long)json_integer_value(k));
+      }
+      kex_plan_free(p);
+    }
+    json_decref(doc);
+    free(text);
+  }
+  json_decref(index);
+  snprintf(what, sizeof what, "plan: %zu cases planned through kexd, kernel counts equal tinygrad's (%zu differ, %zu errors)",
+           n, wrong, errors);
+  check(n > 50 && wrong == 0 && errors == 0, what, NULL);
+}
+
+static void test_plan_one(kex_client *c, const char *job) {
+  /* softmax of (4,12,64,64) as tinygrad builds it: max, sub, exp, sum, div -> 3 kernels */
+  const char *g =
+      "{\"nodes\":["
+      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4,12,64,64],\"fill\":{\"random\":1}},"
+      "{\"op\":\"REDUCE_MAX\",\"src\":[0],\"axis\":[3]},"
+      "{\"op\":\"EXPAND\",\"src\":[1],\"arg\":[4,12,64,64]},"
+      "{\"op\":\"SUB\",\"src\":[0,2]},"
+      "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":[],\"value\":1.4426950408889634},"
+      "{\"op\":\"RESHAPE\",\"src\":[4],\"arg\":[1,1,1,1]},"
+      "{\"op\":\"EXPAND\",\"src\":[5],\"arg\":[4,12,64,64]},"
+      "{\"op\":\"MUL\",\"src\":[3,6]},"
+      "{\"op\":\"EXP2\",\"src\":[7]},"
+      "{\"op\":\"REDUCE_SUM\",\"src\":[8],\"axis\":[3]},"
+      "{\"op\":\"EXPAND\",\"src\":[9],\"arg\":[4,12,64,64]},"
+      "{\"op\":\"DIV\",\"src\":[8,10]}],\"outputs\":[11]}";
+  kex_plan *p = NULL;
+  kex_status st;
+  int rc = kex_plan_graph(c, job, g, &p, &st);
+  check(rc == 0 && p && p->kernels == 3, "plan: softmax of (4,12,64,64) is 3 kernels", &st);
+  if (p) {
+    size_t kernels = 0, ast = 0;
+    for (size_t i = 0; i < p->nitems; i++) {
+      if (strcmp(p->items[i].kind, "kernel") == 0) kernels++;
+      ast += p->items[i].nast;
+    }
+    check(kernels == 3 && ast > 0 && p->items[p->nitems - 1].noutputs == 1,
+          "plan: the reply's items carry 3 kernel items with AST lines", NULL);
+  }
+  kex_plan_free(p);
+}
+
+static void test_buffers(kex_client *c, const char *job) {
+  kex_status st;
+  char h1[KEX_TOKEN_MAX], h2[KEX_TOKEN_MAX], h3[KEX_TOKEN_MAX];
+  int64_t shape1[2] = {10, 25};
+  float small[250];
+  for (int i = 0; i < 250; i++) small[i] = (float)i * 0.5f - 7.25f;
+  int rc = kex_upload(c, job, "float32", 2, shape1, small, sizeof small, NULL, h1, &st);
+  check(rc == 0 && strlen(h1) > 0, "upload: 1000 bytes of float32 give a handle", &st);
+  kex_buffer b;
+  rc = kex_download(c, job, h1, &b, &st);
+  check(rc == 0 && b.nbytes == sizeof small && memcmp(b.data, small, sizeof small) == 0 &&
+            strcmp(b.dtype, "float32") == 0 && b.ndim == 2 && b.shape[0] == 10 && b.shape[1] == 25,
+        "download: the 1000 bytes, dtype and shape come back intact", &st);
+
+  /* 3.5 MiB: several upload chunks and download chunks */
+  size_t big_n = (size_t)7 << 17; /* int32 elements: 3.5 MiB */
+  int32_t *big = kex_malloc(big_n * sizeof *big);
+  for (size_t i = 0; i < big_n; i++) big[i] = (int32_t)(i * 2654435761u);
+  int64_t shape2[1] = {(int64_t)big_n};
+  rc = kex_upload(c, job, "int32", 1, shape2, big, big_n * sizeof *big, "", h2, &st);
+  check(rc == 0, "upload: 3.5 MiB int32 in chunks", &st);
+  kex_buffer b2;
+  rc = kex_download(c, job, h2, &b2, &st);
+  check(rc == 0 && b2.nbytes == big_n * sizeof *big && memcmp(b2.data, big, b2.nbytes) == 0,
+        "download: 3.5 MiB intact", &st);
+
+  /* .npy round trip through a file */
+  char path[] = "/tmp/libkex_test_XXXXXX";
+  int fd = mkstemp(path);
+  if (fd >= 0) close(fd);
+  rc = kex_buffer_write_npy(&b, path, &st);
+  check(rc == 0, "npy: a downloaded buffer writes as .npy", &st);
+  rc = kex_upload_npy(c, job, path, NULL, h3, &st);
+  check(rc == 0, "upload: a .npy file streams from disk", &st);
+  kex_buffer b3;
+  rc = kex_download(c, job, h3, &b3, &st);
+  check(rc == 0 && b3.nbytes == b.nbytes && memcmp(b3.data, b.data, b.nbytes) == 0 && b3.ndim == 2 &&
+            b3.shape[1] == 25,
+        "download: the .npy upload is the same bytes and shape", &st);
+  unlink(path);
+  kex_buffer_free(&b3);
+  kex_buffer_free(&b2);
+  kex_buffer_free(&b);
+  kex_free(big);
+
+  /* stats: our job holds 3 buffers */
+  kex_stats *s = NULL;
+  rc = kex_get_stats(c, job, &s, &st);
+  check(rc == 0 && s && s->njobs == 1 && s->jobs[0].buffers == 3 && strcmp(s->jobs[0].name, "libkex_test") == 0 &&
+            s->calls > 0 && s->jobs_open >= 1,
+        "stats: the job holds its 3 buffers", &st);
+  kex_stats_free(s);
+
+  const char *hs[2] = {h1, h2};
+  uint32_t freed = 0;
+  rc = kex_free_buffers(c, job, hs, 2, &freed, &st);
+  check(rc == 0 && freed == 2, "free: 2 buffers freed", &st);
+  rc = kex_download(c, job, h1, &b, &st);
+  check(rc == KEX_ENOTFOUND && st.grpc == 5 && strstr(st.msg, h1) != NULL,
+        "download of a freed handle: NOT_FOUND naming the handle", &st);
+  printf("# %s\n", st.msg);
+
+  /* client-side refusal: the bytes do not fill the shape */
+  rc = kex_upload(c, job, "float32", 2, shape1, small, 12, NULL, h1, &st);
+  check(rc == KEX_EINVAL && st.grpc == 0 && strstr(st.msg, "12 bytes"), "upload: a short buffer is refused in the client",
+        &st);
+  rc = kex_upload(c, job, "float99", 2, shape1, small, 12, NULL, h1, &st);
+  check(rc == KEX_EINVAL && strstr(st.msg, "float99"), "upload: an unknown dtype is refused", &st);
+}
+
+static void test_errors(kex_client *c, const char *job) {
+  kex_status st;
+  kex_plan *p = NULL;
+  int rc = kex_job_close(c, "0123456789abcdef0123456789abcdef", &st);
+  check(rc == KEX_ENOTFOUND && st.grpc == 5 && strstr(st.msg, "unknown job token"),
+        "close of an unknown job: NOT_FOUND with the server's message", &st);
+  printf("# %s\n", st.msg);
+  rc = kex_plan_graph(c, job, "{\"nodes\":[{\"op\":\"FROB\"}],\"outputs\":[0]}", &p, &st);
+  check(rc == KEX_EINVAL && st.grpc == 3 && strstr(st.msg, "node 0") && strstr(st.msg, "FROB"),
+        "plan of an unknown op: INVALID_ARGUMENT naming node 0", &st);
+  printf("# %s\n", st.msg);
+  rc = kex_plan_graph(c, job,
+                      "{\"nodes\":[{\"op\":\"EMPTY\",\"dtype\":\"float32\",\"shape\":[4]},"
+                      "{\"op\":\"RESHAPE\",\"src\":[0],\"arg\":[3]}],\"outputs\":[1]}",
+                      &p, &st);
+  check(rc == KEX_EINVAL && st.grpc == 3 && strstr(st.msg, "node 1"),
+        "plan of a reshape that changes the element count: INVALID_ARGUMENT naming node 1", &st);
+  printf("# %s\n", st.msg);
+  rc = kex_plan_graph(c, "", "{\"nodes\":[],\"outputs\":[]}", &p, &st);
+  check(rc == KEX_EINVAL && st.grpc == 3 && strstr(st.msg, "job"), "plan without a job: INVALID_ARGUMENT", &st);
+  rc = kex_plan_graph(c, job, "{\"nodes\": [", &p, &st);
+  check(rc == KEX_EPARSE && st.grpc == 0 && strstr(st.msg, "JSON"), "plan of broken JSON: refused in the client", &st);
+  rc = kex_plan_graph(c, job, "{\"nodes\":[{\"op\":\"EMPTY\",\"shape\":\"x\"}]}", &p, &st);
+  check(rc == KEX_EPARSE && strstr(st.msg, "node 0"), "plan of a wrongly typed field: refused naming the node", &st);
+  kex_buffer b;
+  rc = kex_download(c, job, "nosuchhandle", &b, &st);
+  check(rc == KEX_ENOTFOUND && st.grpc == 5, "download of an unknown handle: NOT_FOUND", &st);
+  check(kex_code_from_grpc(3) == KEX_EINVAL && kex_code_from_grpc(5) == KEX_ENOTFOUND &&
+            kex_code_from_grpc(8) == KEX_ELIMIT && kex_code_from_grpc(12) == KEX_EUNIMPLEMENTED &&
+            kex_code_from_grpc(14) == KEX_EUNAVAILABLE && kex_code_from_grpc(4) == KEX_EDEADLINE &&
+            kex_code_from_grpc(0) == 0 && kex_code_from_grpc(16) == KEX_EINTERNAL,
+        "gRPC statuses map back to kex codes", NULL);
+}
+
+static void on_event(const kex_event *ev, void *ud) {
+  int *seen = ud;
+  seen[ev->kind]++;
+}
+
+static void test_submit(kex_client *c, const char *job) {
+  /* (a + b) * 2 on float32[4], inline data */
+  const char *g =
+      "{\"nodes\":["
+      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AACAPwAAAEAAAEBAAACAQA==\"},"
+      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AAAgQQAAoEEAAPBBAAAgQg==\"},"
+      "{\"op\":\"ADD\",\"src\":[0,1]},"
+      "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":[4],\"value\":2.0},"
+      "{\"op\":\"MUL\",\"src\":[2,3]}],\"outputs\":[4]}";
+  kex_submit_opts o = {.return_bytes = true, .timeout_s = 120};
+  kex_result *r = NULL;
+  kex_status st;
+  int seen[4] = {0};
+  int rc = kex_submit(c, job, g, &o, on_event, seen, &r, &st);
+  if (rc == KEX_EUNIMPLEMENTED) {
+    printf("skip - submit: (a+b)*2 (kexd answers UNIMPLEMENTED: %s)\n", st.msg);
+    return;
+  }
+  check(rc == 0 && r && r->noutputs == 1, "submit: (a+b)*2 finishes with one output", &st);
+  if (rc || !r) return;
+  const kex_output *out = &r->outputs[0];
+  float want[4] = {22, 44, 66, 88}, got[4] = {0};
+  kex_buffer b = {0};
+  if (out->has_data && out->buf.nbytes == sizeof got) {
+    memcpy(got, out->buf.data, sizeof got);
+  } else if (kex_download(c, job, out->handle, &b, &st) == 0 && b.nbytes == sizeof got) {
+    memcpy(got, b.data, sizeof got);
+  }
+  kex_buffer_free(&b);
+  check(memcmp(got, want, sizeof got) == 0 && strcmp(out->buf.dtype, "float32") == 0,
+        "submit: the output is [22, 44, 66, 88] float32", &st);
+  check(seen[KEX_EVENT_ACCEPTED] == 1 && seen[KEX_EVENT_SCHEDULED] == 1, "submit: accepted and scheduled events arrive",
+        NULL);
+  kex_result_free(r);
+  o.timeout_s = 1e-6;
+  rc = kex_submit(c, job, g, &o, NULL, NULL, &r, &st);
+  check(rc == KEX_EDEADLINE && !r, "submit: a deadline that passes is KEX_EDEADLINE", &st);
+}
+
+int main(int argc, char **argv) {
+  kex_client *c = NULL, *dead = NULL;
+  kex_status st;
+  char job[KEX_TOKEN_MAX];
+  uint32_t lease = 0;
+  if (argc != 3) {
+    fprintf(stderr, "usage: libkex_test ADDR CASES_DIR\n");
+    return 2;
+  }
+  int rc = kex_client_connect(argv[1], &(kex_client_opts){.token = "test-token"}, &c, &st);
+  check(rc == 0 && c, "connect", &st);
+  if (rc) goto out;
+  rc = kex_job_open(c, "libkex_test", 2, 0, job, &lease, &st);
+  check(rc == 0 && strlen(job) >= 32 && lease > 0, "job open: a token and a lease", &st);
+  if (rc) goto out;
+
+  kex_device_info *devs = NULL;
+  size_t ndev = 0, ndefault = 0;
+  rc = kex_devices(c, &devs, &ndev, &st);
+  for (size_t i = 0; i < ndev; i++) {
+    ndefault += devs[i].is_default;
+    printf("# device %s (%s, %s) %s%s\n", devs[i].name, devs[i].kind, devs[i].device_name,
+           devs[i].available ? "available" : "unavailable", devs[i].is_default ? ", default" : "");
+  }
+  check(rc == 0 && ndev >= 1 && ndefault == 1 && devs[0].name[0], "devices: at least one, exactly one default", &st);
+  kex_devices_free(devs, ndev);
+
+  test_plan_one(c, job);
+  test_plan_cases(c, job, argv[2]);
+  test_buffers(c, job);
+  test_errors(c, job);
+  test_submit(c, job);
+
+  rc = kex_job_close(c, job, &st);
+  check(rc == 0, "job close", &st);
+  kex_plan *p = NULL;
+  rc = kex_plan_graph(c, job, "{\"nodes\":[],\"outputs\":[]}", &p, &st);
+  check(rc == KEX_ENOTFOUND, "a closed job's token is NOT_FOUND", &st);
+
+  rc = kex_client_connect("127.0.0.1:1", NULL, &dead, &st);
+  if (rc == 0) rc = kex_job_open(dead, "x", 0, 0, job, NULL, &st);
+  check(rc == KEX_EUNAVAILABLE && st.grpc == 14, "an unreachable server is UNAVAILABLE", &st);
+  kex_client_close(dead);
+  dead = NULL;
+  rc = kex_client_connect("127.0.0.1:1", &(kex_client_opts){.root_certs = "/nonexistent/ca.pem"}, &dead, &st);
+  check(rc == KEX_EINVAL && !dead && strstr(st.msg, "/nonexistent/ca.pem"), "TLS with an unreadable root cert file",
+        &st);
+out:
+  kex_client_close(c);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# test_libkex.sh - libkex end to end: start a real kexd on a free 127.0.0.1
+# port, wait until it answers, run the C test program libkex_test against it
+# (jobs, plan kernel counts, upload/download, devices, stats, error codes and
+# messages, submit or a skip line while Submit is UNIMPLEMENTED), then stop
+# kexd with SIGTERM and check it exits 0 and never crashed.
+#
+# Env: KEX_BUILD_DIR (default build: $KEX_BUILD_DIR/daemon/kexd and
+# $KEX_BUILD_DIR/client/libkex_test), KEX_CASES_DIR (default ../shared/cases).
+# The last line of the output is "N passed, N failed"; exit 1 on any failure.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+PY=/usr/bin/python3
+build=${KEX_BUILD_DIR:-build}
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+cases=${KEX_CASES_DIR:-$root/../shared/cases}
+
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok - $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL - $1"; }
+finish() {
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit $?
+}
+
+kexd=${KEXD:-$build/daemon/kexd}
+testprog=$build/client/libkex_test
+[ -x "$kexd" ] || { bad "kexd is built ($kexd not found)"; finish; }
+[ -x "$testprog" ] || { bad "libkex_test is built ($testprog not found)"; finish; }
+
+tmp=$(mktemp -d)
+pid=""
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$kexd" --listen "127.0.0.1:$port" --grace 2 >"$tmp/kexd.log" 2>&1 &
+pid=$!
+up=0
+for _ in $(seq 1 100); do
+  if $PY -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2)' "$port" 2>/dev/null; then
+    up=1
+    break
+  fi
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ "$up" = 1 ]; then ok "kexd listens on 127.0.0.1:$port"; else
+  bad "kexd listens on 127.0.0.1:$port"
+  cat "$tmp/kexd.log"
+  finish
+fi
+
+timeout 300 "$testprog" "127.0.0.1:$port" "$cases" | tee "$tmp/test.out"
+rc=${PIPESTATUS[0]}
+last=$(tail -n 1 "$tmp/test.out")
+if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  passed=$((passed + BASH_REMATCH[1]))
+  failed=$((failed + BASH_REMATCH[2]))
+  [ "$rc" -le 1 ] || bad "libkex_test exits cleanly (rc $rc)"
+else
+  bad "libkex_test printed its closing line (rc $rc, got: $last)"
+fi
+
+if kill -0 "$pid" 2>/dev/null; then
+  kill -TERM "$pid"
+  wait "$pid"
+  rc=$?
+  pid=""
+  if [ "$rc" -eq 0 ]; then ok "kexd exits 0 at SIGTERM"; else bad "kexd exits 0 at SIGTERM (rc $rc)"; fi
+else
+  bad "kexd is still running after the test program"
+fi
+if grep -qiE 'AddressSanitizer|runtime error|Segmentation|Aborted' "$tmp/kexd.log"; then
+  bad "kexd log is free of sanitizer reports and crashes"
+  cat "$tmp/kexd.log"
+else
+  ok "kexd log is free of sanitizer reports and crashes"
+fi
+finish
