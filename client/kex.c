@@ -58,6 +58,8 @@ static void usage(FILE *f) {
         "  tune [--device opencl|cpu] [--beam N] [--json] [--cache PATH|--no-cache] FILE.json\n"
         "      BEAM-search every kernel in-process and store the results in the cache\n"
         "  cache ls|show|export|import|rm [--json] [--cache PATH] ...   (kex cache --help)\n"
+        "  --server ADDR plan|run|devices|stats|upload|download|job ...\n"
+        "              against a running kexd (KEX_SERVER=ADDR too; kex --server ADDR help)\n"
         "  help        this text\n"
         "\n"
         "exit codes: 0 success, 2 bad input (usage, invalid graph), 1 other errors\n",
@@ -372,7 +374,15 @@ out:
 }
 #endif
 
+#ifdef KEX_HAVE_LIBKEX
+int kex_remote_main(int argc, char **argv); /* client/kex_remote.c: -1 = not a server command line */
+#endif
+
 int main(int argc, char **argv) {
+#ifdef KEX_HAVE_LIBKEX
+  int remote_rc = kex_remote_main(argc, argv);
+  if (remote_rc >= 0) return remote_rc;
+#endif
   if (argc < 2) {
     usage(stderr);
     return 2;

@@ -695,7 +695,7 @@ out:
   return rc;
 }
 
-int kex_buffer_write_npy(const kex_buffer *b, const char *path, kex_status *st) {
+int kex_array_write_npy(const kex_array *b, const char *path, kex_status *st) {
   const char *descr = NULL;
   char hdr[512], shape[400] = "";
   size_t off = 0;
@@ -727,7 +727,7 @@ int kex_buffer_write_npy(const kex_buffer *b, const char *path, kex_status *st) 
 
 /* ---- download, free ---- */
 
-void kex_buffer_free(kex_buffer *b) {
+void kex_array_free(kex_array *b) {
   if (!b) return;
   kex_free(b->data);
   b->data = NULL;
@@ -735,7 +735,7 @@ void kex_buffer_free(kex_buffer *b) {
 }
 
 /* Set dtype and shape of b from protobuf fields. */
-static int buffer_meta(kex_buffer *b, const char *dtype, size_t nshape, const int64_t *shape) {
+static int buffer_meta(kex_array *b, const char *dtype, size_t nshape, const int64_t *shape) {
   snprintf(b->dtype, sizeof b->dtype, "%s", dtype ? dtype : "");
   if (nshape > KEX_CLIENT_DIMS_MAX) return -1;
   b->ndim = (int)nshape;
@@ -743,7 +743,7 @@ static int buffer_meta(kex_buffer *b, const char *dtype, size_t nshape, const in
   return 0;
 }
 
-int kex_download(kex_client *c, const char *job, const char *handle, kex_buffer *out, kex_status *st) {
+int kex_download(kex_client *c, const char *job, const char *handle, kex_array *out, kex_status *st) {
   Kex__V1__DownloadRequest req = KEX__V1__DOWNLOAD_REQUEST__INIT;
   Kex__V1__DownloadChunk *ch = NULL;
   kex_status local_err = {0};
@@ -793,7 +793,7 @@ finish:
   } else if (!rc && out->nbytes != total) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Download: got %zu of %zu bytes", out->nbytes, total);
   }
-  if (rc) kex_buffer_free(out);
+  if (rc) kex_array_free(out);
   else status_ok(st);
   return rc;
 }
@@ -1152,7 +1152,7 @@ out:
 
 void kex_result_free(kex_result *r) {
   if (!r) return;
-  for (size_t i = 0; i < r->noutputs; i++) kex_buffer_free(&r->outputs[i].buf);
+  for (size_t i = 0; i < r->noutputs; i++) kex_array_free(&r->outputs[i].buf);
   for (size_t i = 0; i < r->nkernels; i++) kex_free(r->kernels[i].kernel);
   kex_free(r->outputs);
   kex_free(r->kernels);
@@ -1192,7 +1192,7 @@ nomem:
   return KEX_ENOMEM;
 }
 
-int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex_submit_opts *opts, kex_event_cb cb,
+int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex_submit_opts *opts, kex_submit_cb cb,
                void *ud, kex_result **out, kex_status *st) {
   Kex__V1__SubmitRequest req = KEX__V1__SUBMIT_REQUEST__INIT;
   Kex__V1__BeamOptions beam = KEX__V1__BEAM_OPTIONS__INIT;
@@ -1218,7 +1218,7 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
   if ((rc = rpc_begin(c, M_SUBMIT, o.timeout_s, &r, st))) goto out;
   if (!rpc_send_request(&r, &req.base)) goto finish;
   while ((got = rpc_recv(&r, &kex__v1__submit_event__descriptor, (ProtobufCMessage **)&ev, &local_err)) == 1) {
-    kex_event e;
+    kex_submit_event e;
     memset(&e, 0, sizeof e);
     switch (ev->event_case) {
     case KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED:
@@ -1278,7 +1278,7 @@ out:
 
 /* ---- devices, stats ---- */
 
-void kex_devices_free(kex_device_info *d, size_t n) {
+void kex_remote_devices_free(kex_remote_device *d, size_t n) {
   if (!d) return;
   for (size_t i = 0; i < n; i++) {
     kex_free(d[i].name);
@@ -1290,10 +1290,10 @@ void kex_devices_free(kex_device_info *d, size_t n) {
   kex_free(d);
 }
 
-int kex_devices(kex_client *c, kex_device_info **out, size_t *n, kex_status *st) {
+int kex_list_devices(kex_client *c, kex_remote_device **out, size_t *n, kex_status *st) {
   Kex__V1__ListDevicesRequest req = KEX__V1__LIST_DEVICES_REQUEST__INIT;
   Kex__V1__ListDevicesReply *rep = NULL;
-  kex_device_info *d = NULL;
+  kex_remote_device *d = NULL;
   int rc;
   *out = NULL;
   *n = 0;
@@ -1311,7 +1311,7 @@ int kex_devices(kex_client *c, kex_device_info **out, size_t *n, kex_status *st)
     d[i].is_default = s->is_default;
     d[i].available = s->available;
     if (!d[i].name || !d[i].kind || !d[i].vendor || !d[i].device_name || !d[i].driver_version) {
-      kex_devices_free(d, i + 1);
+      kex_remote_devices_free(d, i + 1);
       goto nomem;
     }
   }

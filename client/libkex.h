@@ -101,22 +101,22 @@ int kex_upload_npy(kex_client *c, const char *job, const char *path, const char 
                    kex_status *st);
 
 /* A buffer downloaded from kexd. */
-typedef struct kex_buffer {
+typedef struct kex_array {
   char dtype[32];
   int ndim;
   int64_t shape[KEX_CLIENT_DIMS_MAX];
   void *data;                   /* nbytes bytes, owned by the struct */
   size_t nbytes;
-} kex_buffer;
+} kex_array;
 
-/* Download a buffer the job holds into *out (free with kex_buffer_free). */
-int kex_download(kex_client *c, const char *job, const char *handle, kex_buffer *out, kex_status *st);
+/* Download a buffer the job holds into *out (free with kex_array_free). */
+int kex_download(kex_client *c, const char *job, const char *handle, kex_array *out, kex_status *st);
 
-/* Release a kex_buffer's data (the struct itself is the caller's). */
-void kex_buffer_free(kex_buffer *b);
+/* Release a kex_array's data (the struct itself is the caller's). */
+void kex_array_free(kex_array *b);
 
 /* Write b as a .npy file at path.  KEX_EIO, or KEX_EINVAL for a dtype numpy has no name for (bfloat16). */
-int kex_buffer_write_npy(const kex_buffer *b, const char *path, kex_status *st);
+int kex_array_write_npy(const kex_array *b, const char *path, kex_status *st);
 
 /* Free n buffers of the job; *freed (may be NULL) receives how many were. */
 int kex_free_buffers(kex_client *c, const char *job, const char *const *handles, size_t n, uint32_t *freed,
@@ -148,24 +148,24 @@ int kex_plan_graph(kex_client *c, const char *job, const char *graph_json, kex_p
 void kex_plan_free(kex_plan *p);
 
 /* Events of a Submit stream, in this order: accepted, scheduled, compiling/running per kernel. */
-typedef enum kex_event_kind {
+typedef enum kex_submit_event_kind {
   KEX_EVENT_ACCEPTED,
   KEX_EVENT_SCHEDULED,
   KEX_EVENT_COMPILING,
   KEX_EVENT_RUNNING,
-} kex_event_kind;
+} kex_submit_event_kind;
 
-typedef struct kex_event {
-  kex_event_kind kind;
+typedef struct kex_submit_event {
+  kex_submit_event_kind kind;
   uint64_t submission;          /* ACCEPTED */
   uint32_t i, n;                /* COMPILING, RUNNING: kernel i of n */
   const char *kernel;           /* COMPILING, RUNNING: the kernel's name */
   const char *const *kernels;   /* SCHEDULED: the kernels, in order */
   size_t nkernels;
-} kex_event;
+} kex_submit_event;
 
 /* Called for each event on the calling thread; everything it points to lives only during the call. */
-typedef void (*kex_event_cb)(const kex_event *ev, void *ud);
+typedef void (*kex_submit_cb)(const kex_submit_event *ev, void *ud);
 
 typedef struct kex_submit_opts {
   bool return_bytes;            /* send every output's bytes with the result */
@@ -175,7 +175,7 @@ typedef struct kex_submit_opts {
 
 typedef struct kex_output {
   char handle[KEX_TOKEN_MAX];   /* held by the job until freed */
-  kex_buffer buf;               /* dtype, shape; data only with return_bytes */
+  kex_array buf;               /* dtype, shape; data only with return_bytes */
   bool has_data;
 } kex_output;
 
@@ -199,20 +199,20 @@ typedef struct kex_result {
  * opts may be NULL.  A deadline that passes is KEX_EDEADLINE.  When this
  * returns an error, *out is NULL (events already delivered stay delivered).
  */
-int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex_submit_opts *opts, kex_event_cb cb,
+int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex_submit_opts *opts, kex_submit_cb cb,
                void *ud, kex_result **out, kex_status *st);
 
 void kex_result_free(kex_result *r);
 
-typedef struct kex_device_info {
+typedef struct kex_remote_device {
   char *name, *kind, *vendor, *device_name, *driver_version;
   bool is_default, available;
-} kex_device_info;
+} kex_remote_device;
 
-/* The devices kexd can run kernels on; *out (n entries) is freed with kex_devices_free. */
-int kex_devices(kex_client *c, kex_device_info **out, size_t *n, kex_status *st);
+/* The devices kexd can run kernels on; *out (n entries) is freed with kex_remote_devices_free. */
+int kex_list_devices(kex_client *c, kex_remote_device **out, size_t *n, kex_status *st);
 
-void kex_devices_free(kex_device_info *d, size_t n);
+void kex_remote_devices_free(kex_remote_device *d, size_t n);
 
 typedef struct kex_job_stats {
   char *name;

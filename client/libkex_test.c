@@ -132,7 +132,7 @@ static void test_buffers(kex_client *c, const char *job) {
   for (int i = 0; i < 250; i++) small[i] = (float)i * 0.5f - 7.25f;
   int rc = kex_upload(c, job, "float32", 2, shape1, small, sizeof small, NULL, h1, &st);
   check(rc == 0 && strlen(h1) > 0, "upload: 1000 bytes of float32 give a handle", &st);
-  kex_buffer b;
+  kex_array b;
   rc = kex_download(c, job, h1, &b, &st);
   check(rc == 0 && b.nbytes == sizeof small && memcmp(b.data, small, sizeof small) == 0 &&
             strcmp(b.dtype, "float32") == 0 && b.ndim == 2 && b.shape[0] == 10 && b.shape[1] == 25,
@@ -145,7 +145,7 @@ static void test_buffers(kex_client *c, const char *job) {
   int64_t shape2[1] = {(int64_t)big_n};
   rc = kex_upload(c, job, "int32", 1, shape2, big, big_n * sizeof *big, "", h2, &st);
   check(rc == 0, "upload: 3.5 MiB int32 in chunks", &st);
-  kex_buffer b2;
+  kex_array b2;
   rc = kex_download(c, job, h2, &b2, &st);
   check(rc == 0 && b2.nbytes == big_n * sizeof *big && memcmp(b2.data, big, b2.nbytes) == 0,
         "download: 3.5 MiB intact", &st);
@@ -154,19 +154,19 @@ static void test_buffers(kex_client *c, const char *job) {
   char path[] = "/tmp/libkex_test_XXXXXX";
   int fd = mkstemp(path);
   if (fd >= 0) close(fd);
-  rc = kex_buffer_write_npy(&b, path, &st);
+  rc = kex_array_write_npy(&b, path, &st);
   check(rc == 0, "npy: a downloaded buffer writes as .npy", &st);
   rc = kex_upload_npy(c, job, path, NULL, h3, &st);
   check(rc == 0, "upload: a .npy file streams from disk", &st);
-  kex_buffer b3;
+  kex_array b3;
   rc = kex_download(c, job, h3, &b3, &st);
   check(rc == 0 && b3.nbytes == b.nbytes && memcmp(b3.data, b.data, b.nbytes) == 0 && b3.ndim == 2 &&
             b3.shape[1] == 25,
         "download: the .npy upload is the same bytes and shape", &st);
   unlink(path);
-  kex_buffer_free(&b3);
-  kex_buffer_free(&b2);
-  kex_buffer_free(&b);
+  kex_array_free(&b3);
+  kex_array_free(&b2);
+  kex_array_free(&b);
   kex_free(big);
 
   /* stats: our job holds 3 buffers */
@@ -218,7 +218,7 @@ static void test_errors(kex_client *c, const char *job) {
   check(rc == KEX_EPARSE && st.grpc == 0 && strstr(st.msg, "JSON"), "plan of broken JSON: refused in the client", &st);
   rc = kex_plan_graph(c, job, "{\"nodes\":[{\"op\":\"EMPTY\",\"shape\":\"x\"}]}", &p, &st);
   check(rc == KEX_EPARSE && strstr(st.msg, "node 0"), "plan of a wrongly typed field: refused naming the node", &st);
-  kex_buffer b;
+  kex_array b;
   rc = kex_download(c, job, "nosuchhandle", &b, &st);
   check(rc == KEX_ENOTFOUND && st.grpc == 5, "download of an unknown handle: NOT_FOUND", &st);
   check(kex_code_from_grpc(3) == KEX_EINVAL && kex_code_from_grpc(5) == KEX_ENOTFOUND &&
@@ -228,7 +228,7 @@ static void test_errors(kex_client *c, const char *job) {
         "gRPC statuses map back to kex codes", NULL);
 }
 
-static void on_event(const kex_event *ev, void *ud) {
+static void on_event(const kex_submit_event *ev, void *ud) {
   int *seen = ud;
   seen[ev->kind]++;
 }
@@ -255,13 +255,13 @@ static void test_submit(kex_client *c, const char *job) {
   if (rc || !r) return;
   const kex_output *out = &r->outputs[0];
   float want[4] = {22, 44, 66, 88}, got[4] = {0};
-  kex_buffer b = {0};
+  kex_array b = {0};
   if (out->has_data && out->buf.nbytes == sizeof got) {
     memcpy(got, out->buf.data, sizeof got);
   } else if (kex_download(c, job, out->handle, &b, &st) == 0 && b.nbytes == sizeof got) {
     memcpy(got, b.data, sizeof got);
   }
-  kex_buffer_free(&b);
+  kex_array_free(&b);
   check(memcmp(got, want, sizeof got) == 0 && strcmp(out->buf.dtype, "float32") == 0,
         "submit: the output is [22, 44, 66, 88] float32", &st);
   check(seen[KEX_EVENT_ACCEPTED] == 1 && seen[KEX_EVENT_SCHEDULED] == 1, "submit: accepted and scheduled events arrive",
@@ -288,16 +288,16 @@ int main(int argc, char **argv) {
   check(rc == 0 && strlen(job) >= 32 && lease > 0, "job open: a token and a lease", &st);
   if (rc) goto out;
 
-  kex_device_info *devs = NULL;
+  kex_remote_device *devs = NULL;
   size_t ndev = 0, ndefault = 0;
-  rc = kex_devices(c, &devs, &ndev, &st);
+  rc = kex_list_devices(c, &devs, &ndev, &st);
   for (size_t i = 0; i < ndev; i++) {
     ndefault += devs[i].is_default;
     printf("# device %s (%s, %s) %s%s\n", devs[i].name, devs[i].kind, devs[i].device_name,
            devs[i].available ? "available" : "unavailable", devs[i].is_default ? ", default" : "");
   }
   check(rc == 0 && ndev >= 1 && ndefault == 1 && devs[0].name[0], "devices: at least one, exactly one default", &st);
-  kex_devices_free(devs, ndev);
+  kex_remote_devices_free(devs, ndev);
 
   test_plan_one(c, job);
   test_plan_cases(c, job, argv[2]);
