@@ -27,6 +27,8 @@
 #define KEXD_DOWNLOAD_CHUNK (1u << 20)       /* bytes per Download chunk unless the client asks for fewer */
 #define KEXD_BUSY_MAX_ITEMS 100000           /* _BusyWork: items per call */
 #define KEXD_BUSY_MAX_MS 1000.0              /* _BusyWork: ms per item */
+#define KEXD_DEFAULT_INLINE_OUTPUT (64u << 10) /* Submit: outputs up to this many bytes come back inline */
+#define KEXD_DEFAULT_SCHEDULE_CACHE 128      /* Submit: graph structures whose schedule and programs are kept */
 
 typedef struct kexd_config {
   const char *listen;
@@ -40,6 +42,10 @@ typedef struct kexd_config {
   uint32_t max_jobs;
   uint32_t plan_inline_nodes;
   bool test_busy_work;           /* registers /kex.v1.Kex/_BusyWork (tests only) */
+  uint64_t inline_output_max;    /* Submit: default inline_output_max_bytes */
+  uint32_t schedule_cache;       /* Submit: structure-cache entries (0 = off) */
+  int test_fault_kind;           /* -1, or a kex_fault_kind the compile device fails (tests only) */
+  unsigned long test_fault_n;    /* ... at its n-th call */
 } kexd_config;
 
 typedef struct kexd {
@@ -52,6 +58,11 @@ typedef struct kexd {
   uint64_t started_ms;
   uint64_t submissions, plans, plan_errors, kernels_planned;
   uint32_t plans_in_flight;
+  /* Submit (submit.c) */
+  struct kexd_submitter *submitter;
+  uint64_t submissions_done, submissions_failed;
+  uint64_t sched_cache_hits, sched_cache_misses;
+  uint64_t prog_cache_memory_hits, prog_cache_sqlite_hits, prog_cache_misses;
   /* devices/ discovery (KEXD_HAVE_DEVICES), done once at the first ListDevices */
   void *device_descs;            /* kex_device_desc[], kex_malloc'd */
   size_t ndevice_descs;

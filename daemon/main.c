@@ -20,6 +20,8 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/kexd.h"
+#include "daemon/rpc.h"
+#include "devices/device.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -43,8 +45,14 @@ static void usage(FILE *f) {
           "  --max-jobs N           jobs open at once (default %d)\n"
           "  --plan-inline-nodes N  graphs up to N nodes are planned on the loop thread, larger\n"
           "                         ones on the worker pool (default %d)\n"
+          "  --inline-output-max N  Submit: outputs up to N bytes come back inline in the done event\n"
+          "                         (KEX_INLINE_OUTPUT_MAX; default %u; a request may ask for another)\n"
+          "  --schedule-cache N     Submit: graph structures whose schedule and programs are kept (default %d; 0 off)\n"
           "  --test-busy-work       TESTS ONLY (off by default): serve /kex.v1.Kex/_BusyWork, which\n"
           "                         queues busy-CPU items on a device runner for a job\n"
+          "  --test-fault KIND:N    TESTS ONLY (off by default): Submit's compile device fails its N-th\n"
+          "                         call of KIND (compile, alloc, launch, copy) -- proves a compile failure is\n"
+          "                         INTERNAL with the message and kexd keeps serving\n"
           "  --log LEVEL            debug, info, warn, error (KEX_LOG; default info)\n"
           "  --help                 this text\n"
           "\n"
@@ -52,7 +60,7 @@ static void usage(FILE *f) {
           KEXD_DEFAULT_LISTEN, KEXD_DEFAULT_DEVICES, KEXD_DEFAULT_LEASE_S, KEXD_DEFAULT_GRACE_S,
           KEXD_DEFAULT_MAX_MESSAGE, KEX_LIMIT_NODES, KEX_LIMIT_DIMS, KEX_MAX_DIMS, (long long)KEX_LIMIT_ELEMENTS,
           (long long)KEX_LIMIT_INLINE_BYTES, (long long)KEX_LIMIT_BUFFER_BYTES, KEX_LIMIT_OUTPUTS, KEXD_LIMIT_JOBS,
-          KEXD_DEFAULT_PLAN_INLINE_NODES);
+          KEXD_DEFAULT_PLAN_INLINE_NODES, KEXD_DEFAULT_INLINE_OUTPUT, KEXD_DEFAULT_SCHEDULE_CACHE);
 }
 
 /* An integer flag in [lo, hi]; -1 with a message when it is not. */
@@ -118,8 +126,25 @@ static char *default_cache_path(void) {
 enum {
   OPT_LISTEN = 256, OPT_CACHE, OPT_DEVICE, OPT_WORKERS, OPT_LEASE, OPT_GRACE, OPT_MAX_MESSAGE, OPT_MAX_NODES,
   OPT_MAX_DIMS, OPT_MAX_ELEMENTS, OPT_MAX_INLINE, OPT_MAX_BUFFER, OPT_MAX_OUTPUTS, OPT_MAX_JOBS, OPT_PLAN_INLINE,
-  OPT_LOG, OPT_TEST_BUSY, OPT_HELP
+  OPT_LOG, OPT_TEST_BUSY, OPT_HELP, OPT_INLINE_OUTPUT, OPT_SCHEDULE_CACHE, OPT_TEST_FAULT
 };
+
+/* "compile:2" into cfg->test_fault_kind/n; -1 with a message when it is not KIND:N. */
+static int parse_fault(kexd_config *cfg, const char *s) {
+  const char *colon = strchr(s, ':');
+  long long n;
+  for (int k = 0; colon && k < KEX_FAULT_KIND_COUNT; k++) {
+    const char *name = kex_fault_kind_name((kex_fault_kind)k);
+    if (strlen(name) == (size_t)(colon - s) && strncmp(s, name, (size_t)(colon - s)) == 0) {
+      if (parse_int("--test-fault", colon + 1, 1, INT_MAX, &n) < 0) return -1;
+      cfg->test_fault_kind = k;
+      cfg->test_fault_n = (unsigned long)n;
+      return 0;
+    }
+  }
+  fprintf(stderr, "kexd: --test-fault: \"%s\" is not KIND:N with KIND compile, alloc, launch or copy\n", s);
+  return -1;
+}
 
 /* Fill cfg from the environment, then argv.  0, 1 for --help (exit 0), -1 for bad flags (exit 2). */
 static int parse_config(kexd_config *cfg, int argc, char **argv) {
@@ -141,6 +166,9 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
       {"plan-inline-nodes", required_argument, NULL, OPT_PLAN_INLINE},
       {"log", required_argument, NULL, OPT_LOG},
       {"test-busy-work", no_argument, NULL, OPT_TEST_BUSY},
+      {"inline-output-max", required_argument, NULL, OPT_INLINE_OUTPUT},
+      {"schedule-cache", required_argument, NULL, OPT_SCHEDULE_CACHE},
+      {"test-fault", required_argument, NULL, OPT_TEST_FAULT},
       {"help", no_argument, NULL, OPT_HELP},
       {0}};
   const char *env, *cache = NULL;
@@ -154,6 +182,9 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
   cfg->limits = KEX_LIMITS_DEFAULT;
   cfg->max_jobs = KEXD_LIMIT_JOBS;
   cfg->plan_inline_nodes = KEXD_DEFAULT_PLAN_INLINE_NODES;
+  cfg->inline_output_max = KEXD_DEFAULT_INLINE_OUTPUT;
+  cfg->schedule_cache = KEXD_DEFAULT_SCHEDULE_CACHE;
+  cfg->test_fault_kind = -1;
   parse_devices(cfg, KEXD_DEFAULT_DEVICES);
   /* environment first, flags override */
   if ((env = getenv("KEX_LISTEN")) && *env) cfg->listen = env;
@@ -168,6 +199,10 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
   if ((env = getenv("KEX_MAX_MESSAGE")) && *env) {
     if (parse_int("KEX_MAX_MESSAGE", env, 1024, INT_MAX, &v) < 0) return -1;
     cfg->max_message = (int)v;
+  }
+  if ((env = getenv("KEX_INLINE_OUTPUT_MAX")) && *env) {
+    if (parse_int("KEX_INLINE_OUTPUT_MAX", env, 0, INT64_MAX, &v) < 0) return -1;
+    cfg->inline_output_max = (uint64_t)v;
   }
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -233,6 +268,17 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
       break;
     }
     case OPT_TEST_BUSY: cfg->test_busy_work = true; break;
+    case OPT_INLINE_OUTPUT:
+      if (parse_int("--inline-output-max", optarg, 0, INT64_MAX, &v) < 0) return -1;
+      cfg->inline_output_max = (uint64_t)v;
+      break;
+    case OPT_SCHEDULE_CACHE:
+      if (parse_int("--schedule-cache", optarg, 0, 1 << 20, &v) < 0) return -1;
+      cfg->schedule_cache = (uint32_t)v;
+      break;
+    case OPT_TEST_FAULT:
+      if (parse_fault(cfg, optarg) < 0) return -1;
+      break;
     case OPT_HELP:
     case 'h': usage(stdout); return 1;
     default: usage(stderr); return -1;
@@ -317,7 +363,10 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_server;
   }
-  if (kexd_rpc_register(d) < 0 || kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
+  if (d->cfg.test_fault_kind >= 0)
+    KEX_WARN("--test-fault %s:%lu: Submit's compile device fails on purpose (a test facility; never use it in production)",
+             kex_fault_kind_name((kex_fault_kind)d->cfg.test_fault_kind), d->cfg.test_fault_n);
+  if (kexd_submit_init(d) < 0 || kexd_rpc_register(d) < 0 || kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
     ret = 1;
     goto out_handles;
   }
@@ -350,6 +399,7 @@ out_handles:
   close_handles(&st);
   uv_run(&loop, UV_RUN_DEFAULT);
 out_server:
+  kexd_submit_free(d); /* after the runners exited: their loaded programs are freed here */
   kexd_server_free(d->server);
   kexd_dispatch_free(d->disp);
 out_loop:

@@ -13,6 +13,9 @@
  * thread for small graphs, on the libuv worker pool for large ones -- and
  * replies with the schedule items as `kex plan --json` prints them.
  *
+ * Submit lives in submit.c (it reuses the Graph conversion; BUFFER nodes
+ * may name a job's buffer handle, in Plan too).
+ *
  * Upload (a client stream), Download (a server stream) and Free move a
  * job's buffers: the bytes go to and from the device only through its
  * runner (dispatch.c), one work item at a time, and the handler's state
@@ -37,6 +40,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/kexd.h"
+#include "daemon/rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kex/v1/kex.pb-c.h"
 #include "sched/graph.h"
@@ -49,7 +53,6 @@
 #define RPC_GRAPH_FORMAT "kex.graph.v1"
 #define RPC_SERVICE "kex.v1.Kex"
 #define RPC_HEALTH_SERVICE "grpc.health.v1.Health"
-#define RPC_MSG_NEEDS_KERNELS "needs the kernels layer (issue 3), which is not in this kexd yet"
 #define RPC_MSG_NEEDS_BEAM "arrives with the beam-search issue; this kexd does not have it yet"
 
 /* ---- protobuf-c through kex_malloc ---- */
@@ -130,6 +133,15 @@ static kexd_job *need_job(kexd *d, kexd_call *c, const char *token) {
                     kexd_call_method(c));
   return job;
 }
+
+ProtobufCMessage *kexd_rpc_decode(kexd *d, kexd_call *c, const ProtobufCMessageDescriptor *desc, const uint8_t *req,
+                                  size_t len) {
+  return decode(d, c, desc, req, len);
+}
+
+void kexd_rpc_free_msg(ProtobufCMessage *m) { free_msg(m); }
+
+kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token) { return need_job(d, c, token); }
 
 /* ---- grpc.health.v1.Health ---- */
 
@@ -324,7 +336,8 @@ static bool gop_is_input(kex_gop op) { return op == KEX_GOP_BUFFER || op == KEX_
  * must match the op, unknown buffer handles), then kex_graph_add for the
  * rest.  0 or a negative code with *err naming the node.
  */
-static int node_from_pb(kex_graph *g, uint32_t idx, const Kex__V1__Node *pn, const kex_limits *lim, kex_error *err) {
+static int node_from_pb(kex_graph *g, uint32_t idx, const Kex__V1__Node *pn, const kex_limits *lim, kexd_job *job,
+                        kex_error *err) {
   kex_gnode n;
   int64_t *pairs = NULL;
   int op, rc = 0;
@@ -414,8 +427,19 @@ static int node_from_pb(kex_graph *g, uint32_t idx, const Kex__V1__Node *pn, con
       break;
     case KEX__V1__NODE__CONTENTS_BUFFER:
       if (!pn->buffer || !*pn->buffer) NODE_FAIL(KEX_EINVAL, "\"buffer\" must be a non-empty handle");
-      /* the job holds no buffers until Upload and Submit exist (issue 3): every handle is unknown */
-      NODE_FAIL(KEX_ENOTFOUND, "unknown buffer handle \"%.64s\": the job holds no buffer of that name", pn->buffer);
+    {
+      const kexd_buffer *kb = job ? kexd_job_find_buffer(job, pn->buffer) : NULL;
+      if (!kb) NODE_FAIL(KEX_ENOTFOUND, "unknown buffer handle \"%.64s\": the job holds no buffer of that name", pn->buffer);
+      if (kb->dtype != n.dtype)
+        NODE_FAIL(KEX_EINVAL, "buffer %.8s holds %s, the node says %s", kb->handle, kex_dtypes[kb->dtype].name,
+                  kex_dtypes[n.dtype].name);
+      bool same = kb->ndim == n.ndim;
+      for (uint8_t k = 0; same && k < n.ndim; k++) same = kb->shape[k] == n.shape[k];
+      if (!same) NODE_FAIL(KEX_EINVAL, "buffer %.8s has another shape than the node's", kb->handle);
+      n.bufsrc = KEX_BUF_HANDLE;
+      n.handle = pn->buffer;
+      break;
+    }
     default: NODE_FAIL(KEX_EINVAL, "BUFFER needs one of \"data\", \"fill_*\", \"buffer\"");
     }
   }
@@ -437,8 +461,8 @@ out:
  * Errors as kex_graph_add (KEX_EINVAL naming the node, KEX_ELIMIT for the
  * limits, KEX_ENOMEM), KEX_ENOTFOUND for an unknown buffer handle.
  */
-static int graph_from_pb(const Kex__V1__Graph *pg, const char *device, const kex_limits *lim, kex_graph **out,
-                         kex_error *err) {
+int kexd_rpc_graph_from_pb(const Kex__V1__Graph *pg, const char *device, const kex_limits *lim, kexd_job *job,
+                           kex_graph **out, kex_error *err) {
   kex_graph *g = NULL;
   int rc = 0;
   *out = NULL;
@@ -461,7 +485,7 @@ static int graph_from_pb(const Kex__V1__Graph *pg, const char *device, const kex
     goto out;
   }
   for (size_t i = 0; i < pg->n_nodes; i++)
-    if ((rc = node_from_pb(g, (uint32_t)i, pg->nodes[i], lim, err)) < 0) goto out;
+    if ((rc = node_from_pb(g, (uint32_t)i, pg->nodes[i], lim, job, err)) < 0) goto out;
   for (size_t i = 0; i < pg->n_outputs; i++)
     if ((rc = kex_graph_add_output(g, pg->outputs[i], lim, err)) < 0) goto out;
   *out = g;
@@ -629,8 +653,8 @@ static void rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   /* a cpu device follows tinygrad's CLANG rules (buffer views), every other its GPU (OpenCL) rules */
   w->ro.buffer_view = strncmp(dev, "cpu", 3) == 0;
   w->ro.device_name = dev;
-  if ((rc = graph_from_pb(m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL, &d->cfg.limits,
-                          &w->g, &w->err)) < 0) {
+  if ((rc = kexd_rpc_graph_from_pb(m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
+                                    &d->cfg.limits, job, &w->g, &w->err)) < 0) {
     d->plan_errors++;
     kex_log(KEX_LOG_INFO, w->job, 0, "Plan refused: %s", w->err.msg);
     fail_kex(c, rc, &w->err);
@@ -655,8 +679,9 @@ out:
 
 /* ---- buffers: Upload, Download, Free ---- */
 
-/* Index of the configured device `name` names ("" and "default": the first); -1 when none. */
-static int device_index(const kexd *d, const char *name) {
+static int device_index(const kexd *d, const char *name) { return kexd_rpc_device_index(d, name); }
+
+int kexd_rpc_device_index(const kexd *d, const char *name) {
   if (!name || !*name || strcmp(name, "default") == 0) return 0;
   for (uint32_t i = 0; i < d->cfg.ndevices; i++)
     if (strcmp(d->cfg.devices[i], name) == 0) return (int)i;
@@ -1310,6 +1335,13 @@ static void rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud
   uv_update_time(d->loop);
   r.uptime_s = (uv_now(d->loop) - d->started_ms) / 1e3;
   r.buffers_freed = d->jobs.buffers_freed;
+  r.submissions_done = d->submissions_done;
+  r.submissions_failed = d->submissions_failed;
+  r.schedule_cache_hits = d->sched_cache_hits;
+  r.schedule_cache_misses = d->sched_cache_misses;
+  r.program_cache_memory_hits = d->prog_cache_memory_hits;
+  r.program_cache_sqlite_hits = d->prog_cache_sqlite_hits;
+  r.program_cache_misses = d->prog_cache_misses;
   for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
   /* one job when a token was given, every open job otherwise */
   r.n_job_stats = job ? 1 : d->jobs.njobs;
@@ -1368,7 +1400,7 @@ int kexd_rpc_register(kexd *d) {
       {"/kex.v1.Kex/Plan", KEXD_PAYLOAD_ONE, rpc_plan, NULL},
       {"/kex.v1.Kex/ListDevices", KEXD_PAYLOAD_ONE, rpc_list_devices, NULL},
       {"/kex.v1.Kex/GetStats", KEXD_PAYLOAD_ONE, rpc_get_stats, NULL},
-      {"/kex.v1.Kex/Submit", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_KERNELS},
+      {"/kex.v1.Kex/Submit", KEXD_PAYLOAD_ONE, kexd_rpc_submit, NULL},
       {"/kex.v1.Kex/Upload", KEXD_PAYLOAD_STREAM, rpc_upload, NULL},
       {"/kex.v1.Kex/Download", KEXD_PAYLOAD_ONE, rpc_download, NULL},
       {"/kex.v1.Kex/Free", KEXD_PAYLOAD_ONE, rpc_free, NULL},

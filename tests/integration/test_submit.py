@@ -1,0 +1,510 @@
+"""test_submit.py - Submit in a real kexd: numbers, handles, jobs, limits, deadlines, caches.
+
+Run by test_submit.sh, which starts the kexd under test (--device cpu,opencl,
+--cache KEXD_CACHE) and passes, in the environment: KEXD (the binary),
+KEXD_PORT, KEXD_CACHE, KEXD_TMP (a scratch directory), KEX_STUBS (the
+generated kex_pb2*.py and health_pb2*.py), KEX_CASES_DIR.  The restart, fault
+and cache-timing checks start their own kexd.  Prints one line per check
+("ok - ..." / "FAIL - ..." / "skip - ...") and, last, "N passed, N failed".
+Exit status 1 when anything failed.
+
+Numbers: every `numeric` case of the cases directory is submitted on cpu and
+on opencl (float16 cases are skipped on opencl when the device refuses the
+dtype, with its reason) and each output is compared with the case's
+expected bytes at the case's rtol/atol (exactly for ints and bools).
+"""
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.environ["KEX_STUBS"])
+
+import grpc  # noqa: E402
+import health_pb2  # noqa: E402
+import health_pb2_grpc  # noqa: E402
+import numpy as np  # noqa: E402
+from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
+
+KEXD = os.environ["KEXD"]
+PORT = int(os.environ["KEXD_PORT"])
+CACHE = os.environ["KEXD_CACHE"]
+TMP = os.environ["KEXD_TMP"]
+CASES = os.environ["KEX_CASES_DIR"]
+CHANNEL_OPTS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+passed = 0
+failed = 0
+
+NP_DTYPES = {"bool": np.bool_, "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
+             "int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
+             "float16": np.float16, "float32": np.float32, "float64": np.float64}
+
+
+def check(name, cond, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+        print(f"ok - {name}")
+    else:
+        failed += 1
+        print(f"FAIL - {name}{': ' + detail if detail else ''}")
+    sys.stdout.flush()
+    return cond
+
+
+def skip(name, why):
+    print(f"skip - {name}: {why}")
+
+
+def desc(e):
+    return "no error" if e is None else f"{e.code()} {e.details()}"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_healthy(port, proc=None, timeout=10.0):
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        end = time.time() + timeout
+        while time.time() < end:
+            if proc is not None and proc.poll() is not None:
+                return False
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                time.sleep(0.05)
+    return False
+
+
+def start_kexd(*args):
+    port = free_port()
+    log = open(os.path.join(TMP, f"kexd-{port}.log"), "w")
+    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=log, stderr=subprocess.STDOUT)
+    return proc, port, wait_healthy(port, proc)
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        return proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+# ---- JSON graph (graph-format.md) -> protobuf (as test_daemon.py) ----
+
+def scalar(v):
+    if isinstance(v, bool):
+        return kex_pb2.Scalar(bool_value=v)
+    if isinstance(v, int):
+        return kex_pb2.Scalar(int_value=v)
+    if isinstance(v, float):
+        return kex_pb2.Scalar(float_value=v)
+    return kex_pb2.Scalar(special=v)
+
+
+def node_pb(n):
+    p = kex_pb2.Node(op=n["op"], src=n.get("src", []), dtype=n.get("dtype", ""), shape=n.get("shape", []),
+                     axis=n.get("axis", []), device=n.get("device", ""))
+    if "arg" in n:
+        a = n["arg"]
+        if n["op"] in ("RESHAPE", "EXPAND"):
+            p.new_shape.values.extend(a)
+            p.new_shape.SetInParent()
+        elif n["op"] == "PERMUTE":
+            p.order.values.extend(a)
+            p.order.SetInParent()
+        elif n["op"] in ("PAD", "SHRINK"):
+            p.pairs.pairs.extend(kex_pb2.Pair(first=x, second=y) for x, y in a)
+            p.pairs.SetInParent()
+        elif n["op"] == "STRIDE":
+            p.strides.values.extend(a)
+            p.strides.SetInParent()
+    if "value" in n:
+        p.value.CopyFrom(scalar(n["value"]))
+    if "data" in n:
+        p.data = base64.b64decode(n["data"])
+    if "fill" in n:
+        f = n["fill"]
+        if "random" in f:
+            p.fill_random = f["random"]
+        elif "arange" in f:
+            p.fill_arange = f["arange"]
+        else:
+            p.fill_value.CopyFrom(scalar(f["value"]))
+    if "buffer" in n:
+        p.buffer = n["buffer"]
+    return p
+
+
+def graph_pb(g, device):
+    return kex_pb2.Graph(format=g.get("format", ""), device=device, nodes=[node_pb(n) for n in g["nodes"]],
+                         outputs=g["outputs"])
+
+
+def submit(kex, job, graph, timeout=60, **kw):
+    """All events of a Submit; raises grpc.RpcError on an error status."""
+    return list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=graph, **kw), timeout=timeout))
+
+
+def done_of(events):
+    return events[-1].done
+
+
+def upload(kex, job, dtype, shape, data, device=""):
+    def reqs():
+        yield kex_pb2.UploadRequest(job=job, header=kex_pb2.UploadHeader(dtype=dtype, shape=shape, device=device))
+        yield kex_pb2.UploadRequest(chunk=data)
+    return kex.Upload(reqs(), timeout=30).handle
+
+
+def download(kex, job, handle):
+    return b"".join(c.data for c in kex.Download(kex_pb2.DownloadRequest(job=job, handle=handle), timeout=30))
+
+
+def stats(kex, job=""):
+    return kex.GetStats(kex_pb2.GetStatsRequest(job=job), timeout=5)
+
+
+def open_job(kex, name, **kw):
+    return kex.OpenJob(kex_pb2.OpenJobRequest(name=name, **kw), timeout=5).job
+
+
+def close_to(got, exp, dtype, rtol, atol):
+    if got.shape != exp.shape:
+        return False, f"shape {got.shape} != {exp.shape}"
+    if dtype in ("float16", "float32", "float64"):
+        ok = np.allclose(got.astype(np.float64), exp.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        ok = np.array_equal(got, exp)
+    if ok:
+        return True, ""
+    d = np.abs(got.astype(np.float64) - exp.astype(np.float64))
+    return False, f"max abs err {np.nanmax(d) if d.size else 0}"
+
+
+# ---- graphs built here ----
+
+def g_add_const(dtype, shape, src, value=1.0, device="cpu"):
+    """out = src + value, src a BUFFER node dict."""
+    return {"device": device, "nodes": [src, {"op": "CONST", "dtype": dtype, "shape": [], "value": value},
+                                        {"op": "RESHAPE", "src": [1], "arg": [1] * len(shape)},
+                                        {"op": "EXPAND", "src": [2], "arg": shape},
+                                        {"op": "ADD", "src": [0, 3]}], "outputs": [4]}
+
+
+def g_matmul_chain(n, k, seed=1, device="cpu"):
+    """k chained n x n matmuls of random inputs: k kernels of n^3 MACs each."""
+    nodes = [{"op": "BUFFER", "dtype": "float32", "shape": [n, n], "fill": {"random": seed}}]
+    cur = 0
+    for i in range(k):
+        nodes.append({"op": "BUFFER", "dtype": "float32", "shape": [n, n], "fill": {"random": seed + i + 1}})
+        w = len(nodes) - 1
+        a = len(nodes)
+        nodes += [{"op": "RESHAPE", "src": [cur], "arg": [n, 1, n]}, {"op": "EXPAND", "src": [a], "arg": [n, n, n]},
+                  {"op": "PERMUTE", "src": [w], "arg": [1, 0]}, {"op": "RESHAPE", "src": [a + 2], "arg": [1, n, n]},
+                  {"op": "EXPAND", "src": [a + 3], "arg": [n, n, n]}, {"op": "MUL", "src": [a + 1, a + 4]},
+                  {"op": "REDUCE_SUM", "src": [a + 5], "axis": [2]}, {"op": "RESHAPE", "src": [a + 6], "arg": [n, n]},
+                  {"op": "CONTIGUOUS", "src": [a + 7]}]
+        cur = len(nodes) - 1
+    return {"device": device, "nodes": nodes, "outputs": [cur]}
+
+
+def pbg(g):
+    return graph_pb(g, g.get("device", ""))
+
+
+def run_cases(kex, job, device, every=1):
+    names = json.load(open(os.path.join(CASES, "INDEX.json")))
+    names = [n for i, n in enumerate(names) if i % every == 0]
+    npass = nfail = nskip = 0
+    fails = []
+    t0 = time.time()
+    for name in names:
+        case = json.load(open(os.path.join(CASES, name + ".json")))
+        num = case.get("numeric")
+        if not num:
+            continue
+        try:
+            done = done_of(submit(kex, job, graph_pb(num["graph"], device), return_bytes=True))
+        except grpc.RpcError as e:
+            if device == "opencl" and e.code() == grpc.StatusCode.UNIMPLEMENTED and "float16" in (e.details() or ""):
+                nskip += 1
+                skip(f"{device}: {name}", f"the device refuses float16: {e.details()[:120]}")
+                continue
+            nfail += 1
+            fails.append(f"{name}: {desc(e)[:300]}")
+            continue
+        ok = len(done.outputs) == len(num["expected"])
+        why = "" if ok else f"{len(done.outputs)} outputs, expected {len(num['expected'])}"
+        for out, exp in zip(done.outputs, num["expected"]):
+            dt = NP_DTYPES[exp["dtype"]]
+            e = np.frombuffer(base64.b64decode(exp["data"]), dtype=dt).reshape(exp["shape"])
+            if not out.has_data or out.dtype != exp["dtype"]:
+                ok, why = False, f"dtype {out.dtype} has_data {out.has_data}"
+                break
+            g = np.frombuffer(out.data, dtype=dt).reshape(list(out.shape))
+            good, why = close_to(g, e, exp["dtype"], num.get("rtol", 1e-4), num.get("atol", 1e-5))
+            ok = ok and good
+            if not good:
+                break
+        # free the outputs: the job's memory stays small
+        kex.Free(kex_pb2.FreeRequest(job=job, handles=[o.handle for o in done.outputs]), timeout=5)
+        if ok:
+            npass += 1
+        else:
+            nfail += 1
+            fails.append(f"{name}: {why}")
+    subset = "" if every == 1 else f" (every {every}th case: PoCL compiles take ~0.3 s a case)"
+    check(f"{device}{subset}: {npass} numeric cases match tinygrad's outputs ({nskip} skipped, {time.time() - t0:.1f} s)",
+          nfail == 0, "; ".join(fails[:6]))
+
+
+def main():
+    ch = grpc.insecure_channel(f"127.0.0.1:{PORT}", options=CHANNEL_OPTS)
+    kex = kex_pb2_grpc.KexStub(ch)
+    job = open_job(kex, "submit")
+
+    # ---- the event stream ----
+    x = np.arange(12, dtype=np.float32)
+    g = g_add_const("float32", [12], {"op": "BUFFER", "dtype": "float32", "shape": [12],
+                                      "data": base64.b64encode(x.tobytes()).decode()})
+    evs = submit(kex, job, pbg(g))
+    kinds = [e.WhichOneof("event") for e in evs]
+    check("Submit streams accepted, scheduled, compiling, running, done", kinds[0] == "accepted" and
+          kinds[1] == "scheduled" and "compiling" in kinds and "running" in kinds and kinds[-1] == "done", str(kinds))
+    d = evs[-1].done
+    check("done: the output's dtype, shape, inline bytes and a handle",
+          d.outputs[0].dtype == "float32" and list(d.outputs[0].shape) == [12] and d.outputs[0].has_data and
+          np.array_equal(np.frombuffer(d.outputs[0].data, np.float32), x + 1) and len(d.outputs[0].handle) == 32,
+          str(d.outputs[0])[:200])
+    check("done: per-kernel times in us", len(d.kernels) == 1 and d.kernels[0].run_us > 0, str(d.kernels))
+    check("the output handle downloads the same bytes", download(kex, job, d.outputs[0].handle) == (x + 1).tobytes())
+    st = stats(kex, job).job_stats[0]
+    check("the output is a job buffer, counted in bytes_held", st.buffers == 1 and st.bytes_held == 48, str(st))
+    d2 = done_of(submit(kex, job, pbg(g), inline_output_max_bytes=16))
+    check("inline_output_max_bytes 16: a 48-byte output comes without bytes", not d2.outputs[0].has_data)
+    kex.Free(kex_pb2.FreeRequest(job=job, handles=[d.outputs[0].handle, d2.outputs[0].handle]), timeout=5)
+
+    # ---- numbers: every numeric case ----
+    run_cases(kex, job, "cpu")
+    run_cases(kex, job, "opencl", 1 if os.environ.get("KEX_SUBMIT_ALL_OPENCL") else 3)
+
+    # ---- inputs by handle ----
+    a = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    h = upload(kex, job, "float32", [4, 8], a.tobytes(), device="cpu")
+    d = done_of(submit(kex, job, pbg(g_add_const("float32", [4, 8], {"op": "BUFFER", "dtype": "float32",
+                                                                        "shape": [4, 8], "buffer": h}, 2.0))))
+    out = np.frombuffer(download(kex, job, d.outputs[0].handle), np.float32).reshape(4, 8)
+    check("upload an input, submit a graph reading it by handle, download the output", np.allclose(out, a + 2))
+    # ASSIGN into the job's buffer: written in place, same handle out
+    gas = g_add_const("float32", [4, 8], {"op": "BUFFER", "dtype": "float32", "shape": [4, 8], "buffer": h}, 1.0)
+    gas["nodes"].append({"op": "ASSIGN", "src": [4, 0]})
+    gas["outputs"] = [5]
+    d = done_of(submit(kex, job, pbg(gas)))
+    check("ASSIGN to a job buffer writes it in place (same handle, new bytes)",
+          d.outputs[0].handle == h and np.allclose(np.frombuffer(download(kex, job, h), np.float32), (a + 1).ravel()),
+          str(d.outputs[0].handle))
+    e = None
+    try:
+        submit(kex, job, pbg(g_add_const("float32", [4, 8], {"op": "BUFFER", "dtype": "float32", "shape": [4, 8],
+                                                              "buffer": "f" * 32})))
+    except grpc.RpcError as err:
+        e = err
+    check("an unknown handle: NOT_FOUND naming the node", e is not None and e.code() == grpc.StatusCode.NOT_FOUND and
+          "node 0" in e.details(), desc(e))
+    e = None
+    try:
+        submit(kex, job, pbg(g_add_const("float32", [32], {"op": "BUFFER", "dtype": "float32", "shape": [32],
+                                                          "buffer": h})))
+    except grpc.RpcError as err:
+        e = err
+    check("a handle with another shape: INVALID_ARGUMENT", e is not None and
+          e.code() == grpc.StatusCode.INVALID_ARGUMENT, desc(e))
+
+    # ---- two jobs at once, isolated ----
+    jb = open_job(kex, "other")
+    e = None
+    try:
+        submit(kex, jb, pbg(g_add_const("float32", [4, 8], {"op": "BUFFER", "dtype": "float32", "shape": [4, 8],
+                                                             "buffer": h})))
+    except grpc.RpcError as err:
+        e = err
+    check("job B naming job A's handle: NOT_FOUND", e is not None and e.code() == grpc.StatusCode.NOT_FOUND, desc(e))
+    results = {}
+
+    def worker(j, tag, v):
+        gg = g_add_const("float32", [1000], {"op": "BUFFER", "dtype": "float32", "shape": [1000],
+                                             "fill": {"value": v}}, 1.0)
+        r = []
+        for _ in range(5):
+            dd = done_of(submit(kex, j, pbg(gg)))
+            r.append(np.frombuffer(dd.outputs[0].data, np.float32)[0])
+        results[tag] = r
+    t1 = threading.Thread(target=worker, args=(job, "a", 1.0))
+    t2 = threading.Thread(target=worker, args=(jb, "b", 5.0))
+    t1.start(), t2.start(), t1.join(), t2.join()
+    check("two jobs submitting at once each get their own results",
+          results.get("a") == [2.0] * 5 and results.get("b") == [6.0] * 5, str(results))
+    sa, sb = stats(kex, job).job_stats[0], stats(kex, jb).job_stats[0]
+    check("each job holds only its own outputs", sb.buffers == 5 and sa.buffers >= 5, f"{sa.buffers} {sb.buffers}")
+
+    # ---- memory limit ----
+    jl = open_job(kex, "small", memory_limit=4096)
+    e = None
+    try:
+        submit(kex, jl, pbg(g_add_const("float32", [4096], {"op": "BUFFER", "dtype": "float32", "shape": [4096],
+                                                             "fill": {"random": 1}})))
+    except grpc.RpcError as err:
+        e = err
+    check("a submission over the job's memory limit: RESOURCE_EXHAUSTED",
+          e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "memory limit" in e.details(), desc(e))
+    dd = done_of(submit(kex, jb, pbg(g_add_const("float32", [8], {"op": "BUFFER", "dtype": "float32", "shape": [8],
+                                                                  "fill": {"value": 1.0}}))))
+    check("... while the other job keeps working", np.frombuffer(dd.outputs[0].data, np.float32)[0] == 2.0)
+    sl = stats(kex, jl).job_stats[0]
+    check("the refused job holds and reserves nothing", sl.bytes_held == 0 and sl.bytes_reserved == 0, str(sl))
+
+    # ---- deadline and cancel free what they held ----
+    jd = open_job(kex, "deadline")
+    big = pbg(g_matmul_chain(256, 12, device="cpu"))
+    before = stats(kex)
+    e = None
+    t0 = time.time()
+    try:
+        submit(kex, jd, big, timeout=0.3)
+    except grpc.RpcError as err:
+        e = err
+    check("a short deadline on a big graph: DEADLINE_EXCEEDED",
+          e is not None and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, desc(e))
+
+    def settled(j):
+        end = time.time() + 20
+        while time.time() < end:
+            s = stats(kex, j).job_stats[0]
+            if s.queued == 0 and s.running == 0 and s.bytes_reserved == 0:
+                return s
+            time.sleep(0.05)
+        return stats(kex, j).job_stats[0]
+    s = settled(jd)
+    check("after the deadline: queued work stopped, nothing held or reserved",
+          s.bytes_held == 0 and s.bytes_reserved == 0 and s.buffers == 0 and stats(kex).bytes_held ==
+          before.bytes_held, str(s))
+    check("... and the deadline stopped the work early (not all 12 kernels ran)", s.items_done < 14,
+          f"{s.items_done} items ran")
+    it = kex.Submit(kex_pb2.SubmitRequest(job=jd, graph=pbg(g_matmul_chain(256, 12, seed=9, device="cpu"))),
+                    timeout=60)
+    first = next(it)
+    it.cancel()
+    e = None
+    try:
+        for _ in it:
+            pass
+    except grpc.RpcError as err:
+        e = err
+    s = settled(jd)
+    check("cancel after accepted: CANCELLED, buffers freed (GetStats)",
+          first.WhichOneof("event") == "accepted" and e is not None and e.code() == grpc.StatusCode.CANCELLED and
+          s.bytes_held == 0 and s.bytes_reserved == 0 and stats(kex).bytes_held == before.bytes_held, str(s))
+    after = stats(kex)
+    check("failed submissions are counted", after.submissions_failed >= before.submissions_failed + 2,
+          f"{before.submissions_failed} -> {after.submissions_failed}")
+
+    # ---- the structure cache ----
+    s0 = stats(kex)
+    gs = g_add_const("float32", [64], {"op": "BUFFER", "dtype": "float32", "shape": [64], "fill": {"random": 5}})
+    ev1 = submit(kex, job, pbg(gs))
+    gs["nodes"][0]["fill"] = {"random": 6}  # same structure, other data
+    ev2 = submit(kex, job, pbg(gs))
+    s1 = stats(kex)
+    check("a repeated structure (other data) hits the structure cache",
+          ev2[0].accepted.schedule_cached and ev2[-1].done.schedule_cached and
+          s1.schedule_cache_hits == s0.schedule_cache_hits + 1, f"{s0.schedule_cache_hits} -> {s1.schedule_cache_hits}")
+    check("... and its programs come from memory, not compiled again",
+          ev2[-1].done.programs_memory == 1 and ev2[-1].done.programs_compiled == 0 and
+          s1.program_cache_memory_hits > s0.program_cache_memory_hits, str(ev2[-1].done)[-200:])
+    o1 = np.frombuffer(ev1[-1].done.outputs[0].data, np.float32)
+    o2 = np.frombuffer(ev2[-1].done.outputs[0].data, np.float32)
+    check("... with the new data's result", not np.array_equal(o1, o2) and o2.min() >= 1.0)
+    gs["nodes"][1]["value"] = 3.0  # a constant is structure: a miss
+    ev3 = submit(kex, job, pbg(gs))
+    check("a different constant is another structure (a miss)", not ev3[0].accepted.schedule_cached)
+    print(f"# structure cache: Submit p50 miss(render+cached program) vs hit: see bench; "
+          f"hit total_us {ev2[-1].done.total_us:.0f}, miss {ev1[-1].done.total_us:.0f}")
+
+    # ---- the program cache in SQLite: a restarted kexd does not compile again ----
+    own_cache = os.path.join(TMP, "restart.db")
+    gr = pbg(g_add_const("float32", [33], {"op": "BUFFER", "dtype": "float32", "shape": [33],
+                                           "fill": {"random": 2}}, 7.0))
+    p1, port1, ok1 = start_kexd("--device", "cpu", "--cache", own_cache)
+    t_first = t_after = None
+    if check("a second kexd with its own --cache starts", ok1):
+        with grpc.insecure_channel(f"127.0.0.1:{port1}") as c1:
+            k1 = kex_pb2_grpc.KexStub(c1)
+            j1 = open_job(k1, "r")
+            d1 = done_of(submit(k1, j1, gr))
+            check("first Submit compiles (a miss) and stores the program", d1.programs_compiled == 1 and
+                  stats(k1).program_cache_misses == 1, str(d1)[-160:])
+            t_first = d1.total_us
+        check("it stops cleanly at SIGTERM", stop(p1) == 0)
+    p2, port2, ok2 = start_kexd("--device", "cpu", "--cache", own_cache)
+    if check("restarted with the same --cache", ok2):
+        with grpc.insecure_channel(f"127.0.0.1:{port2}") as c2:
+            k2 = kex_pb2_grpc.KexStub(c2)
+            j2 = open_job(k2, "r")
+            d2 = done_of(submit(k2, j2, gr))
+            s2 = stats(k2)
+            check("after the restart the program comes from SQLite (no compile)",
+                  d2.programs_sqlite == 1 and d2.programs_compiled == 0 and s2.program_cache_sqlite_hits == 1 and
+                  s2.program_cache_misses == 0, str(s2)[-300:])
+            t_after = d2.total_us
+        stop(p2)
+    if t_first and t_after:
+        print(f"# program cache: first Submit {t_first:.0f} us, after restart (SQLite) {t_after:.0f} us")
+
+    # ---- a compile failure is INTERNAL with the message; kexd keeps serving ----
+    p3, port3, ok3 = start_kexd("--device", "cpu", "--cache", "", "--test-fault", "compile:1")
+    if check("kexd --test-fault compile:1 starts", ok3):
+        with grpc.insecure_channel(f"127.0.0.1:{port3}") as c3:
+            k3 = kex_pb2_grpc.KexStub(c3)
+            j3 = open_job(k3, "f")
+            e = None
+            try:
+                submit(k3, j3, gr)
+            except grpc.RpcError as err:
+                e = err
+            check("a compile failure: INTERNAL naming the kernel and the failure",
+                  e is not None and e.code() == grpc.StatusCode.INTERNAL and "compil" in e.details() and
+                  "injected failure" in e.details(), desc(e))
+            s3 = stats(k3, j3).job_stats[0]
+            check("... nothing held or reserved after it", s3.bytes_held == 0 and s3.bytes_reserved == 0, str(s3))
+            d3 = done_of(submit(k3, j3, gr))
+            check("... and the next Submit works", len(d3.outputs) == 1)
+        check("the faulted kexd exits 0 at SIGTERM", stop(p3) == 0)
+
+    # ---- counters ----
+    sf = stats(kex)
+    check("GetStats counts submissions done and failed, cache hits and misses",
+          sf.submissions_done > 100 and sf.submissions_failed >= 4 and sf.schedule_cache_misses > 50 and
+          sf.program_cache_misses > 50, str(sf)[-400:])
+    ch.close()
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

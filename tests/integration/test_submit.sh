@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# test_submit.sh - kexd Submit end to end: schedule, compile and run graphs;
+# start a real kexd (devices cpu,opencl, its own --cache file) on a free
+# 127.0.0.1 port, wait for health, run test_submit.py (Debian
+# python + grpcio) against it, then stop it with SIGTERM and check it exits 0
+# and never crashed.
+#
+# Env: KEX_BUILD_DIR (default build; kexd is $KEX_BUILD_DIR/daemon/kexd),
+# KEX_CASES_DIR (default ../shared/cases from the repository root).
+# The last line of the output is "N passed, N failed"; exit 1 on any failure.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+PY=/usr/bin/python3
+build=${KEX_BUILD_DIR:-build}
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+cases=${KEX_CASES_DIR:-$root/../shared/cases}
+max_message=4194304
+
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok - $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL - $1"; }
+finish() {
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit $?
+}
+
+kexd=""
+for c in "$build/daemon/kexd" "$build/kexd"; do
+  if [ -x "$c" ]; then kexd=$c; break; fi
+done
+if [ -z "$kexd" ]; then
+  bad "kexd is built ($build/daemon/kexd not found)"
+  finish
+fi
+
+tmp=$(mktemp -d)
+pid=""
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Python stubs from the same .proto files the C code comes from
+if $PY -m grpc_tools.protoc -I proto --python_out="$tmp" --grpc_python_out="$tmp" kex/v1/kex.proto &&
+  $PY -m grpc_tools.protoc -I proto/grpc/health/v1 --python_out="$tmp" --grpc_python_out="$tmp" health.proto; then
+  ok "python stubs generate from proto/"
+else
+  bad "python stubs generate from proto/"
+  finish
+fi
+
+port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cache="$tmp/cache.db"
+POCL_CACHE_DIR="$tmp/pocl" "$kexd" --listen "127.0.0.1:$port" --max-message "$max_message" --grace 2 --device cpu,opencl \
+  --cache "$cache" >"$tmp/kexd.log" 2>&1 &
+pid=$!
+
+healthy=0
+for _ in $(seq 1 100); do
+  if $PY - "$tmp" "$port" <<'EOF' 2>/dev/null; then healthy=1; break; fi
+import sys
+sys.path.insert(0, sys.argv[1])
+import grpc, health_pb2, health_pb2_grpc
+with grpc.insecure_channel("127.0.0.1:" + sys.argv[2]) as ch:
+    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
+EOF
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ "$healthy" = 1 ]; then
+  ok "kexd on 127.0.0.1:$port answers health SERVING"
+else
+  bad "kexd on 127.0.0.1:$port answers health SERVING"
+  cat "$tmp/kexd.log"
+  finish
+fi
+
+KEXD_CACHE="$cache" POCL_CACHE_DIR="$tmp/pocl" KEXD_TMP="$tmp" KEXD="$kexd" KEXD_PORT="$port" KEXD_MAX_MESSAGE="$max_message" KEX_STUBS="$tmp" KEX_CASES_DIR="$cases" \
+  $PY tests/integration/test_submit.py | tee "$tmp/py.out"
+last=$(tail -n 1 "$tmp/py.out")
+if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  passed=$((passed + BASH_REMATCH[1]))
+  failed=$((failed + BASH_REMATCH[2]))
+else
+  bad "test_submit.py printed its closing line (got: $last)"
+fi
+
+if kill -0 "$pid" 2>/dev/null; then
+  ok "kexd is still running after every check (it never exits on bad input)"
+  kill -TERM "$pid"
+  rc=""
+  for _ in $(seq 1 100); do
+    if ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  wait "$pid"
+  rc=$?
+  pid=""
+  if [ "$rc" -eq 0 ]; then ok "kexd exits 0 at SIGTERM"; else bad "kexd exits 0 at SIGTERM (rc $rc)"; fi
+else
+  bad "kexd is still running after every check"
+  wait "$pid"
+  pid=""
+fi
+if grep -qiE 'AddressSanitizer|runtime error|Segmentation|Aborted' "$tmp/kexd.log"; then
+  bad "kexd log is free of sanitizer reports and crashes"
+  cat "$tmp/kexd.log"
+else
+  ok "kexd log is free of sanitizer reports and crashes"
+fi
+finish
