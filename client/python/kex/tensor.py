@@ -204,7 +204,10 @@ class Tensor:
         done = c.submit(graph_pb([src.node]), return_bytes=True, timeout=timeout)
         o = done.outputs[0]
         data = o.data if o.has_data else c.download(o.handle)[2]
-        if not o.has_data or o.handle:
+        # free the output unless it is a buffer the graph already held (contiguous() of a
+        # realized buffer is that buffer, as in tinygrad)
+        held = {n.fields.get("buffer") for n in _serialize([src.node])[0]}
+        if o.handle and o.handle not in held:
             try:
                 c.free([o.handle])
             except Error:
