@@ -501,6 +501,13 @@ def main():
     check("GetStats counts submissions done and failed, cache hits and misses",
           sf.submissions_done > 100 and sf.submissions_failed >= 4 and sf.schedule_cache_misses > 50 and
           sf.program_cache_misses > 50, str(sf)[-400:])
+    bad = []
+    for f in sorted(os.listdir(TMP)):
+        if f.startswith("kexd-") and f.endswith(".log"):
+            text = open(os.path.join(TMP, f)).read()
+            if any(w in text for w in ("AddressSanitizer", "runtime error", "Segmentation", "Aborted")):
+                bad.append(f)
+    check("the extra kexds' logs are free of sanitizer reports and crashes", not bad, ", ".join(bad))
     ch.close()
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1

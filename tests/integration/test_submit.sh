@@ -16,6 +16,8 @@ build=${KEX_BUILD_DIR:-build}
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 cases=${KEX_CASES_DIR:-$root/../shared/cases}
 max_message=4194304
+# an ASan build: PoCL/LLVM keep their compiler state for the life of the process (third-party only)
+export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 passed=0
 failed=0
