@@ -1,0 +1,176 @@
+"""bench/rpc.py - kexd RPC latency and throughput from a Python grpcio client.
+
+Starts its own kexd (--device cpu, a fresh --cache in a temporary directory)
+and measures, each for `--seconds` after a warm-up, at 1 and 8 calls in
+flight (8 client threads on one channel):
+
+  health   grpc.health.v1.Health/Check                     the RPC floor
+  submit   a tiny cached Submit (16-element add, inline     the whole Submit path with
+           output, same structure every call)               both caches hit
+
+plus single-shot Submit latencies: first Submit (structure miss + compile),
+repeated Submit (structure hit), a new structure whose programs are already
+loaded (structure miss, program memory hit), and first Submit after a restart
+with the same --cache (program from SQLite).  Outputs are freed as it goes.
+Writes bench/results/rpc.json (p50/p99 in us, calls/s).  Client and server
+share this machine's cores; the C client side comes with libkex.
+
+Usage: /usr/bin/python3 bench/rpc.py [--kexd build/daemon/kexd] [--seconds 2]
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def stubs(tmp):
+    subprocess.check_call([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.join(ROOT, "proto"),
+                           f"--python_out={tmp}", f"--grpc_python_out={tmp}", "kex/v1/kex.proto"])
+    subprocess.check_call([sys.executable, "-m", "grpc_tools.protoc", "-I",
+                           os.path.join(ROOT, "proto/grpc/health/v1"), f"--python_out={tmp}",
+                           f"--grpc_python_out={tmp}", "health.proto"])
+    sys.path.insert(0, tmp)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kexd", default=os.path.join(ROOT, "build/daemon/kexd"))
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/rpc.json"))
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp()
+    stubs(tmp)
+    import grpc
+    import health_pb2
+    import health_pb2_grpc
+    from kex.v1 import kex_pb2, kex_pb2_grpc
+
+    cache = os.path.join(tmp, "cache.db")
+
+    def start():
+        port = free_port()
+        proc = subprocess.Popen([args.kexd, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--cache", cache,
+                                 "--log", "warn"])
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+        h = health_pb2_grpc.HealthStub(ch)
+        for _ in range(200):
+            try:
+                h.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+                break
+            except grpc.RpcError:
+                time.sleep(0.05)
+        return proc, ch
+
+    def graph(n=16, value=1.0, dummy=None):
+        N = kex_pb2.Node
+        nodes = [N(op="BUFFER", dtype="float32", shape=[n], fill_random=1),
+                 N(op="CONST", dtype="float32", shape=[], value=kex_pb2.Scalar(float_value=value)),
+                 N(op="RESHAPE", src=[1], new_shape=kex_pb2.Ints(values=[1])),
+                 N(op="EXPAND", src=[2], new_shape=kex_pb2.Ints(values=[n])),
+                 N(op="ADD", src=[0, 3])]
+        if dummy is not None:
+            nodes.append(N(op="CONST", dtype="float32", shape=[], value=kex_pb2.Scalar(float_value=dummy)))
+        return kex_pb2.Graph(device="cpu", nodes=nodes, outputs=[4])
+
+    def timed_submit(kex, job, g):
+        t0 = time.perf_counter()
+        evs = list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=g), timeout=60))
+        us = (time.perf_counter() - t0) * 1e6
+        d = evs[-1].done
+        kex.Free(kex_pb2.FreeRequest(job=job, handles=[o.handle for o in d.outputs]), timeout=5)
+        return us, d
+
+    results = {"benchmark": "rpc", "client": "python grpcio (sync stubs, threads)", "seconds": args.seconds,
+               "notes": "kexd --device cpu; client and server share the machine's cores; latencies in us; each submit call is Submit (all events) + Free of its output, so two RPCs"}
+    proc, ch = start()
+    kex = kex_pb2_grpc.KexStub(ch)
+    health = health_pb2_grpc.HealthStub(ch)
+    job = kex.OpenJob(kex_pb2.OpenJobRequest(name="bench"), timeout=5).job
+    single = {}
+    single["first_submit_us"], _ = timed_submit(kex, job, graph())
+    single["repeated_submit_us"] = pct([timed_submit(kex, job, graph())[0] for _ in range(20)], 0.5)
+    # the structure cache's saving: a graph with one more, unused CONST node (a new value each call) is a new
+    # structure -- replay, schedule and render again -- whose kernel source is the same, so its program is a
+    # memory hit: the difference to the repeated Submit is what the structure cache saves
+    single["structure_miss_program_hit_us"] = pct([timed_submit(kex, job, graph(dummy=1000.0 + i))[0]
+                                                   for i in range(20)], 0.5)
+    calls = {
+        "health": lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5),
+        "submit": lambda: timed_submit(kex, job, graph()),
+    }
+    for name, fn in calls.items():
+        for inflight in (1, 8):
+            lat = []
+            lock = threading.Lock()
+            stop_at = [0.0]
+
+            def worker():
+                mine = []
+                while time.perf_counter() < stop_at[0]:
+                    t0 = time.perf_counter()
+                    fn()
+                    mine.append((time.perf_counter() - t0) * 1e6)
+                with lock:
+                    lat.extend(mine)
+            for _ in range(50):
+                fn()  # warm-up
+            stop_at[0] = time.perf_counter() + args.seconds
+            ts = [threading.Thread(target=worker) for _ in range(inflight)]
+            t0 = time.perf_counter()
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+            el = time.perf_counter() - t0
+            results[f"{name}_inflight{inflight}"] = {"p50_us": pct(lat, 0.5), "p99_us": pct(lat, 0.99),
+                                                     "calls_per_s": len(lat) / el, "calls": len(lat)}
+            print(f"{name:7s} {inflight} in flight: p50 {pct(lat, 0.5):8.0f} us  p99 {pct(lat, 0.99):8.0f} us  "
+                  f"{len(lat) / el:8.0f} calls/s", flush=True)
+    stats = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+    results["server_stats"] = {"schedule_cache_hits": stats.schedule_cache_hits,
+                               "schedule_cache_misses": stats.schedule_cache_misses,
+                               "program_cache_memory_hits": stats.program_cache_memory_hits,
+                               "program_cache_sqlite_hits": stats.program_cache_sqlite_hits,
+                               "program_cache_misses": stats.program_cache_misses}
+    ch.close()
+    proc.terminate()
+    proc.wait()
+    # restart with the same --cache: the program comes from SQLite
+    proc, ch = start()
+    kex = kex_pb2_grpc.KexStub(ch)
+    job = kex.OpenJob(kex_pb2.OpenJobRequest(name="bench"), timeout=5).job
+    single["after_restart_submit_us"], d = timed_submit(kex, job, graph())
+    single["after_restart_programs_sqlite"] = d.programs_sqlite
+    ch.close()
+    proc.terminate()
+    proc.wait()
+    results["single_submit"] = single
+    print(json.dumps(single, indent=1))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
