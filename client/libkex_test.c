@@ -267,8 +267,15 @@ static void test_submit(kex_client *c, const char *job) {
   check(seen[KEX_EVENT_ACCEPTED] == 1 && seen[KEX_EVENT_SCHEDULED] == 1, "submit: accepted and scheduled events arrive",
         NULL);
   kex_result_free(r);
-  o.timeout_s = 1e-6;
-  rc = kex_submit(c, job, g, &o, NULL, NULL, &r, &st);
+  /* a 768x768x768 matmul (with its compile) takes far longer than 2 ms on any device here */
+  const char *slow =
+      "{\"nodes\":[{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[768,1,768],\"fill\":{\"random\":11}},"
+      "{\"op\":\"EXPAND\",\"src\":[0],\"arg\":[768,768,768]},"
+      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[1,768,768],\"fill\":{\"random\":12}},"
+      "{\"op\":\"EXPAND\",\"src\":[2],\"arg\":[768,768,768]},{\"op\":\"MUL\",\"src\":[1,3]},"
+      "{\"op\":\"REDUCE_SUM\",\"src\":[4],\"axis\":[2]}],\"outputs\":[5]}";
+  o.timeout_s = 0.002;
+  rc = kex_submit(c, job, slow, &o, NULL, NULL, &r, &st);
   check(rc == KEX_EDEADLINE && !r, "submit: a deadline that passes is KEX_EDEADLINE", &st);
 }
 
