@@ -236,11 +236,12 @@ static void test_not_slower(void **state) {
   char path[512];
   snprintf(path, sizeof path, "%s/slower_%s.db", tmpdir, dc->name);
   unlink(path);
-  kex_run_result hand, beam, beam2;
+  kex_run_result hand, hand2, beam, beam2;
   double th = run_time(dc->graph, dev, 0, NULL, &hand);
   double tb = run_time(dc->graph, dev, 2, path, &beam);   /* searches every kernel, fills the cache */
   double tb2 = run_time(dc->graph, dev, 2, path, &beam2); /* cached */
-  double th2 = run_time(dc->graph, dev, 0, NULL, &hand);
+  double th2 = run_time(dc->graph, dev, 0, NULL, &hand2);
+  kex_run_result_free(&hand2);
   double thm = fmin(th, th2);
   printf("%s: hand %.2f/%.2f us, beam %.2f/%.2f us\n", dc->name, th, th2, tb, tb2);
   for (uint32_t i = 0; i < beam.nkernels; i++) printf("  %s [%s]\n", beam.kernels[i].name, beam.kernels[i].opts);
