@@ -8,54 +8,7 @@
 # Env: KEX_BUILD_DIR (default build; kexd is $KEX_BUILD_DIR/daemon/kexd),
 # KEX_CASES_DIR (default ../shared/cases from the repository root).
 # The last line of the output is "N passed, N failed"; exit 1 on any failure.
-set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-PY=/usr/bin/python3
-build=${KEX_BUILD_DIR:-build}
-case "$build" in /*) ;; *) build="$root/$build" ;; esac
-cases=${KEX_CASES_DIR:-$root/../shared/cases}
-max_message=4194304
-# an ASan build: PoCL/LLVM keep their compiler state for the life of the process (third-party only)
-export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL - $1"; }
-finish() {
-  echo "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit $?
-}
-
-kexd=""
-for c in "$build/daemon/kexd" "$build/kexd"; do
-  if [ -x "$c" ]; then kexd=$c; break; fi
-done
-if [ -z "$kexd" ]; then
-  bad "kexd is built ($build/daemon/kexd not found)"
-  finish
-fi
-
-tmp=$(mktemp -d)
-pid=""
-cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-# Python stubs from the same .proto files the C code comes from
-if $PY -m grpc_tools.protoc -I proto --python_out="$tmp" --grpc_python_out="$tmp" kex/v1/kex.proto &&
-  $PY -m grpc_tools.protoc -I proto/grpc/health/v1 --python_out="$tmp" --grpc_python_out="$tmp" health.proto; then
-  ok "python stubs generate from proto/"
-else
-  bad "python stubs generate from proto/"
-  finish
-fi
-
-port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+. "$(dirname "$0")/lib.bash"
 cache="$tmp/cache.db"
 POCL_CACHE_DIR="$tmp/pocl" "$kexd" --listen "127.0.0.1:$port" --max-message "$max_message" --grace 2 --device cpu,opencl \
   --cache "$cache" >"$tmp/kexd.log" 2>&1 &
