@@ -425,6 +425,8 @@ typedef struct search {
   kex_beam_progress prog;
 } search;
 
+static bool stop_requested(const search *s) { return s->o->cancelled && s->o->cancelled(s->o->cancel_arg); }
+
 static void report(search *s, const char *phase) {
   if (!s->o->progress) return;
   s->prog.phase = phase;
@@ -587,6 +589,10 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       }
       if ((int)c->ps.nuops >= o->uops_max) {
         res->over_uops++;
+        continue;
+      }
+      if (stop_requested(s)) {
+        rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
         continue;
       }
       if (per_entry && used[c->parent] >= per_entry) {
@@ -790,6 +796,10 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     s.bufs.bytes[j] = bytes ? bytes : 16;
     s.bufs.dtype[j] = bi->dtype;
   }
+  if (stop_requested(&s)) {
+    rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
+    goto out;
+  }
   if ((rc = s.exec(opts->exec_ctx, dev, job_alloc, &s.bufs, err))) goto out;
 
   /* hand-coded, at full size */
@@ -822,6 +832,10 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     bp = best->prog;
   }
   const kex_program_src *bps = best->prog && best->ps.src ? &best->ps : &best_ps;
+  if (stop_requested(&s)) {
+    rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
+    goto out;
+  }
   report(&s, "compare");
   double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS];
   int nr = 2 * opts->retime_runs;

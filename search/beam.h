@@ -120,6 +120,10 @@ typedef struct kex_beam_opts {
   kex_beam_progress_fn progress;
   void *progress_arg;
   kex_cache *cache;          /* NULL = no cache */
+  /* Checked between candidates (and before the buffers and the final comparison): true stops the
+     search, which frees what it holds and returns KEX_ECANCELLED.  NULL = never.  Any thread. */
+  bool (*cancelled)(void *arg);
+  void *cancel_arg;
 } kex_beam_opts;
 
 /* Defaults: width, 256, 1024, 3000, 0.01 us, 2%, 5 runs, 9 re-time runs, 96 per round, 10 s, 65536. */
