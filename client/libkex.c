@@ -50,13 +50,20 @@ enum {
   M_PLAN,
   M_LIST_DEVICES,
   M_GET_STATS,
+  M_TUNE,
+  M_LIST_CACHE,
+  M_GET_CACHE_ENTRY,
+  M_EXPORT_CACHE,
+  M_IMPORT_CACHE,
+  M_DELETE_CACHE,
   M_COUNT
 };
 
 static const char *const method_paths[M_COUNT] = {
     "/kex.v1.Kex/OpenJob", "/kex.v1.Kex/CloseJob", "/kex.v1.Kex/Upload",      "/kex.v1.Kex/Download",
     "/kex.v1.Kex/Free",    "/kex.v1.Kex/Submit",   "/kex.v1.Kex/Plan",        "/kex.v1.Kex/ListDevices",
-    "/kex.v1.Kex/GetStats",
+    "/kex.v1.Kex/GetStats", "/kex.v1.Kex/Tune",     "/kex.v1.Kex/ListCache",   "/kex.v1.Kex/GetCacheEntry",
+    "/kex.v1.Kex/ExportCache", "/kex.v1.Kex/ImportCache", "/kex.v1.Kex/DeleteCache",
 };
 
 struct kex_client {
@@ -1378,6 +1385,417 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
     d->bytes_reserved = j->bytes_reserved;
   }
   *out = s;
+  free_msg(rep);
+  return 0;
+}
+
+/* ---- Tune and the beam cache ---- */
+
+static void cache_entry_clear(kex_remote_cache_entry *e) {
+  char **fields[] = {&e->key,    &e->device,      &e->kind,        &e->vendor, &e->device_name, &e->driver_version,
+                     &e->compiler_version, &e->kernel_name, &e->opts, &e->search_opts, &e->codegen, &e->ast_text,
+                     &e->source};
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    kex_free(*fields[i]);
+    *fields[i] = NULL;
+  }
+}
+
+void kex_remote_cache_entry_free(kex_remote_cache_entry *e) {
+  if (!e) return;
+  cache_entry_clear(e);
+  kex_free(e);
+}
+
+/* The opts of a CacheEntry joined by single spaces (kex_malloc'd; NULL when out of memory). */
+static char *join_opts(char **opts, size_t n) {
+  size_t len = 1;
+  char *s, *p;
+  for (size_t i = 0; i < n; i++) len += strlen(opts[i] ? opts[i] : "") + 1;
+  if (!(s = kex_malloc(len))) return NULL;
+  p = s;
+  for (size_t i = 0; i < n; i++) {
+    size_t k = strlen(opts[i] ? opts[i] : "");
+    if (i) *p++ = ' ';
+    if (k) memcpy(p, opts[i], k);
+    p += k;
+  }
+  *p = 0;
+  return s;
+}
+
+/* Fill *e (zeroed by the caller) from a CacheEntry (src may be NULL: all empty).  0 or KEX_ENOMEM (*e cleared). */
+static int cache_entry_copy(const Kex__V1__CacheEntry *src, kex_remote_cache_entry *e) {
+  static const Kex__V1__CacheEntry empty = KEX__V1__CACHE_ENTRY__INIT;
+  static const Kex__V1__DeviceIdentity no_identity = KEX__V1__DEVICE_IDENTITY__INIT;
+  const Kex__V1__DeviceIdentity *id;
+  if (!src) src = &empty;
+  id = src->identity ? src->identity : &no_identity;
+  e->key = dupstr(src->key);
+  e->device = dupstr(src->device);
+  e->kind = dupstr(id->kind);
+  e->vendor = dupstr(id->vendor);
+  e->device_name = dupstr(id->name);
+  e->driver_version = dupstr(id->driver_version);
+  e->compiler_version = dupstr(id->compiler_version);
+  e->kernel_name = dupstr(src->kernel_name);
+  e->opts = join_opts(src->opts, src->n_opts);
+  e->search_opts = dupstr(src->search_opts);
+  e->codegen = dupstr(src->codegen);
+  e->ast_text = dupstr(src->ast_text);
+  e->source = dupstr(src->source);
+  e->best_us = src->best_us;
+  e->hand_us = src->baseline_us;
+  e->search_s = src->search_ms / 1e3;
+  e->candidates = src->candidates;
+  e->created_unix = src->created_unix;
+  if (!e->key || !e->device || !e->kind || !e->vendor || !e->device_name || !e->driver_version ||
+      !e->compiler_version || !e->kernel_name || !e->opts || !e->search_opts || !e->codegen || !e->ast_text ||
+      !e->source) {
+    cache_entry_clear(e);
+    return KEX_ENOMEM;
+  }
+  return 0;
+}
+
+/* The protobuf CacheFilter of f (may be NULL); pointers borrow f's strings. */
+static void filter_to_pb(const kex_remote_cache_filter *f, Kex__V1__CacheFilter *pb) {
+  kex__v1__cache_filter__init(pb);
+  if (!f) return;
+  if (f->device) pb->device = (char *)f->device;
+  if (f->kernel_name) pb->kernel_name = (char *)f->kernel_name;
+  if (f->key_prefix) pb->key_prefix = (char *)f->key_prefix;
+  pb->max_age_s = f->max_age_s;
+}
+
+void kex_tune_result_free(kex_tune_result *r) {
+  if (!r) return;
+  for (size_t i = 0; i < r->nkernels; i++) {
+    kex_free(r->kernels[i].kernel);
+    cache_entry_clear(&r->kernels[i].entry);
+  }
+  kex_free(r->kernels);
+  kex_free(r);
+}
+
+/* Account one TuneEvent in *res: 0, or a kex code with *err set (a bad index, out of memory). */
+static int tune_take(const Kex__V1__TuneEvent *ev, kex_tune_result *res, size_t *finished, kex_status *err) {
+  kex_tune_kernel *k;
+  if (!res->kernels) {
+    if (ev->n == 0 || ev->n > (1u << 24))
+      return status_set(err, KEX_ECORRUPT, 0, "Tune: an event for kernel %u of %u", ev->i, ev->n);
+    if (!(res->kernels = kex_calloc(ev->n, sizeof *res->kernels)))
+      return status_set(err, KEX_ENOMEM, 0, "Tune: out of memory");
+    res->nkernels = ev->n;
+  }
+  if (ev->n != res->nkernels || ev->i < 1 || ev->i > res->nkernels)
+    return status_set(err, KEX_ECORRUPT, 0, "Tune: an event for kernel %u of %u in a tune of %zu kernels", ev->i,
+                      ev->n, res->nkernels);
+  k = &res->kernels[ev->i - 1];
+  if (ev->round > k->rounds) k->rounds = ev->round;
+  if (ev->compiled > k->compiled) k->compiled = ev->compiled;
+  if (ev->timed > k->timed) k->timed = ev->timed;
+  if (!ev->finished) return 0;
+  if (k->kernel) return status_set(err, KEX_ECORRUPT, 0, "Tune: kernel %u finished twice", ev->i);
+  if (!(k->kernel = dupstr(ev->kernel)) || cache_entry_copy(ev->entry, &k->entry)) {
+    kex_free(k->kernel);
+    k->kernel = NULL;
+    return status_set(err, KEX_ENOMEM, 0, "Tune: out of memory copying the result");
+  }
+  k->from_cache = ev->from_cache;
+  k->hand_won = ev->hand_won;
+  k->search_s = ev->search_s;
+  (*finished)++;
+  return 0;
+}
+
+int kex_client_tune(kex_client *c, const char *job, const char *graph_json, const kex_tune_opts *opts, kex_tune_cb cb,
+                    void *ud, kex_tune_result **out, kex_status *st) {
+  Kex__V1__TuneRequest req = KEX__V1__TUNE_REQUEST__INIT;
+  Kex__V1__BeamOptions beam = KEX__V1__BEAM_OPTIONS__INIT;
+  Kex__V1__TuneEvent *ev = NULL;
+  Kex__V1__Graph g;
+  kex_tune_opts o = {0};
+  kex_tune_result *res = NULL;
+  kex_status local_err = {0};
+  bool client_failed = false;
+  size_t finished = 0;
+  kex_arena arena;
+  rpc r;
+  int rc, got = 0;
+  *out = NULL;
+  if (opts) o = *opts;
+  kex_arena_init(&arena, 0);
+  if ((rc = graph_from_json(graph_json, &arena, &g, st))) goto out;
+  if (!(res = kex_calloc(1, sizeof *res))) {
+    rc = status_set(st, KEX_ENOMEM, 0, "Tune: out of memory");
+    goto out;
+  }
+  if (o.device && *o.device) g.device = (char *)o.device;
+  beam.beam_width = o.beam_width;
+  beam.max_upcast = o.max_upcast;
+  beam.max_local = o.max_local;
+  beam.timeout_ms = o.kernel_timeout_ms;
+  req.job = (char *)(job ? job : "");
+  req.graph = &g;
+  req.beam = &beam;
+  if ((rc = rpc_begin(c, M_TUNE, o.timeout_s, &r, st))) goto out;
+  if (!rpc_send_request(&r, &req.base)) goto finish;
+  while ((got = rpc_recv(&r, &kex__v1__tune_event__descriptor, (ProtobufCMessage **)&ev, &local_err)) == 1) {
+    if (tune_take(ev, res, &finished, &local_err)) {
+      got = -1;
+    } else if (cb) {
+      kex_tune_event e;
+      size_t i = ev->i - 1;
+      memset(&e, 0, sizeof e);
+      e.i = ev->i;
+      e.n = ev->n;
+      e.kernel = ev->kernel;
+      e.finished = ev->finished;
+      e.phase = ev->phase;
+      e.round = ev->round;
+      e.round_candidates = ev->round_candidates;
+      e.compiled = ev->compiled;
+      e.timed = ev->timed;
+      e.best_us = ev->best_us;
+      e.from_cache = ev->from_cache;
+      e.hand_won = ev->hand_won;
+      e.search_s = ev->search_s;
+      e.entry = ev->finished ? &res->kernels[i].entry : NULL;
+      cb(&e, ud);
+    }
+    free_msg(ev);
+    ev = NULL;
+    if (got < 0) break;
+  }
+  if (got < 0) {
+    client_failed = true;
+    grpc_call_cancel(r.call, NULL);
+  }
+finish:
+  rc = rpc_end(&r, st);
+  if (client_failed) {
+    if (st) *st = local_err;
+    rc = local_err.code;
+  } else if (!rc && finished != res->nkernels) {
+    rc = status_set(st, KEX_ECORRUPT, 0, "Tune: the stream ended OK after %zu of %zu kernels", finished,
+                    res->nkernels);
+  }
+out:
+  if (rc) kex_tune_result_free(res);
+  else *out = res;
+  kex_arena_destroy(&arena);
+  if (!rc) status_ok(st);
+  return rc;
+}
+
+void kex_cache_page_free(kex_cache_page *p) {
+  if (!p) return;
+  for (size_t i = 0; i < p->nentries; i++) cache_entry_clear(&p->entries[i]);
+  kex_free(p->entries);
+  kex_free(p->next_page_token);
+  kex_free(p);
+}
+
+int kex_client_cache_list(kex_client *c, const char *job, const kex_remote_cache_filter *filter, uint32_t limit,
+                          const char *page_token, kex_cache_page **out, kex_status *st) {
+  Kex__V1__ListCacheRequest req = KEX__V1__LIST_CACHE_REQUEST__INIT;
+  Kex__V1__CacheFilter f;
+  Kex__V1__ListCacheReply *rep = NULL;
+  kex_cache_page *p = NULL;
+  int rc;
+  *out = NULL;
+  filter_to_pb(filter, &f);
+  req.job = (char *)(job ? job : "");
+  req.filter = &f;
+  req.limit = limit;
+  req.page_token = (char *)(page_token ? page_token : "");
+  if ((rc = unary(c, M_LIST_CACHE, &req.base, &kex__v1__list_cache_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+    return rc;
+  if (!(p = kex_calloc(1, sizeof *p)) || !(p->next_page_token = dupstr(rep->next_page_token)) ||
+      !(p->entries = kex_calloc(rep->n_entries ? rep->n_entries : 1, sizeof *p->entries)))
+    goto nomem;
+  for (size_t i = 0; i < rep->n_entries; i++) {
+    if (cache_entry_copy(rep->entries[i], &p->entries[i])) goto nomem;
+    p->nentries = i + 1;
+  }
+  *out = p;
+  free_msg(rep);
+  return 0;
+nomem:
+  kex_cache_page_free(p);
+  free_msg(rep);
+  return status_set(st, KEX_ENOMEM, 0, "ListCache: out of memory");
+}
+
+int kex_client_cache_get(kex_client *c, const char *job, const char *key, const char *device,
+                         kex_remote_cache_entry **out, kex_status *st) {
+  Kex__V1__GetCacheEntryRequest req = KEX__V1__GET_CACHE_ENTRY_REQUEST__INIT;
+  Kex__V1__CacheEntry *rep = NULL;
+  kex_remote_cache_entry *e;
+  int rc;
+  *out = NULL;
+  req.job = (char *)(job ? job : "");
+  req.key = (char *)(key ? key : "");
+  req.device = (char *)(device ? device : "");
+  if ((rc = unary(c, M_GET_CACHE_ENTRY, &req.base, &kex__v1__cache_entry__descriptor, (ProtobufCMessage **)&rep, st)))
+    return rc;
+  if (!(e = kex_calloc(1, sizeof *e)) || cache_entry_copy(rep, e)) {
+    kex_free(e);
+    free_msg(rep);
+    return status_set(st, KEX_ENOMEM, 0, "GetCacheEntry: out of memory");
+  }
+  *out = e;
+  free_msg(rep);
+  return 0;
+}
+
+int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cache_filter *filter, FILE *f,
+                            kex_cache_chunk_cb cb, void *ud, uint64_t *entries, kex_status *st) {
+  Kex__V1__ExportCacheRequest req = KEX__V1__EXPORT_CACHE_REQUEST__INIT;
+  Kex__V1__CacheFilter pf;
+  Kex__V1__ExportCacheChunk *ch = NULL;
+  kex_status local_err = {0};
+  bool client_failed = false;
+  uint64_t n = 0;
+  rpc r;
+  int rc, got;
+  if (entries) *entries = 0;
+  if (!cb && !f) return status_set(st, KEX_EINVAL, 0, "ExportCache: neither a file nor a callback");
+  filter_to_pb(filter, &pf);
+  req.job = (char *)(job ? job : "");
+  req.filter = &pf;
+  if ((rc = rpc_begin(c, M_EXPORT_CACHE, 0, &r, st))) return rc;
+  if (!rpc_send_request(&r, &req.base)) goto finish;
+  while ((got = rpc_recv(&r, &kex__v1__export_cache_chunk__descriptor, (ProtobufCMessage **)&ch, &local_err)) == 1) {
+    if (ch->entries) n = ch->entries;
+    if (ch->data.len) {
+      if (cb) {
+        if (cb(ch->data.data, ch->data.len, ud)) {
+          status_set(&local_err, KEX_ECANCELLED, 0, "ExportCache: stopped by the callback");
+          got = -1;
+        }
+      } else if (fwrite(ch->data.data, 1, ch->data.len, f) != ch->data.len) {
+        status_set(&local_err, KEX_EIO, 0, "ExportCache: write error: %s", strerror(errno));
+        got = -1;
+      }
+    }
+    free_msg(ch);
+    ch = NULL;
+    if (got < 0) break;
+  }
+  if (got < 0) {
+    client_failed = true;
+    grpc_call_cancel(r.call, NULL);
+  }
+finish:
+  rc = rpc_end(&r, st);
+  if (client_failed) {
+    if (st) *st = local_err;
+    rc = local_err.code;
+  }
+  if (!rc) {
+    if (entries) *entries = n;
+    status_ok(st);
+  }
+  return rc;
+}
+
+/* Send one message of a client stream (the first one with the initial metadata): 1 sent, 0 the call is over. */
+static int rpc_send_stream(rpc *r, const ProtobufCMessage *m, bool first) {
+  grpc_op ops[2];
+  grpc_byte_buffer *bb = pack(m);
+  size_t n = 0;
+  int ok;
+  memset(ops, 0, sizeof ops);
+  if (first) op_send_initial(r, &ops[n++]);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = bb;
+  ok = rpc_batch(r, ops, n);
+  grpc_byte_buffer_destroy(bb);
+  return ok;
+}
+
+int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_report *rep, kex_status *st) {
+  Kex__V1__ImportCacheRequest req = KEX__V1__IMPORT_CACHE_REQUEST__INIT;
+  Kex__V1__ImportCacheReply *reply = NULL;
+  unsigned char *chunk = NULL;
+  kex_status local_err = {0};
+  bool client_failed = false;
+  rpc r;
+  int rc, got = 0;
+  if (rep) memset(rep, 0, sizeof *rep);
+  if (!f) return status_set(st, KEX_EINVAL, 0, "ImportCache: no file");
+  if (!(chunk = kex_malloc(KEX_UPLOAD_CHUNK))) return status_set(st, KEX_ENOMEM, 0, "ImportCache: out of memory");
+  if ((rc = rpc_begin(c, M_IMPORT_CACHE, 0, &r, st))) goto out;
+  req.job = (char *)(job ? job : "");
+  for (bool first = true;; first = false) {
+    size_t n = fread(chunk, 1, KEX_UPLOAD_CHUNK, f);
+    if (n == 0 && ferror(f)) {
+      status_set(&local_err, KEX_EIO, 0, "ImportCache: read error: %s", strerror(errno));
+      client_failed = true;
+      grpc_call_cancel(r.call, NULL);
+      goto finish;
+    }
+    if (n == 0 && !first) break;
+    req.data.data = chunk;
+    req.data.len = n;
+    if (!rpc_send_stream(&r, &req.base, first)) goto finish; /* the server ended the call: rpc_end says why */
+    req.job = (char *)"";                                     /* the job goes in the first message only */
+    if (n < KEX_UPLOAD_CHUNK && feof(f)) break;
+  }
+  {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (rpc_batch(&r, &op, 1))
+      got = rpc_recv(&r, &kex__v1__import_cache_reply__descriptor, (ProtobufCMessage **)&reply, st);
+  }
+finish:
+  if (got < 0) {
+    kex_status ignored;
+    rpc_end(&r, &ignored);
+    rc = st ? st->code : KEX_ECORRUPT;
+    goto out;
+  }
+  rc = rpc_end(&r, st);
+  if (client_failed) {
+    if (st) *st = local_err;
+    rc = local_err.code;
+  } else if (!rc && !reply) {
+    rc = status_set(st, KEX_ECORRUPT, 0, "ImportCache: the server sent OK without a reply");
+  }
+  if (!rc) {
+    if (rep) {
+      rep->imported = reply->imported;
+      rep->rejected = reply->rejected;
+      for (size_t i = 0; i < reply->n_errors && i < KEX_IMPORT_ERRORS_MAX; i++) {
+        snprintf(rep->errors[i], sizeof rep->errors[i], "%s", reply->errors[i] ? reply->errors[i] : "");
+        rep->nerrors = (uint32_t)i + 1;
+      }
+    }
+    status_ok(st);
+  }
+out:
+  free_msg(reply);
+  kex_free(chunk);
+  return rc;
+}
+
+int kex_client_cache_delete(kex_client *c, const char *job, const kex_remote_cache_filter *filter, uint32_t *deleted,
+                            kex_status *st) {
+  Kex__V1__DeleteCacheRequest req = KEX__V1__DELETE_CACHE_REQUEST__INIT;
+  Kex__V1__CacheFilter f;
+  Kex__V1__DeleteCacheReply *rep = NULL;
+  int rc;
+  if (deleted) *deleted = 0;
+  filter_to_pb(filter, &f);
+  req.job = (char *)(job ? job : "");
+  req.filter = &f;
+  if ((rc = unary(c, M_DELETE_CACHE, &req.base, &kex__v1__delete_cache_reply__descriptor, (ProtobufCMessage **)&rep,
+                  st)))
+    return rc;
+  if (deleted) *deleted = rep->deleted;
   free_msg(rep);
   return 0;
 }

@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/errors.h"
 
@@ -234,6 +235,155 @@ typedef struct kex_stats {
 int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *st);
 
 void kex_stats_free(kex_stats *s);
+
+/* ---- Tune and the beam cache ---- */
+
+/*
+ * What the beam cache knows about one kernel on one device (CacheEntry).
+ * Every string is owned by the entry and never NULL ("" when the server
+ * sent none).
+ */
+typedef struct kex_remote_cache_entry {
+  char *key;                    /* the canonical AST key, 64 hex digits */
+  char *device;                 /* the rendered device identity ("kind=...;vendor=...;...") */
+  char *kind, *vendor, *device_name, *driver_version, *compiler_version; /* its five fields */
+  char *kernel_name;            /* the kernel's name with the chosen opts applied */
+  char *opts;                   /* the applied opts, space-separated ("UPCAST(1,4) LOCAL(0,16)"; "" = none) */
+  char *search_opts;            /* canonical search options ("beam=2;...") */
+  char *codegen;                /* codegen version ("kex.codegen.v1") */
+  char *ast_text;               /* kex_client_cache_get only: the AST text the key hashes ("" = not stored) */
+  char *source;                 /* kex_client_cache_get only: the rendered kernel ("" = not available) */
+  double best_us;               /* the chosen opts' time */
+  double hand_us;               /* the hand-coded opts' time */
+  double search_s;              /* how long the search took */
+  uint64_t candidates;          /* candidates the search timed */
+  int64_t created_unix;         /* when the entry was made (unix seconds) */
+} kex_remote_cache_entry;
+
+/* Free one entry from kex_client_cache_get (NULL is a no-op). */
+void kex_remote_cache_entry_free(kex_remote_cache_entry *e);
+
+/* One event of a Tune stream, for kernel i (1-based) of n. */
+typedef struct kex_tune_event {
+  uint32_t i, n;
+  const char *kernel;           /* the kernel's hand-coded name */
+  bool finished;                /* false: progress; true: the kernel's result is in entry */
+  const char *phase;            /* "cache", "hand", "search", "compare", "done" */
+  uint32_t round;               /* beam round, 1-based (0 before the first) */
+  uint32_t round_candidates;    /* candidates in this round */
+  uint32_t compiled, timed;     /* candidates compiled / timed so far (this kernel) */
+  double best_us;               /* best time so far (0 = none yet) */
+  bool from_cache;              /* finished: the result came from the cache (nothing searched) */
+  bool hand_won;                /* finished: the hand-coded opts were kept */
+  double search_s;              /* finished: wall time spent on this kernel */
+  const kex_remote_cache_entry *entry; /* finished: the result (NULL if the server sent none) */
+} kex_tune_event;
+
+/* Called for each Tune event on the calling thread; everything it points to lives only during the call. */
+typedef void (*kex_tune_cb)(const kex_tune_event *ev, void *ud);
+
+typedef struct kex_tune_opts {
+  uint32_t beam_width;          /* 0 = the server's default */
+  uint32_t max_upcast, max_local; /* 0 = the server's default */
+  uint32_t kernel_timeout_ms;   /* per kernel; 0 = the server's default */
+  const char *device;           /* NULL or "" = the graph's device ("device" of the JSON, else the default) */
+  double timeout_s;             /* deadline of the whole call; 0 = none */
+} kex_tune_opts;
+
+/* The result of one kernel of a Tune. */
+typedef struct kex_tune_kernel {
+  char *kernel;                 /* the hand-coded name */
+  kex_remote_cache_entry entry; /* the chosen opts and their times */
+  bool from_cache, hand_won;
+  double search_s;
+  uint32_t rounds, compiled, timed; /* the largest values the kernel's events reported */
+} kex_tune_kernel;
+
+typedef struct kex_tune_result {
+  kex_tune_kernel *kernels;     /* in schedule order */
+  size_t nkernels;
+} kex_tune_result;
+
+/*
+ * Beam-search every kernel of a graph (JSON text) on the server, or take
+ * each kernel's valid cached result.  cb (may be NULL) sees every event as
+ * it arrives; the finished events become *out (kex_tune_result_free).  opts
+ * may be NULL.  A deadline that passes is KEX_EDEADLINE.  When this returns
+ * an error, *out is NULL (events already delivered stay delivered).
+ */
+int kex_client_tune(kex_client *c, const char *job, const char *graph_json, const kex_tune_opts *opts, kex_tune_cb cb,
+                    void *ud, kex_tune_result **out, kex_status *st);
+
+void kex_tune_result_free(kex_tune_result *r);
+
+/* Which cache entries a call is about; NULL or "" (0 for max_age_s) matches anything. */
+typedef struct kex_remote_cache_filter {
+  const char *device;           /* substring of the rendered identity */
+  const char *kernel_name;      /* substring */
+  const char *key_prefix;       /* hex prefix of the AST key */
+  int64_t max_age_s;            /* only entries created at most this many seconds ago */
+} kex_remote_cache_filter;
+
+/* One page of ListCache. */
+typedef struct kex_cache_page {
+  kex_remote_cache_entry *entries; /* in key order */
+  size_t nentries;
+  char *next_page_token;        /* "" = no more pages, else pass it back as page_token */
+} kex_cache_page;
+
+/*
+ * One page of the beam cache: at most limit entries (0 = the server's 100,
+ * at most 1000) matching filter (may be NULL), starting at page_token (NULL
+ * or "" = from the start).  *out is the caller's (kex_cache_page_free).
+ */
+int kex_client_cache_list(kex_client *c, const char *job, const kex_remote_cache_filter *filter, uint32_t limit,
+                          const char *page_token, kex_cache_page **out, kex_status *st);
+
+void kex_cache_page_free(kex_cache_page *p);
+
+/*
+ * The newest entry for key (64 hex) on device (the rendered identity; NULL
+ * or "" = any), with its AST text and source when the server has them.
+ * KEX_ENOTFOUND when there is none.  *out is the caller's
+ * (kex_remote_cache_entry_free).
+ */
+int kex_client_cache_get(kex_client *c, const char *job, const char *key, const char *device,
+                         kex_remote_cache_entry **out, kex_status *st);
+
+/* Receives the export file piece by piece; nonzero stops the export (KEX_ECANCELLED). */
+typedef int (*kex_cache_chunk_cb)(const void *data, size_t len, void *ud);
+
+/*
+ * Export the entries matching filter (may be NULL) in the export format of
+ * search/cache.h (JSON lines, "kex.cache.export.v1").  The bytes go to cb
+ * when it is not NULL, else to f (KEX_EIO when a write fails); *entries
+ * (may be NULL) receives how many entries the server wrote.  What was
+ * delivered before an error stays delivered.
+ */
+int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cache_filter *filter, FILE *f,
+                            kex_cache_chunk_cb cb, void *ud, uint64_t *entries, kex_status *st);
+
+#define KEX_IMPORT_ERRORS_MAX 16  /* error lines a kex_import_report keeps */
+
+/* The outcome of an import. */
+typedef struct kex_import_report {
+  uint32_t imported, rejected;
+  uint32_t nerrors;             /* messages kept, at most KEX_IMPORT_ERRORS_MAX */
+  char errors[KEX_IMPORT_ERRORS_MAX][256]; /* "line 3: ast_key: not 64 hex digits" */
+} kex_import_report;
+
+/*
+ * Import an export file read from f (from its current position to EOF),
+ * streamed in KEX_UPLOAD_CHUNK messages.  The server checks every entry: a
+ * refused line counts in rep->rejected with its message, the rest are
+ * stored (the call still returns 0).  rep may be NULL.  KEX_EIO when f
+ * cannot be read; the server's error (a bad header is INVALID_ARGUMENT).
+ */
+int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_report *rep, kex_status *st);
+
+/* Delete the entries matching filter (NULL = all); *deleted (may be NULL) receives how many. */
+int kex_client_cache_delete(kex_client *c, const char *job, const kex_remote_cache_filter *filter, uint32_t *deleted,
+                            kex_status *st);
 
 #ifdef __cplusplus
 }
