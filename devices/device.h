@@ -41,8 +41,9 @@
  *           bufs[i] is the host pointer of buffer i (64-byte aligned),
  *           ints[j] the j-th int scalar.  The outer global dimension
  *           global[0] is split into contiguous ranges
- *           [gidx_start, gidx_end) across a thread pool sized to the online
- *           cores (KEX_CPU_THREADS=N at open time overrides the count); the kernel loops over its range of the outer index (and
+ *           [gidx_start, gidx_end) that a thread pool sized to the cores
+ *           the process may use (KEX_CPU_THREADS=N at open time overrides
+ *           the count) claims a few at a time; the kernel loops over its range of the outer index (and
  *           over every inner dimension itself).  global[1] and global[2]
  *           must be 1, local must be NULL (has_local is false).  Ranges are
  *           disjoint and cover [0, global[0]) exactly; a range is never

@@ -22,7 +22,9 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -97,6 +99,25 @@ static int kex_cl_code(cl_int e) {
 
 /* ---- enumeration ---- */
 
+/*
+ * PoCL's pthread device leaves its worker threads unpinned unless
+ * POCL_AFFINITY=1.  Unpinned, a worker woken for a launch lands on the
+ * waking thread's core (wake-affine) and on this 2-core VM often stayed
+ * there: in about half of the processes every kernel ran at one core's
+ * speed (sum of 4M floats 0.82-0.86 ms instead of 0.42-0.46 ms; measured
+ * with POCL_AFFINITY unset and =1).  So kex sets POCL_AFFINITY=1 before
+ * PoCL initializes, unless the environment already says otherwise (set
+ * POCL_AFFINITY=0 to keep PoCL's default).  This runs once, before the
+ * first clGetPlatformIDs of the process.  setenv is not safe against a
+ * getenv running at the same time on another thread; a program that cannot
+ * rule that out sets POCL_AFFINITY itself before it starts threads.
+ */
+static pthread_once_t kex_cl_env_once = PTHREAD_ONCE_INIT;
+
+static void kex_cl_env_init(void) {
+  if (setenv("POCL_AFFINITY", "1", 0) != 0) KEX_WARN("opencl: cannot set POCL_AFFINITY=1");
+}
+
 typedef struct kex_cl_found {
   cl_platform_id platform;
   cl_device_id device;
@@ -113,6 +134,7 @@ static int kex_cl_enumerate(kex_cl_found *found, int *n, kex_error *err) {
   cl_int e;
 
   *n = 0;
+  pthread_once(&kex_cl_env_once, kex_cl_env_init);
   e = clGetPlatformIDs(KEX_CL_MAX_PLATFORMS, platforms, &np);
   if (e == CL_PLATFORM_NOT_FOUND_KHR || (e == CL_SUCCESS && np == 0)) return 0;
   if (e != CL_SUCCESS) return kex_err_set(err, KEX_EDEVICE, "opencl: clGetPlatformIDs failed: %s", kex_cl_errname(e));

@@ -72,14 +72,23 @@ static const char *const CPU_BAD =
     "  ((float *)bufs[0])[0] = bogus_identifier_xyz * 2.0f;\n"
     "}\n";
 
-/* Records, per item, the start of the range that ran it and the thread. */
+/*
+ * Records, per item, the start of the range that ran it, the thread and the
+ * CPU; each item spins a little (tens of microseconds) so that every worker
+ * wakes before the work is gone.
+ */
 static const char *const CPU_RANGES =
+    "#define _GNU_SOURCE\n"
     "#include <pthread.h>\n"
+    "#include <sched.h>\n"
     "void ranges(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
-    "  int *start = bufs[0]; int *end = bufs[1]; unsigned long *tid = bufs[2];\n"
+    "  int *start = bufs[0]; int *end = bufs[1]; unsigned long *tid = bufs[2]; int *cpu = bufs[3];\n"
     "  (void)ints;\n"
     "  for (int i = gidx_start; i < gidx_end; i++) {\n"
+    "    volatile int spin = 0;\n"
+    "    while (spin < 20000) spin++;\n"
     "    start[i] += gidx_start + 1; end[i] = gidx_end; tid[i] = (unsigned long)pthread_self();\n"
+    "    cpu[i] = sched_getcpu();\n"
     "  }\n"
     "}\n";
 
@@ -688,22 +697,24 @@ static void test_cpu_threads(void **state) {
   kex_error err = {0};
   compiled c = {0};
   kex_event *ev = NULL;
-  int start[N] = {0}, end[N];
+  int start[N] = {0}, end[N], cpu[N];
   unsigned long tid[N], range_tid[KEX_DEVICE_MAX_BUFS];
+  int range_cpu[KEX_DEVICE_MAX_BUFS];
   int cores = kex_device_get_info(g.cpu)->compute_units, nranges = 0;
   (void)state;
 
   compile_once(g.cpu, &c, CPU_RANGES, "ranges");
   kex_program *prog = load_or_fail(g.cpu, &c, "ranges");
-  kex_buffer *bufs[3] = {buffer_with(g.cpu, start, sizeof start), buffer_with(g.cpu, NULL, sizeof end),
-                         buffer_with(g.cpu, NULL, sizeof tid)};
+  kex_buffer *bufs[4] = {buffer_with(g.cpu, start, sizeof start), buffer_with(g.cpu, NULL, sizeof end),
+                         buffer_with(g.cpu, NULL, sizeof tid), buffer_with(g.cpu, NULL, sizeof cpu)};
   size_t global[3] = {N, 1, 1};
-  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 3, NULL, 0, &ev, &err), 0);
+  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, NULL, 0, &ev, &err), 0);
   assert_int_equal(kex_event_wait(ev, &err), 0);
   kex_event_free(ev);
   assert_int_equal(kex_buffer_copy_out(bufs[0], 0, start, sizeof start, &err), 0);
   assert_int_equal(kex_buffer_copy_out(bufs[1], 0, end, sizeof end, &err), 0);
   assert_int_equal(kex_buffer_copy_out(bufs[2], 0, tid, sizeof tid, &err), 0);
+  assert_int_equal(kex_buffer_copy_out(bufs[3], 0, cpu, sizeof cpu, &err), 0);
   /* each item ran exactly once (start is accumulated), in contiguous ranges */
   for (int i = 0; i < N; i++) {
     int s = start[i] - 1;
@@ -711,21 +722,42 @@ static void test_cpu_threads(void **state) {
     if (i == 0 || s != start[i - 1] - 1) {
       assert_int_equal(s, i); /* a new range starts where the last ended */
       if (i > 0) assert_int_equal(end[i - 1], i);
+      assert_true(nranges < KEX_DEVICE_MAX_BUFS);
+      range_cpu[nranges] = cpu[i];
       range_tid[nranges++] = tid[i];
     } else {
       assert_int_equal(tid[i], tid[i - 1]);
     }
   }
   assert_int_equal(end[N - 1], N);
-  /* one range per core, each on its own thread; with 2 cores both halves ran */
-  assert_int_equal(nranges, cores);
-  assert_int_equal(count_distinct_ul(range_tid, nranges), cores);
-  if (cores == 2) assert_int_equal(start[N - 1] - 1, N / 2);
+  if (cores == 1) {
+    /* no workers: the launching thread ran everything as one range */
+    assert_int_equal(nranges, 1);
+    assert_int_equal(range_tid[0], (unsigned long)pthread_self());
+  } else {
+    /* ceil(N / (4 cores)) items per range, each worker ran some, none ran on the launching thread */
+    int chunk = (N + 4 * cores - 1) / (4 * cores);
+    assert_int_equal(nranges, (N + chunk - 1) / chunk);
+    assert_int_equal(count_distinct_ul(range_tid, nranges), cores);
+    for (int r = 0; r < nranges; r++) assert_true(range_tid[r] != (unsigned long)pthread_self());
+    /* each worker stays on its own CPU (pinned), one worker per CPU when there are enough CPUs */
+    unsigned long worker_cpu[KEX_DEVICE_MAX_BUFS];
+    int nworkers = 0;
+    for (int r = 0; r < nranges; r++) {
+      int known = 0;
+      for (int i = 0; i < N; i++)
+        if (tid[i] == range_tid[r]) assert_int_equal(cpu[i], range_cpu[r]);
+      for (int w = 0; w < r && !known; w++) known = range_tid[w] == range_tid[r];
+      if (!known) worker_cpu[nworkers++] = (unsigned long)range_cpu[r];
+    }
+    if (cores <= sysconf(_SC_NPROCESSORS_ONLN) && getenv("KEX_CPU_THREADS") == NULL)
+      assert_int_equal(count_distinct_ul(worker_cpu, nworkers), nworkers);
+  }
   print_message("cpu: %d ranges on %d threads\n", nranges, count_distinct_ul(range_tid, nranges));
 
   /* one item is one range */
   size_t one[3] = {1, 1, 1};
-  assert_int_equal(kex_program_launch(prog, one, NULL, bufs, 3, NULL, 0, &ev, &err), 0);
+  assert_int_equal(kex_program_launch(prog, one, NULL, bufs, 4, NULL, 0, &ev, &err), 0);
   kex_event_free(ev);
   assert_int_equal(kex_buffer_copy_out(bufs[1], 0, end, sizeof(int), &err), 0);
   assert_int_equal(end[0], 1);
@@ -739,7 +771,7 @@ static void test_cpu_threads(void **state) {
   size_t zero[3] = {0, 1, 1};
   assert_int_equal(kex_program_launch(prog, zero, NULL, bufs, 3, NULL, 0, &ev, &err), KEX_EINVAL);
   assert_null(ev);
-  for (int i = 0; i < 3; i++) kex_buffer_free(bufs[i]);
+  for (int i = 0; i < 4; i++) kex_buffer_free(bufs[i]);
   kex_program_free(prog);
   kex_free(c.bin);
 }
