@@ -13,7 +13,9 @@
  * against OpenBLAS.  Writes bench/results/kernels.json and prints a table
  * with tinygrad 0.9.0's BEAM=0 times on PoCL here (spec 16.4) beside ours.
  *
- * usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N]
+ * usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N] [--only SUBSTR] [--device NAME]
+ * (--only: graphs whose file name contains SUBSTR; --device: only opencl,
+ * cpu or cpu_1thread; both for quick checks, the results file wants all)
  */
 #include <cblas.h>
 #include <jansson.h>
@@ -137,12 +139,15 @@ int main(int argc, char **argv) {
   const char *outpath = "bench/results/kernels.json";
   const char *dir = getenv("KEX_BENCH_GRAPHS_DIR") ? getenv("KEX_BENCH_GRAPHS_DIR") : "../shared/bench-graphs";
   int reps = 10;
+  const char *only = NULL, *only_dev = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) outpath = argv[++i];
     else if (strcmp(argv[i], "--graphs") == 0 && i + 1 < argc) dir = argv[++i];
     else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) only_dev = argv[++i];
     else {
-      fprintf(stderr, "usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N]\n");
+      fprintf(stderr, "usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N] [--only SUBSTR] [--device NAME]\n");
       return 2;
     }
   }
@@ -165,6 +170,7 @@ int main(int argc, char **argv) {
          "x_tg", "ok");
   for (size_t gi = 0; gi < sizeof graphs / sizeof *graphs; gi++) {
     char path[1024];
+    if (only && !strstr(graphs[gi].file, only)) continue;
     snprintf(path, sizeof path, "%s/%s", dir, graphs[gi].file);
     kex_limits lim = KEX_LIMITS_DEFAULT;
     kex_graph *g = NULL;
@@ -190,6 +196,7 @@ int main(int argc, char **argv) {
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)(strlen(graphs[gi].file) - 5), graphs[gi].file);
     for (int d = 0; d < 3; d++) {
+      if (only_dev && strcmp(only_dev, runs[d].label) != 0) continue;
       if (!devs[d] || run_on(devs[d], g, reps, ref, n ? (size_t)n * (size_t)n : 0, &runs[d])) continue;
       double tg = graphs[gi].tinygrad_us;
       printf("%-18s %-12s %11.1f %11.1f %9.2f %12s %9s %9s\n", name, runs[d].label, runs[d].us, base_us,

@@ -50,7 +50,7 @@ extern char **environ;
 #define KEX_CPU_MAX_THREADS 256
 #define KEX_CPU_LOG_MAX (64 << 10) /* bytes of compiler output kept */
 #define KEX_CPU_ALIGN 64
-#define KEX_CPU_CHUNKS_PER_THREAD 4 /* a launch is split into this many pieces per worker */
+#define KEX_CPU_CHUNKS_PER_THREAD 16 /* a launch is split into this many pieces per worker */
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
 

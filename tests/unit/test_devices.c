@@ -735,8 +735,8 @@ static void test_cpu_threads(void **state) {
     assert_int_equal(nranges, 1);
     assert_int_equal(range_tid[0], (unsigned long)pthread_self());
   } else {
-    /* ceil(N / (4 cores)) items per range, each worker ran some, none ran on the launching thread */
-    int chunk = (N + 4 * cores - 1) / (4 * cores);
+    /* ceil(N / (16 cores)) items per range (KEX_CPU_CHUNKS_PER_THREAD), each worker ran some, none ran on the launching thread */
+    int chunk = (N + 16 * cores - 1) / (16 * cores);
     assert_int_equal(nranges, (N + chunk - 1) / chunk);
     assert_int_equal(count_distinct_ul(range_tid, nranges), cores);
     for (int r = 0; r < nranges; r++) assert_true(range_tid[r] != (unsigned long)pthread_self());
