@@ -1,6 +1,7 @@
 /*
- * kex_cache.c - `kex cache`: the beam-result cache file (search/cache.h)
- * from the command line, in-process.
+ * kex_cache.c - `kex cache`: the beam-result cache (search/cache.h) from the
+ * command line, in-process on a cache file or, with `kex --server ADDR
+ * cache ...`, on the cache of a kexd (libkex's kex_client_cache_*).
  *
  *   kex cache ls     [filters] [--json]
  *   kex cache show   AST_PREFIX [--device S] [--graph FILE.json] [--json]
@@ -10,39 +11,53 @@
  *
  * Filters: --device S (substring of the rendered device identity),
  * --name S (kernel name substring), --ast PREFIX (AST key hex prefix),
- * --max-age AGE (seconds, or with s/m/h/d).  Every command takes
- * --cache PATH (default: $KEX_CACHE, $XDG_CACHE_HOME/kex/cache.db,
+ * --max-age AGE (seconds, or with s/m/h/d).  In-process, every command
+ * takes --cache PATH (default: $KEX_CACHE, $XDG_CACHE_HOME/kex/cache.db,
  * ~/.cache/kex/cache.db).  The cache stores the AST text, not the source:
- * `show --graph FILE` renders the source by scheduling FILE on the entry's
- * device kind and lowering the kernel whose AST key matches with the
- * cached opts.
+ * in-process, `show --graph FILE` renders the source by scheduling FILE on
+ * the entry's device kind and lowering the kernel whose AST key matches with
+ * the cached opts; a server renders the source itself (GetCacheEntry).
+ *
+ * Both modes print with the same code (cache_args, cache_row and the
+ * printers below); with a server, "cache" in `ls --json` is the server's
+ * address instead of the file's path.  Exit codes: 0 ok, 2 bad input (usage,
+ * an unknown or ambiguous key, refused import lines; INVALID_ARGUMENT or
+ * NOT_FOUND from a server, printed with its message), 1 other errors.
  */
-#ifdef KEX_HAVE_RUN
+#if defined(KEX_HAVE_RUN) || defined(KEX_HAVE_LIBKEX)
 #include <getopt.h>
 #include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "client/kex_cli.h"
 #include "core/alloc.h"
-#include "core/arena.h"
-#include "search/astkey.h"
-#include "search/beam.h"
-#include "search/cache.h"
-#include "search/lower.h"
-#include "search/run.h"
 
-int kex_cmd_cache(int argc, char **argv);
+/* ---- what both modes share: the command line and the printers ---- */
 
 static void cache_usage(FILE *f) {
   fputs("usage: kex cache ls     [--device S] [--name S] [--ast PREFIX] [--max-age AGE] [--json] [--cache PATH]\n"
         "       kex cache show   AST_PREFIX [--device S] [--graph FILE.json] [--json] [--cache PATH]\n"
         "       kex cache export [filters] [--out FILE] [--json] [--cache PATH]\n"
         "       kex cache import FILE [--json] [--cache PATH]\n"
-        "       kex cache rm     (filters | --all) [--json] [--cache PATH]\n",
+        "       kex cache rm     (filters | --all) [--json] [--cache PATH]\n"
+        "       kex --server ADDR cache ...   the same on kexd's cache (no --cache, --graph; --job T)\n",
         f);
 }
+
+/* A parsed `kex cache` command line. */
+typedef struct cache_args {
+  const char *sub;             /* "ls", "show", "export", "import", "rm" */
+  const char *cache_path, *outp, *graph, *job;
+  const char *device, *kernel_name, *key_prefix; /* the filter */
+  int64_t max_age_s;
+  bool json, all, filtered;
+  const char *arg;             /* show: AST_PREFIX; import: FILE */
+} cache_args;
 
 static int parse_age(const char *s, int64_t *out) {
   char *end = NULL;
@@ -59,44 +74,214 @@ static int parse_age(const char *s, int64_t *out) {
   return 0;
 }
 
-static json_t *entry_json(const kex_cache_entry *e) {
-  char ot[KEX_CACHE_OPTS_TEXT_MAX];
-  kex_cache_opts_format(e->value.opts, e->value.nopts, ot, sizeof ot);
-  return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I}", "ast_key", e->ast_hex, "device",
-                   e->device_rendered, "search_opts", e->search_opts, "codegen_version", e->codegen_version,
-                   "kernel_name", e->value.kernel_name, "opts", ot, "us", e->value.best_time_s * 1e6, "hand_us",
-                   e->value.hand_time_s * 1e6, "search_s", e->value.search_time_s, "candidates",
-                   (json_int_t)e->value.candidates, "created_at", (json_int_t)e->value.created_at);
+/* Parse argv (argv[1] is the subcommand) into *a: -1 to go on, else the exit code (help, usage errors). */
+static int cache_parse(int argc, char **argv, cache_args *a) {
+  static const struct option lopts[] = {
+      {"cache", required_argument, NULL, 'c'},   {"json", no_argument, NULL, 'j'},       {"device", required_argument, NULL, 'd'},
+      {"name", required_argument, NULL, 'n'},    {"ast", required_argument, NULL, 'a'},  {"max-age", required_argument, NULL, 'A'},
+      {"out", required_argument, NULL, 'o'},     {"graph", required_argument, NULL, 'g'}, {"all", no_argument, NULL, 'L'},
+      {"job", required_argument, NULL, 'J'},     {"help", no_argument, NULL, 'h'},       {0}};
+  int c;
+  memset(a, 0, sizeof *a);
+  if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+    cache_usage(stdout);
+    return 0;
+  }
+  if (argc < 2) {
+    cache_usage(stderr);
+    return 2;
+  }
+  a->sub = argv[1];
+  optind = 2;
+  while ((c = getopt_long(argc, argv, "c:jd:n:a:A:o:g:Lh", lopts, NULL)) != -1) {
+    switch (c) {
+    case 'c': a->cache_path = optarg; break;
+    case 'j': a->json = true; break;
+    case 'd': a->device = optarg; break;
+    case 'n': a->kernel_name = optarg; break;
+    case 'a': a->key_prefix = optarg; break;
+    case 'A':
+      if (parse_age(optarg, &a->max_age_s)) {
+        fprintf(stderr, "kex cache: bad --max-age '%s' (seconds, or with s/m/h/d)\n", optarg);
+        return 2;
+      }
+      break;
+    case 'o': a->outp = optarg; break;
+    case 'g': a->graph = optarg; break;
+    case 'L': a->all = true; break;
+    case 'J': a->job = optarg; break;
+    case 'h': cache_usage(stdout); return 0;
+    default: cache_usage(stderr); return 2;
+    }
+  }
+  bool is_show = !strcmp(a->sub, "show"), is_import = !strcmp(a->sub, "import");
+  if (strcmp(a->sub, "ls") && !is_show && strcmp(a->sub, "export") && !is_import && strcmp(a->sub, "rm")) {
+    fprintf(stderr, "kex cache: unknown subcommand '%s'\n", a->sub);
+    cache_usage(stderr);
+    return 2;
+  }
+  int npos = argc - optind;
+  if (((is_show || is_import) && npos != 1) || (!(is_show || is_import) && npos != 0)) {
+    fprintf(stderr, "kex cache %s: wrong number of arguments\n", a->sub);
+    cache_usage(stderr);
+    return 2;
+  }
+  if (npos) a->arg = argv[optind];
+  a->filtered = (a->device && *a->device) || (a->kernel_name && *a->kernel_name) || (a->key_prefix && *a->key_prefix) ||
+                a->max_age_s;
+  if (!strcmp(a->sub, "rm") && !a->filtered && !a->all) {
+    fprintf(stderr, "kex cache rm: give a filter or --all\n");
+    return 2;
+  }
+  return -1;
 }
 
+/* One beam result as both modes print it. */
+typedef struct cache_row {
+  const char *ast_key, *device, *kind, *device_name, *search_opts, *codegen, *kernel_name, *opts;
+  double us, hand_us, search_s;
+  int64_t candidates, created_at;
+} cache_row;
+
+static json_t *row_json(const cache_row *r) {
+  return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I}", "ast_key", r->ast_key, "device",
+                   r->device, "search_opts", r->search_opts, "codegen_version", r->codegen, "kernel_name",
+                   r->kernel_name, "opts", r->opts, "us", r->us, "hand_us", r->hand_us, "search_s", r->search_s,
+                   "candidates", (json_int_t)r->candidates, "created_at", (json_int_t)r->created_at);
+}
+
+/* The line of `ls`. */
+static void row_line(const cache_row *r) {
+  long age = (long)(time(NULL) - r->created_at);
+  printf("%.16s  %-8s %-24.24s %-26s %-40s %9.2f us (hand %9.2f) %6lds ago\n", r->ast_key, r->kind, r->device_name,
+         r->kernel_name, r->opts[0] ? r->opts : "(no opts)", r->us, r->hand_us, age);
+}
+
+/* `ls` collects entries through this; `show` counts the distinct keys. */
 typedef struct ls_state {
   bool json;
-  json_t *arr;
-  char first_hex[KEX_AST_KEY_HEX];
-  char first_dev[KEX_DEVICE_IDENTITY_STR_MAX];
+  json_t *arr;                 /* --json: the entries; NULL: lines are printed (unless json) */
+  char first_hex[80];           /* the first entry's AST key (64 hex) */
+  char first_dev[4096];         /* and its rendered device (KEX_DEVICE_IDENTITY_STR_MAX is 2600) */
   uint32_t distinct;
+  uint64_t n;
 } ls_state;
 
-static int ls_cb(const kex_cache_entry *e, void *arg) {
-  ls_state *st = arg;
-  if (!st->distinct || strcmp(st->first_hex, e->ast_hex) != 0) {
+static void ls_take(ls_state *st, const cache_row *r) {
+  st->n++;
+  if (!st->distinct || strcmp(st->first_hex, r->ast_key) != 0) {
     if (!st->distinct) {
-      snprintf(st->first_hex, sizeof st->first_hex, "%s", e->ast_hex);
-      snprintf(st->first_dev, sizeof st->first_dev, "%s", e->device_rendered);
+      snprintf(st->first_hex, sizeof st->first_hex, "%s", r->ast_key);
+      snprintf(st->first_dev, sizeof st->first_dev, "%s", r->device);
     }
     st->distinct++;
   }
+  if (st->arr) json_array_append_new(st->arr, row_json(r));
+  else if (!st->json) row_line(r);
+}
+
+/* The end of `ls`: the JSON document, or the count line.  where = the cache file or the server. */
+static void ls_finish(const ls_state *st, const char *where) {
   if (st->arr) {
-    json_array_append_new(st->arr, entry_json(e));
-    return 0;
+    json_t *doc = json_pack("{s:s, s:O}", "cache", where, "entries", st->arr);
+    json_dumpf(doc, stdout, JSON_COMPACT);
+    fputc('\n', stdout);
+    json_decref(doc);
+  } else {
+    printf("%llu entr%s in %s\n", (unsigned long long)st->n, st->n == 1 ? "y" : "ies", where);
   }
-  if (st->json) return 0;
+}
+
+/* `show`'s report: the entry, its AST text and source (NULL = not stored / not rendered). */
+static void show_print(const cache_row *r, const char *ast_text, const char *source, bool as_json, bool remote) {
+  if (as_json) {
+    json_t *o = row_json(r);
+    json_object_set_new(o, "ast_text", ast_text ? json_string(ast_text) : json_null());
+    json_object_set_new(o, "source", source ? json_string(source) : json_null());
+    json_dumpf(o, stdout, JSON_COMPACT);
+    fputc('\n', stdout);
+    json_decref(o);
+    return;
+  }
+  printf("ast_key:         %s\ndevice:          %s\nsearch_opts:     %s\ncodegen_version: %s\n"
+         "kernel:          %s\nopts:            %s\ntime:            %.2f us (hand-coded %.2f us)\n"
+         "search:          %.2f s, %lld candidates timed\ncreated_at:      %lld\n",
+         r->ast_key, r->device, r->search_opts, r->codegen, r->kernel_name, r->opts[0] ? r->opts : "(no opts)", r->us,
+         r->hand_us, r->search_s, (long long)r->candidates, (long long)r->created_at);
+  printf("ast:\n%s\n", ast_text ? ast_text : "(not stored)");
+  printf("source:\n%s\n", source ? source
+                                 : remote ? "(not available from the server)"
+                                          : "(not stored; give --graph FILE.json to render it)");
+}
+
+/* `export`'s closing line: on stdout when the export went to a file, else on stderr. */
+static void export_print(const cache_args *a, uint64_t n) {
+  FILE *msg = a->outp ? stdout : stderr;
+  if (a->json)
+    fprintf(msg, "{\"exported\":%llu}\n", (unsigned long long)n);
+  else
+    fprintf(msg, "exported %llu entries\n", (unsigned long long)n);
+}
+
+static void import_print(bool as_json, uint64_t imported, uint64_t rejected, const char *const *errors,
+                         uint32_t nerrors) {
+  if (as_json) {
+    json_t *errs = json_array();
+    for (uint32_t i = 0; i < nerrors; i++) json_array_append_new(errs, json_string(errors[i]));
+    json_t *o = json_pack("{s:I, s:I, s:o}", "imported", (json_int_t)imported, "rejected", (json_int_t)rejected,
+                          "errors", errs);
+    json_dumpf(o, stdout, JSON_COMPACT);
+    fputc('\n', stdout);
+    json_decref(o);
+  } else {
+    printf("imported %llu, rejected %llu\n", (unsigned long long)imported, (unsigned long long)rejected);
+    for (uint32_t i = 0; i < nerrors; i++) printf("  %s\n", errors[i]);
+  }
+}
+
+static void rm_print(bool as_json, uint64_t n) {
+  if (as_json)
+    printf("{\"deleted\":%llu}\n", (unsigned long long)n);
+  else
+    printf("deleted %llu entries\n", (unsigned long long)n);
+}
+#endif
+
+/* ---- in-process ---- */
+
+#ifdef KEX_HAVE_RUN
+#include "core/arena.h"
+#include "search/astkey.h"
+#include "search/beam.h"
+#include "search/cache.h"
+#include "search/lower.h"
+#include "search/run.h"
+
+int kex_cmd_cache(int argc, char **argv);
+
+/* A row of an in-process entry; ot (the opts text buffer) must outlive the row. */
+static cache_row row_of(const kex_cache_entry *e, char ot[KEX_CACHE_OPTS_TEXT_MAX]) {
+  kex_cache_opts_format(e->value.opts, e->value.nopts, ot, KEX_CACHE_OPTS_TEXT_MAX);
+  cache_row r = {e->ast_hex,
+                 e->device_rendered,
+                 e->device.kind,
+                 e->device.name,
+                 e->search_opts,
+                 e->codegen_version,
+                 e->value.kernel_name,
+                 ot,
+                 e->value.best_time_s * 1e6,
+                 e->value.hand_time_s * 1e6,
+                 e->value.search_time_s,
+                 e->value.candidates,
+                 e->value.created_at};
+  return r;
+}
+
+static int ls_cb(const kex_cache_entry *e, void *arg) {
   char ot[KEX_CACHE_OPTS_TEXT_MAX];
-  kex_cache_opts_format(e->value.opts, e->value.nopts, ot, sizeof ot);
-  long age = (long)(time(NULL) - e->value.created_at);
-  printf("%.16s  %-8s %-24.24s %-26s %-40s %9.2f us (hand %9.2f) %6lds ago\n", e->ast_hex, e->device.kind,
-         e->device.name, e->value.kernel_name, ot[0] ? ot : "(no opts)", e->value.best_time_s * 1e6,
-         e->value.hand_time_s * 1e6, age);
+  cache_row r = row_of(e, ot);
+  ls_take(arg, &r);
   return 0;
 }
 
@@ -138,65 +323,20 @@ static char *render_from_graph(const char *gpath, const kex_cache_entry *e, kex_
 }
 
 int kex_cmd_cache(int argc, char **argv) {
-  static const struct option lopts[] = {
-      {"cache", required_argument, NULL, 'c'},   {"json", no_argument, NULL, 'j'},       {"device", required_argument, NULL, 'd'},
-      {"name", required_argument, NULL, 'n'},    {"ast", required_argument, NULL, 'a'},  {"max-age", required_argument, NULL, 'A'},
-      {"out", required_argument, NULL, 'o'},     {"graph", required_argument, NULL, 'g'}, {"all", no_argument, NULL, 'L'},
-      {"help", no_argument, NULL, 'h'},          {0}};
-  if (argc < 2) {
-    cache_usage(stderr);
+  cache_args a;
+  int ret = cache_parse(argc, argv, &a), rc;
+  if (ret >= 0) return ret;
+  ret = 0;
+  if (a.job) {
+    fprintf(stderr, "kex cache: --job needs --server\n");
     return 2;
   }
-  const char *sub = argv[1], *cache_path = NULL, *outp = NULL, *graph = NULL;
-  bool as_json = false, all = false;
-  kex_cache_filter f = {0};
-  int c;
-  optind = 2;
-  while ((c = getopt_long(argc, argv, "c:jd:n:a:A:o:g:Lh", lopts, NULL)) != -1) {
-    switch (c) {
-    case 'c': cache_path = optarg; break;
-    case 'j': as_json = true; break;
-    case 'd': f.device = optarg; break;
-    case 'n': f.kernel_name = optarg; break;
-    case 'a': f.key_prefix = optarg; break;
-    case 'A':
-      if (parse_age(optarg, &f.max_age_s)) {
-        fprintf(stderr, "kex cache: bad --max-age '%s' (seconds, or with s/m/h/d)\n", optarg);
-        return 2;
-      }
-      break;
-    case 'o': outp = optarg; break;
-    case 'g': graph = optarg; break;
-    case 'L': all = true; break;
-    case 'h': cache_usage(stdout); return 0;
-    default: cache_usage(stderr); return 2;
-    }
-  }
-  bool is_ls = !strcmp(sub, "ls"), is_show = !strcmp(sub, "show"), is_export = !strcmp(sub, "export"),
-       is_import = !strcmp(sub, "import"), is_rm = !strcmp(sub, "rm");
-  if (!is_ls && !is_show && !is_export && !is_import && !is_rm) {
-    fprintf(stderr, "kex cache: unknown subcommand '%s'\n", sub);
-    cache_usage(stderr);
-    return 2;
-  }
-  int npos = argc - optind;
-  if (((is_show || is_import) && npos != 1) || (!(is_show || is_import) && npos != 0)) {
-    fprintf(stderr, "kex cache %s: wrong number of arguments\n", sub);
-    cache_usage(stderr);
-    return 2;
-  }
-  bool filtered = (f.device && *f.device) || (f.kernel_name && *f.kernel_name) || (f.key_prefix && *f.key_prefix) ||
-                  f.max_age_s;
-  if (is_rm && !filtered && !all) {
-    fprintf(stderr, "kex cache rm: give a filter or --all\n");
-    return 2;
-  }
+  kex_cache_filter f = {a.device, a.kernel_name, a.key_prefix, a.max_age_s};
   char cp[4096];
   kex_error err = {0};
   kex_cache *cache = NULL;
-  int ret = 0, rc;
-  if (cache_path)
-    snprintf(cp, sizeof cp, "%s", cache_path);
+  if (a.cache_path)
+    snprintf(cp, sizeof cp, "%s", a.cache_path);
   else if ((rc = kex_beam_default_cache_path(cp, sizeof cp, &err))) {
     fprintf(stderr, "kex cache: %s\n", err.msg);
     return 1;
@@ -205,95 +345,65 @@ int kex_cmd_cache(int argc, char **argv) {
     fprintf(stderr, "kex cache: %s: %s\n", cp, err.msg);
     return rc == KEX_EUNSUPPORTED || rc == KEX_ECORRUPT ? 2 : 1;
   }
-  if (is_ls) {
-    ls_state st = {as_json, as_json ? json_array() : NULL, "", "", 0};
-    uint32_t n = 0;
-    if ((rc = kex_cache_list(cache, &f, 0, KEX_CACHE_LIST_MAX, ls_cb, &st, &n, &err))) {
+  if (!strcmp(a.sub, "ls")) {
+    ls_state st = {a.json, a.json ? json_array() : NULL, "", "", 0, 0};
+    if ((rc = kex_cache_list(cache, &f, 0, KEX_CACHE_LIST_MAX, ls_cb, &st, NULL, &err))) {
       fprintf(stderr, "kex cache ls: %s\n", err.msg);
       ret = rc == KEX_EINVAL ? 2 : 1;
-    } else if (as_json) {
-      json_t *doc = json_pack("{s:s, s:O}", "cache", cp, "entries", st.arr);
-      json_dumpf(doc, stdout, JSON_COMPACT);
-      fputc('\n', stdout);
-      json_decref(doc);
     } else {
-      printf("%u entr%s in %s\n", n, n == 1 ? "y" : "ies", cp);
+      ls_finish(&st, cp);
     }
     json_decref(st.arr);
-  } else if (is_show) {
+  } else if (!strcmp(a.sub, "show")) {
     kex_cache_filter sf = f;
-    sf.key_prefix = argv[optind];
-    ls_state st = {true, NULL, "", "", 0};
-    uint32_t n = 0;
+    sf.key_prefix = a.arg;
+    ls_state st = {true, NULL, "", "", 0, 0};
     kex_cache_entry e;
     memset(&e, 0, sizeof e);
-    if ((rc = kex_cache_list(cache, &sf, 0, KEX_CACHE_LIST_MAX, ls_cb, &st, &n, &err))) {
+    if ((rc = kex_cache_list(cache, &sf, 0, KEX_CACHE_LIST_MAX, ls_cb, &st, NULL, &err))) {
       fprintf(stderr, "kex cache show: %s\n", err.msg);
       ret = rc == KEX_EINVAL ? 2 : 1;
     } else if (st.distinct == 0) {
-      fprintf(stderr, "kex cache show: no entry with AST key prefix '%s'\n", argv[optind]);
+      fprintf(stderr, "kex cache show: no entry with AST key prefix '%s'\n", a.arg);
       ret = 2;
     } else if (st.distinct > 1) {
-      fprintf(stderr, "kex cache show: AST key prefix '%s' is ambiguous (%u keys)\n", argv[optind], st.distinct);
+      fprintf(stderr, "kex cache show: AST key prefix '%s' is ambiguous (%u keys)\n", a.arg, st.distinct);
       ret = 2;
     } else if ((rc = kex_cache_get_entry(cache, st.first_hex, f.device && *f.device ? st.first_dev : NULL, &e, &err))) {
       fprintf(stderr, "kex cache show: %s\n", err.msg);
       ret = 1;
     } else {
-      char *src = NULL;
+      char *src = NULL, ot[KEX_CACHE_OPTS_TEXT_MAX];
       kex_error gerr = {0};
-      if (graph && !(src = render_from_graph(graph, &e, &gerr))) {
+      if (a.graph && !(src = render_from_graph(a.graph, &e, &gerr))) {
         fprintf(stderr, "kex cache show: %s\n", gerr.msg);
         ret = 1;
       }
-      if (as_json) {
-        json_t *o = entry_json(&e);
-        json_object_set_new(o, "ast_text", e.ast_text ? json_string(e.ast_text) : json_null());
-        json_object_set_new(o, "source", src ? json_string(src) : json_null());
-        json_dumpf(o, stdout, JSON_COMPACT);
-        fputc('\n', stdout);
-        json_decref(o);
-      } else {
-        char ot[KEX_CACHE_OPTS_TEXT_MAX];
-        kex_cache_opts_format(e.value.opts, e.value.nopts, ot, sizeof ot);
-        printf("ast_key:         %s\ndevice:          %s\nsearch_opts:     %s\ncodegen_version: %s\n"
-               "kernel:          %s\nopts:            %s\ntime:            %.2f us (hand-coded %.2f us)\n"
-               "search:          %.2f s, %lld candidates timed\ncreated_at:      %lld\n",
-               e.ast_hex, e.device_rendered, e.search_opts, e.codegen_version, e.value.kernel_name,
-               ot[0] ? ot : "(no opts)", e.value.best_time_s * 1e6, e.value.hand_time_s * 1e6, e.value.search_time_s,
-               (long long)e.value.candidates, (long long)e.value.created_at);
-        printf("ast:\n%s\n", e.ast_text ? e.ast_text : "(not stored)");
-        printf("source:\n%s\n", src ? src : "(not stored; give --graph FILE.json to render it)");
-      }
+      cache_row r = row_of(&e, ot);
+      show_print(&r, e.ast_text, src, a.json, false);
       kex_free(src);
       kex_free(e.ast_text);
     }
-  } else if (is_export) {
-    FILE *out = outp ? fopen(outp, "w") : stdout;
+  } else if (!strcmp(a.sub, "export")) {
+    FILE *out = a.outp ? fopen(a.outp, "w") : stdout;
     uint64_t n = 0;
     if (!out) {
-      fprintf(stderr, "kex cache export: cannot write %s\n", outp);
+      fprintf(stderr, "kex cache export: cannot write %s\n", a.outp);
       ret = 1;
-    } else if ((rc = kex_cache_export(cache, out, filtered ? &f : NULL, &n, &err))) {
+    } else if ((rc = kex_cache_export(cache, out, a.filtered ? &f : NULL, &n, &err))) {
       fprintf(stderr, "kex cache export: %s\n", err.msg);
       ret = 1;
     }
     if (out && out != stdout && fclose(out) && !ret) {
-      fprintf(stderr, "kex cache export: writing %s failed\n", outp);
+      fprintf(stderr, "kex cache export: writing %s failed\n", a.outp);
       ret = 1;
     }
-    if (!ret) {
-      FILE *msg = outp ? stdout : stderr;
-      if (as_json)
-        fprintf(msg, "{\"exported\":%llu}\n", (unsigned long long)n);
-      else
-        fprintf(msg, "exported %llu entries\n", (unsigned long long)n);
-    }
-  } else if (is_import) {
-    FILE *in = fopen(argv[optind], "r");
+    if (!ret) export_print(&a, n);
+  } else if (!strcmp(a.sub, "import")) {
+    FILE *in = fopen(a.arg, "r");
     kex_cache_import_report rep = {0};
     if (!in) {
-      fprintf(stderr, "kex cache import: cannot read %s\n", argv[optind]);
+      fprintf(stderr, "kex cache import: cannot read %s\n", a.arg);
       ret = 2;
     } else {
       rc = kex_cache_import(cache, in, &rep, &err);
@@ -302,31 +412,154 @@ int kex_cmd_cache(int argc, char **argv) {
         fprintf(stderr, "kex cache import: %s\n", err.msg);
         ret = rc == KEX_EPARSE || rc == KEX_ELIMIT ? 2 : 1;
       }
-      if (as_json) {
-        json_t *errs = json_array();
-        for (uint32_t i = 0; i < rep.nerrors; i++) json_array_append_new(errs, json_string(rep.errors[i]));
-        json_t *o = json_pack("{s:I, s:I, s:o}", "imported", (json_int_t)rep.imported, "rejected",
-                              (json_int_t)rep.rejected, "errors", errs);
-        json_dumpf(o, stdout, JSON_COMPACT);
-        fputc('\n', stdout);
-        json_decref(o);
-      } else {
-        printf("imported %llu, rejected %llu\n", (unsigned long long)rep.imported, (unsigned long long)rep.rejected);
-        for (uint32_t i = 0; i < rep.nerrors; i++) printf("  %s\n", rep.errors[i]);
-      }
+      const char *errs[KEX_CACHE_IMPORT_ERRORS];
+      for (uint32_t i = 0; i < rep.nerrors && i < KEX_CACHE_IMPORT_ERRORS; i++) errs[i] = rep.errors[i];
+      import_print(a.json, rep.imported, rep.rejected, errs, rep.nerrors);
     }
   } else {
     uint64_t n = 0;
-    if ((rc = kex_cache_delete(cache, filtered ? &f : NULL, &n, &err))) {
+    if ((rc = kex_cache_delete(cache, a.filtered ? &f : NULL, &n, &err))) {
       fprintf(stderr, "kex cache rm: %s\n", err.msg);
       ret = rc == KEX_EINVAL ? 2 : 1;
-    } else if (as_json) {
-      printf("{\"deleted\":%llu}\n", (unsigned long long)n);
     } else {
-      printf("deleted %llu entries\n", (unsigned long long)n);
+      rm_print(a.json, n);
     }
   }
   kex_cache_close(cache);
+  return ret;
+}
+#endif
+
+/* ---- against a server ---- */
+
+#ifdef KEX_HAVE_LIBKEX
+#define REMOTE_PAGE 1000 /* entries asked for per ListCache page */
+
+static cache_row row_of_remote(const kex_remote_cache_entry *e) {
+  cache_row r = {e->key,         e->device,  e->kind,    e->device_name, e->search_opts,   e->codegen,
+                 e->kernel_name, e->opts,    e->best_us, e->hand_us,     e->search_s, (int64_t)e->candidates,
+                 e->created_unix};
+  return r;
+}
+
+/*
+ * Every entry matching f, page by page, into st; stop early once st has
+ * seen more than stop_after distinct keys (0 = never).  0 or the exit code.
+ */
+static int remote_list(kex_cli_remote *r, const char *cmd, const kex_remote_cache_filter *f, ls_state *st,
+                       uint32_t stop_after) {
+  char *token = NULL;
+  int ret = 0;
+  for (;;) {
+    kex_cache_page *p = NULL;
+    kex_status s;
+    if (kex_client_cache_list(r->client, r->job, f, REMOTE_PAGE, token, &p, &s)) {
+      ret = kex_cli_fail(cmd, &s);
+      break;
+    }
+    for (size_t i = 0; i < p->nentries; i++) {
+      cache_row row = row_of_remote(&p->entries[i]);
+      ls_take(st, &row);
+    }
+    kex_free(token);
+    token = NULL;
+    bool more = p->next_page_token[0] && !(stop_after && st->distinct > stop_after);
+    if (more && !(token = kex_strdup(p->next_page_token))) {
+      fprintf(stderr, "kex %s: out of memory\n", cmd);
+      ret = 1;
+    }
+    kex_cache_page_free(p);
+    if (!more || ret) break;
+  }
+  kex_free(token);
+  return ret;
+}
+
+static int export_to(const void *data, size_t len, void *ud) {
+  return fwrite(data, 1, len, ud) != len;
+}
+
+int kex_remote_cmd_cache(kex_cli_remote *r, int argc, char **argv) {
+  cache_args a;
+  int ret = cache_parse(argc, argv, &a);
+  kex_status st;
+  if (ret >= 0) return ret;
+  ret = 0;
+  if (a.cache_path || a.graph) {
+    fprintf(stderr, "kex cache: --%s is in-process only (a server uses its own cache and renders the source)\n",
+            a.cache_path ? "cache" : "graph");
+    return 2;
+  }
+  FILE *in = NULL;
+  if (!strcmp(a.sub, "import") && !(in = fopen(a.arg, "rb"))) {
+    fprintf(stderr, "kex cache import: cannot read %s\n", a.arg);
+    return 2;
+  }
+  kex_remote_cache_filter f = {a.device, a.kernel_name, a.key_prefix, a.max_age_s};
+  if ((ret = kex_cli_remote_open(r, "cache", a.job, true))) goto out;
+  if (!strcmp(a.sub, "ls")) {
+    ls_state ls = {a.json, a.json ? json_array() : NULL, "", "", 0, 0};
+    if (!(ret = remote_list(r, "cache ls", &f, &ls, 0))) ls_finish(&ls, r->server);
+    json_decref(ls.arr);
+  } else if (!strcmp(a.sub, "show")) {
+    kex_remote_cache_filter sf = f;
+    kex_remote_cache_entry *e = NULL;
+    ls_state ls = {true, NULL, "", "", 0, 0};
+    sf.key_prefix = a.arg;
+    if ((ret = remote_list(r, "cache show", &sf, &ls, 1))) {
+    } else if (ls.distinct == 0) {
+      fprintf(stderr, "kex cache show: no entry with AST key prefix '%s'\n", a.arg);
+      ret = 2;
+    } else if (ls.distinct > 1) {
+      fprintf(stderr, "kex cache show: AST key prefix '%s' is ambiguous (%u or more keys)\n", a.arg, ls.distinct);
+      ret = 2;
+    } else if (kex_client_cache_get(r->client, r->job, ls.first_hex, f.device && *f.device ? ls.first_dev : NULL, &e,
+                                    &st)) {
+      ret = kex_cli_fail("cache show", &st);
+    } else {
+      cache_row row = row_of_remote(e);
+      show_print(&row, e->ast_text[0] ? e->ast_text : NULL, e->source[0] ? e->source : NULL, a.json, true);
+    }
+    kex_remote_cache_entry_free(e);
+  } else if (!strcmp(a.sub, "export")) {
+    FILE *out = a.outp ? fopen(a.outp, "w") : stdout;
+    uint64_t n = 0;
+    if (!out) {
+      fprintf(stderr, "kex cache export: cannot write %s\n", a.outp);
+      ret = 1;
+    } else if (kex_client_cache_export(r->client, r->job, a.filtered ? &f : NULL, NULL, export_to, out, &n, &st)) {
+      ret = st.code == KEX_ECANCELLED ? 1 : kex_cli_fail("cache export", &st);
+      if (st.code == KEX_ECANCELLED) fprintf(stderr, "kex cache export: writing %s failed\n", a.outp ? a.outp : "stdout");
+    }
+    if (out && out != stdout && fclose(out) && !ret) {
+      fprintf(stderr, "kex cache export: writing %s failed\n", a.outp);
+      ret = 1;
+    }
+    if (!ret) export_print(&a, n);
+  } else if (!strcmp(a.sub, "import")) {
+    kex_import_report rep;
+    if (kex_client_cache_import(r->client, r->job, in, &rep, &st)) {
+      ret = kex_cli_fail("cache import", &st);
+    } else {
+      const char *errs[KEX_IMPORT_ERRORS_MAX];
+      for (uint32_t i = 0; i < rep.nerrors; i++) errs[i] = rep.errors[i];
+      if (rep.rejected) {
+        fprintf(stderr, "kex cache import: %u line%s refused%s%s\n", rep.rejected, rep.rejected == 1 ? "" : "s",
+                rep.nerrors ? ": " : "", rep.nerrors ? rep.errors[0] : "");
+        ret = 2;
+      }
+      import_print(a.json, rep.imported, rep.rejected, errs, rep.nerrors);
+    }
+  } else {
+    uint32_t n = 0;
+    if (kex_client_cache_delete(r->client, r->job, a.filtered ? &f : NULL, &n, &st))
+      ret = kex_cli_fail("cache rm", &st);
+    else
+      rm_print(a.json, n);
+  }
+out:
+  if (in) fclose(in);
+  kex_cli_remote_done(r);
   return ret;
 }
 #endif

@@ -4,10 +4,11 @@
  * `kex --server ADDR CMD ...` (or KEX_SERVER=ADDR kex CMD ...) sends the
  * work to kexd instead of doing it in-process: plan and run print what the
  * in-process commands print (plan: items, AST lines, `kernels: N`; run:
- * kernels with their times, then the outputs), and devices, stats, upload,
- * download and job open|close exist only here.  Commands that need a job
- * take --job TOKEN or KEX_JOB; without one they open a temporary job for
- * the call and close it after.
+ * kernels with their times, then the outputs; tune and cache: kex_tune.c and
+ * kex_cache.c, which print both modes with one printer), and devices,
+ * stats, upload, download and job open|close exist only here.  Commands
+ * that need a job take --job TOKEN or KEX_JOB; without one they open a
+ * temporary job for the call and close it after (kex_cli_remote_open).
  *
  * Progress of a run goes to stderr: a bar when stderr is a terminal, plain
  * lines otherwise, nothing with --json (stdout stays exactly the result).
@@ -22,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client/kex_cli.h"
 #include "client/libkex.h"
 #include "core/alloc.h"
 #include "core/dtype.h"
@@ -30,13 +32,7 @@
 
 int kex_remote_main(int argc, char **argv);
 
-typedef struct remote {
-  const char *server, *token, *root_certs;
-  bool tls;
-  kex_client *client;
-  char job[KEX_TOKEN_MAX];
-  bool temp_job;
-} remote;
+typedef kex_cli_remote remote;
 
 static void remote_usage(FILE *f) {
   fputs("usage: kex --server ADDR [--token T] [--tls] [--root-certs PEM] <command> [options]\n"
@@ -48,6 +44,9 @@ static void remote_usage(FILE *f) {
         "  run [--json] [--out DIR] [--beam N] [--timeout S] [--job T] FILE.json\n"
         "      schedule, compile and run a graph on the server; print each kernel and the outputs\n"
         "      --out DIR  write each output as DIR/out<i>.npy\n"
+        "  tune [--device D] [--beam N] [--timeout S] [--json] [--job T] FILE.json\n"
+        "      BEAM-search every kernel on the server; the results go to the server's cache\n"
+        "  cache ls|show|export|import|rm [--json] ...   the server's beam cache (kex cache --help)\n"
         "  devices [--json]                 the devices kexd runs kernels on\n"
         "  stats [--json] [--job T]         server counters (one job with --job)\n"
         "  upload [--device D] [--job T] FILE.npy      upload an array; prints its handle\n"
@@ -66,23 +65,20 @@ static int exit_for(int code) {
   return code == KEX_EINVAL || code == KEX_ENOTFOUND || code == KEX_EPARSE || code == KEX_EASSIGN ? 2 : 1;
 }
 
-static int fail(const char *cmd, const kex_status *st) {
+int kex_cli_fail(const char *cmd, const kex_status *st) {
   fprintf(stderr, "kex %s: %s%s%s\n", cmd, st->grpc ? kex_grpc_status_name(st->grpc) : "", st->grpc ? ": " : "",
           st->msg[0] ? st->msg : kex_strerror(st->code));
   return exit_for(st->code);
 }
 
-static int connect_server(remote *r, const char *cmd) {
+#define fail kex_cli_fail
+
+int kex_cli_remote_open(remote *r, const char *cmd, const char *job_opt, bool want_job) {
   kex_status st;
   kex_client_opts o = {.token = r->token, .tls = r->tls, .root_certs = r->root_certs};
-  if (kex_client_connect(r->server, &o, &r->client, &st)) return fail(cmd, &st);
-  return 0;
-}
-
-/* The job of a command: --job, else KEX_JOB, else a temporary one. */
-static int need_job(remote *r, const char *cmd, const char *job_opt) {
-  kex_status st;
   const char *j = job_opt ? job_opt : getenv("KEX_JOB");
+  if (!r->client && kex_client_connect(r->server, &o, &r->client, &st)) return fail(cmd, &st);
+  if (!want_job) return 0;
   if (j && *j) {
     snprintf(r->job, sizeof r->job, "%s", j);
     return 0;
@@ -92,14 +88,13 @@ static int need_job(remote *r, const char *cmd, const char *job_opt) {
   return 0;
 }
 
-static void done_job(remote *r) {
+void kex_cli_remote_done(remote *r) {
   kex_status st;
   if (r->temp_job) kex_job_close(r->client, r->job, &st);
   r->temp_job = false;
 }
 
-/* Read a whole graph file (kex_malloc'd) or print why not. */
-static char *read_graph(const char *cmd, const char *path) {
+char *kex_cli_read_graph(const char *cmd, const char *path) {
   FILE *f = fopen(path, "rb");
   char *s = NULL;
   long n;
@@ -155,8 +150,8 @@ static int cmd_plan(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex plan: expected one graph file\n");
     return 2;
   }
-  if (!(text = read_graph("plan", argv[optind]))) return 2;
-  if ((ret = connect_server(r, "plan")) || (ret = need_job(r, "plan", job))) goto out;
+  if (!(text = kex_cli_read_graph("plan", argv[optind]))) return 2;
+  if ((ret = kex_cli_remote_open(r, "plan", job, true))) goto out;
   if (kex_plan_graph(r->client, r->job, text, &p, &st)) {
     ret = fail("plan", &st);
     goto out;
@@ -193,7 +188,7 @@ static int cmd_plan(remote *r, int argc, char **argv) {
   }
 out:
   kex_plan_free(p);
-  done_job(r);
+  kex_cli_remote_done(r);
   kex_free(text);
   return ret;
 }
@@ -313,8 +308,8 @@ static int cmd_run(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex run: expected one graph file\n");
     return 2;
   }
-  if (!(text = read_graph("run", argv[optind]))) return 2;
-  if ((ret = connect_server(r, "run")) || (ret = need_job(r, "run", job))) goto out;
+  if (!(text = kex_cli_read_graph("run", argv[optind]))) return 2;
+  if ((ret = kex_cli_remote_open(r, "run", job, true))) goto out;
   progress pr = {isatty(2), as_json, 0};
   kex_submit_opts so = {.return_bytes = true, .timeout_s = timeout, .beam_width = (uint32_t)beam};
   int rc = kex_submit(r->client, r->job, text, &so, on_event, &pr, &res, &st);
@@ -389,7 +384,7 @@ out:
       if (!res->outputs[i].has_data) kex_array_free(&bufs[i]);
   kex_free(bufs);
   kex_result_free(res);
-  done_job(r);
+  kex_cli_remote_done(r);
   kex_free(text);
   return ret;
 }
@@ -410,7 +405,7 @@ static int cmd_devices(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex devices: takes only --json\n");
     return 2;
   }
-  if ((ret = connect_server(r, "devices"))) return ret;
+  if ((ret = kex_cli_remote_open(r, "devices", NULL, false))) return ret;
   if (kex_list_devices(r->client, &d, &n, &st)) return fail("devices", &st);
   if (as_json) {
     json_t *a = json_array();
@@ -454,7 +449,7 @@ static int cmd_stats(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex stats: unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
-  if ((ret = connect_server(r, "stats"))) return ret;
+  if ((ret = kex_cli_remote_open(r, "stats", NULL, false))) return ret;
   if (kex_get_stats(r->client, job, &s, &st)) return fail("stats", &st);
   if (as_json) {
     json_t *jobs = json_array();
@@ -522,7 +517,7 @@ static int cmd_upload(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex upload: %s: cannot read\n", argv[optind]);
     return 2;
   }
-  if ((ret = connect_server(r, "upload")) || (ret = need_job(r, "upload", job))) goto out;
+  if ((ret = kex_cli_remote_open(r, "upload", job, true))) goto out;
   if (r->temp_job)
     fprintf(stderr, "kex upload: no --job or KEX_JOB: the buffer lives in a temporary job that closes now "
                     "(kex job open makes one that stays)\n");
@@ -532,7 +527,7 @@ static int cmd_upload(remote *r, int argc, char **argv) {
   }
   printf("%s\n", handle);
 out:
-  done_job(r);
+  kex_cli_remote_done(r);
   return ret;
 }
 
@@ -558,7 +553,7 @@ static int cmd_download(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex download: expected one buffer handle\n");
     return 2;
   }
-  if ((ret = connect_server(r, "download")) || (ret = need_job(r, "download", job))) goto done;
+  if ((ret = kex_cli_remote_open(r, "download", job, true))) goto done;
   if (kex_download(r->client, r->job, argv[optind], &b, &st)) {
     ret = fail("download", &st);
     goto done;
@@ -570,7 +565,7 @@ static int cmd_download(remote *r, int argc, char **argv) {
   }
 done:
   kex_array_free(&b);
-  done_job(r);
+  kex_cli_remote_done(r);
   return ret;
 }
 
@@ -619,7 +614,7 @@ static int cmd_job(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex job close: which job? (TOKEN, --job or KEX_JOB)\n");
     return 2;
   }
-  if ((ret = connect_server(r, "job"))) return ret;
+  if ((ret = kex_cli_remote_open(r, "job", NULL, false))) return ret;
   if (open) {
     uint32_t lease = 0;
     if (kex_job_open(r->client, name, (uint32_t)weight, (uint64_t)mem, r->job, &lease, &st)) return fail("job open", &st);
@@ -694,8 +689,11 @@ int kex_remote_main(int argc, char **argv) {
   else if (strcmp(cmd, "upload") == 0) ret = cmd_upload(&r, argc, argv);
   else if (strcmp(cmd, "download") == 0) ret = cmd_download(&r, argc, argv);
   else if (strcmp(cmd, "job") == 0) ret = cmd_job(&r, argc, argv);
+  else if (strcmp(cmd, "tune") == 0) ret = kex_remote_cmd_tune(&r, argc, argv);   /* kex_tune.c */
+  else if (strcmp(cmd, "cache") == 0) ret = kex_remote_cmd_cache(&r, argc, argv); /* kex_cache.c */
   else {
-    fprintf(stderr, "kex: '%s' does not run against a server (plan, run, devices, stats, upload, download, job)\n", cmd);
+    fprintf(stderr, "kex: '%s' does not run against a server (plan, run, tune, cache, devices, stats, upload, download, "
+                    "job)\n", cmd);
     remote_usage(stderr);
     ret = 2;
   }

@@ -1,57 +1,118 @@
 /*
- * kex_tune.c - `kex tune`: BEAM-search every kernel of a graph in-process
- * (search/beam.h) and store the results in the beam cache.
+ * kex_tune.c - `kex tune`: BEAM-search every kernel of a graph and store the
+ * results in the beam cache, in-process (search/beam.h) or on a kexd
+ * (`kex --server ADDR tune`, libkex's kex_client_tune; the server's cache).
  *
  * kex tune [--device opencl|cpu|NAME] [--beam N] [--json] [--cache PATH | --no-cache]
  *          [--max-candidates N] [--max-rounds N] FILE.json
+ * kex --server ADDR tune [--device NAME] [--beam N] [--json] [--timeout S] [--job T] FILE.json
  *
  * A kernel with a valid cached result is not searched again (from_cache).
  * Progress goes to stderr: a redrawn line on a terminal (kernel i/n, round,
  * candidates compiled and timed, best us so far), plain lines otherwise.
- * Exit codes as kex.c: 0 ok, 2 bad input, 1 other errors.
+ * Both modes print the results with the same code: one line per kernel, or
+ * with --json {"kernels": [{"name", "ast_key", "opts", "us", "hand_us",
+ * "search_s", "from_cache", "hand_won", "rounds", "compiled", "timed",
+ * "beam_factor"}]} (beam_factor is null from a server: Tune does not carry it).
+ * Exit codes as kex.c: 0 ok, 2 bad input (with --server: INVALID_ARGUMENT or
+ * NOT_FOUND, printed with the server's message), 1 other errors.
  */
-#ifdef KEX_HAVE_RUN
+#if defined(KEX_HAVE_RUN) || defined(KEX_HAVE_LIBKEX)
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "client/kex_cli.h"
 #include "core/alloc.h"
+
+#define TUNE_MAX_WIDTH 64 /* KEX_BEAM_MAX_WIDTH of search/beam.h */
+
+/* ---- what both modes print ---- */
+
+typedef struct tune_progress {
+  bool tty;
+  uint32_t kernel, nkernels, last_round;
+  char last_phase[16]; /* "" = nothing printed yet for this kernel */
+} tune_progress;
+
+/* One progress report of kernel tp->kernel; best_us not finite or <= 0 = none yet. */
+static void progress_show(tune_progress *tp, const char *phase, uint32_t round, uint32_t round_candidates,
+                          uint32_t compiled, uint32_t timed, double best_us) {
+  char best[32];
+  if (!phase) phase = "";
+  if (isfinite(best_us) && best_us > 0)
+    snprintf(best, sizeof best, "%.2f us", best_us);
+  else
+    snprintf(best, sizeof best, "-");
+  if (tp->tty) {
+    fprintf(stderr, "\r\033[Kkernel %u/%u  %-7s round %u  candidates %u  compiled %u  timed %u  best %s",
+            tp->kernel, tp->nkernels, phase, round, round_candidates, compiled, timed, best);
+    if (!strcmp(phase, "done") || !strcmp(phase, "cache")) fputc('\n', stderr);
+    fflush(stderr);
+    return;
+  }
+  if (tp->last_phase[0] && !strcmp(tp->last_phase, phase) && tp->last_round == round) return;
+  snprintf(tp->last_phase, sizeof tp->last_phase, "%s", phase[0] ? phase : "?");
+  tp->last_round = round;
+  fprintf(stderr, "kernel %u/%u %s round %u: candidates %u compiled %u timed %u best %s\n", tp->kernel, tp->nkernels,
+          phase, round, round_candidates, compiled, timed, best);
+}
+
+/* The result of one kernel, as both modes report it. */
+typedef struct tune_row {
+  uint32_t kernel;
+  const char *name, *ast_key, *opts;
+  double us, hand_us, search_s;
+  double factor; /* NAN = not known (a server's result) */
+  bool from_cache, hand_won;
+  uint32_t rounds, compiled, timed;
+} tune_row;
+
+/* Print a kernel's line, or append its JSON object to arr when arr is not NULL. */
+static void tune_emit(const tune_row *r, json_t *arr) {
+  if (arr) {
+    json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:f, s:f, s:f, s:b, s:b, s:i, s:i, s:i, s:o}", "name",
+                                         r->name, "ast_key", r->ast_key, "opts", r->opts, "us", r->us, "hand_us",
+                                         r->hand_us, "search_s", r->search_s, "from_cache", r->from_cache, "hand_won",
+                                         r->hand_won, "rounds", (json_int_t)r->rounds, "compiled",
+                                         (json_int_t)r->compiled, "timed", (json_int_t)r->timed, "beam_factor",
+                                         isnan(r->factor) ? json_null() : json_real(r->factor)));
+    return;
+  }
+  printf("kernel %u: %-28s %-44s %10.2f us  (hand-coded %.2f us%s)  %s %.2f s, compiled %u, timed %u\n", r->kernel,
+         r->name, r->opts[0] ? r->opts : "(no opts)", r->us, r->hand_us, r->hand_won ? ", kept" : "",
+         r->from_cache ? "cached," : "search", r->search_s, r->compiled, r->timed);
+}
+
+/* Print {"kernels": arr} on stdout. */
+static void tune_emit_json(json_t *arr) {
+  json_t *doc = json_pack("{s:O}", "kernels", arr);
+  json_dumpf(doc, stdout, JSON_COMPACT);
+  fputc('\n', stdout);
+  json_decref(doc);
+}
+#endif
+
+/* ---- in-process ---- */
+
+#ifdef KEX_HAVE_RUN
 #include "core/arena.h"
 #include "search/beam.h"
 #include "search/cache.h"
 #include "search/run.h"
 
+_Static_assert(TUNE_MAX_WIDTH == KEX_BEAM_MAX_WIDTH, "TUNE_MAX_WIDTH follows KEX_BEAM_MAX_WIDTH");
+
 int kex_cmd_tune(int argc, char **argv);
 
-typedef struct tune_progress {
-  bool tty;
-  uint32_t kernel, nkernels, last_round;
-  const char *last_phase;
-} tune_progress;
-
 static void on_progress(const kex_beam_progress *p, void *arg) {
-  tune_progress *tp = arg;
-  char best[32];
-  if (isfinite(p->best_us))
-    snprintf(best, sizeof best, "%.2f us", p->best_us);
-  else
-    snprintf(best, sizeof best, "-");
-  if (tp->tty) {
-    fprintf(stderr, "\r\033[Kkernel %u/%u  %-7s round %u  candidates %u  compiled %u  timed %u  best %s",
-            tp->kernel, tp->nkernels, p->phase, p->round, p->round_candidates, p->compiled, p->timed, best);
-    if (!strcmp(p->phase, "done") || !strcmp(p->phase, "cache")) fputc('\n', stderr);
-    fflush(stderr);
-    return;
-  }
-  if (tp->last_phase && !strcmp(tp->last_phase, p->phase) && tp->last_round == p->round) return;
-  tp->last_phase = p->phase;
-  tp->last_round = p->round;
-  fprintf(stderr, "kernel %u/%u %s round %u: candidates %u compiled %u timed %u best %s\n", tp->kernel, tp->nkernels,
-          p->phase, p->round, p->round_candidates, p->compiled, p->timed, best);
+  progress_show(arg, p->phase, p->round, p->round_candidates, p->compiled, p->timed, p->best_us);
 }
 
 static void tune_usage(FILE *f) {
@@ -133,11 +194,11 @@ int kex_cmd_tune(int argc, char **argv) {
       goto out;
     }
   }
-  tune_progress tp = {isatty(2) != 0, 0, s->nkernels, 0, NULL};
+  tune_progress tp = {isatty(2) != 0, 0, s->nkernels, 0, ""};
   for (uint32_t i = 0; i < s->nitems; i++) {
     if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
     tp.kernel++;
-    tp.last_phase = NULL;
+    tp.last_phase[0] = 0;
     kex_beam_opts bo;
     kex_beam_opts_init(&bo, beam);
     if (max_cand >= 0) bo.max_candidates = max_cand;
@@ -155,24 +216,12 @@ int kex_cmd_tune(int argc, char **argv) {
     if (br.cache_note[0]) fprintf(stderr, "kex tune: kernel %u: %s\n", tp.kernel, br.cache_note);
     char ot[KEX_CACHE_OPTS_TEXT_MAX];
     kex_cache_opts_format(br.opts, br.nopts, ot, sizeof ot);
-    if (as_json) {
-      json_array_append_new(out, json_pack("{s:s, s:s, s:s, s:f, s:f, s:f, s:b, s:b, s:i, s:i, s:i, s:f}", "name", br.name,
-                                           "ast_key", br.ast_hex, "opts", ot, "us", br.best_us, "hand_us", br.hand_us,
-                                           "search_s", br.search_s, "from_cache", br.from_cache, "hand_won", br.hand_won,
-                                           "rounds", (json_int_t)br.rounds, "compiled", (json_int_t)br.compiled,
-                                           "timed", (json_int_t)br.timed, "beam_factor", br.factor));
-    } else {
-      printf("kernel %u: %-28s %-44s %10.2f us  (hand-coded %.2f us%s)  %s %.2f s, compiled %u, timed %u\n", tp.kernel,
-             br.name, ot[0] ? ot : "(no opts)", br.best_us, br.hand_us, br.hand_won ? ", kept" : "",
-             br.from_cache ? "cached," : "search", br.search_s, br.compiled, br.timed);
-    }
+    tune_row row = {tp.kernel,     br.name,       br.ast_hex,  ot,        br.best_us, br.hand_us,
+                    br.search_s,   br.factor,     br.from_cache, br.hand_won, br.rounds, br.compiled,
+                    br.timed};
+    tune_emit(&row, as_json ? out : NULL);
   }
-  if (as_json) {
-    json_t *doc = json_pack("{s:O}", "kernels", out);
-    json_dumpf(doc, stdout, JSON_COMPACT);
-    fputc('\n', stdout);
-    json_decref(doc);
-  }
+  if (as_json) tune_emit_json(out);
 out:
   json_decref(out);
   kex_cache_close(cache);
@@ -181,6 +230,94 @@ out:
   kex_arena_destroy(&arena);
   kex_device_unref(dev);
   kex_graph_free(g);
+  return ret;
+}
+#endif
+
+/* ---- against a server ---- */
+
+#ifdef KEX_HAVE_LIBKEX
+typedef struct remote_tune {
+  tune_progress tp;
+  json_t *arr; /* --json: the results so far; else NULL (lines are printed as kernels finish) */
+} remote_tune;
+
+static void on_tune_event(const kex_tune_event *ev, void *ud) {
+  remote_tune *rt = ud;
+  if (ev->i != rt->tp.kernel) rt->tp.last_phase[0] = 0;
+  rt->tp.kernel = ev->i;
+  rt->tp.nkernels = ev->n;
+  if (!ev->finished) {
+    progress_show(&rt->tp, ev->phase, ev->round, ev->round_candidates, ev->compiled, ev->timed, ev->best_us);
+    return;
+  }
+  /* the in-process search reports its "done" phase (or "cache") before the result */
+  const kex_remote_cache_entry *e = ev->entry;
+  progress_show(&rt->tp, ev->phase && *ev->phase ? ev->phase : ev->from_cache ? "cache" : "done", ev->round,
+                ev->round_candidates, ev->compiled, ev->timed, e ? e->best_us : ev->best_us);
+  tune_row row = {ev->i,     e ? e->kernel_name : ev->kernel, e ? e->key : "", e ? e->opts : "", e ? e->best_us : 0,
+                  e ? e->hand_us : 0, ev->search_s, NAN, ev->from_cache, ev->hand_won, ev->round, ev->compiled,
+                  ev->timed};
+  tune_emit(&row, rt->arr);
+}
+
+static void remote_tune_usage(FILE *f) {
+  fputs("usage: kex --server ADDR tune [--device NAME] [--beam N] [--json] [--timeout S] [--job T] FILE.json\n", f);
+}
+
+int kex_remote_cmd_tune(kex_cli_remote *r, int argc, char **argv) {
+  static const struct option lopts[] = {{"device", required_argument, NULL, 'd'},  {"beam", required_argument, NULL, 'b'},
+                                        {"json", no_argument, NULL, 'j'},         {"timeout", required_argument, NULL, 't'},
+                                        {"job", required_argument, NULL, 'J'},    {"cache", required_argument, NULL, 'c'},
+                                        {"no-cache", no_argument, NULL, 'n'},     {"max-candidates", required_argument, NULL, 'm'},
+                                        {"max-rounds", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
+                                        {0}};
+  const char *device = NULL, *job = NULL;
+  bool as_json = false;
+  int beam = 2, c, ret = 0;
+  double timeout = 0;
+  char *text = NULL;
+  kex_tune_result *res = NULL;
+  kex_status st;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "d:b:jt:h", lopts, NULL)) != -1) {
+    switch (c) {
+    case 'd': device = optarg; break;
+    case 'b': beam = atoi(optarg); break;
+    case 'j': as_json = true; break;
+    case 't': timeout = atof(optarg); break;
+    case 'J': job = optarg; break;
+    case 'c':
+    case 'n':
+    case 'm':
+    case 'r':
+      fprintf(stderr, "kex tune: --cache, --no-cache, --max-candidates and --max-rounds are in-process only "
+                      "(the server uses its own cache and limits)\n");
+      return 2;
+    case 'h': remote_tune_usage(stdout); return 0;
+    default: remote_tune_usage(stderr); return 2;
+    }
+  }
+  if (beam < 1 || beam > TUNE_MAX_WIDTH || timeout < 0 || optind != argc - 1) {
+    fprintf(stderr, "kex tune: need one graph file, --beam in 1..%d and --timeout >= 0\n", TUNE_MAX_WIDTH);
+    remote_tune_usage(stderr);
+    return 2;
+  }
+  if (!(text = kex_cli_read_graph("tune", argv[optind]))) return 2;
+  if ((ret = kex_cli_remote_open(r, "tune", job, true))) goto out;
+  remote_tune rt = {{isatty(2) != 0, 0, 0, 0, ""}, as_json ? json_array() : NULL};
+  kex_tune_opts o = {.beam_width = (uint32_t)beam, .device = device, .timeout_s = timeout};
+  if (kex_client_tune(r->client, r->job, text, &o, on_tune_event, &rt, &res, &st)) {
+    if (rt.tp.tty) fputc('\n', stderr);
+    ret = kex_cli_fail("tune", &st);
+  } else if (as_json) {
+    tune_emit_json(rt.arr);
+  }
+  json_decref(rt.arr);
+out:
+  kex_tune_result_free(res);
+  kex_cli_remote_done(r);
+  kex_free(text);
   return ret;
 }
 #endif
