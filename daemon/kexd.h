@@ -29,10 +29,15 @@
 #define KEXD_BUSY_MAX_MS 1000.0              /* _BusyWork: ms per item */
 #define KEXD_DEFAULT_INLINE_OUTPUT (64u << 10) /* Submit: outputs up to this many bytes come back inline */
 #define KEXD_DEFAULT_SCHEDULE_CACHE 128      /* Submit: graph structures whose schedule and programs are kept */
+#define KEXD_BEAM_MAX_LIMIT 65536            /* Tune/Submit: beam.max_upcast and beam.max_local at most */
+#define KEXD_TUNE_SOURCES 256                /* GetCacheEntry: rendered sources remembered (tune.c) */
+#define KEXD_IMPORT_MAX ((size_t)1 << 30)    /* ImportCache: bytes of one import stream */
 
 typedef struct kexd_config {
   const char *listen;
-  char *cache_path;              /* recorded; the beam cache arrives with its issue */
+  char *cache_path;              /* the SQLite cache file: programs (Submit) and beam results (Tune, beam Submit) */
+  uint32_t beam;                 /* --beam / KEX_BEAM: Submit's beam width when the request says 0 (0 = hand-coded);
+                                    Tune's when the request says 0 (2 when this is 0 too) */
   char devices[KEXD_MAX_DEVICES][KEXD_DEVICE_NAME_MAX];
   uint32_t ndevices;             /* devices[0] is the default */
   uint32_t workers;              /* worker pool threads (0 = libuv's default) */
@@ -63,6 +68,8 @@ typedef struct kexd {
   uint64_t submissions_done, submissions_failed;
   uint64_t sched_cache_hits, sched_cache_misses;
   uint64_t prog_cache_memory_hits, prog_cache_sqlite_hits, prog_cache_misses;
+  /* Tune, the beam cache RPCs and Submit's beam hook (tune.c) */
+  struct kexd_tuner *tuner;
   /* devices/ discovery (KEXD_HAVE_DEVICES), done once at the first ListDevices */
   void *device_descs;            /* kex_device_desc[], kex_malloc'd */
   size_t ndevice_descs;

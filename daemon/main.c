@@ -22,6 +22,7 @@
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
 #include "devices/device.h"
+#include "search/beam.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -48,6 +49,8 @@ static void usage(FILE *f) {
           "  --inline-output-max N  Submit: outputs up to N bytes come back inline in the done event\n"
           "                         (KEX_INLINE_OUTPUT_MAX; default %u; a request may ask for another)\n"
           "  --schedule-cache N     Submit: graph structures whose schedule and programs are kept (default %d; 0 off)\n"
+          "  --beam N               Submit's beam width when a request asks for none (KEX_BEAM; default 0 =\n"
+          "                         hand-coded opts); Tune's when a request asks for none (2 when this is 0)\n"
           "  --test-busy-work       TESTS ONLY (off by default): serve /kex.v1.Kex/_BusyWork, which\n"
           "                         queues busy-CPU items on a device runner for a job\n"
           "  --test-fault KIND:N    TESTS ONLY (off by default): Submit's compile device fails its N-th\n"
@@ -126,7 +129,7 @@ static char *default_cache_path(void) {
 enum {
   OPT_LISTEN = 256, OPT_CACHE, OPT_DEVICE, OPT_WORKERS, OPT_LEASE, OPT_GRACE, OPT_MAX_MESSAGE, OPT_MAX_NODES,
   OPT_MAX_DIMS, OPT_MAX_ELEMENTS, OPT_MAX_INLINE, OPT_MAX_BUFFER, OPT_MAX_OUTPUTS, OPT_MAX_JOBS, OPT_PLAN_INLINE,
-  OPT_LOG, OPT_TEST_BUSY, OPT_HELP, OPT_INLINE_OUTPUT, OPT_SCHEDULE_CACHE, OPT_TEST_FAULT
+  OPT_LOG, OPT_TEST_BUSY, OPT_HELP, OPT_INLINE_OUTPUT, OPT_SCHEDULE_CACHE, OPT_TEST_FAULT, OPT_BEAM
 };
 
 /* "compile:2" into cfg->test_fault_kind/n; -1 with a message when it is not KIND:N. */
@@ -169,6 +172,7 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
       {"inline-output-max", required_argument, NULL, OPT_INLINE_OUTPUT},
       {"schedule-cache", required_argument, NULL, OPT_SCHEDULE_CACHE},
       {"test-fault", required_argument, NULL, OPT_TEST_FAULT},
+      {"beam", required_argument, NULL, OPT_BEAM},
       {"help", no_argument, NULL, OPT_HELP},
       {0}};
   const char *env, *cache = NULL;
@@ -203,6 +207,10 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
   if ((env = getenv("KEX_INLINE_OUTPUT_MAX")) && *env) {
     if (parse_int("KEX_INLINE_OUTPUT_MAX", env, 0, INT64_MAX, &v) < 0) return -1;
     cfg->inline_output_max = (uint64_t)v;
+  }
+  if ((env = getenv("KEX_BEAM")) && *env) {
+    if (parse_int("KEX_BEAM", env, 0, KEX_BEAM_MAX_WIDTH, &v) < 0) return -1;
+    cfg->beam = (uint32_t)v;
   }
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -276,6 +284,10 @@ static int parse_config(kexd_config *cfg, int argc, char **argv) {
       if (parse_int("--schedule-cache", optarg, 0, 1 << 20, &v) < 0) return -1;
       cfg->schedule_cache = (uint32_t)v;
       break;
+    case OPT_BEAM:
+      if (parse_int("--beam", optarg, 0, KEX_BEAM_MAX_WIDTH, &v) < 0) return -1;
+      cfg->beam = (uint32_t)v;
+      break;
     case OPT_TEST_FAULT:
       if (parse_fault(cfg, optarg) < 0) return -1;
       break;
@@ -317,6 +329,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 static void close_handles(daemon_state *st) {
   kexd_jobs_close(&st->d.jobs); /* cancels queued work and posts the buffers' frees ... */
   if (st->d.disp) kexd_dispatch_stop(st->d.disp, NULL, NULL); /* ... which run before the runners exit */
+  kexd_tune_close(&st->d); /* every call is gone: no search routes device jobs any more */
   if (st->signals_open) {
     st->signals_open = false;
     uv_close((uv_handle_t *)&st->sigterm, NULL);
@@ -366,7 +379,7 @@ int main(int argc, char **argv) {
   if (d->cfg.test_fault_kind >= 0)
     KEX_WARN("--test-fault %s:%lu: Submit's compile device fails on purpose (a test facility; never use it in production)",
              kex_fault_kind_name((kex_fault_kind)d->cfg.test_fault_kind), d->cfg.test_fault_n);
-  if (kexd_submit_init(d) < 0 || kexd_rpc_register(d) < 0 || kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
+  if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_rpc_register(d) < 0 || kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
     ret = 1;
     goto out_handles;
   }
@@ -388,9 +401,10 @@ int main(int argc, char **argv) {
       if (i) strcat(devs, ",");
       strcat(devs, d->cfg.devices[i]);
     }
-    KEX_INFO("kexd listening on %s (port %d); devices %s; lease %.1f s; grace %.1f s; max message %d bytes; cache %s",
+    KEX_INFO("kexd listening on %s (port %d); devices %s; lease %.1f s; grace %.1f s; max message %d bytes; cache %s; "
+             "beam %u",
              d->cfg.listen, kexd_server_port(d->server), devs, d->cfg.lease_s, d->cfg.grace_s, d->cfg.max_message,
-             d->cfg.cache_path);
+             d->cfg.cache_path, d->cfg.beam);
   }
   uv_run(&loop, UV_RUN_DEFAULT);
   KEX_INFO("kexd stopped");
@@ -400,6 +414,7 @@ out_handles:
   uv_run(&loop, UV_RUN_DEFAULT);
 out_server:
   kexd_submit_free(d); /* after the runners exited: their loaded programs are freed here */
+  kexd_tune_free(d);
   kexd_server_free(d->server);
   kexd_dispatch_free(d->disp);
 out_loop:

@@ -22,8 +22,7 @@
  * lives until the last of its read, write or device item comes back.
  * kexd --test-busy-work adds /kex.v1.Kex/_BusyWork (tests only).
  *
- * Methods whose layers do not exist yet answer UNIMPLEMENTED naming the
- * issue that delivers them.
+ * Tune and the beam-cache methods live in tune.c.
  */
 #include <grpc/status.h>
 #include <inttypes.h>
@@ -53,7 +52,6 @@
 #define RPC_GRAPH_FORMAT "kex.graph.v1"
 #define RPC_SERVICE "kex.v1.Kex"
 #define RPC_HEALTH_SERVICE "grpc.health.v1.Health"
-#define RPC_MSG_NEEDS_BEAM "arrives with the beam-search issue; this kexd does not have it yet"
 
 /* ---- protobuf-c through kex_malloc ---- */
 
@@ -1342,6 +1340,14 @@ static void rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud
   r.program_cache_memory_hits = d->prog_cache_memory_hits;
   r.program_cache_sqlite_hits = d->prog_cache_sqlite_hits;
   r.program_cache_misses = d->prog_cache_misses;
+  {
+    kexd_tune_counters tc;
+    kexd_tune_stats(d, &tc);
+    r.beam_cache_hits = tc.beam_hits;
+    r.beam_cache_misses = tc.beam_misses;
+    r.searches_run = tc.searches;
+    r.searches_cancelled = tc.searches_cancelled;
+  }
   for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
   /* one job when a token was given, every open job otherwise */
   r.n_job_stats = job ? 1 : d->jobs.njobs;
@@ -1376,44 +1382,32 @@ out:
   free_msg(&m->base);
 }
 
-/* ---- not yet ---- */
-
-static void rpc_unimplemented(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  const char *why = ud;
-  const char *name = strrchr(kexd_call_method(c), '/');
-  (void)req;
-  (void)len;
-  kexd_call_failf(c, GRPC_STATUS_UNIMPLEMENTED, "%s %s", name ? name + 1 : kexd_call_method(c), why);
-}
-
 int kexd_rpc_register(kexd *d) {
   static const struct {
     const char *path;
     kexd_payload payload;
     kexd_handler fn;
-    const char *why; /* UNIMPLEMENTED: which issue delivers it */
   } table[] = {
-      {"/grpc.health.v1.Health/Check", KEXD_PAYLOAD_ONE, rpc_health_check, NULL},
-      {"/grpc.health.v1.Health/Watch", KEXD_PAYLOAD_ONE, rpc_health_watch, NULL},
-      {"/kex.v1.Kex/OpenJob", KEXD_PAYLOAD_ONE, rpc_open_job, NULL},
-      {"/kex.v1.Kex/CloseJob", KEXD_PAYLOAD_ONE, rpc_close_job, NULL},
-      {"/kex.v1.Kex/Plan", KEXD_PAYLOAD_ONE, rpc_plan, NULL},
-      {"/kex.v1.Kex/ListDevices", KEXD_PAYLOAD_ONE, rpc_list_devices, NULL},
-      {"/kex.v1.Kex/GetStats", KEXD_PAYLOAD_ONE, rpc_get_stats, NULL},
-      {"/kex.v1.Kex/Submit", KEXD_PAYLOAD_ONE, kexd_rpc_submit, NULL},
-      {"/kex.v1.Kex/Upload", KEXD_PAYLOAD_STREAM, rpc_upload, NULL},
-      {"/kex.v1.Kex/Download", KEXD_PAYLOAD_ONE, rpc_download, NULL},
-      {"/kex.v1.Kex/Free", KEXD_PAYLOAD_ONE, rpc_free, NULL},
-      {"/kex.v1.Kex/Tune", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
-      {"/kex.v1.Kex/ListCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
-      {"/kex.v1.Kex/GetCacheEntry", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
-      {"/kex.v1.Kex/ExportCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
-      {"/kex.v1.Kex/ImportCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
-      {"/kex.v1.Kex/DeleteCache", KEXD_PAYLOAD_ONE, rpc_unimplemented, RPC_MSG_NEEDS_BEAM},
+      {"/grpc.health.v1.Health/Check", KEXD_PAYLOAD_ONE, rpc_health_check},
+      {"/grpc.health.v1.Health/Watch", KEXD_PAYLOAD_ONE, rpc_health_watch},
+      {"/kex.v1.Kex/OpenJob", KEXD_PAYLOAD_ONE, rpc_open_job},
+      {"/kex.v1.Kex/CloseJob", KEXD_PAYLOAD_ONE, rpc_close_job},
+      {"/kex.v1.Kex/Plan", KEXD_PAYLOAD_ONE, rpc_plan},
+      {"/kex.v1.Kex/ListDevices", KEXD_PAYLOAD_ONE, rpc_list_devices},
+      {"/kex.v1.Kex/GetStats", KEXD_PAYLOAD_ONE, rpc_get_stats},
+      {"/kex.v1.Kex/Submit", KEXD_PAYLOAD_ONE, kexd_rpc_submit},
+      {"/kex.v1.Kex/Upload", KEXD_PAYLOAD_STREAM, rpc_upload},
+      {"/kex.v1.Kex/Download", KEXD_PAYLOAD_ONE, rpc_download},
+      {"/kex.v1.Kex/Free", KEXD_PAYLOAD_ONE, rpc_free},
+      {"/kex.v1.Kex/Tune", KEXD_PAYLOAD_ONE, kexd_rpc_tune},
+      {"/kex.v1.Kex/ListCache", KEXD_PAYLOAD_ONE, kexd_rpc_list_cache},
+      {"/kex.v1.Kex/GetCacheEntry", KEXD_PAYLOAD_ONE, kexd_rpc_get_cache_entry},
+      {"/kex.v1.Kex/ExportCache", KEXD_PAYLOAD_ONE, kexd_rpc_export_cache},
+      {"/kex.v1.Kex/ImportCache", KEXD_PAYLOAD_STREAM, kexd_rpc_import_cache},
+      {"/kex.v1.Kex/DeleteCache", KEXD_PAYLOAD_ONE, kexd_rpc_delete_cache},
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
-    int rc = kexd_server_add_method(d->server, table[i].path, table[i].payload, table[i].fn,
-                                    table[i].why ? (void *)table[i].why : (void *)d);
+    int rc = kexd_server_add_method(d->server, table[i].path, table[i].payload, table[i].fn, d);
     if (rc < 0) {
       KEX_ERROR("cannot register %s: %s", table[i].path, kex_strerror(rc));
       return rc;

@@ -7,6 +7,7 @@
 #define KEX_DAEMON_RPC_H
 
 #include <protobuf-c/protobuf-c.h>
+#include <stdatomic.h>
 
 #include "daemon/kexd.h"
 #include "kex/v1/kex.pb-c.h"
@@ -41,5 +42,54 @@ int kexd_submit_init(kexd *d);
 void kexd_submit_free(kexd *d);
 /* The Submit handler. */
 void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+
+/* ---- tune.c ---- */
+
+/* Set up Tune's state (the loop's async handle for routed device jobs).  0 or a negative code. */
+int kexd_tune_init(kexd *d);
+/* Close the async handle (with the other handles, once every call is gone). */
+void kexd_tune_close(kexd *d);
+/* Free the state, after the loop ran out. */
+void kexd_tune_free(kexd *d);
+/* The handlers. */
+void kexd_rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_list_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_get_cache_entry(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_export_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_import_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_delete_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+
+typedef struct kexd_tune_counters {
+  uint64_t beam_hits, beam_misses, searches, searches_cancelled;
+} kexd_tune_counters;
+/* Beam cache hits/misses and searches run/cancelled since start (Tune and Submit together). */
+void kexd_tune_stats(const kexd *d, kexd_tune_counters *out);
+
+/* A beam search for Submit: who pays, with what options, and the flag that stops it. */
+typedef struct kexd_beam_req {
+  kexd *d;
+  uint32_t device;           /* configured device index */
+  uint64_t job;              /* charged to this job's flow */
+  uint32_t weight;
+  int width, upcast_max, local_max; /* 0 limits: the search's defaults */
+  uint32_t timeout_ms;       /* per kernel, 0 = none */
+  atomic_bool *cancelled;    /* set by the loop: the search stops between candidates */
+} kexd_beam_req;
+
+struct kex_graph;
+struct kex_schedule;
+struct kex_name_counter;
+struct kex_program_src;
+/*
+ * On a worker-pool thread (never the loop): schedule item `item` (a kernel)
+ * of s, made from g, lowered with its cached beam opts for br's device, else
+ * the opts a search chooses now (device work on the device's runner,
+ * charged to br->job; the result stored in the cache file).  Fills *out and
+ * the opts string like kex_run_lower_item.  0 or a negative code with *err
+ * (KEX_ECANCELLED when br->cancelled stopped it).
+ */
+int kexd_tune_lower_item(const kexd_beam_req *br, const struct kex_graph *g, const struct kex_schedule *s,
+                         uint32_t item, struct kex_name_counter *names, struct kex_program_src *out, char *opts,
+                         size_t opts_len, kex_error *err);
 
 #endif
