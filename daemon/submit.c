@@ -63,6 +63,7 @@
 #include "daemon/rpc.h"
 #include "devices/device.h"
 #include "search/astkey.h"
+#include "search/beam.h"
 #include "search/cache.h"
 #include "search/lower.h"
 #include "search/run.h"
@@ -241,10 +242,12 @@ static int plan_schedule(plan *p, kex_error *err) {
 }
 
 /*
- * The tables and the rendered kernels of a scheduled plan (worker pool).
- * 0, or a negative code with *err naming the kernel or item.
+ * The tables and the rendered kernels of a scheduled plan (worker pool):
+ * hand-coded opts, or with `beam` (not NULL) each kernel's cached beam opts
+ * else a search now (tune.c).  0, or a negative code with *err naming the
+ * kernel or item.
  */
-static int plan_build(plan *p, kex_error *err) {
+static int plan_build(plan *p, const kexd_beam_req *beam, kex_error *err) {
   const kex_replay *r = p->r;
   const kex_schedule *s = p->s;
   const kex_graph *g = p->g;
@@ -327,7 +330,9 @@ static int plan_build(plan *p, kex_error *err) {
     }
     plan_prog *pp = &p->progs[p->nkernels];
     kex_program_src ps = {0};
-    if ((rc = kex_run_lower_item(s, it, p->cpu, &names, &ps, pp->opts, sizeof pp->opts, err)) < 0) {
+    rc = beam ? kexd_tune_lower_item(beam, p->g, s, ii, &names, &ps, pp->opts, sizeof pp->opts, err)
+              : kex_run_lower_item(s, it, p->cpu, &names, &ps, pp->opts, sizeof pp->opts, err);
+    if (rc < 0) {
       char m[KEX_ERROR_MSG_MAX];
       snprintf(m, sizeof m, "%s", err->msg);
       kex_err_set(err, rc, "kernel %u: %s", p->nkernels, m);
@@ -519,11 +524,14 @@ static void h_scalar(kex_sha256 *h, const Kex__V1__Scalar *s) {
  * but the input bytes (inline data and random seeds).  Which BUFFER nodes
  * name the same handle is part of it; the handles themselves are not.
  */
-static void structure_key(const Kex__V1__Graph *pg, uint32_t device, uint8_t out[SUB_HASH]) {
+static void structure_key(const Kex__V1__Graph *pg, uint32_t device, const kexd_beam_req *beam, uint8_t out[SUB_HASH]) {
   kex_sha256 h;
   kex_sha256_init(&h);
   h_str(&h, "kex.submit.structure.v1");
   h_u64(&h, device);
+  h_u64(&h, (uint64_t)beam->width); /* a hand-coded plan never serves a beam submission, nor one width another */
+  h_u64(&h, (uint64_t)beam->upcast_max);
+  h_u64(&h, (uint64_t)beam->local_max);
   h_str(&h, pg->device);
   h_u64(&h, pg->n_nodes);
   for (size_t i = 0; i < pg->n_nodes; i++) {
@@ -626,6 +634,7 @@ struct submission {
   int rc;
   kex_error err;
   char (*handle_str)[KEXD_HANDLE_LEN + 1]; /* [noutputs] */
+  kexd_beam_req beam;        /* width 0: hand-coded opts */
 };
 
 static void sub_free(submission *s) {
@@ -1252,7 +1261,7 @@ static void build_work(uv_work_t *req) {
   double t0 = now_us();
   s->pool_rc = 0;
   if (!p->s) s->pool_rc = plan_schedule(p, &s->pool_err);
-  if (!s->pool_rc) s->pool_rc = plan_build(p, &s->pool_err);
+  if (!s->pool_rc) s->pool_rc = plan_build(p, s->beam.width > 0 ? &s->beam : NULL, &s->pool_err);
   p->build_us += now_us() - t0;
 }
 
@@ -1285,10 +1294,12 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: missing graph");
     goto out;
   }
-  if (m->beam && m->beam->beam_width > 0) {
+  uint32_t width = m->beam && m->beam->beam_width ? m->beam->beam_width : d->cfg.beam; /* 0: hand-coded */
+  if (width > KEX_BEAM_MAX_WIDTH || (width && m->beam && (m->beam->max_upcast > KEXD_BEAM_MAX_LIMIT ||
+                                                          m->beam->max_local > KEXD_BEAM_MAX_LIMIT))) {
     d->submissions_failed++;
-    kexd_call_failf(c, GRPC_STATUS_UNIMPLEMENTED, "Submit: beam search arrives with the beam-search issue; submit with "
-                    "beam_width 0 (hand-coded opts)");
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: beam.beam_width must be at most %d and max_upcast, "
+                    "max_local at most %d", KEX_BEAM_MAX_WIDTH, KEXD_BEAM_MAX_LIMIT);
     goto out;
   }
   if ((dev = kexd_rpc_device_index(d, m->graph->device)) < 0) {
@@ -1313,6 +1324,9 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   s->inline_max = m->return_bytes ? UINT64_MAX : m->inline_output_max_bytes ? m->inline_output_max_bytes
                                                                             : d->cfg.inline_output_max;
   atomic_init(&s->cancelled, false);
+  if (width)
+    s->beam = (kexd_beam_req){d, s->device, job->id, job->weight, (int)width, m->beam ? (int)m->beam->max_upcast : 0,
+                              m->beam ? (int)m->beam->max_local : 0, m->beam ? m->beam->timeout_ms : 0, &s->cancelled};
   kexd_call_ref(c); /* the submission's own reference, dropped in sub_free */
   kexd_call_set_hooks(c, sub_cancelled, NULL, s);
   if ((rc = kexd_rpc_graph_from_pb(m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
@@ -1320,7 +1334,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     sub_fail(s, kex_err_grpc_status(rc), "%s", s->err.msg);
     goto out;
   }
-  structure_key(m->graph, s->device, key);
+  structure_key(m->graph, s->device, &s->beam, key);
   plan *p = plan_cache_find(S, key);
   if (p) {
     d->sched_cache_hits++;
