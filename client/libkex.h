@@ -376,8 +376,10 @@ typedef struct kex_import_report {
  * Import an export file read from f (from its current position to EOF),
  * streamed in KEX_UPLOAD_CHUNK messages.  The server checks every entry: a
  * refused line counts in rep->rejected with its message, the rest are
- * stored (the call still returns 0).  rep may be NULL.  KEX_EIO when f
- * cannot be read; the server's error (a bad header is INVALID_ARGUMENT).
+ * stored, and the call returns 0.  A file with nothing to store (a bad
+ * header, or every line refused) is KEX_EINVAL (INVALID_ARGUMENT) with the
+ * server's message naming the first bad line.  rep may be NULL.  KEX_EIO
+ * when f cannot be read.
  */
 int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_report *rep, kex_status *st);
 

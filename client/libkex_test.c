@@ -9,8 +9,10 @@
  * The checks: jobs, Plan kernel counts against tinygrad's for every case in
  * CASES_DIR, Upload/Download bytes intact (memory and .npy, chunked), Free,
  * ListDevices, GetStats, the status codes and messages of bad input, an
- * unreachable server, and Submit (skipped with the server's message while
- * kexd answers UNIMPLEMENTED).
+ * unreachable server, Submit, and Tune with the cache API (list filters and
+ * paging, get, export to a file and a callback, delete, import in several
+ * messages, refused lines; skipped with the server's message while kexd
+ * answers UNIMPLEMENTED).
  */
 #include <jansson.h>
 #include <math.h>
@@ -279,6 +281,249 @@ static void test_submit(kex_client *c, const char *job) {
   check(rc == KEX_EDEADLINE && !r, "submit: a deadline that passes is KEX_EDEADLINE", &st);
 }
 
+/* ---- Tune and the cache API ---- */
+
+typedef struct tune_seen {
+  int progress, finished, order_ok;
+  uint32_t last_i;
+} tune_seen;
+
+static void on_tune(const kex_tune_event *ev, void *ud) {
+  tune_seen *t = ud;
+  if (ev->finished) t->finished++;
+  else t->progress++;
+  if (ev->i < t->last_i || ev->i < 1 || ev->i > ev->n || (ev->finished && !ev->entry)) t->order_ok = 0;
+  t->last_i = ev->i;
+}
+
+static int is_hex64(const char *s) {
+  size_t n = 0;
+  for (; s[n]; n++)
+    if (!strchr("0123456789abcdef", s[n])) return 0;
+  return n == 64;
+}
+
+static int page_has(const kex_cache_page *p, const char *key) {
+  for (size_t i = 0; p && i < p->nentries; i++)
+    if (!strcmp(p->entries[i].key, key)) return 1;
+  return 0;
+}
+
+static int count_bytes(const void *data, size_t len, void *ud) {
+  (void)data;
+  *(size_t *)ud += len;
+  return 0;
+}
+
+static void test_tune_cache(kex_client *c, const char *job) {
+  /* (a + b) * 2 and a sum over 64, both tiny, on the cpu device, beam 1 */
+  const char *g1 =
+      "{\"device\":\"cpu\",\"nodes\":["
+      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AACAPwAAAEAAAEBAAACAQA==\"},"
+      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AAAgQQAAoEEAAPBBAAAgQg==\"},"
+      "{\"op\":\"ADD\",\"src\":[0,1]},"
+      "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":[4],\"value\":2.0},"
+      "{\"op\":\"MUL\",\"src\":[2,3]}],\"outputs\":[4]}";
+  const char *g2 =
+      "{\"nodes\":[{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[8,64],\"fill\":{\"random\":5}},"
+      "{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}],\"outputs\":[1]}";
+  kex_tune_opts o = {.beam_width = 1, .timeout_s = 120};
+  kex_tune_result *t1 = NULL, *t1b = NULL, *t2 = NULL;
+  kex_status st;
+  tune_seen seen = {0, 0, 1, 0};
+  char key[80] = "", key2[80] = "", opts[256] = "", path[] = "/tmp/libkex_cache_XXXXXX";
+  int rc = kex_client_tune(c, job, g1, &o, on_tune, &seen, &t1, &st);
+  if (rc == KEX_EUNIMPLEMENTED) {
+    printf("skip - tune and the cache API (kexd answers UNIMPLEMENTED: %s)\n", st.msg);
+    return;
+  }
+  check(rc == 0 && t1 && t1->nkernels == 1 && t1->kernels[0].kernel[0] && is_hex64(t1->kernels[0].entry.key) &&
+            t1->kernels[0].entry.best_us > 0 && t1->kernels[0].entry.hand_us > 0 && !t1->kernels[0].from_cache,
+        "tune: (a+b)*2 on cpu gives 1 searched kernel with its AST key and times", &st);
+  check(seen.finished == 1 && seen.order_ok, "tune: one finished event (with its entry), kernels in order", NULL);
+  if (rc || !t1 || t1->nkernels != 1) goto out;
+  snprintf(key, sizeof key, "%s", t1->kernels[0].entry.key);
+  snprintf(opts, sizeof opts, "%s", t1->kernels[0].entry.opts);
+  printf("# tune: %s %s %.2f us (hand-coded %.2f us), %d progress events, %.2f s\n", t1->kernels[0].entry.kernel_name,
+         opts, t1->kernels[0].entry.best_us, t1->kernels[0].entry.hand_us, seen.progress, t1->kernels[0].search_s);
+  rc = kex_client_tune(c, job, g1, &o, NULL, NULL, &t1b, &st);
+  check(rc == 0 && t1b && t1b->nkernels == 1 && t1b->kernels[0].from_cache && !strcmp(t1b->kernels[0].entry.key, key) &&
+            !strcmp(t1b->kernels[0].entry.opts, opts),
+        "tune again: the kernel comes from the cache with the same key and opts", &st);
+  o.device = "cpu"; /* g2 names no device: the option picks it */
+  rc = kex_client_tune(c, job, g2, &o, NULL, NULL, &t2, &st);
+  check(rc == 0 && t2 && t2->nkernels == 1 && strcmp(t2->kernels[0].entry.key, key) != 0 &&
+            strstr(t2->kernels[0].entry.device, "kind=cpu"),
+        "tune of a reduction with device \"cpu\" from the options: another key, on cpu", &st);
+  if (!rc && t2 && t2->nkernels == 1) snprintf(key2, sizeof key2, "%s", t2->kernels[0].entry.key);
+
+  /* list: filters and paging */
+  kex_cache_page *p = NULL, *p2 = NULL;
+  char prefix[9];
+  snprintf(prefix, sizeof prefix, "%.8s", key);
+  kex_remote_cache_filter f = {.key_prefix = prefix};
+  rc = kex_client_cache_list(c, job, &f, 0, NULL, &p, &st);
+  check(rc == 0 && p && p->nentries == 1 && !strcmp(p->entries[0].key, key) && !strcmp(p->entries[0].opts, opts) &&
+            !strcmp(p->entries[0].kind, "cpu") && p->entries[0].search_opts[0] && p->entries[0].codegen[0] &&
+            p->entries[0].created_unix > 0 && !p->next_page_token[0],
+        "list by key prefix: the tuned entry with its opts, identity, search options and codegen", &st);
+  kex_cache_page_free(p);
+  p = NULL;
+  f = (kex_remote_cache_filter){.kernel_name = "no-such-kernel"};
+  rc = kex_client_cache_list(c, job, &f, 0, NULL, &p, &st);
+  check(rc == 0 && p && p->nentries == 0, "list by a kernel name nothing has: empty", &st);
+  kex_cache_page_free(p);
+  p = NULL;
+  f = (kex_remote_cache_filter){.device = "kind=cpu", .max_age_s = 3600};
+  rc = kex_client_cache_list(c, job, &f, 1, NULL, &p, &st);
+  check(rc == 0 && p && p->nentries == 1 && p->next_page_token[0], "list with limit 1: one entry and a page token",
+        &st);
+  if (rc == 0 && p && p->next_page_token[0]) {
+    rc = kex_client_cache_list(c, job, &f, 1, p->next_page_token, &p2, &st);
+    check(rc == 0 && p2 && p2->nentries == 1 && strcmp(p2->entries[0].key, p->entries[0].key) != 0 &&
+              (page_has(p, key) || page_has(p2, key)) && (page_has(p, key2) || page_has(p2, key2)),
+          "list: the next page holds the other entry; the two pages hold both keys", &st);
+  }
+  kex_cache_page_free(p);
+  kex_cache_page_free(p2);
+  p = NULL;
+  f = (kex_remote_cache_filter){.key_prefix = "xyz"};
+  rc = kex_client_cache_list(c, job, &f, 0, NULL, &p, &st);
+  check(rc == KEX_EINVAL && st.grpc == 3, "list by a key prefix that is not hex: INVALID_ARGUMENT", &st);
+  kex_cache_page_free(p);
+  p = NULL;
+
+  /* get */
+  kex_remote_cache_entry *e = NULL;
+  rc = kex_client_cache_get(c, job, key, NULL, &e, &st);
+  check(rc == 0 && e && !strcmp(e->key, key) && e->ast_text[0] && e->source[0] && !strcmp(e->opts, opts),
+        "get: the entry with its AST text and source", &st);
+  kex_remote_cache_entry_free(e);
+  e = NULL;
+  rc = kex_client_cache_get(c, job, "0000000000000000000000000000000000000000000000000000000000000000", NULL, &e, &st);
+  check(rc == KEX_ENOTFOUND && st.grpc == 5 && !e, "get of an unknown key: NOT_FOUND", &st);
+
+  /* export to a file and through a callback */
+  int fd = mkstemp(path);
+  FILE *ef = fd >= 0 ? fdopen(fd, "w+") : NULL;
+  uint64_t exported = 0;
+  size_t cb_bytes = 0;
+  long file_bytes = -1;
+  char header[256] = "";
+  rc = ef ? kex_client_cache_export(c, job, NULL, ef, NULL, NULL, &exported, &st) : KEX_EIO;
+  if (ef) {
+    fflush(ef);
+    file_bytes = ftell(ef);
+    rewind(ef);
+    if (!fgets(header, sizeof header, ef)) header[0] = 0;
+  }
+  check(rc == 0 && exported >= 2 && strstr(header, "\"kex.cache.export.v1\""),
+        "export to a file: the kex.cache.export.v1 header and every entry", &st);
+  rc = kex_client_cache_export(c, job, NULL, NULL, count_bytes, &cb_bytes, NULL, &st);
+  check(rc == 0 && (long)cb_bytes == file_bytes, "export through a callback: the same bytes", &st);
+
+  /* delete, then import the export back */
+  uint32_t deleted = 0;
+  f = (kex_remote_cache_filter){.key_prefix = key};
+  rc = kex_client_cache_delete(c, job, &f, &deleted, &st);
+  check(rc == 0 && deleted == 1, "delete by key: 1 entry", &st);
+  rc = kex_client_cache_get(c, job, key, NULL, &e, &st);
+  check(rc == KEX_ENOTFOUND, "get after delete: NOT_FOUND", &st);
+  kex_import_report rep;
+  if (ef) rewind(ef);
+  rc = ef ? kex_client_cache_import(c, job, ef, &rep, &st) : KEX_EIO;
+  check(rc == 0 && rep.imported == exported && rep.rejected == 0, "import of the export: every entry back", &st);
+  rc = kex_client_cache_get(c, job, key, NULL, &e, &st);
+  check(rc == 0 && e && !strcmp(e->opts, opts), "get after import: the entry with its opts", &st);
+  kex_remote_cache_entry_free(e);
+  e = NULL;
+
+  /* a file of more than 2 MiB goes in several messages: the header, then one beam line many times */
+  char *line = NULL;
+  size_t cap = 0;
+  char bpath[] = "/tmp/libkex_cache_XXXXXX";
+  int bfd = mkstemp(bpath);
+  FILE *bf = bfd >= 0 ? fdopen(bfd, "w+") : NULL;
+  uint32_t copies = 0;
+  if (ef && bf) {
+    rewind(ef);
+    while (getline(&line, &cap, ef) > 0)
+      if (strstr(line, "\"type\":\"beam\"") && strstr(line, key)) break;
+    fputs(header, bf);
+    size_t len = strlen(line ? line : "");
+    while (len && ftell(bf) < (3l << 20)) {
+      fputs(line, bf);
+      copies++;
+    }
+    rewind(bf);
+  }
+  rc = bf && copies ? kex_client_cache_import(c, job, bf, &rep, &st) : KEX_EIO;
+  check(rc == 0 && rep.imported == copies && rep.rejected == 0, "import of 3 MiB in 1 MiB messages: every line stored",
+        &st);
+  printf("# %u copies of one line imported\n", copies);
+  /* a good line and a bad one: the good one is stored, the bad one refused with its line number */
+  if (bf) {
+    fclose(bf);
+    bf = fopen(bpath, "w+");
+  }
+  if (bf) {
+    fputs(header, bf);
+    fputs(line ? line : "", bf);
+    fputs("{\"type\":\"beam\",\"ast_key\":\"xyz\"}\n", bf);
+    rewind(bf);
+  }
+  rc = bf ? kex_client_cache_import(c, job, bf, &rep, &st) : KEX_EIO;
+  check(rc == 0 && rep.imported == 1 && rep.rejected == 1 && rep.nerrors == 1 && strstr(rep.errors[0], "line 3"),
+        "import of a good and a bad line: 1 stored, 1 refused, the message names line 3", &st);
+  printf("# %s\n", rc == 0 && rep.nerrors ? rep.errors[0] : "(no message)");
+  /* nothing valid: the call fails naming the line */
+  if (bf) {
+    fclose(bf);
+    bf = fopen(bpath, "w+");
+  }
+  if (bf) {
+    fputs(header, bf);
+    fputs("{\"type\":\"beam\",\"ast_key\":\"xyz\"}\n", bf);
+    rewind(bf);
+  }
+  rc = bf ? kex_client_cache_import(c, job, bf, &rep, &st) : KEX_EIO;
+  check(rc == KEX_EINVAL && st.grpc == 3 && strstr(st.msg, "line 2"),
+        "import of nothing but a bad line: INVALID_ARGUMENT naming line 2", &st);
+  if (bf) {
+    fclose(bf);
+    bf = fopen(bpath, "w+");
+  }
+  if (bf) {
+    fputs("this is not an export\n", bf);
+    rewind(bf);
+  }
+  rc = bf ? kex_client_cache_import(c, job, bf, &rep, &st) : KEX_EIO;
+  check(rc == KEX_EINVAL && st.grpc == 3, "import without the header: INVALID_ARGUMENT", &st);
+  printf("# %s\n", st.msg);
+  free(line);
+  if (bf) fclose(bf);
+  unlink(bpath);
+  if (ef) fclose(ef);
+  unlink(path);
+
+  /* a deadline shorter than one compile */
+  kex_tune_result *t3 = NULL;
+  const char *g3 =
+      "{\"device\":\"cpu\",\"nodes\":[{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[16,16],\"fill\":{\"random\":7}},"
+      "{\"op\":\"REDUCE_MAX\",\"src\":[0],\"axis\":[0]}],\"outputs\":[1]}";
+  o.timeout_s = 0.002;
+  rc = kex_client_tune(c, job, g3, &o, NULL, NULL, &t3, &st);
+  check(rc == KEX_EDEADLINE && !t3, "tune: a deadline that passes is KEX_EDEADLINE", &st);
+  rc = kex_client_tune(c, job, "{\"device\":\"cpu\",\"nodes\":[{\"op\":\"FROB\"}],\"outputs\":[0]}", NULL, NULL, NULL,
+                       &t3, &st);
+  check(rc == KEX_EINVAL && st.grpc == 3 && strstr(st.msg, "node 0") && !t3,
+        "tune of an unknown op: INVALID_ARGUMENT naming node 0", &st);
+out:
+  kex_tune_result_free(t1);
+  kex_tune_result_free(t1b);
+  kex_tune_result_free(t2);
+}
+
 int main(int argc, char **argv) {
   kex_client *c = NULL, *dead = NULL;
   kex_status st;
@@ -311,6 +556,7 @@ int main(int argc, char **argv) {
   test_buffers(c, job);
   test_errors(c, job);
   test_submit(c, job);
+  test_tune_cache(c, job);
 
   rc = kex_job_close(c, job, &st);
   check(rc == 0, "job close", &st);

@@ -2,7 +2,8 @@
 # test_libkex.sh - libkex end to end: start a real kexd on a free 127.0.0.1
 # port, wait until it answers, run the C test program libkex_test against it
 # (jobs, plan kernel counts, upload/download, devices, stats, error codes and
-# messages, submit or a skip line while Submit is UNIMPLEMENTED), then stop
+# messages, submit, tune and the cache API, each a skip line while kexd
+# answers UNIMPLEMENTED), then stop
 # kexd with SIGTERM and check it exits 0 and never crashed.
 #
 # Env: KEX_BUILD_DIR (default build: $KEX_BUILD_DIR/daemon/kexd and
@@ -40,7 +41,8 @@ cleanup() {
 trap cleanup EXIT
 
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$kexd" --listen "127.0.0.1:$port" --grace 2 >"$tmp/kexd.log" 2>&1 &
+# its own beam cache file: Tune's results never touch the user's cache, and a first tune really searches
+"$kexd" --listen "127.0.0.1:$port" --grace 2 --cache "$tmp/cache.db" >"$tmp/kexd.log" 2>&1 &
 pid=$!
 up=0
 for _ in $(seq 1 100); do
