@@ -1,0 +1,561 @@
+/*
+ * bench/rpc_c.c - kexd RPC latency and throughput from a C client
+ * (build/bench_rpc; bench/rpc.py runs it and merges its JSON into
+ * bench/results/rpc.json).
+ *
+ * Starts its own kexd (--device cpu, a fresh --cache in a temporary
+ * directory, 127.0.0.1 on a free port) unless --server names one, and
+ * measures, each for --seconds after a warm-up, at 1 and 8 calls in flight
+ * (8 threads on one channel, each with its own completion queue and call
+ * loop):
+ *
+ *   health          grpc.health.v1.Health/Check: the cheapest call kexd serves, the baseline
+ *   submit_free     a tiny cached Submit (16-element add, output inline, same structure
+ *                   every call; every event read and checked) + a Free of its output: two
+ *                   RPCs, what bench/rpc.py's Python client does
+ *   submit_inline   the same Submit with free_outputs set: the output comes back inline
+ *                   and is not kept, so one RPC
+ *   libkex          kex_submit (graph as JSON) + kex_free_buffers through libkex, the C
+ *                   client library, to show what the library itself costs
+ *
+ * The core rows use gRPC C core directly with the request encoded once.
+ * Every Submit's output bytes are checked (arange + 1).  Prints a table and,
+ * with --json FILE, writes the numbers (p50/p99 in us, calls/s).
+ *
+ * Usage: build/bench_rpc [--kexd build/daemon/kexd | --server ADDR] [--seconds 2] [--json FILE]
+ *                        [--only health,submit_free,submit_inline,libkex] [--inflight 1,8]
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/libkex.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "kex/v1/kex.pb-c.h"
+
+#define N_ELEMS 16
+#define MAX_THREADS 64
+#define CALL_TIMEOUT_S 30
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static pid_t g_kexd = -1;
+static char g_tmp[256];
+
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "bench_rpc: ");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  if (g_kexd > 0) kill(g_kexd, SIGTERM), waitpid(g_kexd, NULL, 0);
+  exit(1);
+}
+
+/* ---- the workload ---- */
+
+typedef struct bench {
+  char addr[128];
+  grpc_channel *ch;
+  void *m_check, *m_submit, *m_free, *m_open;
+  kex_client *lk; /* libkex client on the same server */
+  char job[128];
+  grpc_slice check_req, submit_req, inline_req;
+  bool have_inline; /* the server knows SubmitRequest.free_outputs */
+  char graph_json[1024];
+} bench;
+
+static grpc_slice pack(const ProtobufCMessage *m) {
+  grpc_slice s = grpc_slice_malloc(protobuf_c_message_get_packed_size(m));
+  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+  return s;
+}
+
+static gpr_timespec deadline(void) {
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(CALL_TIMEOUT_S, GPR_TIMESPAN));
+}
+
+/* Run one batch on cq (a pluck queue) and wait for it; 1 when it succeeded. */
+static int batch(grpc_call *call, grpc_completion_queue *cq, grpc_op *ops, size_t n, void *tag) {
+  if (grpc_call_start_batch(call, ops, n, tag, NULL) != GRPC_CALL_OK) return 0;
+  grpc_event ev = grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+static grpc_slice readall(grpc_byte_buffer *bb) {
+  grpc_byte_buffer_reader r;
+  grpc_slice s;
+  if (!grpc_byte_buffer_reader_init(&r, bb)) return grpc_empty_slice();
+  s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  return s;
+}
+
+/* A unary call: req out, the reply's bytes in *reply (unref it).  Returns the gRPC status; *msg its details. */
+static int unary(bench *b, grpc_completion_queue *cq, void *method, grpc_slice req, grpc_slice *reply, char *msg,
+                 size_t msglen) {
+  grpc_call *call = grpc_channel_create_registered_call(b->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, deadline(), NULL);
+  grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&req, 1), *in = NULL;
+  grpc_metadata_array imd, tmd;
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  grpc_metadata_array_init(&imd);
+  grpc_metadata_array_init(&tmd);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = out;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &in;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
+  ops[5].data.recv_status_on_client.status = &status;
+  ops[5].data.recv_status_on_client.status_details = &details;
+  if (!batch(call, cq, ops, 6, call)) status = GRPC_STATUS_INTERNAL;
+  *reply = in ? readall(in) : grpc_empty_slice();
+  if (msg) snprintf(msg, msglen, "%.*s", (int)GRPC_SLICE_LENGTH(details), (const char *)GRPC_SLICE_START_PTR(details));
+  if (in) grpc_byte_buffer_destroy(in);
+  grpc_byte_buffer_destroy(out);
+  grpc_slice_unref(details);
+  grpc_metadata_array_destroy(&imd);
+  grpc_metadata_array_destroy(&tmd);
+  grpc_call_unref(call);
+  return status;
+}
+
+static void health(bench *b, grpc_completion_queue *cq) {
+  grpc_slice reply;
+  char msg[256];
+  int st = unary(b, cq, b->m_check, b->check_req, &reply, msg, sizeof msg);
+  if (st != GRPC_STATUS_OK) die("Health/Check: status %d: %s", st, msg);
+  Grpc__Health__V1__HealthCheckResponse *r =
+      grpc__health__v1__health_check_response__unpack(NULL, GRPC_SLICE_LENGTH(reply), GRPC_SLICE_START_PTR(reply));
+  if (!r || r->status != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING) die("Health/Check: not SERVING");
+  grpc__health__v1__health_check_response__free_unpacked(r, NULL);
+  grpc_slice_unref(reply);
+}
+
+/* The output must be arange(16) + 1. */
+static void check_output(const Kex__V1__Output *o) {
+  if (!o->has_data || o->data.len != N_ELEMS * sizeof(float)) die("Submit: the output is not inline (%zu bytes)", o->data.len);
+  for (int i = 0; i < N_ELEMS; i++) {
+    float v;
+    memcpy(&v, o->data.data + i * sizeof v, sizeof v);
+    if (v != (float)i + 1.0f) die("Submit: output[%d] = %g, expected %d", i, v, i + 1);
+  }
+}
+
+/* One Submit: every event read and checked (accepted, scheduled, running..., done); Free its output when free_after. */
+static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, bool free_after) {
+  grpc_call *call =
+      grpc_channel_create_registered_call(b->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, b->m_submit, deadline(), NULL);
+  grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&req, 1), *in = NULL;
+  grpc_metadata_array imd, tmd;
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  grpc_op ops[4], sop, rop;
+  char handle[128] = "";
+  int seen = 0; /* bit per event kind */
+  bool done = false;
+  memset(ops, 0, sizeof ops);
+  memset(&sop, 0, sizeof sop);
+  grpc_metadata_array_init(&imd);
+  grpc_metadata_array_init(&tmd);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = out;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+  if (grpc_call_start_batch(call, ops, 4, &ops[0], NULL) != GRPC_CALL_OK) die("Submit: start_batch");
+  for (;;) {
+    memset(&rop, 0, sizeof rop);
+    rop.op = GRPC_OP_RECV_MESSAGE;
+    rop.data.recv_message.recv_message = &in;
+    if (!batch(call, cq, &rop, 1, &rop) || !in) break;
+    grpc_slice s = readall(in);
+    grpc_byte_buffer_destroy(in);
+    in = NULL;
+    Kex__V1__SubmitEvent *ev = kex__v1__submit_event__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+    if (!ev) die("Submit: an event does not decode");
+    if (done) die("Submit: an event after done");
+    seen |= 1 << ev->event_case;
+    if (ev->event_case == KEX__V1__SUBMIT_EVENT__EVENT_DONE) {
+      if (ev->done->n_outputs != 1) die("Submit: %zu outputs", ev->done->n_outputs);
+      check_output(ev->done->outputs[0]);
+      snprintf(handle, sizeof handle, "%s", ev->done->outputs[0]->handle);
+      done = true;
+    }
+    kex__v1__submit_event__free_unpacked(ev, NULL);
+  }
+  grpc_event ev0 = grpc_completion_queue_pluck(cq, &ops[0], gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  (void)ev0;
+  sop.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  sop.data.recv_status_on_client.trailing_metadata = &tmd;
+  sop.data.recv_status_on_client.status = &status;
+  sop.data.recv_status_on_client.status_details = &details;
+  batch(call, cq, &sop, 1, &sop);
+  if (status != GRPC_STATUS_OK)
+    die("Submit: status %d: %.*s", status, (int)GRPC_SLICE_LENGTH(details), (const char *)GRPC_SLICE_START_PTR(details));
+  int need = 1 << KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED | 1 << KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED |
+             1 << KEX__V1__SUBMIT_EVENT__EVENT_RUNNING | 1 << KEX__V1__SUBMIT_EVENT__EVENT_DONE;
+  if ((seen & need) != need) die("Submit: events missing (seen mask 0x%x)", seen);
+  grpc_byte_buffer_destroy(out);
+  grpc_slice_unref(details);
+  grpc_metadata_array_destroy(&imd);
+  grpc_metadata_array_destroy(&tmd);
+  grpc_call_unref(call);
+  if (free_after) {
+    Kex__V1__FreeRequest fr = KEX__V1__FREE_REQUEST__INIT;
+    char *hs[1] = {handle};
+    grpc_slice reply, fs;
+    char msg[256];
+    if (!handle[0]) die("Submit: no output handle to free");
+    fr.job = b->job;
+    fr.n_handles = 1;
+    fr.handles = hs;
+    fs = pack(&fr.base);
+    int st = unary(b, cq, b->m_free, fs, &reply, msg, sizeof msg);
+    grpc_slice_unref(fs);
+    if (st != GRPC_STATUS_OK) die("Free: status %d: %s", st, msg);
+    grpc_slice_unref(reply);
+  } else if (handle[0]) {
+    die("Submit with free_outputs: the output still has a handle (%s)", handle);
+  }
+}
+
+static void submit_libkex(bench *b) {
+  kex_result *res = NULL;
+  kex_status st;
+  kex_submit_opts o = {.timeout_s = CALL_TIMEOUT_S};
+  const char *h[1];
+  if (kex_submit(b->lk, b->job, b->graph_json, &o, NULL, NULL, &res, &st) < 0) die("libkex submit: %s", st.msg);
+  if (res->noutputs != 1) die("libkex submit: %zu outputs", res->noutputs);
+  h[0] = res->outputs[0].handle;
+  if (kex_free_buffers(b->lk, b->job, h, 1, NULL, &st) < 0) die("libkex free: %s", st.msg);
+  kex_result_free(res);
+}
+
+/* ---- the measurement ---- */
+
+typedef enum kind { K_HEALTH, K_SUBMIT_FREE, K_SUBMIT_INLINE, K_LIBKEX, K_COUNT } kind;
+static const char *kind_names[K_COUNT] = {"health", "submit_free", "submit_inline", "libkex"};
+
+typedef struct worker {
+  bench *b;
+  kind k;
+  double stop_at;
+  double *lat; /* us */
+  size_t n, cap;
+  pthread_t th;
+} worker;
+
+static void one_call(bench *b, grpc_completion_queue *cq, kind k) {
+  switch (k) {
+  case K_HEALTH: health(b, cq); break;
+  case K_SUBMIT_FREE: submit(b, cq, b->submit_req, true); break;
+  case K_SUBMIT_INLINE: submit(b, cq, b->inline_req, false); break;
+  case K_LIBKEX: submit_libkex(b); break;
+  default: break;
+  }
+}
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  while (now_s() < w->stop_at) {
+    double t0 = now_s();
+    one_call(w->b, cq, w->k);
+    if (w->n == w->cap) {
+      w->cap = w->cap ? 2 * w->cap : 4096;
+      if (!(w->lat = realloc(w->lat, w->cap * sizeof *w->lat))) die("out of memory");
+    }
+    w->lat[w->n++] = (now_s() - t0) * 1e6;
+  }
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+  return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct result {
+  double p50, p99, per_s;
+  size_t calls;
+} result;
+
+static result measure(bench *b, kind k, int inflight, double seconds) {
+  worker ws[MAX_THREADS];
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  result r = {0};
+  size_t total = 0;
+  double *all, t0;
+  for (int i = 0; i < 50; i++) one_call(b, cq, k); /* warm-up */
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+  memset(ws, 0, sizeof ws);
+  t0 = now_s();
+  for (int i = 0; i < inflight; i++) {
+    ws[i].b = b, ws[i].k = k, ws[i].stop_at = t0 + seconds;
+    if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0) die("pthread_create");
+  }
+  for (int i = 0; i < inflight; i++) pthread_join(ws[i].th, NULL), total += ws[i].n;
+  double el = now_s() - t0;
+  if (!(all = malloc((total ? total : 1) * sizeof *all))) die("out of memory");
+  total = 0;
+  for (int i = 0; i < inflight; i++) memcpy(all + total, ws[i].lat, ws[i].n * sizeof *all), total += ws[i].n, free(ws[i].lat);
+  qsort(all, total, sizeof *all, cmp_double);
+  if (total) {
+    r.p50 = all[(size_t)(0.5 * total) < total ? (size_t)(0.5 * total) : total - 1];
+    r.p99 = all[(size_t)(0.99 * total) < total ? (size_t)(0.99 * total) : total - 1];
+  }
+  r.calls = total;
+  r.per_s = total / el;
+  free(all);
+  return r;
+}
+
+/* ---- kexd ---- */
+
+static int free_port(void) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || getsockname(fd, (struct sockaddr *)&a, &len) < 0)
+    die("no free port: %s", strerror(errno));
+  port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+static void start_kexd(const char *kexd, char *addr, size_t addrlen) {
+  char listen[64], cache[300];
+  snprintf(g_tmp, sizeof g_tmp, "/tmp/kex-bench-rpc-XXXXXX");
+  if (!mkdtemp(g_tmp)) die("mkdtemp: %s", strerror(errno));
+  snprintf(cache, sizeof cache, "%s/cache.db", g_tmp);
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", free_port());
+  snprintf(addr, addrlen, "%s", listen);
+  g_kexd = fork();
+  if (g_kexd < 0) die("fork: %s", strerror(errno));
+  if (g_kexd == 0) {
+    execl(kexd, kexd, "--listen", listen, "--device", "cpu", "--cache", cache, "--log", "warn", (char *)NULL);
+    fprintf(stderr, "bench_rpc: cannot run %s: %s\n", kexd, strerror(errno));
+    _exit(127);
+  }
+}
+
+static void stop_kexd(void) {
+  char cmd[300];
+  if (g_kexd <= 0) return;
+  kill(g_kexd, SIGTERM);
+  waitpid(g_kexd, NULL, 0);
+  g_kexd = -1;
+  snprintf(cmd, sizeof cmd, "%s/cache.db", g_tmp), unlink(cmd);
+  snprintf(cmd, sizeof cmd, "%s/cache.db-wal", g_tmp), unlink(cmd);
+  snprintf(cmd, sizeof cmd, "%s/cache.db-shm", g_tmp), unlink(cmd);
+  rmdir(g_tmp);
+}
+
+/* Wait until Health/Check answers SERVING (10 s at most). */
+static void wait_ready(bench *b) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  double t_end = now_s() + 10;
+  for (;;) {
+    grpc_slice reply;
+    int st = unary(b, cq, b->m_check, b->check_req, &reply, NULL, 0);
+    grpc_slice_unref(reply);
+    if (st == GRPC_STATUS_OK) break;
+    if (now_s() > t_end) die("kexd at %s did not become ready", b->addr);
+    usleep(50000);
+  }
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+}
+
+/* The tiny graph: BUFFER float32[16] arange, + CONST 1.0 reshaped and expanded, ADD; its one output inline. */
+static grpc_slice submit_request(const char *job, bool free_outputs) {
+  Kex__V1__SubmitRequest r = KEX__V1__SUBMIT_REQUEST__INIT;
+  Kex__V1__Graph g = KEX__V1__GRAPH__INIT;
+  Kex__V1__Node n[5], *np[5];
+  Kex__V1__Scalar one = KEX__V1__SCALAR__INIT;
+  Kex__V1__Ints s1 = KEX__V1__INTS__INIT, sn = KEX__V1__INTS__INIT;
+  int64_t shape[1] = {N_ELEMS}, v1[1] = {1}, vn[1] = {N_ELEMS};
+  uint32_t src1[1] = {1}, src2[1] = {2}, src3[2] = {0, 3}, outs[1] = {4};
+  for (int i = 0; i < 5; i++) kex__v1__node__init(&n[i]), np[i] = &n[i];
+  one.kind_case = KEX__V1__SCALAR__KIND_FLOAT_VALUE;
+  one.float_value = 1.0;
+  s1.n_values = 1, s1.values = v1;
+  sn.n_values = 1, sn.values = vn;
+  n[0].op = "BUFFER", n[0].dtype = "float32", n[0].n_shape = 1, n[0].shape = shape;
+  n[0].contents_case = KEX__V1__NODE__CONTENTS_FILL_ARANGE, n[0].fill_arange = true;
+  n[1].op = "CONST", n[1].dtype = "float32", n[1].value = &one;
+  n[2].op = "RESHAPE", n[2].n_src = 1, n[2].src = src1, n[2].arg_case = KEX__V1__NODE__ARG_NEW_SHAPE, n[2].new_shape = &s1;
+  n[3].op = "EXPAND", n[3].n_src = 1, n[3].src = src2, n[3].arg_case = KEX__V1__NODE__ARG_NEW_SHAPE, n[3].new_shape = &sn;
+  n[4].op = "ADD", n[4].n_src = 2, n[4].src = src3;
+  g.device = "cpu";
+  g.n_nodes = 5, g.nodes = np;
+  g.n_outputs = 1, g.outputs = outs;
+  r.job = (char *)job;
+  r.graph = &g;
+#ifdef KEX__V1__SUBMIT_REQUEST__FREE_OUTPUTS
+  r.free_outputs = free_outputs;
+#else
+  (void)free_outputs;
+#endif
+  return pack(&r.base);
+}
+
+static bool listed(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = list; p && *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n && strncmp(p, name, n) == 0) return true;
+    p = e ? e + 1 : NULL;
+  }
+  return false;
+}
+
+int main(int argc, char **argv) {
+  const char *kexd = "build/daemon/kexd", *server = NULL, *json = NULL, *only = "health,submit_free,submit_inline,libkex";
+  const char *inflights = "1,8";
+  double seconds = 2.0;
+  bench b;
+  memset(&b, 0, sizeof b);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--kexd") && v) kexd = v, i++;
+    else if (!strcmp(a, "--server") && v) server = v, i++;
+    else if (!strcmp(a, "--seconds") && v) seconds = atof(v), i++;
+    else if (!strcmp(a, "--json") && v) json = v, i++;
+    else if (!strcmp(a, "--only") && v) only = v, i++;
+    else if (!strcmp(a, "--inflight") && v) inflights = v, i++;
+    else {
+      fprintf(stderr, "usage: %s [--kexd PATH | --server ADDR] [--seconds S] [--json FILE] [--only LIST] [--inflight 1,8]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  if (server) snprintf(b.addr, sizeof b.addr, "%s", server);
+  else start_kexd(kexd, b.addr, sizeof b.addr);
+  grpc_init();
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  b.ch = grpc_channel_create(b.addr, creds, NULL);
+  grpc_channel_credentials_release(creds);
+  b.m_check = grpc_channel_register_call(b.ch, "/grpc.health.v1.Health/Check", NULL, NULL);
+  b.m_submit = grpc_channel_register_call(b.ch, "/kex.v1.Kex/Submit", NULL, NULL);
+  b.m_free = grpc_channel_register_call(b.ch, "/kex.v1.Kex/Free", NULL, NULL);
+  b.m_open = grpc_channel_register_call(b.ch, "/kex.v1.Kex/OpenJob", NULL, NULL);
+  Grpc__Health__V1__HealthCheckRequest hr = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  b.check_req = pack(&hr.base);
+  wait_ready(&b);
+  {
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    Kex__V1__OpenJobRequest oj = KEX__V1__OPEN_JOB_REQUEST__INIT;
+    grpc_slice req, reply;
+    char msg[256];
+    oj.name = "bench-rpc";
+    req = pack(&oj.base);
+    int st = unary(&b, cq, b.m_open, req, &reply, msg, sizeof msg);
+    if (st != GRPC_STATUS_OK) die("OpenJob: status %d: %s", st, msg);
+    Kex__V1__OpenJobReply *r = kex__v1__open_job_reply__unpack(NULL, GRPC_SLICE_LENGTH(reply), GRPC_SLICE_START_PTR(reply));
+    if (!r) die("OpenJob: reply does not decode");
+    snprintf(b.job, sizeof b.job, "%s", r->job);
+    kex__v1__open_job_reply__free_unpacked(r, NULL);
+    grpc_slice_unref(req), grpc_slice_unref(reply);
+    b.submit_req = submit_request(b.job, false);
+    b.inline_req = submit_request(b.job, true);
+#ifdef KEX__V1__SUBMIT_REQUEST__FREE_OUTPUTS
+    b.have_inline = true;
+#endif
+    submit(&b, cq, b.submit_req, true); /* first: compiles */
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+  }
+  snprintf(b.graph_json, sizeof b.graph_json,
+           "{\"format\": \"kex.graph.v1\", \"device\": \"cpu\", \"nodes\": ["
+           "{\"op\": \"BUFFER\", \"dtype\": \"float32\", \"shape\": [%d], \"fill\": {\"arange\": true}},"
+           "{\"op\": \"CONST\", \"dtype\": \"float32\", \"shape\": [], \"value\": 1.0},"
+           "{\"op\": \"RESHAPE\", \"src\": [1], \"arg\": [1]},"
+           "{\"op\": \"EXPAND\", \"src\": [2], \"arg\": [%d]},"
+           "{\"op\": \"ADD\", \"src\": [0, 3]}], \"outputs\": [4]}",
+           N_ELEMS, N_ELEMS);
+  if (listed(only, "libkex")) {
+    kex_status st;
+    kex_client_opts o = {0};
+    if (kex_client_connect(b.addr, &o, &b.lk, &st) < 0) die("libkex connect: %s", st.msg);
+  }
+  FILE *jf = json ? fopen(json, "w") : NULL;
+  if (json && !jf) die("cannot write %s: %s", json, strerror(errno));
+  if (jf) fprintf(jf, "{\n  \"client\": \"C (gRPC C core, one channel, a thread per call in flight)\",\n  \"seconds\": %g", seconds);
+  for (int k = 0; k < K_COUNT; k++) {
+    if (!listed(only, kind_names[k])) continue;
+    if (k == K_SUBMIT_INLINE && !b.have_inline) {
+      printf("%-14s skipped: this proto has no SubmitRequest.free_outputs\n", kind_names[k]);
+      continue;
+    }
+    for (const char *p = inflights; p && *p;) {
+      int inflight = atoi(p);
+      p = strchr(p, ',');
+      if (p) p++;
+      if (inflight < 1 || inflight > MAX_THREADS) die("--inflight: 1..%d", MAX_THREADS);
+      result r = measure(&b, (kind)k, inflight, seconds);
+      printf("%-14s %d in flight: p50 %8.0f us  p99 %8.0f us  %8.0f calls/s\n", kind_names[k], inflight, r.p50, r.p99,
+             r.per_s);
+      fflush(stdout);
+      if (jf)
+        fprintf(jf, ",\n  \"%s_inflight%d\": {\"p50_us\": %.1f, \"p99_us\": %.1f, \"calls_per_s\": %.1f, \"calls\": %zu}",
+                kind_names[k], inflight, r.p50, r.p99, r.per_s, r.calls);
+    }
+  }
+  if (jf) fprintf(jf, "\n}\n"), fclose(jf);
+  if (b.lk) kex_client_close(b.lk);
+  grpc_slice_unref(b.check_req), grpc_slice_unref(b.submit_req), grpc_slice_unref(b.inline_req);
+  grpc_channel_destroy(b.ch);
+  grpc_shutdown();
+  stop_kexd();
+  return 0;
+}
