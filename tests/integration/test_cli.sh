@@ -8,8 +8,11 @@
 # counts; devices, stats, job open|close, upload/download of a .npy byte for
 # byte; the exit codes 2 (usage, INVALID_ARGUMENT, NOT_FOUND) and 1
 # (UNAVAILABLE, UNIMPLEMENTED); run (a skip line while Submit is
-# UNIMPLEMENTED, else outputs equal to the in-process run); in-process plan
-# and run without --server.
+# UNIMPLEMENTED, else outputs equal to the in-process run); tune --server
+# then cache ls|show|export|rm|import --server (a skip line while Tune is
+# UNIMPLEMENTED): the entry appears, --json parses with the in-process keys,
+# the export round-trips through rm and import and imports in-process too;
+# in-process plan and run without --server.
 #
 # Env: KEX_BUILD_DIR (default build), KEXD (default $KEX_BUILD_DIR/daemon/kexd),
 # KEX_CASES_DIR (default ../shared/cases).  Last line: "N passed, N failed".
@@ -47,7 +50,8 @@ cleanup() {
 trap cleanup EXIT
 
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$kexd" --listen "127.0.0.1:$port" --grace 2 >"$tmp/kexd.log" 2>&1 &
+# its own beam cache file, so tune/cache never see the user's cache
+"$kexd" --listen "127.0.0.1:$port" --grace 2 --cache "$tmp/cache.db" >"$tmp/kexd.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do
   $PY -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2)' "$port" 2>/dev/null && break
@@ -158,6 +162,71 @@ import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 sys.exit(0 if [o["data"] for o in a["outputs"]] == [o["data"] for o in b["outputs"]] else 1)' "$tmp/out" "$tmp/local.json"; then ok "run --json --server: output bytes equal the in-process run"; else bad "run --json --server: output bytes equal the in-process run"; fi
   if [ -f "$tmp/outdir/out0.npy" ]; then ok "run --out writes out0.npy"; else bad "run --out writes out0.npy"; fi
+fi
+
+# ---- tune and the cache through the server ----
+tg=$tmp/tune.json
+echo '{"device":"cpu","nodes":[{"op":"BUFFER","dtype":"float32","shape":[16],"fill":{"random":1}},{"op":"BUFFER","dtype":"float32","shape":[16],"fill":{"random":2}},{"op":"MUL","src":[0,1]}],"outputs":[2]}' >"$tg"
+run "$kex" "${S[@]}" tune --beam 1 "$tg"
+if [ "$rc" != 0 ] && grep -q "UNIMPLEMENTED" "$tmp/err"; then
+  if [ "$rc" = 1 ]; then ok "tune while Tune is UNIMPLEMENTED: exit 1 with the server's message"; else bad "tune while Tune is UNIMPLEMENTED: exit 1 with the server's message"; fi
+  skip "tune and cache --server (kexd: $(cat "$tmp/err"))"
+else
+  if [ "$rc" = 0 ] && grep -q "^kernel 1: .* us  (hand-coded .* us.*)  search " "$tmp/out"; then ok "tune --server: exit 0, one searched kernel line"; else bad "tune --server: exit 0, one searched kernel line (rc $rc)"; sed 's/^/# /' "$tmp/out" "$tmp/err"; fi
+  if grep -q "^kernel 1/1 .* round .*: candidates .* compiled .* timed " "$tmp/err"; then ok "tune --server: plain progress lines on stderr"; else bad "tune --server: plain progress lines on stderr"; fi
+  run env KEX_SERVER="127.0.0.1:$port" "$kex" tune --beam 1 --json "$tg"
+  cp "$tmp/out" "$tmp/tune_remote.json"
+  "$kex" tune --device cpu --beam 1 --json --cache "$tmp/local.db" "$tg" >"$tmp/tune_local.json" 2>/dev/null
+  key=$($PY -c '
+import json, sys
+r, l = json.load(open(sys.argv[1]))["kernels"], json.load(open(sys.argv[2]))["kernels"]
+k = r[0]
+assert len(r) == 1 and k["from_cache"] is True and k["us"] > 0 and k["hand_us"] > 0 and k["search_s"] >= 0, k
+assert sorted(k) == sorted(l[0]), (sorted(k), sorted(l[0]))
+assert k["ast_key"] == l[0]["ast_key"], (k["ast_key"], l[0]["ast_key"])
+print(k["ast_key"])' "$tmp/tune_remote.json" "$tmp/tune_local.json" 2>"$tmp/pyerr")
+  if [ "$rc" = 0 ] && [ ${#key} = 64 ]; then ok "tune --json through KEX_SERVER: from the cache now, the in-process keys and AST key"; else bad "tune --json through KEX_SERVER: from the cache now, the in-process keys and AST key"; sed 's/^/# /' "$tmp/pyerr"; fi
+  run "$kex" "${S[@]}" cache ls
+  if [ "$rc" = 0 ] && grep -q "^${key:0:16}  cpu " "$tmp/out" && grep -q "^1 entry in 127.0.0.1:$port$" "$tmp/out"; then ok "cache ls --server: the tuned entry, 1 entry"; else bad "cache ls --server: the tuned entry, 1 entry"; sed 's/^/# /' "$tmp/out" "$tmp/err"; fi
+  run "$kex" "${S[@]}" cache ls --json --device kind=cpu --max-age 1h
+  if [ "$rc" = 0 ] && $PY -c '
+import json, sys
+d = json.load(open(sys.argv[1])); e = d["entries"]
+assert len(e) == 1 and e[0]["ast_key"] == sys.argv[2] and e[0]["us"] > 0 and e[0]["device"].startswith("kind=cpu;"), d
+assert {"search_opts", "codegen_version", "kernel_name", "opts", "hand_us", "candidates", "created_at"} <= set(e[0])' "$tmp/out" "$key"; then ok "cache ls --json --server with filters: the entry"; else bad "cache ls --json --server with filters: the entry"; fi
+  run "$kex" "${S[@]}" cache ls --json --name no-such-kernel
+  if [ "$rc" = 0 ] && $PY -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["entries"] == [] else 1)' "$tmp/out"; then ok "cache ls --server --name that matches nothing: no entries"; else bad "cache ls --server --name that matches nothing: no entries"; fi
+  run "$kex" "${S[@]}" cache show --json "${key:0:10}"
+  if [ "$rc" = 0 ] && $PY -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ast_key"] == sys.argv[2] and d["ast_text"].startswith("kex.ast.v1") and d["source"], d' "$tmp/out" "$key"; then ok "cache show --json --server: the entry with its AST text and source"; else bad "cache show --json --server: the entry with its AST text and source"; fi
+  run "$kex" "${S[@]}" cache show ffffffffffff
+  if [ "$rc" = 2 ] && grep -q "no entry with AST key prefix" "$tmp/err"; then ok "cache show --server of an unknown prefix: exit 2"; else bad "cache show --server of an unknown prefix: exit 2"; fi
+  run "$kex" "${S[@]}" cache ls --ast xyz
+  if [ "$rc" = 2 ] && grep -q "INVALID_ARGUMENT" "$tmp/err"; then ok "cache ls --server --ast xyz: exit 2, INVALID_ARGUMENT"; else bad "cache ls --server --ast xyz: exit 2, INVALID_ARGUMENT"; fi
+  run "$kex" "${S[@]}" cache export --out "$tmp/export.jsonl"
+  if [ "$rc" = 0 ] && grep -q "^exported [1-9][0-9]* entries$" "$tmp/out" && head -1 "$tmp/export.jsonl" | grep -q '"kex.cache.export.v1"' && grep -q "$key" "$tmp/export.jsonl"; then ok "cache export --server --out: the header and the entry"; else bad "cache export --server --out: the header and the entry"; fi
+  run "$kex" "${S[@]}" cache rm
+  if [ "$rc" = 2 ]; then ok "cache rm --server without a filter or --all: exit 2"; else bad "cache rm --server without a filter or --all: exit 2"; fi
+  run "$kex" "${S[@]}" cache rm --all --json
+  if [ "$rc" = 0 ] && grep -q '^{"deleted":1}$' "$tmp/out"; then ok "cache rm --all --json --server: deleted 1"; else bad "cache rm --all --json --server: deleted 1"; cat "$tmp/out"; fi
+  run "$kex" "${S[@]}" cache ls
+  if [ "$rc" = 0 ] && grep -q "^0 entries in " "$tmp/out"; then ok "cache ls --server after rm: 0 entries"; else bad "cache ls --server after rm: 0 entries"; fi
+  run "$kex" "${S[@]}" cache import --json "$tmp/export.jsonl"
+  if [ "$rc" = 0 ] && $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["imported"] >= 1 and d["rejected"] == 0 and d["errors"] == [] else 1)' "$tmp/out"; then ok "cache import --json --server: the export comes back"; else bad "cache import --json --server: the export comes back"; fi
+  run "$kex" "${S[@]}" cache ls
+  if [ "$rc" = 0 ] && grep -q "^${key:0:16}  cpu " "$tmp/out"; then ok "cache ls --server after import: the entry again"; else bad "cache ls --server after import: the entry again"; fi
+  run "$kex" cache import --cache "$tmp/imported.db" "$tmp/export.jsonl"
+  if [ "$rc" = 0 ] && grep -q "^imported [1-9][0-9]*, rejected 0$" "$tmp/out"; then ok "the server's export imports in-process too"; else bad "the server's export imports in-process too"; fi
+  { head -1 "$tmp/export.jsonl"; echo '{"type":"beam","ast_key":"nothex"}'; } >"$tmp/bad.jsonl"
+  run "$kex" "${S[@]}" cache import "$tmp/bad.jsonl"
+  if [ "$rc" = 2 ] && grep -q "INVALID_ARGUMENT: .*line 2" "$tmp/err"; then ok "cache import --server of a bad line: exit 2 naming line 2"; else bad "cache import --server of a bad line: exit 2 naming line 2"; fi
+  sed 's/^/# /' "$tmp/err"
+  run "$kex" "${S[@]}" tune --beam 1 "$tmp/bad.json"
+  if [ "$rc" = 2 ] && grep -q "INVALID_ARGUMENT: node 1" "$tmp/err"; then ok "tune --server of an invalid graph: exit 2 naming node 1"; else bad "tune --server of an invalid graph: exit 2 naming node 1"; fi
+  run "$kex" "${S[@]}" tune --max-rounds 2 "$tg"
+  if [ "$rc" = 2 ] && grep -q "in-process only" "$tmp/err"; then ok "tune --server --max-rounds: exit 2, in-process only"; else bad "tune --server --max-rounds: exit 2, in-process only"; fi
 fi
 
 # ---- in-process, no server ----
