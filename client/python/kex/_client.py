@@ -155,9 +155,71 @@ class Client:
         return _call(self.stub.GetStats, pb.GetStatsRequest(job=self.job), timeout=self.timeout,
                      metadata=self.metadata)
 
+    def tune(self, tensor_or_graph, beam=2, progress=None, device=None, timeout=None):
+        """Beam-search every kernel of a graph on kexd (results go to the server's cache).
+
+        tensor_or_graph: a Tensor, a list of Tensors, or a kex.v1.Graph message.
+        device overrides the graph's device ("cpu", "opencl", ...).  progress(event)
+        sees every TuneEvent (i, n, kernel, phase, round, compiled, timed, best_us,
+        finished, ...).  Returns one TuneResult per kernel, in schedule order.
+        """
+        graph = _as_graph(tensor_or_graph)
+        if device:
+            graph.device = device
+        req = pb.TuneRequest(job=self.job, graph=graph, beam=pb.BeamOptions(beam_width=beam))
+        results = {}
+        try:
+            for ev in self.stub.Tune(req, timeout=timeout, metadata=self.metadata):
+                if progress:
+                    progress(ev)
+                if ev.finished:
+                    results[ev.i] = TuneResult.from_event(ev)
+        except grpc.RpcError as e:
+            raise Error.from_rpc(e) from None
+        return [results[i] for i in sorted(results)]
+
     def tensor(self, data, dtype=None, upload=False):
         from .tensor import Tensor
         return Tensor(data, dtype=dtype, client=self, upload=upload)
+
+
+def _as_graph(x):
+    """A kex.v1.Graph from a Graph message, a Tensor or a list of Tensors (a copy: callers may edit it)."""
+    from .tensor import Tensor, graph_pb
+    if isinstance(x, pb.Graph):
+        g = pb.Graph()
+        g.CopyFrom(x)
+        return g
+    if isinstance(x, Tensor):
+        return graph_pb([x.node])
+    if isinstance(x, (list, tuple)) and x and all(isinstance(t, Tensor) for t in x):
+        return graph_pb([t.node for t in x])
+    raise TypeError(f"kex: expected a Tensor, a list of Tensors or a kex.v1.Graph, not {type(x).__name__}")
+
+
+class TuneResult:
+    """One kernel of a tune: the chosen opts and their time against the hand-coded opts.
+
+    kernel: the hand-coded name; name: the name with the chosen opts; opts: a list
+    of strings ("UPCAST(0,4)"); us / hand_us: microseconds; search_s: seconds spent;
+    from_cache: nothing was searched; entry: the CacheEntry message.
+    """
+
+    __slots__ = ("i", "kernel", "name", "ast_key", "opts", "us", "hand_us", "search_s", "from_cache", "hand_won",
+                 "entry")
+
+    @classmethod
+    def from_event(cls, ev):
+        r = cls()
+        r.i, r.kernel, r.entry = ev.i, ev.kernel, ev.entry
+        r.name, r.ast_key, r.opts = ev.entry.kernel_name, ev.entry.key, list(ev.entry.opts)
+        r.us, r.hand_us = ev.entry.best_us, ev.entry.baseline_us
+        r.search_s, r.from_cache, r.hand_won = ev.search_s, ev.from_cache, ev.hand_won
+        return r
+
+    def __repr__(self):
+        return (f"<kex.TuneResult {self.name} {' '.join(self.opts) or '(no opts)'} {self.us:.2f} us "
+                f"(hand-coded {self.hand_us:.2f} us){' cached' if self.from_cache else ''}>")
 
 
 _default = None

@@ -189,6 +189,10 @@ class Tensor:
         """Schedule this tensor (and `more`) on kexd without running: the PlanReply (.kernels, .items)."""
         return self._client().plan(graph_pb([self.node] + [t.node for t in more]))
 
+    def tune(self, *more, beam=2, progress=None, device=None, timeout=None):
+        """Beam-search the kernels of this tensor (and `more`) on kexd: a list of kex.TuneResult."""
+        return self._client().tune([self] + list(more), beam=beam, progress=progress, device=device, timeout=timeout)
+
     def realize(self, *more, timeout=None):
         """Compute this tensor (and `more`) on kexd; each becomes a buffer the job holds."""
         ts = [self] + list(more)

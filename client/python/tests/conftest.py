@@ -39,7 +39,10 @@ def kexd_addr():
     port = s.getsockname()[1]
     s.close()
     log = tempfile.TemporaryFile()
-    p = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", "--grace", "1"], stdout=log, stderr=log)
+    # its own beam cache file: Tune and the cache tests never touch the user's cache
+    cache_dir = tempfile.TemporaryDirectory(prefix="kex-pytest-")
+    p = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", "--grace", "1", "--cache",
+                          os.path.join(cache_dir.name, "cache.db")], stdout=log, stderr=log)
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
@@ -50,6 +53,7 @@ def kexd_addr():
             time.sleep(0.1)
     else:
         p.kill()
+        cache_dir.cleanup()
         pytest.fail("kexd did not start listening")
     yield f"127.0.0.1:{port}"
     p.terminate()
@@ -57,6 +61,8 @@ def kexd_addr():
         p.wait(10)
     except subprocess.TimeoutExpired:
         p.kill()
+        p.wait()
+    cache_dir.cleanup()
 
 
 @pytest.fixture(scope="session")
