@@ -58,7 +58,7 @@ static void usage(FILE *f) {
         "  tune [--device opencl|cpu] [--beam N] [--json] [--cache PATH|--no-cache] FILE.json\n"
         "      BEAM-search every kernel in-process and store the results in the cache\n"
         "  cache ls|show|export|import|rm [--json] [--cache PATH] ...   (kex cache --help)\n"
-        "  --server ADDR plan|run|devices|stats|upload|download|job ...\n"
+        "  --server ADDR plan|run|tune|cache|devices|stats|upload|download|job ...\n"
         "              against a running kexd (KEX_SERVER=ADDR too; kex --server ADDR help)\n"
         "  help        this text\n"
         "\n"
