@@ -3,8 +3,8 @@
 through the in-process `kex run --device cpu` on the same graph JSON (so the
 client's decomposition is checked numerically either way).
 
-kexd is $KEXD, else $KEX_BUILD_DIR/daemon/kexd (default build/); nothing is
-built here.
+kexd is $KEXD, else $KEX_BUILD_DIR/daemon/kexd (default build/), with its
+beam cache in a temporary directory; nothing is built here.
 """
 import base64
 import json
