@@ -13,6 +13,7 @@
  * Writes bench/results/beam.json.
  *
  * usage: bench_beam [--out FILE] [--graphs DIR] [--max-candidates N] [--max-rounds N] [--only NAME]
+ *                   [--device opencl|cpu]
  */
 #include <cblas.h>
 #include <jansson.h>
@@ -67,7 +68,8 @@ static double memcpy_us(size_t bytes) {
 }
 
 int main(int argc, char **argv) {
-  const char *out = "bench/results/beam.json", *dir = getenv("KEX_BENCH_GRAPHS_DIR"), *only = NULL;
+  const char *out = "bench/results/beam.json", *dir = getenv("KEX_BENCH_GRAPHS_DIR"), *only = NULL,
+             *only_dev = NULL;
   int max_cand = 48, max_rounds = 4;
   if (!dir) dir = "../shared/bench-graphs";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -76,6 +78,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--max-candidates")) max_cand = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--max-rounds")) max_rounds = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--only")) only = argv[i + 1];
+    else if (!strcmp(argv[i], "--device")) only_dev = argv[i + 1];
   }
   static const char *names[] = {"matmul512", "matmul1024", "sum4M", "muladd4M"};
   static const char *devnames[] = {"opencl", "cpu"};
@@ -85,6 +88,7 @@ int main(int argc, char **argv) {
   for (int d = 0; d < 2; d++) {
     kex_device *dev = NULL;
     kex_error err = {0};
+    if (only_dev && strcmp(only_dev, devnames[d])) continue;
     if (kex_device_open(devnames[d], &dev, &err)) {
       fprintf(stderr, "%s: %s\n", devnames[d], err.msg);
       continue;
@@ -140,6 +144,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%-7s %-10s %-24s %-48s %10.1f us (hand %10.1f) search %6.1f s compiled %3u timed %3u rounds %u hit %.3f ms\n",
                 devnames[d], names[gi], br.name, ot, br.best_us, br.hand_us, br.search_s, br.compiled, br.timed,
                 br.rounds, hit.search_s * 1e3);
+        fprintf(stderr, "        time split: compile+load %.1f s, timing %.1f s, waiting for lowering %.1f s\n",
+                br.compile_s, br.time_s, br.lower_wait_s);
         json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:b, s:f}", "name", br.name,
                                             "opts", ot, "us", br.best_us, "hand_us", br.hand_us, "beam_est_us",
                                             br.beam_us, "search_s", br.search_s, "cache_hit_ms", hit.search_s * 1e3,

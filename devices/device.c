@@ -279,6 +279,49 @@ int kex_device_load(kex_device *dev, const unsigned char *bin, size_t bin_size, 
   return 0;
 }
 
+int kex_device_build(kex_device *dev, const char *source, const char *name, kex_program **out,
+                     unsigned char **bin, size_t *bin_size, kex_error *err) {
+  kex_program *prog;
+  unsigned char *bytes = NULL;
+  size_t n = 0;
+  int rc;
+
+  *out = NULL;
+  if (bin) {
+    *bin = NULL;
+    *bin_size = 0;
+  }
+  if (!dev->ops->build) {
+    rc = kex_device_compile(dev, source, name, &bytes, &n, err);
+    if (rc == 0) rc = kex_device_load(dev, bytes, n, name, out, err);
+    if (rc == 0 && bin) {
+      *bin = bytes;
+      *bin_size = n;
+      bytes = NULL;
+    }
+    kex_free(bytes);
+    return rc;
+  }
+  rc = check_kernel_name(name, err);
+  if (rc < 0) return rc;
+  if (!source || !*source) return kex_err_set(err, KEX_EINVAL, "kernel %s: source is empty", name);
+  n = strlen(source);
+  if (n > KEX_DEVICE_SOURCE_MAX)
+    return kex_err_set(err, KEX_ELIMIT, "kernel %s: source of %zu bytes exceeds %u", name, n, KEX_DEVICE_SOURCE_MAX);
+  prog = kex_calloc(1, sizeof *prog);
+  if (!prog) return kex_err_set(err, KEX_ENOMEM, "kernel %s: out of memory allocating a program", name);
+  rc = dev->ops->build(dev->impl, source, name, &prog->impl, err);
+  if (rc < 0) {
+    kex_free(prog);
+    return rc;
+  }
+  prog->dev = dev;
+  snprintf(prog->name, sizeof prog->name, "%s", name);
+  kex_device_ref(dev);
+  *out = prog;
+  return 0;
+}
+
 void kex_program_free(kex_program *prog) {
   if (!prog) return;
   prog->dev->ops->program_free(prog->dev->impl, prog->impl);

@@ -203,6 +203,19 @@ void kex_program_free(kex_program *prog);
 const char *kex_program_name(const kex_program *prog);
 
 /*
+ * Compile and load in one step, for a program that only this process runs
+ * (beam-search candidates).  Where producing the binary costs extra work
+ * the device skips it: PoCL generates and links a whole work-group function
+ * for CL_PROGRAM_BINARIES (measured 250-400 ms per kernel, more than the
+ * build itself), which a program used only here never needs.  When the
+ * binary came for free (cpu: the .so bytes) and bin is not NULL, *bin and
+ * *bin_size get it (kex_malloc'd, the caller's); otherwise *bin is NULL.
+ * Errors: those of kex_device_compile and kex_device_load.
+ */
+int kex_device_build(kex_device *dev, const char *source, const char *name, kex_program **out,
+                     unsigned char **bin, size_t *bin_size, kex_error *err);
+
+/*
  * Launch prog over global[3] (work-groups, see the conventions above) with
  * local[3] (or NULL) on bufs[0..nbufs) and ints[0..nints).  Every buffer
  * must come from the program's device.  On success *out is an event owned

@@ -30,6 +30,8 @@ typedef struct kex_device_ops {
                  kex_error *err);
   int (*load)(void *dev, const unsigned char *bin, size_t bin_size, const char *name, void **prog,
               kex_error *err);
+  /* Optional (NULL: compile + load): source -> runnable program, no binary. */
+  int (*build)(void *dev, const char *source, const char *name, void **prog, kex_error *err);
   void (*program_free)(void *dev, void *prog);
   int (*launch)(void *dev, void *prog, const char *name, const size_t global[3], const size_t local[3],
                 void *const *bufs, int nbufs, const int32_t *ints, int nints, void **event, kex_error *err);

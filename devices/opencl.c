@@ -423,6 +423,47 @@ out:
   return rc;
 }
 
+/* Build from source and create the kernel, without CL_PROGRAM_BINARIES (device.h: kex_device_build). */
+static int kex_cl_build(void *impl, const char *source, const char *name, void **out, kex_error *err) {
+  kex_cl_device *cl = impl;
+  kex_cl_program *prog = NULL;
+  cl_program program = NULL;
+  cl_int e = CL_SUCCESS;
+  int rc;
+
+  prog = kex_calloc(1, sizeof *prog);
+  if (!prog) {
+    rc = kex_err_set(err, KEX_ENOMEM, "opencl %s: out of memory building kernel %s", cl->name, name);
+    goto out;
+  }
+  program = clCreateProgramWithSource(cl->context, 1, &source, NULL, &e);
+  if (!program || e != CL_SUCCESS) {
+    rc = kex_err_set(err, kex_cl_code(e), "opencl %s: clCreateProgramWithSource of kernel %s failed: %s", cl->name,
+                     name, kex_cl_errname(e));
+    goto out;
+  }
+  e = clBuildProgram(program, 1, &cl->device, NULL, NULL, NULL);
+  if (e != CL_SUCCESS) {
+    rc = kex_cl_build_error(cl, program, name, "clBuildProgram", e, err);
+    goto out;
+  }
+  prog->kernel = clCreateKernel(program, name, &e);
+  if (!prog->kernel || e != CL_SUCCESS) {
+    rc = kex_err_set(err, e == CL_INVALID_KERNEL_NAME ? KEX_ENOTFOUND : kex_cl_code(e),
+                     "opencl %s: clCreateKernel(%s) failed: %s", cl->name, name, kex_cl_errname(e));
+    goto out;
+  }
+  prog->program = program;
+  program = NULL;
+  *out = prog;
+  prog = NULL;
+  rc = 0;
+out:
+  if (program) clReleaseProgram(program);
+  kex_free(prog);
+  return rc;
+}
+
 static void kex_cl_program_free(void *impl, void *p) {
   kex_cl_program *prog = p;
   (void)impl;
@@ -510,6 +551,7 @@ static const kex_device_ops kex_cl_ops = {
     .copy_out = kex_cl_copy_out,
     .compile = kex_cl_compile,
     .load = kex_cl_load,
+    .build = kex_cl_build,
     .program_free = kex_cl_program_free,
     .launch = kex_cl_launch,
     .wait = kex_cl_wait,

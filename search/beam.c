@@ -199,9 +199,12 @@ static int job_free_bufs(kex_device *dev, void *arg, kex_error *err) {
   return 0;
 }
 
+/* Compile + load in one step (kex_device_build: no binary where it costs extra, e.g. PoCL). */
 typedef struct compile_job {
   const kex_program_src *ps;
-  unsigned char *bin;
+  bool want_bin;
+  kex_program *prog;
+  unsigned char *bin; /* the binary when it came for free (and want_bin), else NULL */
   size_t binsz;
   double seconds;
 } compile_job;
@@ -209,21 +212,9 @@ typedef struct compile_job {
 static int job_compile(kex_device *dev, void *arg, kex_error *err) {
   compile_job *c = arg;
   double t0 = now_s();
-  int rc = kex_device_compile(dev, c->ps->src, c->ps->name, &c->bin, &c->binsz, err);
+  int rc = kex_device_build(dev, c->ps->src, c->ps->name, &c->prog, c->want_bin ? &c->bin : NULL, &c->binsz, err);
   c->seconds = now_s() - t0;
   return rc;
-}
-
-typedef struct load_job {
-  const unsigned char *bin;
-  size_t binsz;
-  const char *name;
-  kex_program *prog;
-} load_job;
-
-static int job_load(kex_device *dev, void *arg, kex_error *err) {
-  load_job *l = arg;
-  return kex_device_load(dev, l->bin, l->binsz, l->name, &l->prog, err);
 }
 
 static int job_free_prog(kex_device *dev, void *arg, kex_error *err) {
@@ -456,18 +447,18 @@ static void fill_time_job(search *s, const kex_program_src *ps, kex_program *pro
   }
 }
 
-/* Compile and load ps (no dedup); *prog on success; compile seconds in *secs. */
+/*
+ * Compile and load ps (no dedup); *prog on success; compile seconds in
+ * *secs.  With bin, *bin gets the binary when the device made it for free
+ * (else NULL; the caller frees it).
+ */
 static int compile_load(search *s, const kex_program_src *ps, kex_program **prog, unsigned char **bin, size_t *binsz,
                         double *secs, kex_error *err) {
-  compile_job cj = {ps, NULL, 0, 0};
+  compile_job cj = {ps, bin != NULL, NULL, NULL, 0, 0};
   int rc = s->exec(s->o->exec_ctx, s->dev, job_compile, &cj, err);
   *secs = cj.seconds;
   s->res->compile_s += cj.seconds;
-  if (!rc) {
-    load_job lj = {cj.bin, cj.binsz, ps->name, NULL};
-    rc = s->exec(s->o->exec_ctx, s->dev, job_load, &lj, err);
-    *prog = lj.prog;
-  }
+  if (!rc) *prog = cj.prog;
   if (bin && !rc) {
     *bin = cj.bin;
     *binsz = cj.binsz;
@@ -580,7 +571,9 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
     double best_round = INFINITY;
     for (int i = 0; i < ncands; i++) {
       candidate *c = cands[i];
+      double tw = now_s();
       kex_pool_wait(pool, &c->job);
+      res->lower_wait_s += now_s() - tw;
       if (rc) continue; /* drain */
       if (c->rc) {
         res->lower_failed++;
@@ -621,7 +614,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
         free_prog(s, &c->prog);
         continue;
       }
-      d = digest_add(&seen_bin, bin, binsz);
+      d = bin ? digest_add(&seen_bin, bin, binsz) : 0; /* no binary (OpenCL): the source dedup stands alone */
       kex_free(bin);
       if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
       if (d == 1) {
@@ -635,7 +628,10 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       double ref = fmin(beam[0]->us, best_round);
       tj.early_stop_us = isfinite(ref) ? 3 * ref : INFINITY;
       kex_error te = {0};
-      if (s->exec(o->exec_ctx, s->dev, job_time, &tj, &te)) {
+      double tt = now_s();
+      int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
+      res->time_s += now_s() - tt;
+      if (trc) {
         KEX_WARN("beam: %s does not run: %.200s", c->ps.name, te.msg);
         free_prog(s, &c->prog);
         continue;
@@ -666,7 +662,10 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       tj.runs = o->retime_runs;
       tj.use_min = true;
       kex_error te = {0};
-      if (s->exec(o->exec_ctx, s->dev, job_time, &tj, &te)) continue;
+      double tt = now_s();
+      int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
+      res->time_s += now_s() - tt;
+      if (trc) continue;
       double lo = fmin(c->us, tj.us);
       if (lo > 0 && isfinite(c->us)) noise = fmax(noise, fabs(c->us - tj.us) / lo);
       c->us = tj.us;

@@ -19,7 +19,11 @@
  *     replay (shape contexts are single-threaded), so a work item is only
  *     the item index and the opts list;
  *   - candidates are deduplicated by rendered source before compiling
- *     (saves the compile) and by binary after (tinygrad's seen_libs);
+ *     (saves the compile) and by binary after (tinygrad's seen_libs) where
+ *     the device hands out the binary for free (cpu); PoCL makes it by
+ *     generating a whole extra work-group function, which cost more than
+ *     the compile itself, so OpenCL candidates are built without it
+ *     (kex_device_build) and deduplicated by source only;
  *   - the kernel's buffers are allocated once per search and filled with
  *     deterministic random data (tinygrad times never-written buffers:
  *     zero pages on CPU devices rank kernels wrongly, spec 12);
@@ -146,6 +150,7 @@ typedef struct kex_beam_result {
   uint32_t rounds, compiled, timed;
   uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
   double compile_s;                     /* total compile time */
+  double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
   double tie_used;                      /* the largest tie tolerance a round used (tie_tolerance or the measured noise) */
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was reported and ignored, else "" */
 } kex_beam_result;
