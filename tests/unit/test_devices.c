@@ -575,6 +575,58 @@ static void test_compile_error_cl(void **state) {
   check_compile_error(g.cl, CL_BAD, "CL_BUILD_PROGRAM_FAILURE");
 }
 
+/*
+ * kex_device_build: a runnable program in one step, with the same results
+ * as compile + load; the binary comes back only where it is free (cpu) and
+ * never on OpenCL; a build error carries the log like a compile error.
+ */
+static void check_build(kex_device *dev, const char *source, const char *bad, const size_t global[3],
+                        const size_t local[3], bool binary_free) {
+  kex_error err = {0};
+  kex_program *prog = NULL;
+  unsigned char *bin = (unsigned char *)"x";
+  size_t size = 7;
+  madd_data d;
+  assert_int_equal(kex_device_build(dev, source, "madd", &prog, &bin, &size, &err), 0);
+  assert_non_null(prog);
+  assert_string_equal(kex_program_name(prog), "madd");
+  if (binary_free) {
+    assert_non_null(bin);
+    assert_true(size > 0);
+  } else {
+    assert_null(bin);
+  }
+  kex_free(bin);
+  madd_setup(dev, &d);
+  assert_true(madd_run(prog, &d, global, local) > 0);
+  madd_check(&d, N_MADD);
+  madd_teardown(&d);
+  kex_program_free(prog);
+  /* bin may be NULL */
+  assert_int_equal(kex_device_build(dev, source, "madd", &prog, NULL, NULL, &err), 0);
+  kex_program_free(prog);
+  prog = (kex_program *)&err;
+  assert_int_equal(kex_device_build(dev, bad, "bad", &prog, &bin, &size, &err), KEX_ECOMPILE);
+  assert_null(prog);
+  assert_null(bin);
+  assert_non_null(strstr(err.msg, "bogus_identifier_xyz"));
+  assert_int_equal(kex_device_build(dev, "", "bad", &prog, NULL, NULL, &err), KEX_EINVAL);
+  assert_int_equal(kex_device_build(dev, source, "1bad", &prog, NULL, NULL, &err), KEX_EINVAL);
+}
+
+static void test_build_cpu(void **state) {
+  size_t global[3] = {N_MADD, 1, 1};
+  (void)state;
+  check_build(g.cpu, CPU_MADD, CPU_BAD, global, NULL, true);
+}
+
+static void test_build_cl(void **state) {
+  size_t global[3] = {N_MADD / 256, 1, 1}, local[3] = {256, 1, 1};
+  (void)state;
+  NEED_CL();
+  check_build(g.cl, CL_MADD, CL_BAD, global, local, false);
+}
+
 /* ---- dtypes ---- */
 
 static void test_fp16_cl(void **state) {
@@ -975,6 +1027,8 @@ int main(void) {
       cmocka_unit_test(test_roundtrip_cl),
       cmocka_unit_test(test_madd_cpu),
       cmocka_unit_test(test_madd_cl),
+      cmocka_unit_test(test_build_cpu),
+      cmocka_unit_test(test_build_cl),
       cmocka_unit_test(test_wgsum_cl),
       cmocka_unit_test(test_compile_error_cpu),
       cmocka_unit_test(test_compile_error_cl),
