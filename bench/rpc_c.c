@@ -87,7 +87,6 @@ typedef struct bench {
   kex_client *lk; /* libkex client on the same server */
   char job[128];
   grpc_slice check_req, submit_req, inline_req;
-  bool have_inline; /* the server knows SubmitRequest.free_outputs */
   char graph_json[1024];
 } bench;
 
@@ -437,11 +436,7 @@ static grpc_slice submit_request(const char *job, bool free_outputs) {
   g.n_outputs = 1, g.outputs = outs;
   r.job = (char *)job;
   r.graph = &g;
-#ifdef KEX__V1__SUBMIT_REQUEST__FREE_OUTPUTS
   r.free_outputs = free_outputs;
-#else
-  (void)free_outputs;
-#endif
   return pack(&r.base);
 }
 
@@ -506,9 +501,6 @@ int main(int argc, char **argv) {
     grpc_slice_unref(req), grpc_slice_unref(reply);
     b.submit_req = submit_request(b.job, false);
     b.inline_req = submit_request(b.job, true);
-#ifdef KEX__V1__SUBMIT_REQUEST__FREE_OUTPUTS
-    b.have_inline = true;
-#endif
     submit(&b, cq, b.submit_req, true); /* first: compiles */
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
@@ -533,10 +525,6 @@ int main(int argc, char **argv) {
   if (jf) fprintf(jf, "{\n  \"client\": \"C (gRPC C core, one channel, a thread per call in flight)\",\n  \"seconds\": %g", seconds);
   for (int k = 0; k < K_COUNT; k++) {
     if (!listed(only, kind_names[k])) continue;
-    if (k == K_SUBMIT_INLINE && !b.have_inline) {
-      printf("%-14s skipped: this proto has no SubmitRequest.free_outputs\n", kind_names[k]);
-      continue;
-    }
     for (const char *p = inflights; p && *p;) {
       int inflight = atoi(p);
       p = strchr(p, ',');

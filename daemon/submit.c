@@ -595,6 +595,7 @@ struct submission {
   uint32_t device;
   double t0;
   uint64_t inline_max;
+  bool free_outputs;         /* SubmitRequest.free_outputs: bytes only, no job buffers (but ALIAS outputs) */
   kex_graph *g;              /* this request's graph (its input bytes); owned unless it is p->g */
   plan *p;
   bool schedule_cached;
@@ -869,7 +870,11 @@ static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err
   return 0;
 }
 
-/* One output: its buffer (out_bufs[j], except ALIAS) and its inline bytes (when small enough). */
+/*
+ * One output: its buffer (out_bufs[j], except ALIAS) and its inline bytes
+ * (when small enough).  With free_outputs only the bytes: a DIRECT output's
+ * buffer stays in bufs (finish frees it) and GATHER/CONST get no buffer.
+ */
 static int output_run(submission *s, kex_device *dev, uint32_t j, kex_error *err) {
   const plan_output *o = &s->p->outputs[j];
   bool inl = o->nbytes <= s->inline_max;
@@ -877,7 +882,7 @@ static int output_run(submission *s, kex_device *dev, uint32_t j, kex_error *err
   int rc = 0;
   if (o->kind == OUT_DIRECT || o->kind == OUT_ALIAS) {
     kex_buffer *b = s->bufs[o->buf];
-    if (o->kind == OUT_DIRECT) {
+    if (o->kind == OUT_DIRECT && !s->free_outputs) {
       s->out_bufs[j] = b;
       s->bufs[o->buf] = NULL;
     }
@@ -895,8 +900,8 @@ static int output_run(submission *s, kex_device *dev, uint32_t j, kex_error *err
     if (!rc) kex_st_gather(o->st, base, (size_t)kex_dtype_size(o->dtype), host);
     kex_free(base);
   }
-  if (!rc) rc = kex_device_alloc(dev, o->nbytes ? o->nbytes : 16, &s->out_bufs[j], err);
-  if (!rc && o->nbytes) rc = kex_buffer_copy_in(s->out_bufs[j], 0, host, o->nbytes, err);
+  if (!rc && !s->free_outputs) rc = kex_device_alloc(dev, o->nbytes ? o->nbytes : 16, &s->out_bufs[j], err);
+  if (!rc && !s->free_outputs && o->nbytes) rc = kex_buffer_copy_in(s->out_bufs[j], 0, host, o->nbytes, err);
   if (!rc && inl) s->out_data[j] = host, host = NULL;
   kex_free(host);
   return rc;
@@ -959,6 +964,8 @@ static int build_done(submission *s, kexd_job *job, kex_error *err) {
     if (o->kind == OUT_ALIAS) {
       const kexd_buffer *kb = s->handles[o->buf];
       memcpy(s->handle_str[j], kb->handle, sizeof s->handle_str[j]);
+    } else if (s->free_outputs) {
+      s->handle_str[j][0] = '\0'; /* bytes only: the runner freed (or never made) the buffer */
     } else {
       kexd_buffer *kb;
       if ((rc = kexd_job_add_buffer(&d->jobs, job, s->out_bufs[j], s->device, o->dtype, o->shape, o->ndim, o->nbytes,
@@ -1321,8 +1328,10 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   memcpy(s->log_id, job->log_id, sizeof s->log_id);
   s->device = (uint32_t)dev;
   s->t0 = t0;
-  s->inline_max = m->return_bytes ? UINT64_MAX : m->inline_output_max_bytes ? m->inline_output_max_bytes
-                                                                            : d->cfg.inline_output_max;
+  s->free_outputs = m->free_outputs;
+  s->inline_max = m->return_bytes || m->free_outputs ? UINT64_MAX
+                  : m->inline_output_max_bytes       ? m->inline_output_max_bytes
+                                                     : d->cfg.inline_output_max;
   atomic_init(&s->cancelled, false);
   if (width)
     s->beam = (kexd_beam_req){d, s->device, job->id, job->weight, (int)width, m->beam ? (int)m->beam->max_upcast : 0,

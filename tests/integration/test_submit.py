@@ -300,6 +300,45 @@ def main():
     check("inline_output_max_bytes 16: a 48-byte output comes without bytes", not d2.outputs[0].has_data)
     kex.Free(kex_pb2.FreeRequest(job=job, handles=[d.outputs[0].handle, d2.outputs[0].handle]), timeout=5)
 
+    # ---- free_outputs: the outputs come back as bytes only; nothing is left for a Free ----
+    held = stats(kex, job).job_stats[0]
+    evs = submit(kex, job, pbg(g), free_outputs=True, inline_output_max_bytes=16)
+    kinds = [e.WhichOneof("event") for e in evs]
+    d3 = evs[-1].done
+    check("free_outputs: the full event stream (accepted, scheduled, running, done)",
+          kinds[0] == "accepted" and kinds[1] == "scheduled" and "running" in kinds and kinds[-1] == "done", str(kinds))
+    check("free_outputs: the output's bytes inline (over inline_output_max_bytes too), no handle",
+          d3.outputs[0].has_data and d3.outputs[0].handle == "" and d3.outputs[0].bytes == 48 and
+          list(d3.outputs[0].shape) == [12] and np.array_equal(np.frombuffer(d3.outputs[0].data, np.float32), x + 1),
+          str(d3.outputs[0])[:200])
+    st = stats(kex, job).job_stats[0]
+    check("free_outputs: the job holds no new buffer", st.buffers == held.buffers and st.bytes_held == held.bytes_held,
+          f"before {held.buffers}/{held.bytes_held}, after {st.buffers}/{st.bytes_held}")
+    # a view of the result (gathered) and a folded constant (filled) as outputs: bytes only as well
+    gv = json.loads(json.dumps(g))
+    gv["nodes"] += [{"op": "RESHAPE", "src": [4], "arg": [3, 4]}, {"op": "PERMUTE", "src": [5], "arg": [1, 0]},
+                    {"op": "CONST", "dtype": "float32", "shape": [], "value": 2.5},
+                    {"op": "RESHAPE", "src": [7], "arg": [1]}, {"op": "EXPAND", "src": [8], "arg": [5]}]
+    gv["outputs"] = [6, 9]
+    d4 = done_of(submit(kex, job, pbg(gv), free_outputs=True))
+    check("free_outputs: a permuted view output comes gathered, without a handle",
+          d4.outputs[0].handle == "" and list(d4.outputs[0].shape) == [4, 3] and
+          np.array_equal(np.frombuffer(d4.outputs[0].data, np.float32).reshape(4, 3), (x + 1).reshape(3, 4).T),
+          str(d4.outputs[0])[:200])
+    check("free_outputs: a constant output comes filled, without a handle",
+          d4.outputs[1].handle == "" and np.array_equal(np.frombuffer(d4.outputs[1].data, np.float32),
+                                                        np.full(5, 2.5, np.float32)), str(d4.outputs[1])[:200])
+    st = stats(kex, job).job_stats[0]
+    check("free_outputs: still no new buffer after view and constant outputs",
+          st.buffers == held.buffers and st.bytes_held == held.bytes_held, f"after {st.buffers}/{st.bytes_held}")
+    e = None
+    try:
+        kex.Free(kex_pb2.FreeRequest(job=job, handles=[""]), timeout=5)
+    except grpc.RpcError as err:
+        e = err
+    check("free_outputs: the empty handle names no buffer (Free: NOT_FOUND)",
+          e is not None and e.code() == grpc.StatusCode.NOT_FOUND, desc(e))
+
     # ---- numbers: every numeric case ----
     run_cases(kex, job, "cpu")
     run_cases(kex, job, "opencl", 1 if os.environ.get("KEX_SUBMIT_ALL_OPENCL") else 3)
@@ -319,6 +358,11 @@ def main():
     check("ASSIGN to a job buffer writes it in place (same handle, new bytes)",
           d.outputs[0].handle == h and np.allclose(np.frombuffer(download(kex, job, h), np.float32), (a + 1).ravel()),
           str(d.outputs[0].handle))
+    d = done_of(submit(kex, job, pbg(gas), free_outputs=True))
+    check("free_outputs: an ASSIGN target keeps its handle and stays held (bytes inline too)",
+          d.outputs[0].handle == h and d.outputs[0].has_data and
+          np.allclose(np.frombuffer(d.outputs[0].data, np.float32), (a + 2).ravel()) and
+          np.allclose(np.frombuffer(download(kex, job, h), np.float32), (a + 2).ravel()), str(d.outputs[0])[:200])
     e = None
     try:
         submit(kex, job, pbg(g_add_const("float32", [4, 8], {"op": "BUFFER", "dtype": "float32", "shape": [4, 8],
