@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# test_tune.sh - kexd Tune and the beam-cache RPCs end to end: start a real
+# kexd (devices cpu,opencl, its own --cache file) on a free 127.0.0.1 port,
+# wait for health, run test_tune.py (Debian python + grpcio) against it, then
+# stop it with SIGTERM and check it exits 0 and never crashed.  The kill -9,
+# shared-file and drain checks start their own kexds.
+#
+# Env: KEX_BUILD_DIR (default build; KEX_BUILD_DIR=build-asan runs it against
+# the ASan build's kexd).  The last line of the output is "N passed, N failed";
+# exit 1 on any failure.
+. "$(dirname "$0")/lib.bash"
+cache="$tmp/cache.db"
+POCL_CACHE_DIR="$tmp/pocl" "$kexd" --listen "127.0.0.1:$port" --max-message "$max_message" --grace 2 --device cpu,opencl \
+  --cache "$cache" >"$tmp/kexd.log" 2>&1 &
+pid=$!
+
+healthy=0
+for _ in $(seq 1 100); do
+  if $PY - "$tmp" "$port" <<'PYEOF' 2>/dev/null; then healthy=1; break; fi
+import sys
+sys.path.insert(0, sys.argv[1])
+import grpc, health_pb2, health_pb2_grpc
+with grpc.insecure_channel("127.0.0.1:" + sys.argv[2]) as ch:
+    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
+PYEOF
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ "$healthy" = 1 ]; then
+  ok "kexd on 127.0.0.1:$port answers health SERVING"
+else
+  bad "kexd on 127.0.0.1:$port answers health SERVING"
+  cat "$tmp/kexd.log"
+  finish
+fi
+
+KEXD_CACHE="$cache" POCL_CACHE_DIR="$tmp/pocl" KEXD_TMP="$tmp" KEXD="$kexd" KEXD_PORT="$port" KEX_STUBS="$tmp" \
+  $PY tests/integration/test_tune.py | tee "$tmp/py.out"
+last=$(tail -n 1 "$tmp/py.out")
+if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  passed=$((passed + BASH_REMATCH[1]))
+  failed=$((failed + BASH_REMATCH[2]))
+else
+  bad "test_tune.py printed its closing line (got: $last)"
+fi
+
+if kill -0 "$pid" 2>/dev/null; then
+  ok "kexd is still running after every check (it never exits on bad input)"
+  kill -TERM "$pid"
+  for _ in $(seq 1 100); do
+    if ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  wait "$pid"
+  rc=$?
+  pid=""
+  if [ "$rc" -eq 0 ]; then ok "kexd exits 0 at SIGTERM"; else bad "kexd exits 0 at SIGTERM (rc $rc)"; fi
+else
+  bad "kexd is still running after every check"
+  wait "$pid"
+  pid=""
+fi
+if grep -qiE 'AddressSanitizer|LeakSanitizer|runtime error|Segmentation|Aborted' "$tmp"/kexd*.log; then
+  bad "kexd logs are free of sanitizer reports and crashes"
+  grep -iE -B2 -A20 'AddressSanitizer|LeakSanitizer|runtime error|Segmentation|Aborted' "$tmp"/kexd*.log | head -80
+else
+  ok "kexd logs are free of sanitizer reports and crashes"
+fi
+finish
