@@ -657,6 +657,8 @@ static void tune_pump(tune_call *t) {
       kexd_call_finish(t->call, GRPC_STATUS_OK, NULL, NULL);
     } else if (t->rc == KEX_ECANCELLED && kexd_call_time_left(t->call) <= 0) {
       kexd_call_failf(t->call, GRPC_STATUS_DEADLINE_EXCEEDED, "Tune: the deadline passed");
+    } else if (t->rc == KEX_ECANCELLED && !kexd_jobs_find_id(&t->d->jobs, t->job)) {
+      kexd_call_failf(t->call, GRPC_STATUS_NOT_FOUND, "Tune: the job was closed during the search");
     } else {
       kex_log(KEX_LOG_INFO, t->log_id, 0, "Tune failed: %s", t->err.msg);
       kexd_call_failf(t->call, kex_err_grpc_status(t->rc), "Tune: %s", t->err.msg[0] ? t->err.msg : kex_strerror(t->rc));

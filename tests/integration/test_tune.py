@@ -504,6 +504,38 @@ def check_cancel(kex, job):
           st.searches_cancelled > s0.searches_cancelled and st.job_stats[0].queued == 0, f"first {first.phase}")
 
 
+def check_job_close_and_timeout(kex):
+    """CloseJob during a Tune stops it (NOT_FOUND); beam.timeout_ms bounds one kernel's search."""
+    job = open_job(kex, "closing")
+    err = {}
+
+    def run():
+        try:
+            list(kex.Tune(kex_pb2.TuneRequest(job=job, graph=g_matmul(n=40), beam=kex_pb2.BeamOptions(beam_width=4)),
+                          timeout=60))
+        except grpc.RpcError as e:
+            err["e"] = e
+    th = threading.Thread(target=run)
+    th.start()
+    time.sleep(0.8)
+    t0 = time.time()
+    kex.CloseJob(kex_pb2.CloseJobRequest(job=job), timeout=5)
+    th.join(30)
+    took = time.time() - t0
+    check("CloseJob during a Tune: the Tune ends with NOT_FOUND soon after", "e" in err and
+          err["e"].code() == grpc.StatusCode.NOT_FOUND and took < 10, f"{desc(err.get('e'))} after {took:.2f} s")
+    job = open_job(kex, "timeout")
+    before = len(list_all(kex, job)[0])
+    t0 = time.time()
+    c, e = code_of(lambda: tune(kex, job, g_matmul(n=56), width=4, timeout=60, timeout_ms=700))
+    took = time.time() - t0
+    check("beam.timeout_ms 700: DEADLINE_EXCEEDED naming the kernel, well before the client's deadline",
+          c == grpc.StatusCode.DEADLINE_EXCEEDED and "kernel 1/1" in e.details() and "timeout" in e.details() and
+          took < 10, f"{desc(e)} after {took:.2f} s")
+    after = len(list_all(kex, job)[0])
+    check("beam.timeout_ms: nothing stored for the kernel", after == before, f"{before} -> {after} entries")
+
+
 def check_kill9():
     """kill -9 in the middle of a Tune: the cache file opens, passes integrity_check, holds whole entries."""
     path = os.path.join(TMP, "kill9.db")
@@ -652,6 +684,7 @@ def main():
         check_bad_input(kex, job)
         check_deadline(kex, job)
         check_cancel(kex, job)
+        check_job_close_and_timeout(kex)
     except Exception as e:  # a failure must not hide the other checks' count
         check("test_tune.py ran to the end", False, f"{type(e).__name__}: {e}")
     finally:
