@@ -504,6 +504,36 @@ def check_cancel(kex, job):
           st.searches_cancelled > s0.searches_cancelled and st.job_stats[0].queued == 0, f"first {first.phase}")
 
 
+def check_sharing(kex, job):
+    """Another job's Submit during a Tune on the same device runs between the search's device items."""
+    other = open_job(kex, "other")
+    g = g_rowsum(n=8)
+    list(kex.Submit(kex_pb2.SubmitRequest(job=other, graph=g), timeout=60))  # compiled and loaded: only runs now
+    got = []
+    it = kex.Tune(kex_pb2.TuneRequest(job=job, graph=g_matmul(n=64), beam=kex_pb2.BeamOptions(beam_width=4)),
+                  timeout=60)
+
+    def run():
+        try:
+            for ev in it:
+                got.append(ev)
+        except grpc.RpcError:
+            pass
+    th = threading.Thread(target=run)
+    th.start()
+    time.sleep(1.0)
+    t0 = time.time()
+    evs = list(kex.Submit(kex_pb2.SubmitRequest(job=other, graph=g), timeout=60))
+    took = time.time() - t0
+    searching = th.is_alive() and not any(e.finished for e in got)
+    it.cancel()
+    th.join(30)
+    check("a Submit of another job during a Tune on the same device finishes while the search goes on",
+          evs and evs[-1].WhichOneof("event") == "done" and took < 3 and searching,
+          f"{took:.2f} s, search still running: {searching}")
+    print(f"# Submit (cached, 8x8 rowsum) of another job during a cpu search: {took * 1e3:.0f} ms")
+
+
 def check_job_close_and_timeout(kex):
     """CloseJob during a Tune stops it (NOT_FOUND); beam.timeout_ms bounds one kernel's search."""
     job = open_job(kex, "closing")
@@ -685,6 +715,7 @@ def main():
         check_deadline(kex, job)
         check_cancel(kex, job)
         check_job_close_and_timeout(kex)
+        check_sharing(kex, job)
     except Exception as e:  # a failure must not hide the other checks' count
         check("test_tune.py ran to the end", False, f"{type(e).__name__}: {e}")
     finally:
