@@ -18,6 +18,13 @@
  * other flow is active -- so idleness is never credit.  Ties go to the flow
  * served least recently.
  *
+ * Waking the loop: after each item, except after an item marked defer_done
+ * when the next item picked is the same flow's: its done is delivered with
+ * that item's (the loop drains the whole done list at each wake).  The
+ * poster marks only items whose successor it knows to be short, so a
+ * submission of tiny kernels costs one loop wake instead of one per item,
+ * and nothing waits behind another job's item.
+ *
  * Stop: cancelled items and finished ones go back through the done list;
  * after the runner thread has drained its must_run items it unrefs the
  * device, says it exited, and the loop joins it (at once: it has returned)
@@ -226,9 +233,11 @@ static void *runner_main(void *arg) {
     f->device_s += w->device_s;
     f->items_done++;
     done_push(r, w);
+    /* a deferred done rides with the next item's when that item is the flow's and runs now */
+    bool wake = !(w->defer_done && flow_pick(r) == f);
     if (f->cancelled && !flow_active(f)) flow_remove(r, f);
     pthread_mutex_unlock(&r->lock);
-    uv_async_send(&r->async);
+    if (wake) uv_async_send(&r->async);
     pthread_mutex_lock(&r->lock);
   }
   pthread_mutex_unlock(&r->lock);

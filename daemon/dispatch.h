@@ -62,6 +62,8 @@ struct kexd_work {
   uint64_t job;       /* the flow it is charged to (kexd_job.id; 0 is the daemon's own) */
   uint32_t weight;    /* the job's weight (>= 1) */
   bool must_run;      /* not dropped by kexd_dispatch_cancel_job / stop (FREE always is) */
+  bool defer_done;    /* done may wait until the flow's next item has run, when the runner runs that one at
+                         once (a chain of short items then wakes the loop once, not once per item) */
   kex_buffer *buf;    /* COPY_OUT, FREE */
   size_t offset, size;/* COPY_OUT: the range; UPLOAD: bytes to allocate */
   const void *src;    /* UPLOAD: src_size bytes to copy in (owned by the poster) */

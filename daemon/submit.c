@@ -71,6 +71,13 @@
 #include "sched/schedule.h"
 
 #define SUB_HASH 32 /* bytes of a SHA-256 */
+/*
+ * A plan whose kernels all ran faster than this last time posts its items
+ * with defer_done (dispatch.h): the runner wakes the loop once for the
+ * chain instead of once per item.  Progress events of such a submission
+ * arrive together, at most this late.
+ */
+#define SUB_DEFER_KERNEL_US 1000.0
 
 static double now_us(void) {
   struct timespec ts;
@@ -216,6 +223,8 @@ typedef struct plan {
   uint64_t alloc_bytes;      /* what one submission allocates: reserved against the job's limit */
   uint64_t dtypes;           /* bit d: some node has dtype d (checked against the device before compiling) */
   double build_us;
+  /* loop thread, updated by each successful run: the slowest kernel's time of the last run (-1: never ran) */
+  double last_max_kernel_us;
 } plan;
 
 static void plan_unref(plan *p) {
@@ -596,6 +605,7 @@ struct submission {
   double t0;
   uint64_t inline_max;
   bool free_outputs;         /* SubmitRequest.free_outputs: bytes only, no job buffers (but ALIAS outputs) */
+  bool only_done;            /* SubmitRequest.only_done: no progress events */
   kex_graph *g;              /* this request's graph (its input bytes); owned unless it is p->g */
   plan *p;
   bool schedule_cached;
@@ -664,7 +674,7 @@ static void sub_maybe_free(submission *s) {
 }
 
 static void ev_push(submission *s, ev_kind kind, uint32_t i) {
-  if (s->dead) return;
+  if (s->dead || s->only_done) return;
   if (s->nev == s->evcap) {
     uint32_t cap = s->evcap ? 2 * s->evcap : 8;
     sub_event *e = kex_realloc(s->evs, cap * sizeof *e);
@@ -1022,6 +1032,10 @@ static void sub_complete(submission *s) {
       s->out_bufs[j] = NULL;
     }
   if (!rc) {
+    double slowest = 0;
+    for (uint32_t k = 0; k < s->p->nkernels; k++)
+      if (s->kernel_us[k] > slowest) slowest = s->kernel_us[k];
+    s->p->last_max_kernel_us = slowest;
     d->submissions_done++;
     s->final_status = GRPC_STATUS_OK;
     s->final_ready = true;
@@ -1063,9 +1077,12 @@ static void sub_post(submission *s) {
   s->works = kex_calloc(n, sizeof *s->works);
   s->stepargs = kex_calloc(n, sizeof *s->stepargs);
   if (!s->works || !s->stepargs) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
+  /* kernels that were quick last time: the setup and every step may wait for the next item to wake the loop */
+  bool defer = p->last_max_kernel_us >= 0 && p->last_max_kernel_us < SUB_DEFER_KERNEL_US;
   for (uint32_t i = 0; i < n; i++) {
     kexd_work *w = &s->works[i];
     w->kind = KEXD_WORK_RUN;
+    w->defer_done = defer && i < n - 1;
     w->job = s->job;
     w->weight = s->weight;
     w->done = item_done;
@@ -1329,6 +1346,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   s->device = (uint32_t)dev;
   s->t0 = t0;
   s->free_outputs = m->free_outputs;
+  s->only_done = m->only_done;
   s->inline_max = m->return_bytes || m->free_outputs ? UINT64_MAX
                   : m->inline_output_max_bytes       ? m->inline_output_max_bytes
                                                      : d->cfg.inline_output_max;
@@ -1360,6 +1378,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     goto out;
   }
   p->refs = 1;
+  p->last_max_kernel_us = -1;
   memcpy(p->key, key, sizeof key);
   p->device = s->device;
   p->cpu = strncmp(d->cfg.devices[s->device], "cpu", 3) == 0;

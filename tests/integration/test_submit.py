@@ -314,6 +314,19 @@ def main():
     st = stats(kex, job).job_stats[0]
     check("free_outputs: the job holds no new buffer", st.buffers == held.buffers and st.bytes_held == held.bytes_held,
           f"before {held.buffers}/{held.bytes_held}, after {st.buffers}/{st.bytes_held}")
+    evs = submit(kex, job, pbg(g), only_done=True, free_outputs=True)
+    kinds = [e.WhichOneof("event") for e in evs]
+    check("only_done: the stream is the done event alone, with the output's bytes",
+          kinds == ["done"] and evs[0].done.outputs[0].has_data and
+          np.array_equal(np.frombuffer(evs[0].done.outputs[0].data, np.float32), x + 1), str(kinds))
+    e = None
+    try:
+        submit(kex, job, pbg(g_add_const("float32", [4], {"op": "BUFFER", "dtype": "float32", "shape": [4],
+                                                           "buffer": "e" * 32})), only_done=True)
+    except grpc.RpcError as err:
+        e = err
+    check("only_done: an error is still a status (NOT_FOUND naming the node)",
+          e is not None and e.code() == grpc.StatusCode.NOT_FOUND and "node 0" in e.details(), desc(e))
     # a view of the result (gathered) and a folded constant (filled) as outputs: bytes only as well
     gv = json.loads(json.dumps(g))
     gv["nodes"] += [{"op": "RESHAPE", "src": [4], "arg": [3, 4]}, {"op": "PERMUTE", "src": [5], "arg": [1, 0]},
