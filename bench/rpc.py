@@ -4,22 +4,31 @@ Starts its own kexd (--device cpu, a fresh --cache in a temporary directory)
 and measures, each for `--seconds` after a warm-up, at 1 and 8 calls in
 flight (8 client threads on one channel):
 
-  health   grpc.health.v1.Health/Check                     the RPC floor
-  submit   a tiny cached Submit (16-element add, inline     the whole Submit path with
-           output, same structure every call)               both caches hit
+  health         grpc.health.v1.Health/Check                the RPC floor
+  submit         a tiny cached Submit (16-element add,      the whole Submit path with
+                 inline output, same structure every call,  both caches hit: two RPCs
+                 every event) + a Free of its output
+  submit_inline  the same with free_outputs: the output     one RPC, every event
+                 comes inline and is not kept, no Free
+  submit_min     free_outputs + only_done: the stream is    one RPC, one message
+                 the done event alone
 
 plus single-shot Submit latencies: first Submit (structure miss + compile),
 repeated Submit (structure hit), a new structure whose programs are already
 loaded (structure miss, program memory hit), and first Submit after a restart
 with the same --cache (program from SQLite).  Outputs are freed as it goes.
-Writes bench/results/rpc.json (p50/p99 in us, calls/s).  Client and server
-share this machine's cores; the C client side comes with libkex.
+Then it runs the C half, build/bench_rpc (bench/rpc_c.c: the same calls from
+gRPC C core and through libkex, against a kexd of its own), and writes both
+halves to bench/results/rpc.json (p50/p99 in us, calls/s, each with its ratio
+to the health check of the same run).  Client and server share this
+machine's cores.
 
-Usage: /usr/bin/python3 bench/rpc.py [--kexd build/daemon/kexd] [--seconds 2]
+Usage: /usr/bin/python3 bench/rpc.py [--kexd build/daemon/kexd] [--bench-rpc build/bench_rpc] [--seconds 2]
 """
 import argparse
 import json
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -58,6 +67,7 @@ def main():
     ap.add_argument("--kexd", default=os.path.join(ROOT, "build/daemon/kexd"))
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/rpc.json"))
+    ap.add_argument("--bench-rpc", default=os.path.join(ROOT, "build/bench_rpc"), help="the C half ('' to skip)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
     stubs(tmp)
@@ -101,8 +111,21 @@ def main():
         kex.Free(kex_pb2.FreeRequest(job=job, handles=[o.handle for o in d.outputs]), timeout=5)
         return us, d
 
+    def submit_one_rpc(kex, job, g, only_done):
+        evs = list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=g, free_outputs=True, only_done=only_done),
+                              timeout=60))
+        o = evs[-1].done.outputs[0]
+        if not o.has_data or o.handle or (only_done and len(evs) != 1) or (not only_done and len(evs) < 4):
+            raise SystemExit(f"bench/rpc.py: unexpected Submit stream: {[e.WhichOneof('event') for e in evs]}")
+
+    load = os.getloadavg()
     results = {"benchmark": "rpc", "client": "python grpcio (sync stubs, threads)", "seconds": args.seconds,
-               "notes": "kexd --device cpu; client and server share the machine's cores; latencies in us; each submit call is Submit (all events) + Free of its output, so two RPCs"}
+               "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, {platform.system()} {platform.release()}); "
+                          f"load average before the run {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+               "notes": "kexd --device cpu; client and server share the machine's cores; latencies in us; "
+                        "submit = Submit (all events) + Free of its output (two RPCs); submit_inline = Submit with "
+                        "free_outputs (one RPC, all events); submit_min = free_outputs + only_done (one RPC, one "
+                        "message); ratio_to_health = p50 / the health p50 at the same in-flight count"}
     proc, ch = start()
     kex = kex_pb2_grpc.KexStub(ch)
     health = health_pb2_grpc.HealthStub(ch)
@@ -118,6 +141,8 @@ def main():
     calls = {
         "health": lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5),
         "submit": lambda: timed_submit(kex, job, graph()),
+        "submit_inline": lambda: submit_one_rpc(kex, job, graph(), False),
+        "submit_min": lambda: submit_one_rpc(kex, job, graph(), True),
     }
     for name, fn in calls.items():
         for inflight in (1, 8):
@@ -143,6 +168,9 @@ def main():
             el = time.perf_counter() - t0
             results[f"{name}_inflight{inflight}"] = {"p50_us": pct(lat, 0.5), "p99_us": pct(lat, 0.99),
                                                      "calls_per_s": len(lat) / el, "calls": len(lat)}
+            if name != "health":
+                results[f"{name}_inflight{inflight}"]["ratio_to_health"] = \
+                    pct(lat, 0.5) / results[f"health_inflight{inflight}"]["p50_us"]
             print(f"{name:7s} {inflight} in flight: p50 {pct(lat, 0.5):8.0f} us  p99 {pct(lat, 0.99):8.0f} us  "
                   f"{len(lat) / el:8.0f} calls/s", flush=True)
     stats = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
@@ -165,6 +193,15 @@ def main():
     proc.wait()
     results["single_submit"] = single
     print(json.dumps(single, indent=1))
+    if args.bench_rpc:  # the C half: its own kexd, the same calls from gRPC C core and libkex
+        cj = os.path.join(tmp, "c.json")
+        subprocess.check_call([args.bench_rpc, "--kexd", args.kexd, "--seconds", str(args.seconds), "--json", cj])
+        with open(cj) as f:
+            c = json.load(f)
+        for k, v in c.items():
+            if isinstance(v, dict) and not k.startswith("health"):
+                v["ratio_to_health"] = v["p50_us"] / c["health_inflight" + k.rsplit("inflight", 1)[1]]["p50_us"]
+        results["c"] = c
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
