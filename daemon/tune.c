@@ -824,10 +824,6 @@ static kex_cache *shared_cache(kexd *d, kex_error *err) {
   return T->cache;
 }
 
-typedef struct list_acc {
-  cache_req *q;
-} list_acc;
-
 static int list_cb(const kex_cache_entry *e, void *arg) {
   cache_req *q = arg;
   q->entries[q->count] = *e;
