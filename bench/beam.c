@@ -29,6 +29,15 @@
 #include "search/cache.h"
 #include "search/run.h"
 
+/* /proc/loadavg's first three fields ("0.52 0.61 0.70"), or "unknown". */
+static void loadavg(char *buf, size_t len) {
+  FILE *f = fopen("/proc/loadavg", "r");
+  double a = 0, b = 0, c = 0;
+  if (f && fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(buf, len, "%.2f %.2f %.2f", a, b, c);
+  else snprintf(buf, len, "unknown");
+  if (f) fclose(f);
+}
+
 static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -83,6 +92,8 @@ int main(int argc, char **argv) {
   static const char *names[] = {"matmul512", "matmul1024", "sum4M", "muladd4M"};
   static const char *devnames[] = {"opencl", "cpu"};
   json_t *rows = json_array();
+  char load_start[64], load_end[64];
+  loadavg(load_start, sizeof load_start);
   char tmp[] = "/tmp/kex_bench_beam_XXXXXX";
   if (!mkdtemp(tmp)) return 1;
   for (int d = 0; d < 2; d++) {
@@ -152,6 +163,9 @@ int main(int argc, char **argv) {
                                             "compiled", (json_int_t)br.compiled, "timed", (json_int_t)br.timed,
                                             "rounds", (json_int_t)br.rounds, "hand_won", br.hand_won, "factor",
                                             br.factor));
+        json_t *last = json_array_get(ks, json_array_size(ks) - 1);
+        json_object_set_new(last, "compile_s", json_real(br.compile_s));
+        json_object_set_new(last, "timing_s", json_real(br.time_s));
       }
       double base = 0;
       const char *base_name = "memcpy";
@@ -177,8 +191,15 @@ int main(int argc, char **argv) {
     }
     kex_device_unref(dev);
   }
-  json_t *doc = json_pack("{s:s, s:i, s:i, s:o}", "bench", "beam", "max_candidates", max_cand, "max_rounds", max_rounds,
-                          "results", rows);
+  loadavg(load_end, sizeof load_end);
+  char notes[512];
+  snprintf(notes, sizeof notes,
+           "beam width 2, fresh cache per graph; search_s is wall time on a shared 2-vCPU VM; load average "
+           "(1/5/15 min) %s at the start, %s at the end; set POCL_CACHE_DIR to an empty directory for cold PoCL "
+           "compiles",
+           load_start, load_end);
+  json_t *doc = json_pack("{s:s, s:i, s:i, s:s, s:o}", "bench", "beam", "max_candidates", max_cand, "max_rounds",
+                          max_rounds, "notes", notes, "results", rows);
   json_dump_file(doc, out, JSON_INDENT(2));
   json_decref(doc);
   char cmd[128];

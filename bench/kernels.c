@@ -34,6 +34,15 @@ static double now_us(void) {
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
+/* /proc/loadavg's first three fields ("0.52 0.61 0.70"), or "unknown". */
+static void loadavg(char *buf, size_t len) {
+  FILE *f = fopen("/proc/loadavg", "r");
+  double a = 0, b = 0, c = 0;
+  if (f && fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(buf, len, "%.2f %.2f %.2f", a, b, c);
+  else snprintf(buf, len, "unknown");
+  if (f) fclose(f);
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -166,6 +175,8 @@ int main(int argc, char **argv) {
   } graphs[] = {{"matmul512.json", 512, 3680}, {"matmul1024.json", 1024, 110600}, {"sum4M.json", 0, 430},
                 {"muladd4M.json", 0, 1180}, {"softmax4096x1024.json", 0, -1}};
   json_t *arr = json_array();
+  char load_start[64], load_end[64];
+  loadavg(load_start, sizeof load_start);
   printf("%-18s %-12s %11s %11s %9s %12s %9s %9s\n", "graph", "device", "kex_us", "baseline_us", "x_base", "tinygrad_us",
          "x_tg", "ok");
   for (size_t gi = 0; gi < sizeof graphs / sizeof *graphs; gi++) {
@@ -221,10 +232,15 @@ int main(int argc, char **argv) {
     kex_free(ref);
     kex_graph_free(g);
   }
-  json_t *doc = json_pack("{s:s, s:i, s:s, s:o}", "benchmark", "kernels", "repeat", reps, "notes",
-                          "hand-coded opts (BEAM=0); kex_us = sum of the graph's kernels, each the median of `repeat` "
-                          "device-timed runs after a warm-up; baselines measured in the same run",
-                          "results", arr);
+  loadavg(load_end, sizeof load_end);
+  char notes[512];
+  snprintf(notes, sizeof notes,
+           "hand-coded opts (BEAM=0); kex_us = sum of the graph's kernels, each the median of `repeat` device-timed "
+           "runs after a warm-up; baselines measured in the same run; shared 2-vCPU VM, load average (1/5/15 min) %s "
+           "at the start, %s at the end",
+           load_start, load_end);
+  json_t *doc = json_pack("{s:s, s:i, s:s, s:o}", "benchmark", "kernels", "repeat", reps, "notes", notes, "results",
+                          arr);
   if (json_dump_file(doc, outpath, JSON_INDENT(2))) fprintf(stderr, "cannot write %s\n", outpath);
   else printf("wrote %s\n", outpath);
   json_decref(doc);

@@ -79,7 +79,7 @@ typedef struct kex_cpu_worker_arg {
 
 typedef struct kex_cpu_device {
   char dir[KEX_CPU_DIR_MAX];
-  unsigned long counter; /* makes every temporary file name unique */
+  atomic_ulong counter; /* makes every temporary file name unique (compile runs on any thread) */
   kex_cpu_pool pool;
   kex_cpu_worker_arg args[KEX_CPU_MAX_THREADS];
   int pool_ready;
@@ -338,7 +338,7 @@ static int kex_cpu_compile(void *impl, const char *source, const char *name, uns
                            kex_error *err) {
   kex_cpu_device *cpu = impl;
   char src_path[PATH_MAX], so_path[PATH_MAX], log_path[PATH_MAX];
-  unsigned long id = ++cpu->counter;
+  unsigned long id = atomic_fetch_add(&cpu->counter, 1) + 1;
   unsigned char *log = NULL;
   size_t log_n = 0;
   int status = 0, rc;
@@ -422,7 +422,7 @@ static int kex_cpu_load(void *impl, const unsigned char *bin, size_t bin_size, c
   void *handle = NULL;
   int rc;
 
-  kex_cpu_path(cpu, path, "p", ++cpu->counter, "so");
+  kex_cpu_path(cpu, path, "p", atomic_fetch_add(&cpu->counter, 1) + 1, "so");
   prog = kex_calloc(1, sizeof *prog);
   if (!prog) {
     rc = kex_err_set(err, KEX_ENOMEM, "cpu: out of memory loading kernel %s", name);
@@ -553,7 +553,7 @@ static int kex_cpu_compiler_version(kex_cpu_device *cpu, char *out, kex_error *e
   size_t n = 0;
   int status = 0, rc;
 
-  kex_cpu_path(cpu, log_path, "version", ++cpu->counter, "txt");
+  kex_cpu_path(cpu, log_path, "version", atomic_fetch_add(&cpu->counter, 1) + 1, "txt");
   rc = kex_cpu_spawn(argv, NULL, log_path, &status, err);
   if (rc < 0) goto out;
   if (status != 0) {
@@ -622,6 +622,7 @@ int kex_cpu_open(kex_device **out, kex_error *err) {
   info.compute_units = (int)cores;
   info.supports_fp64 = true;
   info.supports_fp16 = true; /* the C renderer uses _Float16, which gcc supports on x86-64 and arm64 */
+  info.compile_thread_safe = true; /* a compile touches only its own files (unique names) and its cc process */
   kex_cpu_pool_start(cpu, cores > 1 ? (int)cores : 0, cpus, ncpus);
   KEX_DEBUG("cpu: opened (%s), %d pool threads, temp dir %s", id->compiler_version, cpu->pool.nthreads, cpu->dir);
   rc = kex_device_wrap(&kex_cpu_ops, cpu, &info, "",

@@ -109,6 +109,10 @@ typedef struct kex_device_info {
   size_t max_work_group_size;   /* 0 when !has_local */
   size_t max_work_item_sizes[3];
   int compute_units;
+  /* kex_device_compile may run on any thread, several at once and beside the owner's calls (cpu: each
+     compile is its own cc process).  False for OpenCL: PoCL 3.1 serializes builds process-wide (two
+     threads building in two contexts took turns on one futex, ~200 ms each), so threads gain nothing. */
+  bool compile_thread_safe;
 } kex_device_info;
 
 /* One entry of kex_device_list. */

@@ -138,6 +138,7 @@ int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n
   f->fail_at = n;
   kex_device_ref(inner);
   info = inner->info;
+  info.compile_thread_safe = false; /* the fault counters are the owner's */
   snprintf(kind_name, sizeof kind_name, "fault+%.200s", inner->info.identity.kind);
   kex_device_set_field(info.identity.kind, kind_name);
   /* on error kex_device_wrap has destroyed f, dropping the inner reference */

@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,18 @@ static int job_compile(kex_device *dev, void *arg, kex_error *err) {
   return rc;
 }
 
+typedef struct load_job {
+  const unsigned char *bin;
+  size_t binsz;
+  const char *name;
+  kex_program *prog;
+} load_job;
+
+static int job_load(kex_device *dev, void *arg, kex_error *err) {
+  load_job *l = arg;
+  return kex_device_load(dev, l->bin, l->binsz, l->name, &l->prog, err);
+}
+
 static int job_free_prog(kex_device *dev, void *arg, kex_error *err) {
   (void)dev;
   (void)err;
@@ -238,31 +251,91 @@ typedef struct time_job {
   int runs;
   double factor;
   double early_stop_us; /* INFINITY: none */
+  double shrink_to_s;   /* > 0: shrink the grid after the warm-up until a run takes about this long (search timing) */
   bool use_min;         /* report the fastest run instead of the median */
+  bool skip_warmup;     /* the program ran just before: no warm-up launch */
   double us;            /* median (or min) x factor */
 } time_job;
 
-/* One warm-up launch, then up to `runs` timed launches (stopping early past early_stop); median x factor. */
+/*
+ * One warm-up launch, then up to `runs` timed launches; median (or min) x
+ * factor.  What keeps slow candidates cheap (a 1024² matmul candidate runs
+ * 50-500 ms at full size, and tinygrad's 3 runs cost the same):
+ *   - a warm-up already past early_stop ends the timing with the warm-up's
+ *     time (the candidate cannot lead; tinygrad stops at its first run too);
+ *   - a warm-up of KEX_BEAM_LONG_RUN_S or more counts as a sample (caches
+ *     are a small part of such a run);
+ *   - after KEX_BEAM_MIN_RUNS samples, stop once the samples add up to
+ *     KEX_BEAM_TIME_BUDGET_S;
+ *   - a timed run past early_stop ends it (tinygrad's rule).
+ */
+#define KEX_BEAM_LONG_RUN_S 0.002
+#define KEX_BEAM_MIN_RUNS 3
+#define KEX_BEAM_TIME_BUDGET_S 0.25
+#define KEX_BEAM_COMPARE_BUDGET_S 1.0
+#define KEX_BEAM_MIN_GROUPS 64 /* a grid shrunk for timing keeps at least this many work-groups (cpu: items) */
+
+/*
+ * With shrink_to_s > 0: halve the grid the way fill_time_job does (the last
+ * dim > 16 first, factor x 2) while a run of about `secs` would last longer
+ * than shrink_to_s and at least KEX_BEAM_MIN_GROUPS remain.  Returns whether
+ * the grid changed.
+ */
+static bool shrink_grid(time_job *t, double secs) {
+  bool changed = false;
+  if (t->shrink_to_s <= 0) return false;
+  while (secs > t->shrink_to_s) {
+    int64_t prod = (int64_t)t->global[0] * (int64_t)t->global[1] * (int64_t)t->global[2];
+    if (prod / 2 < KEX_BEAM_MIN_GROUPS) break;
+    int j = 2;
+    while (j >= 0 && t->global[j] <= 16) j--;
+    if (j < 0) break;
+    t->global[j] /= 2;
+    t->factor *= 2;
+    secs /= 2;
+    changed = true;
+  }
+  return changed;
+}
+
 static int job_time(kex_device *dev, void *arg, kex_error *err) {
   (void)dev;
   time_job *t = arg;
-  double samples[KEX_BEAM_MAX_RUNS];
+  double samples[KEX_BEAM_MAX_RUNS + 1], total = 0;
   int n = 0, rc = 0;
-  for (int i = -1; i < t->runs && !rc; i++) {
+  for (int i = t->skip_warmup ? 0 : -1; i < t->runs && !rc; i++) {
     kex_event *ev = NULL;
     double secs = 0;
     rc = kex_program_launch(t->prog, t->global, t->local, t->args, t->nargs, NULL, 0, &ev, err);
     if (!rc) rc = kex_event_elapsed(ev, &secs, err);
     kex_event_free(ev);
-    if (rc || i < 0) continue;
-    samples[n++] = secs * 1e6 * t->factor;
-    if (samples[n - 1] > t->early_stop_us) break;
+    if (rc) continue;
+    double us = secs * 1e6 * t->factor;
+    if (i < 0) {
+      if (us > t->early_stop_us) {
+        samples[n++] = us;
+        break;
+      }
+      if (shrink_grid(t, secs)) continue; /* the timed runs use the smaller grid */
+      if (secs < KEX_BEAM_LONG_RUN_S) continue;
+    }
+    samples[n++] = us;
+    total += secs;
+    if (us > t->early_stop_us) break;
+    if (n >= KEX_BEAM_MIN_RUNS && total >= KEX_BEAM_TIME_BUDGET_S) break;
   }
   if (rc) return rc;
   qsort(samples, (size_t)n, sizeof *samples, cmp_double);
   t->us = t->use_min ? samples[0] : samples[n / 2];
   return 0;
 }
+
+/*
+ * Search timings (reduced grid) shrink the grid further until one run
+ * takes about this long: tinygrad's 65536-group limit leaves a 1024²
+ * matmul at full size, 50-500 ms a run.
+ */
+#define KEX_BEAM_RUN_TARGET_S 0.01
 
 /* ---- per-worker replicas: each lowers in its own replay of the graph ---- */
 
@@ -279,6 +352,7 @@ typedef struct search_ctx {
   const kex_beam_target *target;
   const kex_renderer_caps *caps;
   int dialect;
+  kex_device *dev; /* for compile jobs on the pool (only when its compile is thread-safe) */
   replica *replicas;
 } search_ctx;
 
@@ -315,11 +389,30 @@ typedef struct candidate {
   int rc;
   char msg[KEX_ERROR_MSG_MAX];
   kex_program_src ps;
+  /* a compile on the pool (devices with compile_thread_safe): inputs ps; results below */
+  kex_pool_job cjob;
+  int crc;
+  unsigned char *bin;
+  size_t binsz;
+  double csecs;
   /* the main thread's */
   kex_program *prog;
   double us, factor;
   bool timed;
 } candidate;
+
+/* Compile c->ps to a binary on a pool worker (the device's compile is thread-safe). */
+static void compile_candidate(kex_pool_job *job, int worker) {
+  candidate *c = (candidate *)((char *)job - offsetof(candidate, cjob));
+  kex_error err = {0};
+  struct timespec a, b;
+  (void)worker;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  c->crc = kex_device_compile(c->sc->dev, c->ps.src, c->ps.name, &c->bin, &c->binsz, &err);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  c->csecs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+  if (c->crc) snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+}
 
 static void lower_candidate(kex_pool_job *job, int worker) {
   candidate *c = (candidate *)job;
@@ -436,6 +529,7 @@ static void fill_time_job(search *s, const kex_program_src *ps, kex_program *pro
   t->factor = 1;
   t->early_stop_us = INFINITY;
   if (!reduce) return;
+  t->shrink_to_s = KEX_BEAM_RUN_TARGET_S;
   for (;;) {
     int64_t prod = (int64_t)t->global[0] * (int64_t)t->global[1] * (int64_t)t->global[2];
     if (prod <= s->o->max_global_size) break;
@@ -476,6 +570,7 @@ static void free_prog(search *s, kex_program **p) {
 
 static void free_candidate(search *s, candidate *c) {
   if (!c) return;
+  kex_free(c->bin);
   free_prog(s, &c->prog);
   kex_program_src_free(&c->ps);
   kex_free(c);
@@ -569,6 +664,10 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
     int per_entry = o->max_candidates > 0 ? (o->max_candidates + nbeam - 1) / nbeam : 0;
     int used[KEX_BEAM_MAX_WIDTH] = {0};
     double best_round = INFINITY;
+    /* pass 1, in candidate order: lowered, within the uop limit and the cap, new source -> to compile */
+    int *todo = kex_malloc(sizeof *todo * (size_t)(ncands ? ncands : 1));
+    int ntodo = 0;
+    if (!todo) rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
     for (int i = 0; i < ncands; i++) {
       candidate *c = cands[i];
       double tw = now_s();
@@ -584,10 +683,6 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
         res->over_uops++;
         continue;
       }
-      if (stop_requested(s)) {
-        rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
-        continue;
-      }
       if (per_entry && used[c->parent] >= per_entry) {
         res->capped++;
         continue;
@@ -597,15 +692,53 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
       if (d == 1) { res->dup_source++; continue; }
       used[c->parent]++;
+      todo[ntodo++] = i;
+    }
+    /*
+     * pass 2, where the device compiles on any thread (cpu: one cc process
+     * each): all of them at once on the pool, finished before any timing
+     * starts, so that compiles never share the cores with a timed run.
+     */
+    bool parallel = !rc && sc->dev && kex_device_get_info(sc->dev)->compile_thread_safe && ntodo > 1;
+    if (parallel) {
+      double tc = now_s();
+      for (int j = 0; j < ntodo; j++) kex_pool_submit(pool, &cands[todo[j]]->cjob, compile_candidate);
+      for (int j = 0; j < ntodo; j++) kex_pool_wait(pool, &cands[todo[j]]->cjob);
+      res->compile_s += now_s() - tc;
+    }
+    /* pass 3, in order: compile (unless pass 2 did) and load, binary dedup, time */
+    for (int j = 0; j < ntodo && !rc; j++) {
+      candidate *c = cands[todo[j]];
+      if (stop_requested(s)) {
+        rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
+        break;
+      }
       unsigned char *bin = NULL;
       size_t binsz = 0;
       double secs = 0;
       kex_error ce = {0};
-      int crc = compile_load(s, &c->ps, &c->prog, &bin, &binsz, &secs, &ce);
+      int crc;
+      if (parallel) {
+        crc = c->crc;
+        secs = c->csecs;
+        if (crc) {
+          snprintf(ce.msg, sizeof ce.msg, "%s", c->msg);
+        } else {
+          load_job lj = {c->bin, c->binsz, c->ps.name, NULL};
+          crc = s->exec(o->exec_ctx, s->dev, job_load, &lj, &ce);
+          c->prog = lj.prog;
+        }
+        bin = c->bin;
+        binsz = c->binsz;
+        c->bin = NULL;
+      } else {
+        crc = compile_load(s, &c->ps, &c->prog, &bin, &binsz, &secs, &ce);
+      }
       res->compiled++;
       if (crc) {
         res->compile_failed++;
         KEX_WARN("beam: %s does not compile: %.200s", c->ps.name, ce.msg);
+        kex_free(bin);
         continue;
       }
       if (secs > o->compile_timeout_s) {
@@ -614,7 +747,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
         free_prog(s, &c->prog);
         continue;
       }
-      d = bin ? digest_add(&seen_bin, bin, binsz) : 0; /* no binary (OpenCL): the source dedup stands alone */
+      int d = bin ? digest_add(&seen_bin, bin, binsz) : 0; /* no binary (OpenCL): the source dedup stands alone */
       kex_free(bin);
       if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
       if (d == 1) {
@@ -627,6 +760,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       tj.runs = o->timing_runs;
       double ref = fmin(beam[0]->us, best_round);
       tj.early_stop_us = isfinite(ref) ? 3 * ref : INFINITY;
+      if (isfinite(ref)) shrink_grid(&tj, ref * 1e-6 / tj.factor); /* the warm-up too: about as long as the best's run */
       kex_error te = {0};
       double tt = now_s();
       int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
@@ -644,6 +778,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       s->prog.best_us = fmin(s->prog.best_us, c->us);
       report(s, "search");
     }
+    kex_free(todo);
     if (rc) break;
     /*
      * Leaders: the best 2N+1 by the tie rule are re-timed together with the
@@ -661,6 +796,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       fill_time_job(s, &c->ps, c->prog, true, &tj);
       tj.runs = o->retime_runs;
       tj.use_min = true;
+      if (isfinite(c->us)) shrink_grid(&tj, c->us * 1e-6 / tj.factor);
       kex_error te = {0};
       double tt = now_s();
       int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
@@ -753,7 +889,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   const kex_renderer_caps *caps = t->cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
   search s = {opts, dev, opts->exec ? opts->exec : exec_direct, {0}, it, res, {0}};
   s.prog.best_us = INFINITY;
-  search_ctx sc = {t, caps, t->cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, NULL};
+  search_ctx sc = {t, caps, t->cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, dev, NULL};
   kex_kernel *k0 = NULL, *kh = NULL, *kw = NULL;
   kex_pool *pool = NULL;
   kex_program_src hand_ps = {0}, best_ps = {0};
@@ -837,16 +973,29 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   }
   report(&s, "compare");
   double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS];
+  /*
+   * Up to 2 x retime_runs alternating pairs; the first pair warms up, and
+   * after KEX_BEAM_MIN_RUNS pairs the comparison stops once the runs add up
+   * to KEX_BEAM_COMPARE_BUDGET_S (a 1024² matmul pair costs ~150 ms).
+   */
   int nr = 2 * opts->retime_runs;
+  double spent = 0;
   for (int r = 0; r < nr; r++) {
     time_job a, b;
     fill_time_job(&s, &hand_ps, hand_prog, false, &a);
     fill_time_job(&s, bps, bp, false, &b);
     a.runs = b.runs = 1;
+    a.use_min = b.use_min = true; /* a long warm-up counts as a run (job_time) */
+    a.skip_warmup = b.skip_warmup = r > 0;
     if ((rc = s.exec(opts->exec_ctx, dev, job_time, &a, err))) goto out;
     if ((rc = s.exec(opts->exec_ctx, dev, job_time, &b, err))) goto out;
     th[r] = a.us;
     tb[r] = b.us;
+    spent += (a.us + b.us) * 1e-6;
+    if (r + 1 >= KEX_BEAM_MIN_RUNS && spent >= KEX_BEAM_COMPARE_BUDGET_S) {
+      nr = r + 1;
+      break;
+    }
   }
   qsort(th, (size_t)nr, sizeof *th, cmp_double);
   qsort(tb, (size_t)nr, sizeof *tb, cmp_double);

@@ -27,10 +27,26 @@
  *   - the kernel's buffers are allocated once per search and filled with
  *     deterministic random data (tinygrad times never-written buffers:
  *     zero pages on CPU devices rank kernels wrongly, spec 12);
- *   - each candidate is the median of `timing_runs` runs after a warm-up;
- *     the round's leaders and the current best are re-timed with
- *     `retime_runs` runs before the beam keeps them, and the beam's best
- *     and hand-coded are compared with 2 x retime_runs alternating runs;
+ *   - where the device's compile is thread-safe (cpu: one cc process per
+ *     compile) a round's new candidates are compiled on the pool, all at
+ *     once, before any of them is timed (compiles never share the cores
+ *     with a timed run); OpenCL candidates compile one by one on the
+ *     device's thread (PoCL serializes builds in a process anyway);
+ *   - each candidate is the median of `timing_runs` runs after a warm-up,
+ *     cut short for slow kernels: a warm-up already past the early stop
+ *     (3x the best) is the candidate's only run, a warm-up of 2 ms or more
+ *     counts as a run, and after 3 runs the timing stops once the runs add
+ *     up to 0.25 s (before this, timing was 90% of a 1024² matmul search:
+ *     285 of 315 s);
+ *     search timings also shrink the grid below tinygrad's 65536 groups
+ *     (halving the same dims, never below 64 groups) until one run takes
+ *     about 10 ms, judged from the best time so far before the warm-up and
+ *     from the warm-up after it (a slow candidate's full-size warm-up was
+ *     most of what timing still cost); the round's leaders and the current
+ *     best are re-timed with up to `retime_runs` runs before the beam keeps
+ *     them, and the beam's best and hand-coded are compared at full size
+ *     with up to 2 x retime_runs alternating runs (at least 3 pairs, then
+ *     until the runs add up to 1 s);
  *     re-timings and the comparison use the fastest run (interference on
  *     a shared machine only adds time, so the minimum is the statistic
  *     that repeats best; the median of the first pass screens);
