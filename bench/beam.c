@@ -166,6 +166,7 @@ int main(int argc, char **argv) {
         json_t *last = json_array_get(ks, json_array_size(ks) - 1);
         json_object_set_new(last, "compile_s", json_real(br.compile_s));
         json_object_set_new(last, "timing_s", json_real(br.time_s));
+        json_object_set_new(last, "runner_up_won", json_boolean(br.runner_up_won));
       }
       double base = 0;
       const char *base_name = "memcpy";

@@ -628,8 +628,14 @@ static int expand(search *s, const search_ctx *sc, const candidate *b, int bi, c
   return 0;
 }
 
+/*
+ * The rounds.  *best_out gets the beam's best; *runner_out (or NULL) the
+ * fastest candidate of the last round when that round ended the search
+ * without counting as progress (faster than the best, but within the tie
+ * tolerance): the full-size comparison decides between the two.
+ */
 static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool *pool, const kex_program_src *hand_ps,
-                      candidate **best_out, kex_error *err) {
+                      candidate **best_out, candidate **runner_out, kex_error *err) {
   const kex_beam_opts *o = s->o;
   kex_beam_result *res = s->res;
   int rc = 0, width = o->width;
@@ -638,6 +644,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
   candidate **cands = NULL;
   int ncands = 0, capcands = 0;
   digest_set seen_src = {0}, seen_bin = {0};
+  candidate *runner = NULL;
   (void)hand_ps;
   beam[0] = kex_calloc(1, sizeof *beam[0]);
   if (!beam[0]) return kex_err_set(err, KEX_ENOMEM, "out of memory");
@@ -824,6 +831,10 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
       }
       nbeam = nord;
       s->prog.best_us = beam[0]->us;
+    } else if (nord > 0 && lc[order[0]]->us < prev && lc[order[0]]->prog) {
+      runner = lc[order[0]];
+      for (int i = 0; i < ncands; i++)
+        if (cands[i] == runner) cands[i] = NULL;
     }
     for (int i = 0; i < ncands; i++) free_candidate(s, cands[i]);
     ncands = 0;
@@ -837,9 +848,11 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
   for (int j = 1; j < nbeam; j++) free_candidate(s, beam[j]);
   if (rc) {
     free_candidate(s, beam[0]);
+    free_candidate(s, runner);
     return rc;
   }
   *best_out = beam[0];
+  *runner_out = runner;
   return 0;
 }
 
@@ -890,11 +903,11 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   search s = {opts, dev, opts->exec ? opts->exec : exec_direct, {0}, it, res, {0}};
   s.prog.best_us = INFINITY;
   search_ctx sc = {t, caps, t->cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, dev, NULL};
-  kex_kernel *k0 = NULL, *kh = NULL, *kw = NULL;
+  kex_kernel *k0 = NULL, *kh = NULL, *kw = NULL, *kr = NULL;
   kex_pool *pool = NULL;
   kex_program_src hand_ps = {0}, best_ps = {0};
   kex_program *hand_prog = NULL;
-  candidate *best = NULL;
+  candidate *best = NULL, *runner = NULL;
   char *ast_text = NULL;
   kex_ast_digest dig;
   char sopts[KEX_CACHE_SEARCH_OPTS_MAX];
@@ -951,7 +964,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   if ((rc = kex_pool_create(opts->threads, &pool, err))) goto out;
   sc.replicas = kex_calloc((size_t)kex_pool_size(pool), sizeof *sc.replicas);
   if (!sc.replicas) goto nomem;
-  if ((rc = run_search(&s, &sc, k0, pool, &hand_ps, &best, err))) goto out;
+  if ((rc = run_search(&s, &sc, k0, pool, &hand_ps, &best, &runner, err))) goto out;
   res->beam_us = best->us;
   res->factor = best->factor;
 
@@ -967,12 +980,17 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     bp = best->prog;
   }
   const kex_program_src *bps = best->prog && best->ps.src ? &best->ps : &best_ps;
+  if (runner) {
+    kr = kex_kernel_copy(k0);
+    if (!kr) goto nomem;
+    if ((rc = kex_beam_apply_opts(kr, runner->opts, runner->nopts, err))) goto out;
+  }
   if (stop_requested(&s)) {
     rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
     goto out;
   }
   report(&s, "compare");
-  double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS];
+  double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS], tr[2 * KEX_BEAM_MAX_RUNS];
   /*
    * Up to 2 x retime_runs alternating pairs; the first pair warms up, and
    * after KEX_BEAM_MIN_RUNS pairs the comparison stops once the runs add up
@@ -992,6 +1010,16 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     th[r] = a.us;
     tb[r] = b.us;
     spent += (a.us + b.us) * 1e-6;
+    if (runner) {
+      time_job c;
+      fill_time_job(&s, &runner->ps, runner->prog, false, &c);
+      c.runs = 1;
+      c.use_min = true;
+      c.skip_warmup = r > 0;
+      if ((rc = s.exec(opts->exec_ctx, dev, job_time, &c, err))) goto out;
+      tr[r] = c.us;
+      spent += c.us * 1e-6;
+    }
     if (r + 1 >= KEX_BEAM_MIN_RUNS && spent >= KEX_BEAM_COMPARE_BUDGET_S) {
       nr = r + 1;
       break;
@@ -1001,8 +1029,19 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   qsort(tb, (size_t)nr, sizeof *tb, cmp_double);
   res->hand_us = th[0];
   double beam_full = tb[0];
+  const kex_kernel *beam_k = kw;
+  if (runner) {
+    qsort(tr, (size_t)nr, sizeof *tr, cmp_double);
+    if (tr[0] < beam_full * (1 - opts->tie_tolerance)) { /* the last round's fastest, confirmed at full size */
+      beam_full = tr[0];
+      beam_k = kr;
+      res->beam_us = runner->us;
+      res->factor = runner->factor;
+      res->runner_up_won = true;
+    }
+  }
   res->hand_won = !(beam_full < res->hand_us * (1 - opts->tie_tolerance));
-  const kex_kernel *chosen = res->hand_won ? kh : kw;
+  const kex_kernel *chosen = res->hand_won ? kh : beam_k;
   res->best_us = res->hand_won ? res->hand_us : beam_full;
   res->nopts = chosen->napplied;
   memcpy(res->opts, chosen->applied_opts, sizeof(kex_opt) * chosen->napplied);
@@ -1037,12 +1076,14 @@ out:
     for (int i = 0; i < nworkers; i++) replica_free(&sc.replicas[i]);
   kex_free(sc.replicas);
   free_candidate(&s, best);
+  free_candidate(&s, runner);
   if (hand_prog) s.exec(opts->exec_ctx, dev, job_free_prog, hand_prog, NULL);
   if (s.bufs.n) s.exec(opts->exec_ctx, dev, job_free_bufs, &s.bufs, NULL);
   kex_program_src_free(&hand_ps);
   kex_program_src_free(&best_ps);
   kex_free(ast_text);
   kex_kernel_free(kw);
+  kex_kernel_free(kr);
   kex_kernel_free(kh);
   kex_kernel_free(k0);
   return rc;

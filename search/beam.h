@@ -61,8 +61,13 @@
  *     only counts as progress when it beats the current best by more
  *     than max(min_progress_us, tolerance x best), and when it does not
  *     the beam keeps its (shorter) best instead of tinygrad's "take the
- *     marginally faster one"; the final comparison keeps the beam's kernel
- *     only when it is faster than hand-coded by more than tie_tolerance.
+ *     marginally faster one" -- unless the final comparison, which times
+ *     that faster one too, finds it faster by more than tie_tolerance at
+ *     full size (min of alternating runs: a 512² matmul's last round found
+ *     kernels 5-10% faster than the best, within the round's measured
+ *     noise, and tinygrad's rule would have taken them); the final
+ *     comparison keeps the beam's kernel only when it is faster than
+ *     hand-coded by more than tie_tolerance.
  *     Together these make the same device and kernel give the same opts
  *     unless two kernels differ by more than 2% in one run and less in
  *     another;
@@ -163,6 +168,7 @@ typedef struct kex_beam_result {
   double beam_us;                       /* the beam's best, reduced-grid extrapolated */
   double factor;                        /* the reduced-grid factor the beam's best was timed with */
   bool from_cache, hand_won;
+  bool runner_up_won;                   /* the last round's fastest beat the beam's best at full size (see run_search) */
   uint32_t rounds, compiled, timed;
   uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
   double compile_s;                     /* total compile time */
