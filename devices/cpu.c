@@ -50,6 +50,8 @@ extern char **environ;
 #define KEX_CPU_MAX_THREADS 256
 #define KEX_CPU_LOG_MAX (64 << 10) /* bytes of compiler output kept */
 #define KEX_CPU_ALIGN 64
+#define KEX_CPU_WORKER_SPIN_S 100e-6  /* a worker spins this long for the next launch before sleeping */
+#define KEX_CPU_LAUNCHER_SPIN_S 20e-6 /* the launching thread spins this long for the end before sleeping */
 #define KEX_CPU_CHUNKS_PER_THREAD 16 /* a launch is split into this many pieces per worker */
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
@@ -59,8 +61,8 @@ typedef struct kex_cpu_pool {
   pthread_cond_t start, done;
   pthread_t threads[KEX_CPU_MAX_THREADS];
   int nthreads;            /* workers (0: launches run on the launching thread) */
-  unsigned long generation; /* bumped once per launch that uses the workers */
-  int remaining;           /* workers that have not finished this generation */
+  atomic_ulong generation; /* bumped (under mu) once per launch that uses the workers */
+  atomic_int remaining;    /* workers that have not finished this generation (changed under mu) */
   int stop;
   /* the job of the current generation */
   kex_cpu_kernel_fn fn;
@@ -120,6 +122,41 @@ static void kex_cpu_run_chunks(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **
   }
 }
 
+static inline void kex_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/*
+ * Spin up to `seconds` until *v differs from `from` (returns 1) or not
+ * (0).  A sleeping thread takes 10-30 µs to wake in a VM; an empty launch
+ * over two workers cost ~38 µs when both sides slept.
+ */
+static int kex_cpu_spin_ulong(atomic_ulong *v, unsigned long from, double seconds) {
+  double end = kex_cpu_now() + seconds;
+  for (;;) {
+    for (int i = 0; i < 64; i++) {
+      if (atomic_load_explicit(v, memory_order_acquire) != from) return 1;
+      kex_cpu_relax();
+    }
+    if (kex_cpu_now() > end) return 0;
+    sched_yield(); /* a spinning thread may share its core with the one it waits for */
+  }
+}
+
+static int kex_cpu_spin_zero(atomic_int *v, double seconds) {
+  double end = kex_cpu_now() + seconds;
+  for (;;) {
+    for (int i = 0; i < 64; i++) {
+      if (atomic_load_explicit(v, memory_order_acquire) == 0) return 1;
+      kex_cpu_relax();
+    }
+    if (kex_cpu_now() > end) return 0;
+    sched_yield();
+  }
+}
+
 static void *kex_cpu_worker(void *a) {
   kex_cpu_worker_arg *arg = a;
   kex_cpu_pool *pool = arg->pool;
@@ -127,6 +164,12 @@ static void *kex_cpu_worker(void *a) {
 
   pthread_mutex_lock(&pool->mu);
   for (;;) {
+    if (!pool->stop && pool->generation == seen) {
+      /* launches often come back to back: spin a while before sleeping */
+      pthread_mutex_unlock(&pool->mu);
+      kex_cpu_spin_ulong(&pool->generation, seen, KEX_CPU_WORKER_SPIN_S);
+      pthread_mutex_lock(&pool->mu);
+    }
     while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->start, &pool->mu);
     if (pool->stop) break;
     seen = pool->generation;
@@ -215,6 +258,14 @@ static void kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bu
   pool->remaining = pool->nthreads;
   pool->generation++;
   pthread_cond_broadcast(&pool->start);
+  pthread_mutex_unlock(&pool->mu);
+  /* a short kernel is done before a sleeping launcher could wake up; a long one is not worth a spinning core */
+  if (kex_cpu_spin_zero(&pool->remaining, KEX_CPU_LAUNCHER_SPIN_S)) {
+    pthread_mutex_lock(&pool->mu); /* the last worker signals under mu: let it leave before returning */
+    pthread_mutex_unlock(&pool->mu);
+    return;
+  }
+  pthread_mutex_lock(&pool->mu);
   while (pool->remaining > 0) pthread_cond_wait(&pool->done, &pool->mu);
   pthread_mutex_unlock(&pool->mu);
 }
