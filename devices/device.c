@@ -322,6 +322,13 @@ int kex_device_build(kex_device *dev, const char *source, const char *name, kex_
   return 0;
 }
 
+int kex_device_prewarm(kex_device *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err) {
+  *warmed = 0;
+  if (!dev->ops->prewarm) return kex_err_set(err, KEX_EUNSUPPORTED, "the device has no prewarm step");
+  if (n <= 0) return 0;
+  return dev->ops->prewarm(dev->impl, items, n, warmed, err);
+}
+
 void kex_program_free(kex_program *prog) {
   if (!prog) return;
   prog->dev->ops->program_free(prog->dev->impl, prog->impl);

@@ -220,6 +220,24 @@ int kex_device_build(kex_device *dev, const char *source, const char *name, kex_
                      unsigned char **bin, size_t *bin_size, kex_error *err);
 
 /*
+ * Make the later kex_device_build of these sources cheaper, where the
+ * device can: PoCL (opencl.c) builds them, and generates the code of their
+ * local size, in helper processes running in parallel, whose results land
+ * in PoCL's kernel cache.  Blocks until the batch is done; *warmed counts
+ * the sources that were built.  Nothing about the items' programs changes:
+ * a source that fails here is simply built (and its error reported) by
+ * kex_device_build.  Errors: KEX_EUNSUPPORTED (the device has no such
+ * step: call kex_device_build directly).
+ */
+typedef struct kex_prewarm_item {
+  const char *source, *name;
+  const size_t *local;     /* the local size it will be launched with, or NULL */
+  uint32_t nbufs;          /* kernel arguments, all buffers */
+  const size_t *buf_sizes; /* bytes of each */
+} kex_prewarm_item;
+int kex_device_prewarm(kex_device *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err);
+
+/*
  * Launch prog over global[3] (work-groups, see the conventions above) with
  * local[3] (or NULL) on bufs[0..nbufs) and ints[0..nints).  Every buffer
  * must come from the program's device.  On success *out is an event owned

@@ -32,6 +32,8 @@ typedef struct kex_device_ops {
               kex_error *err);
   /* Optional (NULL: compile + load): source -> runnable program, no binary. */
   int (*build)(void *dev, const char *source, const char *name, void **prog, kex_error *err);
+  /* Optional (NULL: KEX_EUNSUPPORTED): kex_device_prewarm. */
+  int (*prewarm)(void *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err);
   void (*program_free)(void *dev, void *prog);
   int (*launch)(void *dev, void *prog, const char *name, const size_t global[3], const size_t local[3],
                 void *const *bufs, int nbufs, const int32_t *ints, int nints, void **event, kex_error *err);

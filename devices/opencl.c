@@ -22,10 +22,16 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/log.h"
@@ -43,6 +49,12 @@ typedef struct kex_cl_device {
   cl_context context;
   cl_command_queue queue;
   char name[KEX_DEVICE_FIELD_MAX];
+  int index;         /* in kex_cl_enumerate's order: how a build helper finds the same device */
+  int compute_units;
+  int prewarm_ok;    /* PoCL with its kernel cache on: helpers can pre-build (kex_cl_prewarm) */
+  int helpers_tried, nhelpers;
+  int helper_fd[4];
+  pid_t helper_pid[4];
   /* The cl_program of the last compile and a copy of its binary (or NULL). */
   cl_program memo_program;
   unsigned char *memo_bin;
@@ -250,8 +262,11 @@ static void kex_cl_memo_clear(kex_cl_device *cl) {
   cl->memo_size = 0;
 }
 
+static void kex_cl_helpers_stop(kex_cl_device *cl);
+
 static void kex_cl_destroy(void *impl) {
   kex_cl_device *cl = impl;
+  kex_cl_helpers_stop(cl);
   kex_cl_memo_clear(cl);
   if (cl->queue) {
     clFinish(cl->queue);
@@ -543,6 +558,247 @@ static void kex_cl_event_free(void *impl, void *event) {
   clReleaseEvent((cl_event)event);
 }
 
+/* ---- pre-building in helper processes (kex_device_prewarm) ---- */
+
+/*
+ * PoCL 3.1 builds one program at a time per process (a global lock: two
+ * threads building in two contexts took turns on one futex), and a
+ * candidate's cost is its build (~100 ms) plus the machine code PoCL
+ * generates at the first launch of each local size (~100 ms).  Both land
+ * in PoCL's on-disk kernel cache (POCL_CACHE_DIR, keyed by source, options
+ * and device), where another process finds them: a cached build takes
+ * ~20 ms and a cached first launch ~0.3 ms.  So kex_device_prewarm hands a
+ * batch of sources to helper processes, one per compute unit, that build
+ * each and launch it once on one work-group of its local size, and the
+ * device's own build and first launch afterwards hit the cache.
+ *
+ * A helper is this same executable (/proc/self/exe) started with
+ * KEX_CL_WARM=<fd>:<device index> in its environment: a constructor in this
+ * file sees it before main, serves requests on the socket <fd> and exits
+ * when the socket closes.  Requests: u32 source length, u32 name length,
+ * u32 local[3] (local[0] = 0: none), u32 buffer count, u64 sizes[count],
+ * the source, the name (int arguments after the buffers get 1); the reply
+ * is an i32 status (0 or the CL error).
+ * Any failure (no helper, a helper that dies, a build error) only means
+ * the device builds that source itself, as it would without helpers.
+ */
+#define KEX_CL_WARM_ENV "KEX_CL_WARM"
+#define KEX_CL_MAX_HELPERS 4
+
+typedef struct kex_cl_warm_req {
+  uint32_t src_len, name_len, local[3], nbufs;
+} kex_cl_warm_req;
+
+static int kex_cl_io(int fd, void *buf, size_t n, int writing) {
+  unsigned char *p = buf;
+  while (n > 0) {
+    ssize_t r = writing ? write(fd, p, n) : read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* The helper: serve requests on fd for device number `index` of kex_cl_enumerate. */
+static void kex_cl_helper_serve(int fd, int index) {
+  kex_cl_found found[KEX_CL_MAX_DEVICES];
+  int n = 0;
+  cl_int e = CL_SUCCESS;
+  cl_context ctx = NULL;
+  cl_command_queue q = NULL;
+  cl_mem bufs[KEX_DEVICE_MAX_BUFS];
+  size_t sizes[KEX_DEVICE_MAX_BUFS];
+  uint32_t nalloc = 0;
+
+  if (kex_cl_enumerate(found, &n, NULL) < 0 || index < 0 || index >= n) return;
+  ctx = clCreateContext(NULL, 1, &found[index].device, NULL, NULL, &e);
+  if (ctx) q = clCreateCommandQueue(ctx, found[index].device, 0, &e);
+  if (!q) return;
+  for (;;) {
+    kex_cl_warm_req h;
+    uint64_t want[KEX_DEVICE_MAX_BUFS];
+    char *src = NULL, *name = NULL;
+    int32_t status = CL_SUCCESS;
+    if (kex_cl_io(fd, &h, sizeof h, 0) < 0) break;
+    if (h.nbufs > KEX_DEVICE_MAX_BUFS || h.src_len > KEX_DEVICE_SOURCE_MAX || h.name_len > KEX_DEVICE_KERNEL_NAME_MAX)
+      break;
+    src = malloc(h.src_len + 1);
+    name = malloc(h.name_len + 1);
+    if (!src || !name || kex_cl_io(fd, want, sizeof *want * h.nbufs, 0) < 0 || kex_cl_io(fd, src, h.src_len, 0) < 0 ||
+        kex_cl_io(fd, name, h.name_len, 0) < 0) {
+      free(src);
+      free(name);
+      break;
+    }
+    src[h.src_len] = 0;
+    name[h.name_len] = 0;
+    const char *s = src;
+    cl_program prog = clCreateProgramWithSource(ctx, 1, &s, NULL, &e);
+    status = e;
+    if (prog) status = clBuildProgram(prog, 1, &found[index].device, NULL, NULL, NULL);
+    cl_kernel k = prog && status == CL_SUCCESS ? clCreateKernel(prog, name, &status) : NULL;
+    if (k && h.local[0] > 0) {
+      /* one work-group of the local size the device will launch with: PoCL generates (and caches) its code */
+      for (uint32_t i = 0; i < h.nbufs && status == CL_SUCCESS; i++) {
+        if (i >= nalloc) {
+          bufs[i] = NULL;
+          sizes[i] = 0;
+          nalloc = i + 1;
+        }
+        if (sizes[i] < want[i]) { /* argument i keeps its own buffer, grown when too small */
+          if (bufs[i]) clReleaseMemObject(bufs[i]);
+          bufs[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, want[i] ? want[i] : 16, NULL, &e);
+          sizes[i] = bufs[i] ? want[i] : 0;
+          if (!bufs[i]) status = e;
+        }
+        if (status == CL_SUCCESS) status = clSetKernelArg(k, i, sizeof(cl_mem), &bufs[i]);
+      }
+      cl_uint nargs = 0; /* int scalars after the buffers: any value does for code generation (1: no division by 0) */
+      if (status == CL_SUCCESS) status = clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL);
+      for (cl_uint i = h.nbufs; i < nargs && status == CL_SUCCESS; i++) {
+        cl_int one = 1;
+        status = clSetKernelArg(k, i, sizeof one, &one);
+      }
+      size_t local[3] = {h.local[0], h.local[1], h.local[2]};
+      if (status == CL_SUCCESS) status = clEnqueueNDRangeKernel(q, k, 3, NULL, local, local, 0, NULL, NULL);
+      if (status == CL_SUCCESS) status = clFinish(q);
+    }
+    if (k) clReleaseKernel(k);
+    if (prog) clReleaseProgram(prog);
+    free(src);
+    free(name);
+    if (kex_cl_io(fd, &status, sizeof status, 1) < 0) break;
+  }
+}
+
+/* Before main: become a helper when started as one (see above); never returns then. */
+__attribute__((constructor)) static void kex_cl_helper_check(void) {
+  const char *v = getenv(KEX_CL_WARM_ENV);
+  int fd = -1, index = -1;
+  if (!v || sscanf(v, "%d:%d", &fd, &index) != 2 || fd < 0) return;
+  unsetenv(KEX_CL_WARM_ENV);
+  kex_cl_helper_serve(fd, index);
+  _exit(0);
+}
+
+static void kex_cl_helpers_stop(kex_cl_device *cl) {
+  for (int i = 0; i < cl->nhelpers; i++) {
+    close(cl->helper_fd[i]);
+    while (waitpid(cl->helper_pid[i], NULL, 0) < 0 && errno == EINTR) {}
+  }
+  cl->nhelpers = 0;
+}
+
+/* Start min(compute units, KEX_CL_MAX_HELPERS) helpers (fewer when spawning fails; 0 disables prewarm). */
+static void kex_cl_helpers_start(kex_cl_device *cl) {
+  int want = cl->compute_units < 1 ? 1 : cl->compute_units > KEX_CL_MAX_HELPERS ? KEX_CL_MAX_HELPERS : cl->compute_units;
+  extern char **environ;
+  size_t nenv = 0;
+  while (environ[nenv]) nenv++;
+  char **envp = malloc(sizeof *envp * (nenv + 2));
+  char var[64];
+  if (!envp) return;
+  memcpy(envp, environ, sizeof *envp * nenv);
+  envp[nenv] = var;
+  envp[nenv + 1] = NULL;
+  for (int i = 0; i < want; i++) {
+    int sv[2];
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    char *argv[] = {"kex-cl-warm", NULL};
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) break;
+    snprintf(var, sizeof var, "%s=3:%d", KEX_CL_WARM_ENV, cl->index);
+    int e = posix_spawn_file_actions_init(&fa);
+    if (!e) e = posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+    if (!e) e = posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+    if (!e) e = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    close(sv[1]);
+    if (e) {
+      KEX_DEBUG("opencl: starting build helper %d failed: %s", i, strerror(e));
+      close(sv[0]);
+      break;
+    }
+    cl->helper_fd[cl->nhelpers] = sv[0];
+    cl->helper_pid[cl->nhelpers++] = pid;
+  }
+  free(envp);
+  KEX_DEBUG("opencl %s: %d build helpers", cl->name, cl->nhelpers);
+}
+
+/* Send item i to helper h. Returns 0 or -1 (the helper is gone). */
+static int kex_cl_warm_send(int fd, const kex_prewarm_item *it) {
+  kex_cl_warm_req h = {(uint32_t)strlen(it->source), (uint32_t)strlen(it->name), {0, 0, 0}, it->nbufs};
+  uint64_t sizes[KEX_DEVICE_MAX_BUFS];
+  if (it->local)
+    for (int d = 0; d < 3; d++) h.local[d] = (uint32_t)it->local[d];
+  for (uint32_t b = 0; b < it->nbufs; b++) sizes[b] = it->buf_sizes[b];
+  if (kex_cl_io(fd, &h, sizeof h, 1) < 0 || kex_cl_io(fd, sizes, sizeof *sizes * it->nbufs, 1) < 0 ||
+      kex_cl_io(fd, (void *)it->source, h.src_len, 1) < 0 || kex_cl_io(fd, (void *)it->name, h.name_len, 1) < 0)
+    return -1;
+  return 0;
+}
+
+static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int *warmed, kex_error *err) {
+  kex_cl_device *cl = impl;
+  int busy[KEX_CL_MAX_HELPERS], next = 0, pending = 0, ok = 0;
+  (void)err;
+  *warmed = 0;
+  if (!cl->prewarm_ok) return 0;
+  if (!cl->helpers_tried) {
+    cl->helpers_tried = 1;
+    kex_cl_helpers_start(cl);
+  }
+  if (cl->nhelpers == 0) return 0;
+  for (int h = 0; h < cl->nhelpers; h++) busy[h] = 0;
+  for (;;) {
+    for (int h = 0; h < cl->nhelpers && next < n; h++) {
+      if (busy[h]) continue; /* working (1) or gone (2) */
+      if (items[next].nbufs > KEX_DEVICE_MAX_BUFS || kex_cl_warm_send(cl->helper_fd[h], &items[next]) < 0) {
+        next++; /* too many buffers, or the helper is gone: that source is built by the device itself */
+        continue;
+      }
+      busy[h] = 1;
+      pending++;
+      next++;
+    }
+    if (pending == 0) break;
+    struct pollfd pfd[KEX_CL_MAX_HELPERS];
+    int map[KEX_CL_MAX_HELPERS], np = 0;
+    for (int h = 0; h < cl->nhelpers; h++)
+      if (busy[h] == 1) {
+        pfd[np].fd = cl->helper_fd[h];
+        pfd[np].events = POLLIN;
+        map[np++] = h;
+      }
+    if (poll(pfd, (nfds_t)np, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int j = 0; j < np; j++) {
+      if (!pfd[j].revents) continue;
+      int32_t status = -1;
+      int h = map[j];
+      busy[h] = 0;
+      pending--;
+      if (kex_cl_io(cl->helper_fd[h], &status, sizeof status, 0) < 0) {
+        /* a dead helper: stop using it (its socket stays open until the device goes) */
+        KEX_DEBUG("opencl %s: build helper %d is gone", cl->name, h);
+        busy[h] = 2;
+        continue;
+      }
+      if (status == CL_SUCCESS) ok++;
+    }
+    int alive = 0;
+    for (int h = 0; h < cl->nhelpers; h++) alive += busy[h] != 2;
+    if (!alive) break;
+  }
+  *warmed = ok;
+  return 0;
+}
+
 static const kex_device_ops kex_cl_ops = {
     .destroy = kex_cl_destroy,
     .alloc = kex_cl_alloc,
@@ -552,6 +808,7 @@ static const kex_device_ops kex_cl_ops = {
     .compile = kex_cl_compile,
     .load = kex_cl_load,
     .build = kex_cl_build,
+    .prewarm = kex_cl_prewarm,
     .program_free = kex_cl_program_free,
     .launch = kex_cl_launch,
     .wait = kex_cl_wait,
@@ -648,6 +905,15 @@ int kex_cl_open(const char *match, kex_device **out, kex_error *err) {
     goto out;
   }
   cl->device = pick->device;
+  cl->index = (int)(pick - found);
+  cl->compute_units = info.compute_units;
+  {
+    char platform[KEX_DEVICE_FIELD_MAX];
+    const char *cache = getenv("POCL_KERNEL_CACHE");
+    kex_cl_platform_str(pick->platform, CL_PLATFORM_NAME, platform);
+    cl->prewarm_ok = strstr(platform, "Portable Computing Language") != NULL && !(cache && strcmp(cache, "0") == 0) &&
+                     getenv("KEX_CL_NO_HELPERS") == NULL;
+  }
   snprintf(cl->name, sizeof cl->name, "%s", info.identity.name);
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)pick->platform, 0};
   cl->context = clCreateContext(props, 1, &pick->device, NULL, NULL, &e);

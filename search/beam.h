@@ -171,6 +171,7 @@ typedef struct kex_beam_result {
   bool runner_up_won;                   /* the last round's fastest beat the beam's best at full size (see run_search) */
   uint32_t rounds, compiled, timed;
   uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
+  uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
   double tie_used;                      /* the largest tie tolerance a round used (tie_tolerance or the measured noise) */

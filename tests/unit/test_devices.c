@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -627,6 +628,45 @@ static void test_build_cl(void **state) {
   check_build(g.cl, CL_MADD, CL_BAD, global, local, false);
 }
 
+/*
+ * kex_device_prewarm: PoCL builds the batch in helper processes (valid
+ * sources count as warmed, a broken one does not and stays an ordinary
+ * build error later); programs built afterwards run correctly; the helpers
+ * are gone once the device is; the cpu device has no such step.
+ */
+static void test_prewarm(void **state) {
+  kex_error err = {0};
+  kex_device *dev = NULL;
+  int warmed = -1;
+  size_t local[3] = {256, 1, 1}, global[3] = {N_MADD / 256, 1, 1};
+  size_t sizes[4] = {N_MADD * sizeof(float), N_MADD * sizeof(float), N_MADD * sizeof(float), N_MADD * sizeof(float)};
+  (void)state;
+  NEED_CL();
+  assert_int_equal(kex_device_prewarm(g.cpu, NULL, 0, &warmed, &err), KEX_EUNSUPPORTED);
+  assert_int_equal(kex_device_open("opencl", &dev, &err), 0);
+  /* a source the helpers never saw: the kernel name makes it new for PoCL's cache */
+  char src[2048], name[64];
+  snprintf(name, sizeof name, "madd_pw%ld", (long)getpid());
+  const char *body = strstr(CL_MADD, "(");
+  snprintf(src, sizeof src, "__kernel void %s%s", name, body);
+  kex_prewarm_item items[2] = {{src, name, local, 4, sizes}, {CL_BAD, "bad", local, 1, sizes}};
+  assert_int_equal(kex_device_prewarm(dev, items, 2, &warmed, &err), 0);
+  print_message("opencl: prewarm warmed %d of 2\n", warmed);
+  assert_int_equal(warmed, 1);
+  kex_program *prog = NULL;
+  assert_int_equal(kex_device_build(dev, src, name, &prog, NULL, NULL, &err), 0);
+  madd_data d;
+  madd_setup(dev, &d);
+  assert_true(madd_run(prog, &d, global, local) > 0);
+  madd_check(&d, N_MADD);
+  madd_teardown(&d);
+  kex_program_free(prog);
+  assert_int_equal(kex_device_build(dev, CL_BAD, "bad", &prog, NULL, NULL, &err), KEX_ECOMPILE);
+  kex_device_unref(dev);
+  /* the helpers were reaped with the device: no child is left */
+  assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+}
+
 /* ---- dtypes ---- */
 
 static void test_fp16_cl(void **state) {
@@ -1029,6 +1069,7 @@ int main(void) {
       cmocka_unit_test(test_madd_cl),
       cmocka_unit_test(test_build_cpu),
       cmocka_unit_test(test_build_cl),
+      cmocka_unit_test(test_prewarm),
       cmocka_unit_test(test_wgsum_cl),
       cmocka_unit_test(test_compile_error_cpu),
       cmocka_unit_test(test_compile_error_cl),
