@@ -30,8 +30,10 @@
  *   - where the device's compile is thread-safe (cpu: one cc process per
  *     compile) a round's new candidates are compiled on the pool, all at
  *     once, before any of them is timed (compiles never share the cores
- *     with a timed run); OpenCL candidates compile one by one on the
- *     device's thread (PoCL serializes builds in a process anyway);
+ *     with a timed run); PoCL serializes builds within a process, so
+ *     there a round's batch goes to kex_device_prewarm first (helper
+ *     processes build it in parallel into PoCL's kernel cache) and the
+ *     device's own builds, one by one on its thread, then hit that cache;
  *   - each candidate is the median of `timing_runs` runs after a warm-up,
  *     cut short for slow kernels: a warm-up already past the early stop
  *     (3x the best) is the candidate's only run, a warm-up of 2 ms or more
