@@ -592,7 +592,7 @@ typedef struct kex_cl_warm_req {
 static int kex_cl_io(int fd, void *buf, size_t n, int writing) {
   unsigned char *p = buf;
   while (n > 0) {
-    ssize_t r = writing ? write(fd, p, n) : read(fd, p, n);
+    ssize_t r = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0); /* a dead peer is EPIPE, not SIGPIPE */
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return -1;
     p += r;
