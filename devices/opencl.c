@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -584,6 +585,7 @@ static void kex_cl_event_free(void *impl, void *event) {
  */
 #define KEX_CL_WARM_ENV "KEX_CL_WARM"
 #define KEX_CL_MAX_HELPERS 4
+#define KEX_CL_HELPER_TIMEOUT_MS 60000 /* one build and one work-group launch: seconds at worst */
 
 typedef struct kex_cl_warm_req {
   uint32_t src_len, name_len, local[3], nbufs;
@@ -773,9 +775,18 @@ static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int 
         pfd[np].events = POLLIN;
         map[np++] = h;
       }
-    if (poll(pfd, (nfds_t)np, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
+    int pr = poll(pfd, (nfds_t)np, KEX_CL_HELPER_TIMEOUT_MS);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) { /* a build that hangs: stop those helpers, the device builds the rest itself */
+      for (int j = 0; j < np; j++) {
+        KEX_WARN("opencl %s: build helper %d gave no answer in %d ms; stopped", cl->name, map[j],
+                 KEX_CL_HELPER_TIMEOUT_MS);
+        kill(cl->helper_pid[map[j]], SIGKILL);
+        busy[map[j]] = 2;
+        pending--;
+      }
+      if (pr < 0) break;
+      continue;
     }
     for (int j = 0; j < np; j++) {
       if (!pfd[j].revents) continue;
