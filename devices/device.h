@@ -4,8 +4,10 @@
  * A device is a table of functions (devices/device_impl.h) behind opaque,
  * refcounted handles: identity, memory (alloc/free, copy in/out),
  * compile(source, name) -> binary bytes, load(binary, name) -> program,
- * launch(program, global, local, buffers, int scalars) -> event, wait,
- * elapsed.  Three implementations exist:
+ * build(source, name) -> program (no binary; for programs only this
+ * process runs), prewarm(batch of sources) (optional: PoCL pre-builds in
+ * helper processes), launch(program, global, local, buffers, int scalars)
+ * -> event, wait, elapsed.  Three implementations exist:
  *
  *   opencl.c  OpenCL 1.2 through the ICD loader (PoCL on CPU machines,
  *             vendor drivers on GPU servers);
