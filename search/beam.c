@@ -277,7 +277,7 @@ typedef struct time_job {
 
 /*
  * With shrink_to_s > 0: halve the grid the way fill_time_job does (the last
- * dim > 16 first, factor x 2) while a run of about `secs` would last longer
+ * dim > 16 first; factor x old/new) while a run of about `secs` would last longer
  * than shrink_to_s and at least KEX_BEAM_MIN_GROUPS remain.  Returns whether
  * the grid changed.
  */
@@ -290,9 +290,10 @@ static bool shrink_grid(time_job *t, double secs) {
     int j = 2;
     while (j >= 0 && t->global[j] <= 16) j--;
     if (j < 0) break;
+    size_t before = t->global[j];
     t->global[j] /= 2;
-    t->factor *= 2;
-    secs /= 2;
+    t->factor *= (double)before / (double)t->global[j]; /* exact for odd sizes (tinygrad's x2 is not) */
+    secs *= (double)t->global[j] / (double)before;
     changed = true;
   }
   return changed;
