@@ -336,7 +336,7 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
  * takes about this long: tinygrad's 65536-group limit leaves a 1024²
  * matmul at full size, 50-500 ms a run.
  */
-#define KEX_BEAM_RUN_TARGET_S 0.01
+#define KEX_BEAM_RUN_TARGET_S 0.005
 
 /* ---- per-worker replicas: each lowers in its own replay of the graph ---- */
 

@@ -42,7 +42,7 @@
  *     285 of 315 s);
  *     search timings also shrink the grid below tinygrad's 65536 groups
  *     (halving the same dims, never below 64 groups) until one run takes
- *     about 10 ms, judged from the best time so far before the warm-up and
+ *     about 5 ms, judged from the best time so far before the warm-up and
  *     from the warm-up after it (a slow candidate's full-size warm-up was
  *     most of what timing still cost); the round's leaders and the current
  *     best are re-timed with up to `retime_runs` runs before the beam keeps
