@@ -50,3 +50,28 @@ else
 fi
 
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+# need_healthy: wait (up to ~10 s) for the kexd started as $pid on $port to answer
+# health SERVING; counts one check, and on failure prints $tmp/kexd.log and finishes.
+need_healthy() {
+  local healthy=0
+  for _ in $(seq 1 100); do
+    if $PY - "$tmp" "$port" <<'PYEOF' 2>/dev/null; then healthy=1; break; fi
+import sys
+sys.path.insert(0, sys.argv[1])
+import grpc, health_pb2, health_pb2_grpc
+with grpc.insecure_channel("127.0.0.1:" + sys.argv[2]) as ch:
+    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
+PYEOF
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ "$healthy" = 1 ]; then
+    ok "kexd on 127.0.0.1:$port answers health SERVING"
+  else
+    bad "kexd on 127.0.0.1:$port answers health SERVING"
+    cat "$tmp/kexd.log"
+    finish
+  fi
+}

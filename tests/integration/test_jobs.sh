@@ -12,26 +12,7 @@
 "$kexd" --listen "127.0.0.1:$port" --max-message "$max_message" --grace 2 --test-busy-work >"$tmp/kexd.log" 2>&1 &
 pid=$!
 
-healthy=0
-for _ in $(seq 1 100); do
-  if $PY - "$tmp" "$port" <<'EOF' 2>/dev/null; then healthy=1; break; fi
-import sys
-sys.path.insert(0, sys.argv[1])
-import grpc, health_pb2, health_pb2_grpc
-with grpc.insecure_channel("127.0.0.1:" + sys.argv[2]) as ch:
-    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
-EOF
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [ "$healthy" = 1 ]; then
-  ok "kexd on 127.0.0.1:$port answers health SERVING"
-else
-  bad "kexd on 127.0.0.1:$port answers health SERVING"
-  cat "$tmp/kexd.log"
-  finish
-fi
+need_healthy
 
 KEXD="$kexd" KEXD_PORT="$port" KEXD_MAX_MESSAGE="$max_message" KEX_STUBS="$tmp" KEX_CASES_DIR="$cases" \
   $PY tests/integration/test_jobs.py | tee "$tmp/py.out"
