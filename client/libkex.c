@@ -391,6 +391,18 @@ static int rpc_send_request(rpc *r, const ProtobufCMessage *req) {
 }
 
 /*
+ * rpc_end, then, when the client itself failed (local != NULL: a bad
+ * stream, a read error, out of memory), its own error in *st instead of
+ * the status the cancelled call ended with.  Never 0 when local is set.
+ */
+static int rpc_end_local(rpc *r, const kex_status *local, kex_status *st) {
+  int rc = rpc_end(r, st);
+  if (!local) return rc;
+  if (st) *st = *local;
+  return local->code;
+}
+
+/*
  * Receive the next message as desc into *out: 1 with a message, 0 at the end
  * of the stream (or when the call failed: rpc_end says why), -1 with *st set
  * when the bytes are not a desc.
@@ -552,11 +564,8 @@ finish:
     rc = st ? st->code : KEX_ECORRUPT;
     goto out;
   }
-  rc = rpc_end(&r, st);
-  if (client_failed) {
-    if (st) *st = local_err;
-    rc = local_err.code;
-  } else if (!rc && !rep) {
+  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  if (!rc && !rep) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Upload: the server sent OK without a reply");
   }
   if (!rc) {
@@ -791,11 +800,8 @@ int kex_download(kex_client *c, const char *job, const char *handle, kex_array *
     grpc_call_cancel(r.call, NULL);
   }
 finish:
-  rc = rpc_end(&r, st);
-  if (client_failed) {
-    if (st) *st = local_err;
-    rc = local_err.code;
-  } else if (!rc && first) {
+  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  if (!rc && first) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Download: the server sent OK without any chunk");
   } else if (!rc && out->nbytes != total) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Download: got %zu of %zu bytes", out->nbytes, total);
@@ -1266,11 +1272,8 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
     grpc_call_cancel(r.call, NULL);
   }
 finish:
-  rc = rpc_end(&r, st);
-  if (client_failed) {
-    if (st) *st = local_err;
-    rc = local_err.code;
-  } else if (!rc && !*out) {
+  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  if (!rc && !*out) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Submit: the stream ended OK without a done event");
   }
   if (rc) {
@@ -1573,11 +1576,8 @@ int kex_client_tune(kex_client *c, const char *job, const char *graph_json, cons
     grpc_call_cancel(r.call, NULL);
   }
 finish:
-  rc = rpc_end(&r, st);
-  if (client_failed) {
-    if (st) *st = local_err;
-    rc = local_err.code;
-  } else if (!rc && finished != res->nkernels) {
+  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  if (!rc && finished != res->nkernels) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Tune: the stream ended OK after %zu of %zu kernels", finished,
                     res->nkernels);
   }
@@ -1689,11 +1689,7 @@ int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cac
     grpc_call_cancel(r.call, NULL);
   }
 finish:
-  rc = rpc_end(&r, st);
-  if (client_failed) {
-    if (st) *st = local_err;
-    rc = local_err.code;
-  }
+  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
   if (!rc) {
     if (entries) *entries = n;
     status_ok(st);
@@ -1758,11 +1754,8 @@ finish:
     rc = st ? st->code : KEX_ECORRUPT;
     goto out;
   }
-  rc = rpc_end(&r, st);
-  if (client_failed) {
-    if (st) *st = local_err;
-    rc = local_err.code;
-  } else if (!rc && !reply) {
+  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  if (!rc && !reply) {
     rc = status_set(st, KEX_ECORRUPT, 0, "ImportCache: the server sent OK without a reply");
   }
   if (!rc) {
