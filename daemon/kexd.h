@@ -31,7 +31,19 @@
 #define KEXD_DEFAULT_SCHEDULE_CACHE 128      /* Submit: graph structures whose schedule and programs are kept */
 #define KEXD_BEAM_MAX_LIMIT 65536            /* Tune/Submit: beam.max_upcast and beam.max_local at most */
 #define KEXD_TUNE_SOURCES 256                /* GetCacheEntry: rendered sources remembered (tune.c) */
-#define KEXD_IMPORT_MAX ((size_t)1 << 30)    /* ImportCache: bytes of one import stream */
+/* limits on what one client may take (each a flag, config.c) */
+#define KEXD_LIMIT_JOBS_PER_PEER 64          /* jobs one client address may hold open */
+#define KEXD_DEFAULT_JOB_MEMORY (1ull << 30) /* memory limit of a job that asks for 0 */
+#define KEXD_LIMIT_JOB_MEMORY (16ull << 30)  /* the largest memory limit a job may ask for */
+#define KEXD_LIMIT_IMPORT_BYTES (64ull << 20) /* ImportCache: bytes of one import stream */
+#define KEXD_LIMIT_IMPORT_STREAMS 4          /* ImportCache: streams at once */
+#define KEXD_LIMIT_DOWNLOAD_CHUNK_MIN (64u << 10) /* Download: the smallest chunk_bytes */
+#define KEXD_LIMIT_CONNECTIONS 1024          /* default connections at once, when the descriptors allow */
+#define KEXD_DESCRIPTOR_RESERVE 64           /* descriptors kept for kexd itself when sizing connections */
+#define KEXD_DEFAULT_IDLE_TIMEOUT_S 300.0    /* a connection with no call this long is closed */
+#define KEXD_DEFAULT_HANDSHAKE_TIMEOUT_S 10.0 /* a connection must finish the HTTP/2 handshake this fast */
+#define KEXD_DEFAULT_KEEPALIVE_S 60.0        /* idle connections are pinged this often */
+#define KEXD_JOB_EVICT_MIN_IDLE_MS 1000      /* a full job table closes the job idle longest, if at least this */
 
 typedef struct kexd_config {
   const char *listen;
@@ -45,6 +57,14 @@ typedef struct kexd_config {
   int max_message;
   kex_limits limits;
   uint32_t max_jobs;
+  uint32_t max_jobs_per_peer;    /* jobs one client address may hold */
+  uint64_t job_memory_default;   /* OpenJob memory_limit 0 gets this */
+  uint64_t job_memory_max;       /* an OpenJob memory_limit over this is refused */
+  uint32_t max_connections;      /* 0: sized from the descriptor limit at start */
+  double idle_timeout_s, handshake_timeout_s, keepalive_s;
+  uint64_t import_max_bytes;     /* ImportCache: bytes per stream */
+  uint32_t import_streams;       /* ImportCache: streams at once */
+  uint32_t download_chunk_min;   /* Download: smallest chunk_bytes */
   uint32_t plan_inline_nodes;
   bool test_busy_work;           /* registers /kex.v1.Kex/_BusyWork (tests only) */
   uint64_t inline_output_max;    /* Submit: default inline_output_max_bytes */
@@ -70,6 +90,7 @@ typedef struct kexd {
   uint64_t prog_cache_memory_hits, prog_cache_sqlite_hits, prog_cache_misses;
   /* Tune, the beam cache RPCs and Submit's beam hook (tune.c) */
   struct kexd_tuner *tuner;
+  uint32_t imports_active;       /* ImportCache streams open now (--import-streams) */
   /* devices/ discovery (KEXD_HAVE_DEVICES), done once at the first ListDevices */
   void *device_descs;            /* kex_device_desc[], kex_malloc'd */
   size_t ndevice_descs;

@@ -25,6 +25,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -38,6 +39,7 @@
 #define SERVER_PREPOST_PER_METHOD 8 /* requests kept posted per registered method */
 #define SERVER_PREPOST_GENERIC 4    /* generic requests kept posted (unknown methods) */
 #define SERVER_DETAILS_MAX 512      /* bytes of a status message built here */
+#define SERVER_KEEPALIVE_TIMEOUT_MS 20000 /* a keepalive ping unanswered this long closes the connection */
 
 typedef struct tag tag;
 struct tag {
@@ -540,6 +542,19 @@ double kexd_call_time_left(const kexd_call *c) {
 
 bool kexd_call_cancelled(const kexd_call *c) { return c->cancelled; }
 
+int kexd_call_peer_host(const kexd_call *c, char *buf, size_t cap) {
+  char *peer = grpc_call_get_peer(c->call), *colon;
+  int rc = 0;
+  if (!peer) return KEX_ENOMEM;
+  /* "ipv4:127.0.0.1:5555", "ipv6:[::1]:5555": drop the port; "unix:..." stays whole */
+  colon = strrchr(peer, ':');
+  if (colon && (strncmp(peer, "ipv4:", 5) == 0 || strncmp(peer, "ipv6:", 5) == 0) && colon > peer + 4) *colon = '\0';
+  if (strlen(peer) >= cap) rc = KEX_ELIMIT;
+  snprintf(buf, cap, "%s", peer);
+  gpr_free(peer);
+  return rc;
+}
+
 void kexd_call_set_hooks(kexd_call *c, void (*on_cancel)(kexd_call *, void *), void (*on_stop)(kexd_call *, void *),
                          void *ud) {
   c->on_cancel = on_cancel;
@@ -549,9 +564,15 @@ void kexd_call_set_hooks(kexd_call *c, void (*on_cancel)(kexd_call *, void *), v
 
 /* ---- the server ---- */
 
+/* Seconds as a gRPC millisecond argument; 0 or less: gRPC's default (INT_MAX: never). */
+static int ms_arg(double s) {
+  if (!(s > 0)) return INT_MAX;
+  return s * 1000 >= INT_MAX ? INT_MAX : (int)(s * 1000 + 0.5);
+}
+
 int kexd_server_new(uv_loop_t *loop, const kexd_server_opts *opts, kexd_server **out) {
   kexd_server *s = NULL;
-  grpc_arg args[3];
+  grpc_arg args[8];
   grpc_channel_args cargs;
   int rc = 0;
   *out = NULL;
@@ -574,7 +595,22 @@ int kexd_server_new(uv_loop_t *loop, const kexd_server_opts *opts, kexd_server *
   args[2].type = GRPC_ARG_INTEGER;
   args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT; /* a second kexd on a taken port must fail, not share it */
   args[2].value.integer = 0;
-  cargs.num_args = 3;
+  args[3].type = GRPC_ARG_INTEGER; /* connections with no call this long are closed */
+  args[3].key = (char *)GRPC_ARG_MAX_CONNECTION_IDLE_MS;
+  args[3].value.integer = ms_arg(opts->idle_timeout_s);
+  args[4].type = GRPC_ARG_INTEGER; /* ... and ones that never finish the HTTP/2 handshake */
+  args[4].key = (char *)GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS;
+  args[4].value.integer = ms_arg(opts->handshake_timeout_s);
+  args[5].type = GRPC_ARG_INTEGER; /* a peer that vanished mid-call is noticed by an unanswered ping */
+  args[5].key = (char *)GRPC_ARG_KEEPALIVE_TIME_MS;
+  args[5].value.integer = ms_arg(opts->keepalive_s);
+  args[6].type = GRPC_ARG_INTEGER;
+  args[6].key = (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS;
+  args[6].value.integer = SERVER_KEEPALIVE_TIMEOUT_MS;
+  args[7].type = GRPC_ARG_INTEGER;
+  args[7].key = (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
+  args[7].value.integer = 1;
+  cargs.num_args = 8;
   cargs.args = args;
   s->server = grpc_server_create(&cargs, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);

@@ -45,6 +45,9 @@ typedef struct kexd_server_opts {
   const char *listen;    /* "127.0.0.1:50051", "unix:/path" */
   int max_message;       /* bytes, both directions */
   double grace_s;        /* in-flight calls get this long to finish at stop */
+  double idle_timeout_s; /* a connection with no call this long is closed (0: never) */
+  double handshake_timeout_s; /* ... one that has not finished the HTTP/2 handshake (0: gRPC's 120 s) */
+  double keepalive_s;    /* idle connections are pinged this often (0: gRPC's 2 h) */
   void (*on_stopped)(void *ud); /* the server is gone; the loop may be closed */
   void *ud;
 } kexd_server_opts;
@@ -83,6 +86,12 @@ const char *kexd_call_method(const kexd_call *c);
 /* Seconds left before the client's deadline (INFINITY when none). */
 double kexd_call_time_left(const kexd_call *c);
 bool kexd_call_cancelled(const kexd_call *c);
+/*
+ * The client's address without its port ("ipv4:127.0.0.1", "ipv6:[::1]",
+ * "unix:..."), into buf: what per-peer limits count.  0, KEX_ELIMIT
+ * (truncated to cap), KEX_ENOMEM.
+ */
+int kexd_call_peer_host(const kexd_call *c, char *buf, size_t cap);
 /* Handler hooks: the client cancelled / the server is stopping.  Both optional. */
 void kexd_call_set_hooks(kexd_call *c, void (*on_cancel)(kexd_call *, void *), void (*on_stop)(kexd_call *, void *),
                          void *ud);

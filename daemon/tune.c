@@ -791,6 +791,7 @@ typedef struct cache_req {
 } cache_req;
 
 static void creq_free(cache_req *q) {
+  if (q->op == OP_IMPORT) q->d->imports_active--;
   kexd_call_set_hooks(q->call, NULL, NULL, NULL);
   kexd_call_unref(q->call);
   kexd_rpc_free_msg(q->msg);
@@ -1206,9 +1207,10 @@ static void import_on_message(kexd_call *c, const uint8_t *msg, size_t len, int 
       return creq_free(q);
     }
   }
-  if (m->data.len > KEXD_IMPORT_MAX - q->buflen) {
-    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "ImportCache: more than the limit of %llu bytes",
-                    (unsigned long long)KEXD_IMPORT_MAX);
+  if (m->data.len > d->cfg.import_max_bytes || q->buflen > d->cfg.import_max_bytes - m->data.len) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "ImportCache: the stream is over the limit of %" PRIu64 " bytes (--import-max-bytes); %zu so far",
+                    d->cfg.import_max_bytes, q->buflen + m->data.len);
     kexd_rpc_free_msg(&m->base);
     return creq_free(q);
   }
@@ -1240,7 +1242,14 @@ static void rpc_import_cache(kexd_call *c, const uint8_t *req, size_t len, void 
   int rc;
   (void)req;
   (void)len;
+  if (d->imports_active >= d->cfg.import_streams) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "ImportCache: %u import streams are open, the limit (--import-streams); try again later",
+                    d->imports_active);
+    return;
+  }
   if (!(q = creq_new(d, c, OP_IMPORT, NULL))) return;
+  d->imports_active++; /* creq_free gives it back */
   if ((rc = kexd_call_read(c, import_on_message, q)) < 0) {
     kexd_call_failf(c, GRPC_STATUS_INTERNAL, "ImportCache: cannot read the stream: %s", kex_strerror(rc));
     return creq_free(q);

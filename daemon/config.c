@@ -1,0 +1,359 @@
+/*
+ * config.c - kexd's settings: one table of flags that drives parsing, the
+ * environment and --help.
+ *
+ * Each row names a flag, its environment variable (KEX_ plus the flag's
+ * name in capitals, '-' as '_'; test-only flags have none), its type and
+ * range, the kexd_config field it sets and its help text.  The default a
+ * row shows in --help is read from a freshly defaulted kexd_config, so the
+ * defaults live in one place (config_defaults) and the text never drifts
+ * from them.  The environment is read first, then argv: a flag wins.
+ *
+ * Every quantity a client can choose is bounded by one of these rows (the
+ * "limits" section of --help); a request over a limit is answered
+ * RESOURCE_EXHAUSTED naming the flag and the value.
+ */
+#include "daemon/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "devices/device.h"
+#include "search/beam.h"
+
+typedef enum flag_type {
+  FLAG_U32,     /* uint32_t field, range [lo, hi] */
+  FLAG_I64,     /* int64_t field */
+  FLAG_U64,     /* uint64_t field */
+  FLAG_INT,     /* int field */
+  FLAG_SECONDS, /* double field, range [dlo, dhi] */
+  FLAG_STRING,  /* const char * field */
+  FLAG_BOOL,    /* bool field, no argument */
+  FLAG_DEVICES, /* "a,b": devices/ndevices */
+  FLAG_LOG,     /* a log level (not stored in the config) */
+  FLAG_FAULT,   /* "KIND:N": test_fault_kind/n */
+  FLAG_HELP,
+} flag_type;
+
+typedef struct flag {
+  const char *name; /* without "--" */
+  const char *arg;  /* the argument's name in --help; NULL: none */
+  flag_type type;
+  size_t offset;    /* of the field in kexd_config */
+  long long lo, hi; /* integer range */
+  double dlo, dhi;  /* seconds range */
+  bool test_only;   /* no environment variable; marked in --help */
+  const char *section;
+  const char *help;
+} flag;
+
+#define F(field) offsetof(kexd_config, field)
+#define LIM(field) (offsetof(kexd_config, limits) + offsetof(kex_limits, field))
+
+/* clang-format off */
+static const flag flags[] = {
+  /* the server */
+  {"listen", "ADDR", FLAG_STRING, F(listen), 0, 0, 0, 0, false, "server",
+   "gRPC address (host:port, or unix:/path)"},
+  {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
+   "the SQLite cache file (programs and beam results); default $XDG_CACHE_HOME/kex/cache.db, else ~/.cache/kex/cache.db"},
+  {"device", "NAME[,NAME]", FLAG_DEVICES, 0, 0, 0, 0, 0, false, NULL,
+   "devices, the first is the default (opencl, opencl:NAME, cpu)"},
+  {"workers", "N", FLAG_U32, F(workers), 0, 1024, 0, 0, false, NULL,
+   "worker pool threads (0: libuv's default, 4)"},
+  {"grace", "SECONDS", FLAG_SECONDS, F(grace_s), 0, 0, 0, 3600, false, NULL,
+   "at SIGTERM, in-flight calls get this long"},
+  {"beam", "N", FLAG_U32, F(beam), 0, KEX_BEAM_MAX_WIDTH, 0, 0, false, NULL,
+   "Submit's beam width when a request asks for none (0: hand-coded opts); Tune's (2 when this is 0)"},
+  {"plan-inline-nodes", "N", FLAG_U32, F(plan_inline_nodes), 0, INT_MAX, 0, 0, false, NULL,
+   "graphs up to N nodes are planned on the loop thread, larger ones on the worker pool"},
+  {"inline-output-max", "BYTES", FLAG_U64, F(inline_output_max), 0, INT64_MAX, 0, 0, false, NULL,
+   "Submit: outputs up to this many bytes come back inline in the done event (a request may ask for fewer)"},
+  {"schedule-cache", "N", FLAG_U32, F(schedule_cache), 0, 1 << 20, 0, 0, false, NULL,
+   "Submit: graph structures whose schedule and programs are kept (0: off)"},
+  {"log", "LEVEL", FLAG_LOG, 0, 0, 0, 0, 0, false, NULL, "debug, info, warn, error or off (default info)"},
+  /* connections */
+  {"max-connections", "N", FLAG_U32, F(max_connections), 0, 1 << 20, 0, 0, false, "connections",
+   "client connections open at once; more are closed at accept (0: sized from the descriptor limit, at most "
+   "1024)"},
+  {"idle-timeout", "SECONDS", FLAG_SECONDS, F(idle_timeout_s), 0, 0, 0.1, 1e7, false, NULL,
+   "a connection with no call in flight this long is closed"},
+  {"handshake-timeout", "SECONDS", FLAG_SECONDS, F(handshake_timeout_s), 0, 0, 0.1, 3600, false, NULL,
+   "a connection that has not completed the HTTP/2 handshake (preface and SETTINGS) this long is closed"},
+  {"keepalive", "SECONDS", FLAG_SECONDS, F(keepalive_s), 0, 0, 1, 1e7, false, NULL,
+   "an idle connection is pinged this often, and closed when a ping goes unanswered for 20 s"},
+  {"max-message", "BYTES", FLAG_INT, F(max_message), 1024, INT_MAX, 0, 0, false, NULL,
+   "largest gRPC message either way"},
+  /* jobs */
+  {"max-jobs", "N", FLAG_U32, F(max_jobs), 1, 1 << 20, 0, 0, false, "jobs",
+   "jobs open at once; when full, the job idle longest (at least 1 s) is closed for a new one"},
+  {"max-jobs-per-peer", "N", FLAG_U32, F(max_jobs_per_peer), 1, 1 << 20, 0, 0, false, NULL,
+   "jobs one client address may hold open at once"},
+  {"lease", "SECONDS", FLAG_SECONDS, F(lease_s), 0, 0, 0.1, 1e7, false, NULL,
+   "a job no call names for this long is closed"},
+  {"job-memory-default", "BYTES", FLAG_U64, F(job_memory_default), 1, INT64_MAX, 0, 0, false, NULL,
+   "memory limit of a job whose OpenJob asks for 0"},
+  {"job-memory-max", "BYTES", FLAG_U64, F(job_memory_max), 1, INT64_MAX, 0, 0, false, NULL,
+   "the largest memory limit an OpenJob may ask for"},
+  /* graphs */
+  {"max-nodes", "N", FLAG_U32, LIM(max_nodes), 1, INT_MAX, 0, 0, false, "graphs",
+   "nodes per graph"},
+  {"max-dims", "N", FLAG_U32, LIM(max_dims), 0, KEX_MAX_DIMS, 0, 0, false, NULL, "dims per shape"},
+  {"max-elements", "N", FLAG_I64, LIM(max_elements), 1, INT64_MAX, 0, 0, false, NULL,
+   "elements of one node's shape (the product of its non-zero dims)"},
+  {"max-inline-bytes", "BYTES", FLAG_I64, LIM(max_inline_bytes), 0, INT64_MAX, 0, 0, false, NULL,
+   "inline BUFFER bytes per graph"},
+  {"max-buffer-bytes", "BYTES", FLAG_I64, LIM(max_buffer_bytes), 0, INT64_MAX, 0, 0, false, NULL,
+   "bytes of one input buffer"},
+  {"max-outputs", "N", FLAG_U32, LIM(max_outputs), 0, UINT32_MAX, 0, 0, false, NULL, "outputs per graph"},
+  /* the cache and downloads */
+  {"import-max-bytes", "BYTES", FLAG_U64, F(import_max_bytes), 1, INT64_MAX, 0, 0, false, "transfers",
+   "bytes of one ImportCache stream"},
+  {"import-streams", "N", FLAG_U32, F(import_streams), 1, 1 << 16, 0, 0, false, NULL,
+   "ImportCache streams at once (all clients)"},
+  {"download-chunk-min", "BYTES", FLAG_U32, F(download_chunk_min), 1, KEXD_DOWNLOAD_CHUNK, 0, 0, false, NULL,
+   "the smallest chunk_bytes a Download may ask for"},
+  /* tests */
+  {"test-busy-work", NULL, FLAG_BOOL, F(test_busy_work), 0, 0, 0, 0, true, "tests",
+   "serve /kex.v1.Kex/_BusyWork, which queues busy-CPU items on a device runner for a job"},
+  {"test-fault", "KIND:N", FLAG_FAULT, 0, 0, 0, 0, 0, true, NULL,
+   "Submit's compile device fails its N-th call of KIND (compile, alloc, launch, copy)"},
+  {"help", NULL, FLAG_HELP, 0, 0, 0, 0, 0, false, NULL, "this text"},
+};
+/* clang-format on */
+#define NFLAGS (sizeof flags / sizeof flags[0])
+
+/* Split "a,b" into cfg->devices; -1 with a message for an empty, long or extra name. */
+static int parse_devices(kexd_config *cfg, const char *what, const char *s) {
+  const char *p = s;
+  cfg->ndevices = 0;
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t n = comma ? (size_t)(comma - p) : strlen(p);
+    if (n == 0 || n >= KEXD_DEVICE_NAME_MAX || cfg->ndevices == KEXD_MAX_DEVICES) {
+      fprintf(stderr, "kexd: %s: \"%s\": names must be 1-%d characters, at most %d of them\n", what, s,
+              KEXD_DEVICE_NAME_MAX - 1, KEXD_MAX_DEVICES);
+      return -1;
+    }
+    memcpy(cfg->devices[cfg->ndevices], p, n);
+    cfg->devices[cfg->ndevices++][n] = '\0';
+    p = comma ? comma + 1 : p + n;
+  }
+  if (!cfg->ndevices) {
+    fprintf(stderr, "kexd: %s: no device named\n", what);
+    return -1;
+  }
+  return 0;
+}
+
+/* "compile:2" into cfg->test_fault_kind/n; -1 with a message when it is not KIND:N. */
+static int parse_fault(kexd_config *cfg, const char *what, const char *s) {
+  const char *colon = strchr(s, ':');
+  for (int k = 0; colon && k < KEX_FAULT_KIND_COUNT; k++) {
+    const char *name = kex_fault_kind_name((kex_fault_kind)k);
+    char *end;
+    long long n;
+    if (strlen(name) != (size_t)(colon - s) || strncmp(s, name, (size_t)(colon - s)) != 0) continue;
+    errno = 0;
+    n = strtoll(colon + 1, &end, 10);
+    if (errno || end == colon + 1 || *end || n < 1 || n > INT_MAX) break;
+    cfg->test_fault_kind = k;
+    cfg->test_fault_n = (unsigned long)n;
+    return 0;
+  }
+  fprintf(stderr, "kexd: %s: \"%s\" is not KIND:N with KIND compile, alloc, launch or copy and N >= 1\n", what, s);
+  return -1;
+}
+
+/* Set the field of row f from text s (what: "--name" or "KEX_NAME", for messages).  0, 1 for --help, -1. */
+static int flag_set(kexd_config *cfg, const flag *f, const char *what, const char *s) {
+  char *field = (char *)cfg + f->offset, *end;
+  long long v;
+  double dv;
+  switch (f->type) {
+  case FLAG_U32:
+  case FLAG_I64:
+  case FLAG_U64:
+  case FLAG_INT:
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < f->lo || v > f->hi) {
+      fprintf(stderr, "kexd: %s: \"%s\" is not an integer in [%lld, %lld]\n", what, s, f->lo, f->hi);
+      return -1;
+    }
+    if (f->type == FLAG_U32) *(uint32_t *)field = (uint32_t)v;
+    else if (f->type == FLAG_I64) *(int64_t *)field = v;
+    else if (f->type == FLAG_U64) *(uint64_t *)field = (uint64_t)v;
+    else *(int *)field = (int)v;
+    return 0;
+  case FLAG_SECONDS:
+    errno = 0;
+    dv = strtod(s, &end);
+    if (errno || end == s || *end || !(dv >= f->dlo && dv <= f->dhi)) {
+      fprintf(stderr, "kexd: %s: \"%s\" is not a number of seconds in [%g, %g]\n", what, s, f->dlo, f->dhi);
+      return -1;
+    }
+    *(double *)field = dv;
+    return 0;
+  case FLAG_STRING:
+    if (!*s) {
+      fprintf(stderr, "kexd: %s: an empty value\n", what);
+      return -1;
+    }
+    *(const char **)field = s;
+    return 0;
+  case FLAG_BOOL: *(bool *)field = true; return 0;
+  case FLAG_DEVICES: return parse_devices(cfg, what, s);
+  case FLAG_FAULT: return parse_fault(cfg, what, s);
+  case FLAG_LOG: {
+    int l = kex_log_parse_level(s);
+    if (l < 0) {
+      fprintf(stderr, "kexd: %s: \"%s\" is not debug, info, warn, error or off\n", what, s);
+      return -1;
+    }
+    kex_log_set_level((enum kex_log_level)l);
+    return 0;
+  }
+  case FLAG_HELP: return 1;
+  }
+  return -1;
+}
+
+/* "KEX_MAX_JOBS" for "max-jobs" into buf. */
+static void env_name(const flag *f, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "KEX_%s", f->name);
+  for (size_t i = 4; i < n && i < cap; i++) buf[i] = buf[i] == '-' ? '_' : (char)toupper((unsigned char)buf[i]);
+}
+
+void kexd_config_defaults(kexd_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->listen = KEXD_DEFAULT_LISTEN;
+  cfg->lease_s = KEXD_DEFAULT_LEASE_S;
+  cfg->grace_s = KEXD_DEFAULT_GRACE_S;
+  cfg->max_message = KEXD_DEFAULT_MAX_MESSAGE;
+  cfg->limits = KEX_LIMITS_DEFAULT;
+  cfg->max_jobs = KEXD_LIMIT_JOBS;
+  cfg->max_jobs_per_peer = KEXD_LIMIT_JOBS_PER_PEER;
+  cfg->job_memory_default = KEXD_DEFAULT_JOB_MEMORY;
+  cfg->job_memory_max = KEXD_LIMIT_JOB_MEMORY;
+  cfg->plan_inline_nodes = KEXD_DEFAULT_PLAN_INLINE_NODES;
+  cfg->inline_output_max = KEXD_DEFAULT_INLINE_OUTPUT;
+  cfg->schedule_cache = KEXD_DEFAULT_SCHEDULE_CACHE;
+  cfg->idle_timeout_s = KEXD_DEFAULT_IDLE_TIMEOUT_S;
+  cfg->handshake_timeout_s = KEXD_DEFAULT_HANDSHAKE_TIMEOUT_S;
+  cfg->keepalive_s = KEXD_DEFAULT_KEEPALIVE_S;
+  cfg->import_max_bytes = KEXD_LIMIT_IMPORT_BYTES;
+  cfg->import_streams = KEXD_LIMIT_IMPORT_STREAMS;
+  cfg->download_chunk_min = KEXD_LIMIT_DOWNLOAD_CHUNK_MIN;
+  cfg->test_fault_kind = -1;
+  parse_devices(cfg, "default", KEXD_DEFAULT_DEVICES);
+}
+
+/* The default of row f as text ("" when it has none worth showing). */
+static void default_text(const kexd_config *def, const flag *f, char *buf, size_t cap) {
+  const char *field = (const char *)def + f->offset;
+  buf[0] = '\0';
+  switch (f->type) {
+  case FLAG_U32: snprintf(buf, cap, "%" PRIu32, *(const uint32_t *)field); break;
+  case FLAG_I64: snprintf(buf, cap, "%" PRId64, *(const int64_t *)field); break;
+  case FLAG_U64: snprintf(buf, cap, "%" PRIu64, *(const uint64_t *)field); break;
+  case FLAG_INT: snprintf(buf, cap, "%d", *(const int *)field); break;
+  case FLAG_SECONDS: snprintf(buf, cap, "%g", *(const double *)field); break;
+  case FLAG_STRING:
+    if (*(const char *const *)field) snprintf(buf, cap, "%s", *(const char *const *)field);
+    break;
+  case FLAG_DEVICES: snprintf(buf, cap, "%s", KEXD_DEFAULT_DEVICES); break;
+  default: break;
+  }
+}
+
+void kexd_config_usage(FILE *out) {
+  kexd_config def;
+  char env[64], dflt[64], left[64];
+  kexd_config_defaults(&def);
+  fprintf(out, "usage: kexd [options]\n\nEvery option is also an environment variable (shown in brackets); an option "
+               "wins over the environment.\n");
+  for (size_t i = 0; i < NFLAGS; i++) {
+    const flag *f = &flags[i];
+    if (f->section) fprintf(out, "\n%s%s:\n", f->section, f->test_only ? " (TESTS ONLY: never in production)" : "");
+    snprintf(left, sizeof left, "--%s%s%s", f->name, f->arg ? " " : "", f->arg ? f->arg : "");
+    fprintf(out, "  %-28s %s", left, f->help);
+    default_text(&def, f, dflt, sizeof dflt);
+    if (f->type != FLAG_HELP && f->type != FLAG_BOOL && f->type != FLAG_FAULT && f->offset != F(cache_path) &&
+        f->type != FLAG_LOG)
+      fprintf(out, " (default %s)", dflt);
+    if (!f->test_only && f->type != FLAG_HELP) {
+      env_name(f, env, sizeof env);
+      fprintf(out, " [%s]", env);
+    }
+    fputc('\n', out);
+  }
+  fprintf(out, "\nexit codes: 0 after a clean stop (SIGTERM/SIGINT), 1 cannot start, 2 bad flags\n");
+}
+
+/* $XDG_CACHE_HOME/kex/cache.db, else $HOME/.cache/kex/cache.db (kex_malloc'd; NULL on OOM). */
+static char *default_cache_path(void) {
+  const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  char buf[PATH_MAX];
+  if (xdg && *xdg) snprintf(buf, sizeof buf, "%s/kex/cache.db", xdg);
+  else snprintf(buf, sizeof buf, "%s/.cache/kex/cache.db", home && *home ? home : ".");
+  return kex_strdup(buf);
+}
+
+int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
+  struct option opts[NFLAGS + 1];
+  char env[64], what[80];
+  const char *cache;
+  int c, idx, rc;
+  kexd_config_defaults(cfg);
+  memset(opts, 0, sizeof opts);
+  for (size_t i = 0; i < NFLAGS; i++) {
+    opts[i].name = flags[i].name;
+    opts[i].has_arg = flags[i].arg ? required_argument : no_argument;
+    opts[i].val = 256 + (int)i;
+  }
+  for (size_t i = 0; i < NFLAGS; i++) { /* the environment first */
+    const char *v;
+    if (flags[i].test_only || flags[i].type == FLAG_HELP || flags[i].type == FLAG_BOOL) continue;
+    env_name(&flags[i], env, sizeof env);
+    if ((v = getenv(env)) && *v && flag_set(cfg, &flags[i], env, v) < 0) return -1;
+  }
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    if (c == 'h') {
+      kexd_config_usage(stdout);
+      return 1;
+    }
+    if (c < 256 || c >= 256 + (int)NFLAGS) {
+      kexd_config_usage(stderr);
+      return -1;
+    }
+    snprintf(what, sizeof what, "--%s", flags[c - 256].name);
+    if ((rc = flag_set(cfg, &flags[c - 256], what, optarg ? optarg : "")) != 0) {
+      if (rc > 0) kexd_config_usage(stdout);
+      return rc;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "kexd: unexpected argument \"%s\"\n", argv[optind]);
+    kexd_config_usage(stderr);
+    return -1;
+  }
+  cache = cfg->cache_path;
+  cfg->cache_path = cache ? kex_strdup(cache) : default_cache_path();
+  if (!cfg->cache_path) {
+    fprintf(stderr, "kexd: out of memory\n");
+    return -1;
+  }
+  return 0;
+}
