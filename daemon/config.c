@@ -96,7 +96,7 @@ static const flag flags[] = {
    "largest gRPC message either way"},
   /* jobs */
   {"max-jobs", "N", FLAG_U32, F(max_jobs), 1, 1 << 20, 0, 0, false, "jobs",
-   "jobs open at once; when full, the job idle longest (at least 1 s) is closed for a new one"},
+   "jobs open at once; when full, the job idle longest (at least 10 s) is closed for a new one"},
   {"max-jobs-per-peer", "N", FLAG_U32, F(max_jobs_per_peer), 1, 1 << 20, 0, 0, false, NULL,
    "jobs one client address may hold open at once"},
   {"lease", "SECONDS", FLAG_SECONDS, F(lease_s), 0, 0, 0.1, 1e7, false, NULL,

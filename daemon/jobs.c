@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/random.h>
 
@@ -30,6 +31,7 @@ static void job_free(kexd_job *job) {
   if (!job) return;
   kex_free(job->bufs);
   kex_free(job->name);
+  kex_free(job->peer);
   kex_free(job);
 }
 
@@ -125,29 +127,67 @@ static int find_index(const kexd_jobs *j, const char *token) {
   return found;
 }
 
-int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, kexd_job **out) {
+/*
+ * The table is full: close the job idle longest, when it has been idle at
+ * least KEXD_JOB_EVICT_MIN_IDLE_MS (its lease would end first anyway).
+ * True when a slot was freed.
+ */
+static bool evict_idlest(kexd_jobs *j) {
+  uint64_t now;
+  int best = -1;
+  uv_update_time(j->loop);
+  now = uv_now(j->loop);
+  for (uint32_t i = 0; i < j->njobs; i++)
+    if (best < 0 || j->jobs[i]->last_used_ms < j->jobs[best]->last_used_ms) best = (int)i;
+  if (best < 0 || now - j->jobs[best]->last_used_ms < KEXD_JOB_EVICT_MIN_IDLE_MS) return false;
+  kex_log(KEX_LOG_INFO, j->jobs[best]->log_id, 0,
+          "job \"%s\" expired early: the job table is full (--max-jobs %u) and it was idle longest (%.1f s)",
+          j->jobs[best]->name, j->max_jobs, (now - j->jobs[best]->last_used_ms) / 1e3);
+  j->expired++;
+  j->evicted++;
+  jobs_remove(j, (uint32_t)best);
+  return true;
+}
+
+int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, const char *peer,
+                   kexd_job **out, kex_error *err) {
   kexd_job *job = NULL;
+  uint32_t same_peer = 0;
   int rc = 0;
   *out = NULL;
   if (!name) name = "";
-  if (strlen(name) > KEXD_JOB_NAME_MAX) return KEX_EINVAL;
-  if (j->njobs >= j->max_jobs) return KEX_ELIMIT;
+  if (!peer) peer = "";
+  if (strlen(name) > KEXD_JOB_NAME_MAX)
+    return kex_err_set(err, KEX_EINVAL, "the name is %zu bytes, more than the limit of %d", strlen(name),
+                       KEXD_JOB_NAME_MAX);
+  for (uint32_t i = 0; i < j->njobs; i++)
+    if (strcmp(j->jobs[i]->peer, peer) == 0) same_peer++;
+  if (j->max_per_peer && same_peer >= j->max_per_peer)
+    return kex_err_set(err, KEX_ELIMIT, "%s holds %u jobs open, the limit per client address (--max-jobs-per-peer)",
+                       peer, same_peer);
+  if (j->njobs >= j->max_jobs && !evict_idlest(j))
+    return kex_err_set(err, KEX_ELIMIT,
+                       "%u jobs are open, the limit (--max-jobs), and none has been idle for %d ms to make room",
+                       j->njobs, KEXD_JOB_EVICT_MIN_IDLE_MS);
   if (j->njobs == j->cap) {
     uint32_t cap = j->cap ? 2 * j->cap : 16;
     kexd_job **nj = kex_realloc(j->jobs, cap * sizeof *nj);
-    if (!nj) return KEX_ENOMEM;
+    if (!nj) return kex_err_set(err, KEX_ENOMEM, "out of memory for the job table");
     j->jobs = nj;
     j->cap = cap;
   }
-  if (!(job = kex_calloc(1, sizeof *job)) || !(job->name = kex_strdup(name))) {
-    rc = KEX_ENOMEM;
+  if (!(job = kex_calloc(1, sizeof *job)) || !(job->name = kex_strdup(name)) || !(job->peer = kex_strdup(peer))) {
+    rc = kex_err_set(err, KEX_ENOMEM, "out of memory for a job");
     goto out;
   }
-  if ((rc = random_hex(job->token)) < 0) goto out;
+  if ((rc = random_hex(job->token)) < 0) {
+    kex_err_set(err, rc, "getrandom failed");
+    goto out;
+  }
   memcpy(job->log_id, job->token, 8);
   job->log_id[8] = '\0';
   if (find_index(j, job->token) >= 0) { /* 2^-128: believed impossible */
-    rc = KEX_EINTERNAL;
+    rc = kex_err_set(err, KEX_EINTERNAL, "a token collided");
     goto out;
   }
   job->id = ++j->next_id;

@@ -30,6 +30,7 @@
 #define KEXD_LIMIT_JOBS 4096                     /* default: jobs open at once */
 #define KEXD_HANDLE_LEN KEXD_TOKEN_LEN           /* hex characters of a buffer handle */
 #define KEXD_LIMIT_BUFFERS_PER_JOB 65536         /* buffers one job may hold */
+#define KEXD_JOB_EVICT_MIN_IDLE_MS 10000         /* a full table closes the job idle longest, if idle at least this */
 
 /*
  * A buffer a job holds.  Reference counted on the loop thread: the job's
@@ -56,6 +57,7 @@ typedef struct kexd_job {
   char token[KEXD_TOKEN_LEN + 1];
   char log_id[9];        /* the token's first 8 characters: logs never carry the whole token */
   char *name;
+  char *peer;            /* the client address that opened it, without the port (per-peer limit) */
   uint32_t weight;
   uint64_t memory_limit;
   uint64_t last_used_ms; /* uv_now at the last call naming the job */
@@ -73,9 +75,10 @@ typedef struct kexd_jobs {
   bool timer_open;
   double lease_s;
   uint32_t max_jobs;
+  uint32_t max_per_peer; /* jobs one peer may hold (0: no limit) */
   kexd_job **jobs;   /* unordered; small counts, linear lookup */
   uint32_t njobs, cap;
-  uint64_t opened, closed, expired;
+  uint64_t opened, closed, expired, evicted; /* evicted: expired early to make room in a full table */
   uint64_t next_id;
   kexd_dispatch *disp; /* where buffers are freed */
   uint64_t buffers_freed;
@@ -86,11 +89,16 @@ int kexd_jobs_init(kexd_jobs *j, uv_loop_t *loop, double lease_s, uint32_t max_j
 /* Close every job and the timer (asynchronously: the loop runs its close callback). */
 void kexd_jobs_close(kexd_jobs *j);
 /*
- * Open a job.  name may be empty.  On success *out points to the job (owned
- * by j).  KEX_ELIMIT when max_jobs are open, KEX_EINVAL for a name over
- * KEXD_JOB_NAME_MAX, KEX_EIO when getrandom fails, KEX_ENOMEM.
+ * Open a job for client address `peer`.  name may be empty.  On success
+ * *out points to the job (owned by j).  When max_jobs are open, the job
+ * idle longest is closed to make room if it has been idle at least
+ * KEXD_JOB_EVICT_MIN_IDLE_MS.  Errors, with *err naming the limit and the
+ * value: KEX_ELIMIT (the table is full of recently used jobs, or peer holds
+ * max_per_peer), KEX_EINVAL (a name over KEXD_JOB_NAME_MAX), KEX_EIO
+ * (getrandom), KEX_ENOMEM.
  */
-int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, kexd_job **out);
+int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, const char *peer,
+                   kexd_job **out, kex_error *err);
 /* The job with this token, its lease renewed; NULL when unknown. */
 kexd_job *kexd_jobs_find(kexd_jobs *j, const char *token);
 /* Close the job with this token.  0 or KEX_ENOTFOUND. */

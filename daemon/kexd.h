@@ -31,7 +31,9 @@
 #define KEXD_DEFAULT_SCHEDULE_CACHE 128      /* Submit: graph structures whose schedule and programs are kept */
 #define KEXD_BEAM_MAX_LIMIT 65536            /* Tune/Submit: beam.max_upcast and beam.max_local at most */
 #define KEXD_TUNE_SOURCES 256                /* GetCacheEntry: rendered sources remembered (tune.c) */
-/* limits on what one client may take (each a flag, config.c) */
+/* limits on what one client may take (each a flag, config.c, unless fixed here) */
+#define KEXD_LIMIT_WEIGHT 1000               /* fixed: the largest job weight (fair-queueing share) */
+#define KEXD_PEER_MAX 128                    /* bytes of a client address kept per job */
 #define KEXD_LIMIT_JOBS_PER_PEER 64          /* jobs one client address may hold open */
 #define KEXD_DEFAULT_JOB_MEMORY (1ull << 30) /* memory limit of a job that asks for 0 */
 #define KEXD_LIMIT_JOB_MEMORY (16ull << 30)  /* the largest memory limit a job may ask for */
@@ -43,7 +45,6 @@
 #define KEXD_DEFAULT_IDLE_TIMEOUT_S 300.0    /* a connection with no call this long is closed */
 #define KEXD_DEFAULT_HANDSHAKE_TIMEOUT_S 10.0 /* a connection must finish the HTTP/2 handshake this fast */
 #define KEXD_DEFAULT_KEEPALIVE_S 60.0        /* idle connections are pinged this often */
-#define KEXD_JOB_EVICT_MIN_IDLE_MS 1000      /* a full job table closes the job idle longest, if at least this */
 
 typedef struct kexd_config {
   const char *listen;

@@ -133,6 +133,7 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_handles;
   }
+  d->jobs.max_per_peer = d->cfg.max_jobs_per_peer;
   uv_signal_init(&loop, &st.sigterm);
   uv_signal_init(&loop, &st.sigint);
   st.sigterm.data = st.sigint.data = &st;

@@ -40,6 +40,7 @@
 #include "core/log.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
+#include "daemon/wire.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kex/v1/kex.pb-c.h"
 #include "sched/graph.h"
@@ -110,6 +111,13 @@ static ProtobufCMessage *decode(kexd *d, kexd_call *c, const ProtobufCMessageDes
     else
       kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: the request is not a valid %s message (%zu bytes)",
                       kexd_call_method(c), desc->name, len);
+  } else {
+    char why[KEX_ERROR_MSG_MAX];
+    if (kexd_wire_check_strings(desc, req, len, why, sizeof why) < 0) { /* strings are compared whole: no NUL, UTF-8 */
+      kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: %s", kexd_call_method(c), why);
+      protobuf_c_message_free_unpacked(m, &pb_allocator);
+      m = NULL;
+    }
   }
   return m;
 }
@@ -243,20 +251,26 @@ static void rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud)
   Kex__V1__OpenJobRequest *m = (Kex__V1__OpenJobRequest *)decode(d, c, &kex__v1__open_job_request__descriptor, req, len);
   Kex__V1__OpenJobReply r = KEX__V1__OPEN_JOB_REPLY__INIT;
   kexd_job *job;
+  kex_error err = {0};
+  char peer[KEXD_PEER_MAX];
+  uint64_t memory;
   int rc;
   if (!m) return;
-  rc = kexd_jobs_open(&d->jobs, m->name, m->weight, m->memory_limit, &job);
-  if (rc == KEX_EINVAL)
-    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "OpenJob: the name is %zu bytes, more than the limit of %d",
-                    strlen(m->name), KEXD_JOB_NAME_MAX);
-  else if (rc == KEX_ELIMIT)
-    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: %u jobs are open, the limit (--max-jobs)",
-                    d->jobs.njobs);
-  else if (rc < 0)
-    kexd_call_failf(c, kex_err_grpc_status(rc), "OpenJob: %s", kex_strerror(rc));
+  memory = m->memory_limit ? m->memory_limit : d->cfg.job_memory_default;
+  kexd_call_peer_host(c, peer, sizeof peer);
+  if (memory > d->cfg.job_memory_max)
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "OpenJob: memory_limit %" PRIu64 " is more than the server's limit of %" PRIu64
+                    " bytes (--job-memory-max)",
+                    memory, d->cfg.job_memory_max);
+  else if (m->weight > KEXD_LIMIT_WEIGHT)
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: weight %u is more than the limit of %u",
+                    m->weight, KEXD_LIMIT_WEIGHT);
+  else if ((rc = kexd_jobs_open(&d->jobs, m->name, m->weight, memory, peer, &job, &err)) < 0)
+    kexd_call_failf(c, kex_err_grpc_status(rc), "OpenJob: %s", err.msg);
   else {
-    kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" opened (weight %u, memory limit %" PRIu64 " bytes)", job->name,
-            job->weight, job->memory_limit);
+    kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" opened by %s (weight %u, memory limit %" PRIu64 " bytes)",
+            job->name, peer, job->weight, job->memory_limit);
     r.job = job->token;
     r.lease_seconds = (uint32_t)ceil(d->cfg.lease_s);
     kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
@@ -459,8 +473,8 @@ out:
  * Errors as kex_graph_add (KEX_EINVAL naming the node, KEX_ELIMIT for the
  * limits, KEX_ENOMEM), KEX_ENOTFOUND for an unknown buffer handle.
  */
-int kexd_rpc_graph_from_pb(const Kex__V1__Graph *pg, const char *device, const kex_limits *lim, kexd_job *job,
-                           kex_graph **out, kex_error *err) {
+int kexd_rpc_graph_from_pb(const kexd *d, const Kex__V1__Graph *pg, const char *device, const kex_limits *lim,
+                           kexd_job *job, kex_graph **out, kex_error *err) {
   kex_graph *g = NULL;
   int rc = 0;
   *out = NULL;
@@ -482,8 +496,15 @@ int kexd_rpc_graph_from_pb(const Kex__V1__Graph *pg, const char *device, const k
     rc = kex_err_set(err, KEX_ENOMEM, "graph: out of memory");
     goto out;
   }
-  for (size_t i = 0; i < pg->n_nodes; i++)
-    if ((rc = node_from_pb(g, (uint32_t)i, pg->nodes[i], lim, job, err)) < 0) goto out;
+  for (size_t i = 0; i < pg->n_nodes; i++) {
+    const Kex__V1__Node *pn = pg->nodes[i];
+    if (pn->device && *pn->device && kexd_rpc_device_index(d, pn->device) < 0) {
+      rc = kex_err_set(err, KEX_EINVAL, "node %zu (%s): device \"%.64s\" is not one of this kexd's devices", i,
+                       pn->op ? pn->op : "?", pn->device);
+      goto out;
+    }
+    if ((rc = node_from_pb(g, (uint32_t)i, pn, lim, job, err)) < 0) goto out;
+  }
   for (size_t i = 0; i < pg->n_outputs; i++)
     if ((rc = kex_graph_add_output(g, pg->outputs[i], lim, err)) < 0) goto out;
   *out = g;
@@ -651,7 +672,7 @@ static void rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   /* a cpu device follows tinygrad's CLANG rules (buffer views), every other its GPU (OpenCL) rules */
   w->ro.buffer_view = strncmp(dev, "cpu", 3) == 0;
   w->ro.device_name = dev;
-  if ((rc = kexd_rpc_graph_from_pb(m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
+  if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                     &d->cfg.limits, job, &w->g, &w->err)) < 0) {
     d->plan_errors++;
     kex_log(KEX_LOG_INFO, w->job, 0, "Plan refused: %s", w->err.msg);
@@ -1117,6 +1138,13 @@ static void rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud)
   size_t max_chunk = KEXD_DOWNLOAD_CHUNK;
   if (!m) return;
   if (!(job = need_job(d, c, m->job))) goto out;
+  if (m->chunk_bytes && m->chunk_bytes < d->cfg.download_chunk_min) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "Download: chunk_bytes %u is under the server's minimum of %u bytes (--download-chunk-min; 0 "
+                    "asks for the default)",
+                    m->chunk_bytes, d->cfg.download_chunk_min);
+    goto out;
+  }
   if (!(b = kexd_job_find_buffer(job, m->handle))) {
     kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "Download: job '%s' holds no buffer \"%.40s\"", job->name, m->handle);
     goto out;

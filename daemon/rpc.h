@@ -24,13 +24,14 @@ void kexd_rpc_free_msg(ProtobufCMessage *m);
 /* The job named by token, lease renewed; NULL with the call finished (INVALID_ARGUMENT / NOT_FOUND). */
 kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token);
 /*
- * Build and validate a kex_graph from pg; BUFFER nodes naming a `buffer`
+ * Build and validate a kex_graph from pg; a node naming a device d does not
+ * have is KEX_EINVAL naming the node; BUFFER nodes naming a `buffer`
  * handle are checked against `job` (may be NULL: every handle is unknown):
  * KEX_ENOTFOUND for a handle the job does not hold, KEX_EINVAL for a dtype
  * or shape that differs from the buffer's.  On success *out owns the graph.
  */
-int kexd_rpc_graph_from_pb(const Kex__V1__Graph *pg, const char *device, const kex_limits *lim, kexd_job *job,
-                           kex_graph **out, kex_error *err);
+int kexd_rpc_graph_from_pb(const kexd *d, const Kex__V1__Graph *pg, const char *device, const kex_limits *lim,
+                           kexd_job *job, kex_graph **out, kex_error *err);
 /* Index of the configured device `name` names ("" and "default": the first); -1 when none. */
 int kexd_rpc_device_index(const kexd *d, const char *name);
 

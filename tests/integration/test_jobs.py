@@ -287,7 +287,7 @@ def buffers(kex):
     check("a Download cancelled after its first chunk: the buffer still frees (freed 1, 0 bytes held)",
           len(first.data) == 65536 and r.freed == 1 and st.bytes_held == 0 and st.buffers == 0, f"{r} {st}")
     hc = upload(kex, c, "uint8", [8 * MiB], b"\4" * (8 * MiB)).handle
-    it = kex.Download(kex_pb2.DownloadRequest(job=c, handle=hc, chunk_bytes=4096), timeout=30)
+    it = kex.Download(kex_pb2.DownloadRequest(job=c, handle=hc, chunk_bytes=65536), timeout=30)
     first = next(it)
     s0 = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
     kex.CloseJob(kex_pb2.CloseJobRequest(job=c), timeout=5)
