@@ -1356,7 +1356,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
                               m->beam ? (int)m->beam->max_local : 0, m->beam ? m->beam->timeout_ms : 0, &s->cancelled};
   kexd_call_ref(c); /* the submission's own reference, dropped in sub_free */
   kexd_call_set_hooks(c, sub_cancelled, NULL, s);
-  if ((rc = kexd_rpc_graph_from_pb(m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
+  if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                    &d->cfg.limits, job, &s->g, &s->err)) < 0) {
     sub_fail(s, kex_err_grpc_status(rc), "%s", s->err.msg);
     goto out;

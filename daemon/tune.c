@@ -726,7 +726,7 @@ static void rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     kex_free(t);
     goto out;
   }
-  if ((rc = kexd_rpc_graph_from_pb(m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
+  if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                    &d->cfg.limits, job, &t->g, &err)) < 0) {
     kexd_call_failf(c, kex_err_grpc_status(rc), "%s", err.msg);
     kex_free(t);
