@@ -82,6 +82,7 @@ static const flag flags[] = {
   {"schedule-cache", "N", FLAG_U32, F(schedule_cache), 0, 1 << 20, 0, 0, false, NULL,
    "Submit: graph structures whose schedule and programs are kept (0: off)"},
   {"log", "LEVEL", FLAG_LOG, 0, 0, 0, 0, 0, false, NULL, "debug, info, warn, error or off (default info)"},
+  {"help", NULL, FLAG_HELP, 0, 0, 0, 0, 0, false, NULL, "this text"},
   /* connections */
   {"max-connections", "N", FLAG_U32, F(max_connections), 0, 1 << 20, 0, 0, false, "connections",
    "client connections open at once; more are closed at accept (0: sized from the descriptor limit, at most "
@@ -96,7 +97,9 @@ static const flag flags[] = {
    "largest gRPC message either way"},
   /* jobs */
   {"max-jobs", "N", FLAG_U32, F(max_jobs), 1, 1 << 20, 0, 0, false, "jobs",
-   "jobs open at once; when full, the job idle longest (at least 10 s) is closed for a new one"},
+   "jobs open at once; when full, the job idle longest is closed for a new one (if idle --job-evict-idle)"},
+  {"job-evict-idle", "SECONDS", FLAG_SECONDS, F(job_evict_idle_s), 0, 0, 0, 1e7, false, NULL,
+   "a full job table closes its job idle longest only when it has been idle at least this long"},
   {"max-jobs-per-peer", "N", FLAG_U32, F(max_jobs_per_peer), 1, 1 << 20, 0, 0, false, NULL,
    "jobs one client address may hold open at once"},
   {"lease", "SECONDS", FLAG_SECONDS, F(lease_s), 0, 0, 0.1, 1e7, false, NULL,
@@ -128,7 +131,6 @@ static const flag flags[] = {
    "serve /kex.v1.Kex/_BusyWork, which queues busy-CPU items on a device runner for a job"},
   {"test-fault", "KIND:N", FLAG_FAULT, 0, 0, 0, 0, 0, true, NULL,
    "Submit's compile device fails its N-th call of KIND (compile, alloc, launch, copy)"},
-  {"help", NULL, FLAG_HELP, 0, 0, 0, 0, 0, false, NULL, "this text"},
 };
 /* clang-format on */
 #define NFLAGS (sizeof flags / sizeof flags[0])
@@ -244,6 +246,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->limits = KEX_LIMITS_DEFAULT;
   cfg->max_jobs = KEXD_LIMIT_JOBS;
   cfg->max_jobs_per_peer = KEXD_LIMIT_JOBS_PER_PEER;
+  cfg->job_evict_idle_s = KEXD_DEFAULT_JOB_EVICT_IDLE_S;
   cfg->job_memory_default = KEXD_DEFAULT_JOB_MEMORY;
   cfg->job_memory_max = KEXD_LIMIT_JOB_MEMORY;
   cfg->plan_inline_nodes = KEXD_DEFAULT_PLAN_INLINE_NODES;

@@ -91,6 +91,7 @@ int kexd_jobs_init(kexd_jobs *j, uv_loop_t *loop, double lease_s, uint32_t max_j
   j->disp = disp;
   j->lease_s = lease_s;
   j->max_jobs = max_jobs ? max_jobs : KEXD_LIMIT_JOBS;
+  j->evict_idle_ms = (uint64_t)(KEXD_DEFAULT_JOB_EVICT_IDLE_S * 1000);
   if (uv_timer_init(loop, &j->timer) < 0) return KEX_EINTERNAL;
   j->timer.data = j;
   j->timer_open = true;
@@ -129,7 +130,7 @@ static int find_index(const kexd_jobs *j, const char *token) {
 
 /*
  * The table is full: close the job idle longest, when it has been idle at
- * least KEXD_JOB_EVICT_MIN_IDLE_MS (its lease would end first anyway).
+ * least j->evict_idle_ms (its lease would end first anyway).
  * True when a slot was freed.
  */
 static bool evict_idlest(kexd_jobs *j) {
@@ -139,7 +140,7 @@ static bool evict_idlest(kexd_jobs *j) {
   now = uv_now(j->loop);
   for (uint32_t i = 0; i < j->njobs; i++)
     if (best < 0 || j->jobs[i]->last_used_ms < j->jobs[best]->last_used_ms) best = (int)i;
-  if (best < 0 || now - j->jobs[best]->last_used_ms < KEXD_JOB_EVICT_MIN_IDLE_MS) return false;
+  if (best < 0 || now - j->jobs[best]->last_used_ms < j->evict_idle_ms) return false;
   kex_log(KEX_LOG_INFO, j->jobs[best]->log_id, 0,
           "job \"%s\" expired early: the job table is full (--max-jobs %u) and it was idle longest (%.1f s)",
           j->jobs[best]->name, j->max_jobs, (now - j->jobs[best]->last_used_ms) / 1e3);
@@ -167,8 +168,9 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
                        peer, same_peer);
   if (j->njobs >= j->max_jobs && !evict_idlest(j))
     return kex_err_set(err, KEX_ELIMIT,
-                       "%u jobs are open, the limit (--max-jobs), and none has been idle for %d ms to make room",
-                       j->njobs, KEXD_JOB_EVICT_MIN_IDLE_MS);
+                       "%u jobs are open, the limit (--max-jobs), and none has been idle for %.1f s "
+                       "(--job-evict-idle) to make room",
+                       j->njobs, j->evict_idle_ms / 1e3);
   if (j->njobs == j->cap) {
     uint32_t cap = j->cap ? 2 * j->cap : 16;
     kexd_job **nj = kex_realloc(j->jobs, cap * sizeof *nj);

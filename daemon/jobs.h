@@ -30,7 +30,7 @@
 #define KEXD_LIMIT_JOBS 4096                     /* default: jobs open at once */
 #define KEXD_HANDLE_LEN KEXD_TOKEN_LEN           /* hex characters of a buffer handle */
 #define KEXD_LIMIT_BUFFERS_PER_JOB 65536         /* buffers one job may hold */
-#define KEXD_JOB_EVICT_MIN_IDLE_MS 10000         /* a full table closes the job idle longest, if idle at least this */
+#define KEXD_DEFAULT_JOB_EVICT_IDLE_S 10.0       /* a full table closes the job idle longest, if idle at least this */
 
 /*
  * A buffer a job holds.  Reference counted on the loop thread: the job's
@@ -76,6 +76,7 @@ typedef struct kexd_jobs {
   double lease_s;
   uint32_t max_jobs;
   uint32_t max_per_peer; /* jobs one peer may hold (0: no limit) */
+  uint64_t evict_idle_ms; /* a full table closes the job idle longest if idle at least this */
   kexd_job **jobs;   /* unordered; small counts, linear lookup */
   uint32_t njobs, cap;
   uint64_t opened, closed, expired, evicted; /* evicted: expired early to make room in a full table */
@@ -92,7 +93,7 @@ void kexd_jobs_close(kexd_jobs *j);
  * Open a job for client address `peer`.  name may be empty.  On success
  * *out points to the job (owned by j).  When max_jobs are open, the job
  * idle longest is closed to make room if it has been idle at least
- * KEXD_JOB_EVICT_MIN_IDLE_MS.  Errors, with *err naming the limit and the
+ * evict_idle_ms.  Errors, with *err naming the limit and the
  * value: KEX_ELIMIT (the table is full of recently used jobs, or peer holds
  * max_per_peer), KEX_EINVAL (a name over KEXD_JOB_NAME_MAX), KEX_EIO
  * (getrandom), KEX_ENOMEM.

@@ -59,6 +59,7 @@ typedef struct kexd_config {
   kex_limits limits;
   uint32_t max_jobs;
   uint32_t max_jobs_per_peer;    /* jobs one client address may hold */
+  double job_evict_idle_s;       /* a full job table closes the job idle longest, if idle this long */
   uint64_t job_memory_default;   /* OpenJob memory_limit 0 gets this */
   uint64_t job_memory_max;       /* an OpenJob memory_limit over this is refused */
   uint32_t max_connections;      /* 0: sized from the descriptor limit at start */

@@ -134,6 +134,7 @@ int main(int argc, char **argv) {
     goto out_handles;
   }
   d->jobs.max_per_peer = d->cfg.max_jobs_per_peer;
+  d->jobs.evict_idle_ms = (uint64_t)(d->cfg.job_evict_idle_s * 1000);
   uv_signal_init(&loop, &st.sigterm);
   uv_signal_init(&loop, &st.sigint);
   st.sigterm.data = st.sigint.data = &st;

@@ -38,6 +38,7 @@
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "daemon/accept_guard.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
 #include "daemon/wire.h"
@@ -1376,6 +1377,13 @@ static void rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud
     r.searches_run = tc.searches;
     r.searches_cancelled = tc.searches_cancelled;
   }
+  {
+    kexd_accept_stats as;
+    kexd_accept_guard_stats(&as);
+    r.connections_open = as.open;
+    r.connections_refused = as.refused_limit + as.refused_fds;
+  }
+  r.jobs_evicted = d->jobs.evicted;
   for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
   /* one job when a token was given, every open job otherwise */
   r.n_job_stats = job ? 1 : d->jobs.njobs;

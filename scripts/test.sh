@@ -7,7 +7,8 @@
 #  3. meson test -C build (every suite); meson test -C build-asan --suite unit.
 #     When a build fails, the tests whose executables are up to date still run;
 #     the others count as failed ("did not build"), never as stale passes.
-#  4. every tests/integration/*.sh (each prints its own "N passed, N failed").
+#  4. every tests/integration/*.sh (each prints its own "N passed, N failed"),
+#     and test_hostile.sh once more with build-asan's kexd.
 #  5. pytest on client/python/tests with /usr/bin/python3 (the Debian python,
 #     which has grpc and numpy).
 #  6. scripts/summarize.py: a per-suite table, then as the very last line
@@ -94,6 +95,16 @@ for script in "${scripts_found[@]}"; do
   KEX_BUILD_DIR=$PWD/build bash "$script" 2>&1 | tee "$log"
   summary_args+=(--script "$script" "$log" "${PIPESTATUS[0]}")
 done
+
+# the hostile inputs again under ASan+UBSan (the kexd of build-asan)
+if [ -x build-asan/daemon/kexd ]; then
+  log="build/integration-logs/test_hostile-asan.log"
+  echo "== tests/integration/test_hostile.sh (build-asan) =="
+  KEX_BUILD_DIR=$PWD/build-asan bash tests/integration/test_hostile.sh 2>&1 | tee "$log"
+  summary_args+=(--script "tests/integration/test_hostile.sh (build-asan)" "$log" "${PIPESTATUS[0]}")
+else
+  fail "tests/integration/test_hostile.sh (build-asan)" "build-asan/daemon/kexd did not build"
+fi
 
 if [ -d client/python/tests ]; then
   echo "== pytest client/python/tests =="

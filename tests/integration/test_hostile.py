@@ -1,0 +1,484 @@
+"""test_hostile.py - what an attacker on the same machine tried, against real kexd processes.
+
+Run by test_hostile.sh, which passes in the environment: KEXD (the binary),
+KEX_STUBS (the generated kex_pb2*.py and health_pb2*.py) and KEXD_TMP (a
+scratch directory).  Every check starts the kexd it needs (127.0.0.1, a free
+port, its own cache file) with the flags under test, so each limit is tried
+on both sides of its value.  Prints "ok - ..." / "FAIL - ..." per check and,
+last, "N passed, N failed"; exit status 1 when anything failed.
+
+Covered (the urgent issue's findings): a burst of idle connections under a
+small descriptor limit (both the connection cap and descriptor exhaustion),
+connections that never finish the HTTP/2 handshake or sit idle, tokens with
+trailing bytes after a NUL, non-UTF-8 strings, COPY to an unknown device,
+the default and maximum job memory, jobs per peer and a full job table,
+job weight, ImportCache bytes per stream and streams at once, Download's
+smallest chunk, shapes that overflow; and that the daemon keeps serving and
+its descriptors and memory return to where they started.
+"""
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.environ["KEX_STUBS"])
+
+import grpc  # noqa: E402
+import health_pb2  # noqa: E402
+import health_pb2_grpc  # noqa: E402
+from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
+
+KEXD = os.environ["KEXD"]
+TMP = os.environ["KEXD_TMP"]
+ASAN = os.environ.get("KEXD_ASAN") == "1"
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+passed = 0
+failed = 0
+
+
+def check(name, cond, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+        print(f"ok - {name}")
+    else:
+        failed += 1
+        print(f"FAIL - {name}{': ' + str(detail) if detail else ''}")
+    sys.stdout.flush()
+    return cond
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Kexd:
+    """A kexd on a free port with extra flags; nofile: its descriptor limit (soft and hard)."""
+
+    count = 0
+
+    def __init__(self, *flags, nofile=None):
+        Kexd.count += 1
+        self.port = free_port()
+        self.log_path = os.path.join(TMP, f"kexd-{Kexd.count}.log")
+        self.log = open(self.log_path, "w")
+
+        def limit():
+            if nofile:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        args = [KEXD, "--listen", f"127.0.0.1:{self.port}", "--device", "cpu",
+                "--cache", os.path.join(TMP, f"cache-{Kexd.count}.db"), *flags]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=limit)
+        self.channel = None
+        if not self.wait_healthy(15 if not ASAN else 60):
+            raise RuntimeError(f"kexd {' '.join(flags)} did not become healthy:\n{self.read_log()}")
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.kex = kex_pb2_grpc.KexStub(self.channel)
+
+    def health(self, timeout=2.0):
+        """SERVING, or the status code of a fresh channel's Check."""
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
+            try:
+                r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                return r.status
+            except grpc.RpcError as e:
+                return e.code()
+
+    def wait_healthy(self, seconds):
+        end = time.time() + seconds
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                return False
+            if self.health(0.5) == health_pb2.HealthCheckResponse.SERVING:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def fds(self):
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def read_log(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def raw(self, method, data, timeout=5):
+        """Call /kex.v1.Kex/METHOD with raw request bytes; the reply bytes, or the RpcError."""
+        fn = self.channel.unary_unary(f"/kex.v1.Kex/{method}", request_serializer=None, response_deserializer=None)
+        try:
+            return fn(data, timeout=timeout)
+        except grpc.RpcError as e:
+            return e
+
+    def stop(self):
+        if self.channel:
+            self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.log.close()
+        log = self.read_log()
+        check(f"kexd (port {self.port}) exits 0 at SIGTERM, no sanitizer report or crash",
+              rc == 0 and not any(w in log for w in ("AddressSanitizer", "runtime error", "LeakSanitizer")),
+              f"rc {rc}; {log[-2000:]}")
+
+
+def err(fn, *a, **kw):
+    try:
+        fn(*a, **kw)
+    except grpc.RpcError as e:
+        return e
+    return None
+
+
+def code_and(e, code, *words):
+    return e is not None and e.code() == code and all(w in e.details() for w in words)
+
+
+def desc(e):
+    if e is None:
+        return "no error"
+    return f"{e.code()} {e.details()}" if isinstance(e, grpc.RpcError) else repr(e)[:300]
+
+
+def field(num, payload):
+    """One length-delimited protobuf field (wire type 2)."""
+    n, out = len(payload), bytearray([num << 3 | 2])
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out) + payload
+
+
+def open_job(k, **kw):
+    return k.kex.OpenJob(kex_pb2.OpenJobRequest(**kw), timeout=5).job
+
+
+def node(op, **kw):
+    n = kex_pb2.Node(op=op, src=kw.pop("src", []), dtype=kw.pop("dtype", ""), shape=kw.pop("shape", []),
+                     device=kw.pop("device", ""), axis=kw.pop("axis", []))
+    if "new_shape" in kw:
+        n.new_shape.values.extend(kw.pop("new_shape"))
+        n.new_shape.SetInParent()
+    if "strides" in kw:
+        n.strides.values.extend(kw.pop("strides"))
+        n.strides.SetInParent()
+    if "fill" in kw:
+        n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=kw.pop("fill")))
+    assert not kw, kw
+    return n
+
+
+def add_graph(device_of_copy=None):
+    """a + b (float32[4]), optionally COPYed to a device."""
+    nodes = [node("BUFFER", dtype="float32", shape=[4], fill=1.5), node("BUFFER", dtype="float32", shape=[4], fill=2.0),
+             node("ADD", src=[0, 1])]
+    if device_of_copy is not None:
+        nodes.append(node("COPY", src=[2], device=device_of_copy))
+    return kex_pb2.Graph(device="cpu", nodes=nodes, outputs=[len(nodes) - 1])
+
+
+def submit(k, job, graph):
+    return list(k.kex.Submit(kex_pb2.SubmitRequest(job=job, graph=graph), timeout=120))
+
+
+def hold_connections(port, n, send):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.connect(("127.0.0.1", port))
+        if send:
+            s.sendall(send)
+        socks.append(s)
+    return socks
+
+
+def closed_by_server(socks, seconds):
+    """How many of socks the server closed within `seconds`."""
+    for s in socks:
+        s.settimeout(0.05)
+    closed, end = set(), time.time() + seconds
+    while time.time() < end and len(closed) < len(socks):
+        for i, s in enumerate(socks):
+            if i in closed:
+                continue
+            try:
+                if s.recv(65536) == b"":
+                    closed.add(i)
+            except socket.timeout:
+                pass
+            except OSError:
+                closed.add(i)
+    for s in socks:
+        s.close()
+    return len(closed)
+
+
+# ---- 2. descriptors and connections ----
+
+def burst(flags, what):
+    """Under ulimit -n 256: 300 idle connections, then all closed; a new client is served within 5 s."""
+    k = Kexd(*flags, nofile=256)
+    fds0 = k.fds()
+    socks = hold_connections(k.port, 300, PREFACE)
+    time.sleep(1.0)
+    alive = k.proc.poll() is None
+    for s in socks:
+        s.close()
+    t0, served = time.time(), False
+    while time.time() - t0 < 5:
+        if k.health(1.0) == health_pb2.HealthCheckResponse.SERVING:
+            served = True
+            break
+        time.sleep(0.1)
+    after = time.time() - t0
+    check(f"{what}: after 300 idle connections under ulimit -n 256 are closed, a new client is served within 5 s",
+          alive and served, f"served {served} after {after:.1f} s\n{k.read_log()[-1500:]}")
+    st = k.kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+    check(f"{what}: GetStats counts the connections closed at accept", st.connections_refused >= 1, str(st))
+    time.sleep(0.5)
+    check(f"{what}: descriptors return to where they started (+4)", k.fds() <= fds0 + 4, f"{fds0} -> {k.fds()}")
+    log = k.read_log()
+    check(f"{what}: the log names both descriptor limits and the refusals",
+          "descriptors: soft limit 256" in log and "hard limit 256" in log and "closed" in log and "at accept" in log,
+          log[-1500:])
+    k.stop()
+
+
+def connections():
+    burst([], "connection cap sized from the limit (192)")
+    burst(["--max-connections", "5000"], "cap above the descriptors (exhaustion path)")
+
+    # the cap on both sides: --max-connections 10 admits 10, closes the 11th at accept
+    k = Kexd("--max-connections", "10")
+    socks = hold_connections(k.port, 9, PREFACE + EMPTY_SETTINGS)  # + the test's own channel = 10
+    time.sleep(0.3)
+    st = k.kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+    check("--max-connections 10: 10 connections are open, none refused", st.connections_open == 10 and
+          st.connections_refused == 0, str(st))
+    extra = hold_connections(k.port, 1, PREFACE + EMPTY_SETTINGS)
+    check("--max-connections 10: the 11th connection is closed at accept", closed_by_server(extra, 3) == 1)
+    for s in socks:
+        s.close()
+    time.sleep(0.3)
+    check("--max-connections 10: once they close, a new client is served",
+          k.health() == health_pb2.HealthCheckResponse.SERVING)
+    k.stop()
+
+    # handshake and idle timeouts
+    k = Kexd("--handshake-timeout", "1", "--idle-timeout", "2")
+    nothing = hold_connections(k.port, 10, b"")
+    preface = hold_connections(k.port, 10, PREFACE)
+    n1, n2 = closed_by_server(nothing, 4), closed_by_server(preface, 4)
+    check("--handshake-timeout 1: connections that send nothing or only the preface are closed",
+          n1 == 10 and n2 == 10, f"{n1}/10, {n2}/10")
+    settled = hold_connections(k.port, 10, PREFACE + EMPTY_SETTINGS)
+    t0 = time.time()
+    n3 = closed_by_server(settled, 6)
+    check("--idle-timeout 2: connections that finished the handshake but make no call are closed after it",
+          n3 == 10 and time.time() - t0 >= 1.5, f"{n3}/10 after {time.time() - t0:.1f} s")
+    k.stop()
+
+
+# ---- 3/4. limits and exact validation through a real kexd ----
+
+def limits():
+    k = Kexd("--max-jobs-per-peer", "4", "--job-memory-default", "1048576", "--job-memory-max", "8388608",
+             "--import-max-bytes", "4096", "--import-streams", "2", "--download-chunk-min", "1024")
+    a = open_job(k, name="tenant-a")
+
+    # tokens compare whole: TOKEN\0junk is not TOKEN
+    e = err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "\0junk"), timeout=5)
+    st = k.kex.GetStats(kex_pb2.GetStatsRequest(job=a), timeout=5)
+    check("a token followed by \\0junk is INVALID_ARGUMENT naming the NUL, and the real job stays open",
+          code_and(e, grpc.StatusCode.INVALID_ARGUMENT, "NUL") and st.jobs_open >= 1, desc(e))
+    e = err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "x"), timeout=5)
+    check("a token with one extra character is unknown (NOT_FOUND)", code_and(e, grpc.StatusCode.NOT_FOUND), desc(e))
+
+    # strings are UTF-8: a non-UTF-8 job name is refused and GetStats stays decodable
+    r = k.raw("OpenJob", field(1, b"bad\xff\xfename"))
+    check("OpenJob with a non-UTF-8 name is INVALID_ARGUMENT naming the field",
+          isinstance(r, grpc.RpcError) and r.code() == grpc.StatusCode.INVALID_ARGUMENT and "`name`" in r.details()
+          and "UTF-8" in r.details(), r if isinstance(r, bytes) else desc(r))
+    r = k.raw("OpenJob", field(1, "naïve-ok".encode()))
+    check("OpenJob with a valid UTF-8 name (non-ASCII) is accepted", isinstance(r, bytes), desc(r))
+    st = err(k.kex.GetStats, kex_pb2.GetStatsRequest(), timeout=5)
+    check("GetStats still decodes in grpcio after the bad names", st is None, desc(st))
+    r = k.raw("OpenJob", field(1, b"\xed\xa0\x80surrogate"))
+    check("a UTF-16 surrogate encoded in UTF-8 is refused", isinstance(r, grpc.RpcError) and
+          r.code() == grpc.StatusCode.INVALID_ARGUMENT, r)
+
+    # an unknown device anywhere in a graph
+    e = err(submit, k, a, add_graph("nope"))
+    check("COPY to device \"nope\" is INVALID_ARGUMENT naming the node and the device",
+          code_and(e, grpc.StatusCode.INVALID_ARGUMENT, "node 3", "nope"), desc(e))
+    ev = submit(k, a, add_graph("cpu"))
+    check("COPY to a device kexd has is served", ev and ev[-1].HasField("done"), ev[-1] if ev else ev)
+
+    # job memory: 0 gets the default, the maximum on both sides
+    st = k.kex.GetStats(kex_pb2.GetStatsRequest(job=a), timeout=5).job_stats[0]
+    check("memory_limit 0 gets --job-memory-default (1048576), not infinity", st.memory_limit == 1048576, str(st))
+    e = err(open_job, k, name="big", memory_limit=8388609)
+    check("memory_limit one byte over --job-memory-max is RESOURCE_EXHAUSTED naming the flag and the value",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--job-memory-max", "8388609"), desc(e))
+    j = open_job(k, name="max", memory_limit=8388608)
+    check("memory_limit exactly --job-memory-max is accepted", bool(j))
+    k.kex.CloseJob(kex_pb2.CloseJobRequest(job=j), timeout=5)
+    up = lambda job, n: k.kex.Upload(iter([kex_pb2.UploadRequest(job=job, header=kex_pb2.UploadHeader(dtype="uint8", shape=[n])),
+                                          kex_pb2.UploadRequest(chunk=b"\1" * n)]), timeout=10)
+    e = err(up, a, 2 * 1048576)
+    check("a default-limited job cannot upload 2 MiB (RESOURCE_EXHAUSTED)",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED), desc(e))
+
+    # weight
+    e = err(open_job, k, name="heavy", weight=1001)
+    check("weight 1001 is RESOURCE_EXHAUSTED naming the limit 1000",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "1000"), desc(e))
+    j = open_job(k, name="w", weight=1000)
+    k.kex.CloseJob(kex_pb2.CloseJobRequest(job=j), timeout=5)
+    check("weight 1000 is accepted", bool(j))
+
+    # jobs per peer: a (open) + naïve-ok (open) + 2 more = 4; the 5th is refused
+    b = open_job(k, name="b")
+    c = open_job(k, name="c")
+    e = err(open_job, k, name="d")
+    check("the 5th job of one client address is RESOURCE_EXHAUSTED naming --max-jobs-per-peer",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-jobs-per-peer", "127.0.0.1"), desc(e))
+    k.kex.CloseJob(kex_pb2.CloseJobRequest(job=c), timeout=5)
+    d = err(open_job, k, name="d")
+    check("after one closes, the 4th is accepted again", d is None, desc(d))
+
+    # Download's smallest chunk, both sides
+    h = up(a, 4096).handle
+    e = err(lambda: list(k.kex.Download(kex_pb2.DownloadRequest(job=a, handle=h, chunk_bytes=1023), timeout=10)))
+    check("Download chunk_bytes 1023 (< --download-chunk-min 1024) is RESOURCE_EXHAUSTED naming the flag",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--download-chunk-min", "1023"), desc(e))
+    ch = list(k.kex.Download(kex_pb2.DownloadRequest(job=a, handle=h, chunk_bytes=1024), timeout=10))
+    check("Download chunk_bytes 1024 gives 4 chunks of 1024 bytes", len(ch) == 4 and all(len(x.data) == 1024 for x in ch),
+          [len(x.data) for x in ch])
+
+    # ImportCache: bytes per stream, both sides; streams at once
+    head = b'{"format":"kex.cache.export.v1","schema":2}\n'
+
+    def imp(job, chunks):
+        reqs = [kex_pb2.ImportCacheRequest(job=job, data=chunks[0])] + [kex_pb2.ImportCacheRequest(data=x) for x in chunks[1:]]
+        return k.kex.ImportCache(iter(reqs), timeout=10)
+
+    e = err(imp, a, [head, b" " * (4097 - len(head))])
+    check("an ImportCache stream of 4097 bytes (> --import-max-bytes 4096) is RESOURCE_EXHAUSTED naming the flag",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--import-max-bytes"), desc(e))
+    e = err(imp, a, [head, b"\n" * (4096 - len(head))])
+    check("an ImportCache stream of exactly 4096 bytes is read to the end (not refused for size)",
+          e is None or "--import-max-bytes" not in e.details(), desc(e))
+
+    import queue
+    import threading
+    gates = [queue.Queue() for _ in range(2)]
+
+    def held(q):
+        yield kex_pb2.ImportCacheRequest(job=a, data=head)
+        q.get()
+
+    futs = [k.kex.ImportCache.future(held(q), timeout=20) for q in gates]
+    time.sleep(0.5)
+    e = err(imp, a, [head])
+    check("a 3rd ImportCache stream while 2 are open is RESOURCE_EXHAUSTED naming --import-streams",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--import-streams"), desc(e))
+    for q in gates:
+        q.put(1)
+    for f in futs:
+        try:
+            f.result()
+        except grpc.RpcError:
+            pass
+    e = err(imp, a, [head])
+    check("once they end, a new ImportCache stream is accepted", e is None, desc(e))
+    threading.enumerate()
+
+    # shapes that overflow: refused, never undefined behaviour, kexd keeps serving
+    bad = [
+        ("a shape [2^32, 2^32, 0]", [node("BUFFER", dtype="float32", shape=[1 << 32, 1 << 32, 0], fill=1.0)]),
+        ("a shape [2^62+1, 4, 0] (over the element limit with a 0 dim)",
+         [node("BUFFER", dtype="float32", shape=[(1 << 62) + 1, 4, 0], fill=1.0)]),
+        ("RESHAPE [0] -> [0, 2^62, 2^62]",
+         [node("BUFFER", dtype="float32", shape=[0], fill=1.0), node("RESHAPE", src=[0], new_shape=[0, 1 << 62, 1 << 62])]),
+        ("a STRIDE of INT64_MIN",
+         [node("BUFFER", dtype="float32", shape=[4], fill=1.0), node("STRIDE", src=[0], strides=[-(1 << 63)])]),
+        ("a shape of -1", [node("BUFFER", dtype="float32", shape=[-1], fill=1.0)]),
+    ]
+    for what, nodes in bad:
+        e = err(submit, k, a, kex_pb2.Graph(device="cpu", nodes=nodes, outputs=[len(nodes) - 1]))
+        check(f"{what} is refused (INVALID_ARGUMENT or RESOURCE_EXHAUSTED naming node)",
+              e is not None and e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
+              and "node" in e.details(), desc(e))
+    check("kexd still serves after every hostile input", k.health() == health_pb2.HealthCheckResponse.SERVING)
+    ev = submit(k, a, add_graph())
+    check("and a+b still runs", ev and ev[-1].HasField("done"))
+
+    # repeat a round of refusals (after one warm-up round: caches open): descriptors and memory come back
+    for i in range(201):
+        if i == 1:
+            time.sleep(0.3)
+            fds0, rss0 = k.fds(), k.rss_kib()
+        k.raw("OpenJob", field(1, b"\xff"))
+        err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "\0"), timeout=5)
+        err(submit, k, a, add_graph("nope"))
+    time.sleep(0.3)
+    fds1, rss1 = k.fds(), k.rss_kib()
+    check("after 600 refused calls, descriptors are where they started (+2)", fds1 <= fds0 + 2, f"{fds0} -> {fds1}")
+    check("and memory grew by less than 32 MiB", rss1 - rss0 < 32 * 1024, f"{rss0} -> {rss1} KiB")
+    for j in (a, b):
+        err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=j), timeout=5)
+    k.stop()
+
+    # a full job table: the job idle longest makes room, only once it has been idle --job-evict-idle
+    k = Kexd("--max-jobs", "3", "--job-evict-idle", "1")
+    jobs = [open_job(k, name=f"j{i}") for i in range(3)]
+    e = err(open_job, k, name="late")
+    check("a full table of jobs used just now refuses a 4th (RESOURCE_EXHAUSTED naming --max-jobs)",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-jobs"), desc(e))
+    time.sleep(1.3)
+    k.kex.GetStats(kex_pb2.GetStatsRequest(job=jobs[1]), timeout=5)  # renews j1 and ...
+    k.kex.GetStats(kex_pb2.GetStatsRequest(job=jobs[2]), timeout=5)  # ... j2: j0 is idle longest
+    late = err(open_job, k, name="late")
+    e0 = err(k.kex.GetStats, kex_pb2.GetStatsRequest(job=jobs[0]), timeout=5)
+    e1 = err(k.kex.GetStats, kex_pb2.GetStatsRequest(job=jobs[1]), timeout=5)
+    st = k.kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+    check("after --job-evict-idle, the job idle longest is closed to make room; the others stay",
+          late is None and code_and(e0, grpc.StatusCode.NOT_FOUND) and e1 is None and st.jobs_evicted == 1,
+          f"{desc(late)}; {desc(e0)}; {desc(e1)}; evicted {st.jobs_evicted}")
+    k.stop()
+
+
+def main():
+    connections()
+    limits()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
