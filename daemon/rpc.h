@@ -1,7 +1,7 @@
 /*
- * rpc.h - what rpc.c shares with the other method files of the daemon
- * (submit.c): request decoding, the job check, the protobuf Graph
- * conversion and device names.  Loop thread only.
+ * rpc.h - what the daemon's method files share: the request plumbing
+ * (request.c), the protobuf Graph conversion (pbgraph.c), and every
+ * handler the method table (rpc.c) routes to.  Loop thread only.
  */
 #ifndef KEX_DAEMON_RPC_H
 #define KEX_DAEMON_RPC_H
@@ -21,6 +21,10 @@
 ProtobufCMessage *kexd_rpc_decode(kexd *d, kexd_call *c, const ProtobufCMessageDescriptor *desc, const uint8_t *req,
                                   size_t len);
 void kexd_rpc_free_msg(ProtobufCMessage *m);
+/* End call c with kex error rc: err's message when it has one, else the code's text. */
+void kexd_rpc_fail(kexd_call *c, int rc, const kex_error *err);
+/* CLOCK_MONOTONIC in microseconds. */
+double kexd_now_us(void);
 /* The job named by token, lease renewed; NULL with the call finished (INVALID_ARGUMENT / NOT_FOUND). */
 kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token);
 /*
@@ -34,6 +38,20 @@ int kexd_rpc_graph_from_pb(const kexd *d, const Kex__V1__Graph *pg, const char *
                            kexd_job *job, kex_graph **out, kex_error *err);
 /* Index of the configured device `name` names ("" and "default": the first); -1 when none. */
 int kexd_rpc_device_index(const kexd *d, const char *name);
+
+/* ---- the handlers (info.c, job_rpc.c, plan.c, buffers.c) ---- */
+
+void kexd_rpc_health_check(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_health_watch(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_close_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud); /* --test-busy-work only */
+void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_upload(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_free(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 
 /* ---- submit.c ---- */
 

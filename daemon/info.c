@@ -1,0 +1,286 @@
+/*
+ * info.c - what kexd says about itself: grpc.health.v1 (Check, Watch),
+ * ListDevices (the devices it serves, discovered once) and GetStats (the
+ * daemon's counters, connections and every job's or one job's usage).
+ */
+#include <grpc/status.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "daemon/accept_guard.h"
+#include "daemon/rpc.h"
+#include "grpc/health/v1/health.pb-c.h"
+#ifdef KEXD_HAVE_DEVICES
+#include "devices/device.h"
+#endif
+
+#define RPC_SERVICE "kex.v1.Kex"
+#define RPC_HEALTH_SERVICE "grpc.health.v1.Health"
+
+/* ---- grpc.health.v1.Health ---- */
+
+static bool health_known(const char *service) {
+  return !*service || strcmp(service, RPC_SERVICE) == 0 || strcmp(service, RPC_HEALTH_SERVICE) == 0;
+}
+
+void kexd_rpc_health_check(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Grpc__Health__V1__HealthCheckRequest *m =
+      (Grpc__Health__V1__HealthCheckRequest *)kexd_rpc_decode(d, c, &grpc__health__v1__health_check_request__descriptor, req, len);
+  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  if (!m) return;
+  if (!health_known(m->service)) {
+    kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "unknown service \"%s\"", m->service);
+  } else {
+    r.status = kexd_server_stopping(d->server) ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+                                                : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  }
+  kexd_rpc_free_msg(&m->base);
+}
+
+/*
+ * Watch: SERVING now, then nothing until the server stops (NOT_SERVING, then
+ * OK) or the client goes away.  The state is freed exactly once: when the
+ * call is finished or cancelled and no write is outstanding.
+ */
+typedef struct health_watch {
+  bool writing, stop_pending, dead;
+} health_watch;
+
+static void watch_end(kexd_call *c, health_watch *w) {
+  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  kex_free(w);
+}
+
+static void watch_written(kexd_call *c, int ok, void *ud) {
+  health_watch *w = ud;
+  w->writing = false;
+  if (w->dead) {
+    kex_free(w);
+    return;
+  }
+  if (ok && w->stop_pending) watch_end(c, w);
+  /* !ok: the call died; its cancel hook follows and frees w */
+}
+
+static void watch_cancelled(kexd_call *c, void *ud) {
+  health_watch *w = ud;
+  (void)c;
+  w->dead = true;
+  if (!w->writing) kex_free(w);
+}
+
+static void watch_stop(kexd_call *c, void *ud) {
+  health_watch *w = ud;
+  if (w->writing) w->stop_pending = true;
+  else watch_end(c, w);
+}
+
+void kexd_rpc_health_watch(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Grpc__Health__V1__HealthCheckRequest *m =
+      (Grpc__Health__V1__HealthCheckRequest *)kexd_rpc_decode(d, c, &grpc__health__v1__health_check_request__descriptor, req, len);
+  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  health_watch *w = NULL;
+  int rc;
+  if (!m) return;
+  if (!health_known(m->service)) {
+    kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "unknown service \"%s\"", m->service);
+    goto out;
+  }
+  if (kexd_server_stopping(d->server)) {
+    r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+    goto out;
+  }
+  if (!(w = kex_calloc(1, sizeof *w))) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    goto out;
+  }
+  r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  w->writing = true;
+  if ((rc = kexd_call_write(c, &r.base, watch_written, w)) < 0) {
+    kex_free(w);
+    kexd_call_failf(c, GRPC_STATUS_INTERNAL, "cannot send the health status: %s", kex_strerror(rc));
+    goto out;
+  }
+  kexd_call_set_hooks(c, watch_cancelled, watch_stop, w);
+out:
+  kexd_rpc_free_msg(&m->base);
+}
+
+/* ---- devices and stats ---- */
+
+#define RPC_MAX_LISTED (2 * KEXD_MAX_DEVICES) /* devices in one ListDevices reply */
+
+#ifdef KEXD_HAVE_DEVICES
+/*
+ * The discovered device a configured name opens, as kex_device_open picks it:
+ * "opencl" the first GPU else the first OpenCL device, "opencl:<sub>" a name
+ * containing sub, "cpu" the C backend, "default" the first GPU, OpenCL device, cpu.
+ */
+static const kex_device_desc *match_device(const kex_device_desc *descs, size_t n, const char *name) {
+  const kex_device_desc *first_cl = NULL, *gpu = NULL, *cpu = NULL;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(descs[i].kind, "opencl") == 0) {
+      if (!first_cl) first_cl = &descs[i];
+      if (!gpu && descs[i].is_gpu) gpu = &descs[i];
+    } else if (strcmp(descs[i].kind, "cpu") == 0 && !cpu) {
+      cpu = &descs[i];
+    }
+  }
+  if (strcmp(name, "opencl") == 0) return gpu ? gpu : first_cl;
+  if (strcmp(name, "cpu") == 0) return cpu;
+  if (strcmp(name, "default") == 0) return gpu ? gpu : first_cl ? first_cl : cpu;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(descs[i].open_name, name) == 0) return &descs[i];
+  if (strncmp(name, "opencl:", 7) == 0)
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(descs[i].kind, "opencl") == 0 && strcasestr(descs[i].name, name + 7)) return &descs[i];
+  return NULL;
+}
+#endif
+
+void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__ListDevicesRequest *m =
+      (Kex__V1__ListDevicesRequest *)kexd_rpc_decode(d, c, &kex__v1__list_devices_request__descriptor, req, len);
+  Kex__V1__ListDevicesReply r = KEX__V1__LIST_DEVICES_REPLY__INIT;
+  Kex__V1__Device devs[RPC_MAX_LISTED], *ptrs[RPC_MAX_LISTED];
+  size_t n = 0;
+  if (!m) return;
+  if (*m->job && !kexd_rpc_need_job(d, c, m->job)) goto out;
+  /* the names kexd was configured with, the first the default ... */
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
+    kex__v1__device__init(&devs[n]);
+    devs[n].name = d->cfg.devices[i];
+    devs[n].kind = strncmp(d->cfg.devices[i], "cpu", 3) == 0 ? "cpu" : "opencl";
+    devs[n].is_default = i == 0;
+    ptrs[n] = &devs[n];
+    n++;
+  }
+#ifdef KEXD_HAVE_DEVICES
+  /* ... with what devices/ finds on this machine (listed once; OpenCL discovery takes ~20 ms) */
+  if (!d->devices_listed) {
+    kex_device_desc *descs = NULL;
+    kex_error err = {0};
+    int rc = kex_device_list(&descs, &d->ndevice_descs, &err);
+    d->devices_listed = rc < 0 ? rc : 1;
+    d->device_descs = descs;
+    if (rc < 0) KEX_WARN("ListDevices: %s", err.msg[0] ? err.msg : kex_strerror(rc));
+  }
+  const kex_device_desc *descs = d->device_descs;
+  for (size_t i = 0; i < n; i++) {
+    const kex_device_desc *dd = match_device(descs, d->ndevice_descs, devs[i].name);
+    if (!dd) continue;
+    devs[i].kind = (char *)dd->kind;
+    devs[i].device_name = (char *)dd->name;
+    devs[i].vendor = (char *)dd->platform;
+    devs[i].available = true;
+  }
+  for (size_t i = 0; i < d->ndevice_descs && n < RPC_MAX_LISTED; i++) {
+    bool listed = false;
+    for (size_t k = 0; k < n; k++) listed |= strcmp(devs[k].name, descs[i].open_name) == 0;
+    if (listed) continue;
+    kex__v1__device__init(&devs[n]);
+    devs[n].name = (char *)descs[i].open_name;
+    devs[n].kind = (char *)descs[i].kind;
+    devs[n].device_name = (char *)descs[i].name;
+    devs[n].vendor = (char *)descs[i].platform;
+    devs[n].available = true;
+    ptrs[n] = &devs[n];
+    n++;
+  }
+#endif
+  r.n_devices = n;
+  r.devices = ptrs;
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  kexd_rpc_free_msg(&m->base);
+}
+
+void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__GetStatsRequest *m = (Kex__V1__GetStatsRequest *)kexd_rpc_decode(d, c, &kex__v1__get_stats_request__descriptor, req, len);
+  Kex__V1__StatsReply r = KEX__V1__STATS_REPLY__INIT;
+  const kexd_server_stats *ss = kexd_server_get_stats(d->server);
+  kexd_job *job = NULL;
+  Kex__V1__JobStats *js = NULL, **jsp = NULL;
+  if (!m) return;
+  if (*m->job && !(job = kexd_rpc_need_job(d, c, m->job))) goto out;
+  r.jobs_open = d->jobs.njobs;
+  r.jobs_opened = d->jobs.opened;
+  r.jobs_closed = d->jobs.closed;
+  r.jobs_expired = d->jobs.expired;
+  r.submissions = d->submissions;
+  r.plans = d->plans;
+  r.plan_errors = d->plan_errors;
+  r.kernels_planned = d->kernels_planned;
+  r.calls = ss->calls;
+  r.calls_failed = ss->calls_failed;
+  uv_update_time(d->loop);
+  r.uptime_s = (uv_now(d->loop) - d->started_ms) / 1e3;
+  r.buffers_freed = d->jobs.buffers_freed;
+  r.submissions_done = d->submissions_done;
+  r.submissions_failed = d->submissions_failed;
+  r.schedule_cache_hits = d->sched_cache_hits;
+  r.schedule_cache_misses = d->sched_cache_misses;
+  r.program_cache_memory_hits = d->prog_cache_memory_hits;
+  r.program_cache_sqlite_hits = d->prog_cache_sqlite_hits;
+  r.program_cache_misses = d->prog_cache_misses;
+  {
+    kexd_tune_counters tc;
+    kexd_tune_stats(d, &tc);
+    r.beam_cache_hits = tc.beam_hits;
+    r.beam_cache_misses = tc.beam_misses;
+    r.searches_run = tc.searches;
+    r.searches_cancelled = tc.searches_cancelled;
+  }
+  {
+    kexd_accept_stats as;
+    kexd_accept_guard_stats(&as);
+    r.connections_open = as.open;
+    r.connections_refused = as.refused_limit + as.refused_fds;
+  }
+  r.jobs_evicted = d->jobs.evicted;
+  for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
+  /* one job when a token was given, every open job otherwise */
+  r.n_job_stats = job ? 1 : d->jobs.njobs;
+  if (r.n_job_stats) {
+    if (!(js = kex_calloc(r.n_job_stats, sizeof *js)) || !(jsp = kex_calloc(r.n_job_stats, sizeof *jsp))) {
+      kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "GetStats: out of memory");
+      goto out;
+    }
+    for (size_t i = 0; i < r.n_job_stats; i++) {
+      const kexd_job *jb = job ? job : d->jobs.jobs[i];
+      kexd_flow_stats fs;
+      kexd_dispatch_job_stats(d->disp, jb->id, &fs);
+      kex__v1__job_stats__init(&js[i]);
+      js[i].name = jb->name;
+      js[i].weight = jb->weight;
+      js[i].memory_limit = jb->memory_limit;
+      js[i].bytes_held = jb->bytes_held;
+      js[i].bytes_reserved = jb->bytes_reserved;
+      js[i].buffers = jb->nbufs;
+      js[i].queued = fs.queued;
+      js[i].running = fs.running;
+      js[i].items_done = fs.items_done;
+      js[i].device_time_s = fs.device_s;
+      jsp[i] = &js[i];
+    }
+    r.job_stats = jsp;
+  }
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  kex_free(jsp);
+  kex_free(js);
+  kexd_rpc_free_msg(&m->base);
+}

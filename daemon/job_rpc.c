@@ -1,0 +1,125 @@
+/*
+ * job_rpc.c - OpenJob and CloseJob (the job table is jobs.c), and the
+ * test-only _BusyWork (kexd --test-busy-work), which queues busy-CPU items
+ * on a device runner charged to a job, to measure fair queueing.
+ */
+#include <grpc/status.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "daemon/rpc.h"
+
+/* ---- jobs ---- */
+
+void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__OpenJobRequest *m = (Kex__V1__OpenJobRequest *)kexd_rpc_decode(d, c, &kex__v1__open_job_request__descriptor, req, len);
+  Kex__V1__OpenJobReply r = KEX__V1__OPEN_JOB_REPLY__INIT;
+  kexd_job *job;
+  kex_error err = {0};
+  char peer[KEXD_PEER_MAX];
+  uint64_t memory;
+  int rc;
+  if (!m) return;
+  memory = m->memory_limit ? m->memory_limit : d->cfg.job_memory_default;
+  kexd_call_peer_host(c, peer, sizeof peer);
+  if (memory > d->cfg.job_memory_max)
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "OpenJob: memory_limit %" PRIu64 " is more than the server's limit of %" PRIu64
+                    " bytes (--job-memory-max)",
+                    memory, d->cfg.job_memory_max);
+  else if (m->weight > KEXD_LIMIT_WEIGHT)
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: weight %u is more than the limit of %u",
+                    m->weight, KEXD_LIMIT_WEIGHT);
+  else if ((rc = kexd_jobs_open(&d->jobs, m->name, m->weight, memory, peer, &job, &err)) < 0)
+    kexd_call_failf(c, kex_err_grpc_status(rc), "OpenJob: %s", err.msg);
+  else {
+    kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" opened by %s (weight %u, memory limit %" PRIu64 " bytes)",
+            job->name, peer, job->weight, job->memory_limit);
+    r.job = job->token;
+    r.lease_seconds = (uint32_t)ceil(d->cfg.lease_s);
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  }
+  kexd_rpc_free_msg(&m->base);
+}
+
+void kexd_rpc_close_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__CloseJobRequest *m =
+      (Kex__V1__CloseJobRequest *)kexd_rpc_decode(d, c, &kex__v1__close_job_request__descriptor, req, len);
+  Kex__V1__CloseJobReply r = KEX__V1__CLOSE_JOB_REPLY__INIT;
+  if (!m) return;
+  if (kexd_rpc_need_job(d, c, m->job)) {
+    kexd_jobs_close_job(&d->jobs, m->job);
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+  }
+  kexd_rpc_free_msg(&m->base);
+}
+
+/* ---- _BusyWork (kexd --test-busy-work only) ---- */
+
+typedef struct busy_item {
+  kexd_work work;
+  double ms;
+} busy_item;
+
+/* Spin for arg's milliseconds on the runner thread; the device time is the wall time spun. */
+static int busy_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
+  const busy_item *b = arg;
+  double t0 = kexd_now_us(), t;
+  (void)dev;
+  (void)err;
+  do t = kexd_now_us();
+  while (t - t0 < b->ms * 1e3);
+  *device_s = (t - t0) / 1e6;
+  return 0;
+}
+
+static void busy_done(kexd_work *w) { kex_free(w->ud); }
+
+void kexd_rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__BusyWorkRequest *m =
+      (Kex__V1__BusyWorkRequest *)kexd_rpc_decode(d, c, &kex__v1__busy_work_request__descriptor, req, len);
+  Kex__V1__BusyWorkReply r = KEX__V1__BUSY_WORK_REPLY__INIT;
+  kexd_job *job;
+  int dev, rc;
+  if (!m) return;
+  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
+  if (m->items > KEXD_BUSY_MAX_ITEMS || !(m->ms >= 0 && m->ms <= KEXD_BUSY_MAX_MS)) {
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "_BusyWork: items must be <= %d and ms in [0, %g]",
+                    KEXD_BUSY_MAX_ITEMS, KEXD_BUSY_MAX_MS);
+    goto out;
+  }
+  if ((dev = kexd_rpc_device_index(d, m->device)) < 0) {
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "_BusyWork: device \"%.64s\" is not one of this kexd's devices",
+                    m->device);
+    goto out;
+  }
+  for (uint32_t i = 0; i < m->items; i++) {
+    busy_item *b = kex_calloc(1, sizeof *b);
+    if (!b) break;
+    b->ms = m->ms;
+    b->work.kind = KEXD_WORK_RUN;
+    b->work.job = job->id;
+    b->work.weight = job->weight;
+    b->work.fn = busy_run;
+    b->work.arg = b;
+    b->work.done = busy_done;
+    b->work.ud = b;
+    if ((rc = kexd_dispatch_post(d->disp, (uint32_t)dev, &b->work)) < 0) {
+      kex_free(b);
+      break;
+    }
+    r.queued++;
+  }
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  kexd_rpc_free_msg(&m->base);
+}

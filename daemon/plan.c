@@ -1,0 +1,202 @@
+/*
+ * plan.c - Plan: replay and schedule a graph for a job without running it,
+ * on the loop thread for small graphs (--plan-inline-nodes) and on the
+ * worker pool for large ones; the reply lists the schedule items as `kex
+ * plan --json` prints them.
+ */
+#include <grpc/status.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/arena.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "daemon/rpc.h"
+#include "sched/graph.h"
+#include "sched/lazy.h"
+#include "sched/schedule.h"
+
+/* ---- Plan ---- */
+
+/* One Plan in progress; owns the graph, the replay's arena and the reply. */
+typedef struct plan_work {
+  uv_work_t req;
+  kexd *d;
+  kexd_call *call;
+  char job[9];
+  kex_graph *g;
+  kex_replay_opts ro;
+  kex_arena arena;       /* the replay, the schedule and the reply live here */
+  kex_replay *replay;
+  kex_schedule *sched;
+  Kex__V1__PlanReply reply;
+  int rc;
+  kex_error err;
+} plan_work;
+
+static void plan_work_free(plan_work *w) {
+  kex_schedule_free(w->sched);
+  kex_replay_free(w->replay);
+  kex_graph_free(w->g);
+  kex_arena_destroy(&w->arena);
+  kex_free(w);
+}
+
+/* A JSON array of integers as an arena array of uint32; NULL on OOM (n = 0 gives a non-NULL pointer). */
+static uint32_t *json_u32s(kex_arena *a, const json_t *arr, size_t *n) {
+  uint32_t *v;
+  *n = json_array_size(arr);
+  if (!(v = kex_arena_alloc(a, (*n ? *n : 1) * sizeof *v))) return NULL;
+  for (size_t i = 0; i < *n; i++) v[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
+  return v;
+}
+
+/* Fill w->reply from the schedule (the `kex plan --json` items).  0 or KEX_ENOMEM. */
+static int plan_reply_build(plan_work *w) {
+  kex_arena *a = &w->arena;
+  Kex__V1__PlanReply *r = &w->reply;
+  json_t *items = kex_schedule_to_json(w->sched);
+  int rc = 0;
+  kex__v1__plan_reply__init(r);
+  if (!items) return KEX_ENOMEM;
+  r->kernels = w->sched->nkernels;
+  r->intermediate_buffers = w->sched->nplanned_buffers;
+  r->planned_buffers = w->sched->nplanned_after;
+  r->bytes_before = w->sched->planned_bytes_before;
+  r->bytes_after = w->sched->planned_bytes_after;
+  r->n_items = json_array_size(items);
+  if (!(r->items = kex_arena_calloc(a, r->n_items ? r->n_items : 1, sizeof *r->items))) goto nomem;
+  for (size_t i = 0; i < r->n_items; i++) {
+    const json_t *o = json_array_get(items, i), *ast = json_object_get(o, "ast");
+    Kex__V1__PlanItem *it = kex_arena_alloc(a, sizeof *it);
+    if (!it) goto nomem;
+    kex__v1__plan_item__init(it);
+    if (!(it->kind = kex_arena_strdup(a, json_string_value(json_object_get(o, "kind")))) ||
+        !(it->label = kex_arena_strdup(a, json_string_value(json_object_get(o, "label")))) ||
+        !(it->outputs = json_u32s(a, json_object_get(o, "outputs"), &it->n_outputs)) ||
+        !(it->inputs = json_u32s(a, json_object_get(o, "inputs"), &it->n_inputs)) ||
+        !(it->planned = json_u32s(a, json_object_get(o, "buffers_planned"), &it->n_planned)))
+      goto nomem;
+    it->n_ast = json_is_array(ast) ? json_array_size(ast) : 0;
+    if (!(it->ast = kex_arena_alloc(a, (it->n_ast ? it->n_ast : 1) * sizeof *it->ast))) goto nomem;
+    for (size_t k = 0; k < it->n_ast; k++)
+      if (!(it->ast[k] = kex_arena_strdup(a, json_string_value(json_array_get(ast, k))))) goto nomem;
+    r->items[i] = it;
+  }
+  goto out;
+nomem:
+  rc = KEX_ENOMEM;
+out:
+  json_decref(items);
+  return rc;
+}
+
+/* Replay, schedule and build the reply; safe on a worker thread (touches only w). */
+static void plan_run(plan_work *w) {
+  double t0 = kexd_now_us(), t1;
+  w->rc = kex_replay_graph(w->g, &w->ro, &w->arena, &w->replay, &w->err);
+  if (!w->rc) w->rc = kex_schedule_create(w->replay, &w->sched, &w->err);
+  t1 = kexd_now_us();
+  if (!w->rc && (w->rc = plan_reply_build(w)) < 0) kex_err_set(&w->err, w->rc, "Plan: out of memory building the reply");
+  w->reply.schedule_us = t1 - t0;
+}
+
+/* Reply on the loop thread and free the work. */
+static void plan_done(plan_work *w) {
+  kexd *d = w->d;
+  if (w->rc < 0) {
+    d->plan_errors++;
+    kex_log(KEX_LOG_INFO, w->job, 0, "Plan refused: %s", w->err.msg[0] ? w->err.msg : kex_strerror(w->rc));
+    kexd_rpc_fail(w->call, w->rc, &w->err);
+  } else {
+    d->kernels_planned += w->reply.kernels;
+    kex_log(KEX_LOG_DEBUG, w->job, 0, "Plan: %u nodes -> %u kernels in %.0f us", w->g->nnodes, w->reply.kernels,
+            w->reply.schedule_us);
+    kexd_call_finish(w->call, GRPC_STATUS_OK, NULL, &w->reply.base);
+  }
+  d->plans_in_flight--;
+  kexd_call_unref(w->call);
+  plan_work_free(w);
+}
+
+static void plan_work_cb(uv_work_t *req) { plan_run(req->data); }
+
+static void plan_after_work_cb(uv_work_t *req, int status) {
+  plan_work *w = req->data;
+  if (status < 0 && !w->rc) w->rc = kex_err_set(&w->err, KEX_EINTERNAL, "Plan: the worker pool dropped the job");
+  plan_done(w);
+}
+
+/* Which configured device a graph's "device" names; NULL when none. */
+static const char *resolve_device(const kexd *d, const char *name) {
+  if (!name || !*name || strcmp(name, "default") == 0) return d->cfg.devices[0];
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++)
+    if (strcmp(d->cfg.devices[i], name) == 0) return d->cfg.devices[i];
+  return NULL;
+}
+
+void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__PlanRequest *m = (Kex__V1__PlanRequest *)kexd_rpc_decode(d, c, &kex__v1__plan_request__descriptor, req, len);
+  kexd_job *job;
+  plan_work *w = NULL;
+  const char *dev;
+  int rc;
+  if (!m) return;
+  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
+  d->plans++;
+  job->plans++;
+  if (!m->graph) {
+    d->plan_errors++;
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Plan: missing graph");
+    goto out;
+  }
+  if (!(dev = resolve_device(d, m->graph->device))) {
+    char names[KEXD_MAX_DEVICES * (KEXD_DEVICE_NAME_MAX + 2)] = "";
+    for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
+      if (i) strcat(names, ", ");
+      strcat(names, d->cfg.devices[i]);
+    }
+    d->plan_errors++;
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "graph: device \"%.64s\" is not one of this kexd's devices (%s)",
+                    m->graph->device, names);
+    goto out;
+  }
+  if (!(w = kex_calloc(1, sizeof *w))) {
+    d->plan_errors++;
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Plan: out of memory");
+    goto out;
+  }
+  kex_arena_init(&w->arena, 0);
+  w->d = d;
+  w->call = c;
+  memcpy(w->job, job->log_id, sizeof w->job);
+  /* a cpu device follows tinygrad's CLANG rules (buffer views), every other its GPU (OpenCL) rules */
+  w->ro.buffer_view = strncmp(dev, "cpu", 3) == 0;
+  w->ro.device_name = dev;
+  if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
+                                    &d->cfg.limits, job, &w->g, &w->err)) < 0) {
+    d->plan_errors++;
+    kex_log(KEX_LOG_INFO, w->job, 0, "Plan refused: %s", w->err.msg);
+    kexd_rpc_fail(c, rc, &w->err);
+    plan_work_free(w);
+    goto out;
+  }
+  kexd_call_ref(c); /* the plan's own reference: the call outlives a cancel until plan_done */
+  d->plans_in_flight++;
+  if (w->g->nnodes <= d->cfg.plan_inline_nodes) {
+    plan_run(w);
+    plan_done(w);
+  } else {
+    w->req.data = w;
+    if ((rc = uv_queue_work(d->loop, &w->req, plan_work_cb, plan_after_work_cb)) < 0) {
+      plan_run(w); /* the pool refused: do it here rather than fail */
+      plan_done(w);
+    }
+  }
+out:
+  kexd_rpc_free_msg(&m->base);
+}
