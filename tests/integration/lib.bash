@@ -75,3 +75,19 @@ PYEOF
     finish
   fi
 }
+
+# run_py SCRIPT [VAR=VALUE...]: run tests/integration/SCRIPT with the Debian python and
+# the given environment (KEX_STUBS=$tmp is always set), show its lines, and add its
+# closing "N passed, N failed" to the counts (a missing closing line is one failure).
+run_py() {
+  local script=$1 last
+  shift
+  env KEX_STUBS="$tmp" "$@" $PY "tests/integration/$script" | tee "$tmp/py.out"
+  last=$(tail -n 1 "$tmp/py.out")
+  if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+  else
+    bad "$script printed its closing line (got: $last)"
+  fi
+}

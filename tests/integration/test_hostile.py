@@ -30,6 +30,7 @@ import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
+from kexdtest import check, desc, free_port, rpc_error, run  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 TMP = os.environ["KEXD_TMP"]
@@ -37,28 +38,10 @@ ASAN = os.environ.get("KEXD_ASAN") == "1"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
-passed = 0
-failed = 0
 
 
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok - {name}")
-    else:
-        failed += 1
-        print(f"FAIL - {name}{': ' + str(detail) if detail else ''}")
-    sys.stdout.flush()
-    return cond
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Kexd:
@@ -144,22 +127,10 @@ class Kexd:
               f"rc {rc}; {log[-2000:]}")
 
 
-def err(fn, *a, **kw):
-    try:
-        fn(*a, **kw)
-    except grpc.RpcError as e:
-        return e
-    return None
-
-
 def code_and(e, code, *words):
     return e is not None and e.code() == code and all(w in e.details() for w in words)
 
 
-def desc(e):
-    if e is None:
-        return "no error"
-    return f"{e.code()} {e.details()}" if isinstance(e, grpc.RpcError) else repr(e)[:300]
 
 
 def field(num, payload):
@@ -311,11 +282,11 @@ def limits():
     a = open_job(k, name="tenant-a")
 
     # tokens compare whole: TOKEN\0junk is not TOKEN
-    e = err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "\0junk"), timeout=5)
+    e = rpc_error(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "\0junk"), timeout=5)
     st = k.kex.GetStats(kex_pb2.GetStatsRequest(job=a), timeout=5)
     check("a token followed by \\0junk is INVALID_ARGUMENT naming the NUL, and the real job stays open",
           code_and(e, grpc.StatusCode.INVALID_ARGUMENT, "NUL") and st.jobs_open >= 1, desc(e))
-    e = err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "x"), timeout=5)
+    e = rpc_error(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "x"), timeout=5)
     check("a token with one extra character is unknown (NOT_FOUND)", code_and(e, grpc.StatusCode.NOT_FOUND), desc(e))
 
     # strings are UTF-8: a non-UTF-8 job name is refused and GetStats stays decodable
@@ -325,14 +296,14 @@ def limits():
           and "UTF-8" in r.details(), r if isinstance(r, bytes) else desc(r))
     r = k.raw("OpenJob", field(1, "naïve-ok".encode()))
     check("OpenJob with a valid UTF-8 name (non-ASCII) is accepted", isinstance(r, bytes), desc(r))
-    st = err(k.kex.GetStats, kex_pb2.GetStatsRequest(), timeout=5)
+    st = rpc_error(k.kex.GetStats, kex_pb2.GetStatsRequest(), timeout=5)
     check("GetStats still decodes in grpcio after the bad names", st is None, desc(st))
     r = k.raw("OpenJob", field(1, b"\xed\xa0\x80surrogate"))
     check("a UTF-16 surrogate encoded in UTF-8 is refused", isinstance(r, grpc.RpcError) and
           r.code() == grpc.StatusCode.INVALID_ARGUMENT, r)
 
     # an unknown device anywhere in a graph
-    e = err(submit, k, a, add_graph("nope"))
+    e = rpc_error(submit, k, a, add_graph("nope"))
     check("COPY to device \"nope\" is INVALID_ARGUMENT naming the node and the device",
           code_and(e, grpc.StatusCode.INVALID_ARGUMENT, "node 3", "nope"), desc(e))
     ev = submit(k, a, add_graph("cpu"))
@@ -341,7 +312,7 @@ def limits():
     # job memory: 0 gets the default, the maximum on both sides
     st = k.kex.GetStats(kex_pb2.GetStatsRequest(job=a), timeout=5).job_stats[0]
     check("memory_limit 0 gets --job-memory-default (1048576), not infinity", st.memory_limit == 1048576, str(st))
-    e = err(open_job, k, name="big", memory_limit=8388609)
+    e = rpc_error(open_job, k, name="big", memory_limit=8388609)
     check("memory_limit one byte over --job-memory-max is RESOURCE_EXHAUSTED naming the flag and the value",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--job-memory-max", "8388609"), desc(e))
     j = open_job(k, name="max", memory_limit=8388608)
@@ -349,12 +320,12 @@ def limits():
     k.kex.CloseJob(kex_pb2.CloseJobRequest(job=j), timeout=5)
     up = lambda job, n: k.kex.Upload(iter([kex_pb2.UploadRequest(job=job, header=kex_pb2.UploadHeader(dtype="uint8", shape=[n])),
                                           kex_pb2.UploadRequest(chunk=b"\1" * n)]), timeout=10)
-    e = err(up, a, 2 * 1048576)
+    e = rpc_error(up, a, 2 * 1048576)
     check("a default-limited job cannot upload 2 MiB (RESOURCE_EXHAUSTED)",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED), desc(e))
 
     # weight
-    e = err(open_job, k, name="heavy", weight=1001)
+    e = rpc_error(open_job, k, name="heavy", weight=1001)
     check("weight 1001 is RESOURCE_EXHAUSTED naming the limit 1000",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "1000"), desc(e))
     j = open_job(k, name="w", weight=1000)
@@ -364,16 +335,16 @@ def limits():
     # jobs per peer: a (open) + naïve-ok (open) + 2 more = 4; the 5th is refused
     b = open_job(k, name="b")
     c = open_job(k, name="c")
-    e = err(open_job, k, name="d")
+    e = rpc_error(open_job, k, name="d")
     check("the 5th job of one client address is RESOURCE_EXHAUSTED naming --max-jobs-per-peer",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-jobs-per-peer", "127.0.0.1"), desc(e))
     k.kex.CloseJob(kex_pb2.CloseJobRequest(job=c), timeout=5)
-    d = err(open_job, k, name="d")
+    d = rpc_error(open_job, k, name="d")
     check("after one closes, the 4th is accepted again", d is None, desc(d))
 
     # Download's smallest chunk, both sides
     h = up(a, 4096).handle
-    e = err(lambda: list(k.kex.Download(kex_pb2.DownloadRequest(job=a, handle=h, chunk_bytes=1023), timeout=10)))
+    e = rpc_error(lambda: list(k.kex.Download(kex_pb2.DownloadRequest(job=a, handle=h, chunk_bytes=1023), timeout=10)))
     check("Download chunk_bytes 1023 (< --download-chunk-min 1024) is RESOURCE_EXHAUSTED naming the flag",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--download-chunk-min", "1023"), desc(e))
     ch = list(k.kex.Download(kex_pb2.DownloadRequest(job=a, handle=h, chunk_bytes=1024), timeout=10))
@@ -387,10 +358,10 @@ def limits():
         reqs = [kex_pb2.ImportCacheRequest(job=job, data=chunks[0])] + [kex_pb2.ImportCacheRequest(data=x) for x in chunks[1:]]
         return k.kex.ImportCache(iter(reqs), timeout=10)
 
-    e = err(imp, a, [head, b" " * (4097 - len(head))])
+    e = rpc_error(imp, a, [head, b" " * (4097 - len(head))])
     check("an ImportCache stream of 4097 bytes (> --import-max-bytes 4096) is RESOURCE_EXHAUSTED naming the flag",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--import-max-bytes"), desc(e))
-    e = err(imp, a, [head, b"\n" * (4096 - len(head))])
+    e = rpc_error(imp, a, [head, b"\n" * (4096 - len(head))])
     check("an ImportCache stream of exactly 4096 bytes is read to the end (not refused for size)",
           e is None or "--import-max-bytes" not in e.details(), desc(e))
 
@@ -404,7 +375,7 @@ def limits():
 
     futs = [k.kex.ImportCache.future(held(q), timeout=20) for q in gates]
     time.sleep(0.5)
-    e = err(imp, a, [head])
+    e = rpc_error(imp, a, [head])
     check("a 3rd ImportCache stream while 2 are open is RESOURCE_EXHAUSTED naming --import-streams",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--import-streams"), desc(e))
     for q in gates:
@@ -414,7 +385,7 @@ def limits():
             f.result()
         except grpc.RpcError:
             pass
-    e = err(imp, a, [head])
+    e = rpc_error(imp, a, [head])
     check("once they end, a new ImportCache stream is accepted", e is None, desc(e))
     threading.enumerate()
 
@@ -430,7 +401,7 @@ def limits():
         ("a shape of -1", [node("BUFFER", dtype="float32", shape=[-1], fill=1.0)]),
     ]
     for what, nodes in bad:
-        e = err(submit, k, a, kex_pb2.Graph(device="cpu", nodes=nodes, outputs=[len(nodes) - 1]))
+        e = rpc_error(submit, k, a, kex_pb2.Graph(device="cpu", nodes=nodes, outputs=[len(nodes) - 1]))
         check(f"{what} is refused (INVALID_ARGUMENT or RESOURCE_EXHAUSTED naming node)",
               e is not None and e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
               and "node" in e.details(), desc(e))
@@ -444,28 +415,28 @@ def limits():
             time.sleep(0.3)
             fds0, rss0 = k.fds(), k.rss_kib()
         k.raw("OpenJob", field(1, b"\xff"))
-        err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "\0"), timeout=5)
-        err(submit, k, a, add_graph("nope"))
+        rpc_error(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=a + "\0"), timeout=5)
+        rpc_error(submit, k, a, add_graph("nope"))
     time.sleep(0.3)
     fds1, rss1 = k.fds(), k.rss_kib()
     check("after 600 refused calls, descriptors are where they started (+2)", fds1 <= fds0 + 2, f"{fds0} -> {fds1}")
     check("and memory grew by less than 32 MiB", rss1 - rss0 < 32 * 1024, f"{rss0} -> {rss1} KiB")
     for j in (a, b):
-        err(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=j), timeout=5)
+        rpc_error(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=j), timeout=5)
     k.stop()
 
     # a full job table: the job idle longest makes room, only once it has been idle --job-evict-idle
     k = Kexd("--max-jobs", "3", "--job-evict-idle", "1")
     jobs = [open_job(k, name=f"j{i}") for i in range(3)]
-    e = err(open_job, k, name="late")
+    e = rpc_error(open_job, k, name="late")
     check("a full table of jobs used just now refuses a 4th (RESOURCE_EXHAUSTED naming --max-jobs)",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-jobs"), desc(e))
     time.sleep(1.3)
     k.kex.GetStats(kex_pb2.GetStatsRequest(job=jobs[1]), timeout=5)  # renews j1 and ...
     k.kex.GetStats(kex_pb2.GetStatsRequest(job=jobs[2]), timeout=5)  # ... j2: j0 is idle longest
-    late = err(open_job, k, name="late")
-    e0 = err(k.kex.GetStats, kex_pb2.GetStatsRequest(job=jobs[0]), timeout=5)
-    e1 = err(k.kex.GetStats, kex_pb2.GetStatsRequest(job=jobs[1]), timeout=5)
+    late = rpc_error(open_job, k, name="late")
+    e0 = rpc_error(k.kex.GetStats, kex_pb2.GetStatsRequest(job=jobs[0]), timeout=5)
+    e1 = rpc_error(k.kex.GetStats, kex_pb2.GetStatsRequest(job=jobs[1]), timeout=5)
     st = k.kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
     check("after --job-evict-idle, the job idle longest is closed to make room; the others stay",
           late is None and code_and(e0, grpc.StatusCode.NOT_FOUND) and e1 is None and st.jobs_evicted == 1,
@@ -476,9 +447,7 @@ def limits():
 def main():
     connections()
     limits()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "test_hostile.py")

@@ -13,12 +13,5 @@ if grep -q "b_sanitize=address" "$build/meson-info/intro-buildoptions.json" 2>/d
   grep -q '"sanitize", "value": true' "$build/meson-info/intro-buildoptions.json" 2>/dev/null; then
   asan=1
 fi
-KEXD="$kexd" KEX_STUBS="$tmp" KEXD_TMP="$tmp" KEXD_ASAN=$asan $PY tests/integration/test_hostile.py | tee "$tmp/py.out"
-last=$(tail -n 1 "$tmp/py.out")
-if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  passed=$((passed + BASH_REMATCH[1]))
-  failed=$((failed + BASH_REMATCH[2]))
-else
-  bad "test_hostile.py printed its closing line (got: $last)"
-fi
+run_py test_hostile.py KEXD="$kexd" KEXD_TMP="$tmp" KEXD_ASAN=$asan
 finish

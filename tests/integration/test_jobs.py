@@ -26,6 +26,7 @@ import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
+from kexdtest import check, desc, free_port, rpc_error, run, wait_healthy  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 PORT = int(os.environ["KEXD_PORT"])
@@ -33,60 +34,16 @@ MAX_MESSAGE = int(os.environ["KEXD_MAX_MESSAGE"])
 CHANNEL_OPTS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 MiB = 1 << 20
 
-passed = 0
-failed = 0
 
 
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok - {name}")
-    else:
-        failed += 1
-        print(f"FAIL - {name}{': ' + detail if detail else ''}")
-    sys.stdout.flush()
-    return cond
 
 
-def rpc_error(fn, *args, **kw):
-    """The grpc.RpcError fn raises, or None when it succeeds."""
-    try:
-        fn(*args, **kw)
-    except grpc.RpcError as e:
-        return e
-    return None
 
 
-def desc(e):
-    return "no error" if e is None else f"{e.code()} {e.details()}"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
-def wait_healthy(port, proc=None, timeout=10.0):
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    stub = health_pb2_grpc.HealthStub(ch)
-    end = time.time() + timeout
-    try:
-        while time.time() < end:
-            if proc is not None and proc.poll() is not None:
-                return False
-            try:
-                r = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.RpcError:
-                time.sleep(0.05)
-        return False
-    finally:
-        ch.close()
 
 
 def start_kexd(*args):
@@ -463,11 +420,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as exc:  # a crash of the test itself is one failed check, never a silent pass
-        import traceback
-        traceback.print_exc()
-        check("test_jobs.py ran to the end", False, repr(exc))
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    run(main, "test_jobs.py")

@@ -14,15 +14,7 @@ pid=$!
 
 need_healthy
 
-KEXD="$kexd" KEXD_PORT="$port" KEXD_MAX_MESSAGE="$max_message" KEX_STUBS="$tmp" KEX_CASES_DIR="$cases" \
-  $PY tests/integration/test_jobs.py | tee "$tmp/py.out"
-last=$(tail -n 1 "$tmp/py.out")
-if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  passed=$((passed + BASH_REMATCH[1]))
-  failed=$((failed + BASH_REMATCH[2]))
-else
-  bad "test_jobs.py printed its closing line (got: $last)"
-fi
+run_py test_jobs.py KEXD="$kexd" KEXD_PORT="$port" KEXD_MAX_MESSAGE="$max_message" KEX_CASES_DIR="$cases"
 
 if kill -0 "$pid" 2>/dev/null; then
   ok "kexd is still running after every check (it never exits on bad input)"

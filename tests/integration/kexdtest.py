@@ -1,0 +1,87 @@
+"""kexdtest.py - what the kexd integration scripts (test_*.py) share.
+
+The counters and their output ("ok - ...", "FAIL - ...", and last "N passed,
+N failed", which the .sh wrappers add up), calling an RPC and keeping its
+error, a free 127.0.0.1 port, waiting for a kexd to answer health SERVING,
+and running a script's main so that a crash of the test itself is one failed
+check, never a silent pass.  The generated stubs are on sys.path already
+(KEX_STUBS) when this is imported.
+"""
+import os
+import socket
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.environ["KEX_STUBS"])
+
+import grpc  # noqa: E402
+import health_pb2  # noqa: E402
+import health_pb2_grpc  # noqa: E402
+
+counts = {"passed": 0, "failed": 0}
+
+
+def check(name, cond, detail=""):
+    """One check: prints ok/FAIL with the detail, counts it, returns cond."""
+    if cond:
+        counts["passed"] += 1
+        print(f"ok - {name}")
+    else:
+        counts["failed"] += 1
+        print(f"FAIL - {name}{': ' + str(detail) if detail else ''}")
+    sys.stdout.flush()
+    return cond
+
+
+def rpc_error(fn, *args, **kw):
+    """The grpc.RpcError fn raises, or None when it succeeds."""
+    try:
+        fn(*args, **kw)
+    except grpc.RpcError as e:
+        return e
+    return None
+
+
+def desc(e):
+    """An RPC error (or anything else) as one line for a FAIL detail."""
+    if e is None:
+        return "no error"
+    return f"{e.code()} {e.details()}" if isinstance(e, grpc.RpcError) else repr(e)[:300]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_healthy(port, proc=None, timeout=10.0):
+    """True once 127.0.0.1:port answers health SERVING; False at timeout or when proc exits."""
+    end = time.time() + timeout
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.time() < end:
+            if proc is not None and proc.poll() is not None:
+                return False
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    return False
+
+
+def run(main, name):
+    """Run main(); a crash is one failed check.  Prints the closing line and exits 1 on any failure."""
+    try:
+        main()
+    except Exception as exc:  # a crash of the test itself is one failed check, never a silent pass
+        traceback.print_exc()
+        check(f"{name} ran to the end", False, repr(exc))
+    print(f"{counts['passed']} passed, {counts['failed']} failed")
+    sys.exit(1 if counts["failed"] else 0)
