@@ -66,7 +66,8 @@ static const flag flags[] = {
   {"listen", "ADDR", FLAG_STRING, F(listen), 0, 0, 0, 0, false, "server",
    "gRPC address (host:port, or unix:/path)"},
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
-   "the SQLite cache file (programs and beam results); default $XDG_CACHE_HOME/kex/cache.db, else ~/.cache/kex/cache.db"},
+   "the SQLite cache file (programs and beam results; \"\": none); default $XDG_CACHE_HOME/kex/cache.db, else "
+   "~/.cache/kex/cache.db"},
   {"device", "NAME[,NAME]", FLAG_DEVICES, 0, 0, 0, 0, 0, false, NULL,
    "devices, the first is the default (opencl, opencl:NAME, cpu)"},
   {"workers", "N", FLAG_U32, F(workers), 0, 1024, 0, 0, false, NULL,
@@ -93,6 +94,8 @@ static const flag flags[] = {
    "a connection that has not completed the HTTP/2 handshake (preface and SETTINGS) this long is closed"},
   {"keepalive", "SECONDS", FLAG_SECONDS, F(keepalive_s), 0, 0, 1, 1e7, false, NULL,
    "an idle connection is pinged this often, and closed when a ping goes unanswered for 20 s"},
+  {"max-streams", "N", FLAG_U32, F(max_streams), 1, 1 << 20, 0, 0, false, NULL,
+   "calls at once on one connection (HTTP/2 streams); more wait for one to end"},
   {"max-message", "BYTES", FLAG_INT, F(max_message), 1024, INT_MAX, 0, 0, false, NULL,
    "largest gRPC message either way"},
   /* jobs */
@@ -208,7 +211,7 @@ static int flag_set(kexd_config *cfg, const flag *f, const char *what, const cha
     *(double *)field = dv;
     return 0;
   case FLAG_STRING:
-    if (!*s) {
+    if (!*s && f->offset != F(cache_path)) { /* --cache "": no cache file */
       fprintf(stderr, "kexd: %s: an empty value\n", what);
       return -1;
     }
@@ -255,6 +258,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->idle_timeout_s = KEXD_DEFAULT_IDLE_TIMEOUT_S;
   cfg->handshake_timeout_s = KEXD_DEFAULT_HANDSHAKE_TIMEOUT_S;
   cfg->keepalive_s = KEXD_DEFAULT_KEEPALIVE_S;
+  cfg->max_streams = KEXD_LIMIT_STREAMS;
   cfg->import_max_bytes = KEXD_LIMIT_IMPORT_BYTES;
   cfg->import_streams = KEXD_LIMIT_IMPORT_STREAMS;
   cfg->download_chunk_min = KEXD_LIMIT_DOWNLOAD_CHUNK_MIN;

@@ -45,6 +45,7 @@
 #define KEXD_DEFAULT_IDLE_TIMEOUT_S 300.0    /* a connection with no call this long is closed */
 #define KEXD_DEFAULT_HANDSHAKE_TIMEOUT_S 10.0 /* a connection must finish the HTTP/2 handshake this fast */
 #define KEXD_DEFAULT_KEEPALIVE_S 60.0        /* idle connections are pinged this often */
+#define KEXD_LIMIT_STREAMS 128               /* calls at once on one connection */
 
 typedef struct kexd_config {
   const char *listen;
@@ -64,6 +65,7 @@ typedef struct kexd_config {
   uint64_t job_memory_max;       /* an OpenJob memory_limit over this is refused */
   uint32_t max_connections;      /* 0: sized from the descriptor limit at start */
   double idle_timeout_s, handshake_timeout_s, keepalive_s;
+  uint32_t max_streams;          /* calls at once on one connection */
   uint64_t import_max_bytes;     /* ImportCache: bytes per stream */
   uint32_t import_streams;       /* ImportCache: streams at once */
   uint32_t download_chunk_min;   /* Download: smallest chunk_bytes */

@@ -114,6 +114,7 @@ int main(int argc, char **argv) {
   so.idle_timeout_s = d->cfg.idle_timeout_s;
   so.handshake_timeout_s = d->cfg.handshake_timeout_s;
   so.keepalive_s = d->cfg.keepalive_s;
+  so.max_streams = (int)d->cfg.max_streams;
   so.on_stopped = on_stopped;
   so.ud = &st;
   if ((rc = kexd_server_new(&loop, &so, &d->server)) < 0) {

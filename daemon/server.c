@@ -572,7 +572,7 @@ static int ms_arg(double s) {
 
 int kexd_server_new(uv_loop_t *loop, const kexd_server_opts *opts, kexd_server **out) {
   kexd_server *s = NULL;
-  grpc_arg args[8];
+  grpc_arg args[9];
   grpc_channel_args cargs;
   int rc = 0;
   *out = NULL;
@@ -610,7 +610,10 @@ int kexd_server_new(uv_loop_t *loop, const kexd_server_opts *opts, kexd_server *
   args[7].type = GRPC_ARG_INTEGER;
   args[7].key = (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS;
   args[7].value.integer = 1;
-  cargs.num_args = 8;
+  args[8].type = GRPC_ARG_INTEGER; /* calls at once on one connection (HTTP/2 streams) */
+  args[8].key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS;
+  args[8].value.integer = opts->max_streams > 0 ? opts->max_streams : INT_MAX;
+  cargs.num_args = 9;
   cargs.args = args;
   s->server = grpc_server_create(&cargs, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);

@@ -48,6 +48,7 @@ typedef struct kexd_server_opts {
   double idle_timeout_s; /* a connection with no call this long is closed (0: never) */
   double handshake_timeout_s; /* ... one that has not finished the HTTP/2 handshake (0: gRPC's 120 s) */
   double keepalive_s;    /* idle connections are pinged this often (0: gRPC's 2 h) */
+  int max_streams;       /* calls at once on one connection (0: no limit) */
   void (*on_stopped)(void *ud); /* the server is gone; the loop may be closed */
   void *ud;
 } kexd_server_opts;

@@ -259,6 +259,22 @@ def connections():
           k.health() == health_pb2.HealthCheckResponse.SERVING)
     k.stop()
 
+    # calls at once on one connection: --max-streams 2 holds a 3rd call until one ends
+    k = Kexd("--max-streams", "2")
+    health = health_pb2_grpc.HealthStub(k.channel)
+    watches = [health.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(2)]
+    firsts = [next(w).status for w in watches]
+    e = rpc_error(health.Check, health_pb2.HealthCheckRequest(), timeout=1.0)
+    check("--max-streams 2: with 2 calls open on a connection, a 3rd waits (DEADLINE_EXCEEDED after 1 s)",
+          firsts == [health_pb2.HealthCheckResponse.SERVING] * 2 and
+          e is not None and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, desc(e))
+    watches[0].cancel()
+    time.sleep(0.2)
+    e = rpc_error(health.Check, health_pb2.HealthCheckRequest(), timeout=5.0)
+    check("--max-streams 2: once one ends, the next call is served", e is None, desc(e))
+    watches[1].cancel()
+    k.stop()
+
     # handshake and idle timeouts
     k = Kexd("--handshake-timeout", "1", "--idle-timeout", "2")
     nothing = hold_connections(k.port, 10, b"")
