@@ -37,6 +37,11 @@ static int cmp_double(const void *a, const void *b) {
 
 static kex_graph *chain(int n) {
   kex_limits lim = KEX_LIMITS_DEFAULT;
+  /* the 100,000-op chain is past the default depth limits on purpose (it measures the scheduler's scaling):
+     inputs are depth 1, the last ADD n + 1; its one kernel is LOAD, n ADDs and the STORE */
+  lim.max_depth = (uint32_t)n + 1;
+  lim.max_kernel_depth = (uint32_t)n + 2;
+  lim.max_kernel_ops = (uint32_t)n + 1;
   kex_error err;
   kex_graph *g = kex_graph_new(NULL);
   int64_t shape[1] = {1024};

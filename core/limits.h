@@ -3,7 +3,9 @@
  *
  * A kex_limits value travels with each graph load so that the daemon's flags
  * (and tests) can tighten or widen them; the KEX_LIMIT_* macros are the
- * defaults and the hard ceilings of the fixed-size data structures.
+ * defaults and the hard ceilings of the fixed-size data structures.  A graph
+ * keeps the limits it was loaded with, so the scheduler applies the per-kernel
+ * ones (max_kernel_depth, max_kernel_ops) to the same values.
  */
 #ifndef KEX_CORE_LIMITS_H
 #define KEX_CORE_LIMITS_H
@@ -13,11 +15,37 @@
 #define KEX_MAX_DIMS 16                       /* hard: dims of any shape (ShapeTracker arrays) */
 #define KEX_LIMIT_NODES (1u << 20)            /* default: nodes per graph */
 #define KEX_LIMIT_DIMS 8                      /* default: dims per shape (<= KEX_MAX_DIMS) */
-#define KEX_LIMIT_ELEMENTS (1ll << 32)        /* default: elements of one node's shape */
+#define KEX_LIMIT_ELEMENTS (1ll << 32)        /* default: elements of one node's shape (product of its
+                                                 non-zero dims), and the largest |STRIDE| */
 #define KEX_LIMIT_INLINE_BYTES (256ll << 20)  /* default: total inline BUFFER data bytes */
 #define KEX_LIMIT_BUFFER_BYTES (4ll << 30)    /* default: bytes of one input buffer */
 #define KEX_LIMIT_OUTPUTS 4096                /* default: outputs per graph */
 #define KEX_LIMIT_JSON_BYTES (1ll << 30)      /* default: bytes of a JSON graph file */
+/*
+ * default: the longest dependency chain of a graph, in nodes (an input is 1,
+ * every other node 1 + the deepest of its sources).  tinygrad 0.9.0 walks
+ * these chains recursively (_recurse_lb, _recursive_lazyop with a generator
+ * frame per level) under sys.setrecursionlimit(10000), so ~5,000 levels is
+ * the most it can schedule; the deepest of ../shared/cases is 140.
+ */
+#define KEX_LIMIT_DEPTH 4096
+/*
+ * default: the depth of one kernel's AST (STORE down to its deepest
+ * LOAD/CONST, each level one node).  The renderers inline single-use ops
+ * into one expression, nesting up to two brackets per level (MULACC renders
+ * "((a*b)+c)"), and clang (PoCL's OpenCL compiler) refuses more than 256
+ * nested brackets (-fbracket-depth): a MULACC chain compiles at AST depth 129
+ * and fails at 130.  100 levels are at most ~200 brackets plus the store's
+ * few.  The deepest kernel of ../shared/cases is 24 levels.
+ */
+#define KEX_LIMIT_KERNEL_DEPTH 100
+/*
+ * default: operations in one kernel's AST (ALU, cast, reduce and STORE
+ * nodes; a sub-AST shared within the kernel counts once).  Compile time grows
+ * with it (a 100,000-op kernel takes ~25 s, under the device's build lock);
+ * the largest kernel of ../shared/cases has 33.
+ */
+#define KEX_LIMIT_KERNEL_OPS 4096
 
 typedef struct kex_limits {
   uint32_t max_nodes;
@@ -26,10 +54,14 @@ typedef struct kex_limits {
   int64_t max_inline_bytes;
   int64_t max_buffer_bytes;
   uint32_t max_outputs;
+  uint32_t max_depth;
+  uint32_t max_kernel_depth;
+  uint32_t max_kernel_ops;
 } kex_limits;
 
-#define KEX_LIMITS_DEFAULT                                                                               \
-  ((kex_limits){KEX_LIMIT_NODES, KEX_LIMIT_DIMS, KEX_LIMIT_ELEMENTS, KEX_LIMIT_INLINE_BYTES, \
-                KEX_LIMIT_BUFFER_BYTES, KEX_LIMIT_OUTPUTS})
+#define KEX_LIMITS_DEFAULT                                                                         \
+  ((kex_limits){KEX_LIMIT_NODES, KEX_LIMIT_DIMS, KEX_LIMIT_ELEMENTS, KEX_LIMIT_INLINE_BYTES,       \
+                KEX_LIMIT_BUFFER_BYTES, KEX_LIMIT_OUTPUTS, KEX_LIMIT_DEPTH, KEX_LIMIT_KERNEL_DEPTH, \
+                KEX_LIMIT_KERNEL_OPS})
 
 #endif

@@ -7,7 +7,10 @@
  * which checks one node against the nodes before it and the kex_limits,
  * infers its dtype and shape with the rules of LazyBuffer.e / cast / r and
  * the view methods (spec section 5), and copies everything it keeps into the
- * graph's arena.  Every refusal names the node index, the op and what was
+ * graph's arena.  Every shape, given or inferred, is bounded (max_elements
+ * on the product of its non-zero dims, so a 0 dim cannot hide a huge one),
+ * so is every |STRIDE|, and every node's dependency depth (1 + its deepest
+ * source) is at most max_depth; the graph keeps the limits for the scheduler.  Every refusal names the node index, the op and what was
  * wrong; structural errors are KEX_EINVAL, exceeded limits KEX_ELIMIT, and an
  * allocation failure anywhere is KEX_ENOMEM with nothing leaked.  Buffer
  * handles are only stored here; resolving them (NOT_FOUND) is the daemon's.
@@ -80,17 +83,20 @@ static const char *fmt_shape(char *buf, size_t len, uint32_t ndim, const int64_t
   return buf;
 }
 
-/* Product of dims with overflow detection: 0 and *prod set, or -1 on overflow. */
-static int shape_prod(uint32_t ndim, const int64_t *shape, int64_t *prod) {
+/*
+ * Element count of a shape: *nonzero gets the product of its non-zero dims
+ * and *prod the true product (0 when any dim is 0).  0, or -1 when the
+ * non-zero dims overflow int64 (the true product is then unknown).
+ */
+static int shape_prod(uint32_t ndim, const int64_t *shape, int64_t *nonzero, int64_t *prod) {
   int64_t p = 1;
-  for (uint32_t i = 0; i < ndim; i++)
-    if (shape[i] == 0) {
-      *prod = 0;
-      return 0;
-    }
-  for (uint32_t i = 0; i < ndim; i++)
-    if (__builtin_mul_overflow(p, shape[i], &p)) return -1;
-  *prod = p;
+  bool zero = false;
+  for (uint32_t i = 0; i < ndim; i++) {
+    if (shape[i] == 0) zero = true;
+    else if (__builtin_mul_overflow(p, shape[i], &p)) return -1;
+  }
+  *nonzero = p;
+  *prod = zero ? 0 : p;
   return 0;
 }
 
@@ -106,13 +112,17 @@ static uint32_t limit_nodes(const kex_limits *lim) {
 
 /*
  * Check a shape (`what` names it in messages) against the dims and elements
- * limits: KEX_ELIMIT when over, KEX_EINVAL for a negative dim.  *elements
- * receives the element count.  `idx`/`opname` prefix the message.
+ * limits: KEX_ELIMIT when over, KEX_EINVAL for a negative dim.  The elements
+ * limit applies to the product of the non-zero dims, so a 0 elsewhere does not
+ * let a huge dim through: (2**62+1, 4, 0) is refused although it holds
+ * nothing, since a REDUCE over its 0 axis would hold (2**62+1, 4, 1).
+ * *elements receives the element count (0 when a dim is 0).  `idx`/`opname`
+ * prefix the message.
  */
 static int check_shape(uint32_t idx, const char *opname, const char *what, uint32_t ndim, const int64_t *shape,
                        const kex_limits *lim, int64_t *elements, kex_error *err) {
   char sb[SHAPE_STR_MAX];
-  int64_t n;
+  int64_t nonzero, n;
   if (ndim > limit_dims(lim))
     return kex_err_set(err, KEX_ELIMIT, "node %u (%s): %s has %u dims, more than the limit of %u", idx, opname, what,
                        ndim, limit_dims(lim));
@@ -121,9 +131,16 @@ static int check_shape(uint32_t idx, const char *opname, const char *what, uint3
     if (shape[i] < 0)
       return kex_err_set(err, KEX_EINVAL, "node %u (%s): %s %s has negative dim %u (%" PRId64 ")", idx, opname, what,
                          fmt_shape(sb, sizeof sb, ndim, shape), i, shape[i]);
-  if (shape_prod(ndim, shape, &n) < 0 || n > lim->max_elements)
-    return kex_err_set(err, KEX_ELIMIT, "node %u (%s): %s %s has more than the limit of %" PRId64 " elements", idx,
-                       opname, what, fmt_shape(sb, sizeof sb, ndim, shape), lim->max_elements);
+  if (shape_prod(ndim, shape, &nonzero, &n) < 0)
+    return kex_err_set(err, KEX_ELIMIT,
+                       "node %u (%s): %s %s: its non-zero dims multiply past int64, more than the limit of %" PRId64
+                       " elements",
+                       idx, opname, what, fmt_shape(sb, sizeof sb, ndim, shape), lim->max_elements);
+  if (nonzero > lim->max_elements)
+    return kex_err_set(err, KEX_ELIMIT,
+                       "node %u (%s): %s %s: its non-zero dims multiply to %" PRId64 ", more than the limit of %" PRId64
+                       " elements",
+                       idx, opname, what, fmt_shape(sb, sizeof sb, ndim, shape), nonzero, lim->max_elements);
   *elements = n;
   return 0;
 }
@@ -225,6 +242,7 @@ kex_graph *kex_graph_new(const char *device) {
   kex_graph *g = kex_calloc(1, sizeof *g);
   if (!g) return NULL;
   kex_arena_init(&g->arena, 0);
+  g->limits = KEX_LIMITS_DEFAULT;
   g->device = kex_arena_strdup(&g->arena, device ? device : GRAPH_DEFAULT_DEVICE);
   if (!g->device) {
     kex_arena_destroy(&g->arena);
@@ -426,12 +444,12 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
   char sa[SHAPE_STR_MAX], sb[SHAPE_STR_MAX];
   int64_t shape[KEX_MAX_DIMS];
   uint32_t ndim = s->ndim, want = (op == KEX_GOP_PAD || op == KEX_GOP_SHRINK) ? 2 * s->ndim : s->ndim;
-  int64_t elements, src_elements = 0;
+  int64_t elements, src_elements = 0, src_nonzero;
   int rc = 0;
   if (in->narg && !arg) FAIL(KEX_EINVAL, "arg is missing");
   if (op == KEX_GOP_RESHAPE) {
     if ((rc = check_shape(idx, opname, "new shape", in->narg, arg, lim, &elements, err)) < 0) goto out;
-    shape_prod(s->ndim, s->shape, &src_elements);
+    if (shape_prod(s->ndim, s->shape, &src_nonzero, &src_elements) < 0) FAIL(KEX_EINTERNAL, "source shape overflows");
     if (elements != src_elements)
       FAIL(KEX_EINVAL, "reshape from %s (%" PRId64 " elements) to %s (%" PRId64 " elements) changes the element count",
            fmt_shape(sa, sizeof sa, s->ndim, s->shape), src_elements, fmt_shape(sb, sizeof sb, in->narg, arg), elements);
@@ -491,6 +509,9 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
   case KEX_GOP_STRIDE:
     for (uint32_t d = 0; d < ndim; d++) {
       if (arg[d] == 0) FAIL(KEX_EINVAL, "stride of dim %u is 0", d);
+      if (arg[d] < 0 ? arg[d] == INT64_MIN || -arg[d] > lim->max_elements : arg[d] > lim->max_elements)
+        FAIL(KEX_ELIMIT, "stride %" PRId64 " of dim %u is beyond the limit of +-%" PRId64 " (max_elements)", arg[d], d,
+             lim->max_elements);
       uint64_t m = arg[d] < 0 ? (uint64_t)0 - (uint64_t)arg[d] : (uint64_t)arg[d];
       uint64_t sz = (uint64_t)s->shape[d];
       shape[d] = (int64_t)(sz / m + (sz % m != 0)); /* ceil(size / |stride|) */
@@ -570,8 +591,20 @@ static int graph_add(kex_graph *g, const kex_gnode *in, const inline_data *data,
     }
   }
   if (rc < 0) goto out;
+  /* every node's shape, inferred ones too (a REDUCE turns a 0 dim into 1), is within the limits */
+  if (!gop_is_input(op) && !kex_gop_is_movement(op)) {
+    int64_t elements;
+    if ((rc = check_shape(idx, kex_gop_name(op), "result shape", n.ndim, n.shape, lim, &elements, err)) < 0) goto out;
+  }
+  n.depth = 1;
+  for (int i = 0; i < in->nsrc; i++)
+    if (g->nodes[in->src[i]].depth >= n.depth) n.depth = g->nodes[in->src[i]].depth + 1;
+  if (n.depth > lim->max_depth)
+    FAIL(KEX_ELIMIT, "its dependency chain is %u nodes deep, more than the limit of %u (max_depth)", n.depth,
+         lim->max_depth);
   g->nodes[idx] = n;
   g->nnodes++;
+  g->limits = *lim;
   rc = (int)idx;
 out:
   return rc;
@@ -974,6 +1007,7 @@ int kex_graph_from_json(const char *text, size_t len, const kex_limits *limits, 
     rc = kex_err_set(err, KEX_ENOMEM, "graph: out of memory");
     goto out;
   }
+  g->limits = *limits;
   if (reserve_nodes(g, (uint32_t)json_array_size(nodes)) < 0) {
     rc = kex_err_set(err, KEX_ENOMEM, "graph: out of memory for %zu nodes", json_array_size(nodes));
     goto out;

@@ -85,6 +85,7 @@ typedef struct kex_gnode {
   kex_dtype dtype;
   uint8_t ndim;
   const int64_t *shape;
+  uint32_t depth; /* inferred: 1 for an input, else 1 + the deepest source (<= max_depth) */
   /* movement ops: RESHAPE/EXPAND new shape (narg = ndim); PERMUTE order; PAD/SHRINK
      pairs flattened (narg = 2*ndim); STRIDE one int per dim. */
   uint32_t narg;
@@ -112,6 +113,8 @@ typedef struct kex_graph {
   uint32_t noutputs, outcap;
   uint32_t *outputs;
   int64_t inline_bytes; /* total inline BUFFER data so far (max_inline_bytes) */
+  kex_limits limits;    /* the limits of the latest kex_graph_add / the JSON load (defaults when
+                           none was given); the scheduler applies max_kernel_depth/ops from here */
 } kex_graph;
 
 /*
@@ -133,9 +136,13 @@ void kex_graph_free(kex_graph *g);
 /*
  * Append a node; *node is copied shallowly and the arrays it points to are
  * copied into the graph's arena.  The node is validated against the nodes
- * before it and `limits` (its inferred dtype/shape filled in).  Returns the
- * node index (>= 0) or a negative error with *err naming the node:
- * KEX_EINVAL (bad structure), KEX_ELIMIT (node/dim/element/byte limits;
+ * before it and `limits` (its inferred dtype/shape/depth filled in; NULL =
+ * KEX_LIMITS_DEFAULT), and the graph keeps a copy of `limits`.  Every shape
+ * (given or inferred) must have non-negative dims whose non-zero ones
+ * multiply, without overflow, to at most max_elements, even when another dim
+ * is 0; a STRIDE's |value| is at most max_elements.  Returns the node index
+ * (>= 0) or a negative error with *err naming the node: KEX_EINVAL (bad
+ * structure), KEX_ELIMIT (node/dim/element/byte/depth limits;
  * RESOURCE_EXHAUSTED), KEX_ENOMEM.
  */
 int kex_graph_add(kex_graph *g, const kex_gnode *node, const kex_limits *limits, kex_error *err);

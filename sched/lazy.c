@@ -128,7 +128,30 @@ typedef struct replay_ctx {
   int rc;     /* first failure (sticky): methods return NULL after it */
 } replay_ctx;
 
-#define FAIL_NOMEM(c) ((c)->rc = (c)->rc ? (c)->rc : kex_err_set((c)->err, KEX_ENOMEM, "node %d: out of memory", (c)->node), (kex_lb *)NULL)
+/*
+ * A view or allocation just failed: record (once) KEX_ENOMEM, or what the
+ * ShapeTracker code refused (KEX_ELIMIT for int64 overflow, KEX_EINVAL),
+ * naming the node.  Returns NULL for `return fail_view(c);`.
+ */
+static kex_lb *fail_view(replay_ctx *c) {
+  const char *why = NULL;
+  int code = kex_shape_error(c->r->shape, &why);
+  if (!c->rc) {
+    if (code)
+      c->rc = kex_err_set(c->err, code, "node %d (%s): %s", c->node, kex_gop_name(c->r->graph->nodes[c->node].op), why);
+    else c->rc = kex_err_set(c->err, KEX_ENOMEM, "node %d: out of memory", c->node);
+  }
+  return NULL;
+}
+
+/* *out = n elements of dt in bytes; false (KEX_ELIMIT recorded) when that overflows int64. */
+static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
+  if (!__builtin_mul_overflow(n, (int64_t)kex_dtype_size(dt), out)) return true;
+  if (!c->rc)
+    c->rc = kex_err_set(c->err, KEX_ELIMIT, "node %d: %lld elements of %s overflow int64 bytes", c->node, (long long)n,
+                        kex_dtypes[dt].name);
+  return false;
+}
 
 static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
   if (r->nbuffers == r->capbuffers) {
@@ -184,7 +207,7 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     if (hit) return hit;
   }
   kex_lb *lb = kex_arena_calloc(r->arena, 1, sizeof *lb);
-  if (!lb) return FAIL_NOMEM(c);
+  if (!lb) return fail_view(c);
   lb->id = r->nlbs++;
   lb->st = st;
   lb->dtype = dtype;
@@ -205,15 +228,16 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
       b = (int)srcs[1]->base->buffer;
     } else if (op == KEX_OP_VIEW) {
       const kex_lb *s = srcs[0];
-      b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer,
-                     s->st->views[0]->offset * kex_dtype_size(s->dtype));
+      int64_t off;
+      if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) return NULL;
+      b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer, off);
     } else {
       b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
     }
-    if (b < 0) return FAIL_NOMEM(c);
+    if (b < 0) return fail_view(c);
     lb->buffer = (uint32_t)b;
   }
-  if (enable_cache && cache_put(r->cache, lb, h) < 0) return FAIL_NOMEM(c);
+  if (enable_cache && cache_put(r->cache, lb, h) < 0) return fail_view(c);
   return lb;
 }
 
@@ -221,7 +245,7 @@ static kex_lb *loadop(replay_ctx *c, kex_op op, int ndim, const int64_t *shape, 
                       kex_const arg, int nsrc, kex_lb *const *srcs) {
   if (c->rc) return NULL;
   const kex_st *st = kex_st_from_shape(c->r->shape, ndim, shape);
-  if (!st) return FAIL_NOMEM(c);
+  if (!st) return fail_view(c);
   return create_lb(c, device, st, dtype, op, arg, 0, nsrc, srcs, NULL, false);
 }
 
@@ -231,7 +255,7 @@ static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, k
 /* LazyBuffer._view */
 static kex_lb *lb_view(replay_ctx *c, kex_lb *lb, const kex_st *new_st) {
   if (c->rc) return NULL;
-  if (!new_st) return FAIL_NOMEM(c);
+  if (!new_st) return fail_view(c);
   const kex_view *last = kex_st_last(new_st);
   bool empty_mask = false;
   if (last->mask)
@@ -290,7 +314,7 @@ static kex_lb *lb_cast(replay_ctx *c, kex_lb *lb, kex_dtype dtype, bool bitcast)
   }
   kex_op cop = bitcast ? (can_view(c, lb) ? KEX_OP_VIEW : KEX_OP_BITCAST) : KEX_OP_CAST;
   const kex_st *st = kex_st_from_shape_of(c->r->shape, lb->st);
-  if (!st) return FAIL_NOMEM(c);
+  if (!st) return fail_view(c);
   kex_lb *srcs[1] = {lb};
   return create_lb(c, lb->device, st, dtype, cop, kex_const_int(0), 0, 1, srcs, NULL, true);
 }
@@ -363,7 +387,7 @@ static kex_lb *lb_e(replay_ctx *c, kex_op op, int n, kex_lb *const *in) {
     }
   }
   const kex_st *st = kex_st_from_shape_of(c->r->shape, x->st);
-  if (!st) return FAIL_NOMEM(c);
+  if (!st) return fail_view(c);
   return create_lb(c, x->device, st, out, op, kex_const_int(0), 0, n, srcs, NULL, true);
 }
 
@@ -380,7 +404,7 @@ static kex_lb *lb_reduce_op(replay_ctx *c, kex_lb *lb, kex_op op, uint32_t axis_
   }
   if (!mask) return lb;
   const kex_st *st = kex_st_from_shape(c->r->shape, nd, ns);
-  if (!st) return FAIL_NOMEM(c);
+  if (!st) return fail_view(c);
   kex_lb *srcs[1] = {lb};
   return create_lb(c, lb->device, st, lb->dtype, op, kex_const_int(0), mask, 1, srcs, NULL, true);
 }
@@ -397,12 +421,18 @@ static kex_lb *lb_r(replay_ctx *c, kex_lb *lb, kex_op op, int naxis, const int32
   for (int i = 0; i < naxis; i++) mask |= 1u << axis[i];
   int64_t ns[KEX_MAX_DIMS], new_prod = 1, reduced = 1;
   bool zero_in_new = false, zero_in_shape = false;
+  bool ovf = false;
   for (int i = 0; i < nd; i++) {
     ns[i] = (mask >> i & 1) ? 1 : sh[i];
-    new_prod *= ns[i];
-    if (mask >> i & 1) reduced *= sh[i];
+    ovf |= __builtin_mul_overflow(new_prod, ns[i], &new_prod);
+    if (mask >> i & 1) ovf |= __builtin_mul_overflow(reduced, sh[i], &reduced);
     zero_in_new |= ns[i] == 0;
     zero_in_shape |= sh[i] == 0;
+  }
+  if (ovf) { /* the graph loader bounds every shape's non-zero product; this is the second line */
+    c->rc = kex_err_set(c->err, KEX_ELIMIT, "node %d (%s): the reduced shape's size overflows int64", c->node,
+                        kex_gop_name(c->r->graph->nodes[c->node].op));
+    return NULL;
   }
   if (kex_lb_size(lb) == 0 && !zero_in_new)
     return lb_const_of(c, lb->dtype, lb->device, op == KEX_OP_SUM ? kex_const_float(0.0) : kex_const_float(-INFINITY),
@@ -410,8 +440,9 @@ static kex_lb *lb_r(replay_ctx *c, kex_lb *lb, kex_op op, int naxis, const int32
   if (is_unrealized_unmasked_const(lb)) {
     kex_const v = lb->base->arg;
     if (op == KEX_OP_SUM) {
+      /* Python's exact product, then as_const: for int dtypes only its low bits survive, so wrap */
       if (v.kind == KEX_CONST_FLOAT) v = kex_const_float(v.f * (double)reduced);
-      else v = kex_const_int((v.kind == KEX_CONST_INT ? v.i : v.b) * reduced);
+      else v = kex_const_int((int64_t)((uint64_t)(v.kind == KEX_CONST_INT ? v.i : v.b) * (uint64_t)reduced));
     } else if (v.kind == KEX_CONST_BOOL) {
       v = kex_const_int(v.b); /* True * 1 == 1 */
     }
@@ -420,7 +451,7 @@ static kex_lb *lb_r(replay_ctx *c, kex_lb *lb, kex_op op, int naxis, const int32
   if (zero_in_shape || kex_lb_size(lb) / new_prod < REDUCEOP_SPLIT_THRESHOLD) return lb_reduce_op(c, lb, op, mask);
   int64_t rs[KEX_MAX_DIMS];
   bool known[KEX_MAX_DIMS];
-  if (kex_st_real_strides(c->r->shape, lb->st, true, rs, known) < 0) return FAIL_NOMEM(c);
+  if (kex_st_real_strides(c->r->shape, lb->st, true, rs, known) < 0) return fail_view(c);
   int dim = -1;
   int64_t divisor = 0;
   int64_t top = ((int64_t)1 << REDUCEOP_SPLIT_SIZE) / new_prod;
@@ -466,7 +497,7 @@ static kex_lb *lb_contiguous(replay_ctx *c, kex_lb *lb) {
     if (!ret) return NULL;
     const kex_st *inv;
     int rc = kex_st_invert(c->r->shape, lb->st, kex_lb_ndim(lb->base), kex_lb_shape(lb->base), &inv);
-    if (rc < 0) return FAIL_NOMEM(c);
+    if (rc < 0) return fail_view(c);
     if (rc == 0) {
       lb->base->contiguous_child = ret;
       lb->base->contiguous_child_st = inv;
@@ -496,17 +527,17 @@ static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
     kex_lb *s = lb_contiguous(c, lb);
     if (!s) return NULL;
     const kex_st *st = kex_st_from_shape_of(c->r->shape, s->st);
-    if (!st) return FAIL_NOMEM(c);
+    if (!st) return fail_view(c);
     kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, NULL, false);
-    if (cp) cp->nbytes = kex_lb_size(s) * kex_dtype_size(s->dtype);
+    if (cp && !bytes_of(c, kex_lb_size(s), s->dtype, &cp->nbytes)) return NULL;
     return cp;
   }
   kex_lb *b = lb->base;
   const kex_st *st = kex_st_from_shape_of(c->r->shape, b->st);
-  if (!st) return FAIL_NOMEM(c);
+  if (!st) return fail_view(c);
   kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, NULL, false);
   if (!cp) return NULL;
-  cp->nbytes = kex_lb_size(b) * kex_dtype_size(b->dtype);
+  if (!bytes_of(c, kex_lb_size(b), b->dtype, &cp->nbytes)) return NULL;
   return lb_view(c, cp, lb->st);
 }
 
@@ -544,14 +575,14 @@ static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
   switch (n->op) {
   case KEX_GOP_BUFFER: case KEX_GOP_EMPTY: {
     const char *dev = intern_device(r, n->device);
-    if (!dev) return FAIL_NOMEM(c);
+    if (!dev) return fail_view(c);
     kex_lb *lb = loadop(c, KEX_OP_EMPTY, n->ndim, n->shape, n->dtype, dev, kex_const_int(0), 0, NULL);
     if (lb && n->op == KEX_GOP_BUFFER && lb->op == KEX_OP_EMPTY) lb->realized = true;
     return lb;
   }
   case KEX_GOP_CONST: {
     const char *dev = intern_device(r, n->device);
-    if (!dev) return FAIL_NOMEM(c);
+    if (!dev) return fail_view(c);
     return lb_const_of(c, n->dtype, dev, n->value, n->ndim, n->shape);
   }
   case KEX_GOP_EXP2: return lb_e(c, KEX_OP_EXP2, 1, s);
@@ -588,7 +619,7 @@ static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
   case KEX_GOP_ASSIGN: return lb_assign(c, s[1], s[0]);
   case KEX_GOP_COPY: {
     const char *dev = intern_device(r, n->device);
-    if (!dev) return FAIL_NOMEM(c);
+    if (!dev) return fail_view(c);
     return lb_copy_to(c, s[0], dev);
   }
   default: break;
@@ -616,6 +647,7 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
     goto out;
   }
+  (void)kex_shape_error(r->shape, NULL); /* a long-lived context may hold an earlier graph's refusal */
   replay_ctx c = {r, err, 0, 0};
   for (uint32_t i = 0; i < g->nnodes; i++) {
     c.node = (int)i;

@@ -12,10 +12,14 @@
  *
  * Every walk uses an explicit stack and visit marks (epochs in the LazyBuffer
  * scratch fields), so a 100,000-node chain needs no deep recursion, and the
- * walks tinygrad does without a visited set stay linear.
+ * walks tinygrad does without a visited set stay linear.  Each kernel's AST
+ * is bounded by the graph's limits (max_kernel_depth levels, max_kernel_ops
+ * operations), checked as it is built, so an oversized kernel is refused
+ * before it is built whole or reaches a compiler.
  */
 #include "sched/schedule.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -134,7 +138,16 @@ typedef struct sched {
   struct kex_sched_tables *lops;
 } sched;
 
-static int oom(sched *s) { return kex_err_set(s->err, KEX_ENOMEM, "out of memory while scheduling"); }
+/*
+ * An allocation or a ShapeTracker call just failed: KEX_ENOMEM, or what the
+ * ShapeTracker code refused (KEX_ELIMIT for int64 overflow, KEX_EINVAL).
+ */
+static int oom(sched *s) {
+  const char *why = NULL;
+  int code = kex_shape_error(s->sh, &why);
+  if (code) return kex_err_set(s->err, code, "while scheduling: %s", why);
+  return kex_err_set(s->err, KEX_ENOMEM, "out of memory while scheduling");
+}
 
 static int add_realize(sched *s, kex_lb *lb) {
   if (lb->flags & F_REALIZES) return 0;
@@ -180,9 +193,13 @@ static int recurse_lb(sched *s, kex_lb *root) {
         int64_t base_prod = kex_lb_size(base);
         bool pad = false;
         if (buf->st->nviews == 1 && last->mask) {
-          int64_t m = 1;
-          for (int i = 0; i < last->ndim; i++) m *= last->mask[2 * i + 1] - last->mask[2 * i];
-          pad = base_prod >= m;
+          int64_t m = 1; /* prod of the mask's extents, 0 when one is empty */
+          bool ovf = false;  /* a product past int64 is past base_prod too: not a simple pad */
+          for (int i = 0; i < last->ndim; i++)
+            if (last->mask[2 * i + 1] == last->mask[2 * i]) m = 0;
+          for (int i = 0; i < last->ndim && m; i++)
+            ovf |= __builtin_mul_overflow(m, last->mask[2 * i + 1] - last->mask[2 * i], &m);
+          pad = !ovf && base_prod >= m;
         }
         if (pad) {
           if (!(base->flags & F_SIMPLE_PAD)) {
@@ -427,7 +444,42 @@ typedef struct group_ctx {
   uint32_t nout;
   ptrvec inputs;
   uint32_t gep; /* lb->mark2 == gep: in outs; lb->mark == gep + 1: in inputs (slot in group_slot) */
+  uint32_t nops; /* inner AST nodes (ALU, cast, reduce, STORE) built for this kernel so far */
 } group_ctx;
+
+/* "node 12" for a buffer a graph node made, else a description of the internal buffer. */
+static const char *lb_where(const kex_lb *lb, char *buf, size_t len) {
+  if (lb->graph_node >= 0) snprintf(buf, len, "node %d", (int)lb->graph_node);
+  else if (lb->base->graph_node >= 0) snprintf(buf, len, "a buffer made for node %d", (int)lb->base->graph_node);
+  else snprintf(buf, len, "an internal %s buffer", kex_op_short(lb->op));
+  return buf;
+}
+
+/*
+ * The kernel limits (the graph's max_kernel_depth and max_kernel_ops) for a
+ * new inner AST node of depth `depth` made for `at` in the kernel that
+ * stores g->outs[out]: 0, or KEX_ELIMIT naming the kernel, the value and the
+ * limit.  `store` is true for the STORE itself (depth is then the kernel's).
+ */
+static int kernel_limits(sched *s, group_ctx *g, uint32_t out, const kex_lb *at, uint32_t depth, bool store) {
+  const kex_limits *lim = &s->r->graph->limits;
+  uint32_t kdepth = store ? depth : depth + 1; /* the STORE above adds a level */
+  char ob[64], ab[64];
+  g->nops++;
+  if (kdepth > lim->max_kernel_depth)
+    return kex_err_set(s->err, KEX_ELIMIT,
+                       "%s: the kernel storing it has an AST %u levels deep (reached at %s, %s), more than the limit "
+                       "of %u (max_kernel_depth); realize an intermediate (CONTIGUOUS) to split it",
+                       lb_where(g->outs[out], ob, sizeof ob), kdepth, lb_where(at, ab, sizeof ab), kex_op_short(at->op),
+                       lim->max_kernel_depth);
+  if (g->nops > lim->max_kernel_ops)
+    return kex_err_set(s->err, KEX_ELIMIT,
+                       "%s: the kernel storing it reaches %u operations (at %s, %s), more than the limit of %u "
+                       "(max_kernel_ops); realize an intermediate (CONTIGUOUS) to split it",
+                       lb_where(g->outs[out], ob, sizeof ob), g->nops, lb_where(at, ab, sizeof ab),
+                       kex_op_short(at->op), lim->max_kernel_ops);
+  return 0;
+}
 
 static int out_index(const group_ctx *g, const kex_lb *lb) {
   for (uint32_t i = 0; i < g->nout; i++)
@@ -442,6 +494,7 @@ static const kex_lop *make_leaf(sched *s, kex_op op, kex_dtype dt, int idx, cons
   t.idx = idx;
   t.st = st;
   t.val = val;
+  t.depth = 1;
   return lop_intern(s->lops, s->arena, &t);
 }
 
@@ -491,7 +544,8 @@ typedef struct lop_frame {
   const kex_lop *res[3];
 } lop_frame;
 
-static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *out_st, const kex_lop **result) {
+static int recursive_lazyop(sched *s, group_ctx *g, uint32_t outi, const kex_st *out_st, const kex_lop **result) {
+  kex_lb *out = g->outs[outi];
   lop_frame *fr = NULL;
   uint32_t n = 0, cap = 0;
   int rc = 0;
@@ -578,10 +632,15 @@ static int recursive_lazyop(sched *s, group_ctx *g, kex_lb *out, const kex_st *o
       kex_lop t = {0};
       t.op = buf->op;
       t.nsrc = buf->nsrc;
-      for (int i = 0; i < buf->nsrc; i++) t.src[i] = f->res[i];
+      for (int i = 0; i < buf->nsrc; i++) {
+        t.src[i] = f->res[i];
+        if (f->res[i]->depth > t.depth) t.depth = f->res[i]->depth;
+      }
+      t.depth++;
       t.dtype = buf->dtype;
       if (buf->op == KEX_OP_CAST || buf->op == KEX_OP_BITCAST) t.cast_to = buf->dtype;
       if (KEX_OP_IS_REDUCE(buf->op)) t.axis_mask = buf->axis_mask;
+      if ((rc = kernel_limits(s, g, outi, buf, t.depth, false))) goto out;
       done = lop_new(s->arena, &t);
       if (!done) {
         rc = oom(s);
@@ -653,7 +712,7 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
         goto out;
       }
       const kex_lop *lop;
-      if ((rc = recursive_lazyop(s, &g, o, ost, &lop))) goto out;
+      if ((rc = recursive_lazyop(s, &g, i, ost, &lop))) goto out;
       const kex_st *view = (o->op == KEX_OP_ASSIGN && o->assign_st) ? o->assign_st : ost;
       view = kex_st_simplify(s->sh, view);
       kex_lop t = {0};
@@ -663,6 +722,8 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
       t.dtype = o->dtype;
       t.idx = (int32_t)i;
       t.st = view;
+      t.depth = lop->depth + 1;
+      if ((rc = kernel_limits(s, &g, i, o, t.depth, true))) goto out;
       it->ast[i] = view ? lop_new(s->arena, &t) : NULL;
       if (!it->ast[i]) {
         rc = oom(s);
@@ -691,6 +752,7 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   s.sh = r->shape;
   s.arena = r->arena;
   s.err = err;
+  (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
   kex_schedule *sc = kex_calloc(1, sizeof *sc);
   struct kex_sched_tables *lops = kex_calloc(1, sizeof *lops);
   uint32_t *in_degree = NULL, *queue = NULL;

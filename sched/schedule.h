@@ -32,6 +32,7 @@ struct kex_lop {
   kex_const val;             /* CONST */
   kex_dtype cast_to;         /* CAST/BITCAST */
   uint32_t axis_mask;        /* SUM/MAX */
+  uint32_t depth;            /* 1 for a leaf, else 1 + the deepest src (not part of equality) */
   uint64_t hash;
 };
 
@@ -70,7 +71,11 @@ typedef struct kex_schedule {
  * Schedule the replay's graph outputs (create_schedule_with_vars with an empty
  * `seen`, then memory_planner).  On success *out is a new schedule.  Errors:
  * KEX_ENOMEM; KEX_EASSIGN ("must be contiguous for assign", naming the node);
- * KEX_ECYCLE.  The replay's LazyBuffers are marked realized as tinygrad does.
+ * KEX_ECYCLE; KEX_ELIMIT when a kernel's AST is deeper than the graph's
+ * limits.max_kernel_depth or has more than limits.max_kernel_ops operations
+ * (naming the node the kernel stores, the value and the limit), or when view
+ * arithmetic would overflow int64.  The replay's LazyBuffers are marked
+ * realized as tinygrad does.
  */
 int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err);
 void kex_schedule_free(kex_schedule *s);

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/errors.h"
 #include "sched/shapetracker.h"
 
 typedef struct kex__ptab {
@@ -47,6 +48,8 @@ struct kex_shape_ctx {
   kex_sym_ctx sym;
   kex__ptab views, sts;
   kex__memo memo;
+  int rc;        /* why the last failed call failed when not OOM (kex_shape_error), else 0 */
+  char msg[256]; /* its message */
 };
 
 /* The result marker for a memoised None. */
@@ -60,7 +63,15 @@ bool kex__memo_get(const kex__memo *m, uint32_t op, const void *a, const void *b
 /* Memo insert (overwrites).  0 or KEX_ENOMEM (the memo is only a cache, callers may ignore it). */
 int kex__memo_put(kex__memo *m, uint32_t op, const void *a, const void *b, const void *val);
 
-/* strides_for_shape (canonicalized row-major strides). */
-void kex__strides_for_shape(int ndim, const int64_t *shape, int64_t *out);
+/*
+ * Record why a call on ctx fails (the first reason since the last
+ * kex_shape_error) and return code, so callers can `return kex__shape_fail(...)`.
+ */
+int kex__shape_fail(kex_shape_ctx *ctx, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The code of a failure just seen: the recorded one, else KEX_ENOMEM. */
+static inline int kex__shape_fail_code(const kex_shape_ctx *ctx) { return ctx->rc ? ctx->rc : KEX_ENOMEM; }
+
+/* strides_for_shape (canonicalized row-major strides).  false when a stride overflows int64. */
+bool kex__strides_for_shape(int ndim, const int64_t *shape, int64_t *out);
 
 #endif

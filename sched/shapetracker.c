@@ -9,7 +9,8 @@
  * over the default index variables are memoised per ShapeTracker.
  *
  * Everything returned is owned by the context's arena.  Pointer-returning
- * functions return NULL only when out of memory.
+ * functions return NULL on failure and int-returning ones a negative code:
+ * out of memory, or what view.c refused (kex_shape_error says why).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,8 +105,7 @@ bool kex_st_consecutive(const kex_st *st) {
   if (st->nviews != 1 || st->views[0]->mask) return false;
   const kex_view *v = st->views[0];
   int64_t sfs[KEX_MAX_DIMS];
-  kex__strides_for_shape(v->ndim, v->shape, sfs);
-  return kex_i64_eq(sfs, v->strides, v->ndim);
+  return kex__strides_for_shape(v->ndim, v->shape, sfs) && kex_i64_eq(sfs, v->strides, v->ndim);
 }
 
 /* ---- movement ops ---- */
@@ -188,7 +188,7 @@ const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
 /*
  * invert(out_shape): each view inverted against the shape of the view
  * before it (last view against out_shape), in reverse order, then reshaped
- * to out_shape.  0 with *out, 1 for None, KEX_ENOMEM.
+ * to out_shape.  0 with *out, 1 for None, or a negative code.
  */
 int kex_st_invert(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *out_shape, const kex_st **out) {
   uint32_t n = st->nviews;
@@ -204,7 +204,7 @@ int kex_st_invert(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t 
   }
   const kex_st *r = kex_st_from_views(ctx, n, inv);
   if (r) r = kex_st_reshape(ctx, r, ndim, out_shape);
-  if (!r) return KEX_ENOMEM;
+  if (!r) return kex__shape_fail_code(ctx);
   *out = r;
   return 0;
 }
@@ -255,14 +255,15 @@ static int expr_idxs_raw(kex_shape_ctx *ctx, const kex_st *st, const kex_sym *co
       break;
     }
     const kex_view *v = kex_view_minify(ctx, st->views[i]);
-    if (!v) return KEX_ENOMEM;
+    if (!v) return kex__shape_fail_code(ctx);
     const kex_sym *nidx[KEX_MAX_DIMS];
     int64_t acc = 1;
     for (int d = v->ndim - 1; d >= 0; d--) {
       if (v->shape[d] <= 0) return KEX_EINVAL; /* tinygrad: ZeroDivisionError */
       nidx[d] = kex_sym_mod_int(sc, kex_sym_div_int(sc, idx, acc), v->shape[d]);
       if (!nidx[d]) return KEX_ENOMEM;
-      acc *= v->shape[d];
+      if (d > 0 && __builtin_mul_overflow(acc, v->shape[d], &acc)) /* the last product is never a divisor */
+        return kex__shape_fail(ctx, KEX_ELIMIT, "ShapeTracker.expr_idxs: the size of a view overflows int64");
     }
     rc = expr_view(sc, v, nidx, valid, &idx, &valid);
     if (rc) return rc;
@@ -287,7 +288,7 @@ int kex_st_expr_idxs(kex_shape_ctx *ctx, const kex_st *st, const kex_sym *const 
                      const kex_sym **valid) {
   if (idxs) return expr_idxs_raw(ctx, st, idxs, idx, valid);
   const st_expr *e = default_expr(ctx, st);
-  if (!e) return KEX_ENOMEM;
+  if (!e) return kex__shape_fail_code(ctx);
   *idx = e->idx;
   *valid = e->valid;
   return 0;
@@ -337,7 +338,7 @@ int kex_st_real_strides(kex_shape_ctx *ctx, const kex_st *st, bool ignore_valid,
   }
   const st_expr *e = default_expr(ctx, st);
   st_strides *r = kex_arena_calloc(ctx->arena, 1, sizeof *r);
-  if (!e || !r) return KEX_ENOMEM;
+  if (!e || !r) return kex__shape_fail_code(ctx);
   const kex_sym *idx = e->idx;
   const kex_sym *const *terms = idx->kind == KEX_SYM_SUM ? idx->nodes : &idx;
   uint32_t nt = idx->kind == KEX_SYM_SUM ? idx->n : 1;
@@ -390,7 +391,7 @@ int64_t kex_st_unit_stride_axes(kex_shape_ctx *ctx, const kex_st *st) {
 
 int kex_st_axis_is_masked(kex_shape_ctx *ctx, const kex_st *st, int axis) {
   const st_expr *e = default_expr(ctx, st);
-  if (!e) return KEX_ENOMEM;
+  if (!e) return kex__shape_fail_code(ctx);
   char name[16];
   snprintf(name, sizeof name, "idx%d", axis);
   return kex_sym_has_var(e->valid, name) ? 1 : 0;
@@ -401,7 +402,7 @@ int64_t kex_st_real_size(kex_shape_ctx *ctx, const kex_st *st) {
   for (int i = 0; i < last->ndim; i++)
     if (last->shape[i] == 0) return 0;
   const st_expr *e = default_expr(ctx, st);
-  if (!e) return KEX_ENOMEM;
+  if (!e) return kex__shape_fail_code(ctx);
   return e->idx->max + 1;
 }
 

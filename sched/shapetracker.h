@@ -13,9 +13,13 @@
  *
  * Ownership: everything returned lives in the context's arena and dies with
  * kex_shape_ctx_free / the arena.  Functions returning pointers return NULL
- * only when out of memory.  Arguments are assumed valid (the graph loader
- * validates client input before any of this runs); shapes are non-negative
- * ints, ndim <= KEX_MAX_DIMS.
+ * on failure, int-returning ones a negative code: out of memory (KEX_ENOMEM),
+ * or, with kex_shape_error telling why, KEX_ELIMIT when a shape, stride,
+ * offset or mask tinygrad would compute does not fit int64, or KEX_EINVAL
+ * for an argument tinygrad asserts on (negative dim, reshape that changes
+ * the size, shrink out of range, negative pad, zero stride, not a
+ * permutation).  The graph loader refuses such client input before any of
+ * this runs; these checks are the second line.
  */
 #ifndef KEX_SCHED_SHAPETRACKER_H
 #define KEX_SCHED_SHAPETRACKER_H
@@ -62,6 +66,14 @@ kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena);
 void kex_shape_ctx_free(kex_shape_ctx *ctx);
 /* Symbolic context sharing the same arena. */
 kex_sym_ctx *kex_shape_sym(kex_shape_ctx *ctx);
+/*
+ * Why a call on ctx failed: KEX_ELIMIT or KEX_EINVAL with *msg (when msg is
+ * non-NULL) pointing at a message in ctx, valid until the next failure; 0
+ * when nothing was recorded (the failure was out of memory).  Clears the
+ * record, so call it once per failure, and once before a new walk on a
+ * long-lived context.
+ */
+int kex_shape_error(kex_shape_ctx *ctx, const char **msg);
 
 /* ---- View ---- */
 
@@ -74,11 +86,11 @@ const kex_view *kex_view_shrink(kex_shape_ctx *ctx, const kex_view *v, const int
 const kex_view *kex_view_expand(kex_shape_ctx *ctx, const kex_view *v, const int64_t *new_shape);
 const kex_view *kex_view_permute(kex_shape_ctx *ctx, const kex_view *v, const int *order);
 const kex_view *kex_view_stride(kex_shape_ctx *ctx, const kex_view *v, const int64_t *mul);
-/* View.reshape: 0 with *out set, 1 when the reshape cannot be one view (None), KEX_ENOMEM. */
+/* View.reshape: 0 with *out set, 1 when the reshape cannot be one view (None), or a negative code. */
 int kex_view_reshape(kex_shape_ctx *ctx, const kex_view *v, int ndim, const int64_t *new_shape, const kex_view **out);
-/* vm2 + vm1 (vm2 inner/earlier): 0 with *out, 1 for None, KEX_ENOMEM. */
+/* vm2 + vm1 (vm2 inner/earlier): 0 with *out, 1 for None, or a negative code. */
 int kex_view_add(kex_shape_ctx *ctx, const kex_view *vm2, const kex_view *vm1, const kex_view **out);
-/* View.invert(out_shape): 0 with *out, 1 for None, KEX_ENOMEM. */
+/* View.invert(out_shape): 0 with *out, 1 for None, or a negative code. */
 int kex_view_invert(kex_shape_ctx *ctx, const kex_view *v, int ndim, const int64_t *out_shape, const kex_view **out);
 /* View.minify(): reshape to the _merge_dims sizes when possible, else v itself. */
 const kex_view *kex_view_minify(kex_shape_ctx *ctx, const kex_view *v);
@@ -106,13 +118,13 @@ const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t 
 /* st1 + st2 (ShapeTracker.__add__): append st2's views one at a time, simplifying after each. */
 const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b);
 const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st);
-/* ShapeTracker.invert(out_shape): 0 with *out, 1 for None, KEX_ENOMEM. */
+/* ShapeTracker.invert(out_shape): 0 with *out, 1 for None, or a negative code. */
 int kex_st_invert(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *out_shape, const kex_st **out);
 
 /*
  * expr_idxs(idxs): index and valid expressions for per-dim index nodes
  * idxs[0..ndim-1] (ndim of the visible shape).  NULL idxs = Variables
- * idx0..idx{n-1} over [0, shape_i - 1].  0 or KEX_ENOMEM.
+ * idx0..idx{n-1} over [0, shape_i - 1].  0 or a negative code.
  */
 int kex_st_expr_idxs(kex_shape_ctx *ctx, const kex_st *st, const kex_sym *const *idxs, const kex_sym **idx,
                      const kex_sym **valid);

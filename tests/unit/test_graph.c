@@ -641,6 +641,181 @@ static void test_limit_elements(void **state) {
          KEX_ELIMIT, "node 0 (EMPTY)");
 }
 
+/*
+ * The elements limit is on the product of the non-zero dims: a 0 elsewhere in
+ * the shape does not let a huge dim through (a REDUCE over the 0 axis would
+ * hold it), and the product of the non-zero dims must not overflow.
+ */
+static void test_limit_elements_zero_dims(void **state) {
+  (void)state;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  lim.max_elements = 64;
+  /* inputs: 16*4 = 64 in, 13*5 = 65 out */
+  kex_graph *g = ACCEPT(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [16, 4, 0]},"
+                                   "{'op': 'REDUCE_SUM', 'src': [0], 'axis': [2]}", "1"), &lim);
+  const int64_t reduced[] = {16, 4, 1};
+  assert_shape(&g->nodes[1], 3, reduced);
+  kex_graph_free(g);
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [13, 5, 0]}", "0"), &lim, KEX_ELIMIT,
+          "node 0 (EMPTY)", "multiply to 65, more than the limit of 64 elements");
+  ACCEPT_FREE(graph_json("{'op': 'CONST', 'dtype': 'float32', 'shape': [0, 64], 'value': 1}", "0"), &lim);
+  REFUSE2(graph_json("{'op': 'CONST', 'dtype': 'float32', 'shape': [0, 65], 'value': 1}", "0"), &lim, KEX_ELIMIT,
+          "node 0 (CONST)", "65");
+  /* movement results: reshape targets, pads and expands of 0-size sources */
+  ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [0]},"
+                         "{'op': 'RESHAPE', 'src': [0], 'arg': [0, 8, 8]}", "1"), &lim);
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [0]},"
+                     "{'op': 'RESHAPE', 'src': [0], 'arg': [0, 5, 13]}", "1"), &lim, KEX_ELIMIT,
+          "node 1 (RESHAPE)", "65");
+  ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [0, 4]},"
+                         "{'op': 'PAD', 'src': [0], 'arg': [[0, 0], [60, 0]]}", "1"), &lim);
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [0, 4]},"
+                     "{'op': 'PAD', 'src': [0], 'arg': [[0, 0], [60, 1]]}", "1"), &lim, KEX_ELIMIT, "node 1 (PAD)",
+          "65");
+  ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [1, 0]},"
+                         "{'op': 'EXPAND', 'src': [0], 'arg': [64, 0]}", "1"), &lim);
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [1, 0]},"
+                     "{'op': 'EXPAND', 'src': [0], 'arg': [65, 0]}", "1"), &lim, KEX_ELIMIT, "node 1 (EXPAND)", "65");
+
+  /* the default limit, with the shapes that used to pass as "0 elements" */
+  lim = KEX_LIMITS_DEFAULT;
+  ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4294967296, 1, 0]}", "0"), &lim);
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4294967297, 1, 0]}", "0"), &lim, KEX_ELIMIT,
+          "node 0 (EMPTY)", "4294967297, more than the limit of 4294967296 elements");
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4611686018427387905, 4, 0]},"
+                     "{'op': 'REDUCE_SUM', 'src': [0], 'axis': [2]}", "1"), &lim, KEX_ELIMIT, "node 0 (EMPTY)",
+          "(4611686018427387905, 4, 0)");
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4294967296, 4294967296, 0]}", "0"), &lim,
+          KEX_ELIMIT, "node 0 (EMPTY)", "multiply past int64");
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [0]},"
+                     "{'op': 'RESHAPE', 'src': [0], 'arg': [0, 4611686018427387904, 4611686018427387904]}", "1"), &lim,
+          KEX_ELIMIT, "node 1 (RESHAPE)", "multiply past int64");
+  /* pads near INT64_MAX: of a 0-size dim (the sum fits, the size is over) and past int64 */
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4, 0]},"
+                     "{'op': 'PAD', 'src': [0], 'arg': [[9223372036854775803, 0], [0, 0]]}", "1"), &lim, KEX_ELIMIT,
+          "node 1 (PAD)", "9223372036854775807, more than the limit");
+  REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4, 0]},"
+                     "{'op': 'PAD', 'src': [0], 'arg': [[9223372036854775804, 0], [0, 0]]}", "1"), &lim, KEX_ELIMIT,
+          "node 1 (PAD)", "overflows");
+  /* the builder path refuses the same */
+  g = kex_graph_new(NULL);
+  assert_non_null(g);
+  int64_t big[3] = {(int64_t)1 << 62 | 1, 4, 0};
+  kex_gnode e = {.op = KEX_GOP_EMPTY, .dtype = KEX_DT_FLOAT32, .ndim = 3, .shape = big};
+  kex_error err;
+  assert_int_equal(kex_graph_add(g, &e, &lim, &err), KEX_ELIMIT);
+  assert_non_null(strstr(err.msg, "node 0 (EMPTY)"));
+  big[0] = (int64_t)1 << 30;
+  assert_int_equal(kex_graph_add(g, &e, &lim, &err), 0);
+  kex_graph_free(g);
+}
+
+/* |STRIDE| is at most max_elements; INT64_MIN (no int64 magnitude) is refused, not negated. */
+static void test_limit_stride(void **state) {
+  (void)state;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  lim.max_elements = 64;
+  const char *base = "{'op': 'EMPTY', 'dtype': 'float32', 'shape': [5, 4]}";
+  char nodes[512];
+  snprintf(nodes, sizeof nodes, "%s, {'op': 'STRIDE', 'src': [0], 'arg': [64, -64]}", base);
+  kex_graph *g = ACCEPT(graph_json(nodes, "1"), &lim);
+  const int64_t ones[] = {1, 1};
+  assert_shape(&g->nodes[1], 2, ones);
+  kex_graph_free(g);
+  snprintf(nodes, sizeof nodes, "%s, {'op': 'STRIDE', 'src': [0], 'arg': [65, 1]}", base);
+  REFUSE2(graph_json(nodes, "1"), &lim, KEX_ELIMIT, "node 1 (STRIDE)", "stride 65 of dim 0 is beyond the limit of +-64");
+  snprintf(nodes, sizeof nodes, "%s, {'op': 'STRIDE', 'src': [0], 'arg': [1, -65]}", base);
+  REFUSE2(graph_json(nodes, "1"), &lim, KEX_ELIMIT, "node 1 (STRIDE)", "stride -65 of dim 1");
+  snprintf(nodes, sizeof nodes, "%s, {'op': 'STRIDE', 'src': [0], 'arg': [1, -9223372036854775808]}", base);
+  REFUSE2(graph_json(nodes, "1"), NULL, KEX_ELIMIT, "node 1 (STRIDE)", "-9223372036854775808");
+  snprintf(nodes, sizeof nodes, "%s, {'op': 'STRIDE', 'src': [0], 'arg': [9223372036854775807, 1]}", base);
+  REFUSE2(graph_json(nodes, "1"), NULL, KEX_ELIMIT, "node 1 (STRIDE)", "9223372036854775807");
+  snprintf(nodes, sizeof nodes, "%s, {'op': 'STRIDE', 'src': [0], 'arg': [4294967296, -4294967296]}", base);
+  ACCEPT_FREE(graph_json(nodes, "1"), NULL);
+}
+
+/* a chain EMPTY -> NEG -> NEG ... of `len` nodes (JSON, static buffer) */
+static const char *neg_chain(unsigned len) {
+  static char buf[JSON_MAX];
+  size_t off = (size_t)snprintf(buf, sizeof buf, "{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4]}");
+  for (unsigned i = 1; i < len; i++)
+    off += (size_t)snprintf(buf + off, sizeof buf - off, ", {'op': 'NEG', 'src': [%u]}", i - 1);
+  return buf;
+}
+
+/* The longest dependency chain: depth = 1 + the deepest source, at most max_depth. */
+static void test_limit_depth(void **state) {
+  (void)state;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  lim.max_depth = 5;
+  kex_graph *g = ACCEPT(graph_json(neg_chain(5), "4"), &lim);
+  for (uint32_t i = 0; i < 5; i++) assert_int_equal(g->nodes[i].depth, i + 1);
+  assert_int_equal(g->limits.max_depth, 5);
+  kex_graph_free(g);
+  REFUSE2(graph_json(neg_chain(6), "5"), &lim, KEX_ELIMIT, "node 5 (NEG)",
+          "dependency chain is 6 nodes deep, more than the limit of 5 (max_depth)");
+  /* depth is the longest path, not the number of nodes: this graph of 7 nodes is 3 deep */
+  g = ACCEPT(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4]},"
+                        "{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4]},"
+                        "{'op': 'NEG', 'src': [0]}, {'op': 'ADD', 'src': [0, 1]}, {'op': 'CMPLT', 'src': [0, 1]},"
+                        "{'op': 'WHERE', 'src': [4, 2, 3]}, {'op': 'ADD', 'src': [1, 0]}", "5, 6"), &lim);
+  assert_int_equal(g->nodes[5].depth, 3);
+  assert_int_equal(g->nodes[6].depth, 2);
+  kex_graph_free(g);
+
+  /* builder path, with the default limit: KEX_LIMIT_DEPTH deep accepted, one more refused */
+  lim = KEX_LIMITS_DEFAULT;
+  g = kex_graph_new(NULL);
+  assert_non_null(g);
+  int64_t four = 4;
+  kex_gnode n = {.op = KEX_GOP_EMPTY, .dtype = KEX_DT_FLOAT32, .ndim = 1, .shape = &four};
+  kex_error err;
+  int cur = kex_graph_add(g, &n, &lim, &err);
+  for (uint32_t d = 2; d <= KEX_LIMIT_DEPTH; d++) {
+    kex_gnode neg = {.op = KEX_GOP_NEG, .nsrc = 1, .src = {(uint32_t)cur}};
+    cur = kex_graph_add(g, &neg, &lim, &err);
+    assert_true(cur >= 0);
+  }
+  assert_int_equal(g->nodes[cur].depth, KEX_LIMIT_DEPTH);
+  kex_gnode neg = {.op = KEX_GOP_NEG, .nsrc = 1, .src = {(uint32_t)cur}};
+  assert_int_equal(kex_graph_add(g, &neg, &lim, &err), KEX_ELIMIT);
+  char want[128];
+  snprintf(want, sizeof want, "node %u (NEG): its dependency chain is %u nodes deep, more than the limit of %u",
+           (unsigned)KEX_LIMIT_DEPTH, (unsigned)KEX_LIMIT_DEPTH + 1, (unsigned)KEX_LIMIT_DEPTH);
+  if (!strstr(err.msg, want)) fail_msg("%s", err.msg);
+  assert_int_equal(g->nnodes, KEX_LIMIT_DEPTH);
+  /* a node that does not deepen the chain is still accepted */
+  kex_gnode side = {.op = KEX_GOP_NEG, .nsrc = 1, .src = {0}};
+  assert_int_equal(kex_graph_add(g, &side, &lim, &err), KEX_LIMIT_DEPTH);
+  kex_graph_free(g);
+}
+
+/* The graph keeps the limits it was loaded with (the scheduler's kernel limits come from there). */
+static void test_limits_kept(void **state) {
+  (void)state;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  lim.max_kernel_depth = 7;
+  lim.max_kernel_ops = 9;
+  kex_graph *g = ACCEPT(graph_json(neg_chain(2), "1"), &lim);
+  assert_int_equal(g->limits.max_kernel_depth, 7);
+  assert_int_equal(g->limits.max_kernel_ops, 9);
+  kex_graph_free(g);
+  g = ACCEPT(graph_json(neg_chain(2), "1"), NULL);
+  assert_int_equal(g->limits.max_kernel_depth, KEX_LIMIT_KERNEL_DEPTH);
+  assert_int_equal(g->limits.max_kernel_ops, KEX_LIMIT_KERNEL_OPS);
+  assert_int_equal(g->limits.max_depth, KEX_LIMIT_DEPTH);
+  kex_graph_free(g);
+  g = kex_graph_new(NULL);
+  assert_non_null(g);
+  assert_int_equal(g->limits.max_kernel_depth, KEX_LIMIT_KERNEL_DEPTH);
+  int64_t four = 4;
+  kex_gnode n = {.op = KEX_GOP_EMPTY, .dtype = KEX_DT_FLOAT32, .ndim = 1, .shape = &four};
+  kex_error err;
+  assert_int_equal(kex_graph_add(g, &n, &lim, &err), 0);
+  assert_int_equal(g->limits.max_kernel_depth, 7);
+  kex_graph_free(g);
+}
+
 static void test_limit_inline_bytes(void **state) {
   (void)state;
   kex_limits lim = KEX_LIMITS_DEFAULT;
@@ -954,6 +1129,10 @@ int main(void) {
       cmocka_unit_test(test_limit_nodes),
       cmocka_unit_test(test_limit_dims),
       cmocka_unit_test(test_limit_elements),
+      cmocka_unit_test(test_limit_elements_zero_dims),
+      cmocka_unit_test(test_limit_stride),
+      cmocka_unit_test(test_limit_depth),
+      cmocka_unit_test(test_limits_kept),
       cmocka_unit_test(test_limit_inline_bytes),
       cmocka_unit_test(test_limit_buffer_bytes),
       cmocka_unit_test(test_limit_outputs),

@@ -1,7 +1,9 @@
 /*
  * test_schedule.c - the scheduler's rules on graphs whose answers the spec
  * works out (spec section 15), the assign rules, the memory planner, the
- * text form, out-of-memory at every allocation, and a 100,000-node chain
+ * text form, out-of-memory at every allocation, the kernel limits
+ * (max_kernel_depth, max_kernel_ops) on both sides, refusals of overflowing
+ * view arithmetic, and a 100,000-node chain (with limits widened for it)
  * scheduled on a small thread stack (no deep recursion anywhere).
  */
 #include <pthread.h>
@@ -347,11 +349,210 @@ static void test_copy_rules(void **state) {
   done(&p);
 }
 
+/* ---- kernel limits ---- */
+
+/* The kernel item of a schedule with exactly one. */
+static const kex_sched_item *only_kernel(const planned *p) {
+  const kex_sched_item *k = NULL;
+  assert_int_equal(p->s->nkernels, 1);
+  for (uint32_t i = 0; i < p->s->nitems; i++)
+    if (p->s->items[i].kind == KEX_ITEM_KERNEL) k = &p->s->items[i];
+  assert_non_null(k);
+  return k;
+}
+
+/*
+ * EMPTY a, EMPTY b, then `len` MULs cur = cur * b, with CONTIGUOUS after every
+ * `split` of them (0 = never); the last node is the output.  Its kernel's AST
+ * is LOAD, up to `split` MULs and the STORE.
+ */
+static kex_graph *mul_chain(const kex_limits *lim, int len, int split) {
+  kex_error err;
+  kex_graph *g = kex_graph_new(NULL);
+  assert_non_null(g);
+  int64_t shape[1] = {16};
+  kex_gnode in = {.op = KEX_GOP_EMPTY, .dtype = KEX_DT_FLOAT32, .ndim = 1, .shape = shape};
+  int cur = kex_graph_add(g, &in, lim, &err), b = kex_graph_add(g, &in, lim, &err);
+  for (int i = 0; i < len; i++) {
+    kex_gnode mul = {.op = KEX_GOP_MUL, .nsrc = 2, .src = {(uint32_t)cur, (uint32_t)b}};
+    cur = kex_graph_add(g, &mul, lim, &err);
+    if (split && (i + 1) % split == 0 && i + 1 < len) {
+      kex_gnode c = {.op = KEX_GOP_CONTIGUOUS, .nsrc = 1, .src = {(uint32_t)cur}};
+      cur = kex_graph_add(g, &c, lim, &err);
+    }
+    if (cur < 0) fail_msg("%s", err.msg);
+  }
+  assert_int_equal(kex_graph_add_output(g, (uint32_t)cur, lim, &err), 0);
+  return g;
+}
+
+/* Plan g under both devices' rules; expect rc and (on failure) every needle in the message. */
+static void expect_plan(const kex_limits *lim, int len, int split, int rc, const char *needle, const char *needle2) {
+  for (int cpu = 0; cpu < 2; cpu++) {
+    planned p;
+    plan_graph(&p, mul_chain(lim, len, split), cpu);
+    if (p.rc != rc || (needle && !strstr(p.err.msg, needle)) || (needle2 && !strstr(p.err.msg, needle2)))
+      fail_msg("len %d split %d %s: got %d \"%s\", want %d with \"%s\"", len, split, cpu ? "cpu" : "opencl", p.rc,
+               p.err.msg, rc, needle ? needle : "", needle2 ? needle2 : "");
+    done(&p);
+  }
+}
+
+/*
+ * max_kernel_depth: a kernel's AST (STORE .. LOAD) of exactly the limit is
+ * scheduled, one level more is refused naming the output node, the depth and
+ * the limit; a CONTIGUOUS splits it into kernels that fit.
+ */
+static void test_kernel_depth_limit(void **state) {
+  (void)state;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  /* the default: 98 MULs + LOAD + STORE = 100 levels */
+  planned p;
+  plan_graph(&p, mul_chain(&lim, KEX_LIMIT_KERNEL_DEPTH - 2, 0), false);
+  if (p.rc) fail_msg("%s", p.err.msg);
+  assert_int_equal(only_kernel(&p)->ast[0]->depth, KEX_LIMIT_KERNEL_DEPTH);
+  assert_int_equal(only_kernel(&p)->ast[0]->src[0]->depth, KEX_LIMIT_KERNEL_DEPTH - 1);
+  done(&p);
+  char out[64], want[128];
+  snprintf(out, sizeof out, "node %d: the kernel storing it", KEX_LIMIT_KERNEL_DEPTH);
+  snprintf(want, sizeof want, "AST %d levels deep (reached at node %d, MUL), more than the limit of %d (max_kernel_depth)",
+           KEX_LIMIT_KERNEL_DEPTH + 1, KEX_LIMIT_KERNEL_DEPTH, KEX_LIMIT_KERNEL_DEPTH);
+  expect_plan(&lim, KEX_LIMIT_KERNEL_DEPTH - 1, 0, KEX_ELIMIT, out, want);
+  /* the ~250-op chain that clang's bracket limit refuses is refused by the scheduler first */
+  expect_plan(&lim, 250, 0, KEX_ELIMIT, "node 251: the kernel storing it", "(max_kernel_depth)");
+  /* ... and fits once split by CONTIGUOUS every 98 ops */
+  expect_plan(&lim, 250, KEX_LIMIT_KERNEL_DEPTH - 2, 0, NULL, NULL);
+  expect_plan(&lim, 250, KEX_LIMIT_KERNEL_DEPTH - 1, KEX_ELIMIT, "(max_kernel_depth)", NULL);
+
+  /* a configured limit: 8 MULs = 10 levels */
+  lim.max_kernel_depth = 10;
+  expect_plan(&lim, 8, 0, 0, NULL, NULL);
+  expect_plan(&lim, 9, 0, KEX_ELIMIT, "node 10: the kernel storing it has an AST 11 levels deep",
+              "more than the limit of 10 (max_kernel_depth)");
+  expect_plan(&lim, 40, 8, 0, NULL, NULL); /* 5 kernels of 8 */
+  planned q;
+  plan_graph(&q, mul_chain(&lim, 40, 8), false);
+  assert_int_equal(q.rc, 0);
+  assert_int_equal(q.s->nkernels, 5);
+  done(&q);
+}
+
+/*
+ * A wide kernel: 64 chains y_j = (a + c_j) * a * ... (62 MULs), summed
+ * pairwise, = 64 * 63 + 63 ops + the STORE = 4096 operations, 71 levels deep.
+ * `extra` NEGs on top add one op each.
+ */
+static kex_graph *wide_kernel(const kex_limits *lim, int extra) {
+  kex_error err;
+  kex_graph *g = kex_graph_new(NULL);
+  assert_non_null(g);
+  int64_t shape[1] = {4};
+  kex_gnode in = {.op = KEX_GOP_EMPTY, .dtype = KEX_DT_FLOAT32, .ndim = 1, .shape = shape};
+  int a = kex_graph_add(g, &in, lim, &err), ys[64];
+  for (int j = 0; j < 64; j++) {
+    kex_gnode c = {.op = KEX_GOP_CONST, .dtype = KEX_DT_FLOAT32, .ndim = 1, .shape = shape,
+                   .value = kex_const_float(j + 2)};
+    int cj = kex_graph_add(g, &c, lim, &err);
+    kex_gnode add = {.op = KEX_GOP_ADD, .nsrc = 2, .src = {(uint32_t)a, (uint32_t)cj}};
+    int y = kex_graph_add(g, &add, lim, &err);
+    for (int k = 0; k < 62; k++) {
+      kex_gnode mul = {.op = KEX_GOP_MUL, .nsrc = 2, .src = {(uint32_t)y, (uint32_t)a}};
+      y = kex_graph_add(g, &mul, lim, &err);
+    }
+    ys[j] = y;
+  }
+  for (int n = 64; n > 1; n /= 2)
+    for (int j = 0; j < n / 2; j++) {
+      kex_gnode add = {.op = KEX_GOP_ADD, .nsrc = 2, .src = {(uint32_t)ys[2 * j], (uint32_t)ys[2 * j + 1]}};
+      ys[j] = kex_graph_add(g, &add, lim, &err);
+    }
+  int cur = ys[0];
+  for (int i = 0; i < extra; i++) {
+    kex_gnode neg = {.op = KEX_GOP_NEG, .nsrc = 1, .src = {(uint32_t)cur}};
+    cur = kex_graph_add(g, &neg, lim, &err);
+  }
+  if (cur < 0) fail_msg("%s", err.msg);
+  assert_int_equal(kex_graph_add_output(g, (uint32_t)cur, lim, &err), 0);
+  return g;
+}
+
+/* max_kernel_ops: exactly the default fits, one more op is refused naming the output, the count and the limit. */
+static void test_kernel_ops_limit(void **state) {
+  (void)state;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  assert_int_equal(KEX_LIMIT_KERNEL_OPS, 4096); /* wide_kernel is sized for it */
+  for (int cpu = 0; cpu < 2; cpu++) {
+    planned p;
+    plan_graph(&p, wide_kernel(&lim, 0), cpu);
+    if (p.rc) fail_msg("%s", p.err.msg);
+    const kex_sched_item *k = only_kernel(&p);
+    assert_int_equal(k->ast[0]->depth, 71);
+    done(&p);
+    plan_graph(&p, wide_kernel(&lim, 1), cpu);
+    assert_int_equal(p.rc, KEX_ELIMIT);
+    if (!strstr(p.err.msg, "the kernel storing it reaches 4097 operations") ||
+        !strstr(p.err.msg, "more than the limit of 4096 (max_kernel_ops)"))
+      fail_msg("%s", p.err.msg);
+    done(&p);
+  }
+  /* a configured limit on a chain: 9 MULs + STORE = 10 ops */
+  lim.max_kernel_ops = 10;
+  expect_plan(&lim, 9, 0, 0, NULL, NULL);
+  expect_plan(&lim, 10, 0, KEX_ELIMIT, "node 11: the kernel storing it reaches 11 operations",
+              "more than the limit of 10 (max_kernel_ops)");
+  expect_plan(&lim, 30, 9, 0, NULL, NULL);
+}
+
+/*
+ * REDUCE_SUM of an int64 CONST folds to value * count as Python would, then
+ * as_const keeps the low 64 bits: (2**62 + 1) * 4 = 2**64 + 4 -> 4, computed
+ * without signed overflow (the UBSan build aborted here).
+ */
+static void test_const_reduce_wraps(void **state) {
+  (void)state;
+  planned p;
+  plan_text(&p, G("{\"op\":\"CONST\",\"dtype\":\"int64\",\"shape\":[4],\"value\":4611686018427387905}"
+                  ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}", "1"), false);
+  assert_int_equal(p.rc, 0);
+  const kex_lb *lb = p.r->node_lb[1]->base;
+  assert_int_equal(lb->op, KEX_OP_CONST);
+  assert_int_equal(lb->arg.kind, KEX_CONST_INT);
+  assert_true(lb->arg.i == 4);
+  assert_int_equal(p.s->nkernels, 0);
+  done(&p);
+}
+
+/*
+ * View arithmetic that overflows is refused, naming the node, even when a
+ * graph skips validation (here a STRIDE arg forged after loading): the
+ * replay reports KEX_ELIMIT, never UB or "out of memory".
+ */
+static void test_replay_refuses_overflow(void **state) {
+  (void)state;
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  kex_error err;
+  const char *json = G(EMPTYF("[4]") ",{\"op\":\"STRIDE\",\"src\":[0],\"arg\":[2]}", "1");
+  kex_graph *g = NULL;
+  assert_int_equal(kex_graph_from_json(json, strlen(json), &lim, &g, &err), 0);
+  ((int64_t *)g->nodes[1].arg)[0] = INT64_MIN; /* what validation refuses */
+  planned p;
+  plan_graph(&p, g, false);
+  assert_int_equal(p.rc, KEX_ELIMIT);
+  if (!strstr(p.err.msg, "node 1 (STRIDE)") || !strstr(p.err.msg, "-9223372036854775808"))
+    fail_msg("%s", p.err.msg);
+  done(&p);
+}
+
 #define CHAIN_N 100000
 
 static void *chain_thread(void *arg) {
   planned *p = arg;
   kex_limits lim = KEX_LIMITS_DEFAULT;
+  /* far past the defaults on purpose: inputs are depth 1, the last ADD CHAIN_N + 1; its kernel's AST is
+     LOAD, CHAIN_N ADDs and the STORE */
+  lim.max_depth = CHAIN_N + 1;
+  lim.max_kernel_depth = CHAIN_N + 2;
+  lim.max_kernel_ops = CHAIN_N + 1;
   kex_error err;
   kex_graph *g = kex_graph_new(NULL);
   int64_t shape[1] = {256};
@@ -394,7 +595,9 @@ int main(void) {
       cmocka_unit_test(test_assign_ordering), cmocka_unit_test(test_memory_planner),
       cmocka_unit_test(test_const_folding),  cmocka_unit_test(test_print_stable),
       cmocka_unit_test(test_oom_everywhere), cmocka_unit_test(test_chain_100k),
-      cmocka_unit_test(test_copy_rules),
+      cmocka_unit_test(test_copy_rules),     cmocka_unit_test(test_kernel_depth_limit),
+      cmocka_unit_test(test_kernel_ops_limit), cmocka_unit_test(test_const_reduce_wraps),
+      cmocka_unit_test(test_replay_refuses_overflow),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -384,6 +384,164 @@ static void test_st_expr_and_strides(void **state) {
   assert_int_equal(kex_st_real_size(CTX, kex_st_from_shape(CTX, 2, SH(0, 3))), 0);
 }
 
+/* ---- int64 overflow and tinygrad's asserts: refused with a reason, never UB ---- */
+
+#define I64MAX INT64_MAX
+#define I64MIN INT64_MIN
+#define P62 ((int64_t)1 << 62)
+#define P32 ((int64_t)1 << 32)
+
+/* The last failure on CTX was `code` and its message holds `needle`; the record is then clear. */
+static void expect_error(void **state, int code, const char *needle) {
+  const char *msg = NULL;
+  int rc = kex_shape_error(CTX, &msg);
+  if (rc != code || (code && (!msg || !strstr(msg, needle))))
+    fail_msg("got %d \"%s\", want %d with \"%s\"", rc, msg ? msg : "", code, needle ? needle : "");
+  assert_int_equal(kex_shape_error(CTX, NULL), 0);
+}
+
+/* prod(shape) and strides_for_shape: 0 in a shape makes the size 0 whatever the other dims. */
+static void test_overflow_create(void **state) {
+  const kex_view *v = kex_view_create(CTX, 3, SH(P32, P32, 0), NULL, 0, NULL);
+  assert_non_null(v);
+  assert_int_equal(kex_view_size(v), 0);
+  assert_string_equal(vrepr(state, v),
+                      "View(shape=(4294967296, 4294967296, 0), strides=(0, 0, 1), offset=0, mask=None, contiguous=True)");
+  v = kex_view_create(CTX, 3, SH(0, P62 - 1, 2), NULL, 0, NULL); /* strides (2**63-2, 2, 1): the largest that fits */
+  assert_non_null(v);
+  assert_true(v->strides[0] == I64MAX - 1);
+  expect_error(state, 0, NULL);
+  /* tinygrad's strides would be (2**124, 2**62, 1) */
+  assert_null(kex_view_create(CTX, 3, SH(0, P62, P62), NULL, 0, NULL));
+  expect_error(state, KEX_ELIMIT, "(0, 4611686018427387904, 4611686018427387904): a shape, stride, offset or mask overflows int64");
+  assert_null(kex_view_create(CTX, 3, SH(0, P62, 2), NULL, 0, NULL)); /* stride 2**63 */
+  expect_error(state, KEX_ELIMIT, "overflows int64");
+  /* a non-zero size past int64 */
+  assert_null(kex_view_create(CTX, 2, SH(P32, P32), NULL, 0, NULL));
+  expect_error(state, KEX_ELIMIT, "View.size");
+  assert_non_null(kex_view_create(CTX, 2, SH(P32, P32 / 2 - 1), NULL, 0, NULL)); /* 2**63 - 2**32 */
+  /* a negative dim is tinygrad's assert */
+  assert_null(kex_view_create(CTX, 2, SH(4, -1), NULL, 0, NULL));
+  expect_error(state, KEX_EINVAL, "negative dim");
+  /* offset + stride * mask begin past int64 while eliminating a 1-wide mask */
+  assert_null(kex_view_create(CTX, 2, SH(4, 4), SH(I64MAX / 2, 1), 0, SH(3, 4, 0, 4)));
+  expect_error(state, KEX_ELIMIT, "View.create (mask)");
+  v = kex_view_create(CTX, 2, SH(4, 4), SH(I64MAX / 3, 1), 0, SH(2, 3, 0, 4));
+  assert_non_null(v);
+  assert_true(v->offset == I64MAX / 3 * 2);
+}
+
+/* RESHAPE [0] -> [0, 2**62, 2**62], and the sizes tinygrad asserts on. */
+static void test_overflow_reshape(void **state) {
+  const kex_view *out = NULL;
+  assert_int_equal(kex_view_reshape(CTX, contig(state, 1, SH(0)), 3, SH(0, P62, P62), &out), KEX_ELIMIT);
+  expect_error(state, KEX_ELIMIT, "overflows int64");
+  assert_int_equal(kex_view_reshape(CTX, contig(state, 1, SH(0)), 3, SH(0, 4, 4), &out), 0);
+  assert_string_equal(vrepr(state, out), "View(shape=(0, 4, 4), strides=(16, 4, 1), offset=0, mask=None, contiguous=True)");
+  /* size changes: 0-size to non-zero, and 12 to 16 */
+  assert_int_equal(kex_view_reshape(CTX, contig(state, 1, SH(0)), 2, SH(4, 4), &out), KEX_EINVAL);
+  expect_error(state, KEX_EINVAL, "cannot reshape (0,) to (4, 4)");
+  assert_int_equal(kex_view_reshape(CTX, contig(state, 2, SH(3, 4)), 2, SH(4, 4), &out), KEX_EINVAL);
+  expect_error(state, KEX_EINVAL, "size mismatch");
+  const kex_view *masked = kex_view_pad(CTX, contig(state, 1, SH(4)), SH(2, 2));
+  assert_int_equal(kex_view_reshape(CTX, masked, 2, SH(3, 3), &out), KEX_EINVAL);
+  expect_error(state, KEX_EINVAL, "size mismatch");
+  assert_int_equal(kex_view_reshape(CTX, masked, 2, SH(4, 2), &out), 0);
+  assert_string_equal(vrepr(state, out), "View(shape=(4, 2), strides=(2, 1), offset=-2, mask=((1, 3), (0, 2)), contiguous=False)");
+  /* a strided view whose merged stride * new dim passes int64 */
+  const kex_view *wide = kex_view_create(CTX, 2, SH(2, 4), SH(I64MAX / 2, 2), 0, NULL);
+  assert_non_null(wide);
+  assert_int_equal(kex_view_reshape(CTX, wide, 3, SH(2, 2, 2), &out), 0);
+  assert_string_equal(vrepr(state, out), "View(shape=(2, 2, 2), strides=(4611686018427387903, 4, 2), offset=0, mask=None, "
+                                         "contiguous=False)");
+  expect_error(state, 0, NULL);
+}
+
+/* STRIDE by INT64_MIN and other huge multipliers. */
+static void test_overflow_stride(void **state) {
+  const kex_view *v = contig(state, 1, SH(4));
+  assert_null(kex_view_stride(CTX, v, SH(I64MIN)));
+  expect_error(state, KEX_ELIMIT, "stride -9223372036854775808 of dim 0 (shape (4,)) is out of the int64 range");
+  assert_null(kex_view_stride(CTX, v, SH(0)));
+  expect_error(state, KEX_EINVAL, "is 0");
+  /* |mul| >= the dim: one element, the stride is canonicalised to 0 without forming stride * mul */
+  assert_string_equal(vrepr(state, kex_view_stride(CTX, v, SH(I64MAX))),
+                      "View(shape=(1,), strides=(0,), offset=0, mask=None, contiguous=True)");
+  assert_string_equal(vrepr(state, kex_view_stride(CTX, v, SH(-I64MAX))),
+                      "View(shape=(1,), strides=(0,), offset=3, mask=None, contiguous=False)");
+  assert_string_equal(vrepr(state, kex_view_stride(CTX, contig(state, 2, SH(3, 5)), SH(P62, 2))),
+                      "View(shape=(1, 3), strides=(0, 2), offset=0, mask=None, contiguous=False)");
+  /* the same through a mask */
+  const kex_view *padded = kex_view_pad(CTX, v, SH(1, 1));
+  assert_string_equal(vrepr(state, kex_view_stride(CTX, padded, SH(I64MAX))),
+                      "View(shape=(1,), strides=(0,), offset=0, mask=((0, 0),), contiguous=False)");
+  /* stride * mul past int64 on a dim that stays > 1 */
+  const kex_view *big = kex_view_create(CTX, 1, SH(8), SH(I64MAX / 2), 0, NULL);
+  assert_non_null(big);
+  assert_non_null(kex_view_stride(CTX, big, SH(2)));
+  assert_null(kex_view_stride(CTX, big, SH(3)));
+  expect_error(state, KEX_ELIMIT, "View.stride on a view of shape (8,)");
+  /* the ShapeTracker passes the refusal through */
+  assert_null(kex_st_stride(CTX, kex_st_from_shape(CTX, 1, SH(4)), SH(I64MIN)));
+  expect_error(state, KEX_ELIMIT, "out of the int64 range");
+}
+
+/* PAD near INT64_MAX, negative pads, shrinks out of range, permutations. */
+static void test_overflow_pad_shrink(void **state) {
+  const kex_view *v = contig(state, 1, SH(4));
+  assert_null(kex_view_pad(CTX, v, SH(0, I64MAX)));
+  expect_error(state, KEX_ELIMIT, "View.pad");
+  assert_null(kex_view_pad(CTX, v, SH(I64MAX - 3, 0)));
+  expect_error(state, KEX_ELIMIT, "View.pad");
+  assert_non_null(kex_view_pad(CTX, v, SH(I64MAX - 4, 0))); /* shape 2**63-1 exactly */
+  assert_null(kex_view_pad(CTX, v, SH(-1, 0)));
+  expect_error(state, KEX_EINVAL, "negative");
+  /* offset - stride * pad past int64 */
+  const kex_view *big = kex_view_create(CTX, 1, SH(2), SH(I64MAX / 2), 0, NULL);
+  assert_non_null(kex_view_pad(CTX, big, SH(2, 0)));
+  assert_null(kex_view_pad(CTX, big, SH(3, 0)));
+  expect_error(state, KEX_ELIMIT, "View.pad");
+  /* shrink */
+  assert_non_null(kex_view_shrink(CTX, v, SH(0, 4)));
+  assert_null(kex_view_shrink(CTX, v, SH(0, 5)));
+  expect_error(state, KEX_EINVAL, "out of range");
+  assert_null(kex_view_shrink(CTX, v, SH(3, 2)));
+  expect_error(state, KEX_EINVAL, "out of range");
+  assert_null(kex_view_shrink(CTX, v, SH(I64MIN, 4)));
+  expect_error(state, KEX_EINVAL, "out of range");
+  /* permute */
+  const kex_view *m = contig(state, 2, SH(2, 3));
+  assert_null(kex_view_permute(CTX, m, (const int[]){1, 1}));
+  expect_error(state, KEX_EINVAL, "not a permutation");
+  assert_null(kex_view_permute(CTX, m, (const int[]){0, 2}));
+  expect_error(state, KEX_EINVAL, "not a permutation");
+  assert_non_null(kex_view_permute(CTX, m, (const int[]){1, 0}));
+  expect_error(state, 0, NULL);
+}
+
+/* View.__add__ and invert with products past int64 answer an error, not a wrapped view. */
+static void test_overflow_add_invert(void **state) {
+  const kex_view *out = NULL;
+  /* vm1 steps one in both dims of vm2 (shape (2, 2**31)): merged stride = vm2's two strides summed */
+  const kex_view *vm1 = kex_view_create(CTX, 1, SH(2), SH(((int64_t)1 << 31) + 1), 0, NULL);
+  const kex_view *vm2 = kex_view_create(CTX, 2, SH(2, (int64_t)1 << 31), SH(I64MAX - 1, 1), 0, NULL);
+  assert_int_equal(kex_view_add(CTX, vm2, vm1, &out), 0);
+  assert_true(out->strides[0] == I64MAX);
+  vm2 = kex_view_create(CTX, 2, SH(2, (int64_t)1 << 31), SH(I64MAX, 1), 0, NULL);
+  assert_int_equal(kex_view_add(CTX, vm2, vm1, &out), KEX_ELIMIT);
+  expect_error(state, KEX_ELIMIT, "View.__add__ on a view of shape (2, 2147483648)");
+  /* a stride that would overflow but is never used (tinygrad's None: the merge fails first) is no error */
+  vm1 = kex_view_create(CTX, 1, SH(2), SH((int64_t)1 << 33), 0, NULL);
+  assert_int_equal(kex_view_add(CTX, vm2, vm1, &out), 1);
+  expect_error(state, 0, NULL);
+  /* invert: prod(out_shape) with a 0 is 0, not an overflow */
+  const kex_view *inv;
+  assert_int_equal(kex_view_invert(CTX, contig(state, 1, SH(4)), 3, SH(P62, P62, 0), &inv), 1);
+  expect_error(state, 0, NULL);
+  assert_int_equal(kex_view_invert(CTX, contig(state, 1, SH(4)), 2, SH(P62, P62), &inv), KEX_ELIMIT);
+  expect_error(state, KEX_ELIMIT, "View.invert");
+}
+
 static void test_oom(void **state) {
   (void)state;
   kex_arena a;
@@ -401,6 +559,7 @@ static void test_oom(void **state) {
   assert_int_equal(kex_view_reshape(c, st->views[0], 2, SH(2, 2), &out), KEX_ENOMEM);
   assert_null(kex_st_pad(c, st, SH(1, 1)));
   kex_alloc_fail_at(0, 0);
+  assert_int_equal(kex_shape_error(c, NULL), 0); /* out of memory is not a refusal */
   assert_int_equal(kex_view_reshape(c, st->views[0], 2, SH(2, 2), &out), 0);
   assert_int_equal(out->ndim, 2);
   kex_shape_ctx_free(c);
@@ -425,6 +584,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_st_add_simplify, setup, teardown),
       cmocka_unit_test_setup_teardown(test_st_invert, setup, teardown),
       cmocka_unit_test_setup_teardown(test_st_expr_and_strides, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_overflow_create, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_overflow_reshape, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_overflow_stride, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_overflow_pad_shrink, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_overflow_add_invert, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oom, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
