@@ -57,7 +57,7 @@ kex_const kex_exec_alu(kex_op op, kex_dtype dt, const kex_const *s, int n) {
   case KEX_OP_NEG:
     if (dt == KEX_DT_BOOL) r = kex_const_bool(!truthy(s[0]));
     else if (s[0].kind == KEX_CONST_FLOAT) r = kex_const_float(-s[0].f);
-    else r = kex_const_int(-as_i(s[0]));
+    else r = kex_const_int((int64_t)(0 - (uint64_t)as_i(s[0]))); /* wraps: -INT64_MIN is INT64_MIN, no UB */
     break;
   case KEX_OP_CAST: r = s[0]; break;
   case KEX_OP_ADD: case KEX_OP_SUB: case KEX_OP_MUL: case KEX_OP_MAX: {
@@ -89,14 +89,17 @@ kex_const kex_exec_alu(kex_op op, kex_dtype dt, const kex_const *s, int n) {
     break;
   case KEX_OP_MOD: {
     int64_t x = as_i(s[0]), y = as_i(s[1]);
-    int64_t ax = llabs(x), ay = llabs(y);
-    r = kex_const_int(ay ? (ax % ay) * (as_f(s[0]) < 0 ? -1 : 1) : 0);
+    /* |x| and |y| as unsigned: |INT64_MIN| = 2^63 fits, and the remainder is < 2^63 */
+    uint64_t ax = x < 0 ? 0 - (uint64_t)x : (uint64_t)x, ay = y < 0 ? 0 - (uint64_t)y : (uint64_t)y;
+    uint64_t m = ay ? ax % ay : 0;
+    r = kex_const_int(as_f(s[0]) < 0 ? (int64_t)(0 - m) : (int64_t)m);
     break;
   }
   case KEX_OP_DIV:
     if (kex_dtype_is_int(dt)) {
       int64_t y = as_i(s[1]);
-      r = kex_const_int(y ? (int64_t)(as_f(s[0]) / (double)y) : 0);
+      double q = y ? as_f(s[0]) / (double)y : 0; /* out of int64's range (or NaN): wrap as the cast would on the device, no UB */
+      r = kex_const_int(q >= -9223372036854775808.0 && q < 9223372036854775808.0 ? (int64_t)q : INT64_MIN);
     } else {
       double y = as_f(s[1]);
       r = kex_const_float(y != 0 ? as_f(s[0]) / y : as_f(s[0]) * INFINITY);

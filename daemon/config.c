@@ -122,6 +122,12 @@ static const flag flags[] = {
   {"max-buffer-bytes", "BYTES", FLAG_I64, LIM(max_buffer_bytes), 0, INT64_MAX, 0, 0, false, NULL,
    "bytes of one input buffer"},
   {"max-outputs", "N", FLAG_U32, LIM(max_outputs), 0, UINT32_MAX, 0, 0, false, NULL, "outputs per graph"},
+  {"max-depth", "N", FLAG_U32, LIM(max_depth), 1, UINT32_MAX, 0, 0, false, NULL,
+   "nodes on the longest dependency chain of a graph"},
+  {"max-kernel-depth", "N", FLAG_U32, LIM(max_kernel_depth), 1, UINT32_MAX, 0, 0, false, NULL,
+   "AST depth of one kernel (OpenCL compilers refuse deep bracket nesting); CONTIGUOUS splits a deeper chain"},
+  {"max-kernel-ops", "N", FLAG_U32, LIM(max_kernel_ops), 1, UINT32_MAX, 0, 0, false, NULL,
+   "ALU, cast, reduce and store operations in one kernel (bounds compile time)"},
   /* the cache and downloads */
   {"import-max-bytes", "BYTES", FLAG_U64, F(import_max_bytes), 1, INT64_MAX, 0, 0, false, "transfers",
    "bytes of one ImportCache stream"},

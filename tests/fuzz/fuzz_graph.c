@@ -23,7 +23,12 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  kex_limits lim = {4096, 8, 1 << 24, 1 << 20, 1 << 26, 256};
+  kex_limits lim = KEX_LIMITS_DEFAULT; /* tighter where the fuzzer should not spend its time */
+  lim.max_nodes = 4096;
+  lim.max_elements = 1 << 24;
+  lim.max_inline_bytes = 1 << 20;
+  lim.max_buffer_bytes = 1 << 26;
+  lim.max_outputs = 256;
   kex_error err;
   kex_graph *g = NULL;
   if (kex_graph_from_json((const char *)data, size, &lim, &g, &err)) return 0;

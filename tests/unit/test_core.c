@@ -595,6 +595,17 @@ static void test_alu_neg(void **state) {
   assert_true(alu1(KEX_OP_NEG, KEX_DT_FLOAT32, kex_const_float(1.5)).f == -1.5);
 }
 
+/* Client constants at int64's edges fold without undefined behaviour (the UBSan build aborts on any). */
+static void test_alu_int64_edges(void **state) {
+  (void)state;
+  assert_true(alu1(KEX_OP_NEG, KEX_DT_INT64, kex_const_int(INT64_MIN)).i == INT64_MIN); /* wraps */
+  assert_true(alu2(KEX_OP_MOD, KEX_DT_INT64, kex_const_int(INT64_MIN), kex_const_int(-1)).i == 0);
+  assert_true(alu2(KEX_OP_MOD, KEX_DT_INT64, kex_const_int(INT64_MIN), kex_const_int(3)).i == -2); /* C's truncation */
+  assert_true(alu2(KEX_OP_MOD, KEX_DT_INT64, kex_const_int(7), kex_const_int(INT64_MIN)).i == 7);
+  assert_true(alu2(KEX_OP_DIV, KEX_DT_INT64, kex_const_int(INT64_MIN), kex_const_int(-1)).i == INT64_MIN);
+  assert_true(alu2(KEX_OP_DIV, KEX_DT_INT64, kex_const_int(-7), kex_const_int(2)).i == -3);
+}
+
 static void test_alu_compare_gives_bool(void **state) {
   (void)state;
   kex_const r = alu2(KEX_OP_CMPLT, KEX_DT_BOOL, kex_const_int(1), kex_const_int(2));
@@ -773,6 +784,7 @@ int main(void) {
       cmocka_unit_test(test_alu_div),
       cmocka_unit_test(test_alu_unary),
       cmocka_unit_test(test_alu_neg),
+      cmocka_unit_test(test_alu_int64_edges),
       cmocka_unit_test(test_alu_compare_gives_bool),
       cmocka_unit_test(test_alu_binary_wraps_and_max),
       cmocka_unit_test(test_alu_where_mulacc),
