@@ -421,6 +421,25 @@ def limits():
         check(f"{what} is refused (INVALID_ARGUMENT or RESOURCE_EXHAUSTED naming node)",
               e is not None and e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
               and "node" in e.details(), desc(e))
+    # graph depth and kernel size: a long chain is refused at once, never compiled for seconds under a lock
+    def chain(n, contiguous_every=0):
+        nodes = [node("BUFFER", dtype="float32", shape=[4], fill=1.0)]
+        for i in range(n):
+            nodes.append(node("ADD", src=[len(nodes) - 1, 0]))
+            if contiguous_every and (i + 1) % contiguous_every == 0:
+                nodes.append(node("CONTIGUOUS", src=[len(nodes) - 1]))
+        return kex_pb2.Graph(device="cpu", nodes=nodes, outputs=[len(nodes) - 1])
+
+    t0 = time.time()
+    e = rpc_error(submit, k, a, chain(100000))
+    check("a 100,000-node chain is RESOURCE_EXHAUSTED naming the depth limit (4096), within 10 s",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "4096") and time.time() - t0 < 10,
+          f"{desc(e)} after {time.time() - t0:.1f} s")
+    e = rpc_error(submit, k, a, chain(250))
+    check("a 250-op fused chain is refused naming the kernel depth limit (it would not compile on OpenCL)",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), desc(e))
+    ev = rpc_error(submit, k, a, chain(250, contiguous_every=50))
+    check("the same chain split by CONTIGUOUS every 50 ops runs", ev is None, desc(ev))
     check("kexd still serves after every hostile input", k.health() == health_pb2.HealthCheckResponse.SERVING)
     ev = submit(k, a, add_graph())
     check("and a+b still runs", ev and ev[-1].HasField("done"))
