@@ -18,6 +18,11 @@
  * the entry's device kind and lowering the kernel whose AST key matches with
  * the cached opts; a server renders the source itself (GetCacheEntry).
  *
+ * `import` takes beam results only (opts, timings, identity, AST text):
+ * a "program" line, as exports of schema 1 and 2 carried, is refused and
+ * reported with its line number (exit 2), and the file's beam lines are
+ * still stored; `export` never writes compiled programs.
+ *
  * Both modes print with the same code (cache_args, cache_row and the
  * printers below); with a server, "cache" in `ls --json` is the server's
  * address instead of the file's path.  Exit codes: 0 ok, 2 bad input (usage,

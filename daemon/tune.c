@@ -89,10 +89,9 @@ typedef struct kexd_tuner {
   /* lock protects reqs and every tune_call's event queue (evs) and `queued` flag */
   pthread_mutex_t lock;
   route_req *reqs, *reqs_tail;
-  /* cache_lock protects cache and cache_tried (the cache RPCs' shared handle) */
+  /* cache_lock protects cache (the cache RPCs' shared handle, opened at first use; a failed open is tried again) */
   pthread_mutex_t cache_lock;
   kex_cache *cache;
-  bool cache_tried;
   /* memo_lock protects memo (GetCacheEntry's sources) */
   pthread_mutex_t memo_lock;
   source_memo memo[KEXD_TUNE_SOURCES];

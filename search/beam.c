@@ -2,7 +2,9 @@
  * beam.c - BEAM search over one kernel (beam.h explains what is tinygrad's
  * and what is not).  One search:
  *
- *   cache lookup -> (miss) pool + per-worker replicas -> the kernel's buffers,
+ *   cache lookup (the cached opts checked against the kernel, the limits
+ *   and the device; an unusable entry is dropped and counts as a miss) ->
+ *   (miss) pool + per-worker replicas -> the kernel's buffers,
  *   filled with random data -> the hand-coded kernel compiled and timed ->
  *   rounds: actions of every beam entry (apply_opt on copies, limits) ->
  *   lowered on the pool -> in order: uop limit, source dedup, compile (timed),
@@ -609,6 +611,28 @@ out:
   return rc;
 }
 
+/*
+ * The search's limits on kernel k (opts applied): the product of the
+ * upcast dims (colors m, y) at most o->upcast_max and of the local dims
+ * (c, g, w) at most o->local_max.  0, or KEX_ELIMIT with *err naming the
+ * product and the limit.
+ */
+static int check_opt_limits(const kex_kernel *k, const kex_beam_opts *o, kex_error *err) {
+  char colors[KEX_MAX_DIMS + 1];
+  int64_t up = 1, lcl = 1;
+  const int64_t *full = kex_kernel_full_shape(k);
+  kex_kernel_colors(k, colors, sizeof colors);
+  for (int d = 0; colors[d]; d++) {
+    if (colors[d] == 'm' || colors[d] == 'y') up *= full[d];
+    else if (colors[d] == 'c' || colors[d] == 'g' || colors[d] == 'w') lcl *= full[d];
+  }
+  if (up > o->upcast_max)
+    return kex_err_set(err, KEX_ELIMIT, "upcast product %lld over upcast_max %d", (long long)up, o->upcast_max);
+  if (lcl > o->local_max)
+    return kex_err_set(err, KEX_ELIMIT, "local product %lld over local_max %d", (long long)lcl, o->local_max);
+  return 0;
+}
+
 /* Expand beam entry b's actions into cands (appending); the kernel kb has b's opts applied. */
 static int expand(search *s, const search_ctx *sc, const candidate *b, int bi, const kex_kernel *kb, candidate ***cands,
                   int *n, int *cap) {
@@ -629,16 +653,9 @@ static int expand(search *s, const search_ctx *sc, const candidate *b, int bi, c
       kex_kernel_free(k2);
       continue;
     }
-    char colors[KEX_MAX_DIMS + 1];
-    int64_t up = 1, lcl = 1;
-    const int64_t *f2 = kex_kernel_full_shape(k2);
-    kex_kernel_colors(k2, colors, sizeof colors);
-    for (int d = 0; colors[d]; d++) {
-      if (colors[d] == 'm' || colors[d] == 'y') up *= f2[d];
-      else if (colors[d] == 'c' || colors[d] == 'g' || colors[d] == 'w') lcl *= f2[d];
-    }
+    int lim = check_opt_limits(k2, s->o, NULL);
     kex_kernel_free(k2);
-    if (up > s->o->upcast_max || lcl > s->o->local_max) continue;
+    if (lim) continue;
     if (*n == *cap) {
       int nc = *cap ? 2 * *cap : 128;
       void *p = kex_realloc(*cands, sizeof **cands * (size_t)nc);
@@ -902,29 +919,89 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
   return 0;
 }
 
+/*
+ * Check opts from the cache before anything uses them: they came from a
+ * file other processes write and from imports, so they are data, not
+ * decisions.  They must apply to a fresh copy of the kernel in order (the
+ * Kernel's opt preconditions), keep within the search's limits (upcast and
+ * local products, uop count: what a candidate must meet), lower, and fit
+ * the device (a work-group no larger than it takes).  0 with the kernel's
+ * name in name[len]; KEX_ENOMEM; any other code, with *err naming the
+ * failure, means the entry is unusable.
+ */
+static int check_cached_opts(const kex_beam_opts *o, const kex_kernel *k0, const kex_renderer_caps *caps, int dialect,
+                             kex_device *dev, const kex_cache_beam_value *v, char *name, size_t len, kex_error *err) {
+  kex_program_src ps = {0};
+  const kex_device_info *info = kex_device_get_info(dev);
+  kex_kernel *k = kex_kernel_copy(k0);
+  int rc = 0;
+  if (!k) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  if ((rc = kex_beam_apply_opts(k, v->opts, v->nopts, err)) || (rc = check_opt_limits(k, o, err)) ||
+      (rc = kex_lower_kernel(k, caps, dialect, NULL, &ps, err)))
+    goto out;
+  if ((int64_t)ps.nuops >= o->uops_max) {
+    rc = kex_err_set(err, KEX_ELIMIT, "%u uops, not under uops_max %d", ps.nuops, o->uops_max);
+    goto out;
+  }
+  if (ps.has_local) {
+    size_t group = ps.local[0] * ps.local[1] * ps.local[2];
+    if (!info || !info->has_local) {
+      rc = kex_err_set(err, KEX_ELIMIT, "the kernel has a local size and the device has no work-groups");
+      goto out;
+    }
+    if (info->max_work_group_size && group > info->max_work_group_size) {
+      rc = kex_err_set(err, KEX_ELIMIT, "work-group of %zu over the device's %zu", group, info->max_work_group_size);
+      goto out;
+    }
+    for (int d = 0; d < 3; d++)
+      if (info->max_work_item_sizes[d] && ps.local[d] > info->max_work_item_sizes[d]) {
+        rc = kex_err_set(err, KEX_ELIMIT, "local size %zu in dim %d over the device's %zu", ps.local[d], d,
+                         info->max_work_item_sizes[d]);
+        goto out;
+      }
+  }
+  kex_kernel_name(k, name, len);
+out:
+  kex_program_src_free(&ps);
+  kex_kernel_free(k);
+  return rc;
+}
+
+/*
+ * The cached result for key, checked (check_cached_opts): 0 with res
+ * filled (from_cache).  An entry that does not decode, or whose opts are
+ * unusable here, is deleted from the cache (counted in the handle's stats),
+ * logged with its key, noted in res->cache_note and answered KEX_ENOTFOUND:
+ * the caller goes on exactly as on a miss.  Other cache errors are errors.
+ */
 static int lookup_cache(const kex_beam_opts *o, const kex_cache_beam_key *key, const kex_kernel *k0,
-                        kex_beam_result *res, kex_error *err) {
+                        const kex_renderer_caps *caps, int dialect, kex_device *dev, kex_beam_result *res,
+                        kex_error *err) {
   kex_cache_beam_value v;
   kex_error ce = {0};
+  char hex[KEX_AST_KEY_HEX];
+  kex_hex(key->ast_key, KEX_AST_KEY_BYTES, hex);
   int rc = kex_cache_beam_get(o->cache, key, &v, &ce);
   if (rc == KEX_ENOTFOUND) return KEX_ENOTFOUND;
   if (rc == KEX_ECORRUPT) {
-    snprintf(res->cache_note, sizeof res->cache_note, "corrupt cache entry dropped: %.400s", ce.msg);
+    snprintf(res->cache_note, sizeof res->cache_note, "corrupt cache entry %s dropped: %.400s", hex, ce.msg);
     KEX_WARN("beam cache: %s", res->cache_note);
     return KEX_ENOTFOUND;
   }
   if (rc) return kex_err_set(err, rc, "beam cache lookup: %s", ce.msg);
-  kex_kernel *k = kex_kernel_copy(k0);
-  if (!k) return kex_err_set(err, KEX_ENOMEM, "out of memory");
-  rc = kex_beam_apply_opts(k, v.opts, v.nopts, &ce);
+  rc = check_cached_opts(o, k0, caps, dialect, dev, &v, res->name, sizeof res->name, &ce);
+  if (rc == KEX_ENOMEM) return kex_err_set(err, rc, "checking cached opts: %s", ce.msg);
   if (rc) {
-    snprintf(res->cache_note, sizeof res->cache_note, "cached opts ignored: %.400s", ce.msg);
+    char opts[KEX_CACHE_OPTS_TEXT_MAX] = "";
+    kex_error de = {0};
+    kex_cache_opts_format(v.opts, v.nopts, opts, sizeof opts);
+    res->name[0] = '\0';
+    snprintf(res->cache_note, sizeof res->cache_note, "cache entry %s dropped: opts \"%.80s\" unusable: %.280s", hex,
+             opts, ce.msg);
     KEX_WARN("beam cache: %s", res->cache_note);
-    kex_kernel_free(k);
+    if (kex_cache_beam_drop(o->cache, key, &v, ce.msg, &de)) KEX_WARN("beam cache: could not drop %s: %s", hex, de.msg);
     return KEX_ENOTFOUND;
   }
-  kex_kernel_name(k, res->name, sizeof res->name);
-  kex_kernel_free(k);
   res->nopts = v.nopts;
   memcpy(res->opts, v.opts, sizeof(kex_opt) * v.nopts);
   res->best_us = v.best_time_s * 1e6;
@@ -968,7 +1045,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   kex_cache_beam_key key = {{0}, kex_device_get_identity(dev), sopts, KEX_CODEGEN_VERSION};
   memcpy(key.ast_key, dig.bytes, sizeof key.ast_key);
   if (opts->cache) {
-    rc = lookup_cache(opts, &key, k0, res, err);
+    rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
     if (rc == 0) {
       res->search_s = now_s() - t0;
       report(&s, "cache");
@@ -1090,7 +1167,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   const kex_kernel *chosen = res->hand_won ? kh : beam_k;
   res->best_us = res->hand_won ? res->hand_us : beam_full;
   res->nopts = chosen->napplied;
-  memcpy(res->opts, chosen->applied_opts, sizeof(kex_opt) * chosen->napplied);
+  if (chosen->napplied) memcpy(res->opts, chosen->applied_opts, sizeof(kex_opt) * chosen->napplied); /* NULL when none */
   kex_kernel_name(chosen, res->name, sizeof res->name);
   res->search_s = now_s() - t0;
   s.prog.best_us = res->best_us;

@@ -90,8 +90,10 @@
  *
  * Errors: 0 or a negative KEX_E* code with *err naming what failed.  A
  * failing candidate is never an error; a failing hand-coded kernel, buffer
- * allocation or cache I/O error is.  A cache entry that fails to decode or
- * whose opts no longer apply is reported in res->cache_note and ignored.
+ * allocation or cache I/O error is.  A cache entry that fails to decode, or
+ * whose opts do not apply, exceed the search limits, fail to lower or do not
+ * fit the device, is deleted from the cache (counted, logged with its key),
+ * reported in res->cache_note, and the kernel searched as on a miss.
  */
 #ifndef KEX_SEARCH_BEAM_H
 #define KEX_SEARCH_BEAM_H
@@ -177,7 +179,7 @@ typedef struct kex_beam_result {
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
   double tie_used;                      /* the largest tie tolerance a round used (tie_tolerance or the measured noise) */
-  char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was reported and ignored, else "" */
+  char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 
 /* The kernel to optimize: schedule item `item` of s, which was made from graph g with kex_run_replay_opts(cpu). */

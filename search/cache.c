@@ -6,9 +6,14 @@
  * on, and its prepared statements (prepared on first use, kept until
  * close).  Every write is one BEGIN IMMEDIATE ... COMMIT, so concurrent
  * writers queue on the busy timeout instead of failing on a lock upgrade,
- * and a process killed mid-write leaves the last committed state.  Every
- * read decodes and checks its row; a row that does not decode is deleted
- * and reported (KEX_ECORRUPT), never returned.
+ * and a process killed mid-write leaves the last committed state.  Opening
+ * retries the WAL switch and the schema transaction with backoff while
+ * another opener holds the file (SQLite does not always call the busy
+ * handler there: two processes creating one new file used to fail with
+ * "database is locked").  Every read decodes and checks its row; a row
+ * that does not decode, or a program row that does not verify against the
+ * source rendered now and its binary digest, is deleted and reported
+ * (KEX_ECORRUPT), never returned.  Import takes beam results only.
  *
  * Device identities are rows of `devices`; the rendered form kept there is
  * only for display and substring filters (the key is the five fields),
@@ -23,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/log.h"
@@ -48,10 +54,10 @@
                  "VALUES (?1, ?2, ?3, ?4, ?5, ?6)")                                                               \
   XX(DEV_ID, "SELECT id FROM devices WHERE kind = ?1 AND vendor = ?2 AND name = ?3 AND driver_version = ?4 "     \
              "AND compiler_version = ?5")                                                                         \
-  XX(PROG_PUT, "INSERT OR REPLACE INTO programs(source_sha256, device_id, kernel_name, binary, created_at) "      \
-               "VALUES (?1, ?2, ?3, ?4, ?5)")                                                                     \
-  XX(PROG_GET, "SELECT p.rowid, p.kernel_name, p.binary, p.created_at FROM programs p JOIN devices d ON "         \
-               "d.id = p.device_id WHERE p.source_sha256 = ?1 AND " DEV_MATCH)                                   \
+  XX(PROG_PUT, "INSERT OR REPLACE INTO programs(source_sha256, device_id, kernel_name, source, binary, "        \
+               "binary_sha256, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")                                  \
+  XX(PROG_GET, "SELECT p.rowid, p.kernel_name, p.binary, p.created_at, p.source, p.binary_sha256 FROM programs p " \
+               "JOIN devices d ON d.id = p.device_id WHERE p.source_sha256 = ?1 AND " DEV_MATCH)                 \
   XX(PROG_DROP, "DELETE FROM programs WHERE rowid = ?1")                                                          \
   XX(BEAM_PUT, "INSERT OR REPLACE INTO beam_results(ast_key, device_id, search_opts, codegen_version, opts, "     \
                "best_time_s, hand_time_s, search_time_s, candidates, kernel_name, created_at, ast_text) "         \
@@ -59,17 +65,15 @@
   XX(BEAM_GET, "SELECT " BEAM_COLS BEAM_FROM " WHERE b.ast_key = ?1 AND " DEV_MATCH                              \
                " AND b.search_opts = ?7 AND b.codegen_version = ?8")                                              \
   XX(BEAM_DROP, "DELETE FROM beam_results WHERE rowid = ?1")                                                      \
+  XX(BEAM_DROP_KEY, "DELETE FROM beam_results WHERE ast_key = ?1 AND device_id IN (SELECT d.id FROM devices d "   \
+                    "WHERE " DEV_MATCH ") AND search_opts = ?7 AND codegen_version = ?8 AND opts = ?9")           \
   XX(BEAM_LIST, "SELECT " BEAM_COLS BEAM_FROM FILTER_WHERE                                                        \
                 " ORDER BY b.ast_key, d.id, b.search_opts, b.codegen_version LIMIT ?5 OFFSET ?6")                \
   XX(BEAM_ENTRY, "SELECT " BEAM_COLS ", b.ast_text" BEAM_FROM                                                     \
                  " WHERE b.ast_key = ?1 AND (?2 = '' OR d.rendered = ?2) ORDER BY b.created_at DESC LIMIT 1")     \
   XX(BEAM_DELETE, "DELETE FROM beam_results WHERE rowid IN (SELECT b.rowid" BEAM_FROM FILTER_WHERE ")")          \
   XX(BEAM_EXPORT, "SELECT " BEAM_COLS ", b.ast_text" BEAM_FROM FILTER_WHERE                                       \
-                  " ORDER BY b.ast_key, d.id, b.search_opts, b.codegen_version")                                  \
-  XX(PROG_EXPORT, "SELECT p.source_sha256, d.kind, d.vendor, d.name, d.driver_version, d.compiler_version, "      \
-                  "p.kernel_name, p.binary, p.created_at FROM programs p JOIN devices d ON d.id = p.device_id "   \
-                  "WHERE (?1 = '' OR instr(d.rendered, ?1) > 0) AND (?2 = '' OR instr(p.kernel_name, ?2) > 0) "   \
-                  "AND p.created_at >= ?4 ORDER BY p.source_sha256, d.id")
+                  " ORDER BY b.ast_key, d.id, b.search_opts, b.codegen_version")
 
 enum {
 #define XX(name, sql) STMT_##name,
@@ -263,53 +267,6 @@ int kex_cache_opts_parse(const char *text, kex_opt *opts, uint32_t max, uint32_t
   return 0;
 }
 
-static const char b64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/* Base64 of data[n] as a new kex_malloc'd string (NULL on OOM). */
-static char *b64_encode(const uint8_t *data, size_t n) {
-  char *out = kex_malloc((n + 2) / 3 * 4 + 1), *o = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)data[i] << 16 | (i + 1 < n ? (uint32_t)data[i + 1] << 8 : 0) | (i + 2 < n ? data[i + 2] : 0);
-    *o++ = b64_digits[v >> 18 & 63];
-    *o++ = b64_digits[v >> 12 & 63];
-    *o++ = i + 1 < n ? b64_digits[v >> 6 & 63] : '=';
-    *o++ = i + 2 < n ? b64_digits[v & 63] : '=';
-  }
-  *o = 0;
-  return out;
-}
-
-static int b64_val(char ch) {
-  const char *p = ch ? strchr(b64_digits, ch) : NULL;
-  return p ? (int)(p - b64_digits) : -1;
-}
-
-/* Decode strict padded base64: 0 with *out (kex_malloc'd) and *n, KEX_EPARSE, KEX_ENOMEM. */
-static int b64_decode(const char *s, size_t len, uint8_t **out, size_t *n) {
-  *out = NULL, *n = 0;
-  if (len % 4) return KEX_EPARSE;
-  uint8_t *buf = kex_malloc(len / 4 * 3 + 1);
-  if (!buf) return KEX_ENOMEM;
-  size_t k = 0;
-  for (size_t i = 0; i < len; i += 4) {
-    int v[4];
-    bool last = i + 4 == len;
-    for (int j = 0; j < 4; j++) v[j] = b64_val(s[i + j]);
-    int pad = last && s[i + 3] == '=' ? (s[i + 2] == '=' ? 2 : 1) : 0;
-    if (v[0] < 0 || v[1] < 0 || (pad < 2 && v[2] < 0) || (pad < 1 && v[3] < 0)) {
-      kex_free(buf);
-      return KEX_EPARSE;
-    }
-    uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (pad < 2 ? (uint32_t)v[2] << 6 : 0) | (pad < 1 ? (uint32_t)v[3] : 0);
-    buf[k++] = (uint8_t)(x >> 16);
-    if (pad < 2) buf[k++] = (uint8_t)(x >> 8);
-    if (pad < 1) buf[k++] = (uint8_t)x;
-  }
-  *out = buf, *n = k;
-  return 0;
-}
-
 /* ---- open, schema, migrations ---- */
 
 /* Each step takes the file from version i to i + 1 (run inside the upgrade transaction). */
@@ -332,6 +289,17 @@ static const char *const migrations[KEX_CACHE_SCHEMA_VERSION] = {
     "ALTER TABLE beam_results ADD COLUMN ast_text TEXT;"
     "CREATE INDEX beam_results_created ON beam_results(created_at);"
     "CREATE INDEX beam_results_kernel ON beam_results(kernel_name);"
+    "CREATE INDEX programs_device ON programs(device_id);",
+    /*
+     * 2 -> 3: a program row keeps the source it was compiled from and its
+     * binary's SHA-256, checked on every get.  v2 rows have neither (and an
+     * import could have written them), so they are dropped, not converted:
+     * their kernels are compiled again from the source rendered then.
+     */
+    "DROP TABLE programs;"
+    "CREATE TABLE programs(source_sha256 BLOB NOT NULL, device_id INTEGER NOT NULL REFERENCES devices(id),"
+    " kernel_name TEXT NOT NULL, source TEXT NOT NULL, binary BLOB NOT NULL, binary_sha256 BLOB NOT NULL,"
+    " created_at INTEGER NOT NULL, PRIMARY KEY(source_sha256, device_id));"
     "CREATE INDEX programs_device ON programs(device_id);",
 };
 
@@ -408,6 +376,8 @@ static int migrate(kex_cache *c, kex_error *err) {
   for (int64_t v = version; v < KEX_CACHE_SCHEMA_VERSION; v++) {
     char *msg = NULL;
     char bump[80];
+    int64_t programs = 0;
+    if (v == 2 && (rc = query_int(c, "SELECT count(*) FROM programs", &programs, err))) goto out;
     int src = sqlite3_exec(c->db, migrations[v], NULL, NULL, &msg);
     if (src == SQLITE_OK) {
       snprintf(bump, sizeof bump, "UPDATE schema_version SET version = %lld", (long long)v + 1);
@@ -420,6 +390,9 @@ static int migrate(kex_cache *c, kex_error *err) {
       goto out;
     }
     if (version > 0) KEX_INFO("cache %s: migrated schema %lld -> %lld", c->path, (long long)v, (long long)v + 1);
+    if (programs > 0)
+      KEX_WARN("cache %s: dropped %lld compiled program(s) of schema 2: they cannot be verified (no source or binary "
+               "digest) and are compiled again on use", c->path, (long long)programs);
   }
   rc = tx_commit(c, err);
 out:
@@ -427,10 +400,47 @@ out:
   return rc;
 }
 
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/*
+ * Per-connection settings and the switch to WAL.  The mode switch needs the
+ * file to itself and SQLite may report SQLITE_BUSY there without calling
+ * the busy handler (another connection is creating or switching the same
+ * new file): KEX_EUNAVAILABLE, which kex_cache_open retries.  A file system
+ * without WAL support keeps its mode (logged once per open).
+ */
+static int setup_connection(kex_cache *c, kex_error *err) {
+  sqlite3_stmt *s = NULL;
+  char *msg = NULL;
+  int rc = 0;
+  int src = sqlite3_exec(c->db, "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL, &msg);
+  if (src == SQLITE_OK) src = sqlite3_prepare_v2(c->db, "PRAGMA journal_mode=WAL", -1, &s, NULL);
+  if (src == SQLITE_OK) src = sqlite3_step(s);
+  if (src == SQLITE_ROW) {
+    const char *mode = (const char *)sqlite3_column_text(s, 0);
+    if (!mode || strcmp(mode, "wal"))
+      KEX_WARN("cache %s: journal mode is %s, not wal (the file system may not support it)", c->path,
+               mode ? mode : "unknown");
+    src = SQLITE_OK;
+  }
+  if (src != SQLITE_OK)
+    rc = kex_err_set(err, sqlite_code(src), "cache %s: setting up the connection: %s", c->path,
+                     msg ? msg : sqlite3_errmsg(c->db));
+  sqlite3_finalize(s);
+  sqlite3_free(msg);
+  return rc;
+}
+
 int kex_cache_open(const char *path, kex_cache **out, kex_error *err) {
   kex_cache *c = NULL;
-  char *msg = NULL;
   int rc = 0, src;
+  double start = mono_ms(), wait_ms = 1;
+  unsigned tries = 0;
+  uint64_t jitter = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(start * 1e3);
 
   *out = NULL;
   if (!path || !path[0]) return kex_err_set(err, KEX_EINVAL, "cache: empty path");
@@ -447,18 +457,31 @@ int kex_cache_open(const char *path, kex_cache **out, kex_error *err) {
   }
   sqlite3_extended_result_codes(c->db, 1);
   sqlite3_busy_timeout(c->db, KEX_CACHE_BUSY_TIMEOUT_MS);
-  src = sqlite3_exec(c->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL,
-                     NULL, &msg);
-  if (src != SQLITE_OK) {
-    rc = kex_err_set(err, sqlite_code(src), "cache %s: setting up the connection: %s", path,
-                     msg ? msg : sqlite3_errstr(src));
-    goto out;
+  /* the WAL switch, then the schema (one BEGIN IMMEDIATE transaction): again while the file is busy */
+  for (;;) {
+    tries++;
+    rc = setup_connection(c, err);
+    if (!rc) rc = migrate(c, err);
+    if (rc != KEX_EUNAVAILABLE || mono_ms() - start + wait_ms > KEX_CACHE_BUSY_TIMEOUT_MS) break;
+    jitter ^= jitter << 13, jitter ^= jitter >> 7, jitter ^= jitter << 17;
+    double ms = wait_ms * (0.5 + (double)(jitter % 1000) / 1000.0); /* 0.5x .. 1.5x: openers spread out */
+    struct timespec ts = {(time_t)(ms / 1e3), (long)(fmod(ms, 1e3) * 1e6)};
+    nanosleep(&ts, NULL);
+    if (wait_ms < 64) wait_ms *= 2;
   }
-  if ((rc = migrate(c, err))) goto out;
+  if (rc == KEX_EUNAVAILABLE) {
+    char why[KEX_ERROR_MSG_MAX];
+    snprintf(why, sizeof why, "%s", err ? err->msg : "");
+    kex_err_set(err, rc, "%.400s (still locked by another connection after %u tries in %.0f ms)", why, tries,
+                mono_ms() - start);
+  } else if (!rc && tries > 1) {
+    KEX_DEBUG("cache %s: opened after %u tries (%.0f ms; another connection held the file)", path, tries,
+              mono_ms() - start);
+  }
+  if (rc) goto out;
   *out = c;
   c = NULL;
 out:
-  sqlite3_free(msg);
   kex_cache_close(c);
   return rc;
 }
@@ -524,25 +547,30 @@ out:
 
 int kex_cache_program_put(kex_cache *c, const char *source, size_t source_len, const kex_device_identity *dev,
                           const char *kernel_name, const void *binary, size_t binary_len, kex_error *err) {
-  uint8_t hash[32];
+  uint8_t hash[32], bin_hash[32];
   int64_t dev_id = 0;
   sqlite3_stmt *s = NULL;
   int rc, src;
 
   if (!source || !source_len) return kex_err_set(err, KEX_EINVAL, "cache: program source is empty");
+  if (source_len > KEX_DEVICE_SOURCE_MAX)
+    return kex_err_set(err, KEX_ELIMIT, "cache: source of %zu bytes over the %u-byte limit", source_len, KEX_DEVICE_SOURCE_MAX);
   if (!binary || !binary_len) return kex_err_set(err, KEX_EINVAL, "cache: program binary is empty");
   if (binary_len > KEX_DEVICE_BINARY_MAX)
     return kex_err_set(err, KEX_ELIMIT, "cache: binary of %zu bytes over the %u-byte limit", binary_len, KEX_DEVICE_BINARY_MAX);
   if ((rc = check_identity(dev, err)) || (rc = check_kernel_name(kernel_name, err))) return rc;
-  if (kex_sha256_bytes(source, source_len, hash)) return kex_err_set(err, KEX_ENOMEM, "cache: out of memory hashing");
+  if (kex_sha256_bytes(source, source_len, hash) || kex_sha256_bytes(binary, binary_len, bin_hash))
+    return kex_err_set(err, KEX_ENOMEM, "cache: out of memory hashing");
   if ((rc = tx_begin(c, err))) goto out;
   if ((rc = device_id(c, dev, &dev_id, err))) goto out;
   if ((rc = get_stmt(c, STMT_PROG_PUT, &s, err))) goto out;
   src = sqlite3_bind_blob(s, 1, hash, 32, SQLITE_STATIC);
   if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 2, dev_id);
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 3, kernel_name, -1, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = sqlite3_bind_blob64(s, 4, binary, binary_len, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 5, (int64_t)time(NULL));
+  if (src == SQLITE_OK) src = sqlite3_bind_text64(s, 4, source, source_len, SQLITE_STATIC, SQLITE_UTF8);
+  if (src == SQLITE_OK) src = sqlite3_bind_blob64(s, 5, binary, binary_len, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = sqlite3_bind_blob(s, 6, bin_hash, 32, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 7, (int64_t)time(NULL));
   if (src == SQLITE_OK) src = sqlite3_step(s);
   if (src != SQLITE_DONE) {
     rc = db_err(c, src, err, "store program");
@@ -557,12 +585,12 @@ out:
   return rc;
 }
 
-/* Delete one row by rowid after a failed decode (its own statement, outside any open read). */
+/* Delete one row by rowid after a failed decode or check (its own statement, outside any open read). */
 static void drop_row(kex_cache *c, int which, int64_t rowid, const char *table, const char *why) {
   sqlite3_stmt *s = NULL;
   kex_error e = {0};
   c->stats.corrupt_dropped++;
-  KEX_WARN("cache %s: dropping undecodable %s row %lld: %s", c->path, table, (long long)rowid, why);
+  KEX_WARN("cache %s: dropping %s row %lld: %s", c->path, table, (long long)rowid, why);
   if (get_stmt(c, which, &s, &e)) goto out;
   sqlite3_bind_int64(s, 1, rowid);
   if (sqlite3_step(s) != SQLITE_DONE) KEX_WARN("cache %s: could not delete %s row %lld: %s", c->path, table,
@@ -577,13 +605,14 @@ int kex_cache_program_get(kex_cache *c, const char *source, size_t source_len, c
   uint8_t hash[32];
   sqlite3_stmt *s = NULL;
   int64_t bad_row = -1;
-  char why[128] = "";
+  char why[128] = "", kname[KEX_CACHE_KERNEL_NAME_MAX] = "", hex[65];
   int rc, src;
 
   memset(out, 0, sizeof *out);
   if (!source) return kex_err_set(err, KEX_EINVAL, "cache: program source is missing");
   if ((rc = check_identity(dev, err))) return rc;
   if (kex_sha256_bytes(source, source_len, hash)) return kex_err_set(err, KEX_ENOMEM, "cache: out of memory hashing");
+  kex_hex(hash, 32, hex);
   if ((rc = get_stmt(c, STMT_PROG_GET, &s, err))) goto out;
   src = sqlite3_bind_blob(s, 1, hash, 32, SQLITE_STATIC);
   if (src == SQLITE_OK) src = bind_identity(s, 2, dev);
@@ -598,14 +627,29 @@ int kex_cache_program_get(kex_cache *c, const char *source, size_t source_len, c
     rc = db_err(c, src, err, "find program");
     goto out;
   }
+  /* the row must prove it is what this process compiled from this very source (types read before any conversion) */
+  int t_name = sqlite3_column_type(s, 1), t_bin = sqlite3_column_type(s, 2), t_created = sqlite3_column_type(s, 3);
+  int t_src = sqlite3_column_type(s, 4), t_hash = sqlite3_column_type(s, 5);
   const unsigned char *name = sqlite3_column_text(s, 1);
   int blen = sqlite3_column_bytes(s, 2);
-  if (sqlite3_column_type(s, 1) != SQLITE_TEXT || check_kernel_name((const char *)name, NULL)) {
+  uint8_t bin_hash[32];
+  copy_field(kname, sizeof kname, name);
+  if (t_name != SQLITE_TEXT || check_kernel_name((const char *)name, NULL)) {
     snprintf(why, sizeof why, "kernel_name is not a kernel name");
-  } else if (sqlite3_column_type(s, 2) != SQLITE_BLOB || blen <= 0) {
+  } else if (t_bin != SQLITE_BLOB || blen <= 0) {
     snprintf(why, sizeof why, "binary is not a non-empty blob");
-  } else if (sqlite3_column_type(s, 3) != SQLITE_INTEGER) {
+  } else if (t_created != SQLITE_INTEGER) {
     snprintf(why, sizeof why, "created_at is not an integer");
+  } else if (t_src != SQLITE_TEXT || (size_t)sqlite3_column_bytes(s, 4) != source_len ||
+             memcmp(sqlite3_column_text(s, 4), source, source_len) != 0) {
+    snprintf(why, sizeof why, "its source is not byte-equal to the source rendered now");
+  } else if (t_hash != SQLITE_BLOB || sqlite3_column_bytes(s, 5) != 32) {
+    snprintf(why, sizeof why, "binary_sha256 is not a 32-byte blob");
+  } else if (kex_sha256_bytes(sqlite3_column_blob(s, 2), (size_t)blen, bin_hash)) {
+    rc = kex_err_set(err, KEX_ENOMEM, "cache: out of memory hashing a %d-byte binary", blen);
+    goto out;
+  } else if (memcmp(bin_hash, sqlite3_column_blob(s, 5), 32) != 0) {
+    snprintf(why, sizeof why, "its binary does not hash to its binary_sha256");
   }
   if (why[0]) {
     bad_row = sqlite3_column_int64(s, 0);
@@ -624,8 +668,10 @@ int kex_cache_program_get(kex_cache *c, const char *source, size_t source_len, c
 out:
   stmt_done(s);
   if (bad_row >= 0) {
-    drop_row(c, STMT_PROG_DROP, bad_row, "programs", why);
-    rc = kex_err_set(err, KEX_ECORRUPT, "cache %s: dropped a damaged program row: %s", c->path, why);
+    char what[320];
+    snprintf(what, sizeof what, "kernel %.64s, source SHA-256 %s: %s", kname[0] ? kname : "?", hex, why);
+    drop_row(c, STMT_PROG_DROP, bad_row, "programs", what);
+    rc = kex_err_set(err, KEX_ECORRUPT, "cache %s: dropped a program row that does not verify (%s)", c->path, what);
   }
   return rc;
 }
@@ -812,6 +858,43 @@ out:
   return rc;
 }
 
+int kex_cache_beam_drop(kex_cache *c, const kex_cache_beam_key *key, const kex_cache_beam_value *val, const char *why,
+                        kex_error *err) {
+  char opts[KEX_CACHE_OPTS_TEXT_MAX], hex[KEX_AST_KEY_HEX];
+  sqlite3_stmt *s = NULL;
+  int rc, src;
+
+  if ((rc = check_beam_key(key, err))) return rc;
+  if (kex_cache_opts_format(val->opts, val->nopts, opts, sizeof opts))
+    return kex_err_set(err, KEX_EINVAL, "cache: opts to drop do not format within %d bytes", KEX_CACHE_OPTS_TEXT_MAX - 1);
+  kex_hex(key->ast_key, KEX_AST_KEY_BYTES, hex);
+  if ((rc = tx_begin(c, err))) goto out;
+  if ((rc = get_stmt(c, STMT_BEAM_DROP_KEY, &s, err))) goto out;
+  src = sqlite3_bind_blob(s, 1, key->ast_key, KEX_AST_KEY_BYTES, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = bind_identity(s, 2, key->device);
+  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 7, key->search_opts, -1, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 8, key->codegen_version, -1, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 9, opts, -1, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = sqlite3_step(s);
+  if (src != SQLITE_DONE) {
+    rc = db_err(c, src, err, "drop beam result");
+    goto out;
+  }
+  int64_t n = sqlite3_changes64(c->db);
+  stmt_done(s);
+  s = NULL;
+  if ((rc = tx_commit(c, err))) goto out;
+  if (n > 0) {
+    c->stats.unusable_dropped += (uint64_t)n;
+    KEX_WARN("cache %s: dropped beam result %s (search %s, codegen %s, opts \"%s\"): %s", c->path, hex,
+             key->search_opts, key->codegen_version, opts, why ? why : "unusable");
+  }
+out:
+  stmt_done(s);
+  if (rc) tx_rollback(c);
+  return rc;
+}
+
 /* ---- list, get, delete ---- */
 
 static int bind_filter(kex_cache *c, sqlite3_stmt *s, const kex_cache_filter *f, kex_error *err) {
@@ -990,47 +1073,6 @@ static json_t *beam_json(const kex_cache_entry *e, const char *ast_text) {
                    (json_int_t)e->value.created_at, "ast_text", ast_text ? json_string(ast_text) : json_null());
 }
 
-static int export_programs(kex_cache *c, FILE *f, const kex_cache_filter *filter, uint64_t *n, kex_error *err) {
-  sqlite3_stmt *s = NULL;
-  char *b64 = NULL;
-  int rc, src;
-
-  if ((rc = get_stmt(c, STMT_PROG_EXPORT, &s, err)) || (rc = bind_filter(c, s, filter, err))) goto out;
-  while ((src = sqlite3_step(s)) == SQLITE_ROW) {
-    kex_device_identity d;
-    char hex[65];
-    if (sqlite3_column_type(s, 0) != SQLITE_BLOB || sqlite3_column_bytes(s, 0) != 32 ||
-        sqlite3_column_type(s, 7) != SQLITE_BLOB || sqlite3_column_type(s, 6) != SQLITE_TEXT ||
-        check_kernel_name((const char *)sqlite3_column_text(s, 6), NULL)) {
-      KEX_WARN("cache %s: export skips a damaged program row", c->path);
-      continue;
-    }
-    kex_hex(sqlite3_column_blob(s, 0), 32, hex);
-    copy_field(d.kind, sizeof d.kind, sqlite3_column_text(s, 1));
-    copy_field(d.vendor, sizeof d.vendor, sqlite3_column_text(s, 2));
-    copy_field(d.name, sizeof d.name, sqlite3_column_text(s, 3));
-    copy_field(d.driver_version, sizeof d.driver_version, sqlite3_column_text(s, 4));
-    copy_field(d.compiler_version, sizeof d.compiler_version, sqlite3_column_text(s, 5));
-    if (!(b64 = b64_encode(sqlite3_column_blob(s, 7), (size_t)sqlite3_column_bytes(s, 7)))) {
-      rc = kex_err_set(err, KEX_ENOMEM, "cache export: out of memory");
-      goto out;
-    }
-    rc = write_line(f, json_pack("{s:s, s:s, s:o, s:s, s:s, s:I}", "type", "program", "source_sha256", hex, "device",
-                                 identity_json(&d), "kernel_name", (const char *)sqlite3_column_text(s, 6), "binary",
-                                 b64, "created_at", (json_int_t)sqlite3_column_int64(s, 8)),
-                    err);
-    kex_free(b64);
-    b64 = NULL;
-    if (rc) goto out;
-    (*n)++;
-  }
-  if (src != SQLITE_DONE) rc = db_err(c, src, err, "export programs");
-out:
-  kex_free(b64);
-  stmt_done(s);
-  return rc;
-}
-
 int kex_cache_export(kex_cache *c, FILE *f, const kex_cache_filter *filter, uint64_t *count, kex_error *err) {
   sqlite3_stmt *s = NULL;
   kex_cache_entry *e = NULL;
@@ -1065,7 +1107,6 @@ int kex_cache_export(kex_cache *c, FILE *f, const kex_cache_filter *filter, uint
   }
   stmt_done(s);
   s = NULL;
-  if (!(filter && filter->key_prefix && filter->key_prefix[0]) && (rc = export_programs(c, f, filter, &n, err))) goto out;
   if (fflush(f) != 0) rc = kex_err_set(err, KEX_EIO, "cache export: flush failed: %s", strerror(errno));
 out:
   stmt_done(s);
@@ -1147,15 +1188,26 @@ static int json_hex32(json_t *o, const char *name, uint8_t *out, kex_error *err)
   return 0;
 }
 
-/* Validate and store one entry object (inside the import transaction). */
+/*
+ * Validate and store one entry object (inside the import transaction).
+ * Only beam results are data this module takes from outside: a "program"
+ * line (a compiled binary, as exports of schema 1 and 2 carried) is
+ * refused before any of its fields is read.
+ */
 static int import_entry(kex_cache *c, json_t *o, kex_error *err) {
   kex_device_identity *dev = NULL;
   kex_cache_beam_value *v = NULL;
-  uint8_t *bin = NULL;
   char *search = NULL, *codegen = NULL, *opts = NULL;
   int rc = 0;
   const char *type = json_string_value(json_object_get(o, "type"));
+  json_t *at = json_object_get(o, "ast_text");
+  const char *ast_text = NULL;
 
+  if (!type) return kex_err_set(err, KEX_EPARSE, "type: missing or not a string");
+  if (!strcmp(type, "program"))
+    return kex_err_set(err, KEX_EPARSE, "type \"program\" refused: compiled programs are never imported, each kexd "
+                       "compiles from the source it renders");
+  if (strcmp(type, "beam")) return kex_err_set(err, KEX_EPARSE, "type: \"%.32s\" is not \"beam\"", type);
   dev = kex_calloc(1, sizeof *dev);
   v = kex_calloc(1, sizeof *v);
   search = kex_malloc(KEX_CACHE_SEARCH_OPTS_MAX);
@@ -1165,87 +1217,38 @@ static int import_entry(kex_cache *c, json_t *o, kex_error *err) {
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
     goto out;
   }
-  if (!type) {
-    rc = kex_err_set(err, KEX_EPARSE, "type: missing or not a string");
+  kex_cache_beam_key key = {.device = dev, .search_opts = search, .codegen_version = codegen};
+  if ((rc = json_identity(o, dev, err)) || (rc = json_hex32(o, "ast_key", key.ast_key, err)) ||
+      (rc = json_field_string(o, "search_opts", KEX_CACHE_SEARCH_OPTS_MAX, search, err)) ||
+      (rc = json_field_string(o, "codegen_version", KEX_CACHE_CODEGEN_MAX, codegen, err)) ||
+      (rc = json_field_string(o, "opts", KEX_CACHE_OPTS_TEXT_MAX, opts, err)) ||
+      (rc = json_field_time(o, "best_time_s", &v->best_time_s, err)) ||
+      (rc = json_field_time(o, "hand_time_s", &v->hand_time_s, err)) ||
+      (rc = json_field_time(o, "search_time_s", &v->search_time_s, err)) ||
+      (rc = json_field_int(o, "candidates", &v->candidates, err)) ||
+      (rc = json_field_string(o, "kernel_name", KEX_CACHE_KERNEL_NAME_MAX, v->kernel_name, err)) ||
+      (rc = json_field_int(o, "created_at", &v->created_at, err)))
+    goto out;
+  if (json_is_string(at)) {
+    ast_text = json_string_value(at);
+    if (strncmp(ast_text, KEX_AST_KEY_VERSION "\n", sizeof KEX_AST_KEY_VERSION)) {
+      rc = kex_err_set(err, KEX_EPARSE, "ast_text: does not start with %s", KEX_AST_KEY_VERSION);
+      goto out;
+    }
+  } else if (!json_is_null(at)) {
+    rc = kex_err_set(err, KEX_EPARSE, "ast_text: missing or neither a string nor null");
     goto out;
   }
-  if ((rc = json_identity(o, dev, err))) goto out;
-  if (!strcmp(type, "beam")) {
-    kex_cache_beam_key key = {.device = dev, .search_opts = search, .codegen_version = codegen};
-    json_t *at = json_object_get(o, "ast_text");
-    const char *ast_text = NULL;
-    if ((rc = json_hex32(o, "ast_key", key.ast_key, err)) ||
-        (rc = json_field_string(o, "search_opts", KEX_CACHE_SEARCH_OPTS_MAX, search, err)) ||
-        (rc = json_field_string(o, "codegen_version", KEX_CACHE_CODEGEN_MAX, codegen, err)) ||
-        (rc = json_field_string(o, "opts", KEX_CACHE_OPTS_TEXT_MAX, opts, err)) ||
-        (rc = json_field_time(o, "best_time_s", &v->best_time_s, err)) ||
-        (rc = json_field_time(o, "hand_time_s", &v->hand_time_s, err)) ||
-        (rc = json_field_time(o, "search_time_s", &v->search_time_s, err)) ||
-        (rc = json_field_int(o, "candidates", &v->candidates, err)) ||
-        (rc = json_field_string(o, "kernel_name", KEX_CACHE_KERNEL_NAME_MAX, v->kernel_name, err)) ||
-        (rc = json_field_int(o, "created_at", &v->created_at, err)))
-      goto out;
-    if (json_is_string(at)) {
-      ast_text = json_string_value(at);
-      if (strncmp(ast_text, KEX_AST_KEY_VERSION "\n", sizeof KEX_AST_KEY_VERSION)) {
-        rc = kex_err_set(err, KEX_EPARSE, "ast_text: does not start with %s", KEX_AST_KEY_VERSION);
-        goto out;
-      }
-    } else if (!json_is_null(at)) {
-      rc = kex_err_set(err, KEX_EPARSE, "ast_text: missing or neither a string nor null");
-      goto out;
-    }
-    if ((rc = kex_cache_opts_parse(opts, v->opts, KEX_CACHE_MAX_OPTS, &v->nopts, err))) {
-      rc = KEX_EPARSE;
-      goto out;
-    }
-    if ((rc = check_beam_value(v, err)) || (rc = check_ast_text(key.ast_key, ast_text, err))) {
-      rc = KEX_EPARSE;
-      goto out;
-    }
-    rc = beam_store(c, &key, v, ast_text, err);
-  } else if (!strcmp(type, "program")) {
-    uint8_t hash[32];
-    int64_t created = 0, dev_id = 0;
-    size_t blen = 0;
-    json_t *b = json_object_get(o, "binary");
-    sqlite3_stmt *s = NULL;
-    int src;
-    if ((rc = json_hex32(o, "source_sha256", hash, err)) ||
-        (rc = json_field_string(o, "kernel_name", KEX_CACHE_KERNEL_NAME_MAX, v->kernel_name, err)) ||
-        (rc = json_field_int(o, "created_at", &created, err)))
-      goto out;
-    if (check_kernel_name(v->kernel_name, err)) {
-      rc = KEX_EPARSE;
-      goto out;
-    }
-    if (!json_is_string(b)) {
-      rc = kex_err_set(err, KEX_EPARSE, "binary: missing or not a string");
-      goto out;
-    }
-    rc = b64_decode(json_string_value(b), json_string_length(b), &bin, &blen);
-    if (rc == KEX_ENOMEM) {
-      rc = kex_err_set(err, rc, "binary: out of memory");
-      goto out;
-    }
-    if (rc || blen == 0 || blen > KEX_DEVICE_BINARY_MAX) {
-      rc = kex_err_set(err, KEX_EPARSE, "binary: not non-empty padded base64 within %u bytes", KEX_DEVICE_BINARY_MAX);
-      goto out;
-    }
-    if ((rc = device_id(c, dev, &dev_id, err)) || (rc = get_stmt(c, STMT_PROG_PUT, &s, err))) goto out;
-    src = sqlite3_bind_blob(s, 1, hash, 32, SQLITE_STATIC);
-    if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 2, dev_id);
-    if (src == SQLITE_OK) src = sqlite3_bind_text(s, 3, v->kernel_name, -1, SQLITE_STATIC);
-    if (src == SQLITE_OK) src = sqlite3_bind_blob64(s, 4, bin, blen, SQLITE_STATIC);
-    if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 5, created);
-    if (src == SQLITE_OK) src = sqlite3_step(s);
-    if (src != SQLITE_DONE) rc = db_err(c, src, err, "import program");
-    stmt_done(s);
-  } else {
-    rc = kex_err_set(err, KEX_EPARSE, "type: \"%.32s\" is neither \"beam\" nor \"program\"", type);
+  if ((rc = kex_cache_opts_parse(opts, v->opts, KEX_CACHE_MAX_OPTS, &v->nopts, err))) {
+    rc = KEX_EPARSE;
+    goto out;
   }
+  if ((rc = check_beam_value(v, err)) || (rc = check_ast_text(key.ast_key, ast_text, err))) {
+    rc = KEX_EPARSE;
+    goto out;
+  }
+  rc = beam_store(c, &key, v, ast_text, err);
 out:
-  kex_free(bin);
   kex_free(opts);
   kex_free(codegen);
   kex_free(search);

@@ -2,6 +2,17 @@
  * cache.h - the on-disk cache kexd and the kex CLI share: compiled program
  * binaries and beam-search results, in one SQLite file (WAL mode).
  *
+ * Trust (DESIGN.md): nothing executable ever enters through this module
+ * from outside.  Program rows are written only by kex_cache_program_put,
+ * which the daemon calls with a binary its own compiler just built from
+ * source it rendered itself; each row keeps that source and the binary's
+ * SHA-256, and kex_cache_program_get returns a binary only when the stored
+ * source is byte-equal to the source the caller rendered now and the
+ * binary still hashes to the stored digest (anything else -- a row written
+ * into the file by hand, by an older kex's import, or damaged -- is deleted
+ * and reported, never loaded).  Export/import carry beam results only
+ * (opts, timings, identity, AST text): a "program" line is refused.
+ *
  * Keys are exact, so a hit can never be another kernel's or another
  * device's entry:
  *
@@ -14,12 +25,13 @@
  * search options string (beam width, limits) and codegen version are
  * canonical strings the caller builds; they are compared byte for byte.
  *
- * Schema (version KEX_CACHE_SCHEMA_VERSION = 2):
+ * Schema (version KEX_CACHE_SCHEMA_VERSION = 3):
  *
  *   schema_version(version INTEGER)                      one row
  *   devices(id INTEGER PRIMARY KEY, kind, vendor, name, driver_version,
  *           compiler_version, rendered,  UNIQUE(the five fields))
- *   programs(source_sha256 BLOB, device_id -> devices, kernel_name, binary BLOB,
+ *   programs(source_sha256 BLOB, device_id -> devices, kernel_name,
+ *            source TEXT (v3), binary BLOB, binary_sha256 BLOB (v3),
  *            created_at,  PRIMARY KEY(source_sha256, device_id))
  *   beam_results(ast_key BLOB, device_id -> devices, search_opts, codegen_version,
  *                opts TEXT, best_time_s, hand_time_s, search_time_s, kernel_name,
@@ -29,33 +41,43 @@
  * `opts` is the portable text of the applied opts: kex_opt_short forms
  * separated by one space ("UPCAST(1,4) UPCAST(0,4) LOCAL(0,16)", "" for
  * none, "NOLOCALS", None axes/amts as "None").  `created_at` is unix
- * seconds.  A file of an older version is migrated on open (0 -> 1 -> 2,
- * each step in the transaction that bumps the version); a newer version is
- * refused.  A row that does not decode (bad opts text, wrong column types,
- * out-of-range values) is logged, deleted and reported as KEX_ECORRUPT,
- * never returned as a hit.
+ * seconds.  A file of an older version is migrated on open (0 -> 1 -> 2 ->
+ * 3, each step in the transaction that bumps the version); a newer version
+ * is refused.  Migration 2 -> 3 deletes every program row: a v2 row has no
+ * source or binary digest to verify it by (and may have come from an
+ * import), so its kernel is simply compiled again.  A row that does not
+ * decode (bad opts text, wrong column types, out-of-range values) or, for
+ * a program, does not verify, is logged, deleted and reported as
+ * KEX_ECORRUPT, never returned as a hit.
  *
  * Export format (kex_cache_export / kex_cache_import), JSON lines, UTF-8:
  *
- *   line 1:  {"format":"kex.cache.export.v1","schema":2}
- *   then one object per entry, either
+ *   line 1:  {"format":"kex.cache.export.v1","schema":3}
+ *   then one object per beam result:
  *   {"type":"beam","ast_key":"<64 hex>","device":DEV,"search_opts":"...",
  *    "codegen_version":"...","opts":"UPCAST(1,4) ...","best_time_s":1.5e-05,
  *    "hand_time_s":2e-05,"search_time_s":12.5,"candidates":140,
  *    "kernel_name":"r_16_8_8","created_at":1718000000,"ast_text":"kex.ast.v1\n..."|null}
- *   {"type":"program","source_sha256":"<64 hex>","device":DEV,
- *    "kernel_name":"E_4","binary":"<base64, RFC 4648 with padding>","created_at":1718000000}
  *   DEV = {"kind":"...","vendor":"...","name":"...","driver_version":"...","compiler_version":"..."}
  *
  * Every field is required (ast_text may be null).  Import checks each line
- * (types, lengths, hex, base64, opts text, finite non-negative times, and
- * that ast_text hashes to ast_key when given) and refuses a bad line naming
- * its number; good lines are stored in one transaction under the identity
- * they name, so an entry made on another device can only ever hit there.
+ * (types, lengths, hex, opts text, finite non-negative times, and that
+ * ast_text hashes to ast_key when given) and refuses a bad line naming its
+ * number; good lines are stored in one transaction under the identity they
+ * name, so an entry made on another device can only ever hit there.  The
+ * "program" lines that exports of schema 1 and 2 carried (compiled
+ * binaries) are refused, each reported, without being decoded: compiled
+ * programs are never imported, each kexd compiles from the source it
+ * renders.  The beam lines of such a file still import.  Imported opts are
+ * still only data: the search checks them against the kernel and its
+ * limits at use and drops an entry that fails (kex_cache_beam_drop).
  *
  * Threads and processes: a handle is used by one thread at a time.  Any
  * number of handles and processes may share one file (WAL, busy timeout of
- * KEX_CACHE_BUSY_TIMEOUT_MS).  Do not carry a handle across fork().
+ * KEX_CACHE_BUSY_TIMEOUT_MS).  Opening waits for other openers too: the
+ * switch to WAL and the schema transaction are retried with backoff while
+ * another connection holds the file, for up to KEX_CACHE_BUSY_TIMEOUT_MS.
+ * Do not carry a handle across fork().
  *
  * Errors: 0 or a negative KEX_E* code with *err (may be NULL) naming what
  * failed; SQLite failures carry sqlite3_errmsg: KEX_EIO (I/O, cannot open,
@@ -75,7 +97,7 @@
 #include "search/astkey.h"
 #include "search/kernel.h"
 
-#define KEX_CACHE_SCHEMA_VERSION 2
+#define KEX_CACHE_SCHEMA_VERSION 3
 #define KEX_CACHE_BUSY_TIMEOUT_MS 5000
 #define KEX_CACHE_MAX_OPTS 64                        /* opts of one beam result */
 #define KEX_CACHE_OPTS_TEXT_MAX 2048                 /* bytes of the opts text */
@@ -84,7 +106,8 @@
 #define KEX_CACHE_KERNEL_NAME_MAX (KEX_DEVICE_KERNEL_NAME_MAX + 1) /* NUL included */
 #define KEX_CACHE_AST_TEXT_MAX (256u << 20)          /* bytes of a stored AST text */
 #define KEX_CACHE_LIST_MAX 100000                    /* entries of one list page */
-#define KEX_CACHE_IMPORT_LINE_MAX ((size_t)KEX_DEVICE_BINARY_MAX / 3 * 4 + (1u << 20)) /* bytes of one line */
+/* bytes of one import line (sized so an old export's program line is read whole, then refused) */
+#define KEX_CACHE_IMPORT_LINE_MAX ((size_t)KEX_DEVICE_BINARY_MAX / 3 * 4 + (1u << 20))
 #define KEX_CACHE_IMPORT_ERRORS 8                    /* messages kept in an import report */
 
 typedef struct kex_cache kex_cache;
@@ -92,9 +115,13 @@ typedef struct kex_cache kex_cache;
 /*
  * Open (creating when missing, with its parent directories) the cache file
  * at path, migrate it to the current schema, and return a new handle in
- * *out (kex_cache_close).  Errors: KEX_EIO (cannot create the directory or
- * open the file), KEX_EUNSUPPORTED (a newer schema version, or a SQLite
- * file that is not a kex cache), KEX_ECORRUPT (not a database), KEX_ENOMEM.
+ * *out (kex_cache_close).  While another connection holds the file (another
+ * process creating or migrating it at the same moment) the WAL switch and
+ * the schema transaction are retried with backoff for up to
+ * KEX_CACHE_BUSY_TIMEOUT_MS.  Errors: KEX_EIO (cannot create the directory
+ * or open the file), KEX_EUNSUPPORTED (a newer schema version, or a SQLite
+ * file that is not a kex cache), KEX_ECORRUPT (not a database),
+ * KEX_EUNAVAILABLE (still locked after the timeout), KEX_ENOMEM.
  */
 int kex_cache_open(const char *path, kex_cache **out, kex_error *err);
 /* Finalize the statements and close the file.  NULL is a no-op. */
@@ -104,7 +131,9 @@ int kex_cache_schema_version(kex_cache *c, kex_error *err);
 
 /* What one handle has seen (for the daemon's stats). */
 typedef struct kex_cache_stats {
-  uint64_t beam_hits, beam_misses, program_hits, program_misses, corrupt_dropped;
+  uint64_t beam_hits, beam_misses, program_hits, program_misses;
+  uint64_t corrupt_dropped;  /* rows that did not decode, program rows that did not verify */
+  uint64_t unusable_dropped; /* beam results dropped by kex_cache_beam_drop */
 } kex_cache_stats;
 void kex_cache_get_stats(const kex_cache *c, kex_cache_stats *out);
 
@@ -118,16 +147,23 @@ typedef struct kex_cache_program {
 } kex_cache_program;
 
 /*
- * Store (or replace) the binary compiled from source[source_len] on device
- * `dev`.  Errors: KEX_EINVAL (empty binary or source, a bad identity or
- * kernel name), KEX_ELIMIT (binary over KEX_DEVICE_BINARY_MAX), SQLite.
+ * Store (or replace) the binary this process's compiler built from
+ * source[source_len] (which this process rendered) on device `dev`, with
+ * the source itself and the binary's SHA-256, by which kex_cache_program_get
+ * verifies the row.  Never call it with a binary that came from anywhere
+ * else.  Errors: KEX_EINVAL (empty binary or source, a bad identity or
+ * kernel name), KEX_ELIMIT (binary over KEX_DEVICE_BINARY_MAX, source over
+ * KEX_DEVICE_SOURCE_MAX), SQLite.
  */
 int kex_cache_program_put(kex_cache *c, const char *source, size_t source_len, const kex_device_identity *dev,
                           const char *kernel_name, const void *binary, size_t binary_len, kex_error *err);
 /*
- * Look the binary up: 0 and *out filled (out->binary is the caller's), or
- * KEX_ENOTFOUND (a miss; *out zeroed), KEX_ECORRUPT (a damaged row was
- * dropped), SQLite errors.
+ * Look the binary up by source[source_len], the source the caller rendered
+ * now: 0 and *out filled (out->binary is the caller's) only when the row's
+ * stored source is byte-equal to it and its binary hashes to the stored
+ * SHA-256.  KEX_ENOTFOUND (a miss; *out zeroed), KEX_ECORRUPT (a row that
+ * did not decode or verify was deleted, logged and counted in
+ * corrupt_dropped; *out zeroed: compile as on a miss), SQLite errors.
  */
 int kex_cache_program_get(kex_cache *c, const char *source, size_t source_len, const kex_device_identity *dev,
                           kex_cache_program *out, kex_error *err);
@@ -166,6 +202,15 @@ int kex_cache_beam_put(kex_cache *c, const kex_cache_beam_key *key, const kex_ca
  * SQLite errors.
  */
 int kex_cache_beam_get(kex_cache *c, const kex_cache_beam_key *key, kex_cache_beam_value *out, kex_error *err);
+/*
+ * Delete the beam result of key whose opts are still val's opts, because
+ * the caller found it unusable (the opts do not apply to the kernel or
+ * break its limits): logged with the key and `why`, counted in
+ * unusable_dropped.  A row stored since with other opts is left alone.
+ * 0 (also when no row matched), KEX_EINVAL (a bad key), SQLite errors.
+ */
+int kex_cache_beam_drop(kex_cache *c, const kex_cache_beam_key *key, const kex_cache_beam_value *val, const char *why,
+                        kex_error *err);
 
 /* ---- listing, lookup, delete (the cache API) ---- */
 
@@ -215,11 +260,9 @@ int kex_cache_delete(kex_cache *c, const kex_cache_filter *filter, uint64_t *del
 /* ---- export / import (format above) ---- */
 
 /*
- * Write the header and every beam result matching filter (NULL = all),
- * then, unless the filter has a key prefix (programs have no AST key),
- * every program matching its device, kernel name and age.  *count (may be
- * NULL) = entries written.  Errors: KEX_EIO (a write failed), KEX_ENOMEM,
- * SQLite.
+ * Write the header and every beam result matching filter (NULL = all).
+ * Compiled programs are never exported.  *count (may be NULL) = entries
+ * written.  Errors: KEX_EIO (a write failed), KEX_ENOMEM, SQLite.
  */
 int kex_cache_export(kex_cache *c, FILE *f, const kex_cache_filter *filter, uint64_t *count, kex_error *err);
 
@@ -230,12 +273,14 @@ typedef struct kex_cache_import_report {
 } kex_cache_import_report;
 
 /*
- * Read an export from f; store every valid entry (replacing entries with
- * the same key) in one transaction.  *rep (may be NULL) counts imported and
- * rejected lines.  Returns 0 when every line was stored; KEX_EPARSE when the
- * header is missing or wrong (nothing stored) or some lines were refused
- * (the others are stored; err names the first refused line); KEX_ELIMIT for
- * a line over KEX_CACHE_IMPORT_LINE_MAX; KEX_EIO, KEX_ENOMEM, SQLite.
+ * Read an export from f; store every valid beam result (replacing entries
+ * with the same key) in one transaction.  "program" lines are refused
+ * (compiled programs are never imported).  *rep (may be NULL) counts
+ * imported and rejected lines.  Returns 0 when every line was stored;
+ * KEX_EPARSE when the header is missing or wrong (nothing stored) or some
+ * lines were refused (the others are stored; err names the first refused
+ * line); KEX_ELIMIT for a line over KEX_CACHE_IMPORT_LINE_MAX; KEX_EIO,
+ * KEX_ENOMEM, SQLite.
  */
 int kex_cache_import(kex_cache *c, FILE *f, kex_cache_import_report *rep, kex_error *err);
 

@@ -3,14 +3,17 @@
 Run by test_tune.sh, which starts the kexd under test (--device cpu,opencl,
 --cache KEXD_CACHE) and passes, in the environment: KEXD (the binary),
 KEXD_PORT, KEXD_CACHE, KEXD_TMP (a scratch directory), KEX_STUBS (the
-generated kex_pb2*.py and health_pb2*.py).  The kill -9, shared-file and
-drain checks start their own kexds.  Prints one line per check ("ok - ..." /
+generated kex_pb2*.py and health_pb2*.py).  The kill -9, shared-file,
+drain, attack (nothing imported ever runs; imported opts are checked at use)
+and new-file race (two kexds creating one cache file at once) checks start
+their own kexds.  Prints one line per check ("ok - ..." /
 "FAIL - ..." / "skip - ...") and, last, "N passed, N failed".  Exit status 1
 when anything failed.
 
 Graphs are tiny (16x16 reductions) and searches narrow (beam 1, one check
 with beam 2), so the whole file runs in about a minute on a 2-core VM.
 """
+import base64
 import hashlib
 import json
 import os
@@ -77,6 +80,16 @@ def free_port():
 
 
 def wait_healthy(port, proc=None, timeout=15.0):
+    # the port first: a channel that fails to connect backs off (seconds) before it tries again
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.02)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         end = time.time() + timeout
@@ -143,6 +156,24 @@ def g_matmul(n=32, device="cpu", seed=1):
               N(op="MUL", src=[3, 6]), N(op="REDUCE_SUM", src=[7], axis=[2]),
               N(op="RESHAPE", src=[8], new_shape=kex_pb2.Ints(values=[n, n])), N(op="CONTIGUOUS", src=[9])]
     return kex_pb2.Graph(device=device, nodes=nodes, outputs=[10])
+
+
+def g_add(n=16, device="cpu"):
+    """arange(n) + 2: one elementwise kernel (a+b)."""
+    return kex_pb2.Graph(device=device, nodes=[N(op="BUFFER", dtype="float32", shape=[n], fill_arange=True),
+                                               N(op="BUFFER", dtype="float32", shape=[n],
+                                                 fill_value=kex_pb2.Scalar(float_value=2.0)),
+                                               N(op="ADD", src=[0, 1])], outputs=[2])
+
+
+def submit_out(kex, job, graph, beam=0, timeout=60):
+    """(the first output as float32, or None; the events) of a Submit with return_bytes."""
+    req = kex_pb2.SubmitRequest(job=job, graph=graph, return_bytes=True)
+    if beam:
+        req.beam.beam_width = beam
+    evs = list(kex.Submit(req, timeout=timeout))
+    done = evs[-1].done if evs and evs[-1].WhichOneof("event") == "done" else None
+    return (np.frombuffer(done.outputs[0].data, dtype=np.float32) if done else None), evs
 
 
 def tune(kex, job, graph, width=1, timeout=120, **kw):
@@ -699,6 +730,202 @@ def check_drain():
     print(f"# drain with --grace 1 during a search: exit after {took:.2f} s")
 
 
+def evil_so(kernel_name, marker, path):
+    """A shared object like the cpu device loads: a constructor that leaves `marker`, a kernel that writes 1337."""
+    src = f"""#include <stdio.h>
+__attribute__((constructor)) static void kex_test_pwn(void) {{
+  FILE *f = fopen("{marker}", "w");
+  if (f) {{ fputs("ran inside kexd\\n", f); fclose(f); }}
+}}
+void {kernel_name}(void **bufs, const int *ints, int gidx_start, int gidx_end) {{
+  float *out = bufs[0];
+  (void)ints; (void)gidx_end;
+  if (gidx_start == 0) for (int i = 0; i < 16; i++) out[i] = 1337.0f;
+}}
+"""
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", path], input=src.encode(), check=True,
+                   capture_output=True)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def program_rows(path):
+    """The program rows of a cache file: (source SHA-256 hex, kernel name, device identity dict, binary SHA-256 hex)."""
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute("SELECT lower(hex(p.source_sha256)), p.kernel_name, d.kind, d.vendor, d.name, "
+                          "d.driver_version, d.compiler_version, lower(hex(p.binary_sha256)) FROM programs p "
+                          "JOIN devices d ON d.id = p.device_id ORDER BY 1").fetchall()
+    finally:
+        db.close()
+    keys = ("kind", "vendor", "name", "driver_version", "compiler_version")
+    return [(r[0], r[1], dict(zip(keys, r[2:7])), r[7]) for r in rows]
+
+
+def check_attack():
+    """The attack, step by step: an imported "program" line must never run; imported opts are checked at use.
+
+    Job A submits a+b.  An attacker job exports the cache, reads the SHA-256 of the a+b kernel's source (from the
+    file: exports no longer carry programs), crafts "program" lines with a shared object of its own for it (a
+    constructor that leaves a marker file, a kernel that writes 1337) and ImportCache's them, alone and inside an
+    old-style export with a beam line whose opts do not apply.  The lines are refused, the file keeps the programs
+    kexd compiled, and job A's Submits -- before and after a restart, when the program comes from the file -- give
+    the right numbers, the marker never appears; the beam entry with unusable opts is dropped at use and searched
+    again."""
+    t0 = time.time()
+    path = os.path.join(TMP, "attack.db")
+    marker = os.path.join(TMP, "attack-marker")
+    want = np.arange(16, dtype=np.float32) + 2
+    proc, port, up = start_kexd("--device", "cpu", "--cache", path)
+    if not check("attack: a kexd starts on its own cache file", up):
+        proc.kill()
+        return
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+    kex = kex_pb2_grpc.KexStub(ch)
+    job_a, attacker = open_job(kex, "victim"), open_job(kex, "attacker")
+    out, _ = submit_out(kex, job_a, g_add())
+    check("attack: job A's a+b gives arange(16) + 2", out is not None and np.array_equal(out, want), out)
+    out, _ = submit_out(kex, job_a, g_add(), beam=1)
+    check("attack: job A's a+b with beam 1 gives the same numbers (its opts are now in the cache)",
+          out is not None and np.array_equal(out, want), out)
+    data, _ = export(kex, attacker)
+    lines = data.decode().splitlines()
+    entries = [json.loads(ln) for ln in lines[1:]]
+    check("attack: ExportCache carries beam results only, no compiled program",
+          entries and all(e["type"] == "beam" for e in entries) and json.loads(lines[0])["schema"] >= 3,
+          [e["type"] for e in entries])
+    rows = program_rows(path)
+    if not check("attack: the file holds the programs kexd compiled for job A", len(rows) >= 1, rows):
+        stop(proc)
+        return
+    forged = []
+    for i, (src_sha, kname, dev, _) in enumerate(rows):
+        blob = evil_so(kname, marker, os.path.join(TMP, f"evil{i}.so"))
+        forged.append(json.dumps({"type": "program", "source_sha256": src_sha, "device": dev, "kernel_name": kname,
+                                  "binary": base64.b64encode(blob).decode(), "created_at": int(time.time())}))
+    old_header = json.dumps({"format": "kex.cache.export.v1", "schema": 2})
+    c, e = code_of(lambda: import_(kex, attacker, (old_header + "\n" + "\n".join(forged) + "\n").encode(), chunk=65536))
+    check("attack: ImportCache of program lines only: INVALID_ARGUMENT, line 2 refused, compiled programs never "
+          "imported", c == grpc.StatusCode.INVALID_ARGUMENT and "line 2" in e.details() and
+          "compiled programs are never imported" in e.details(), desc(e))
+    add_beam = [b for b in entries if "beam=1;" in b["search_opts"]]
+    if not check("attack: the beam 1 entry of the a+b kernel exports", len(add_beam) == 1, len(add_beam)):
+        stop(proc)
+        return
+    crafted = dict(add_beam[0], opts="UPCAST(5,7)", kernel_name="crafted")  # there is no axis 5
+    mixed = "\n".join([old_header, json.dumps(crafted)] + forged) + "\n"
+    r = import_(kex, attacker, mixed.encode(), chunk=65536)
+    refused = [f"line {3 + i}: type \"program\" refused: compiled programs are never imported" for i in range(len(forged))]
+    check("attack: an old-style export with a beam line and program lines: OK, the beam line imported, each program "
+          "line refused by number", r.imported == 1 and r.rejected == len(forged) and
+          all(any(x.startswith(w) for x in r.errors) for w in refused), str(r))
+    check("attack: the file still holds exactly the programs kexd compiled (same binaries)",
+          program_rows(path) == rows, program_rows(path))
+    out, _ = submit_out(kex, job_a, g_add())
+    check("attack: job A's next a+b: the right numbers, nothing of the attacker's ran",
+          out is not None and np.array_equal(out, want) and not os.path.exists(marker), out)
+    ch.close()
+    check("attack: kexd exits 0 at SIGTERM", stop(proc) == 0)
+    # a new kexd on the file: its programs now come from SQLite, verified against the source it renders
+    proc, port, up = start_kexd("--device", "cpu", "--cache", path)
+    if not check("attack: a new kexd starts on the attacked file", up):
+        proc.kill()
+        return
+    log = os.path.join(TMP, f"kexd-{port}.log")
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        kex = kex_pb2_grpc.KexStub(ch)
+        job = open_job(kex, "victim-again")
+        s0 = stats(kex)
+        out, _ = submit_out(kex, job, g_add())
+        s1 = stats(kex)
+        check("attack, after a restart: a+b right, its program loaded from the file (verified), nothing of the "
+              "attacker's ran", out is not None and np.array_equal(out, want) and not os.path.exists(marker) and
+              s1.program_cache_sqlite_hits == s0.program_cache_sqlite_hits + 1,
+              f"{out} sqlite hits {s0.program_cache_sqlite_hits}->{s1.program_cache_sqlite_hits}")
+        out, _ = submit_out(kex, job, g_add(), beam=1)
+        s2 = stats(kex)
+        g = kex.GetCacheEntry(kex_pb2.GetCacheEntryRequest(job=job, key=crafted["ast_key"]), timeout=5)
+        with open(log) as f:
+            logged = f.read()
+        check("attack: the imported opts that do not apply are dropped at use (logged with the key), the kernel "
+              "searched as on a miss, the numbers right",
+              out is not None and np.array_equal(out, want) and s2.searches_run == s1.searches_run + 1 and
+              s2.beam_cache_hits == s1.beam_cache_hits and "UPCAST(5,7)" not in list(g.opts) and
+              g.kernel_name != "crafted" and crafted["ast_key"] in logged and "dropped" in logged,
+              f"{out} searches {s1.searches_run}->{s2.searches_run} hits {s1.beam_cache_hits}->{s2.beam_cache_hits} "
+              f"opts {list(g.opts)}")
+    check("attack: the new kexd exits 0 at SIGTERM", stop(proc) == 0)
+    # the same rule in-process: kex cache import
+    kexcli = os.path.join(os.path.dirname(os.path.dirname(KEXD)), "kex")
+    if os.access(kexcli, os.X_OK):
+        bad = os.path.join(TMP, "attack-export.jsonl")
+        with open(bad, "w") as f:
+            f.write(mixed)
+        p = subprocess.run([kexcli, "cache", "import", "--json", "--cache", path, bad], capture_output=True, text=True,
+                           timeout=30)
+        rep = json.loads(p.stdout or "{}")
+        check("attack: kex cache import of the same file: exit 2, the beam line imported, the program lines refused",
+              p.returncode == 2 and rep.get("imported") == 1 and rep.get("rejected") == len(forged) and
+              "compiled programs are never imported" in p.stderr and program_rows(path) == rows,
+              f"rc {p.returncode} {p.stdout} {p.stderr}")
+    else:
+        skip("attack: kex cache import", f"{kexcli} not built")
+    print(f"# attack: {time.time() - t0:.1f} s")
+
+
+def check_new_file_race(rounds=20, tunes=3):
+    """Two kexds started together on one NEW cache file, both tuning at once, 20 times: no open ever fails.
+
+    Each kexd gets `tunes` Tunes at the same instant (every Tune opens its own handle on the file), so several
+    connections of two processes create and set up the one new file together -- where SQLite's busy timeout does
+    not cover the WAL switch and the schema transaction."""
+    bad = []
+    t0 = time.time()
+    for rnd in range(rounds):
+        path = os.path.join(TMP, f"race-{rnd}", "cache.db")
+        procs = []
+        for _ in range(2):
+            port = free_port()
+            log = open(os.path.join(TMP, f"race-{rnd}-{port}.log"), "w")
+            procs.append((subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--cache", path],
+                                           stdout=log, stderr=subprocess.STDOUT), port))
+        if not all(wait_healthy(port, p) for p, port in procs):
+            bad.append(f"round {rnd}: a kexd did not start")
+            for p, _ in procs:
+                p.kill()
+                p.wait()
+            continue
+        chans = [grpc.insecure_channel(f"127.0.0.1:{port}") for _, port in procs]
+        stubs = [kex_pb2_grpc.KexStub(c) for c in chans]
+        jobs = [open_job(k, f"race{i}") for i, k in enumerate(stubs)]
+        go = threading.Barrier(2 * tunes)
+        res = {}
+
+        def run(i, t):
+            go.wait()
+            try:
+                # upcast and local limits of 1 leave the search nothing to try: a search costs two compiles
+                res[i, t] = finished(tune(stubs[i], jobs[i], g_add(n=4 + t), timeout=60, max_upcast=1, max_local=1)[0])
+            except grpc.RpcError as e:
+                res[i, t] = e
+        ths = [threading.Thread(target=run, args=(i, t)) for i in range(2) for t in range(tunes)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(90)
+        for k in sorted(res.keys() | {(i, t) for i in range(2) for t in range(tunes)}):
+            v = res.get(k)
+            if not isinstance(v, list) or len(v) != 1:
+                bad.append(f"round {rnd} kexd {k[0]} tune {k[1]}: {desc(v) if isinstance(v, grpc.RpcError) else v}")
+        for c in chans:
+            c.close()
+        for p, _ in procs:
+            if stop(p) != 0:
+                bad.append(f"round {rnd}: a kexd did not exit 0")
+    check(f"new cache file: two kexds started together, {tunes} Tunes each at once, {rounds} rounds, 0 failures",
+          not bad, f"{len(bad)} failed: " + "; ".join(bad[:4]))
+    print(f"# new-file race: {rounds} rounds of two kexds x {tunes} Tunes in {time.time() - t0:.1f} s")
+
 def main():
     t0 = time.time()
     ch = grpc.insecure_channel(f"127.0.0.1:{PORT}")
@@ -720,7 +947,7 @@ def main():
         check("test_tune.py ran to the end", False, f"{type(e).__name__}: {e}")
     finally:
         ch.close()
-    for fn in (check_kill9, check_shared_file, check_drain):
+    for fn in (check_kill9, check_shared_file, check_drain, check_attack, check_new_file_race):
         try:
             fn()
         except Exception as e:

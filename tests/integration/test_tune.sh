@@ -3,7 +3,7 @@
 # kexd (devices cpu,opencl, its own --cache file) on a free 127.0.0.1 port,
 # wait for health, run test_tune.py (Debian python + grpcio) against it, then
 # stop it with SIGTERM and check it exits 0 and never crashed.  The kill -9,
-# shared-file and drain checks start their own kexds.
+# shared-file, drain, attack and new-file race checks start their own kexds.
 #
 # Env: KEX_BUILD_DIR (default build; KEX_BUILD_DIR=build-asan runs it against
 # the ASan build's kexd).  The last line of the output is "N passed, N failed";

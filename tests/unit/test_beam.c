@@ -11,8 +11,9 @@
  * of the beam kernel equal the hand-coded kernel's; a second search hits
  * the cache, compiles nothing and costs <= 5% of the first; keys that
  * differ in device identity, options or codegen version miss; two fresh
- * searches choose the same opts; a corrupt row and unappliable opts are
- * reported and not used; an imported entry of another device never hits.
+ * searches choose the same opts; a corrupt row and opts that do not apply
+ * or break the limits are dropped from the cache and not used (the right
+ * numbers still come out); an imported entry of another device never hits.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -291,38 +292,85 @@ static void test_repeatable(void **state) {
   target_free(&t);
 }
 
-/* A corrupt row and opts that no longer apply are reported and not used. */
+static bool always_cancelled(void *arg) {
+  (void)arg;
+  return true;
+}
+
+/*
+ * Cached opts are data: an entry whose opts do not apply to the kernel
+ * (an axis that does not exist, an amount that does not divide) or break
+ * the search's limits is deleted from the cache, counted, noted with its
+ * key, and never used -- the kernel goes on exactly as on a miss.  The
+ * search is cancelled at its first check after the lookup, so what is
+ * seen is the lookup alone (a usable entry still hits under the same
+ * cancel).  Then the whole in-process path (kex run --beam) with such an
+ * entry in its cache file computes the same numbers as hand-coded opts.
+ * A row that does not decode is dropped the same way.
+ */
 static void test_corrupt_entry(void **state) {
   (void)state;
   kex_device *dev = devs[1];
   if (!dev) { printf("skipped: %s\n", dev_skip[1]); skip(); }
   kex_cache *c = open_cache("corrupt");
   target t;
-  target_make(&t, 2, true, true);
+  target_make(&t, 2, true, true); /* a*b+c, one elementwise kernel over 65536 */
   kex_beam_opts o;
   test_opts(&o, c);
   o.max_rounds = 1;
+  o.cancelled = always_cancelled;
   kex_beam_result r;
   kex_error err = {0};
-  assert_int_equal(kex_beam_optimize(&t.t, dev, &o, &r, &err), 0);
-  assert_false(r.from_cache);
-  /* opts that do not apply to this kernel: UPCAST(5,7) */
+  kex_ast_digest dig;
+  const kex_sched_item *it = &t.s->items[t.t.item];
+  assert_int_equal(kex_ast_key(it->ast, it->nout, &dig, &err), 0);
   kex_cache_beam_key key = {{0}, kex_device_get_identity(dev), NULL, KEX_CODEGEN_VERSION};
   char sopts[256];
   kex_beam_search_opts_string(&o, sopts, sizeof sopts);
   key.search_opts = sopts;
-  kex_unhex(r.ast_hex, key.ast_key, 32);
-  kex_cache_beam_value v = {0};
-  v.nopts = 1;
-  v.opts[0] = kex_opt_make(KEX_OPT_UPCAST, 5, 7);
-  v.best_time_s = v.hand_time_s = 1e-6;
-  snprintf(v.kernel_name, sizeof v.kernel_name, "E_bogus");
-  assert_int_equal(kex_cache_beam_put(c, &key, &v, NULL, &err), 0);
+  memcpy(key.ast_key, dig.bytes, 32);
+  const struct {
+    const char *opts, *why;
+  } bad[] = {
+      {"UPCAST(5,7)", "opt 0 UPCAST(5,7) does not apply: invalid axis"},         /* no axis 5 */
+      {"UPCAST(0,7)", "opt 0 UPCAST(0,7) does not apply: no longer valid shift"}, /* 65536 % 7 != 0 */
+      {"UPCAST(0,4) UNROLL(0,4)", "opt 1 UNROLL(0,4) does not apply"},            /* no reduce to unroll */
+      {"UPCAST(0,8) UPCAST(0,8) UPCAST(0,8)", "upcast product 512 over upcast_max 256"},
+  };
+  kex_cache_stats st;
+  for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+    kex_cache_beam_value v = {0}, got;
+    assert_int_equal(kex_cache_opts_parse(bad[b].opts, v.opts, KEX_CACHE_MAX_OPTS, &v.nopts, &err), 0);
+    v.best_time_s = v.hand_time_s = 1e-6;
+    snprintf(v.kernel_name, sizeof v.kernel_name, "E_bogus");
+    assert_int_equal(kex_cache_beam_put(c, &key, &v, NULL, &err), 0);
+    kex_cache_get_stats(c, &st);
+    uint64_t dropped = st.unusable_dropped;
+    assert_int_equal(kex_beam_optimize(&t.t, dev, &o, &r, &err), KEX_ECANCELLED); /* a miss: on to the search */
+    assert_false(r.from_cache);
+    assert_int_equal(r.nopts, 0);
+    if (!strstr(r.cache_note, dig.hex) || !strstr(r.cache_note, "dropped") || !strstr(r.cache_note, bad[b].why))
+      fail_msg("%s: note \"%s\" does not name the key and \"%s\"", bad[b].opts, r.cache_note, bad[b].why);
+    assert_int_equal(kex_cache_beam_get(c, &key, &got, &err), KEX_ENOTFOUND); /* deleted from the file */
+    kex_cache_get_stats(c, &st);
+    assert_int_equal(st.unusable_dropped, dropped + 1);
+  }
+  /* the same lookup with opts that apply is a hit (the cancel does not hide one) */
+  kex_cache_beam_value ok = {0};
+  ok.nopts = 1;
+  ok.opts[0] = kex_opt_make(KEX_OPT_UPCAST, 0, 4);
+  ok.best_time_s = ok.hand_time_s = 1e-6;
+  snprintf(ok.kernel_name, sizeof ok.kernel_name, "E_ok");
+  assert_int_equal(kex_cache_beam_put(c, &key, &ok, NULL, &err), 0);
   assert_int_equal(kex_beam_optimize(&t.t, dev, &o, &r, &err), 0);
-  assert_false(r.from_cache);
-  assert_non_null(strstr(r.cache_note, "ignored"));
-  assert_true(r.compiled > 0);
-  /* the search replaced it; now damage the row itself */
+  assert_true(r.from_cache);
+  assert_string_equal(r.cache_note, "");
+  assert_int_equal(r.nopts, 1);
+  kex_cache_get_stats(c, &st);
+  assert_int_equal(st.unusable_dropped, sizeof bad / sizeof *bad);
+
+  /* damage the row itself: dropped as corrupt, searched again, the search stores a good one */
+  o.cancelled = NULL;
   char path[512];
   snprintf(path, sizeof path, "%s/corrupt.db", tmpdir);
   sqlite3 *db = NULL;
@@ -334,8 +382,41 @@ static void test_corrupt_entry(void **state) {
   assert_int_equal(kex_beam_optimize(&t.t, dev, &o, &r, &err), 0);
   assert_false(r.from_cache);
   assert_non_null(strstr(r.cache_note, "corrupt"));
+  assert_non_null(strstr(r.cache_note, dig.hex));
+  assert_true(r.compiled > 0);
   assert_int_equal(kex_beam_optimize(&t.t, dev, &o, &r, &err), 0); /* the search stored a good one again */
   assert_true(r.from_cache);
+  kex_cache_close(c);
+
+  /* the whole in-process path: an unusable entry in the file, the right numbers */
+  snprintf(path, sizeof path, "%s/corrupt_run.db", tmpdir);
+  unlink(path);
+  assert_int_equal(kex_cache_open(path, &c, &err), 0);
+  kex_beam_opts ro;
+  kex_beam_opts_init(&ro, 2);
+  ro.max_candidates = 16; /* as run_time's kex_run_opts */
+  kex_beam_search_opts_string(&ro, sopts, sizeof sopts);
+  kex_cache_beam_value v = {0}, got;
+  v.nopts = 1;
+  v.opts[0] = kex_opt_make(KEX_OPT_UPCAST, 0, 7);
+  v.best_time_s = v.hand_time_s = 1e-9; /* as fast as can be: tempting */
+  snprintf(v.kernel_name, sizeof v.kernel_name, "E_bogus");
+  assert_int_equal(kex_cache_beam_put(c, &key, &v, NULL, &err), 0);
+  kex_run_result hand, beam;
+  run_time(2, dev, 0, NULL, &hand);
+  run_time(2, dev, 2, path, &beam);
+  assert_int_equal(beam.nkernels, 1);
+  assert_null(strstr(beam.kernels[0].opts, "UPCAST(0,7)"));
+  assert_int_equal(beam.noutputs, hand.noutputs);
+  assert_int_equal(beam.outputs[0].nbytes, hand.outputs[0].nbytes);
+  const float *a = beam.outputs[0].data, *h = hand.outputs[0].data;
+  for (size_t e = 0; e < beam.outputs[0].nbytes / 4; e++)
+    if (fabsf(a[e] - h[e]) > 1e-6f * fmaxf(1.0f, fabsf(h[e]))) fail_msg("element %zu: %g, hand-coded %g", e, a[e], h[e]);
+  /* the row now holds what the search chose, not the unusable opts */
+  assert_int_equal(kex_cache_beam_get(c, &key, &got, &err), 0);
+  assert_false(got.nopts == 1 && got.opts[0].amt == 7);
+  kex_run_result_free(&hand);
+  kex_run_result_free(&beam);
   kex_cache_close(c);
   target_free(&t);
 }

@@ -8,7 +8,13 @@
  * middle of a big transaction leaves only whole entries; export/import
  * reproduces every entry and keeps foreign identities foreign; malformed
  * import lines refused by line number; list filters, paging and delete.
+ * Trust: program rows tampered with in the file are dropped, never
+ * returned; v2 program rows are dropped by the migration; "program" import
+ * lines (old exports, the attack) are refused and never stored; an
+ * unusable beam result is dropped only while it still has its bad opts.
+ * Several processes opening one new file at once all succeed.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -192,11 +198,104 @@ static void test_program_roundtrip(void **state) {
   empty.vendor[0] = 0;
   assert_int_equal(kex_cache_program_put(c, src, strlen(src), &empty, "E_4", bin, 1, &err), KEX_EINVAL);
   assert_non_null(strstr(err.msg, "vendor"));
+  /* the row keeps what verifies it: the source itself and the binary's SHA-256 */
+  assert_int_equal(sql_int(path, "SELECT length(source) FROM programs"), (int64_t)strlen(src));
+  assert_int_equal(sql_int(path, "SELECT length(binary_sha256) FROM programs"), 32);
   /* a damaged row is dropped, not returned */
   sql_exec(path, "UPDATE programs SET binary = 'not a blob'");
   assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), KEX_ECORRUPT);
   assert_null(p.binary);
   assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 0);
+  kex_cache_close(c);
+}
+
+/*
+ * Program rows written into the file by someone else -- an attacker with
+ * the file, or an old kex's import of a "program" line -- are never
+ * returned: each one is deleted, reported as KEX_ECORRUPT naming the
+ * kernel and the reason, and counted; the next get is a plain miss (the
+ * caller compiles), and a row this process stores again verifies.
+ */
+static void test_program_tampered_rows_never_returned(void **state) {
+  (void)state;
+  char path[512], sql[8192], hex[65], evil_hex[2 * 64 + 1], evil_sha[65];
+  fresh_path(path, sizeof path, "tamper");
+  kex_cache *c = open_ok(path);
+  kex_device_identity d = this_dev();
+  const char *src = "void E_4(float* restrict data0, const float* restrict data1, const float* restrict data2) {}";
+  uint8_t good[64], evil[64], h[32];
+  for (size_t i = 0; i < sizeof good; i++) good[i] = (uint8_t)(i + 1), evil[i] = (uint8_t)(0xc0 + (i & 15));
+  kex_error err = {0};
+  kex_cache_program p;
+  kex_cache_stats st;
+  kex_sha256_bytes(src, strlen(src), h);
+  kex_hex(h, 32, hex);
+  kex_hex(evil, sizeof evil, evil_hex);
+  kex_sha256_bytes(evil, sizeof evil, h);
+  kex_hex(h, 32, evil_sha);
+  kex_log_set_level(KEX_LOG_OFF);
+  /* the good row first: stored by this process, it hits */
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_4", good, sizeof good, &err), 0);
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), 0);
+  assert_memory_equal(p.binary, good, sizeof good);
+  kex_free(p.binary);
+  struct {
+    const char *what;
+    char set[512];
+    const char *why;
+  } tamper[6] = {
+      /* other bytes under the key, the old digest left: the binary does not hash to it */
+      {"binary replaced", "", "does not hash"},
+      /* other bytes and their own digest, but no source (what an old import's row amounts to) */
+      {"binary and digest replaced, source emptied", "", "not byte-equal"},
+      /* other bytes and their own digest, and a source that is not the one rendered now */
+      {"binary, digest and source replaced", "", "not byte-equal"},
+      {"source one byte longer", "source = source || ' '", "not byte-equal"},
+      {"digest not 32 bytes", "binary_sha256 = x'00'", "binary_sha256"},
+      {"source not text", "source = CAST(source AS BLOB)", "not byte-equal"},
+  };
+  snprintf(tamper[0].set, sizeof tamper[0].set, "binary = x'%s'", evil_hex);
+  snprintf(tamper[1].set, sizeof tamper[1].set, "binary = x'%s', binary_sha256 = x'%s', source = ''", evil_hex, evil_sha);
+  snprintf(tamper[2].set, sizeof tamper[2].set, "binary = x'%s', binary_sha256 = x'%s', source = 'int evil;'", evil_hex,
+           evil_sha);
+  for (size_t t = 0; t < sizeof tamper / sizeof *tamper; t++) {
+    assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_4", good, sizeof good, &err), 0);
+    snprintf(sql, sizeof sql, "UPDATE programs SET %s WHERE source_sha256 = x'%s'", tamper[t].set, hex);
+    sql_exec(path, sql);
+    assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 1);
+    kex_cache_get_stats(c, &st);
+    uint64_t dropped = st.corrupt_dropped;
+    memset(&err, 0, sizeof err);
+    int rc = kex_cache_program_get(c, src, strlen(src), &d, &p, &err);
+    if (rc != KEX_ECORRUPT) fail_msg("%s: get returned %d (%s), want KEX_ECORRUPT", tamper[t].what, rc, err.msg);
+    assert_null(p.binary);
+    assert_int_equal(p.binary_len, 0);
+    if (!strstr(err.msg, tamper[t].why) || !strstr(err.msg, "E_4") || !strstr(err.msg, hex))
+      fail_msg("%s: message \"%s\" does not name the kernel, the key and \"%s\"", tamper[t].what, err.msg, tamper[t].why);
+    kex_cache_get_stats(c, &st);
+    assert_int_equal(st.corrupt_dropped, dropped + 1);
+    assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 0); /* deleted, not just skipped */
+    assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), KEX_ENOTFOUND);
+  }
+  /* a row inserted from scratch for a key this process never stored (the attack: key = SHA-256 of the source) */
+  snprintf(sql, sizeof sql,
+           "INSERT INTO programs(source_sha256, device_id, kernel_name, source, binary, binary_sha256, created_at) "
+           "SELECT x'%s', id, 'E_4', 'int evil;', x'%s', x'%s', 1 FROM devices",
+           hex, evil_hex, evil_sha);
+  sql_exec(path, sql);
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), KEX_ECORRUPT);
+  assert_null(p.binary);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 0);
+  kex_log_set_level(KEX_LOG_WARN);
+  /* what this process stores again verifies and hits */
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_4", good, sizeof good, &err), 0);
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), 0);
+  assert_int_equal(p.binary_len, sizeof good);
+  assert_memory_equal(p.binary, good, sizeof good);
+  kex_free(p.binary);
+  kex_cache_get_stats(c, &st);
+  assert_int_equal(st.corrupt_dropped, sizeof tamper / sizeof *tamper + 1);
+  assert_int_equal(st.program_hits, 2);
   kex_cache_close(c);
 }
 
@@ -357,7 +456,7 @@ static void test_migration_from_v1(void **state) {
   assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 1);
 
   kex_cache *c = open_ok(path);
-  assert_int_equal(kex_cache_schema_version(c, NULL), 2);
+  assert_int_equal(kex_cache_schema_version(c, NULL), KEX_CACHE_SCHEMA_VERSION);
   kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
   memcpy(k.ast_key, key, 32);
   kex_cache_beam_value v;
@@ -374,7 +473,75 @@ static void test_migration_from_v1(void **state) {
   kex_cache_close(c);
   /* reopening a current file changes nothing */
   c = open_ok(path);
-  assert_int_equal(kex_cache_schema_version(c, NULL), 2);
+  assert_int_equal(kex_cache_schema_version(c, NULL), KEX_CACHE_SCHEMA_VERSION);
+  kex_cache_close(c);
+  expect_integrity_ok(path);
+}
+
+/* The version-2 additions, exactly as migration 1 -> 2 wrote them. */
+static const char v2_additions[] =
+    "ALTER TABLE beam_results ADD COLUMN candidates INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE beam_results ADD COLUMN ast_text TEXT;"
+    "CREATE INDEX beam_results_created ON beam_results(created_at);"
+    "CREATE INDEX beam_results_kernel ON beam_results(kernel_name);"
+    "CREATE INDEX programs_device ON programs(device_id);"
+    "UPDATE schema_version SET version = 2;";
+
+/*
+ * A v2 file's program rows have nothing to verify them by (and an import
+ * may have written them): migration 2 -> 3 drops every one of them and
+ * keeps the beam results; the kernel's source then misses and a program
+ * stored afterwards verifies.
+ */
+static void test_migration_from_v2_drops_programs(void **state) {
+  (void)state;
+  char path[512], sql[8192], hex[65], shex[65];
+  uint8_t key[32], skey[32];
+  const char *src = "void E_4(float* restrict data0) { data0[0] = 1.0f; }";
+  fresh_path(path, sizeof path, "v2");
+  kex_cache_close(open_ok(path));
+  remove_db(path);
+  key_of(5, key);
+  kex_hex(key, 32, hex);
+  kex_sha256_bytes(src, strlen(src), skey);
+  kex_hex(skey, 32, shex);
+  kex_device_identity d = this_dev();
+  snprintf(sql, sizeof sql,
+           "%s %s INSERT INTO devices VALUES (1, '%s', '%s', '%s', '%s', '%s', 'old');"
+           "INSERT INTO beam_results VALUES (x'%s', 1, 's', 'g', 'UPCAST(0,4)', 1e-5, 2e-5, 3.0, 'E_5', %lld, 7, NULL);"
+           "INSERT INTO programs VALUES (x'%s', 1, 'E_4', x'c0ffee', 1);"
+           "INSERT INTO programs VALUES (x'%s', 1, 'E_5', x'c0ffee', 1);",
+           v1_schema, v2_additions, d.kind, d.vendor, d.name, d.driver_version, d.compiler_version, hex,
+           (long long)time(NULL), shex, hex);
+  sql_exec(path, sql);
+  assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 2);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 2);
+
+  kex_log_set_level(KEX_LOG_OFF);
+  kex_cache *c = open_ok(path);
+  kex_log_set_level(KEX_LOG_WARN);
+  assert_int_equal(kex_cache_schema_version(c, NULL), 3);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 0);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM pragma_table_info('programs') WHERE name IN "
+                                 "('source', 'binary_sha256')"), 2);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM sqlite_master WHERE name = 'programs_device'"), 1);
+  kex_cache_program p;
+  kex_error err = {0};
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), KEX_ENOTFOUND);
+  assert_null(p.binary);
+  /* the beam result is untouched */
+  kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+  memcpy(k.ast_key, key, 32);
+  kex_cache_beam_value v;
+  assert_int_equal(kex_cache_beam_get(c, &k, &v, &err), 0);
+  assert_int_equal(v.candidates, 7);
+  assert_string_equal(v.kernel_name, "E_5");
+  /* a program compiled now is stored and verifies */
+  uint8_t bin[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_4", bin, sizeof bin, &err), 0);
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), 0);
+  assert_memory_equal(p.binary, bin, sizeof bin);
+  kex_free(p.binary);
   kex_cache_close(c);
   expect_integrity_ok(path);
 }
@@ -384,14 +551,18 @@ static void test_newer_or_foreign_refused(void **state) {
   char path[512];
   kex_cache *c = (kex_cache *)1;
   kex_error err = {0};
+  char sql[128], want[64];
   fresh_path(path, sizeof path, "newer");
   kex_cache_close(open_ok(path));
-  sql_exec(path, "UPDATE schema_version SET version = 3");
+  snprintf(sql, sizeof sql, "UPDATE schema_version SET version = %d", KEX_CACHE_SCHEMA_VERSION + 1);
+  sql_exec(path, sql);
   assert_int_equal(kex_cache_open(path, &c, &err), KEX_EUNSUPPORTED);
   assert_null(c);
-  assert_non_null(strstr(err.msg, "schema version 3"));
-  assert_non_null(strstr(err.msg, "up to 2"));
-  assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), 3); /* left untouched */
+  snprintf(want, sizeof want, "schema version %d", KEX_CACHE_SCHEMA_VERSION + 1);
+  assert_non_null(strstr(err.msg, want));
+  snprintf(want, sizeof want, "up to %d", KEX_CACHE_SCHEMA_VERSION);
+  assert_non_null(strstr(err.msg, want));
+  assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), KEX_CACHE_SCHEMA_VERSION + 1); /* left untouched */
 
   /* tinygrad's own cache.db is not ours */
   fresh_path(path, sizeof path, "foreign");
@@ -488,6 +659,104 @@ static void test_two_handles_and_fork(void **state) {
   kex_cache_close(a);
   assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 1400);
   expect_integrity_ok(path);
+}
+
+#define OPEN_ROUNDS 20
+#define OPEN_PROCS 4
+#define OPEN_THREADS 2
+
+/* What one opener saw (a thread of a forked child). */
+typedef struct opener {
+  const char *path;
+  int id, rc;
+  char msg[KEX_ERROR_MSG_MAX];
+} opener;
+
+/* Open the (new) file, store one beam result and one program, close: o->rc 0 or the failing code. */
+static void *opener_run(void *arg) {
+  opener *o = arg;
+  kex_cache *c = NULL;
+  kex_error err = {0};
+  kex_device_identity d = this_dev();
+  char src[64];
+  uint8_t bin[16] = {1, 2, 3};
+  o->rc = kex_cache_open(o->path, &c, &err);
+  if (!o->rc) {
+    kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+    kex_cache_beam_value v = value_of(o->id);
+    key_of(o->id, k.ast_key);
+    o->rc = kex_cache_beam_put(c, &k, &v, NULL, &err);
+  }
+  if (!o->rc) {
+    snprintf(src, sizeof src, "source of opener %d", o->id);
+    o->rc = kex_cache_program_put(c, src, strlen(src), &d, "E_1", bin, sizeof bin, &err);
+  }
+  if (o->rc) snprintf(o->msg, sizeof o->msg, "%s", err.msg);
+  kex_cache_close(c);
+  return NULL;
+}
+
+/* Child body: wait for the start signal (EOF on fd), then OPEN_THREADS threads open at once; exit 0 when all did. */
+static int child_opens(const char *path, int fd, int id) {
+  pthread_t th[OPEN_THREADS];
+  opener o[OPEN_THREADS];
+  char ch;
+  int bad = 0;
+  if (read(fd, &ch, 1) != 0) return 20;
+  for (int t = 0; t < OPEN_THREADS; t++) {
+    o[t] = (opener){path, id * OPEN_THREADS + t, 0, ""};
+    if (pthread_create(&th[t], NULL, opener_run, &o[t])) return 21;
+  }
+  for (int t = 0; t < OPEN_THREADS; t++) {
+    pthread_join(th[t], NULL);
+    if (o[t].rc) {
+      fprintf(stderr, "opener %d: %s\n", o[t].id, o[t].msg);
+      bad++;
+    }
+  }
+  return bad;
+}
+
+/*
+ * Several processes (each with two threads) open one NEW cache file at the
+ * same instant, 20 times over: every open succeeds (the WAL switch and the
+ * schema transaction wait and retry while another opener holds the file),
+ * and the file ends with every opener's entries.
+ */
+static void test_concurrent_open_new_file(void **state) {
+  (void)state;
+  int failures = 0;
+  for (int round = 0; round < OPEN_ROUNDS; round++) {
+    char path[512];
+    int fds[2];
+    pid_t pids[OPEN_PROCS];
+    fresh_path(path, sizeof path, "race");
+    kex_cache_close(open_ok(path)); /* makes the directory; the file itself must be new */
+    remove_db(path);
+    assert_int_equal(pipe(fds), 0);
+    for (int p = 0; p < OPEN_PROCS; p++) {
+      pids[p] = fork();
+      assert_true(pids[p] >= 0);
+      if (pids[p] == 0) {
+        close(fds[1]);
+        _exit(child_opens(path, fds[0], p));
+      }
+    }
+    close(fds[0]);
+    close(fds[1]); /* go */
+    for (int p = 0; p < OPEN_PROCS; p++) {
+      int status = 0;
+      assert_int_equal(waitpid(pids[p], &status, 0), pids[p]);
+      assert_true(WIFEXITED(status));
+      failures += WEXITSTATUS(status);
+    }
+    if (!failures) {
+      assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), OPEN_PROCS * OPEN_THREADS);
+      assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), OPEN_PROCS * OPEN_THREADS);
+      assert_int_equal(sql_int(path, "SELECT version FROM schema_version"), KEX_CACHE_SCHEMA_VERSION);
+    }
+  }
+  if (failures) fail_msg("%d of %d opens failed", failures, OPEN_ROUNDS * OPEN_PROCS * OPEN_THREADS);
 }
 
 #define KILL_BATCH 400
@@ -623,12 +892,19 @@ static void test_export_import(void **state) {
   FILE *f = tmpfile();
   uint64_t count = 0;
   assert_int_equal(kex_cache_export(a, f, NULL, &count, &err), 0);
-  assert_int_equal(count, 24);
+  assert_int_equal(count, 21); /* the beam results; compiled programs are never exported */
+  rewind(f);
+  char line[4096];
+  int nlines = 0, nprograms = 0;
+  while (fgets(line, sizeof line, f))
+    if (strchr(line, '\n')) nlines++, nprograms += strstr(line, "\"type\":\"program\"") != NULL;
+  assert_int_equal(nlines, 1 + 21);
+  assert_int_equal(nprograms, 0);
   rewind(f);
   kex_cache *b = open_ok(p2);
   kex_cache_import_report rep;
   assert_int_equal(kex_cache_import(b, f, &rep, &err), 0);
-  assert_int_equal(rep.imported, 24);
+  assert_int_equal(rep.imported, 21);
   assert_int_equal(rep.rejected, 0);
   fclose(f);
 
@@ -648,20 +924,20 @@ static void test_export_import(void **state) {
   assert_string_equal(e->ast_text, text);
   kex_free(e->ast_text);
   free(e);
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 3; i++) { /* the programs stayed where they were compiled */
     char src[32];
     kex_cache_program p;
     snprintf(src, sizeof src, "source %d", i);
-    assert_int_equal(kex_cache_program_get(b, src, strlen(src), i ? &d : &d2, &p, &err), 0);
-    assert_int_equal(p.binary_len, sizeof bin - (size_t)i);
-    assert_memory_equal(p.binary, bin, p.binary_len);
+    assert_int_equal(kex_cache_program_get(b, src, strlen(src), i ? &d : &d2, &p, &err), KEX_ENOTFOUND);
+    assert_int_equal(kex_cache_program_get(a, src, strlen(src), i ? &d : &d2, &p, &err), 0);
     kex_free(p.binary);
   }
-  /* a filtered export: one device only, no programs when a key prefix is given */
+  assert_int_equal(sql_int(p2, "SELECT count(*) FROM programs"), 0);
+  /* a filtered export: one device only */
   kex_cache_filter flt = {.device = "kind=cpu"};
   f = tmpfile();
   assert_int_equal(kex_cache_export(a, f, &flt, &count, &err), 0);
-  assert_int_equal(count, 10 + 1);
+  assert_int_equal(count, 10);
   fclose(f);
   kex_cache_close(a);
   kex_cache_close(b);
@@ -737,7 +1013,7 @@ static void test_import_malformed_lines(void **state) {
            BEAM("%s", "UPCAST(0,4)", "1", "E 1", ",\"ast_text\":null")                             /* 7 name */
            BEAM("%s", "UPCAST(0,4)", "1", "E_1", "")                                               /* 8 no ast_text */
            BEAM("%s", "UPCAST(0,4)", "1", "E_1", ",\"ast_text\":\"kex.ast.v1\\nwrong\\n\"")        /* 9 hash */
-           "{\"type\":\"program\",\"source_sha256\":\"%s\"," DEV ",\"kernel_name\":\"E_1\",\"binary\":\"AAE=\",\"created_at\":1}\n" /* 10 ok */
+           "{\"type\":\"program\",\"source_sha256\":\"%s\"," DEV ",\"kernel_name\":\"E_1\",\"binary\":\"AAE=\",\"created_at\":1}\n" /* 10 refused */
            "{\"type\":\"program\",\"source_sha256\":\"%s\"," DEV ",\"kernel_name\":\"E_1\",\"binary\":\"A*E=\",\"created_at\":1}\n" /* 11 b64 */
            "{\"type\":\"shader\"}\n"                                                               /* 12 */
            BEAM("%s", "UPCAST(0,4)", "1", "E_2", ",\"ast_text\":null"),                            /* 13 ok */
@@ -747,18 +1023,17 @@ static void test_import_malformed_lines(void **state) {
   kex_cache_import_report rep;
   assert_int_equal(kex_cache_import(c, f, &rep, &err), KEX_EPARSE);
   fclose(f);
-  assert_int_equal(rep.imported, 3);
-  assert_int_equal(rep.rejected, 9);
-  assert_non_null(strstr(err.msg, "9 line(s) refused, 3 stored; first: line 3"));
+  assert_int_equal(rep.imported, 2);
+  assert_int_equal(rep.rejected, 10);
+  assert_non_null(strstr(err.msg, "10 line(s) refused, 2 stored; first: line 3"));
   assert_int_equal(rep.nerrors, KEX_CACHE_IMPORT_ERRORS);
   const char *want[] = {"line 3: not a JSON object", "line 4: ast_key", "line 5: opts", "line 6: best_time_s",
                         "line 7: cache: kernel name", "line 8: ast_text", "line 9: cache: the AST text does not hash",
-                        "line 11: binary"};
+                        "line 10: type \"program\" refused: compiled programs are never imported"};
   for (int i = 0; i < KEX_CACHE_IMPORT_ERRORS; i++)
     if (strncmp(rep.errors[i], want[i], strlen(want[i]))) fail_msg("error %d is \"%s\", want \"%s...\"", i, rep.errors[i], want[i]);
   assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 2);
-  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 1);
-  assert_int_equal(sql_int(path, "SELECT length(binary) FROM programs"), 2);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 0); /* neither program line: one well-formed, one not */
 
   /* no header: nothing stored */
   const char *nohdr = BEAM("0000000000000000000000000000000000000000000000000000000000000000", "", "1", "E_3", ",\"ast_text\":null");
@@ -771,6 +1046,102 @@ static void test_import_malformed_lines(void **state) {
   kex_cache_close(c);
 #undef BEAM
 #undef DEV
+}
+
+/*
+ * The attack: an old-format export whose "program" line carries other bytes
+ * for the SHA-256 of a source this cache compiled.  The line is refused
+ * (reported with its number and why), the good row is untouched and still
+ * what a get returns; the file's beam line imports.
+ */
+static void test_import_old_export_program_refused(void **state) {
+  (void)state;
+  char path[512], buf[4096], shex[65], khex[65];
+  uint8_t h[32];
+  fresh_path(path, sizeof path, "oldexport");
+  kex_cache *c = open_ok(path);
+  kex_device_identity d = this_dev();
+  const char *src = "__kernel void E_2(__global float* data0, const __global float* data1) {}";
+  uint8_t good[32];
+  for (size_t i = 0; i < sizeof good; i++) good[i] = (uint8_t)(3 * i + 1);
+  kex_error err = {0};
+  assert_int_equal(kex_cache_program_put(c, src, strlen(src), &d, "E_2", good, sizeof good, &err), 0);
+  kex_sha256_bytes(src, strlen(src), h);
+  kex_hex(h, 32, shex);
+  key_of(3, h);
+  kex_hex(h, 32, khex);
+  snprintf(buf, sizeof buf,
+           "{\"format\":\"kex.cache.export.v1\",\"schema\":2}\n"
+           "{\"type\":\"program\",\"source_sha256\":\"%s\",\"device\":{\"kind\":\"%s\",\"vendor\":\"%s\","
+           "\"name\":\"%s\",\"driver_version\":\"%s\",\"compiler_version\":\"%s\"},\"kernel_name\":\"E_2\","
+           "\"binary\":\"f0VMRgIBAQAAAAAAAAAAAA==\",\"created_at\":1}\n"
+           "{\"type\":\"beam\",\"ast_key\":\"%s\",\"device\":{\"kind\":\"cpu\",\"vendor\":\"v\",\"name\":\"n\","
+           "\"driver_version\":\"1\",\"compiler_version\":\"c\"},\"search_opts\":\"s\",\"codegen_version\":\"g\","
+           "\"opts\":\"UPCAST(0,4)\",\"best_time_s\":1,\"hand_time_s\":1,\"search_time_s\":1,\"candidates\":1,"
+           "\"kernel_name\":\"E_3\",\"created_at\":5,\"ast_text\":null}\n",
+           shex, d.kind, d.vendor, d.name, d.driver_version, d.compiler_version, khex);
+  FILE *f = fmemopen(buf, strlen(buf), "r");
+  kex_cache_import_report rep;
+  assert_int_equal(kex_cache_import(c, f, &rep, &err), KEX_EPARSE);
+  fclose(f);
+  assert_int_equal(rep.imported, 1);
+  assert_int_equal(rep.rejected, 1);
+  assert_int_equal(rep.nerrors, 1);
+  assert_string_equal(rep.errors[0], "line 2: type \"program\" refused: compiled programs are never imported, each "
+                                     "kexd compiles from the source it renders");
+  assert_non_null(strstr(err.msg, "1 line(s) refused, 1 stored; first: line 2: type \"program\" refused"));
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 1);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 1);
+  kex_cache_program p;
+  assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), 0);
+  assert_int_equal(p.binary_len, sizeof good);
+  assert_memory_equal(p.binary, good, sizeof good);
+  kex_free(p.binary);
+  /* a file of nothing but program lines stores nothing */
+  snprintf(buf, sizeof buf, "{\"format\":\"kex.cache.export.v1\",\"schema\":1}\n{\"type\":\"program\"}\n");
+  f = fmemopen(buf, strlen(buf), "r");
+  assert_int_equal(kex_cache_import(c, f, &rep, &err), KEX_EPARSE);
+  fclose(f);
+  assert_int_equal(rep.imported, 0);
+  assert_int_equal(rep.rejected, 1);
+  assert_non_null(strstr(rep.errors[0], "line 2: type \"program\" refused"));
+  kex_cache_close(c);
+}
+
+/* kex_cache_beam_drop deletes the row only while it still has the unusable opts, and counts it. */
+static void test_beam_drop(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "drop");
+  kex_cache *c = open_ok(path);
+  kex_device_identity d = this_dev();
+  kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+  kex_cache_beam_value v = value_of(4), other = value_of(4), got;
+  kex_cache_stats st;
+  kex_error err = {0};
+  key_of(4, k.ast_key);
+  beam_put_ok(c, 4, &d, "s", "g");
+  beam_put_ok(c, 5, &d, "s", "g");
+  other.opts[0] = kex_opt_make(KEX_OPT_UPCAST, 0, 2); /* a row stored since with other opts is left alone */
+  kex_log_set_level(KEX_LOG_OFF);
+  assert_int_equal(kex_cache_beam_drop(c, &k, &other, "test", &err), 0);
+  assert_int_equal(beam_get(c, 4, &d, "s", "g", &got, &err), 0);
+  kex_cache_get_stats(c, &st);
+  assert_int_equal(st.unusable_dropped, 0);
+  /* another search options string is another key */
+  kex_cache_beam_key k2 = k;
+  k2.search_opts = "t";
+  assert_int_equal(kex_cache_beam_drop(c, &k2, &v, "test", &err), 0);
+  assert_int_equal(beam_get(c, 4, &d, "s", "g", &got, &err), 0);
+  assert_int_equal(kex_cache_beam_drop(c, &k, &v, "opt 0 UPCAST(1,4) does not apply: invalid axis", &err), 0);
+  kex_log_set_level(KEX_LOG_WARN);
+  assert_int_equal(beam_get(c, 4, &d, "s", "g", &got, &err), KEX_ENOTFOUND);
+  assert_int_equal(beam_get(c, 5, &d, "s", "g", &got, &err), 0); /* only that row */
+  kex_cache_get_stats(c, &st);
+  assert_int_equal(st.unusable_dropped, 1);
+  assert_int_equal(st.corrupt_dropped, 0);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results"), 1);
+  kex_cache_close(c);
 }
 
 /* ---- list filters, paging, delete ---- */
@@ -879,17 +1250,22 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_program_roundtrip),
+      cmocka_unit_test(test_program_tampered_rows_never_returned),
       cmocka_unit_test(test_beam_roundtrip_and_misses),
       cmocka_unit_test(test_opts_text),
       cmocka_unit_test(test_corrupt_rows_dropped),
       cmocka_unit_test(test_migration_from_v1),
+      cmocka_unit_test(test_migration_from_v2_drops_programs),
       cmocka_unit_test(test_newer_or_foreign_refused),
       cmocka_unit_test(test_integrity_after_many_writes),
       cmocka_unit_test(test_two_handles_and_fork),
+      cmocka_unit_test(test_concurrent_open_new_file),
       cmocka_unit_test(test_kill9_mid_transaction),
       cmocka_unit_test(test_export_import),
       cmocka_unit_test(test_import_foreign_identity),
       cmocka_unit_test(test_import_malformed_lines),
+      cmocka_unit_test(test_import_old_export_program_refused),
+      cmocka_unit_test(test_beam_drop),
       cmocka_unit_test(test_list_filters_paging_delete),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
