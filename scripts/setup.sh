@@ -10,7 +10,7 @@ packages=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   libuv1-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libsqlite3-dev libcmocka-dev meson ninja-build libjansson-dev
-  python3-grpcio python3-grpc-tools python3-numpy python3-pytest
+  python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-pytest python3-venv
   libopenblas-dev libssl-dev pkg-config gcc
 )
 

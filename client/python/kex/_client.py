@@ -1,27 +1,41 @@
 """The connection to kexd: a gRPC channel, a job, and kex.Error.
 
-Stubs come from proto/kex/v1/kex.proto (client/python/gen_stubs.sh); when
-they are missing and grpc_tools is importable they are generated on import.
+Stubs come from proto/kex/v1/kex.proto.  An installed wheel carries them
+(kex/_pb/, generated when it was built); in the source tree (or when a build
+could not make them) they are generated into kex/_pb/ on first import, with
+grpc_tools (Debian: python3-grpc-tools), and again when the tree's .proto is
+newer than them.
 """
 import os
-import subprocess
-import sys
+import warnings
+import weakref
 
 import grpc
 
+from . import _buildtools
+
 _here = os.path.dirname(os.path.abspath(__file__))
+_tree_proto = os.path.normpath(os.path.join(_here, "..", "..", "..", "proto", "kex", "v1", "kex.proto"))
+_pkg_proto = os.path.join(_here, "_proto", "kex.proto")  # the copy a wheel or sdist carries
 
 
 def _load_stubs():
     pb_dir = os.path.join(_here, "_pb")
-    if not os.path.exists(os.path.join(pb_dir, "kex_pb2_grpc.py")):
-        script = os.path.join(_here, "..", "gen_stubs.sh")
-        env = dict(os.environ, KEX_PYTHON=sys.executable)
+    marker = os.path.join(pb_dir, "kex_pb2_grpc.py")
+    have = os.path.exists(marker)
+    in_tree = os.path.isfile(_tree_proto)
+    proto = _tree_proto if in_tree else _pkg_proto
+    stale = have and in_tree and os.path.getmtime(_tree_proto) > os.path.getmtime(marker)
+    if not have or stale:
         try:
-            subprocess.run(["bash", script], check=True, env=env, capture_output=True)
-        except (OSError, subprocess.CalledProcessError) as e:
-            raise ImportError(f"kex: the gRPC stubs are missing and cannot be generated ({e}); "
-                              f"run client/python/gen_stubs.sh with a python that has grpc_tools") from e
+            _buildtools.generate(proto, pb_dir)
+        except (RuntimeError, OSError) as e:
+            if not have:
+                raise ImportError(f"kex: the gRPC stubs are missing and cannot be generated ({e}); install "
+                                  f"grpcio-tools (Debian: python3-grpc-tools) or run client/python/gen_stubs.sh"
+                                  ) from e
+            warnings.warn(f"kex: {proto} is newer than kex/_pb/ and regenerating the stubs failed ({e}); "
+                          f"using the old stubs", RuntimeWarning, stacklevel=2)
     from ._pb import kex_pb2, kex_pb2_grpc
     return kex_pb2, kex_pb2_grpc
 
@@ -39,6 +53,7 @@ class Error(Exception):
 
     @classmethod
     def from_rpc(cls, e):
+        """The kex.Error of a grpc.RpcError."""
         return cls(e.code(), e.details())
 
 
@@ -49,11 +64,37 @@ def _call(fn, *args, **kwargs):
         raise Error.from_rpc(e) from None
 
 
+def _shutdown(channel, stub, job, owns_job, timeout, metadata):
+    """Close what a Client holds: its job (if it opened it) and its channel.
+
+    A module-level function, so the weakref.finalize that calls it holds no
+    reference to the Client: it runs once, from close(), when the Client is
+    garbage-collected, or at interpreter exit (atexit), whichever comes first.
+    """
+    if owns_job:
+        try:
+            stub.CloseJob(pb.CloseJobRequest(job=job), timeout=min(timeout or 5.0, 5.0), metadata=metadata)
+        except Exception:  # noqa: BLE001 - a server gone away, or a channel torn down at exit: nothing to do
+            pass
+    try:
+        channel.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 class Client:
     """One channel to kexd and the job its tensors live in.
 
-    job=None opens a job (closed by close()); a given token is used as is and
-    left open.  Usable as a context manager.
+    job=None opens a job, which this Client closes: on close(), on leaving a
+    `with` block, when the Client is garbage-collected, or at the latest when
+    the interpreter exits (so a script that never calls close() does not leave
+    its job and buffers on the server until the lease runs out).  A given job
+    token is used as is and left open.
+
+    addr: "host:port"; weight and memory_limit: the job's share and byte limit
+    (OpenJob); name: the job's name in kexd's stats; token: a bearer token sent
+    as `authorization`; root_certs: a PEM file for TLS; timeout: seconds per
+    unary call.
     """
 
     def __init__(self, addr, job=None, weight=1, memory_limit=0, name="kex-python", token=None,
@@ -64,29 +105,42 @@ class Client:
             self.channel = grpc.secure_channel(addr, creds)
         else:
             self.channel = grpc.insecure_channel(addr)
+        self.addr = addr
         self.stub = pb_grpc.KexStub(self.channel)
         self.timeout = timeout
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.owns_job = job is None
+        self._devices = None
         if job is None:
-            r = _call(self.stub.OpenJob, pb.OpenJobRequest(name=name, weight=weight, memory_limit=memory_limit),
-                      timeout=timeout, metadata=self.metadata)
+            try:
+                r = _call(self.stub.OpenJob, pb.OpenJobRequest(name=name, weight=weight, memory_limit=memory_limit),
+                          timeout=timeout, metadata=self.metadata)
+            except BaseException:
+                self.channel.close()
+                raise
             job = r.job
         self.job = job
+        self._finalizer = weakref.finalize(self, _shutdown, self.channel, self.stub, job, self.owns_job, timeout,
+                                           self.metadata)
+
+    @property
+    def closed(self):
+        """True once close() ran (or the job was closed at exit)."""
+        return not self._finalizer.alive
 
     def close(self):
+        """Close the job (when this Client opened it) and the channel.  Idempotent."""
         if self.channel is None:
             return
-        if self.owns_job:
-            try:
-                self.stub.CloseJob(pb.CloseJobRequest(job=self.job), timeout=self.timeout, metadata=self.metadata)
-            except grpc.RpcError:
-                pass
-        self.channel.close()
+        self._finalizer()
         self.channel = None
         global _default
         if _default is self:
             _default = None
+
+    def __repr__(self):
+        state = "closed" if self.closed else "open"
+        return f"<kex.Client {self.addr} job {self.job[:8]}... {'owned' if self.owns_job else 'borrowed'}, {state}>"
 
     def __enter__(self):
         return self
@@ -96,6 +150,7 @@ class Client:
 
     # ---- calls ----
     def plan(self, graph):
+        """Schedule a kex.v1.Graph on kexd without running it: the PlanReply (.kernels, .items)."""
         return _call(self.stub.Plan, pb.PlanRequest(job=self.job, graph=graph), timeout=self.timeout,
                      metadata=self.metadata)
 
@@ -115,7 +170,11 @@ class Client:
             raise Error(grpc.StatusCode.INTERNAL, "Submit ended without a done event")
         return done
 
-    def upload(self, array, device=""):
+    def upload(self, array, device="", dtype=None):
+        """Send a numpy array to kexd (streamed in 1 MiB chunks); the handle of the buffer the job now holds.
+
+        device: a server device name ("" or None: the default); dtype: the kex dtype
+        to declare instead of the array's (bfloat16 bytes travel as a uint16 array)."""
         from .dtypes import from_numpy
         import numpy as np
         a = np.ascontiguousarray(array)
@@ -123,8 +182,8 @@ class Client:
         chunk = 1 << 20
 
         def parts():
-            yield pb.UploadRequest(job=self.job, header=pb.UploadHeader(dtype=from_numpy(a.dtype), shape=a.shape,
-                                                                        device=device))
+            yield pb.UploadRequest(job=self.job, header=pb.UploadHeader(dtype=dtype or from_numpy(a.dtype),
+                                                                        shape=a.shape, device=device or ""))
             for i in range(0, len(data), chunk):
                 yield pb.UploadRequest(job=self.job, chunk=data[i:i + chunk])
 
@@ -144,14 +203,26 @@ class Client:
         return dtype, shape, bytes(buf)
 
     def free(self, handles):
+        """Free buffers the job holds; the number freed."""
         return _call(self.stub.Free, pb.FreeRequest(job=self.job, handles=list(handles)), timeout=self.timeout,
                      metadata=self.metadata).freed
 
     def devices(self):
+        """The server's devices (kex.v1.Device messages: name, kind, is_default, available, ...)."""
         return list(_call(self.stub.ListDevices, pb.ListDevicesRequest(job=self.job), timeout=self.timeout,
                           metadata=self.metadata).devices)
 
+    def default_device(self):
+        """The name of the server's default device (the one graphs without a device run on); asked once."""
+        if self._devices is None:
+            self._devices = self.devices()
+        for d in self._devices:
+            if d.is_default:
+                return d.name
+        return "default"
+
     def stats(self):
+        """GetStats for this job: the server's counters (jobs_open, calls, ...)."""
         return _call(self.stub.GetStats, pb.GetStatsRequest(job=self.job), timeout=self.timeout,
                      metadata=self.metadata)
 
@@ -178,9 +249,10 @@ class Client:
             raise Error.from_rpc(e) from None
         return [results[i] for i in sorted(results)]
 
-    def tensor(self, data, dtype=None, upload=False):
+    def tensor(self, data, dtype=None, upload=False, device=None):
+        """A kex.Tensor of `data` on this client (see kex.tensor)."""
         from .tensor import Tensor
-        return Tensor(data, dtype=dtype, client=self, upload=upload)
+        return Tensor(data, dtype=dtype, client=self, upload=upload, device=device)
 
 
 def _as_graph(x):
@@ -210,6 +282,7 @@ class TuneResult:
 
     @classmethod
     def from_event(cls, ev):
+        """The TuneResult of a finished TuneEvent."""
         r = cls()
         r.i, r.kernel, r.entry = ev.i, ev.kernel, ev.entry
         r.name, r.ast_key, r.opts = ev.entry.kernel_name, ev.entry.key, list(ev.entry.opts)
@@ -233,6 +306,7 @@ def connect(addr, job=None, weight=1, memory_limit=0, **kwargs):
 
 
 def default_client():
+    """The Client of the last kex.connect() (RuntimeError when there is none)."""
     if _default is None:
         raise RuntimeError("kex: no connection; call kex.connect(addr) first")
     return _default

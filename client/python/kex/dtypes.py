@@ -1,8 +1,15 @@
 """kex dtypes: graph-format names, tinygrad 0.9.0's promotion lattice.
 
+A kex dtype is its graph-format name, a str: "float32", "int32", "bool", ...
+The module-level constants (kex.dtypes.float32, .half, .int, ...) are those
+strings, for tinygrad-style code (`dtype=kex.dtypes.float16`); every dtype
+argument also takes a numpy dtype or type (np.float16).
+
 least_upper_dtype is tinygrad's: the smallest (by priority) dtype in the
 intersection of the upward closures of the promotion lattice.
 """
+import builtins
+
 import numpy as np
 
 # name: (priority, itemsize, kind)  kind: b bool, i signed, u unsigned, f float
@@ -33,21 +40,38 @@ def _upward(d):
 
 
 def least_upper_dtype(*ds):
+    """tinygrad's promotion: the lowest-priority dtype every one of `ds` promotes to."""
     common = set.intersection(*(_upward(d) for d in ds))
     return min(common, key=lambda d: DTYPES[d][0])
 
 
-def is_float(d): return DTYPES[d][2] == "f"
-def is_int(d): return DTYPES[d][2] in "iu"
-def is_unsigned(d): return DTYPES[d][2] == "u"
-def itemsize(d): return DTYPES[d][1]
+def is_float(d):
+    """Whether d is a floating-point dtype."""
+    return DTYPES[d][2] == "f"
+
+
+def is_int(d):
+    """Whether d is a (signed or unsigned) integer dtype; bool is not."""
+    return DTYPES[d][2] in "iu"
+
+
+def is_unsigned(d):
+    """Whether d is an unsigned integer dtype."""
+    return DTYPES[d][2] == "u"
+
+
+def itemsize(d):
+    """Bytes per element of d."""
+    return DTYPES[d][1]
 
 
 def least_upper_float(d):
+    """d when it is a float, else the float it promotes to with default_float (tinygrad's)."""
     return d if is_float(d) else least_upper_dtype(d, default_float)
 
 
 def sum_acc_dtype(d):
+    """The dtype a sum of d accumulates in (tinygrad's sum_acc_dtype)."""
     if is_unsigned(d):
         return least_upper_dtype(d, "uint32")
     if is_int(d) or d == "bool":
@@ -57,22 +81,24 @@ def sum_acc_dtype(d):
 
 def from_py(x):
     """tinygrad's dtypes.from_py: float -> default_float, bool -> bool, int -> default_int."""
-    if isinstance(x, bool):
+    if builtins.isinstance(x, builtins.bool):
         return "bool"
-    if isinstance(x, float):
+    if builtins.isinstance(x, builtins.float):
         return default_float
     return default_int
 
 
 def as_const(x, d):
+    """x as the Python value a CONST of dtype d holds (tinygrad's dtypes.as_const)."""
     if is_int(d):
-        return int(x)
+        return builtins.int(x)
     if is_float(d):
-        return float(x)
-    return bool(x)
+        return builtins.float(x)
+    return builtins.bool(x)
 
 
 def from_numpy(npd):
+    """The kex dtype of a numpy dtype (TypeError when kex has none)."""
     name = np.dtype(npd).name
     if name not in DTYPES:
         raise TypeError(f"kex: numpy dtype {name} has no kex dtype")
@@ -80,6 +106,32 @@ def from_numpy(npd):
 
 
 def to_numpy(d):
+    """The numpy dtype of kex dtype d (TypeError for bfloat16, which numpy lacks)."""
     if d == "bfloat16":
         raise TypeError("kex: numpy has no bfloat16")
     return np.dtype(d)
+
+
+def normalize(d):
+    """A kex dtype name from a name ("float32"), a numpy dtype or type (np.float16), or None (None)."""
+    if d is None:
+        return None
+    if builtins.isinstance(d, builtins.str):
+        if d in DTYPES:
+            return d
+        if d in _aliases:
+            return _aliases[d]
+        raise TypeError(f"kex: unknown dtype {d!r} (one of {', '.join(DTYPES)})")
+    try:
+        return from_numpy(np.dtype(d))
+    except (TypeError, ValueError):
+        raise TypeError(f"kex: {d!r} is not a dtype") from None
+
+
+_aliases = {"half": "float16", "float": "float32", "double": "float64", "int": "int32", "long": "int64",
+            "uchar": "uint8", "char": "int8", "short": "int16", "ushort": "uint16", "uint": "uint32",
+            "ulong": "uint64", "bool_": "bool"}
+
+# tinygrad-style constants: kex.dtypes.float32 == "float32", kex.dtypes.half == "float16", ...
+globals().update({name: name for name in DTYPES})
+globals().update(_aliases)
