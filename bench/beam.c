@@ -27,7 +27,7 @@
 #include "core/arena.h"
 #include "search/beam.h"
 #include "search/cache.h"
-#include "search/run.h"
+#include "realize/run.h"
 
 /* /proc/loadavg's first three fields ("0.52 0.61 0.70"), or "unknown". */
 static void loadavg(char *buf, size_t len) {
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
       kex_replay *r = NULL;
       kex_schedule *s = NULL;
       kex_cache *cache = NULL;
-      kex_replay_opts ro = kex_run_replay_opts(cpu);
+      kex_replay_opts ro = kex_replay_opts_for(cpu);
       if (kex_replay_graph(g, &ro, &arena, &r, &err) || kex_schedule_create(r, &s, &err) ||
           kex_cache_open(cpath, &cache, &err)) {
         fprintf(stderr, "%s: %s\n", names[gi], err.msg);

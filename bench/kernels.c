@@ -26,7 +26,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
-#include "search/run.h"
+#include "realize/run.h"
 
 static double now_us(void) {
   struct timespec ts;

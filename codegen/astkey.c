@@ -11,7 +11,7 @@
  * compares against.  SHA-256 follows FIPS 180-4 and is tested against its
  * vectors in tests/unit/test_astkey.c.
  */
-#include "search/astkey.h"
+#include "codegen/astkey.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

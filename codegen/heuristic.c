@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "search/kernel.h"
+#include "codegen/kernel.h"
 
 enum { MV_BLOCKSIZE = 4, MV_THREADS_PER_ROW = 8, MV_ROWS_PER_THREAD = 4 };
 

@@ -12,7 +12,7 @@
  *
  * AST walks use explicit stacks (kernel ASTs can be long chains).
  */
-#include "search/kernel.h"
+#include "codegen/kernel.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -16,7 +16,7 @@
  * Everything lives in one uop graph and one arena, both freed before
  * kex_lower_kernel returns.
  */
-#include "search/lower.h"
+#include "codegen/lower.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +24,8 @@
 
 #include "core/alloc.h"
 #include "core/hash.h"
-#include "search/render.h"
-#include "search/uops.h"
+#include "codegen/render.h"
+#include "codegen/uops.h"
 
 int kex_lower_debug = 0;
 

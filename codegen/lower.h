@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "core/errors.h"
-#include "search/kernel.h"
+#include "codegen/kernel.h"
 
 #define KEX_PROGRAM_NAME_MAX 160 /* bytes of a kernel name, NUL included */
 

@@ -11,7 +11,7 @@
  * its own variable (a long elementwise chain would otherwise become one
  * quadratic-size expression).
  */
-#include "search/render.h"
+#include "codegen/render.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "search/lower.h"
+#include "codegen/lower.h"
 
 #define INLINE_MAX 4000
 

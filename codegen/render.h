@@ -11,7 +11,7 @@
 #define KEX_SEARCH_RENDER_H
 
 #include "core/errors.h"
-#include "search/uops.h"
+#include "codegen/uops.h"
 
 /*
  * Render g->linear as kernel `name` in `dialect` (kex_dialect of lower.h).

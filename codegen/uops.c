@@ -3,7 +3,7 @@
  * (spec 9 step 1), graph_rewrite to a fixpoint and the linearize toposort
  * (spec 9 step 2).  Every walk uses an explicit stack.
  */
-#include "search/uops.h"
+#include "codegen/uops.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -46,12 +46,12 @@
 #include "core/log.h"
 #include "daemon/rpc.h"
 #include "devices/device.h"
-#include "search/astkey.h"
+#include "codegen/astkey.h"
 #include "search/beam.h"
 #include "search/cache.h"
-#include "search/kernel.h"
-#include "search/lower.h"
-#include "search/run.h"
+#include "codegen/kernel.h"
+#include "codegen/lower.h"
+#include "realize/run.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
 
@@ -500,7 +500,7 @@ static void tune_work(uv_work_t *req) {
   int rc;
   kex_arena_init(&arena, 0);
   kex_name_counter_init(&names);
-  kex_replay_opts ro = kex_run_replay_opts(cpu);
+  kex_replay_opts ro = kex_replay_opts_for(cpu);
   if ((rc = kex_replay_graph(t->g, &ro, &arena, &r, &t->err)) < 0 || (rc = kex_schedule_create(r, &s, &t->err)) < 0)
     goto out;
   pthread_mutex_lock(&T->lock);

@@ -9,7 +9,7 @@
  * through their ShapeTracker views.  The daemon runs the same steps split
  * across its worker pool and device runner.
  */
-#include "search/run.h"
+#include "realize/run.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +19,10 @@
 #include "core/log.h"
 #include "search/beam.h"
 #include "search/cache.h"
-#include "search/kernel.h"
-#include "search/lower.h"
+#include "codegen/kernel.h"
+#include "codegen/lower.h"
 #include "sched/schedule.h"
 
-kex_replay_opts kex_run_replay_opts(bool cpu) { return (kex_replay_opts){cpu, cpu ? "cpu" : "opencl", NULL}; }
 
 int kex_run_lower_item(const kex_schedule *s, const kex_sched_item *it, bool cpu, kex_name_counter *names,
                        kex_program_src *out, char *opts, size_t opts_len, kex_error *err) {
@@ -160,7 +159,7 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
   int32_t *phys = NULL; /* replay buffer id -> index in bufs */
   kex_name_counter names;
   kex_name_counter_init(&names);
-  kex_replay_opts ro = kex_run_replay_opts(cpu);
+  kex_replay_opts ro = kex_replay_opts_for(cpu);
   kex_cache *cache = NULL;
   if ((rc = kex_replay_graph(g, &ro, &arena, &r, err)) || (rc = kex_schedule_create(r, &s, err))) goto out;
   if (opts->beam > 0 && !(opts->cache_path && !opts->cache_path[0])) {

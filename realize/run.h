@@ -70,12 +70,6 @@ typedef struct kex_run_opts {
   int beam_max_candidates; /* 0: the search's default cap per round */
 } kex_run_opts;
 
-/*
- * The in-process pipeline's pieces, shared with `kex plan`: the replay rules
- * for a device kind (cpu follows tinygrad's CLANG rules), and one kernel item
- * lowered with hand-coded opts for that kind.
- */
-kex_replay_opts kex_run_replay_opts(bool cpu);
 struct kex_schedule;
 struct kex_sched_item;
 struct kex_program_src;

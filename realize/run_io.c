@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "search/run.h"
+#include "realize/run.h"
 
 static uint64_t splitmix64(uint64_t *state) {
   uint64_t z = (*state += 0x9e3779b97f4a7c15ull);

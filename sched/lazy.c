@@ -689,3 +689,7 @@ void kex_replay_free(kex_replay *r) {
   kex_free(r->buffers);
   kex_free(r);
 }
+
+kex_replay_opts kex_replay_opts_for(bool clang_rules) {
+  return (kex_replay_opts){clang_rules, clang_rules ? "cpu" : "opencl", NULL};
+}

@@ -84,6 +84,9 @@ typedef struct kex_replay_opts {
   kex_shape_ctx *shape;
 } kex_replay_opts;
 
+/* The replay rules of a device: tinygrad's CLANG rules (buffer views, "cpu") or its GPU rules ("opencl"). */
+kex_replay_opts kex_replay_opts_for(bool clang_rules);
+
 typedef struct kex_replay {
   kex_arena *arena;
   kex_shape_ctx *shape;

@@ -28,10 +28,10 @@
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/log.h"
-#include "search/astkey.h"
-#include "search/lower.h"
+#include "codegen/astkey.h"
+#include "codegen/lower.h"
 #include "search/pool.h"
-#include "search/run.h"
+#include "sched/lazy.h"
 
 /* ---- actions ---- */
 
@@ -371,7 +371,7 @@ static void replica_free(replica *r) {
 static int replica_init(replica *r, const search_ctx *sc, kex_error *err) {
   kex_arena_init(&r->arena, 0);
   r->ready = true;
-  kex_replay_opts ro = kex_run_replay_opts(sc->target->cpu);
+  kex_replay_opts ro = kex_replay_opts_for(sc->target->cpu);
   int rc = kex_replay_graph(sc->target->graph, &ro, &r->arena, &r->replay, err);
   if (!rc) rc = kex_schedule_create(r->replay, &r->schedule, err);
   if (!rc && sc->target->item >= r->schedule->nitems)

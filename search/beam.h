@@ -107,7 +107,7 @@
 #include "sched/graph.h"
 #include "sched/schedule.h"
 #include "search/cache.h"
-#include "search/kernel.h"
+#include "codegen/kernel.h"
 
 /* Bumped whenever kernel.c/heuristic.c/lower.c/uops.c/render.c change the code an opts list produces. */
 #define KEX_CODEGEN_VERSION "kex.codegen.v1"
@@ -182,7 +182,7 @@ typedef struct kex_beam_result {
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 
-/* The kernel to optimize: schedule item `item` of s, which was made from graph g with kex_run_replay_opts(cpu). */
+/* The kernel to optimize: schedule item `item` of s, which was made from graph g with kex_replay_opts_for(cpu). */
 typedef struct kex_beam_target {
   const kex_graph *graph;
   const kex_schedule *schedule;

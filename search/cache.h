@@ -94,8 +94,8 @@
 
 #include "core/errors.h"
 #include "devices/device.h"
-#include "search/astkey.h"
-#include "search/kernel.h"
+#include "codegen/astkey.h"
+#include "codegen/kernel.h"
 
 #define KEX_CACHE_SCHEMA_VERSION 3
 #define KEX_CACHE_BUSY_TIMEOUT_MS 5000

@@ -22,7 +22,7 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
-#include "search/astkey.h"
+#include "codegen/astkey.h"
 
 /* ---- SHA-256 ---- */
 

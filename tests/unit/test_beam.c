@@ -32,7 +32,7 @@
 #include "core/arena.h"
 #include "search/beam.h"
 #include "search/cache.h"
-#include "search/run.h"
+#include "realize/run.h"
 
 static kex_device *devs[2];
 static char dev_skip[2][600];
@@ -75,7 +75,7 @@ static void target_make(target *t, int gi, bool cpu, bool first) {
   memset(t, 0, sizeof *t);
   assert_int_equal(kex_graph_from_json(graphs[gi], strlen(graphs[gi]), &lim, &t->g, &err), 0);
   kex_arena_init(&t->arena, 0);
-  kex_replay_opts ro = kex_run_replay_opts(cpu);
+  kex_replay_opts ro = kex_replay_opts_for(cpu);
   assert_int_equal(kex_replay_graph(t->g, &ro, &t->arena, &t->r, &err), 0);
   assert_int_equal(kex_schedule_create(t->r, &t->s, &err), 0);
   int item = -1;

@@ -32,7 +32,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
-#include "search/astkey.h"
+#include "codegen/astkey.h"
 #include "search/cache.h"
 
 static char tmpdir[256];

@@ -35,8 +35,8 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
-#include "search/kernel.h"
-#include "search/lower.h"
+#include "codegen/kernel.h"
+#include "codegen/lower.h"
 #ifdef KEX_HAVE_DEVICES
 #include "devices/device.h"
 #endif

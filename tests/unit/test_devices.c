@@ -4,7 +4,8 @@
  * against a reference computed on the host, tinygrad's launch convention
  * (global counts work-groups), profiling time, compile errors with their
  * build log, the float16 check, programs loaded again from their binary,
- * the cpu device's thread split, the fault device, and out-of-memory at
+ * the cpu device's thread split, the fault device, the kernel time limit
+ * (cpu stops a kernel, OpenCL fails it when it ends), and out-of-memory at
  * the N-th allocation.
  *
  * The OpenCL tests run on whatever platform is present (PoCL here) and skip
@@ -97,6 +98,28 @@ static const char *const CPU_TINY =
     "void tiny(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
     "  int *o = bufs[0];\n"
     "  for (int i = gidx_start; i < gidx_end; i++) o[i] = ints[0] + i;\n"
+    "}\n";
+
+/*
+ * out[i] = 1 + ints[0] steps of a 64-bit LCG from i: a dependent chain of
+ * multiplies the compiler cannot shorten, about 1-2 ns a step.
+ */
+static const char *const CPU_SPIN =
+    "void spin(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
+    "  unsigned long long *out = bufs[0];\n"
+    "  for (int i = gidx_start; i < gidx_end; i++) {\n"
+    "    unsigned long long x = (unsigned long long)i;\n"
+    "    for (int k = 0; k < ints[0]; k++) x = x * 6364136223846793005ull + 1442695040888963407ull;\n"
+    "    out[i] = x + 1;\n"
+    "  }\n"
+    "}\n";
+
+static const char *const CL_SPIN =
+    "__kernel void spin(__global ulong *out, int steps) {\n"
+    "  int i = get_global_id(0);\n"
+    "  ulong x = (ulong)i;\n"
+    "  for (int k = 0; k < steps; k++) x = x * 6364136223846793005ul + 1442695040888963407ul;\n"
+    "  out[i] = x + 1;\n"
     "}\n";
 
 /* ---- shared state ---- */
@@ -1005,6 +1028,137 @@ static void test_fault_holds_inner(void **state) {
   kex_buffer_free(b);
 }
 
+/* ---- the kernel time limit ---- */
+
+/* CPU_SPIN's value for item i after `steps` steps (the host reference). */
+static unsigned long long spin_ref(int i, int steps) {
+  unsigned long long x = (unsigned long long)i;
+  for (int k = 0; k < steps; k++) x = x * 6364136223846793005ull + 1442695040888963407ull;
+  return x + 1;
+}
+
+/*
+ * On `dev` with a 0.1 s limit: CPU_SPIN over 64 items per thread at 10^7
+ * steps an item (about half a second of work per thread even on a fast
+ * core) stops with KEX_EDEADLINE naming the kernel and the limit, and
+ * leaves some items unwritten (it stopped, it did not just fail at the
+ * end); the same kernel at 1000 steps runs, with the host's numbers.
+ */
+static void check_spin_limit(kex_device *dev, kex_program *prog) {
+  kex_error err = {0};
+  kex_event *ev = NULL;
+  int cores = kex_device_get_info(dev)->compute_units, n = 64 * cores, unwritten = 0;
+  size_t bytes = (size_t)n * sizeof(unsigned long long), global[3] = {(size_t)n, 1, 1};
+  unsigned long long *out = kex_calloc((size_t)n, sizeof *out);
+  assert_non_null(out);
+  kex_buffer *b = buffer_with(dev, out, bytes);
+  int32_t steps = 10 * 1000 * 1000;
+  kex_device_set_kernel_time_limit(dev, 0.1);
+  assert_true(kex_device_kernel_time_limit(dev) == 0.1);
+  int rc = kex_program_launch(prog, global, NULL, &b, 1, &steps, 1, &ev, &err);
+  if (rc != KEX_EDEADLINE) fail_msg("a long kernel with a 0.1 s limit: %s (%s)", kex_errname(rc), err.msg);
+  assert_null(ev);
+  assert_non_null(strstr(err.msg, "spin"));
+  assert_non_null(strstr(err.msg, "time limit of 0.1 s"));
+  assert_int_equal(kex_buffer_copy_out(b, 0, out, bytes, &err), 0);
+  for (int i = 0; i < n; i++) {
+    if (out[i] == 0) unwritten++;
+    else if (out[i] != spin_ref(i, steps)) fail_msg("item %d: a wrong value", i);
+  }
+  assert_true(unwritten > 0);
+  print_message("%s: the spin kernel stopped at its limit (%s), %d of %d items unwritten\n",
+                kex_device_get_identity(dev)->kind, err.msg, unwritten, n);
+  /* the same kernel, short, under the same limit */
+  steps = 1000;
+  ASSERT_OK(kex_program_launch(prog, global, NULL, &b, 1, &steps, 1, &ev, &err));
+  double secs = 0;
+  ASSERT_OK(kex_event_elapsed(ev, &secs, &err));
+  kex_event_free(ev);
+  assert_int_equal(kex_buffer_copy_out(b, 0, out, bytes, &err), 0);
+  for (int i = 0; i < n; i++)
+    if (out[i] != spin_ref(i, steps)) fail_msg("item %d: got %llu want %llu", i, out[i], spin_ref(i, steps));
+  kex_device_set_kernel_time_limit(dev, 0);
+  assert_true(kex_device_kernel_time_limit(dev) == 0);
+  kex_buffer_free(b);
+  kex_free(out);
+}
+
+static void test_time_limit_cpu(void **state) {
+  kex_error err = {0};
+  compiled c = {0};
+  kex_device *one = NULL;
+  kex_event *ev = NULL;
+  (void)state;
+  compile_once(g.cpu, &c, CPU_SPIN, "spin");
+  kex_program *prog = load_or_fail(g.cpu, &c, "spin");
+  check_spin_limit(g.cpu, prog);
+  kex_program_free(prog);
+
+  /* no workers: the launching thread runs the kernel in pieces and checks the clock between them */
+  const char *was = getenv("KEX_CPU_THREADS");
+  char saved[32] = "";
+  if (was) snprintf(saved, sizeof saved, "%s", was);
+  setenv("KEX_CPU_THREADS", "1", 1);
+  int rc = kex_device_open("cpu", &one, &err);
+  if (was) setenv("KEX_CPU_THREADS", saved, 1);
+  else unsetenv("KEX_CPU_THREADS");
+  if (rc < 0) fail_msg("open cpu with one thread: %s", err.msg);
+  assert_int_equal(kex_device_get_info(one)->compute_units, 1);
+  prog = load_or_fail(one, &c, "spin");
+  check_spin_limit(one, prog);
+
+  /* one item is one range: it cannot be stopped, it fails when it ends */
+  unsigned long long v = 0;
+  kex_buffer *b = buffer_with(one, &v, sizeof v);
+  size_t global[3] = {1, 1, 1};
+  int32_t steps = 100 * 1000 * 1000;
+  kex_device_set_kernel_time_limit(one, 0.02);
+  ASSERT_OK(kex_program_launch(prog, global, NULL, &b, 1, &steps, 1, &ev, &err));
+  double secs = 0;
+  assert_int_equal(kex_event_elapsed(ev, &secs, &err), KEX_EDEADLINE);
+  assert_true(secs > 0.02);
+  assert_non_null(strstr(err.msg, "kernel spin ran"));
+  assert_int_equal(kex_event_wait(ev, &err), KEX_EDEADLINE);
+  kex_event_free(ev);
+  assert_int_equal(kex_buffer_copy_out(b, 0, &v, sizeof v, &err), 0);
+  assert_true(v == spin_ref(0, steps)); /* it ran to its end */
+  kex_buffer_free(b);
+  kex_program_free(prog);
+  kex_device_unref(one);
+  kex_free(c.bin);
+}
+
+/* OpenCL cannot stop a kernel: the limit is checked when it ends (kex_event_wait / elapsed). */
+static void test_time_limit_cl(void **state) {
+  kex_error err = {0};
+  compiled c = {0};
+  kex_event *ev = NULL;
+  unsigned long long out[256] = {0};
+  (void)state;
+  NEED_CL();
+  compile_once(g.cl, &c, CL_SPIN, "spin");
+  kex_program *prog = load_or_fail(g.cl, &c, "spin");
+  kex_buffer *b = buffer_with(g.cl, out, sizeof out);
+  size_t global[3] = {256, 1, 1};
+  int32_t steps = 100000;
+  kex_device_set_kernel_time_limit(g.cl, 1e-9); /* any kernel takes longer */
+  ASSERT_OK(kex_program_launch(prog, global, NULL, &b, 1, &steps, 1, &ev, &err));
+  double secs = 0;
+  assert_int_equal(kex_event_elapsed(ev, &secs, &err), KEX_EDEADLINE);
+  assert_non_null(strstr(err.msg, "kernel spin ran"));
+  assert_non_null(strstr(err.msg, "time limit of 1e-09 s"));
+  kex_event_free(ev);
+  kex_device_set_kernel_time_limit(g.cl, 0);
+  ASSERT_OK(kex_program_launch(prog, global, NULL, &b, 1, &steps, 1, &ev, &err));
+  ASSERT_OK(kex_event_elapsed(ev, &secs, &err));
+  kex_event_free(ev);
+  assert_int_equal(kex_buffer_copy_out(b, 0, out, sizeof out, &err), 0);
+  for (int i = 0; i < 256; i++) assert_true(out[i] == spin_ref(i, steps));
+  kex_buffer_free(b);
+  kex_program_free(prog);
+  kex_free(c.bin);
+}
+
 /* ---- out of memory at the N-th allocation ---- */
 
 /* alloc + copy + compile + load + launch on a fresh cpu device; returns the first failing rc. */
@@ -1081,6 +1235,8 @@ int main(void) {
       cmocka_unit_test(test_foreign_buffer),
       cmocka_unit_test(test_fault_device),
       cmocka_unit_test(test_fault_holds_inner),
+      cmocka_unit_test(test_time_limit_cpu),
+      cmocka_unit_test(test_time_limit_cl),
       cmocka_unit_test_teardown(test_oom, disarm_alloc_hook),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -21,7 +21,7 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
-#include "search/kernel.h"
+#include "codegen/kernel.h"
 
 typedef struct planned {
   kex_arena arena;

@@ -45,7 +45,7 @@
 #include <cmocka.h>
 
 #include "core/alloc.h"
-#include "search/run.h"
+#include "realize/run.h"
 
 #define NVAL 16 /* elements of every elementwise test */
 

@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "core/alloc.h"
-#include "search/run.h"
+#include "realize/run.h"
 
 typedef struct run_case {
   char name[128];
