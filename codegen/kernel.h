@@ -1,7 +1,7 @@
 /*
  * kernel.h - tinygrad 0.9.0's Kernel (codegen/kernel.py, spec section 7):
  * the shape bookkeeping of one kernel AST and the OptOps that reshape it,
- * plus hand_coded_optimizations (spec 7.2, search/heuristic.c).
+ * plus hand_coded_optimizations (spec 7.2, codegen/heuristic.c).
  *
  * A kex_kernel is built from the STOREs of a KEX_ITEM_KERNEL schedule item.
  * It lists the kernel's buffers (outputs, then the deduplicated LOAD/CONST
@@ -151,7 +151,7 @@ int kex_kernel_simplify_merge_adjacent(kex_kernel *k);
 int kex_kernel_apply_opt(kex_kernel *k, kex_opt opt, bool append_opt, kex_error *err);
 
 /*
- * hand_coded_optimizations() (search/heuristic.c): applies tinygrad's BEAM=0
+ * hand_coded_optimizations() (codegen/heuristic.c): applies tinygrad's BEAM=0
  * opts to k.  0, KEX_ENOMEM, or KEX_EOPT if one of its unguarded opts fails
  * (tinygrad raises there too); on error k may hold the opts applied so far.
  */

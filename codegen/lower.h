@@ -1,6 +1,6 @@
 /*
  * lower.h - tinygrad 0.9.0's Linearizer (codegen/linearizer.py, spec 8):
- * one optimized Kernel -> UOps -> C-style source (search/render.c) for the
+ * one optimized Kernel -> UOps -> C-style source (codegen/render.c) for the
  * OpenCL or the cpu device, with the launch dimensions and the buffer order
  * in the conventions of devices/device.h.
  *

@@ -17,7 +17,7 @@
  * device's entry:
  *
  *   programs      (SHA-256 of the kernel source, device identity)
- *   beam results  (AST key (search/astkey.h), device identity,
+ *   beam results  (AST key (codegen/astkey.h), device identity,
  *                  search options string, codegen version string)
  *
  * A device identity is stored as its five fields (devices/device.h); two

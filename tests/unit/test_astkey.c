@@ -1,5 +1,5 @@
 /*
- * test_astkey.c - the canonical AST key (search/astkey.c): SHA-256 against
+ * test_astkey.c - the canonical AST key (codegen/astkey.c): SHA-256 against
  * the FIPS 180-4 vectors; equal ASTs from separate replays (separate arenas
  * and ShapeTracker contexts) key equal; one changed shape, stride, const bit,
  * dtype, MemBuffer idx or second output keys differently; shared and

@@ -1,6 +1,6 @@
 /*
  * test_codegen.c - the Linearizer, uop folding and the C-style renderers
- * (search/lower.c, uops.c, render.c):
+ * (codegen/lower.c, uops.c, render.c):
  *
  *   - rendered source of the spec's examples (spec 10: the CLANG
  *     `(a*b).sum(1)+1` loops, the 512x512 matmul's float4 loads/stores and

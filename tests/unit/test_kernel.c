@@ -1,6 +1,6 @@
 /*
- * test_kernel.c - the Kernel (search/kernel.c) and hand_coded_optimizations
- * (search/heuristic.c) against tinygrad 0.9.0's observed results (spec 7.2,
+ * test_kernel.c - the Kernel (codegen/kernel.c) and hand_coded_optimizations
+ * (codegen/heuristic.c) against tinygrad 0.9.0's observed results (spec 7.2,
  * PoCL): the opts each benchmark kernel gets and its name; every OptOp's
  * preconditions on both sides (a refused opt is KEX_EOPT with the failed
  * check in the message, and the kernel is left exactly as it was); the
