@@ -1,12 +1,17 @@
 /*
- * kex.c - the kex command line.
+ * kex.c - the kex command line: main, and the in-process plan and run.
  *
  * `kex plan [--device opencl|cpu] [--json] FILE.json` replays a graph and
  * schedules it in-process (no daemon): it prints every schedule item (kind,
  * output and input buffers, AST) and ends with `kernels: N`; --json prints
  * {"kernels": N, "schedule_us": T, "items": [...]} where T is the time to
- * replay and schedule, excluding JSON parsing.  Exit codes: 0 ok, 2 bad input
- * (usage, unreadable or invalid graph), 1 anything else.
+ * replay and schedule, excluding JSON parsing.  `kex run` also compiles and
+ * runs it and prints each kernel (numbered from 1, as `kex tune` numbers
+ * them) and the outputs, or with --check CASE.json compares the outputs
+ * with the case's (kex_check.c).  With --server ADDR or KEX_SERVER the same
+ * command lines go to a kexd (kex_remote.c runs first and takes them).
+ * Exit codes: 0 ok, 2 bad input (usage, a missing, unreadable or invalid
+ * graph), 1 anything else (and a failed --check).
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -15,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/kex_cli.h"
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/errors.h"
@@ -25,44 +31,102 @@
 #include <sys/stat.h>
 
 #include "devices/device.h"
-#include "search/lower.h"
-#include "search/run.h"
+#include "codegen/lower.h"
+#include "realize/run.h"
 
 int kex_cmd_tune(int argc, char **argv);
 int kex_cmd_cache(int argc, char **argv);
 #endif
 
+#ifndef KEX_VERSION
+#define KEX_VERSION "unknown" /* meson.build passes the project's version */
+#endif
+
+const char *kex_cli_version(void) { return KEX_VERSION; }
+
+void kex_cli_iso8601(int64_t t, char out[KEX_CLI_ISO8601_MAX]) {
+  time_t tt = (time_t)t;
+  struct tm tm;
+  if (!gmtime_r(&tt, &tm) || !strftime(out, KEX_CLI_ISO8601_MAX, "%Y-%m-%dT%H:%M:%SZ", &tm))
+    snprintf(out, KEX_CLI_ISO8601_MAX, "-");
+}
+
+double kex_cli_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int kex_cli_server_addr(const char *in, char *out, size_t cap) {
+  const char *colon = strrchr(in, ':'), *bracket = strrchr(in, ']');
+  int n;
+  if (strstr(in, ":/") || !strncmp(in, "unix:", 5) || !strncmp(in, "unix-abstract:", 14) ||
+      !strncmp(in, "ipv4:", 5) || !strncmp(in, "ipv6:", 5) || !strncmp(in, "dns:", 4) || !strncmp(in, "vsock:", 6))
+    n = snprintf(out, cap, "%s", in);                                  /* a gRPC target scheme */
+  else if (in[0] == '[')
+    n = bracket && colon > bracket ? snprintf(out, cap, "%s", in)     /* [v6]:port */
+                                   : snprintf(out, cap, "%s:" KEX_CLI_DEFAULT_PORT, in);
+  else if (colon && strchr(in, ':') != colon)
+    n = snprintf(out, cap, "[%s]:" KEX_CLI_DEFAULT_PORT, in);          /* a bare IPv6 literal */
+  else if (colon)
+    n = snprintf(out, cap, "%s", in);                                  /* host:port */
+  else
+    n = snprintf(out, cap, "%s:" KEX_CLI_DEFAULT_PORT, in);            /* host */
+  return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+void kex_cli_start_hint(FILE *f, const char *addr) {
+  if (!strcmp(addr, KEX_CLI_DEFAULT_SERVER))
+    fprintf(f, "kex: is kexd running at %s? start one with scripts/run.sh (it builds kexd and listens there), or "
+               "with build/daemon/kexd --listen %s\n", addr, addr);
+  else
+    fprintf(f, "kex: is kexd running at %s? start one with scripts/run.sh --listen %s, or with build/daemon/kexd "
+               "--listen %s\n", addr, addr, addr);
+}
+
 static void usage(FILE *f) {
-  fputs("usage: kex <command> [options]\n"
+  fputs("usage: kex [--server ADDR] <command> [options]\n"
         "\n"
-        "commands:\n"
-        "  plan [--device opencl|cpu] [--json] [--source] FILE.json\n"
-        "      replay and schedule a graph in-process; print every schedule item\n"
+        "commands (in-process, or on a kexd with --server ADDR / KEX_SERVER=ADDR):\n"
+        "  plan [--device D] [--json] [--source] FILE.json\n"
+        "      replay and schedule a graph; print every schedule item\n"
         "      (kind, output/input buffers, AST with ShapeTrackers) and `kernels: N`.\n"
         "      --device  whose rules apply: opencl (tinygrad's GPU device, default)\n"
         "                or cpu (tinygrad's CLANG device: consecutive CONTIGUOUS\n"
-        "                and BITCAST become buffer views, no kernel)\n"
+        "                and BITCAST become buffer views, no kernel); with --server,\n"
+        "                one of the server's devices (kex devices)\n"
         "      --json    print {\"kernels\": N, \"schedule_us\": T, \"items\": [...]}\n"
-        "      --source  also print each kernel's rendered source (OpenCL C or C)\n"
-        "  run [--device opencl|cpu|NAME] [--json] [--repeat N] [--out DIR] [--source] FILE.json\n"
-        "      replay, schedule, lower, compile and run a graph in-process; print each\n"
-        "      kernel (name, applied opts, time) and then the outputs.\n"
+        "      --source  also print each kernel's rendered source (in-process only)\n"
+        "  run [--device D] [--json] [--repeat N] [--beam N] [--out DIR] [--source] FILE.json\n"
+        "  run --check CASE.json [--device D] [--json] [--beam N]\n"
+        "      schedule, lower, compile and run a graph; print each kernel (kernel 1..N:\n"
+        "      name, applied opts, time) and then the outputs.\n"
         "      --device  opencl (first OpenCL GPU, else first OpenCL device; default),\n"
-        "                cpu (C source -> cc -> dlopen), or opencl:<name substring>\n"
+        "                cpu (C source -> cc -> dlopen), or opencl:<name substring>;\n"
+        "                with --server, one of the server's devices (kex devices)\n"
         "      --repeat  time each kernel as the median of N runs after a warm-up\n"
+        "                (with --server and N > 1: N + 1 submissions of the graph)\n"
+        "      --beam N  BEAM-search each kernel (width N) or use the cached result\n"
+        "      --check   run a case file's numeric graph (../shared/cases/*.json) and\n"
+        "                print PASS or FAIL per output against its expected outputs and\n"
+        "                tolerances; exit 0 only when every output passes\n"
         "      --out     write each output as DIR/out<i>.npy\n"
-        "      --source  print each kernel's rendered source\n"
+        "      --source  print each kernel's rendered source (in-process only)\n"
         "      --json    print {\"kernels\": [{\"name\", \"opts\", \"us\"}],\n"
         "                \"outputs\": [{\"dtype\", \"shape\", \"data\"}]} (data: base64, little-endian)\n"
-        "      --beam N  BEAM-search each kernel (width N) or use the cached result\n"
-        "  tune [--device opencl|cpu] [--beam N] [--json] [--cache PATH|--no-cache] FILE.json\n"
-        "      BEAM-search every kernel in-process and store the results in the cache\n"
+        "  tune [--device D] [--beam N] [--json] [--cache PATH|--no-cache] FILE.json\n"
+        "      BEAM-search every kernel and store the results in the cache\n"
         "  cache ls|show|export|import|rm [--json] [--cache PATH] ...   (kex cache --help)\n"
-        "  --server ADDR plan|run|tune|cache|devices|stats|upload|download|job ...\n"
-        "              against a running kexd (KEX_SERVER=ADDR too; kex --server ADDR help)\n"
+        "  doctor [--json] [--cache PATH]\n"
+        "      this machine's OpenCL platforms and devices with their capabilities,\n"
+        "      the cache file and its size, and whether a kexd answers at --server /\n"
+        "      KEX_SERVER (else " KEX_CLI_DEFAULT_SERVER ")\n"
+        "  devices, stats, top, upload, download, job    server only (kex --server ADDR help)\n"
+        "  --version   print kex's version\n"
         "  help        this text\n"
         "\n"
-        "exit codes: 0 success, 2 bad input (usage, invalid graph), 1 other errors\n",
+        "--server HOST without a port means HOST:" KEX_CLI_DEFAULT_PORT ". Start a kexd with scripts/run.sh.\n"
+        "exit codes: 0 success, 2 bad input (usage, a missing or invalid graph), 1 other errors\n",
         f);
 }
 
@@ -74,6 +138,17 @@ static double now_us(void) {
 
 static int exit_code(int rc) {
   return (rc == KEX_EINVAL || rc == KEX_EPARSE || rc == KEX_ELIMIT || rc == KEX_EASSIGN || rc == KEX_ENOTFOUND) ? 2 : 1;
+}
+
+/*
+ * Print why graph file `path` did not load and return the exit code: 2 for
+ * a file that is missing or unreadable (KEX_EIO), as for an invalid graph.
+ */
+static int load_failed(const char *cmd, const char *path, int rc, const kex_error *err) {
+  const char *m = err->msg[0] ? err->msg : kex_strerror(rc);
+  if (strncmp(m, path, strlen(path)) == 0) fprintf(stderr, "kex %s: %s\n", cmd, m); /* the message names the file */
+  else fprintf(stderr, "kex %s: %s: %s\n", cmd, path, m);
+  return rc == KEX_EIO ? 2 : exit_code(rc);
 }
 
 static int cmd_plan(int argc, char **argv) {
@@ -113,8 +188,7 @@ static int cmd_plan(int argc, char **argv) {
   int rc = kex_graph_from_json_file(path, &limits, &g, &err);
   int ret = 0;
   if (rc) {
-    fprintf(stderr, "kex plan: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
-    ret = exit_code(rc);
+    ret = load_failed("plan", path, rc, &err);
     goto out;
   }
   kex_replay_opts ro = {strcmp(device, "cpu") == 0, device};
@@ -263,10 +337,10 @@ static int cmd_run(int argc, char **argv) {
   static const struct option opts[] = {{"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
                                        {"repeat", required_argument, NULL, 'r'}, {"out", required_argument, NULL, 'o'},
                                        {"source", no_argument, NULL, 's'},      {"help", no_argument, NULL, 'h'},
-                                       {"beam", required_argument, NULL, 'b'},
+                                       {"beam", required_argument, NULL, 'b'},  {"check", no_argument, NULL, 'c'},
                                        {0}};
   const char *device = "opencl", *outdir = NULL;
-  bool as_json = false, source = false;
+  bool as_json = false, source = false, check = false;
   int repeat = 1, beam = 0, c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "d:jr:o:shb:", opts, NULL)) != -1) {
@@ -277,6 +351,7 @@ static int cmd_run(int argc, char **argv) {
     case 'o': outdir = optarg; break;
     case 's': source = true; break;
     case 'b': beam = atoi(optarg); break;
+    case 'c': check = true; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -290,7 +365,7 @@ static int cmd_run(int argc, char **argv) {
     return 2;
   }
   if (optind != argc - 1) {
-    fprintf(stderr, "kex run: expected one graph file\n");
+    fprintf(stderr, "kex run: expected one %s file\n", check ? "case" : "graph");
     usage(stderr);
     return 2;
   }
@@ -300,11 +375,17 @@ static int cmd_run(int argc, char **argv) {
   kex_graph *g = NULL;
   kex_device *dev = NULL;
   kex_run_result res = {0};
-  int ret = 0;
-  int rc = kex_graph_from_json_file(path, &limits, &g, &err);
-  if (rc) {
-    fprintf(stderr, "kex run: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
-    ret = exit_code(rc);
+  kex_cli_case kc = {0};
+  int ret = 0, rc;
+  if (check) {
+    if ((ret = kex_cli_case_load("run", path, &kc))) goto out;
+    if ((rc = kex_graph_from_json(kc.graph_text, strlen(kc.graph_text), &limits, &g, &err))) {
+      fprintf(stderr, "kex run: %s: numeric graph: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
+      ret = exit_code(rc);
+      goto out;
+    }
+  } else if ((rc = kex_graph_from_json_file(path, &limits, &g, &err))) {
+    ret = load_failed("run", path, rc, &err);
     goto out;
   }
   if ((rc = kex_device_open(device, &dev, &err))) {
@@ -332,7 +413,7 @@ static int cmd_run(int argc, char **argv) {
     }
   }
   if (as_json) {
-    json_t *ks = json_array(), *os = json_array();
+    json_t *ks = json_array(), *os = json_array(), *checks = check ? json_array() : NULL;
     for (uint32_t i = 0; i < res.nkernels; i++) {
       json_t *k = json_pack("{s:s, s:s, s:f}", "name", res.kernels[i].name, "opts", res.kernels[i].opts, "us",
                             res.kernels[i].us);
@@ -347,26 +428,43 @@ static int cmd_run(int argc, char **argv) {
       json_array_append_new(os, json_pack("{s:s, s:o, s:s}", "dtype", kex_dtypes[o->dtype].name, "shape", shape,
                                           "data", b64 ? b64 : ""));
       kex_free(b64);
+      if (check) {
+        json_t *d = NULL;
+        kex_cli_case_check(&kc, i, kex_dtypes[o->dtype].name, o->ndim, o->shape, o->data, o->nbytes, true, &d);
+        json_array_append_new(checks, d);
+      }
     }
     json_t *doc = json_pack("{s:o, s:o}", "kernels", ks, "outputs", os);
+    if (check) {
+      bool all = kex_cli_case_finish(&kc, res.noutputs, true);
+      json_object_set_new(doc, "check", json_pack("{s:b, s:I, s:o}", "passed", all, "expected_outputs",
+                                                  (json_int_t)kc.nexpected, "outputs", checks));
+      ret = all ? 0 : 1;
+    }
     json_dumpf(doc, stdout, JSON_COMPACT);
     fputc('\n', stdout);
     json_decref(doc);
   } else {
     for (uint32_t i = 0; i < res.nkernels; i++) {
       const kex_run_kernel *k = &res.kernels[i];
-      printf("kernel %u: %-28s %-44s %10.2f us\n", i, k->name, k->opts[0] ? k->opts : "(no opts)", k->us);
+      printf("kernel %u: %-28s %-44s %10.2f us\n", i + 1, k->name, k->opts[0] ? k->opts : "(no opts)", k->us);
       if (source && k->source) printf("%s\n", k->source);
     }
     for (uint32_t i = 0; i < res.noutputs; i++) {
       const kex_run_output *o = &res.outputs[i];
+      if (check) {
+        kex_cli_case_check(&kc, i, kex_dtypes[o->dtype].name, o->ndim, o->shape, o->data, o->nbytes, false, NULL);
+        continue;
+      }
       printf("output %u: %s (", i, kex_dtypes[o->dtype].name);
       for (int d = 0; d < o->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)o->shape[d]);
       printf(o->ndim == 1 ? ",) " : ") ");
       print_values(o);
     }
+    if (check) ret = kex_cli_case_finish(&kc, res.noutputs, false) ? 0 : 1;
   }
 out:
+  kex_cli_case_free(&kc);
   kex_run_result_free(&res);
   kex_device_unref(dev);
   kex_graph_free(g);
@@ -379,6 +477,10 @@ int kex_remote_main(int argc, char **argv); /* client/kex_remote.c: -1 = not a s
 #endif
 
 int main(int argc, char **argv) {
+  if (argc == 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
+    printf("kex %s\n", kex_cli_version());
+    return 0;
+  }
 #ifdef KEX_HAVE_LIBKEX
   int remote_rc = kex_remote_main(argc, argv);
   if (remote_rc >= 0) return remote_rc;
@@ -393,6 +495,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
+  if (strcmp(cmd, "doctor") == 0) return kex_cmd_doctor(NULL, argc - 1, argv + 1); /* client/kex_doctor.c */
 #ifdef KEX_HAVE_RUN
   if (strcmp(cmd, "run") == 0) return cmd_run(argc - 1, argv + 1);
   if (strcmp(cmd, "tune") == 0) return kex_cmd_tune(argc - 1, argv + 1);   /* client/kex_tune.c */

@@ -1,27 +1,109 @@
 /*
  * kex_cli.h - what the files of the kex command line share (not installed).
  *
- * kex_remote.c owns the server mode: it parses --server/--token/--tls and
- * dispatches `kex --server ADDR CMD`; kex_tune.c and kex_cache.c implement
- * their command both in-process and against a server, with one printer for
- * both, and reach the server through the helpers below.
+ * kex.c owns main, the in-process plan and run, and the small helpers
+ * below (version, ISO 8601 dates, server addresses); kex_remote.c owns the server mode: it parses --server/--token/--tls
+ * and dispatches `kex --server ADDR CMD`; kex_tune.c and kex_cache.c
+ * implement their command both in-process and against a server, with one
+ * printer for both, and reach the server through the helpers below;
+ * kex_check.c reads a case file and compares outputs with it (`run
+ * --check`, both modes); kex_top.c is `kex top` (server only) and
+ * kex_doctor.c `kex doctor` (this machine, and the server if one answers).
  */
 #ifndef KEX_CLIENT_KEX_CLI_H
 #define KEX_CLIENT_KEX_CLI_H
 
-#ifdef KEX_HAVE_LIBKEX
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
+#include <jansson.h>
+
+#define KEX_CLI_DEFAULT_PORT "50051"  /* --server HOST without a port means HOST:50051 (kexd's default) */
+#define KEX_CLI_DEFAULT_SERVER "127.0.0.1:" KEX_CLI_DEFAULT_PORT
+#define KEX_CLI_ADDR_MAX 512          /* bytes of a server address, NUL included */
+#define KEX_CLI_ISO8601_MAX 32        /* "2026-12-03T07:11:21Z" and its NUL, with room */
+
+/* The project's version (meson's project version), as `kex --version` prints it. */
+const char *kex_cli_version(void);
+
+/* Write unix time t as ISO 8601 in UTC ("2026-12-03T07:11:21Z") into out; "-" when t cannot be shown. */
+void kex_cli_iso8601(int64_t t, char out[KEX_CLI_ISO8601_MAX]);
+
+/* Seconds on a monotonic clock. */
+double kex_cli_now_s(void);
+
+/*
+ * The address to dial for a --server/KEX_SERVER value: "HOST" becomes
+ * "HOST:50051" ("[::1]" and a bare IPv6 literal "::1" become "[::1]:50051");
+ * "HOST:PORT", "unix:PATH" and other gRPC target schemes are kept.  0, or
+ * -1 when it does not fit in cap bytes.
+ */
+int kex_cli_server_addr(const char *in, char *out, size_t cap);
+
+/* Print to f how to start a kexd to answer at addr (one line). */
+void kex_cli_start_hint(FILE *f, const char *addr);
+
+/* ---- run --check (kex_check.c) ---- */
+
+/* A case file of ../shared/cases: its numeric graph and what the outputs must be. */
+typedef struct kex_cli_case {
+  char *graph_text;             /* numeric.graph as JSON text (kex_malloc'd) */
+  json_t *expected;             /* numeric.expected (owned) */
+  size_t nexpected;
+  double rtol, atol;
+  size_t npassed, nfailed;      /* kex_cli_case_check counts here */
+} kex_cli_case;
+
+/*
+ * Read the case file at path into *c: 0, or the exit code after printing
+ * why not ("kex CMD: PATH: ..."): 2 for a missing or unreadable file, a
+ * file that is not JSON, or a case without a numeric graph.
+ */
+int kex_cli_case_load(const char *cmd, const char *path, kex_cli_case *c);
+
+/*
+ * Compare output i (dtype by name, shape, nbytes of data) with the case's
+ * expected output i at its tolerances; print "output I: PASS ..." or
+ * "output I: FAIL ..." to stdout unless quiet, count it, and return whether
+ * it passed.  When details is not NULL, a JSON object describing the
+ * comparison is stored there (the caller's).
+ */
+bool kex_cli_case_check(kex_cli_case *c, size_t i, const char *dtype, int ndim, const int64_t *shape,
+                        const void *data, size_t nbytes, bool quiet, json_t **details);
+
+/*
+ * After the outputs: expected outputs the run did not produce fail too.
+ * Prints "check: N of M outputs passed" unless quiet; returns true when all
+ * passed.  noutputs = how many outputs the run produced.
+ */
+bool kex_cli_case_finish(kex_cli_case *c, size_t noutputs, bool quiet);
+
+void kex_cli_case_free(kex_cli_case *c);
+
+/* ---- the server mode ---- */
+
+typedef struct kex_cli_remote kex_cli_remote;
+
+/*
+ * `kex doctor` (kex_doctor.c): this machine's OpenCL platforms and devices,
+ * the cache file, and whether a kexd answers at r->server (r NULL, or
+ * r->server NULL: KEX_SERVER, else the default address).
+ */
+int kex_cmd_doctor(kex_cli_remote *r, int argc, char **argv);
+
+#ifdef KEX_HAVE_LIBKEX
 #include "client/libkex.h"
 
 /* One server-mode command line: where the server is, the client, the job. */
-typedef struct kex_cli_remote {
+struct kex_cli_remote {
   const char *server, *token, *root_certs;
   bool tls;
   kex_client *client;       /* after kex_cli_remote_open; kex_remote_main closes it */
   char job[KEX_TOKEN_MAX];
   bool temp_job;            /* job was opened for this command (kex_cli_remote_done closes it) */
-} kex_cli_remote;
+};
 
 /*
  * Connect to r->server and, when want_job, take the command's job: job_opt
@@ -33,15 +115,20 @@ int kex_cli_remote_open(kex_cli_remote *r, const char *cmd, const char *job_opt,
 /* Close the temporary job, if the command opened one. */
 void kex_cli_remote_done(kex_cli_remote *r);
 
-/* Print "kex CMD: STATUS: message" for a failed call; returns its exit code (2 bad input, 1 other). */
+/*
+ * Print "kex CMD: STATUS: message" for a failed call, and for UNAVAILABLE a
+ * second line on how to start kexd; returns its exit code (2 bad input, 1
+ * other).
+ */
 int kex_cli_fail(const char *cmd, const kex_status *st);
 
 /* Read a whole graph file (kex_malloc'd, NUL-terminated) or print why not and return NULL. */
 char *kex_cli_read_graph(const char *cmd, const char *path);
 
-/* `kex --server ADDR tune ...` (kex_tune.c) and `kex --server ADDR cache ...` (kex_cache.c). */
+/* `kex --server ADDR tune ...` (kex_tune.c), `... cache ...` (kex_cache.c), `... top ...` (kex_top.c). */
 int kex_remote_cmd_tune(kex_cli_remote *r, int argc, char **argv);
 int kex_remote_cmd_cache(kex_cli_remote *r, int argc, char **argv);
+int kex_remote_cmd_top(kex_cli_remote *r, int argc, char **argv);
 #endif
 
 #endif

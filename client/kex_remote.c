@@ -2,25 +2,33 @@
  * kex_remote.c - the kex command line against a running kexd (libkex).
  *
  * `kex --server ADDR CMD ...` (or KEX_SERVER=ADDR kex CMD ...) sends the
- * work to kexd instead of doing it in-process: plan and run print what the
- * in-process commands print (plan: items, AST lines, `kernels: N`; run:
- * kernels with their times, then the outputs; tune and cache: kex_tune.c and
- * kex_cache.c, which print both modes with one printer), and devices,
- * stats, upload, download and job open|close exist only here.  Commands
- * that need a job take --job TOKEN or KEX_JOB; without one they open a
- * temporary job for the call and close it after (kex_cli_remote_open).
+ * work to kexd instead of doing it in-process, with the same flags: plan
+ * and run print what the in-process commands print (plan: items, AST lines,
+ * `kernels: N`; run: kernels numbered from 1 with their times, then the
+ * outputs, or PASS/FAIL per output with --check; --device names one of the
+ * server's devices and becomes the graph's device; --repeat N > 1 submits
+ * the graph N + 1 times and reports each kernel's median; tune and cache:
+ * kex_tune.c and kex_cache.c, which print both modes with one printer;
+ * doctor: kex_doctor.c), and devices, stats, top (kex_top.c), upload,
+ * download and job open|close exist only here.  ADDR without a port means
+ * port 50051.  Commands that need a job take --job TOKEN or KEX_JOB; without
+ * one they open a temporary job for the call and close it after
+ * (kex_cli_remote_open).  A server that does not answer (UNAVAILABLE) gets
+ * a second line saying how to start kexd.
  *
  * Progress of a run goes to stderr: a bar when stderr is a terminal, plain
  * lines otherwise, nothing with --json (stdout stays exactly the result).
  * Exit codes: 0 ok, 2 bad input (usage; INVALID_ARGUMENT or NOT_FOUND from
  * the server, printed with its message; an unreadable file), 1 other errors.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/kex_cli.h"
@@ -29,6 +37,10 @@
 #include "core/dtype.h"
 
 #define REMOTE_GRAPH_MAX (1ll << 30) /* bytes of a graph file */
+#define REMOTE_REPEAT_MAX 100000     /* --repeat, as in-process */
+
+/* The address this command line dials (kex_remote_main sets it): the start hint names it. */
+static const char *cli_server = KEX_CLI_DEFAULT_SERVER;
 
 int kex_remote_main(int argc, char **argv);
 
@@ -36,19 +48,31 @@ typedef kex_cli_remote remote;
 
 static void remote_usage(FILE *f) {
   fputs("usage: kex --server ADDR [--token T] [--tls] [--root-certs PEM] <command> [options]\n"
-        "       (KEX_SERVER, KEX_TOKEN and KEX_JOB work as --server, --token and --job)\n"
+        "       (KEX_SERVER, KEX_TOKEN and KEX_JOB work as --server, --token and --job;\n"
+        "        ADDR without a port means port " KEX_CLI_DEFAULT_PORT ")\n"
         "\n"
-        "commands against kexd:\n"
-        "  plan [--json] [--job T] FILE.json\n"
+        "commands against kexd (the flags of the in-process commands work here too):\n"
+        "  plan [--device D] [--json] [--job T] FILE.json\n"
         "      schedule a graph on the server; print every item, its AST and `kernels: N`\n"
-        "  run [--json] [--out DIR] [--beam N] [--timeout S] [--job T] FILE.json\n"
+        "  run [--device D] [--json] [--repeat N] [--beam N] [--out DIR] [--timeout S] [--job T] FILE.json\n"
+        "  run --check CASE.json [--device D] [--json] [--beam N] [--timeout S] [--job T]\n"
         "      schedule, compile and run a graph on the server; print each kernel and the outputs\n"
-        "      --out DIR  write each output as DIR/out<i>.npy\n"
+        "      --device D  one of the server's devices (kex devices); default: the graph's\n"
+        "      --repeat N  N > 1: submit N + 1 times (a warm-up, then N timed) and report\n"
+        "                  each kernel's median time\n"
+        "      --check     run a case file's numeric graph; PASS or FAIL per output (exit 0 only\n"
+        "                  when all pass)\n"
+        "      --out DIR   write each output as DIR/out<i>.npy\n"
         "  tune [--device D] [--beam N] [--timeout S] [--json] [--job T] FILE.json\n"
         "      BEAM-search every kernel on the server; the results go to the server's cache\n"
         "  cache ls|show|export|import|rm [--json] ...   the server's beam cache (kex cache --help)\n"
         "  devices [--json]                 the devices kexd runs kernels on\n"
-        "  stats [--json] [--job T]         server counters (one job with --job)\n"
+        "  stats [--json] [--job T]         every server counter (one job with --job)\n"
+        "  top [--once] [--json] [--interval S]\n"
+        "      a live view of the server (jobs, queued and running items, device busy share,\n"
+        "      bytes held, cache hit rates), refreshed every second until q or Ctrl-C;\n"
+        "      --once prints one view (two samples S apart, default 1) and exits\n"
+        "  doctor [--json]                  this machine's devices and cache, and the server\n"
         "  upload [--device D] [--job T] FILE.npy      upload an array; prints its handle\n"
         "  download [--out FILE.npy] [--job T] HANDLE  download a buffer (print it, or write .npy)\n"
         "  job open [--name N] [--weight W] [--memory-limit BYTES] [--json]   prints the job token\n"
@@ -56,6 +80,7 @@ static void remote_usage(FILE *f) {
         "\n"
         "Without --job (or KEX_JOB) a command opens a temporary job and closes it after;\n"
         "buffers it uploads or computes go away with it.\n"
+        "No kexd yet? scripts/run.sh starts one on " KEX_CLI_DEFAULT_SERVER ".\n"
         "exit codes: 0 success, 2 bad input (usage, INVALID_ARGUMENT/NOT_FOUND from the server), 1 other errors\n",
         f);
 }
@@ -68,6 +93,7 @@ static int exit_for(int code) {
 int kex_cli_fail(const char *cmd, const kex_status *st) {
   fprintf(stderr, "kex %s: %s%s%s\n", cmd, st->grpc ? kex_grpc_status_name(st->grpc) : "", st->grpc ? ": " : "",
           st->msg[0] ? st->msg : kex_strerror(st->code));
+  if (st->code == KEX_EUNAVAILABLE) kex_cli_start_hint(stderr, cli_server);
   return exit_for(st->code);
 }
 
@@ -99,7 +125,7 @@ char *kex_cli_read_graph(const char *cmd, const char *path) {
   char *s = NULL;
   long n;
   if (!f) {
-    fprintf(stderr, "kex %s: %s: cannot open\n", cmd, path);
+    fprintf(stderr, "kex %s: %s: cannot open: %s\n", cmd, path, strerror(errno));
     return NULL;
   }
   if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || n > REMOTE_GRAPH_MAX || fseek(f, 0, SEEK_SET) ||
@@ -112,6 +138,69 @@ char *kex_cli_read_graph(const char *cmd, const char *path) {
   }
   fclose(f);
   return s;
+}
+
+/* ---- the graph of a command line ---- */
+
+/*
+ * Adjust the graph JSON text *text (kex_malloc'd: the graph, or an object
+ * with the graph under "graph") for the command line: with device, the graph
+ * names that device (the server runs it there, as Tune's device does); with
+ * repeat > 1, a graph that ASSIGNs while using a buffer the job holds is
+ * refused, since each of the N + 1 submissions would change that buffer.  On
+ * success *text may have been replaced (the old text freed).  0, or the
+ * exit code after printing why (2).
+ */
+static int prepare_graph(const char *cmd, const char *path, char **text, const char *device, int repeat) {
+  json_error_t jerr;
+  json_t *root, *g;
+  int ret = 0;
+  if ((!device || !*device) && repeat <= 1) return 0;
+  if (!(root = json_loads(*text, 0, &jerr))) {
+    fprintf(stderr, "kex %s: %s: line %d: %s\n", cmd, path, jerr.line, jerr.text);
+    return 2;
+  }
+  g = json_is_object(json_object_get(root, "graph")) ? json_object_get(root, "graph") : root;
+  if (!json_is_object(g)) {
+    fprintf(stderr, "kex %s: %s: not a kex.graph.v1 graph (a JSON object)\n", cmd, path);
+    ret = 2;
+    goto out;
+  }
+  if (repeat > 1) {
+    json_t *nodes = json_object_get(g, "nodes"), *n;
+    size_t i, held = SIZE_MAX, assign = SIZE_MAX;
+    json_array_foreach(nodes, i, n) {
+      if (json_object_get(n, "buffer") && held == SIZE_MAX) held = i;
+      const char *op = json_string_value(json_object_get(n, "op"));
+      if (op && !strcmp(op, "ASSIGN") && assign == SIZE_MAX) assign = i;
+    }
+    if (held != SIZE_MAX && assign != SIZE_MAX) {
+      fprintf(stderr, "kex %s: --repeat submits the graph %d times, and node %zu ASSIGNs while node %zu is a buffer the "
+                      "job holds: it would change each time (run it once)\n", cmd, repeat + 1, assign, held);
+      ret = 2;
+      goto out;
+    }
+  }
+  if (device && *device) {
+    char *t;
+    if (json_object_set_new(g, "device", json_string(device)) || !(t = json_dumps(root, JSON_COMPACT))) {
+      fprintf(stderr, "kex %s: out of memory\n", cmd);
+      ret = 1;
+      goto out;
+    }
+    char *k = kex_strdup(t);
+    free(t); /* jansson's allocator */
+    if (!k) {
+      fprintf(stderr, "kex %s: out of memory\n", cmd);
+      ret = 1;
+      goto out;
+    }
+    kex_free(*text);
+    *text = k;
+  }
+out:
+  json_decref(root);
+  return ret;
 }
 
 /* ---- plan ---- */
@@ -129,19 +218,24 @@ static void print_bufs(const uint32_t *v, size_t n) {
 }
 
 static int cmd_plan(remote *r, int argc, char **argv) {
-  static const struct option opts[] = {
-      {"json", no_argument, NULL, 'j'}, {"job", required_argument, NULL, 'J'}, {"help", no_argument, NULL, 'h'}, {0}};
-  const char *job = NULL;
+  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},       {"job", required_argument, NULL, 'J'},
+                                       {"device", required_argument, NULL, 'd'}, {"source", no_argument, NULL, 's'},
+                                       {"help", no_argument, NULL, 'h'},       {0}};
+  const char *job = NULL, *device = NULL;
   bool as_json = false;
   int c, ret = 0;
   kex_status st;
   kex_plan *p = NULL;
   char *text = NULL;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "jd:h", opts, NULL)) != -1) {
     switch (c) {
     case 'j': as_json = true; break;
     case 'J': job = optarg; break;
+    case 'd': device = optarg; break;
+    case 's':
+      fprintf(stderr, "kex plan: --source is in-process only (the Plan reply carries no source)\n");
+      return 2;
     case 'h': remote_usage(stdout); return 0;
     default: remote_usage(stderr); return 2;
     }
@@ -151,6 +245,7 @@ static int cmd_plan(remote *r, int argc, char **argv) {
     return 2;
   }
   if (!(text = kex_cli_read_graph("plan", argv[optind]))) return 2;
+  if ((ret = prepare_graph("plan", argv[optind], &text, device, 1))) goto out;
   if ((ret = kex_cli_remote_open(r, "plan", job, true))) goto out;
   if (kex_plan_graph(r->client, r->job, text, &p, &st)) {
     ret = fail("plan", &st);
@@ -268,34 +363,107 @@ static void on_event(const kex_submit_event *ev, void *ud) {
     unsigned fill = done * width / (2 * n);
     fprintf(stderr, "\r[");
     for (unsigned i = 0; i < width; i++) fputc(i < fill ? '#' : '.', stderr);
-    fprintf(stderr, "] %-9s %u/%u %-32.32s", what, ev->i + 1, ev->n, ev->kernel ? ev->kernel : "");
+    fprintf(stderr, "] %3u%% %-9s %u/%u %-32.32s", done * 100 / (2 * n), what, ev->i + 1, ev->n,
+            ev->kernel ? ev->kernel : "");
     fflush(stderr);
     break;
   }
   }
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/*
+ * The timed submissions of --repeat N after the first (the warm-up, whose
+ * result *first is what the command reports): each kernel's run_us becomes
+ * the median of N more submissions.  Outputs of those submissions that are
+ * new buffers are freed at once (a held buffer keeps its handle and stays).
+ * 0 or the exit code.
+ */
+static int repeat_runs(remote *r, const char *text, const kex_submit_opts *so, int repeat, bool tty, bool quiet,
+                       kex_result *first) {
+  size_t nk = first->nkernels;
+  double *times = kex_calloc(nk * (size_t)repeat + 1, sizeof *times);
+  kex_status st;
+  int ret = 0;
+  if (!times) {
+    fprintf(stderr, "kex run: out of memory\n");
+    return 1;
+  }
+  for (int k = 0; k < repeat && !ret; k++) {
+    kex_result *res = NULL;
+    if (!quiet) {
+      if (tty) fprintf(stderr, "\r\033[Ktimed run %d/%d", k + 1, repeat);
+      else fprintf(stderr, "timed run %d/%d\n", k + 1, repeat);
+      fflush(stderr);
+    }
+    if (kex_submit(r->client, r->job, text, so, NULL, NULL, &res, &st)) {
+      if (tty && !quiet) fputc('\n', stderr);
+      ret = fail("run", &st);
+      break;
+    }
+    if (res->nkernels != nk) {
+      fprintf(stderr, "kex run: timed run %d ran %zu kernels, the first %zu\n", k + 1, res->nkernels, nk);
+      ret = 1;
+    }
+    for (size_t i = 0; i < nk && !ret; i++) times[i * (size_t)repeat + (size_t)k] = res->kernels[i].run_us;
+    const char *fresh[64];
+    size_t nfresh = 0;
+    for (size_t o = 0; o < res->noutputs; o++) {
+      bool held = !res->outputs[o].handle[0];
+      for (size_t j = 0; j < first->noutputs && !held; j++) held = !strcmp(res->outputs[o].handle, first->outputs[j].handle);
+      if (!held) fresh[nfresh++] = res->outputs[o].handle;
+      if (nfresh == sizeof fresh / sizeof *fresh || (o + 1 == res->noutputs && nfresh)) {
+        if (kex_free_buffers(r->client, r->job, fresh, nfresh, NULL, &st)) ret = fail("run", &st);
+        nfresh = 0;
+      }
+    }
+    kex_result_free(res);
+  }
+  if (tty && !quiet) fprintf(stderr, "\r\033[K");
+  for (size_t i = 0; i < nk && !ret; i++) {
+    double *t = &times[i * (size_t)repeat];
+    qsort(t, (size_t)repeat, sizeof *t, cmp_double);
+    first->kernels[i].run_us = repeat % 2 ? t[repeat / 2] : (t[repeat / 2 - 1] + t[repeat / 2]) / 2;
+  }
+  kex_free(times);
+  return ret;
+}
+
 static int cmd_run(remote *r, int argc, char **argv) {
   static const struct option opts[] = {{"json", no_argument, NULL, 'j'},          {"job", required_argument, NULL, 'J'},
                                        {"out", required_argument, NULL, 'o'},     {"beam", required_argument, NULL, 'b'},
-                                       {"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+                                       {"timeout", required_argument, NULL, 't'}, {"device", required_argument, NULL, 'd'},
+                                       {"repeat", required_argument, NULL, 'r'},  {"check", no_argument, NULL, 'c'},
+                                       {"source", no_argument, NULL, 's'},        {"help", no_argument, NULL, 'h'},
                                        {0}};
-  const char *job = NULL, *outdir = NULL;
-  bool as_json = false;
-  int c, ret = 0, beam = 0;
+  const char *job = NULL, *outdir = NULL, *device = NULL;
+  bool as_json = false, check = false;
+  int c, ret = 0, beam = 0, repeat = 1;
   double timeout = 0;
   kex_status st;
   kex_result *res = NULL;
   kex_array *bufs = NULL;
+  kex_cli_case kc = {0};
   char *text = NULL;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "jo:b:t:h", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "jo:b:t:d:r:h", opts, NULL)) != -1) {
     switch (c) {
     case 'j': as_json = true; break;
     case 'J': job = optarg; break;
     case 'o': outdir = optarg; break;
     case 'b': beam = atoi(optarg); break;
     case 't': timeout = atof(optarg); break;
+    case 'd': device = optarg; break;
+    case 'r': repeat = atoi(optarg); break;
+    case 'c': check = true; break;
+    case 's':
+      fprintf(stderr, "kex run: --source is in-process only (the Submit reply carries no source; kex cache show "
+                      "has a tuned kernel's)\n");
+      return 2;
     case 'h': remote_usage(stdout); return 0;
     default: remote_usage(stderr); return 2;
     }
@@ -304,19 +472,39 @@ static int cmd_run(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex run: --beam must be in [0, 64] and --timeout >= 0\n");
     return 2;
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex run: expected one graph file\n");
+  if (repeat < 1 || repeat > REMOTE_REPEAT_MAX) {
+    fprintf(stderr, "kex run: --repeat must be between 1 and %d\n", REMOTE_REPEAT_MAX);
     return 2;
   }
-  if (!(text = kex_cli_read_graph("run", argv[optind]))) return 2;
+  if (optind != argc - 1) {
+    fprintf(stderr, "kex run: expected one %s file\n", check ? "case" : "graph");
+    return 2;
+  }
+  const char *path = argv[optind];
+  if (check) {
+    if ((ret = kex_cli_case_load("run", path, &kc))) goto out;
+    if (!(text = kex_strdup(kc.graph_text))) {
+      fprintf(stderr, "kex run: out of memory\n");
+      ret = 1;
+      goto out;
+    }
+  } else if (!(text = kex_cli_read_graph("run", path))) {
+    return 2;
+  }
+  if ((ret = prepare_graph("run", path, &text, device, repeat))) goto out;
   if ((ret = kex_cli_remote_open(r, "run", job, true))) goto out;
   progress pr = {isatty(2), as_json, 0};
   kex_submit_opts so = {.return_bytes = true, .timeout_s = timeout, .beam_width = (uint32_t)beam};
   int rc = kex_submit(r->client, r->job, text, &so, on_event, &pr, &res, &st);
-  if (pr.tty && !pr.quiet) fprintf(stderr, "\r%72s\r", "");
+  if (pr.tty && !pr.quiet) fprintf(stderr, "\r%80s\r", "");
   if (rc) {
     ret = fail("run", &st);
     goto out;
+  }
+  if (repeat > 1) {
+    kex_submit_opts rso = so;
+    rso.return_bytes = false;
+    if ((ret = repeat_runs(r, text, &rso, repeat, pr.tty, pr.quiet, res))) goto out;
   }
   /* every output's bytes: inline, or downloaded */
   if (!(bufs = kex_calloc(res->noutputs ? res->noutputs : 1, sizeof *bufs))) {
@@ -349,9 +537,10 @@ static int cmd_run(remote *r, int argc, char **argv) {
     }
   }
   if (as_json) {
-    json_t *ks = json_array(), *os = json_array();
+    json_t *ks = json_array(), *os = json_array(), *checks = check ? json_array() : NULL;
+    /* "opts": null -- the done event does not carry the applied opts (KernelTime has no field for them) */
     for (size_t i = 0; i < res->nkernels; i++)
-      json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f}", "name", res->kernels[i].kernel, "opts", "", "us",
+      json_array_append_new(ks, json_pack("{s:s, s:n, s:f, s:f}", "name", res->kernels[i].kernel, "opts", "us",
                                           res->kernels[i].run_us, "compile_us", res->kernels[i].compile_us));
     for (size_t i = 0; i < res->noutputs; i++) {
       const kex_array *b = &bufs[i];
@@ -361,21 +550,37 @@ static int cmd_run(remote *r, int argc, char **argv) {
       json_array_append_new(os, json_pack("{s:s, s:o, s:s, s:s}", "dtype", b->dtype, "shape", shape, "data",
                                           b64 ? b64 : "", "handle", res->outputs[i].handle));
       kex_free(b64);
+      if (check) {
+        json_t *d = NULL;
+        kex_cli_case_check(&kc, i, b->dtype, b->ndim, b->shape, OUT_DATA(i), b->nbytes, true, &d);
+        json_array_append_new(checks, d);
+      }
     }
     json_t *doc = json_pack("{s:o, s:o, s:f}", "kernels", ks, "outputs", os, "total_us", res->total_us);
+    if (check) {
+      bool all = kex_cli_case_finish(&kc, res->noutputs, true);
+      json_object_set_new(doc, "check", json_pack("{s:b, s:I, s:o}", "passed", all, "expected_outputs",
+                                                  (json_int_t)kc.nexpected, "outputs", checks));
+      ret = all ? 0 : 1;
+    }
     json_dumpf(doc, stdout, JSON_COMPACT);
     fputc('\n', stdout);
     json_decref(doc);
   } else {
     for (size_t i = 0; i < res->nkernels; i++)
-      printf("kernel %zu: %-28s %-44s %10.2f us\n", i, res->kernels[i].kernel, "(opts not reported)",
+      printf("kernel %zu: %-28s %-44s %10.2f us\n", i + 1, res->kernels[i].kernel, "(opts not reported by kexd)",
              res->kernels[i].run_us);
     for (size_t i = 0; i < res->noutputs; i++) {
       kex_array b = bufs[i];
       b.data = OUT_DATA(i);
+      if (check) {
+        kex_cli_case_check(&kc, i, b.dtype, b.ndim, b.shape, b.data, b.nbytes, false, NULL);
+        continue;
+      }
       printf("output %zu: ", i);
       print_buffer(&b);
     }
+    if (check) ret = kex_cli_case_finish(&kc, res->noutputs, false) ? 0 : 1;
   }
 #undef OUT_DATA
 out:
@@ -386,6 +591,7 @@ out:
   kex_result_free(res);
   kex_cli_remote_done(r);
   kex_free(text);
+  kex_cli_case_free(&kc);
   return ret;
 }
 
@@ -451,42 +657,76 @@ static int cmd_stats(remote *r, int argc, char **argv) {
   }
   if ((ret = kex_cli_remote_open(r, "stats", NULL, false))) return ret;
   if (kex_get_stats(r->client, job, &s, &st)) return fail("stats", &st);
+  char started[KEX_CLI_ISO8601_MAX];
+  kex_cli_iso8601((int64_t)(time(NULL) - s->uptime_s + 0.5), started);
   if (as_json) {
     json_t *jobs = json_array();
     for (size_t i = 0; i < s->njobs; i++) {
       const kex_job_stats *j = &s->jobs[i];
-      json_array_append_new(jobs, json_pack("{s:s, s:i, s:I, s:I, s:i, s:i, s:i, s:I, s:f}", "name", j->name, "weight",
-                                            (json_int_t)j->weight, "memory_limit", (json_int_t)j->memory_limit,
+      json_array_append_new(jobs, json_pack("{s:s, s:i, s:I, s:I, s:i, s:i, s:i, s:I, s:f, s:I}", "name", j->name,
+                                            "weight", (json_int_t)j->weight, "memory_limit", (json_int_t)j->memory_limit,
                                             "bytes_held", (json_int_t)j->bytes_held, "buffers", (json_int_t)j->buffers,
                                             "queued", (json_int_t)j->queued, "running", (json_int_t)j->running,
-                                            "items_done", (json_int_t)j->items_done, "device_time_s", j->device_time_s));
+                                            "items_done", (json_int_t)j->items_done, "device_time_s", j->device_time_s,
+                                            "bytes_reserved", (json_int_t)j->bytes_reserved));
     }
-    json_t *o = json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:o}", "jobs_open",
+    /* every StatsReply field under its proto name, and when the server started */
+    json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:o, s:I, s:I}", "jobs_open",
                           (json_int_t)s->jobs_open, "jobs_opened", (json_int_t)s->jobs_opened, "jobs_closed",
                           (json_int_t)s->jobs_closed, "jobs_expired", (json_int_t)s->jobs_expired, "submissions",
                           (json_int_t)s->submissions, "plans", (json_int_t)s->plans, "plan_errors",
                           (json_int_t)s->plan_errors, "kernels_planned", (json_int_t)s->kernels_planned, "calls",
-                          (json_int_t)s->calls, "calls_failed", (json_int_t)s->calls_failed, "bytes_held",
-                          (json_int_t)s->bytes_held, "uptime_s", s->uptime_s, "jobs", jobs);
-    json_dumpf(o, stdout, JSON_COMPACT);
-    fputc('\n', stdout);
+                          (json_int_t)s->calls, "calls_failed", (json_int_t)s->calls_failed, "uptime_s", s->uptime_s,
+                          "job_stats", jobs, "bytes_held", (json_int_t)s->bytes_held, "buffers_freed",
+                          (json_int_t)s->buffers_freed);
+    json_t *more = json_pack(
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s}", "submissions_done",
+        (json_int_t)s->submissions_done, "submissions_failed", (json_int_t)s->submissions_failed, "schedule_cache_hits",
+        (json_int_t)s->schedule_cache_hits, "schedule_cache_misses", (json_int_t)s->schedule_cache_misses,
+        "program_cache_memory_hits", (json_int_t)s->program_cache_memory_hits, "program_cache_sqlite_hits",
+        (json_int_t)s->program_cache_sqlite_hits, "program_cache_misses", (json_int_t)s->program_cache_misses,
+        "beam_cache_hits", (json_int_t)s->beam_cache_hits, "beam_cache_misses", (json_int_t)s->beam_cache_misses,
+        "searches_run", (json_int_t)s->searches_run, "searches_cancelled", (json_int_t)s->searches_cancelled,
+        "connections_open", (json_int_t)s->connections_open, "connections_refused",
+        (json_int_t)s->connections_refused, "jobs_evicted", (json_int_t)s->jobs_evicted, "started", started);
+    if (!o || !more || json_object_update(o, more)) {
+      fprintf(stderr, "kex stats: out of memory\n");
+      ret = 1;
+    } else {
+      json_dumpf(o, stdout, JSON_COMPACT);
+      fputc('\n', stdout);
+    }
+    json_decref(more);
     json_decref(o);
   } else {
-    printf("uptime: %.1f s\njobs: %u open, %llu opened, %llu closed, %llu expired\n", s->uptime_s, s->jobs_open,
-           (unsigned long long)s->jobs_opened, (unsigned long long)s->jobs_closed, (unsigned long long)s->jobs_expired);
-    printf("calls: %llu (%llu failed)\nplans: %llu (%llu failed, %llu kernels)\nsubmissions: %llu\nbytes held: %llu\n",
-           (unsigned long long)s->calls, (unsigned long long)s->calls_failed, (unsigned long long)s->plans,
-           (unsigned long long)s->plan_errors, (unsigned long long)s->kernels_planned,
-           (unsigned long long)s->submissions, (unsigned long long)s->bytes_held);
+#define U(x) ((unsigned long long)(x))
+    printf("uptime: %.1f s (started %s)\n", s->uptime_s, started);
+    printf("jobs: %u open, %llu opened, %llu closed, %llu expired (%llu of them evicted)\n", s->jobs_open,
+           U(s->jobs_opened), U(s->jobs_closed), U(s->jobs_expired), U(s->jobs_evicted));
+    printf("connections: %u open, %llu refused\n", s->connections_open, U(s->connections_refused));
+    printf("calls: %llu (%llu failed)\n", U(s->calls), U(s->calls_failed));
+    printf("plans: %llu (%llu failed, %llu kernels)\n", U(s->plans), U(s->plan_errors), U(s->kernels_planned));
+    printf("submissions: %llu (%llu done, %llu failed)\n", U(s->submissions), U(s->submissions_done),
+           U(s->submissions_failed));
+    printf("schedule cache: %llu hits, %llu misses\n", U(s->schedule_cache_hits), U(s->schedule_cache_misses));
+    printf("program cache: %llu memory hits, %llu sqlite hits, %llu misses\n", U(s->program_cache_memory_hits),
+           U(s->program_cache_sqlite_hits), U(s->program_cache_misses));
+    printf("beam cache: %llu hits, %llu misses; searches: %llu run, %llu cancelled\n", U(s->beam_cache_hits),
+           U(s->beam_cache_misses), U(s->searches_run), U(s->searches_cancelled));
+    printf("bytes held: %llu\nbuffers freed: %llu\n", U(s->bytes_held), U(s->buffers_freed));
     for (size_t i = 0; i < s->njobs; i++) {
       const kex_job_stats *j = &s->jobs[i];
-      printf("job %s: weight %u, %u buffers, %llu bytes, %u queued, %u running, %llu done, %.3f s device\n", j->name,
-             j->weight, j->buffers, (unsigned long long)j->bytes_held, j->queued, j->running,
-             (unsigned long long)j->items_done, j->device_time_s);
+      char lim[48] = "no limit";
+      if (j->memory_limit) snprintf(lim, sizeof lim, "limit %llu", U(j->memory_limit));
+      printf("job %s: weight %u, %u buffers, %llu bytes (%llu reserved, %s), %u queued, %u running, %llu done, "
+             "%.3f s device\n",
+             j->name, j->weight, j->buffers, U(j->bytes_held), U(j->bytes_reserved), lim, j->queued, j->running,
+             U(j->items_done), j->device_time_s);
     }
+#undef U
   }
   kex_stats_free(s);
-  return 0;
+  return ret;
 }
 
 /* ---- upload, download ---- */
@@ -630,17 +870,19 @@ static int cmd_job(remote *r, int argc, char **argv) {
 
 static bool is_remote_only(const char *cmd) {
   return strcmp(cmd, "devices") == 0 || strcmp(cmd, "stats") == 0 || strcmp(cmd, "upload") == 0 ||
-         strcmp(cmd, "download") == 0 || strcmp(cmd, "job") == 0;
+         strcmp(cmd, "download") == 0 || strcmp(cmd, "job") == 0 || strcmp(cmd, "top") == 0;
 }
 
 /*
  * The server-mode entry point, called first by kex.c's main: -1 when the
  * command line is not for a server (no --server, no KEX_SERVER, an
- * in-process command), else the exit code.
+ * in-process command), else the exit code.  `doctor` is taken here with or
+ * without a server (it checks this machine, then the server).
  */
 int kex_remote_main(int argc, char **argv) {
   remote r = {0};
   int i = 1, ret;
+  char addr[KEX_CLI_ADDR_MAX];
   r.server = getenv("KEX_SERVER");
   r.token = getenv("KEX_TOKEN");
   bool flag = false;
@@ -671,9 +913,21 @@ int kex_remote_main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[i];
-  if (!r.server || !*r.server) {
+  if (r.server && *r.server) {
+    if (kex_cli_server_addr(r.server, addr, sizeof addr)) {
+      fprintf(stderr, "kex: server address '%.64s...' is too long\n", r.server);
+      return 2;
+    }
+    r.server = cli_server = addr;
+  } else {
+    r.server = NULL;
+  }
+  if (strcmp(cmd, "doctor") == 0) return kex_cmd_doctor(&r, argc - i, argv + i); /* kex_doctor.c */
+  if (!r.server) {
     if (!is_remote_only(cmd)) return -1;
     fprintf(stderr, "kex %s: needs a server: kex --server ADDR %s ... (or KEX_SERVER=ADDR)\n", cmd, cmd);
+    fprintf(stderr, "kex: scripts/run.sh starts a kexd on %s (then: kex --server 127.0.0.1 %s)\n",
+            KEX_CLI_DEFAULT_SERVER, cmd);
     return 2;
   }
   argc -= i;
@@ -682,18 +936,23 @@ int kex_remote_main(int argc, char **argv) {
     remote_usage(stdout);
     return 0;
   }
+  if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+    printf("kex %s\n", kex_cli_version());
+    return 0;
+  }
   if (strcmp(cmd, "plan") == 0) ret = cmd_plan(&r, argc, argv);
   else if (strcmp(cmd, "run") == 0) ret = cmd_run(&r, argc, argv);
   else if (strcmp(cmd, "devices") == 0) ret = cmd_devices(&r, argc, argv);
   else if (strcmp(cmd, "stats") == 0) ret = cmd_stats(&r, argc, argv);
+  else if (strcmp(cmd, "top") == 0) ret = kex_remote_cmd_top(&r, argc, argv);     /* kex_top.c */
   else if (strcmp(cmd, "upload") == 0) ret = cmd_upload(&r, argc, argv);
   else if (strcmp(cmd, "download") == 0) ret = cmd_download(&r, argc, argv);
   else if (strcmp(cmd, "job") == 0) ret = cmd_job(&r, argc, argv);
   else if (strcmp(cmd, "tune") == 0) ret = kex_remote_cmd_tune(&r, argc, argv);   /* kex_tune.c */
   else if (strcmp(cmd, "cache") == 0) ret = kex_remote_cmd_cache(&r, argc, argv); /* kex_cache.c */
   else {
-    fprintf(stderr, "kex: '%s' does not run against a server (plan, run, tune, cache, devices, stats, upload, download, "
-                    "job)\n", cmd);
+    fprintf(stderr, "kex: '%s' does not run against a server (plan, run, tune, cache, devices, stats, top, doctor, "
+                    "upload, download, job)\n", cmd);
     remote_usage(stderr);
     ret = 2;
   }

@@ -8,8 +8,12 @@
  * kex --server ADDR tune [--device NAME] [--beam N] [--json] [--timeout S] [--job T] FILE.json
  *
  * A kernel with a valid cached result is not searched again (from_cache).
- * Progress goes to stderr: a redrawn line on a terminal (kernel i/n, round,
- * candidates compiled and timed, best us so far), plain lines otherwise.
+ * Progress goes to stderr: on a terminal a bar redrawn in place (percent
+ * done, ETA, kernel i/n, round, candidates compiled and timed, best us so
+ * far), plain lines otherwise; the best shown never goes up (the final
+ * full-size timing of a kernel can be slower than the reduced-grid best its
+ * search saw; the kernel's result line has the final time).  Kernels are
+ * numbered from 1 in both, as `kex run` numbers them.
  * Both modes print the results with the same code: one line per kernel, or
  * with --json {"kernels": [{"name", "ast_key", "opts", "us", "hand_us",
  * "search_s", "from_cache", "hand_won", "rounds", "compiled", "timed",
@@ -26,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "client/kex_cli.h"
@@ -35,26 +40,100 @@
 
 /* ---- what both modes print ---- */
 
+#define TUNE_BAR_WIDTH 24     /* cells of the progress bar */
+#define TUNE_LINE_DEFAULT 100 /* columns when the terminal does not say */
+
+/*
+ * Progress of a whole tune.  On a terminal it is one line redrawn in place:
+ * a bar with the percent done and an ETA, then kernel i/n, phase, round,
+ * candidates and the best time so far; elsewhere plain lines, one per phase
+ * and round.  Kernels are numbered from 1, as `kex run` numbers them.
+ */
 typedef struct tune_progress {
   bool tty;
   uint32_t kernel, nkernels, last_round;
   char last_phase[16]; /* "" = nothing printed yet for this kernel */
+  double best;         /* the lowest best shown for this kernel (INFINITY = none): what is shown never goes up */
+  double t0;           /* kex_cli_now_s() when the tune started */
+  bool drawn;          /* the bar is on the terminal's last line */
 } tune_progress;
+
+static void progress_init(tune_progress *tp, uint32_t nkernels) {
+  memset(tp, 0, sizeof *tp);
+  tp->tty = isatty(2) != 0;
+  tp->nkernels = nkernels;
+  tp->best = INFINITY;
+  tp->t0 = kex_cli_now_s();
+}
+
+/* Kernel `kernel` (1-based) of n starts: its best starts over. */
+static void progress_kernel(tune_progress *tp, uint32_t kernel, uint32_t n) {
+  if (kernel == tp->kernel && n == tp->nkernels) return;
+  tp->kernel = kernel;
+  tp->nkernels = n;
+  tp->last_phase[0] = 0;
+  tp->best = INFINITY;
+}
+
+/*
+ * How far one kernel is, from its phase: the hand-coded timing is quick,
+ * the search takes most of it (each round closer to the end, as rounds
+ * stop when nothing improves), the full-size comparison is the rest.
+ */
+static double phase_done(const char *phase, uint32_t round) {
+  if (!strcmp(phase, "done") || !strcmp(phase, "cache")) return 1;
+  if (!strcmp(phase, "compare")) return 0.9;
+  if (!strcmp(phase, "search")) return 0.1 + 0.75 * (1 - 1.0 / (1 + round));
+  return 0.05;
+}
+
+/* Erase the bar (before a line goes to the terminal). */
+static void progress_clear(tune_progress *tp) {
+  if (!tp->drawn) return;
+  fputs("\r\033[K", stderr);
+  fflush(stderr);
+  tp->drawn = false;
+}
+
+/* "1:05", "1:02:03", "-:--" */
+static void eta_text(double s, char *out, size_t cap) {
+  if (!isfinite(s) || s < 0 || s > 360000) {
+    snprintf(out, cap, "-:--");
+    return;
+  }
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(out, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else snprintf(out, cap, "%ld:%02ld", t / 60, t % 60);
+}
 
 /* One progress report of kernel tp->kernel; best_us not finite or <= 0 = none yet. */
 static void progress_show(tune_progress *tp, const char *phase, uint32_t round, uint32_t round_candidates,
                           uint32_t compiled, uint32_t timed, double best_us) {
   char best[32];
   if (!phase) phase = "";
-  if (isfinite(best_us) && best_us > 0)
-    snprintf(best, sizeof best, "%.2f us", best_us);
+  if (isfinite(best_us) && best_us > 0 && best_us < tp->best) tp->best = best_us;
+  if (isfinite(tp->best))
+    snprintf(best, sizeof best, "%.2f us", tp->best);
   else
     snprintf(best, sizeof best, "-");
   if (tp->tty) {
-    fprintf(stderr, "\r\033[Kkernel %u/%u  %-7s round %u  candidates %u  compiled %u  timed %u  best %s",
-            tp->kernel, tp->nkernels, phase, round, round_candidates, compiled, timed, best);
-    if (!strcmp(phase, "done") || !strcmp(phase, "cache")) fputc('\n', stderr);
+    uint32_t n = tp->nkernels ? tp->nkernels : 1, k = tp->kernel ? tp->kernel : 1;
+    double frac = ((double)(k - 1) + phase_done(phase, round)) / n, elapsed = kex_cli_now_s() - tp->t0;
+    if (frac > 1) frac = 1;
+    char eta[32], bar[TUNE_BAR_WIDTH + 1], line[512];
+    eta_text(frac > 0.005 && elapsed > 0.5 ? elapsed * (1 - frac) / frac : NAN, eta, sizeof eta);
+    int fill = (int)(frac * TUNE_BAR_WIDTH);
+    for (int i = 0; i < TUNE_BAR_WIDTH; i++) bar[i] = i < fill ? '#' : '.';
+    bar[TUNE_BAR_WIDTH] = 0;
+    int len = snprintf(line, sizeof line, "[%s] %3d%%  ETA %s  kernel %u/%u %-7s round %u  best %s  (candidates %u, "
+                       "compiled %u, timed %u)", bar, (int)(frac * 100), eta, tp->kernel, tp->nkernels, phase, round,
+                       best, round_candidates, compiled, timed);
+    struct winsize ws;
+    int cols = ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : TUNE_LINE_DEFAULT;
+    if (len > cols - 1) len = cols - 1; /* a wrapped line could not be redrawn in place */
+    fprintf(stderr, "\r\033[K%.*s", len < 0 ? 0 : len, line);
     fflush(stderr);
+    tp->drawn = true;
     return;
   }
   if (tp->last_phase[0] && !strcmp(tp->last_phase, phase) && tp->last_round == round) return;
@@ -62,6 +141,15 @@ static void progress_show(tune_progress *tp, const char *phase, uint32_t round, 
   tp->last_round = round;
   fprintf(stderr, "kernel %u/%u %s round %u: candidates %u compiled %u timed %u best %s\n", tp->kernel, tp->nkernels,
           phase, round, round_candidates, compiled, timed, best);
+}
+
+/* The end of a tune: on a terminal, the bar's last state stays as a summary line. */
+static void progress_end(tune_progress *tp, bool ok) {
+  if (!tp->tty) return;
+  progress_clear(tp);
+  if (ok) fprintf(stderr, "[%.*s] 100%%  %u kernel%s tuned in %.1f s\n", TUNE_BAR_WIDTH,
+                  "##################################################", tp->nkernels, tp->nkernels == 1 ? "" : "s",
+                  kex_cli_now_s() - tp->t0);
 }
 
 /* The result of one kernel, as both modes report it. */
@@ -88,6 +176,7 @@ static void tune_emit(const tune_row *r, json_t *arr) {
   printf("kernel %u: %-28s %-44s %10.2f us  (hand-coded %.2f us%s)  %s %.2f s, compiled %u, timed %u\n", r->kernel,
          r->name, r->opts[0] ? r->opts : "(no opts)", r->us, r->hand_us, r->hand_won ? ", kept" : "",
          r->from_cache ? "cached," : "search", r->search_s, r->compiled, r->timed);
+  fflush(stdout); /* before the progress bar is drawn again on the same terminal */
 }
 
 /* Print {"kernels": arr} on stdout. */
@@ -105,7 +194,7 @@ static void tune_emit_json(json_t *arr) {
 #include "core/arena.h"
 #include "search/beam.h"
 #include "search/cache.h"
-#include "search/run.h"
+#include "realize/run.h"
 
 _Static_assert(TUNE_MAX_WIDTH == KEX_BEAM_MAX_WIDTH, "TUNE_MAX_WIDTH follows KEX_BEAM_MAX_WIDTH");
 
@@ -162,7 +251,9 @@ int kex_cmd_tune(int argc, char **argv) {
   json_t *out = json_array();
   int ret = 0, rc;
   if ((rc = kex_graph_from_json_file(path, &limits, &g, &err))) {
-    fprintf(stderr, "kex tune: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
+    const char *m = err.msg[0] ? err.msg : kex_strerror(rc);
+    if (strncmp(m, path, strlen(path)) == 0) fprintf(stderr, "kex tune: %s\n", m); /* the message names the file */
+    else fprintf(stderr, "kex tune: %s: %s\n", path, m);
     ret = 2;
     goto out;
   }
@@ -173,7 +264,7 @@ int kex_cmd_tune(int argc, char **argv) {
   }
   const char *kind = kex_device_get_identity(dev)->kind;
   bool cpu = strcmp(kind, "cpu") == 0 || strstr(kind, "+cpu") != NULL;
-  kex_replay_opts ro = kex_run_replay_opts(cpu);
+  kex_replay_opts ro = kex_replay_opts_for(cpu);
   if ((rc = kex_replay_graph(g, &ro, &arena, &r, &err)) || (rc = kex_schedule_create(r, &s, &err))) {
     fprintf(stderr, "kex tune: %s: %s\n", path, err.msg);
     ret = rc == KEX_EASSIGN ? 2 : 1;
@@ -194,11 +285,11 @@ int kex_cmd_tune(int argc, char **argv) {
       goto out;
     }
   }
-  tune_progress tp = {isatty(2) != 0, 0, s->nkernels, 0, ""};
+  tune_progress tp;
+  progress_init(&tp, s->nkernels);
   for (uint32_t i = 0; i < s->nitems; i++) {
     if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
-    tp.kernel++;
-    tp.last_phase[0] = 0;
+    progress_kernel(&tp, tp.kernel + 1, s->nkernels);
     kex_beam_opts bo;
     kex_beam_opts_init(&bo, beam);
     if (max_cand >= 0) bo.max_candidates = max_cand;
@@ -209,10 +300,12 @@ int kex_cmd_tune(int argc, char **argv) {
     kex_beam_target t = {g, s, i, cpu};
     kex_beam_result br;
     if ((rc = kex_beam_optimize(&t, dev, &bo, &br, &err))) {
+      progress_end(&tp, false);
       fprintf(stderr, "kex tune: kernel %u: %s\n", tp.kernel, err.msg);
       ret = 1;
       goto out;
     }
+    progress_clear(&tp);
     if (br.cache_note[0]) fprintf(stderr, "kex tune: kernel %u: %s\n", tp.kernel, br.cache_note);
     char ot[KEX_CACHE_OPTS_TEXT_MAX];
     kex_cache_opts_format(br.opts, br.nopts, ot, sizeof ot);
@@ -221,6 +314,7 @@ int kex_cmd_tune(int argc, char **argv) {
                     br.timed};
     tune_emit(&row, as_json ? out : NULL);
   }
+  progress_end(&tp, true);
   if (as_json) tune_emit_json(out);
 out:
   json_decref(out);
@@ -244,9 +338,7 @@ typedef struct remote_tune {
 
 static void on_tune_event(const kex_tune_event *ev, void *ud) {
   remote_tune *rt = ud;
-  if (ev->i != rt->tp.kernel) rt->tp.last_phase[0] = 0;
-  rt->tp.kernel = ev->i;
-  rt->tp.nkernels = ev->n;
+  progress_kernel(&rt->tp, ev->i, ev->n);
   if (!ev->finished) {
     progress_show(&rt->tp, ev->phase, ev->round, ev->round_candidates, ev->compiled, ev->timed, ev->best_us);
     return;
@@ -258,6 +350,7 @@ static void on_tune_event(const kex_tune_event *ev, void *ud) {
   tune_row row = {ev->i,     e ? e->kernel_name : ev->kernel, e ? e->key : "", e ? e->opts : "", e ? e->best_us : 0,
                   e ? e->hand_us : 0, ev->search_s, NAN, ev->from_cache, ev->hand_won, ev->round, ev->compiled,
                   ev->timed};
+  progress_clear(&rt->tp);
   tune_emit(&row, rt->arr);
 }
 
@@ -305,13 +398,15 @@ int kex_remote_cmd_tune(kex_cli_remote *r, int argc, char **argv) {
   }
   if (!(text = kex_cli_read_graph("tune", argv[optind]))) return 2;
   if ((ret = kex_cli_remote_open(r, "tune", job, true))) goto out;
-  remote_tune rt = {{isatty(2) != 0, 0, 0, 0, ""}, as_json ? json_array() : NULL};
+  remote_tune rt = {.arr = as_json ? json_array() : NULL};
+  progress_init(&rt.tp, 0);
   kex_tune_opts o = {.beam_width = (uint32_t)beam, .device = device, .timeout_s = timeout};
   if (kex_client_tune(r->client, r->job, text, &o, on_tune_event, &rt, &res, &st)) {
-    if (rt.tp.tty) fputc('\n', stderr);
+    progress_end(&rt.tp, false);
     ret = kex_cli_fail("tune", &st);
-  } else if (as_json) {
-    tune_emit_json(rt.arr);
+  } else {
+    progress_end(&rt.tp, true);
+    if (as_json) tune_emit_json(rt.arr);
   }
   json_decref(rt.arr);
 out:

@@ -222,6 +222,7 @@ typedef struct kex_job_stats {
   double device_time_s;
 } kex_job_stats;
 
+/* StatsReply: counters since the daemon started (proto/kex/v1/kex.proto says what each counts). */
 typedef struct kex_stats {
   uint32_t jobs_open;
   uint64_t jobs_opened, jobs_closed, jobs_expired, submissions, plans, plan_errors, kernels_planned, calls,
@@ -229,6 +230,13 @@ typedef struct kex_stats {
   double uptime_s;
   kex_job_stats *jobs;
   size_t njobs;
+  /* added after the fields above (the struct is always the library's, so old callers are unaffected) */
+  uint64_t submissions_done, submissions_failed;
+  uint64_t schedule_cache_hits, schedule_cache_misses;
+  uint64_t program_cache_memory_hits, program_cache_sqlite_hits, program_cache_misses;
+  uint64_t beam_cache_hits, beam_cache_misses, searches_run, searches_cancelled;
+  uint32_t connections_open;
+  uint64_t connections_refused, jobs_evicted;
 } kex_stats;
 
 /* Server counters; job NULL or "" = every open job, else that job only.  Free with kex_stats_free. */

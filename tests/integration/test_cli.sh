@@ -12,7 +12,17 @@
 # then cache ls|show|export|rm|import --server (a skip line while Tune is
 # UNIMPLEMENTED): the entry appears, --json parses with the in-process keys,
 # the export round-trips through rm and import and imports in-process too;
-# in-process plan and run without --server.
+# kex --version against meson's version; --server HOST meaning HOST:50051
+# (a second kexd on :50051 when that port is free); the start-kexd line of
+# an unreachable server; exit 2 for a missing input file in every command;
+# stats --json against every StatsReply/JobStats field of the proto; the
+# same --device/--repeat/--beam/--json through the server; run --check on a
+# case (PASS) and on a tampered copy (FAIL, exit 1) in both modes; top
+# --once --json listing an open job, and top on a pseudo-terminal quitting
+# on q; doctor listing the OpenCL devices kexd sees, the cache file and the
+# server; tune's bar (percent, ETA) on a pseudo-terminal, plain lines
+# elsewhere with a best that never goes up; kernels numbered from 1 in run
+# and tune; in-process plan and run without --server.
 #
 # Env: KEX_BUILD_DIR (default build), KEXD (default $KEX_BUILD_DIR/daemon/kexd),
 # KEX_CASES_DIR (default ../shared/cases).  Last line: "N passed, N failed".
@@ -43,8 +53,10 @@ finish() {
 
 tmp=$(mktemp -d)
 pid=""
+pid2="" # the kexd on :50051, while it runs
 cleanup() {
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
+  if [ -n "$pid2" ] && kill -0 "$pid2" 2>/dev/null; then kill -KILL "$pid2" 2>/dev/null; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -153,7 +165,7 @@ if [ "$rc" != 0 ] && grep -q "UNIMPLEMENTED" "$tmp/err"; then
   if [ "$rc" = 1 ]; then ok "run while Submit is UNIMPLEMENTED: exit 1 with the server's message"; else bad "run while Submit is UNIMPLEMENTED: exit 1 with the server's message"; fi
   skip "run --server outputs equal the in-process run (kexd: $(cat "$tmp/err"))"
 else
-  if [ "$rc" = 0 ] && grep -q "^kernel 0: " "$tmp/out" && grep -q "^output 0: float32 (10,) " "$tmp/out"; then ok "run --server: exit 0, prints kernels and outputs"; else bad "run --server: exit 0, prints kernels and outputs"; fi
+  if [ "$rc" = 0 ] && grep -q "^kernel 1: " "$tmp/out" && ! grep -q "^kernel 0: " "$tmp/out" && grep -q "^output 0: float32 (10,) " "$tmp/out"; then ok "run --server: exit 0, prints kernels (numbered from 1) and outputs"; else bad "run --server: exit 0, prints kernels (numbered from 1) and outputs"; fi
   if grep -q "^scheduled: " "$tmp/err"; then ok "run --server: progress lines on stderr when not a terminal"; else bad "run --server: progress lines on stderr when not a terminal"; fi
   run "$kex" "${S[@]}" run --json --out "$tmp/outdir" "$tmp/num.json"
   "$kex" run --device cpu --json "$tmp/num.json" >"$tmp/local.json" 2>/dev/null
@@ -229,11 +241,255 @@ assert d["ast_key"] == sys.argv[2] and d["ast_text"].startswith("kex.ast.v1") an
   if [ "$rc" = 2 ] && grep -q "in-process only" "$tmp/err"; then ok "tune --server --max-rounds: exit 2, in-process only"; else bad "tune --server --max-rounds: exit 2, in-process only"; fi
 fi
 
+# ---- the version, addresses, messages ----
+want_ver=$(meson introspect "$build" --projectinfo 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["version"])' 2>/dev/null)
+[ -n "$want_ver" ] || want_ver=$(sed -n "s/^ *version *: *'\([^']*\)'.*/\1/p" meson.build | head -1)
+run "$kex" --version
+if [ "$rc" = 0 ] && [ "$(cat "$tmp/out")" = "kex $want_ver" ]; then ok "kex --version prints meson's project version ($want_ver)"; else bad "kex --version prints meson's project version ($want_ver; got: $(cat "$tmp/out"))"; fi
+run "$kex" "${S[@]}" --version
+if [ "$rc" = 0 ] && [ "$(cat "$tmp/out")" = "kex $want_ver" ]; then ok "kex --server ADDR --version: the same"; else bad "kex --server ADDR --version: the same"; fi
+
+run "$kex" --server 127.0.0.1:1 plan "$cases/basic_binop_fusion.json"
+if [ "$rc" = 1 ] && grep -q "scripts/run.sh" "$tmp/err" && grep -q "kexd --listen 127.0.0.1:1" "$tmp/err"; then ok "an unreachable server: one more line on how to start kexd (scripts/run.sh, kexd --listen ADDR)"; else bad "an unreachable server: one more line on how to start kexd"; sed 's/^/# /' "$tmp/err"; fi
+run "$kex" stats
+if [ "$rc" = 2 ] && grep -q "scripts/run.sh" "$tmp/err"; then ok "stats without a server: exit 2, says how to start one"; else bad "stats without a server: exit 2, says how to start one"; fi
+
+# --server HOST without a port is HOST:50051
+port_free=$($PY -c 'import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try: s.bind(("127.0.0.1", 50051)); print(1)
+except OSError: print(0)')
+if [ "$port_free" = 1 ]; then
+  "$kexd" --listen 127.0.0.1:50051 --grace 1 --cache "" >"$tmp/kexd50051.log" 2>&1 &
+  pid2=$!
+  for _ in $(seq 1 100); do
+    $PY -c 'import socket; socket.create_connection(("127.0.0.1", 50051), 0.2)' 2>/dev/null && break
+    sleep 0.1
+  done
+  run "$kex" --server 127.0.0.1 job open --name port-default-check
+  run "$kex" --server 127.0.0.1 stats
+  if [ "$rc" = 0 ] && grep -q "^job port-default-check: " "$tmp/out"; then ok "--server 127.0.0.1 (no port) reaches the kexd started on :50051"; else bad "--server 127.0.0.1 (no port) reaches the kexd started on :50051"; sed 's/^/# /' "$tmp/err"; fi
+  kill -TERM "$pid2" 2>/dev/null
+  wait "$pid2" 2>/dev/null
+  pid2=""
+fi
+run "$kex" --server 127.0.0.1 stats
+if [ "$rc" = 0 ] || grep -q "127.0.0.1:50051" "$tmp/err"; then ok "--server 127.0.0.1 tries 127.0.0.1:50051 (rc $rc)"; else bad "--server 127.0.0.1 tries 127.0.0.1:50051 (rc $rc)"; sed 's/^/# /' "$tmp/err"; fi
+
+# a missing input file is bad input (exit 2), in-process and through the server
+missing=0
+for c in "plan" "run" "run --check" "tune"; do
+  run "$kex" $c "$tmp/nonexistent.json"
+  [ "$rc" = 2 ] || { missing=$((missing + 1)); echo "# in-process $c: rc $rc"; }
+  run "$kex" "${S[@]}" $c "$tmp/nonexistent.json"
+  [ "$rc" = 2 ] || { missing=$((missing + 1)); echo "# --server $c: rc $rc"; }
+done
+if [ "$missing" = 0 ]; then ok "a missing input file: exit 2 (plan, run, run --check, tune; in-process and --server)"; else bad "a missing input file: exit 2 ($missing commands did not)"; fi
+
+# ---- stats: every StatsReply field ----
+run "$kex" "${S[@]}" job open --name stats-check --memory-limit 1048576
+sjob=$(cat "$tmp/out")
+run "$kex" "${S[@]}" stats --json --job "$sjob"
+if [ "$rc" = 0 ] && $PY - "$tmp/out" proto/kex/v1/kex.proto <<'PYEOF'; then ok "stats --json: every StatsReply and JobStats field of the proto, and an ISO 8601 start"; else bad "stats --json: every StatsReply and JobStats field of the proto, and an ISO 8601 start"; fi
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+proto = open(sys.argv[2]).read()
+def fields(msg):
+    body = re.search(r"message %s \{(.*?)\n\}" % msg, proto, re.S).group(1)
+    return [m.group(1) for m in re.finditer(r"^\s*(?:repeated\s+)?\w+\s+(\w+)\s*=\s*\d+;", body, re.M)]
+want, jwant = fields("StatsReply"), fields("JobStats")
+assert len(want) >= 28 and {"connections_open", "connections_refused", "jobs_evicted"} <= set(want), want
+missing = [f for f in want if f not in d]
+assert not missing, missing
+assert len(d["job_stats"]) == 1 and d["job_stats"][0]["name"] == "stats-check", d["job_stats"]
+jmissing = [f for f in jwant if f not in d["job_stats"][0]]
+assert not jmissing, jmissing
+assert d["connections_open"] >= 1 and d["job_stats"][0]["memory_limit"] == 1048576, d
+assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", d["started"]), d["started"]
+PYEOF
+run "$kex" "${S[@]}" stats
+if [ "$rc" = 0 ] && grep -q "^connections: [1-9][0-9]* open, [0-9]* refused$" "$tmp/out" && grep -q "evicted" "$tmp/out" && grep -q "^schedule cache: " "$tmp/out" && grep -q "^program cache: " "$tmp/out" && grep -q "^beam cache: .*searches: " "$tmp/out" && grep -q "^submissions: .* done, .* failed" "$tmp/out" && grep -Eq "^uptime: .* \(started [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\)$" "$tmp/out"; then ok "stats: the new counters (connections, evictions, caches, submissions) and an ISO 8601 start"; else bad "stats: the new counters and an ISO 8601 start"; sed 's/^/# /' "$tmp/out"; fi
+
+# ---- the same flags in both modes ----
+"$kex" run --device cpu --json "$tmp/num.json" >"$tmp/cpu_local.json" 2>/dev/null
+run "$kex" "${S[@]}" run --device cpu --json "$tmp/num.json"
+if [ "$rc" = 0 ] && $PY -c '
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert [k["name"] for k in a["kernels"]] == [k["name"] for k in b["kernels"]], (a["kernels"], b["kernels"])
+assert [o["data"] for o in a["outputs"]] == [o["data"] for o in b["outputs"]]' "$tmp/out" "$tmp/cpu_local.json"; then ok "run --server --device cpu: the server runs on cpu (the in-process cpu kernels and bytes)"; else bad "run --server --device cpu: the server runs on cpu (the in-process cpu kernels and bytes)"; fi
+cp "$tmp/out" "$tmp/cpu_remote.json"
+if $PY -c 'import json,sys; sys.exit(0 if all(k["opts"] is None for k in json.load(open(sys.argv[1]))["kernels"]) else 1)' "$tmp/cpu_remote.json"; then
+  skip "run --server reports each kernel's applied opts (the done event's KernelTime has no opts field yet)"
+elif $PY -c '
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+sys.exit(0 if [k["opts"] for k in a["kernels"]] == [k["opts"] for k in b["kernels"]] else 1)' "$tmp/cpu_remote.json" "$tmp/cpu_local.json"; then ok "run --server reports the applied opts per kernel, as in-process"; else bad "run --server reports the applied opts per kernel, as in-process"; fi
+run "$kex" "${S[@]}" run --device no-such-device "$tmp/num.json"
+if [ "$rc" = 2 ] && grep -q "INVALID_ARGUMENT" "$tmp/err" && grep -q "no-such-device" "$tmp/err"; then ok "run --server --device of a device the server lacks: exit 2 naming it"; else bad "run --server --device of a device the server lacks: exit 2 naming it"; fi
+run "$kex" "${S[@]}" plan --device cpu --json "$cases/assign_contiguous_permute.json"
+want_cpu=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["kernels"]["cpu"])' "$cases/assign_contiguous_permute.json")
+got_cpu=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["kernels"])' "$tmp/out" 2>/dev/null)
+if [ "$rc" = 0 ] && [ "$got_cpu" = "$want_cpu" ]; then ok "plan --server --device cpu: $want_cpu kernels, tinygrad's CLANG count"; else bad "plan --server --device cpu: $want_cpu kernels, tinygrad's CLANG count (got $got_cpu)"; fi
+before=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["submissions"])' <("$kex" "${S[@]}" stats --json))
+run "$kex" "${S[@]}" run --device cpu --repeat 3 "$tmp/num.json"
+after=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["submissions"])' <("$kex" "${S[@]}" stats --json))
+if [ "$rc" = 0 ] && [ $((after - before)) = 4 ] && grep -q "^timed run 3/3$" "$tmp/err" && grep -q "^kernel 1: " "$tmp/out"; then ok "run --server --repeat 3: a warm-up and 3 timed submissions, kernels printed"; else bad "run --server --repeat 3: a warm-up and 3 timed submissions (submissions +$((after - before)), rc $rc)"; fi
+run "$kex" "${S[@]}" run --repeat 0 "$tmp/num.json"
+if [ "$rc" = 2 ]; then ok "run --server --repeat 0: exit 2"; else bad "run --server --repeat 0: exit 2"; fi
+run "$kex" "${S[@]}" run --beam 1 --device cpu "$tmp/num.json"
+if [ "$rc" = 0 ] && grep -q "^output 0: float32 (10,) " "$tmp/out"; then ok "run --server --beam 1: exit 0"; else bad "run --server --beam 1: exit 0"; fi
+
+# ---- run --check CASE.json ----
+$PY - "$cases/softmax_fusion.json" "$tmp/tampered.json" <<'PYEOF'
+import base64, json, struct, sys
+d = json.load(open(sys.argv[1]))
+e = d["numeric"]["expected"][0]
+raw = bytearray(base64.b64decode(e["data"]))
+v = struct.unpack_from("<f", raw, 40)[0]
+struct.pack_into("<f", raw, 40, v + 0.5)       # element 10, far outside rtol/atol
+e["data"] = base64.b64encode(bytes(raw)).decode()
+json.dump(d, open(sys.argv[2], "w"))
+PYEOF
+for mode in in-process server; do
+  if [ "$mode" = server ]; then M=("${S[@]}"); else M=(); fi
+  run "$kex" "${M[@]}" run --check --device cpu "$cases/softmax_fusion.json"
+  if [ "$rc" = 0 ] && grep -q "^output 0: PASS float32 (4, 12, 64, 64)" "$tmp/out" && grep -q "^check: 1 of 1 outputs passed$" "$tmp/out"; then ok "run --check ($mode): softmax_fusion passes, exit 0"; else bad "run --check ($mode): softmax_fusion passes, exit 0 (rc $rc)"; sed 's/^/# /' "$tmp/out" "$tmp/err"; fi
+  run "$kex" "${M[@]}" run --check --device cpu "$tmp/tampered.json"
+  if [ "$rc" = 1 ] && grep -q "^output 0: FAIL float32 .*1 of 196608 values out of tolerance, first \[10\]" "$tmp/out"; then ok "run --check ($mode): a tampered copy fails naming the value, exit 1"; else bad "run --check ($mode): a tampered copy fails naming the value, exit 1 (rc $rc)"; sed 's/^/# /' "$tmp/out"; fi
+done
+run "$kex" "${S[@]}" run --check --json "$tmp/tampered.json"
+if [ "$rc" = 1 ] && $PY -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["check"]
+assert c["passed"] is False and c["outputs"][0]["mismatches"] == 1 and c["outputs"][0]["pass"] is False, c' "$tmp/out"; then ok "run --check --json --server: check.passed false, 1 mismatch"; else bad "run --check --json --server: check.passed false, 1 mismatch"; fi
+run "$kex" run --check "$tmp/num.json"
+if [ "$rc" = 2 ] && grep -q "not a case with a numeric graph" "$tmp/err"; then ok "run --check of a plain graph: exit 2, not a case"; else bad "run --check of a plain graph: exit 2, not a case"; fi
+
+# ---- top ----
+run "$kex" "${S[@]}" job open --name top-check --weight 4
+tjob=$(cat "$tmp/out")
+"$kex" "${S[@]}" run --job "$tjob" --device cpu "$tmp/num.json" >/dev/null 2>&1
+run "$kex" "${S[@]}" top --once --json --interval 0.2
+if [ "$rc" = 0 ] && $PY - "$tmp/out" <<'PYEOF'; then ok "top --once --json: parses, lists the open job, device busy, bytes held, cache hit rates, ISO 8601 time"; else bad "top --once --json: parses, lists the open job, ..."; cat "$tmp/out" "$tmp/err"; fi
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+j = [x for x in d["jobs"] if x["name"] == "top-check"]
+assert len(j) == 1 and j[0]["weight"] == 4 and j[0]["items_done"] >= 1 and j[0]["bytes_held"] > 0, d["jobs"]
+assert {"queued", "running", "busy", "device_time_s", "memory_limit", "buffers"} <= set(j[0]), j[0]
+assert {"queued", "running", "device_busy", "bytes_held", "jobs_open", "uptime_s"} <= set(d), d
+assert d["device_busy"] is not None and d["device_busy"] >= 0 and d["interval_s"] > 0.1, d
+assert set(d["cache_hit_rates"]) == {"schedule", "program", "beam"}, d["cache_hit_rates"]
+assert 0 <= d["cache_hit_rates"]["program"] <= 1, d["cache_hit_rates"]
+assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", d["time"]), d["time"]
+PYEOF
+run "$kex" "${S[@]}" top --once --interval 0
+if [ "$rc" = 0 ] && grep -q "^top-check  *4 " "$tmp/out" && grep -q "cache hit rates: schedule" "$tmp/out" && grep -q "device busy: -" "$tmp/out"; then ok "top --once --interval 0: the job's row, one sample (no busy share)"; else bad "top --once --interval 0: the job's row, one sample"; sed 's/^/# /' "$tmp/out"; fi
+# on a terminal: redrawn every second until q
+$PY - "$kex" "127.0.0.1:$port" >"$tmp/top_tty.txt" 2>&1 <<'PYEOF'
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "--server", sys.argv[2], "top"])
+out, t0, sent = b"", time.time(), False
+while time.time() - t0 < 10:
+    r, _, _ = select.select([fd], [], [], 0.1)
+    if r:
+        try:
+            d = os.read(fd, 65536)
+        except OSError:
+            break
+        if not d:
+            break
+        out += d
+    if not sent and time.time() - t0 > 2.6:
+        os.write(fd, b"q")
+        sent = True
+else:
+    os.kill(pid, 9)
+_, st = os.waitpid(pid, 0)
+print("rc", os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1, "views", out.count(b"kex top "), "job", out.count(b"top-check"),
+      "restored", out.endswith(b"\x1b[?1049l"))
+PYEOF
+if grep -q "^rc 0 views [2-9] job [2-9] restored True$" "$tmp/top_tty.txt"; then ok "top on a terminal: redrawn each second, q quits (exit 0, screen restored)"; else bad "top on a terminal: redrawn each second, q quits"; sed 's/^/# /' "$tmp/top_tty.txt"; fi
+run "$kex" top --once
+if [ "$rc" = 2 ] && grep -q "needs a server" "$tmp/err"; then ok "top without a server: exit 2"; else bad "top without a server: exit 2"; fi
+"$kex" "${S[@]}" job close "$tjob" >/dev/null 2>&1
+"$kex" "${S[@]}" job close "$sjob" >/dev/null 2>&1
+
+# ---- doctor ----
+run "$kex" "${S[@]}" doctor --json --cache "$tmp/cache.db"
+"$kex" "${S[@]}" devices --json >"$tmp/devs.json" 2>/dev/null
+if [ "$rc" = 0 ] && $PY - "$tmp/out" "$tmp/devs.json" "$tmp/cache.db" <<'PYEOF'; then ok "doctor --json: the OpenCL devices kexd sees (PoCL's here) with capabilities, the cache file and its size, the server answers"; else bad "doctor --json: the OpenCL devices, the cache file and its size, the server answers"; sed 's/^/# /' "$tmp/out"; fi
+import json, os, re, sys
+d, devs = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+mine = sorted(x["name"] for p in d["platforms"] for x in p["devices"])
+theirs = sorted(x["device_name"] for x in devs if x["kind"] == "opencl" and x["name"].startswith("opencl:"))
+assert mine == theirs, (mine, theirs)
+for p in d["platforms"]:
+    for x in p["devices"]:
+        assert "error" in x or ({"global_mem", "compute_units", "has_local", "supports_fp16", "supports_fp64", "driver_version"} <= set(x) and x["global_mem"] > 0), x
+if os.path.exists("/etc/OpenCL/vendors") and any("pocl" in f for f in os.listdir("/etc/OpenCL/vendors")):
+    assert any(p["name"] == "Portable Computing Language" and p["devices"] for p in d["platforms"]), d["platforms"]
+assert d["cpu"]["kind"] == "cpu" and d["cpu"]["compute_units"] >= 1, d["cpu"]
+c = d["cache"]
+assert c["path"] == sys.argv[3] and c["exists"] and c["bytes"] == os.path.getsize(sys.argv[3]), c
+assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", c["modified"]), c
+assert d["server"]["answers"] is True and d["server"]["devices"] and d["ok"] is True, d["server"]
+PYEOF
+run "$kex" doctor --cache "$tmp/cache.db"
+pocl_name=$($PY -c 'import json,sys; print(next((x["device_name"] for x in json.load(open(sys.argv[1])) if x["kind"] == "opencl"), ""))' "$tmp/devs.json")
+if [ "$rc" = 0 ] && grep -q "^OpenCL platforms and devices:" "$tmp/out" && { [ -z "$pocl_name" ] || grep -qF "    $pocl_name" "$tmp/out"; } && grep -q "^cache: $tmp/cache.db" "$tmp/out" && grep -q "float16 " "$tmp/out"; then ok "doctor: lists the OpenCL device ($pocl_name) with its capabilities and the cache file"; else bad "doctor: lists the OpenCL device ($pocl_name) with its capabilities and the cache file"; sed 's/^/# /' "$tmp/out"; fi
+run "$kex" --server 127.0.0.1:1 doctor
+if [ "$rc" = 1 ] && grep -q "^kexd at 127.0.0.1:1 " "$tmp/out" && grep -q "no answer: UNAVAILABLE" "$tmp/out" && grep -q "kexd --listen 127.0.0.1:1" "$tmp/out"; then ok "doctor --server of a silent address: exit 1, says it does not answer and how to start kexd"; else bad "doctor --server of a silent address: exit 1, says how to start kexd"; sed 's/^/# /' "$tmp/out"; fi
+
+# ---- tune progress: a bar with percent and ETA on a terminal, plain lines elsewhere; best never goes up ----
+tg2=$tmp/tune2.json
+$PY -c 'import json,sys; json.dump(json.load(open(sys.argv[1]))["graph"], open(sys.argv[2], "w"))' "$cases/softmax_fusion.json" "$tg2"
+$PY - "$kex" "$tg2" >"$tmp/tune_tty.txt" 2>&1 <<'PYEOF'
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "tune", "--device", "cpu", "--beam", "1", "--no-cache", "--max-rounds", "1",
+                           "--max-candidates", "4", sys.argv[2]])
+out = b""
+while True:
+    try:
+        d = os.read(fd, 65536)
+    except OSError:
+        break
+    if not d:
+        break
+    out += d
+_, st = os.waitpid(pid, 0)
+text = out.decode(errors="replace")
+# the bar is redrawn in place: "\r\x1b[K" before each state; one line per state here
+print("redraws", text.count("\r\x1b[K["))
+sys.stdout.write(text.replace("\x1b[K", "").replace("\r\n", "\n").replace("\r", "\n"))
+print("\nrc", os.WEXITSTATUS(st))
+PYEOF
+if grep -q "^rc 0$" "$tmp/tune_tty.txt" && grep -q "^redraws [1-9][0-9]" "$tmp/tune_tty.txt" && grep -Eq '^\[#*\.*\] +[0-9]+%  ETA [0-9-]+:[0-9-]+  kernel 2/3 ' "$tmp/tune_tty.txt" && grep -q "100%  3 kernels tuned in " "$tmp/tune_tty.txt" && grep -q "^kernel 3: " "$tmp/tune_tty.txt"; then ok "tune on a terminal: a bar with percent and ETA, kernel i/n, the result lines"; else bad "tune on a terminal: a bar with percent and ETA"; tr '\r' '\n' <"$tmp/tune_tty.txt" | tail -5 | sed 's/^/# /'; fi
+run "$kex" tune --device cpu --beam 2 --no-cache --max-candidates 8 "$tg2"
+if [ "$rc" = 0 ] && ! grep -q $'\r' "$tmp/err" && ! grep -q "ETA" "$tmp/err" && $PY - "$tmp/err" <<'PYEOF'; then ok "tune elsewhere: plain lines, and the best shown for a kernel never goes up"; else bad "tune elsewhere: plain lines, and the best shown for a kernel never goes up"; sed 's/^/# /' "$tmp/err"; fi
+import re, sys
+best = {}
+lines = 0
+for line in open(sys.argv[1]):
+    m = re.match(r"kernel (\d+)/3 (\w+) round \d+: .* best ([0-9.]+) us$", line)
+    if not m:
+        continue
+    lines += 1
+    k, v = int(m.group(1)), float(m.group(3))
+    assert v <= best.get(k, v), (line, best[k])
+    best[k] = v
+assert lines >= 6 and sorted(best) == [1, 2, 3], (lines, best)
+PYEOF
+
 # ---- in-process, no server ----
 run "$kex" plan "$cases/basic_binop_fusion.json"
 if [ "$rc" = 0 ] && grep -q "^kernels: 1$" "$tmp/out"; then ok "in-process plan: exit 0, kernels: 1"; else bad "in-process plan: exit 0, kernels: 1"; fi
 run "$kex" run --device cpu "$tmp/num.json"
-if [ "$rc" = 0 ] && grep -q "^output 0: float32 (10,) " "$tmp/out"; then ok "in-process run on cpu: exit 0 with an output line"; else bad "in-process run on cpu: exit 0 with an output line"; fi
+if [ "$rc" = 0 ] && grep -q "^output 0: float32 (10,) " "$tmp/out" && grep -q "^kernel 1: " "$tmp/out" && ! grep -q "^kernel 0: " "$tmp/out"; then ok "in-process run on cpu: exit 0, kernels numbered from 1 (as tune numbers them), an output line"; else bad "in-process run on cpu: exit 0, kernels numbered from 1 (as tune numbers them), an output line"; fi
 run "$kex" plan "$tmp/bad.json"
 if [ "$rc" = 2 ]; then ok "in-process plan of an invalid graph: exit 2"; else bad "in-process plan of an invalid graph: exit 2"; fi
 
