@@ -149,10 +149,12 @@ typedef struct cache_row {
 } cache_row;
 
 static json_t *row_json(const cache_row *r) {
-  return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I}", "ast_key", r->ast_key, "device",
+  char when[KEX_CLI_ISO8601_MAX];
+  kex_cli_iso8601(r->created_at, when);
+  return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I, s:s}", "ast_key", r->ast_key, "device",
                    r->device, "search_opts", r->search_opts, "codegen_version", r->codegen, "kernel_name",
                    r->kernel_name, "opts", r->opts, "us", r->us, "hand_us", r->hand_us, "search_s", r->search_s,
-                   "candidates", (json_int_t)r->candidates, "created_at", (json_int_t)r->created_at);
+                   "candidates", (json_int_t)r->candidates, "created_at", (json_int_t)r->created_at, "created", when);
 }
 
 /* The line of `ls`. */
@@ -208,11 +210,13 @@ static void show_print(const cache_row *r, const char *ast_text, const char *sou
     json_decref(o);
     return;
   }
+  char when[KEX_CLI_ISO8601_MAX];
+  kex_cli_iso8601(r->created_at, when);
   printf("ast_key:         %s\ndevice:          %s\nsearch_opts:     %s\ncodegen_version: %s\n"
          "kernel:          %s\nopts:            %s\ntime:            %.2f us (hand-coded %.2f us)\n"
-         "search:          %.2f s, %lld candidates timed\ncreated_at:      %lld\n",
+         "search:          %.2f s, %lld candidates timed\ncreated_at:      %s\n",
          r->ast_key, r->device, r->search_opts, r->codegen, r->kernel_name, r->opts[0] ? r->opts : "(no opts)", r->us,
-         r->hand_us, r->search_s, (long long)r->candidates, (long long)r->created_at);
+         r->hand_us, r->search_s, (long long)r->candidates, when);
   printf("ast:\n%s\n", ast_text ? ast_text : "(not stored)");
   printf("source:\n%s\n", source ? source
                                  : remote ? "(not available from the server)"
@@ -256,11 +260,11 @@ static void rm_print(bool as_json, uint64_t n) {
 
 #ifdef KEX_HAVE_RUN
 #include "core/arena.h"
-#include "search/astkey.h"
+#include "codegen/astkey.h"
 #include "search/beam.h"
 #include "search/cache.h"
-#include "search/lower.h"
-#include "search/run.h"
+#include "codegen/lower.h"
+#include "realize/run.h"
 
 int kex_cmd_cache(int argc, char **argv);
 
@@ -303,7 +307,7 @@ static char *render_from_graph(const char *gpath, const kex_cache_entry *e, kex_
   kex_arena_init(&arena, 0);
   bool cpu = strcmp(e->device.kind, "cpu") == 0 || strstr(e->device.kind, "+cpu") != NULL;
   const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
-  kex_replay_opts ro = kex_run_replay_opts(cpu);
+  kex_replay_opts ro = kex_replay_opts_for(cpu);
   int rc = kex_graph_from_json_file(gpath, &lim, &g, err);
   if (!rc) rc = kex_replay_graph(g, &ro, &arena, &r, err);
   if (!rc) rc = kex_schedule_create(r, &s, err);
@@ -382,7 +386,10 @@ int kex_cmd_cache(int argc, char **argv) {
       kex_error gerr = {0};
       if (a.graph && !(src = render_from_graph(a.graph, &e, &gerr))) {
         fprintf(stderr, "kex cache show: %s\n", gerr.msg);
-        ret = 1;
+        /* a missing or unreadable graph file is the caller's mistake (2), as everywhere in kex */
+        ret = gerr.code == KEX_EIO || gerr.code == KEX_EPARSE || gerr.code == KEX_EINVAL || gerr.code == KEX_ENOTFOUND
+                  ? 2
+                  : 1;
       }
       cache_row r = row_of(&e, ot);
       show_print(&r, e.ast_text, src, a.json, false);

@@ -213,6 +213,10 @@ assert {"search_opts", "codegen_version", "kernel_name", "opts", "hand_us", "can
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["ast_key"] == sys.argv[2] and d["ast_text"].startswith("kex.ast.v1") and d["source"], d' "$tmp/out" "$key"; then ok "cache show --json --server: the entry with its AST text and source"; else bad "cache show --json --server: the entry with its AST text and source"; fi
+  run "$kex" cache show --cache "$tmp/local.db" "${key:0:12}"
+  if [ "$rc" = 0 ] && grep -qE "^created_at: +[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$" "$tmp/out"; then ok "cache show: created_at is ISO 8601"; else bad "cache show: created_at is ISO 8601"; sed 's/^/# /' "$tmp/out" "$tmp/err"; fi
+  run "$kex" cache show --cache "$tmp/local.db" --graph "$tmp/no-such-graph.json" "${key:0:12}"
+  if [ "$rc" = 2 ]; then ok "cache show --graph of a missing file: exit 2"; else bad "cache show --graph of a missing file: exit 2 (rc $rc)"; sed 's/^/# /' "$tmp/err"; fi
   run "$kex" "${S[@]}" cache show ffffffffffff
   if [ "$rc" = 2 ] && grep -q "no entry with AST key prefix" "$tmp/err"; then ok "cache show --server of an unknown prefix: exit 2"; else bad "cache show --server of an unknown prefix: exit 2"; fi
   run "$kex" "${S[@]}" cache ls --ast xyz
