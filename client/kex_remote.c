@@ -538,10 +538,10 @@ static int cmd_run(remote *r, int argc, char **argv) {
   }
   if (as_json) {
     json_t *ks = json_array(), *os = json_array(), *checks = check ? json_array() : NULL;
-    /* "opts": null -- the done event does not carry the applied opts (KernelTime has no field for them) */
     for (size_t i = 0; i < res->nkernels; i++)
-      json_array_append_new(ks, json_pack("{s:s, s:n, s:f, s:f}", "name", res->kernels[i].kernel, "opts", "us",
-                                          res->kernels[i].run_us, "compile_us", res->kernels[i].compile_us));
+      json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f}", "name", res->kernels[i].kernel, "opts",
+                                          res->kernel_opts[i], "us", res->kernels[i].run_us, "compile_us",
+                                          res->kernels[i].compile_us));
     for (size_t i = 0; i < res->noutputs; i++) {
       const kex_array *b = &bufs[i];
       json_t *shape = json_array();
@@ -568,8 +568,8 @@ static int cmd_run(remote *r, int argc, char **argv) {
     json_decref(doc);
   } else {
     for (size_t i = 0; i < res->nkernels; i++)
-      printf("kernel %zu: %-28s %-44s %10.2f us\n", i + 1, res->kernels[i].kernel, "(opts not reported by kexd)",
-             res->kernels[i].run_us);
+      printf("kernel %zu: %-28s %-44s %10.2f us\n", i + 1, res->kernels[i].kernel,
+             res->kernel_opts[i][0] ? res->kernel_opts[i] : "(no opts)", res->kernels[i].run_us);
     for (size_t i = 0; i < res->noutputs; i++) {
       kex_array b = bufs[i];
       b.data = OUT_DATA(i);

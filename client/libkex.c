@@ -1166,9 +1166,13 @@ out:
 void kex_result_free(kex_result *r) {
   if (!r) return;
   for (size_t i = 0; i < r->noutputs; i++) kex_array_free(&r->outputs[i].buf);
-  for (size_t i = 0; i < r->nkernels; i++) kex_free(r->kernels[i].kernel);
+  for (size_t i = 0; i < r->nkernels; i++) {
+    kex_free(r->kernels[i].kernel);
+    if (r->kernel_opts) kex_free(r->kernel_opts[i]);
+  }
   kex_free(r->outputs);
   kex_free(r->kernels);
+  kex_free(r->kernel_opts);
   kex_free(r);
 }
 
@@ -1177,7 +1181,8 @@ static int result_copy(const Kex__V1__Done *d, kex_result **out) {
   if (!r) return KEX_ENOMEM;
   r->total_us = d->total_us;
   if (!(r->outputs = kex_calloc(d->n_outputs ? d->n_outputs : 1, sizeof *r->outputs)) ||
-      !(r->kernels = kex_calloc(d->n_kernels ? d->n_kernels : 1, sizeof *r->kernels)))
+      !(r->kernels = kex_calloc(d->n_kernels ? d->n_kernels : 1, sizeof *r->kernels)) ||
+      !(r->kernel_opts = kex_calloc(d->n_kernels ? d->n_kernels : 1, sizeof *r->kernel_opts)))
     goto nomem;
   for (size_t i = 0; i < d->n_outputs; i++) {
     const Kex__V1__Output *o = d->outputs[i];
@@ -1194,7 +1199,9 @@ static int result_copy(const Kex__V1__Done *d, kex_result **out) {
   }
   for (size_t i = 0; i < d->n_kernels; i++) {
     r->nkernels = i + 1;
-    if (!(r->kernels[i].kernel = dupstr(d->kernels[i]->kernel))) goto nomem;
+    if (!(r->kernels[i].kernel = dupstr(d->kernels[i]->kernel)) ||
+        !(r->kernel_opts[i] = dupstr(d->kernels[i]->opts ? d->kernels[i]->opts : "")))
+      goto nomem;
     r->kernels[i].compile_us = d->kernels[i]->compile_us;
     r->kernels[i].run_us = d->kernels[i]->run_us;
   }

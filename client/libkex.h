@@ -192,6 +192,7 @@ typedef struct kex_result {
   kex_kernel_time *kernels;
   size_t nkernels;
   double total_us;
+  char **kernel_opts; /* [nkernels]: each kernel's applied opts as `kex run` prints them ("" = none) */
 } kex_result;
 
 /*
