@@ -135,6 +135,15 @@ static const flag flags[] = {
    "ImportCache streams at once (all clients)"},
   {"download-chunk-min", "BYTES", FLAG_U32, F(download_chunk_min), 1, KEXD_DOWNLOAD_CHUNK, 0, 0, false, NULL,
    "the smallest chunk_bytes a Download may ask for"},
+  /* devices */
+  {"max-programs", "N", FLAG_U32, F(max_programs), 1, 1 << 20, 0, 0, false, "devices",
+   "programs kept loaded per device; past it the least recently used one not in use is unloaded (and reloaded "
+   "from the cache when needed)"},
+  {"compile-slots", "N", FLAG_U32, F(compile_slots), 1, 64, 0, 0, false, NULL,
+   "kernels compiled at once per device; a submission takes one slot at a time while others wait"},
+  {"kernel-time-limit", "SECONDS", FLAG_SECONDS, F(kernel_time_limit_s), 0, 0, 0, 86400, false, NULL,
+   "seconds one kernel may run (0: none): cpu stops it between ranges, OpenCL fails it when it ends; the "
+   "submission fails DEADLINE_EXCEEDED"},
   /* tests */
   {"test-busy-work", NULL, FLAG_BOOL, F(test_busy_work), 0, 0, 0, 0, true, "tests",
    "serve /kex.v1.Kex/_BusyWork, which queues busy-CPU items on a device runner for a job"},
@@ -268,6 +277,9 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->import_max_bytes = KEXD_LIMIT_IMPORT_BYTES;
   cfg->import_streams = KEXD_LIMIT_IMPORT_STREAMS;
   cfg->download_chunk_min = KEXD_LIMIT_DOWNLOAD_CHUNK_MIN;
+  cfg->max_programs = KEXD_DEFAULT_MAX_PROGRAMS;
+  cfg->compile_slots = KEXD_DEFAULT_COMPILE_SLOTS;
+  cfg->kernel_time_limit_s = KEXD_DEFAULT_KERNEL_TIME_LIMIT_S;
   cfg->test_fault_kind = -1;
   parse_devices(cfg, "default", KEXD_DEFAULT_DEVICES);
 }

@@ -25,6 +25,9 @@
  * submission of tiny kernels costs one loop wake instead of one per item,
  * and nothing waits behind another job's item.
  *
+ * Every device a runner opens gets the dispatcher's kernel time limit
+ * (copied into the runner when it starts, so the thread reads its own).
+ *
  * Stop: cancelled items and finished ones go back through the done list;
  * after the runner thread has drained its must_run items it unrefs the
  * device, says it exited, and the loop joins it (at once: it has returned)
@@ -77,8 +80,9 @@ typedef struct runner {
   uint64_t picks;
   kexd_work *done_head, *done_tail;
   bool stopping, exited;
-  /* runner thread only */
+  /* runner thread only (kernel_time_limit_s: written before the thread starts) */
   kex_device *dev;
+  double kernel_time_limit_s;
 } runner;
 
 struct kexd_dispatch {
@@ -87,6 +91,7 @@ struct kexd_dispatch {
   runner **runners;     /* [nrunners]; NULL until the device's first item */
   char (*names)[DISPATCH_NAME_MAX];
   bool stopping;
+  double kernel_time_limit_s;
   uint32_t open_handles;
   void (*on_stopped)(void *);
   void *stopped_ud;
@@ -180,11 +185,14 @@ static void run_item(runner *r, kexd_work *w) {
   int rc;
   w->device_s = -1;
   w->rc = 0;
-  if (!r->dev && w->kind != KEXD_WORK_FREE && (rc = kex_device_open(r->name, &r->dev, &oerr)) < 0) {
-    r->dev = NULL;
-    w->rc = open_failed(r, &w->err, rc, &oerr);
-    w->device_s = 0;
-    return;
+  if (!r->dev && w->kind != KEXD_WORK_FREE) {
+    if ((rc = kex_device_open(r->name, &r->dev, &oerr)) < 0) {
+      r->dev = NULL;
+      w->rc = open_failed(r, &w->err, rc, &oerr);
+      w->device_s = 0;
+      return;
+    }
+    kex_device_set_kernel_time_limit(r->dev, r->kernel_time_limit_s);
   }
   switch (w->kind) {
   case KEXD_WORK_UPLOAD:
@@ -314,6 +322,7 @@ static runner *runner_get(kexd_dispatch *d, uint32_t i) {
   if (!(r = kex_calloc(1, sizeof *r))) return NULL;
   r->d = d;
   r->index = i;
+  r->kernel_time_limit_s = d->kernel_time_limit_s;
   memcpy(r->name, d->names[i], sizeof r->name);
   pthread_mutex_init(&r->lock, NULL);
   pthread_cond_init(&r->wake, NULL);
@@ -335,6 +344,10 @@ static runner *runner_get(kexd_dispatch *d, uint32_t i) {
   d->runners[i] = r;
   kex_log(KEX_LOG_DEBUG, NULL, 0, "dispatch: runner for device \"%s\" started", r->name);
   return r;
+}
+
+void kexd_dispatch_set_kernel_time_limit(kexd_dispatch *d, double seconds) {
+  d->kernel_time_limit_s = seconds > 0 ? seconds : 0;
 }
 
 int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {

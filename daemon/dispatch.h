@@ -97,6 +97,14 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
                       kexd_dispatch **out);
 
 /*
+ * Set the kernel time limit (seconds, 0 = none; devices/device.h says what
+ * it means on each device) of the devices the runners open from now on:
+ * call it before the first post.  Every kernel a runner runs is under it --
+ * Submit's and Tune's alike.
+ */
+void kexd_dispatch_set_kernel_time_limit(kexd_dispatch *d, double seconds);
+
+/*
  * Queue w for device `device_index` (starting its runner when needed).
  * After 0 the item belongs to the dispatcher until w->done runs on the loop
  * thread.  Errors (done is then never called): KEX_EINVAL (bad index or

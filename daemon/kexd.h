@@ -46,6 +46,9 @@
 #define KEXD_DEFAULT_HANDSHAKE_TIMEOUT_S 10.0 /* a connection must finish the HTTP/2 handshake this fast */
 #define KEXD_DEFAULT_KEEPALIVE_S 60.0        /* idle connections are pinged this often */
 #define KEXD_LIMIT_STREAMS 128               /* calls at once on one connection */
+#define KEXD_DEFAULT_MAX_PROGRAMS 1024       /* programs loaded per device (least recently used unloaded beyond) */
+#define KEXD_DEFAULT_COMPILE_SLOTS 2         /* kernels compiled at once per device */
+#define KEXD_DEFAULT_KERNEL_TIME_LIMIT_S 10.0 /* seconds one kernel may run (0: none) */
 
 typedef struct kexd_config {
   const char *listen;
@@ -69,6 +72,9 @@ typedef struct kexd_config {
   uint64_t import_max_bytes;     /* ImportCache: bytes per stream */
   uint32_t import_streams;       /* ImportCache: streams at once */
   uint32_t download_chunk_min;   /* Download: smallest chunk_bytes */
+  uint32_t max_programs;         /* Submit: programs loaded per device */
+  uint32_t compile_slots;        /* Submit: compiles per device at once */
+  double kernel_time_limit_s;    /* seconds one kernel may run (0: none) */
   uint32_t plan_inline_nodes;
   bool test_busy_work;           /* registers /kex.v1.Kex/_BusyWork (tests only) */
   uint64_t inline_output_max;    /* Submit: default inline_output_max_bytes */

@@ -17,19 +17,24 @@
  *      immutable from then on and shared (refcounted on the loop) by every
  *      later submission of the same structure.
  *   3. loop: programs the device has loaded already (the loop's index of
- *      the runner's table) are memory hits; the others go to the pool,
- *      which reads the SQLite cache (--cache; kex_cache_program_get with the
- *      device identity) or compiles on a compile-only instance of the device
- *      and stores the binary (kex_cache_program_put).
+ *      them) are memory hits, pinned for the submission; for the others one
+ *      pool job reads the SQLite cache (--cache; kex_cache_program_get with
+ *      the device identity), and each kernel still missing is compiled, on
+ *      its own pool job, in one of the device's compile slots (below) and
+ *      its binary stored (kex_cache_program_put).
  *   4. the job's flow on the device runner (dispatch.c, so fair queueing
- *      applies): one SETUP item (load new programs into the runner's table,
- *      allocate the buffers, copy the inputs in), one item per kernel, COPY
- *      or VIEW, and one FINISH item (must_run: it always runs, so it is the
- *      one that frees what the submission allocated when anything failed or
- *      was cancelled; on success it turns the outputs into buffers and reads
+ *      applies): one SETUP item (load the new programs, allocate the
+ *      buffers, copy the inputs in), one item per kernel, COPY or VIEW, and
+ *      one FINISH item (must_run: it always runs, so it is the one that
+ *      frees what the submission allocated when anything failed or was
+ *      cancelled; on success it turns the outputs into buffers and reads
  *      the inline bytes).
  *   5. loop: outputs become job buffers (kexd_job_add_buffer), the memory
- *      reservation is returned, and the done event ends the stream.
+ *      reservation is returned, the programs are unpinned, and the done
+ *      event is written; only once that write went out does the status end
+ *      the stream.  A call that dies first (the write fails, or the client
+ *      cancels or vanishes) takes its outputs with it: the job never learnt
+ *      their handles, so they are freed at once, not at the lease's end.
  *
  * Threads.  The worker pool gets the plan (immutable) and writes only its
  * own result fields of the submission; the runner's closures touch only the
@@ -38,10 +43,31 @@
  * of one submission's items run on one runner, in order, so those fields
  * have one thread at a time).  `cancelled` is the one word both sides see:
  * the loop sets it at a client cancel, the closures read it and skip their
- * work.  Compile devices and the SQLite handle are shared by the pool's
- * threads, each behind a lock.  A device's loaded programs (the memory
- * cache) belong to its runner thread; the loop keeps an index of their
- * source hashes.
+ * work.  Each device's compile probe (identity, dtypes) and the SQLite
+ * handle are shared by the pool's threads, each behind a lock; compiles run
+ * in slots (below).
+ *
+ * Loaded programs (each a dlopen()ed .so or an OpenCL program: ~77 KB and
+ * 5 mappings on cpu) are bounded per device by max_programs.  The loop owns
+ * the index (source hash -> loaded_prog); the runner alone dereferences the
+ * programs.  A submission pins the records it uses from its plan to its
+ * last item; SETUP loads what it lacks and the loop adopts those into the
+ * index when SETUP is back (a program another submission loaded meanwhile
+ * stays the submission's own and is unloaded at its end).  Past the limit
+ * the least recently used unpinned records leave the index and a must_run
+ * item unloads each on the runner; a later use reads SQLite (or compiles)
+ * and loads it again.  Pinned programs are never unloaded, so while
+ * submissions run their programs may exceed the limit for a while.
+ *
+ * Compile slots: each device compiles at most compile_slots kernels at
+ * once.  Submissions with kernels to compile wait in turn; a free slot goes
+ * to the first waiting submission that holds no slot, else to the head,
+ * one kernel at a time, and the submission goes to the back of the line.
+ * So a submission uses several slots only while nobody else waits, and a
+ * small graph behind a huge one waits for at most one of its compiles.
+ * A device whose compile is thread-safe (cpu: each compile is its own cc)
+ * compiles in all slots on one compile instance; otherwise (OpenCL) each
+ * slot opens its own.
  *
  * Memory: a submission reserves (kexd_job_reserve) every byte it will
  * allocate before anything runs -- RESOURCE_EXHAUSTED over the job's limit
@@ -62,11 +88,11 @@
 #include "core/log.h"
 #include "daemon/rpc.h"
 #include "devices/device.h"
-#include "search/astkey.h"
+#include "codegen/astkey.h"
 #include "search/beam.h"
 #include "search/cache.h"
-#include "search/lower.h"
-#include "search/run.h"
+#include "codegen/lower.h"
+#include "realize/run.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
 
@@ -78,6 +104,7 @@
  * arrive together, at most this late.
  */
 #define SUB_DEFER_KERNEL_US 1000.0
+#define SUB_CACHE_RETRY_US 5e6 /* a failed open of the SQLite cache is tried again at the first use this much later */
 
 static double now_us(void) {
   struct timespec ts;
@@ -142,6 +169,28 @@ static int hm_put(hashmap *m, const uint8_t *key, void *val) {
   }
   m->vals[i] = val;
   return 0;
+}
+
+/* Remove key (if present) and return its value; the later entries of its probe run shift back. */
+static void *hm_del(hashmap *m, const uint8_t *key) {
+  if (!m->cap) return NULL;
+  uint32_t i = hm_slot(m, key);
+  if (!m->used[i]) return NULL;
+  void *val = m->vals[i];
+  for (uint32_t j = (i + 1) & (m->cap - 1); m->used[j]; j = (j + 1) & (m->cap - 1)) {
+    uint64_t h;
+    memcpy(&h, m->keys[j], sizeof h);
+    uint32_t home = (uint32_t)h & (m->cap - 1);
+    /* j's entry may fill the hole at i when its home is not in (i, j] (cyclically) */
+    if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
+      memcpy(m->keys[i], m->keys[j], SUB_HASH);
+      m->vals[i] = m->vals[j];
+      i = j;
+    }
+  }
+  m->used[i] = false;
+  m->n--;
+  return val;
 }
 
 static void hm_free(hashmap *m, void (*free_val)(void *)) {
@@ -244,7 +293,7 @@ static size_t info_bytes(const kex_buffer_info *bi) { return (size_t)bi->size * 
 
 /* Replay and schedule p->g (safe on any thread: touches only p). */
 static int plan_schedule(plan *p, kex_error *err) {
-  kex_replay_opts ro = kex_run_replay_opts(p->cpu);
+  kex_replay_opts ro = kex_replay_opts_for(p->cpu);
   int rc = kex_replay_graph(p->g, &ro, &p->arena, &p->r, err);
   if (!rc) rc = kex_schedule_create(p->r, &p->s, err);
   return rc;
@@ -409,73 +458,200 @@ out:
 
 /* ---- the daemon-wide Submit state ---- */
 
-/* A compile-only instance of one configured device, shared by the pool's threads. */
-typedef struct compiler {
-  /* lock protects every field below: the device is opened and used by one pool thread at a time */
-  pthread_mutex_t lock;
+typedef struct submission submission;
+typedef struct kexd_submitter kexd_submitter;
+
+/*
+ * A program loaded on a device's runner (see the file comment).  The loop
+ * owns the record; only the runner dereferences prog.  In the index while
+ * loaded; out of it, a record is a submission's own program (a second copy
+ * of one in the index), or one on its way out: `unload` frees the program
+ * on the runner, and its done frees the record.
+ */
+typedef struct loaded_prog {
+  uint8_t hash[SUB_HASH];
+  uint32_t device;
+  kexd_submitter *S;
+  char name[KEX_PROGRAM_NAME_MAX];
+  kex_program *prog;         /* NULL until a SETUP loaded it */
+  uint32_t pins;             /* submissions using it now (index records only) */
+  uint64_t last_used;        /* S->clock at its last use */
+  kexd_work unload;          /* the must_run item that frees prog: unloading never allocates */
+  struct loaded_prog *next;  /* S->orphans */
+} loaded_prog;
+
+/* One compile slot: at most one pool job at a time (loop thread, but dev: that job's thread). */
+typedef struct compile_slot {
+  uv_work_t work;
+  struct compile_dev *cd;
+  submission *s;             /* compiling s's kernel k now; NULL: free */
+  uint32_t k;
+  int rc;                    /* the compile's result, for the loop */
+  kex_error err;
+  /* the slot's own compile instance (devices whose compile is not thread-safe), opened at first use */
   kex_device *dev;
+} compile_slot;
+
+/* The compile side of one configured device. */
+typedef struct compile_dev {
+  uint32_t device;
+  kexd_submitter *S;
+  /*
+   * lock protects the probe and its open state: the instance every pool job
+   * of this device asks for its identity and dtypes (one at a time), and the
+   * one all slots compile on when the device says compiles are thread-safe.
+   */
+  pthread_mutex_t lock;
+  kex_device *probe;
   bool tried;
   int open_rc;
   char open_msg[KEX_ERROR_MSG_MAX];
-} compiler;
+  /* loop thread */
+  uint32_t nslots, busy;
+  compile_slot *slots;
+  submission *wait_head, *wait_tail; /* submissions with kernels no slot took yet, in turn order */
+} compile_dev;
 
-typedef struct kexd_submitter {
+struct kexd_submitter {
+  kexd *d;
   uint32_t ndevices;
-  compiler *compilers;       /* [ndevices] */
-  /* cache_lock protects cache and cache_tried: the SQLite handle is used by one pool thread at a time */
+  compile_dev *compilers;    /* [ndevices] */
+  /* cache_lock protects cache and cache_retry_us: the SQLite handle is used by one pool thread at a time */
   pthread_mutex_t cache_lock;
   kex_cache *cache;
-  bool cache_tried;
+  double cache_retry_us; /* a failed open is not tried again before now_us() reaches this (0: try now) */
   const char *cache_path;
   int fault_kind;
   unsigned long fault_n;
+  uint32_t max_programs;
   /* loop thread only */
-  hashmap *loaded;           /* [ndevices]: source hashes the runner has loaded (values unused) */
+  hashmap *loaded;           /* [ndevices]: source hash -> loaded_prog, the programs each runner holds */
+  loaded_prog *orphans;      /* unloads that could not be posted (stopping): freed with the submitter */
+  uint64_t programs_unloaded;
   plan **plans;              /* the structure cache, cfg.schedule_cache entries at most */
   uint32_t nplans;
   uint64_t clock;
-  /* runner threads only: [ndevices] source hash -> kex_program*, each touched by its device's runner */
-  hashmap *programs;
-} kexd_submitter;
+};
 
 int kexd_submit_init(kexd *d) {
   kexd_submitter *S = kex_calloc(1, sizeof *S);
+  uint32_t nslots = d->cfg.compile_slots;
   if (!S) return KEX_ENOMEM;
+  S->d = d;
   S->ndevices = d->cfg.ndevices;
-  S->compilers = kex_calloc(S->ndevices, sizeof *S->compilers);
-  S->loaded = kex_calloc(S->ndevices, sizeof *S->loaded);
-  S->programs = kex_calloc(S->ndevices, sizeof *S->programs);
+  S->compilers = kex_calloc(S->ndevices ? S->ndevices : 1, sizeof *S->compilers);
+  S->loaded = kex_calloc(S->ndevices ? S->ndevices : 1, sizeof *S->loaded);
   S->plans = kex_calloc(d->cfg.schedule_cache ? d->cfg.schedule_cache : 1, sizeof *S->plans);
-  if (!S->compilers || !S->loaded || !S->programs || !S->plans) {
-    kex_free(S->compilers), kex_free(S->loaded), kex_free(S->programs), kex_free(S->plans), kex_free(S);
-    return KEX_ENOMEM;
+  if (!S->compilers || !S->loaded || !S->plans) goto nomem;
+  for (uint32_t i = 0; i < S->ndevices; i++) {
+    compile_dev *cd = &S->compilers[i];
+    if (!(cd->slots = kex_calloc(nslots, sizeof *cd->slots))) goto nomem;
+    cd->device = i;
+    cd->S = S;
+    cd->nslots = nslots;
+    for (uint32_t j = 0; j < nslots; j++) cd->slots[j].cd = cd;
   }
   for (uint32_t i = 0; i < S->ndevices; i++) pthread_mutex_init(&S->compilers[i].lock, NULL);
   pthread_mutex_init(&S->cache_lock, NULL);
   S->cache_path = d->cfg.cache_path;
   S->fault_kind = d->cfg.test_fault_kind;
   S->fault_n = d->cfg.test_fault_n;
+  S->max_programs = d->cfg.max_programs;
+  if (d->disp) kexd_dispatch_set_kernel_time_limit(d->disp, d->cfg.kernel_time_limit_s);
   d->submitter = S;
   return 0;
+nomem:
+  for (uint32_t i = 0; S->compilers && i < S->ndevices; i++) kex_free(S->compilers[i].slots);
+  kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans), kex_free(S);
+  return KEX_ENOMEM;
 }
 
-static void free_program(void *p) { kex_program_free(p); }
+/* A loaded_prog's program and record, on this thread (only once the runners have exited). */
+static void free_loaded_now(void *v) {
+  loaded_prog *lp = v;
+  kex_program_free(lp->prog);
+  kex_free(lp);
+}
 
 void kexd_submit_free(kexd *d) {
   kexd_submitter *S = d->submitter;
   if (!S) return;
   for (uint32_t i = 0; i < S->ndevices; i++) {
-    hm_free(&S->programs[i], free_program); /* the runners have exited: this thread is the only one left */
-    hm_free(&S->loaded[i], NULL);
-    kex_device_unref(S->compilers[i].dev);
-    pthread_mutex_destroy(&S->compilers[i].lock);
+    compile_dev *cd = &S->compilers[i];
+    hm_free(&S->loaded[i], free_loaded_now); /* the runners have exited: this thread is the only one left */
+    for (uint32_t j = 0; j < cd->nslots; j++) kex_device_unref(cd->slots[j].dev);
+    kex_device_unref(cd->probe);
+    kex_free(cd->slots);
+    pthread_mutex_destroy(&cd->lock);
+  }
+  while (S->orphans) {
+    loaded_prog *lp = S->orphans;
+    S->orphans = lp->next;
+    free_loaded_now(lp);
   }
   for (uint32_t i = 0; i < S->nplans; i++) plan_unref(S->plans[i]);
   kex_cache_close(S->cache);
   pthread_mutex_destroy(&S->cache_lock);
-  kex_free(S->compilers), kex_free(S->loaded), kex_free(S->programs), kex_free(S->plans);
+  kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans);
   kex_free(S);
   d->submitter = NULL;
+}
+
+/* ---- the loaded programs' index (loop thread) ---- */
+
+/* The runner frees the program (the unload item's closure). */
+static int unload_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
+  (void)dev, (void)device_s, (void)err;
+  kex_program_free(arg);
+  return 0;
+}
+
+static void unload_done(kexd_work *w) {
+  loaded_prog *lp = w->ud;
+  kex_free(lp);
+}
+
+/* Free lp's program on its runner, then lp (lp is in no index).  A record that never loaded goes at once. */
+static void loaded_unload(loaded_prog *lp) {
+  kexd_submitter *S = lp->S;
+  if (!lp->prog) {
+    kex_free(lp);
+    return;
+  }
+  memset(&lp->unload, 0, sizeof lp->unload);
+  lp->unload.kind = KEXD_WORK_RUN;
+  lp->unload.job = 0; /* the daemon's own flow */
+  lp->unload.weight = 1;
+  lp->unload.must_run = true;
+  lp->unload.fn = unload_run;
+  lp->unload.arg = lp->prog;
+  lp->unload.done = unload_done;
+  lp->unload.ud = lp;
+  if (kexd_dispatch_post(S->d->disp, lp->device, &lp->unload) < 0) { /* stopping: freed after the runners exit */
+    lp->next = S->orphans;
+    S->orphans = lp;
+  }
+}
+
+/*
+ * Bring device's index down to max_programs: unload the least recently
+ * used records no submission has pinned (while there are such).
+ */
+static void loaded_evict(kexd_submitter *S, uint32_t device) {
+  hashmap *m = &S->loaded[device];
+  while (m->n > S->max_programs) {
+    loaded_prog *lru = NULL;
+    for (uint32_t i = 0; i < m->cap; i++) {
+      loaded_prog *lp = m->used[i] ? m->vals[i] : NULL;
+      if (lp && !lp->pins && (!lru || lp->last_used < lru->last_used)) lru = lp;
+    }
+    if (!lru) break; /* every loaded program is in use: over the limit until they are released */
+    hm_del(m, lru->hash);
+    S->programs_unloaded++;
+    kex_log(KEX_LOG_DEBUG, NULL, 0, "programs: device \"%s\": unloading %s: %u loaded (limit %u), %" PRIu64 " unloaded",
+            S->d->cfg.devices[device], lru->name, m->n, S->max_programs, S->programs_unloaded);
+    loaded_unload(lru);
+  }
 }
 
 static plan *plan_cache_find(kexd_submitter *S, const uint8_t *key) {
@@ -587,8 +763,6 @@ typedef struct sub_event {
   uint32_t i;
 } sub_event;
 
-typedef struct submission submission;
-
 typedef struct step_arg {
   submission *s;
   uint32_t i;
@@ -615,22 +789,33 @@ struct submission {
   sub_event *evs;
   uint32_t nev, evcap, evsent;
   bool writing, dead, final_ready, final_sent;
+  bool done_delivered;       /* the done event's write completed: the client has the output handles */
+  bool outputs_dropped;      /* the call died before that: the outputs were freed */
   int final_status;
   char final_msg[KEX_ERROR_MSG_MAX];
   Kex__V1__SubmitEvent *final_ev; /* the done event, when final_status is OK */
-  /* the pool (P1: build, P2: compile) */
+  /* the pool (P1: build, P2: SQLite lookup, P3: compiles in slots) */
   uv_work_t work;
-  bool in_pool;
+  uint32_t in_pool;          /* pool jobs of this submission not yet back */
   int pool_rc;
   kex_error pool_err;
+  kex_device_identity dev_id; /* the compile device's (P2), the SQLite key */
   bool *need;                /* [nkernels]: not loaded on the device: read from SQLite or compile */
   unsigned char **bins;      /* [nkernels] */
   size_t *binlens;
   double *compile_us;
   uint8_t *from;             /* [nkernels]: 0 memory, 1 sqlite, 2 compiled */
+  uint32_t *misses;          /* [nkernels]: the kernels P2 did not find in SQLite, nmisses of them */
+  uint32_t nmisses, next_miss; /* next_miss: the next one a slot takes */
+  uint32_t compiling;        /* slots compiling for it now */
+  bool waiting;              /* in its device's compile line (compile_dev.wait_head) */
+  submission *wait_next;
+  /* programs (see the file comment): per kernel, the record of its program */
+  loaded_prog **lps;         /* [nkernels]: an index record (pinned) or the submission's own */
+  bool *pinned;              /* [nkernels]: lps[k] is an index record this submission pinned */
+  bool adopted;              /* SETUP's loads were offered to the index */
   /* the runner (see the file comment) */
   atomic_bool cancelled;
-  hashmap *rprogs;           /* the runner's program table of this device */
   kex_buffer **bufs;         /* [p->nbufs] */
   kex_program **progs;       /* [nkernels] */
   kex_buffer **out_bufs;     /* [noutputs] */
@@ -648,9 +833,82 @@ struct submission {
   kexd_beam_req beam;        /* width 0: hand-coded opts */
 };
 
+/*
+ * The submission is done with its programs (every item is back, or none
+ * was posted): unpin its index records, unload its own programs, and bring
+ * the device's index back under the limit.  Idempotent.
+ */
+static void sub_release_programs(submission *s) {
+  kexd_submitter *S = s->d->submitter;
+  if (!s->lps) return;
+  for (uint32_t k = 0; k < s->p->nkernels; k++) {
+    loaded_prog *lp = s->lps[k];
+    if (!lp) continue;
+    s->lps[k] = NULL;
+    if (s->pinned[k]) {
+      lp->pins--;
+      lp->last_used = ++S->clock;
+    } else {
+      loaded_unload(lp);
+    }
+  }
+  loaded_evict(S, s->device);
+}
+
+/*
+ * SETUP is back: offer the programs it loaded to the device's index (a
+ * program that is there already stays the submission's own, unloaded at
+ * its end), then bring the index back under the limit.
+ */
+static void sub_adopt_programs(submission *s) {
+  kexd_submitter *S = s->d->submitter;
+  hashmap *m = &S->loaded[s->device];
+  uint32_t n = 0;
+  if (s->adopted || !s->lps) return;
+  s->adopted = true;
+  for (uint32_t k = 0; k < s->p->nkernels; k++) {
+    loaded_prog *lp = s->lps[k];
+    bool found;
+    if (!lp || s->pinned[k] || !s->progs[k]) continue;
+    lp->prog = s->progs[k]; /* written by SETUP before its done was handed back */
+    hm_get(m, lp->hash, &found);
+    if (found || hm_put(m, lp->hash, lp) < 0) continue;
+    s->pinned[k] = true;
+    lp->pins = 1;
+    lp->last_used = ++S->clock;
+    n++;
+  }
+  if (n)
+    kex_log(KEX_LOG_DEBUG, s->log_id, 0, "programs: device \"%s\": %u loaded (limit %u) after Submit %" PRIu64 " loaded %u",
+            s->d->cfg.devices[s->device], m->n, S->max_programs, s->id, n);
+  loaded_evict(S, s->device);
+}
+
+/*
+ * The call died before the done event went out (or the event cannot be
+ * sent): free the outputs the submission added to the job -- nobody learnt
+ * their handles.  Idempotent; nothing once the event was delivered.
+ */
+static void sub_drop_outputs(submission *s) {
+  kexd *d = s->d;
+  kexd_job *job;
+  uint32_t n = 0;
+  if (s->outputs_dropped || !s->final_ev || s->done_delivered || !s->handle_str) return;
+  s->outputs_dropped = true;
+  if (!(job = kexd_jobs_find_id(&d->jobs, s->job))) return; /* closed: its buffers went with it */
+  for (uint32_t j = 0; j < s->p->noutputs; j++)
+    if (s->p->outputs[j].kind != OUT_ALIAS && s->handle_str[j][0] &&
+        kexd_job_free_buffer(&d->jobs, job, s->handle_str[j]) == 0)
+      n++;
+  if (n)
+    kex_log(KEX_LOG_INFO, s->log_id, 0, "Submit %" PRIu64 ": the call ended before its done event went out: %u "
+            "output buffers freed", s->id, n);
+}
+
 static void sub_free(submission *s) {
   kexd *d = s->d;
   kexd_call_set_hooks(s->call, NULL, NULL, NULL);
+  sub_release_programs(s);
   for (uint32_t b = 0; s->handles && b < s->p->nbufs; b++) kexd_buffer_unref(&d->jobs, s->handles[b]);
   for (uint32_t i = 0; s->bins && i < s->p->nkernels; i++) kex_free(s->bins[i]);
   for (uint32_t j = 0; s->out_data && j < s->p->noutputs; j++) kex_free(s->out_data[j]);
@@ -663,6 +921,7 @@ static void sub_free(submission *s) {
   kex_free(s->handles), kex_free(s->evs), kex_free(s->need), kex_free(s->bins), kex_free(s->binlens);
   kex_free(s->compile_us), kex_free(s->from), kex_free(s->bufs), kex_free(s->progs), kex_free(s->out_bufs);
   kex_free(s->out_data), kex_free(s->kernel_us), kex_free(s->works), kex_free(s->stepargs), kex_free(s->handle_str);
+  kex_free(s->misses), kex_free(s->lps), kex_free(s->pinned);
   if (!s->p || s->g != s->p->g) kex_graph_free(s->g);
   plan_unref(s->p);
   kexd_call_unref(s->call);
@@ -670,6 +929,7 @@ static void sub_free(submission *s) {
 }
 
 static void sub_maybe_free(submission *s) {
+  if (s->dead) sub_drop_outputs(s);
   if ((s->final_sent || s->dead) && !s->writing && !s->in_pool && s->items_out == 0 && s->final_ready) sub_free(s);
 }
 
@@ -692,6 +952,16 @@ static void ev_written(kexd_call *c, int ok, void *ud) {
   (void)c;
   s->writing = false;
   if (!ok) s->dead = true;
+  ev_pump(s);
+}
+
+/* The done event's write: delivered (the status follows), or the call is dead (the outputs go). */
+static void done_written(kexd_call *c, int ok, void *ud) {
+  submission *s = ud;
+  (void)c;
+  s->writing = false;
+  if (ok) s->done_delivered = true;
+  else s->dead = true;
   ev_pump(s);
 }
 
@@ -743,11 +1013,26 @@ static void ev_pump(submission *s) {
       continue;
     }
     if (!s->final_ready) break;
+    if (s->final_status == GRPC_STATUS_OK && !s->done_delivered) { /* the done event first, the status after it */
+      int rc = kexd_call_write(s->call, &s->final_ev->base, done_written, s);
+      if (rc == 0) {
+        s->writing = true;
+      } else if (rc == KEX_ELIMIT) {
+        size_t size = protobuf_c_message_get_packed_size(&s->final_ev->base);
+        sub_drop_outputs(s);
+        s->d->submissions_done--;
+        s->d->submissions_failed++;
+        s->final_status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(s->final_msg, sizeof s->final_msg, "Submit: the done event is %zu bytes, more than the server's "
+                 "limit of %d bytes (--max-message): ask for fewer inline bytes (inline_output_max_bytes)", size,
+                 s->d->cfg.max_message);
+      } else {
+        s->dead = true; /* finished by a cancel, or gRPC refused the batch */
+      }
+      continue;
+    }
     s->final_sent = true;
-    if (s->final_status == GRPC_STATUS_OK)
-      kexd_call_finish(s->call, GRPC_STATUS_OK, NULL, &s->final_ev->base);
-    else
-      kexd_call_finish(s->call, s->final_status, s->final_msg, NULL);
+    kexd_call_finish(s->call, s->final_status, s->final_status == GRPC_STATUS_OK ? NULL : s->final_msg, NULL);
   }
   sub_maybe_free(s);
 }
@@ -786,12 +1071,19 @@ static void sub_fail_rc(submission *s, int rc, const kex_error *err) {
     sub_fail(s, kex_err_grpc_status(rc), "Submit: %s", msg);
 }
 
+static void wait_remove(compile_dev *cd, submission *s);
+static void compile_end(submission *s);
+
 static void sub_cancelled(kexd_call *c, void *ud) {
   submission *s = ud;
   (void)c;
   s->dead = true;
   atomic_store(&s->cancelled, true);
   kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": cancelled by the client (or its deadline)", s->id);
+  if (s->waiting && !s->compiling) { /* waiting for a compile slot with none in flight: leave the line now */
+    wait_remove(&s->d->submitter->compilers[s->device], s);
+    return compile_end(s);
+  }
   if (s->final_ready) sub_maybe_free(s);
 }
 
@@ -812,18 +1104,10 @@ static int setup_run(kex_device *dev, void *arg, double *device_s, kex_error *er
   (void)device_s;
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   for (uint32_t i = 0; i < p->nkernels; i++) {
-    bool found;
-    kex_program *prog = hm_get(s->rprogs, p->progs[i].hash, &found);
-    if (!found) {
-      if (!s->bins[i]) return item_fail(s, KEX_EINTERNAL, err, "a program is neither loaded nor compiled");
-      if ((rc = kex_device_load(dev, s->bins[i], s->binlens[i], p->progs[i].name, &prog, err)) < 0)
-        return item_fail(s, rc, err, p->progs[i].name);
-      if ((rc = hm_put(s->rprogs, p->progs[i].hash, prog)) < 0) {
-        kex_program_free(prog);
-        return item_fail(s, rc, err, "out of memory caching a program");
-      }
-    }
-    s->progs[i] = prog;
+    if (s->progs[i]) continue; /* loaded already: the loop pinned it for this submission */
+    if (!s->bins[i]) return item_fail(s, KEX_EINTERNAL, err, "a program is neither loaded nor compiled");
+    if ((rc = kex_device_load(dev, s->bins[i], s->binlens[i], p->progs[i].name, &s->progs[i], err)) < 0)
+      return item_fail(s, rc, err, p->progs[i].name);
   }
   for (uint32_t b = 0; b < p->nbufs; b++) {
     if (!p->buf_alloc[b]) continue;
@@ -1002,6 +1286,7 @@ static int build_done(submission *s, kexd_job *job, kex_error *err) {
     kt->kernel = (char *)p->progs[k].name;
     kt->compile_us = s->compile_us ? s->compile_us[k] : 0;
     kt->run_us = s->kernel_us[k];
+    kt->opts = p->progs[k].opts; /* the applied opts, as kex run prints them */
     done->kernels[done->n_kernels++] = kt;
     if (s->from) {
       if (s->from[k] == 0) done->programs_memory++;
@@ -1024,6 +1309,7 @@ static void sub_complete(submission *s) {
   kex_error err = {0};
   int rc = s->rc;
   sub_unreserve(s);
+  sub_release_programs(s); /* no item of it is left on the runner */
   if (!rc && (s->dead || !job)) rc = kex_err_set(&s->err, KEX_ECANCELLED, "cancelled");
   if (!rc && (rc = build_done(s, job, &err)) < 0) s->err = err;
   for (uint32_t j = 0; j < s->p->noutputs; j++) /* what did not become a job buffer */
@@ -1043,6 +1329,7 @@ static void sub_complete(submission *s) {
             s->final_ev->done->total_us);
     ev_pump(s);
   } else {
+    sub_drop_outputs(s); /* the outputs build_done recorded before it failed */
     sub_fail_rc(s, rc, &s->err);
   }
 }
@@ -1055,9 +1342,8 @@ static void item_done(kexd_work *w) {
     s->rc = w->rc;
     s->err = w->err;
   }
+  if (idx == 0) sub_adopt_programs(s); /* whatever SETUP loaded, even when it failed later */
   if (w->rc == 0 && idx == 0) {
-    kexd_submitter *S = s->d->submitter;
-    for (uint32_t k = 0; k < s->p->nkernels; k++) hm_put(&S->loaded[s->device], s->p->progs[k].hash, NULL);
     if (s->p->nkernels) ev_push(s, EV_RUNNING, 0);
   } else if (w->rc == 0 && idx <= s->p->nsteps && s->p->steps[idx - 1].kind == STEP_KERNEL &&
              s->p->steps[idx - 1].kernel + 1 < s->p->nkernels) {
@@ -1109,64 +1395,82 @@ static void sub_post(submission *s) {
   }
 }
 
-/* ---- the pool: compile (P2) ---- */
+/* ---- the pool: SQLite (P2) and the compile slots (P3) ---- */
 
-/* The compile device of configured device i, opened at first use (under its lock).  NULL with *err. */
-static kex_device *compiler_device(kexd_submitter *S, compiler *cp, const char *name, kex_error *err) {
-  if (!cp->tried) {
-    kex_error oe = {0};
-    kex_device *dev = NULL;
-    cp->tried = true;
-    cp->open_rc = kex_device_open(name, &dev, &oe);
-    if (!cp->open_rc && S->fault_kind >= 0) { /* --test-fault: the compile device fails on purpose */
-      kex_device *f = NULL;
-      cp->open_rc = kex_fault_device_new(dev, (kex_fault_kind)S->fault_kind, S->fault_n, &f);
-      kex_device_unref(dev);
-      dev = f;
-    }
-    cp->dev = cp->open_rc ? NULL : dev;
-    snprintf(cp->open_msg, sizeof cp->open_msg, "device \"%.40s\" cannot be opened: %.400s", name,
-             oe.msg[0] ? oe.msg : kex_strerror(cp->open_rc));
+/*
+ * Open a compile instance of configured device `name` (wrapped by
+ * --test-fault's device when asked).  0, or a negative code with msg[cap]
+ * saying why.
+ */
+static int open_compile_device(kexd_submitter *S, const char *name, kex_device **out, char *msg, size_t cap) {
+  kex_error oe = {0};
+  kex_device *dev = NULL;
+  int rc = kex_device_open(name, &dev, &oe);
+  if (!rc && S->fault_kind >= 0) { /* --test-fault: the compile device fails on purpose */
+    kex_device *f = NULL;
+    rc = kex_fault_device_new(dev, (kex_fault_kind)S->fault_kind, S->fault_n, &f);
+    kex_device_unref(dev);
+    dev = f;
   }
-  if (!cp->dev) kex_err_set(err, cp->open_rc == KEX_ENOMEM ? KEX_ENOMEM : KEX_EUNAVAILABLE, "%s", cp->open_msg);
-  return cp->dev;
+  *out = rc ? NULL : dev;
+  if (rc)
+    snprintf(msg, cap, "device \"%.40s\" cannot be opened: %.400s", name, oe.msg[0] ? oe.msg : kex_strerror(rc));
+  return rc;
+}
+
+/* cd's probe, opened at first use (caller holds cd->lock).  NULL with *err. */
+static kex_device *compile_probe(compile_dev *cd, kex_error *err) {
+  if (!cd->tried) {
+    cd->tried = true;
+    cd->open_rc = open_compile_device(cd->S, cd->S->d->cfg.devices[cd->device], &cd->probe, cd->open_msg,
+                                      sizeof cd->open_msg);
+  }
+  if (!cd->probe) kex_err_set(err, cd->open_rc == KEX_ENOMEM ? KEX_ENOMEM : KEX_EUNAVAILABLE, "%s", cd->open_msg);
+  return cd->probe;
 }
 
 /* The SQLite cache, opened at first use (caller holds cache_lock); NULL when it cannot be. */
+/*
+ * The SQLite cache, opened at first use (caller holds cache_lock); NULL when
+ * it cannot be opened now.  A failed open is logged and tried again at the
+ * first use SUB_CACHE_RETRY_US later: a busy or briefly missing file must
+ * not cost the process its program cache for good.
+ */
 static kex_cache *sqlite_cache(kexd_submitter *S) {
-  if (!S->cache_tried) {
+  if (!S->cache && S->cache_path && *S->cache_path && now_us() >= S->cache_retry_us) {
     kex_error ce = {0};
-    S->cache_tried = true;
-    if (S->cache_path && *S->cache_path && kex_cache_open(S->cache_path, &S->cache, &ce) < 0) {
-      KEX_WARN("program cache %s unavailable, compiling without it: %s", S->cache_path, ce.msg);
+    bool failed_before = S->cache_retry_us > 0;
+    if (kex_cache_open(S->cache_path, &S->cache, &ce) < 0) {
       S->cache = NULL;
+      S->cache_retry_us = now_us() + SUB_CACHE_RETRY_US;
+      KEX_WARN("program cache %s unavailable, compiling without it; trying again in %.0f s: %s", S->cache_path,
+               SUB_CACHE_RETRY_US / 1e6, ce.msg);
+    } else if (failed_before) {
+      S->cache_retry_us = 0;
+      KEX_INFO("program cache %s opened (an earlier open had failed)", S->cache_path);
     }
   }
   return S->cache;
 }
 
-/* P2 on a pool thread: each needed program from SQLite, else compiled (and stored). */
-static void compile_work(uv_work_t *req) {
+/* P2 on a pool thread: the device's identity and dtypes, then each needed program from SQLite; the rest are misses. */
+static void lookup_work(uv_work_t *req) {
   submission *s = req->data;
   kexd_submitter *S = s->d->submitter;
-  compiler *cp = &S->compilers[s->device];
+  compile_dev *cd = &S->compilers[s->device];
   const plan *p = s->p;
   kex_error *err = &s->pool_err;
-  kex_device_identity id;
   int rc = 0;
-  memset(&id, 0, sizeof id);
-  pthread_mutex_lock(&cp->lock);
-  kex_device *dev = compiler_device(S, cp, s->d->cfg.devices[s->device], err);
+  pthread_mutex_lock(&cd->lock);
+  kex_device *dev = compile_probe(cd, err);
   if (!dev) rc = err->code;
   for (int dt = 0; !rc && dt < KEX_DT_COUNT; dt++) /* a dtype the device lacks (CASTs included): refused before any compile */
     if (p->dtypes >> dt & 1) rc = kex_device_check_dtype(dev, (kex_dtype)dt, err);
-  if (!rc) id = *kex_device_get_identity(dev);
-  pthread_mutex_unlock(&cp->lock);
+  if (!rc) s->dev_id = *kex_device_get_identity(dev);
+  pthread_mutex_unlock(&cd->lock);
   for (uint32_t k = 0; !rc && k < p->nkernels; k++) {
     const plan_prog *pp = &p->progs[k];
-    size_t srclen = strlen(pp->src);
     kex_cache_program hit;
-    double t0 = now_us();
     if (!s->need[k]) continue;
     if (atomic_load(&s->cancelled)) {
       rc = kex_err_set(err, KEX_ECANCELLED, "cancelled");
@@ -1174,50 +1478,167 @@ static void compile_work(uv_work_t *req) {
     }
     pthread_mutex_lock(&S->cache_lock);
     kex_cache *c = sqlite_cache(S);
-    int grc = c ? kex_cache_program_get(c, pp->src, srclen, &id, &hit, NULL) : KEX_ENOTFOUND;
+    int grc = c ? kex_cache_program_get(c, pp->src, strlen(pp->src), &s->dev_id, &hit, NULL) : KEX_ENOTFOUND;
     pthread_mutex_unlock(&S->cache_lock);
     if (grc == 0) {
       s->bins[k] = hit.binary;
       s->binlens[k] = hit.binary_len;
       s->from[k] = 1;
-      continue;
+    } else {
+      s->misses[s->nmisses++] = k;
     }
-    pthread_mutex_lock(&cp->lock);
-    rc = kex_device_compile(cp->dev, pp->src, pp->name, &s->bins[k], &s->binlens[k], err);
-    pthread_mutex_unlock(&cp->lock);
-    if (rc < 0) {
-      char m[KEX_ERROR_MSG_MAX];
-      snprintf(m, sizeof m, "%s", err->msg);
-      kex_err_set(err, rc, "compiling kernel %u (%s): %s", k, pp->name, m);
-      break;
-    }
-    s->from[k] = 2;
-    s->compile_us[k] = now_us() - t0;
-    pthread_mutex_lock(&S->cache_lock);
-    if (c) {
-      kex_error pe = {0};
-      if (kex_cache_program_put(c, pp->src, srclen, &id, pp->name, s->bins[k], s->binlens[k], &pe) < 0)
-        KEX_WARN("program cache: cannot store %s: %s", pp->name, pe.msg);
-    }
-    pthread_mutex_unlock(&S->cache_lock);
   }
   s->pool_rc = rc;
 }
 
-static void compile_after(uv_work_t *req, int status) {
-  submission *s = req->data;
-  kexd *d = s->d;
-  s->in_pool = false;
-  if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
-  for (uint32_t k = 0; k < s->p->nkernels; k++)
-    if (s->from[k] == 1) d->prog_cache_sqlite_hits++;
-    else if (s->from[k] == 2) d->prog_cache_misses++;
+/* P3 on a pool thread: compile the slot's kernel, store its binary in SQLite. */
+static void slot_work(uv_work_t *req) {
+  compile_slot *sl = req->data;
+  compile_dev *cd = sl->cd;
+  kexd_submitter *S = cd->S;
+  submission *s = sl->s;
+  uint32_t k = sl->k;
+  const plan_prog *pp = &s->p->progs[k];
+  char m[KEX_ERROR_MSG_MAX];
+  double t0 = now_us();
+  kex_device *dev;
+  int rc;
+  if (atomic_load(&s->cancelled)) {
+    sl->rc = kex_err_set(&sl->err, KEX_ECANCELLED, "cancelled");
+    return;
+  }
+  pthread_mutex_lock(&cd->lock); /* P2 opened the probe before any compile of this device */
+  dev = cd->probe && kex_device_get_info(cd->probe)->compile_thread_safe ? cd->probe : NULL;
+  pthread_mutex_unlock(&cd->lock);
+  if (!dev) { /* a device whose compiles must not overlap: the slot's own instance */
+    if (!sl->dev && (rc = open_compile_device(S, S->d->cfg.devices[cd->device], &sl->dev, m, sizeof m)) < 0) {
+      sl->rc = kex_err_set(&sl->err, rc == KEX_ENOMEM ? KEX_ENOMEM : KEX_EUNAVAILABLE, "%s", m);
+      return;
+    }
+    dev = sl->dev;
+  }
+  if ((rc = kex_device_compile(dev, pp->src, pp->name, &s->bins[k], &s->binlens[k], &sl->err)) < 0) {
+    snprintf(m, sizeof m, "%s", sl->err.msg);
+    sl->rc = kex_err_set(&sl->err, rc, "compiling kernel %u (%s): %s", k, pp->name, m);
+    return;
+  }
+  s->from[k] = 2;
+  s->compile_us[k] = now_us() - t0;
+  pthread_mutex_lock(&S->cache_lock);
+  kex_cache *c = sqlite_cache(S);
+  if (c) {
+    kex_error pe = {0};
+    if (kex_cache_program_put(c, pp->src, strlen(pp->src), &s->dev_id, pp->name, s->bins[k], s->binlens[k], &pe) < 0)
+      KEX_WARN("program cache: cannot store %s: %s", pp->name, pe.msg);
+  }
+  pthread_mutex_unlock(&S->cache_lock);
+}
+
+static void slot_after(uv_work_t *req, int status);
+
+static void wait_push(compile_dev *cd, submission *s) {
+  s->wait_next = NULL;
+  s->waiting = true;
+  if (cd->wait_tail) cd->wait_tail->wait_next = s;
+  else cd->wait_head = s;
+  cd->wait_tail = s;
+}
+
+static void wait_remove(compile_dev *cd, submission *s) {
+  submission **pp = &cd->wait_head, *prev = NULL;
+  while (*pp && *pp != s) prev = *pp, pp = &(*pp)->wait_next;
+  if (!*pp) return;
+  *pp = s->wait_next;
+  if (cd->wait_tail == s) cd->wait_tail = prev;
+  s->wait_next = NULL;
+  s->waiting = false;
+}
+
+/* Every compile of s is back and no other will start: go on to the device, or fail. */
+static void compile_end(submission *s) {
   if (s->dead) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (s->pool_rc < 0) return sub_fail_rc(s, s->pool_rc, &s->pool_err);
   sub_post(s);
 }
 
-/* The plan is known: reserve memory, resolve the handles, find the programs to compile, go on. */
+/*
+ * Give cd's free slots to waiting submissions: the first that holds no
+ * slot, else the head of the line; one kernel each, then it goes to the
+ * back.  A submission that failed or was cancelled leaves the line and
+ * ends once its compiles in flight are back.
+ */
+static void compile_pump(compile_dev *cd) {
+  kexd *d = cd->S->d;
+  while (cd->busy < cd->nslots && cd->wait_head) {
+    submission *s = cd->wait_head;
+    compile_slot *sl = NULL;
+    for (submission *t = cd->wait_head; t; t = t->wait_next)
+      if (!t->compiling) {
+        s = t;
+        break;
+      }
+    wait_remove(cd, s);
+    if (s->dead || s->pool_rc < 0) {
+      if (!s->compiling) compile_end(s);
+      continue;
+    }
+    for (uint32_t i = 0; i < cd->nslots && !sl; i++)
+      if (!cd->slots[i].s) sl = &cd->slots[i];
+    if (!sl) break; /* cannot be: busy < nslots */
+    sl->s = s;
+    sl->k = s->misses[s->next_miss];
+    sl->rc = 0;
+    memset(&sl->err, 0, sizeof sl->err);
+    sl->work.data = sl;
+    if (uv_queue_work(d->loop, &sl->work, slot_work, slot_after) < 0) {
+      sl->s = NULL;
+      s->pool_rc = kex_err_set(&s->pool_err, KEX_EUNAVAILABLE, "the worker pool is not available");
+      if (!s->compiling) compile_end(s);
+      continue;
+    }
+    s->next_miss++;
+    s->compiling++;
+    s->in_pool++;
+    cd->busy++;
+    if (s->next_miss < s->nmisses) wait_push(cd, s);
+  }
+}
+
+static void slot_after(uv_work_t *req, int status) {
+  compile_slot *sl = req->data;
+  compile_dev *cd = sl->cd;
+  submission *s = sl->s;
+  sl->s = NULL;
+  cd->busy--;
+  s->compiling--;
+  s->in_pool--;
+  if (status < 0 && !sl->rc) sl->rc = kex_err_set(&sl->err, KEX_EINTERNAL, "the worker pool dropped the job");
+  if (!sl->rc) cd->S->d->prog_cache_misses++;
+  else if (!s->pool_rc || (s->pool_rc == KEX_ECANCELLED && sl->rc != KEX_ECANCELLED)) {
+    s->pool_rc = sl->rc;
+    s->pool_err = sl->err;
+  }
+  if (!s->compiling && (s->dead || s->pool_rc < 0 || s->next_miss == s->nmisses)) {
+    if (s->waiting) wait_remove(cd, s);
+    compile_end(s); /* may free s */
+  }
+  compile_pump(cd);
+}
+
+static void lookup_after(uv_work_t *req, int status) {
+  submission *s = req->data;
+  kexd *d = s->d;
+  s->in_pool--;
+  if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
+  for (uint32_t k = 0; k < s->p->nkernels; k++)
+    if (s->from[k] == 1) d->prog_cache_sqlite_hits++;
+  if (s->dead || s->pool_rc < 0 || !s->nmisses) return compile_end(s);
+  compile_dev *cd = &d->submitter->compilers[s->device];
+  wait_push(cd, s);
+  compile_pump(cd);
+}
+
+/* The plan is known: reserve memory, resolve the handles and the loaded programs, go on. */
 static void sub_planned(submission *s) {
   kexd *d = s->d;
   kexd_submitter *S = d->submitter;
@@ -1240,8 +1661,11 @@ static void sub_planned(submission *s) {
   s->binlens = kex_calloc(nk, sizeof *s->binlens);
   s->compile_us = kex_calloc(nk, sizeof *s->compile_us);
   s->from = kex_calloc(nk, sizeof *s->from);
+  s->misses = kex_calloc(nk, sizeof *s->misses);
+  s->lps = kex_calloc(nk, sizeof *s->lps);
+  s->pinned = kex_calloc(nk, sizeof *s->pinned);
   if (!s->handles || !s->bufs || !s->progs || !s->out_bufs || !s->out_data || !s->kernel_us || !s->need || !s->bins ||
-      !s->binlens || !s->compile_us || !s->from)
+      !s->binlens || !s->compile_us || !s->from || !s->misses || !s->lps || !s->pinned)
     return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
   for (uint32_t b = 0; b < p->nbufs; b++) {
     if (p->buf_handle[b] < 0) continue;
@@ -1259,20 +1683,33 @@ static void sub_planned(submission *s) {
     return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: %s (the submission needs %" PRIu64 " bytes)", err.msg,
                     p->alloc_bytes);
   s->reserved = p->alloc_bytes;
-  s->rprogs = &S->programs[s->device];
   for (uint32_t k = 0; k < p->nkernels; k++) {
     bool found;
-    hm_get(&S->loaded[s->device], p->progs[k].hash, &found);
-    s->need[k] = !found;
-    if (found) d->prog_cache_memory_hits++;
-    else ev_push(s, EV_COMPILING, k), any = true;
+    loaded_prog *lp = hm_get(&S->loaded[s->device], p->progs[k].hash, &found);
+    if (found) { /* loaded: pinned until the submission's last item is back */
+      lp->pins++;
+      lp->last_used = ++S->clock;
+      s->lps[k] = lp;
+      s->pinned[k] = true;
+      s->progs[k] = lp->prog; /* the pointer only: the runner dereferences it */
+      d->prog_cache_memory_hits++;
+      continue;
+    }
+    if (!(lp = kex_calloc(1, sizeof *lp))) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
+    memcpy(lp->hash, p->progs[k].hash, SUB_HASH);
+    snprintf(lp->name, sizeof lp->name, "%s", p->progs[k].name);
+    lp->device = s->device;
+    lp->S = S;
+    s->lps[k] = lp;
+    s->need[k] = true;
+    ev_push(s, EV_COMPILING, k), any = true;
   }
   ev_pump(s);
   if (!any) return sub_post(s);
   s->work.data = s;
-  s->in_pool = true;
-  if (uv_queue_work(d->loop, &s->work, compile_work, compile_after) < 0) {
-    s->in_pool = false;
+  s->in_pool++;
+  if (uv_queue_work(d->loop, &s->work, lookup_work, lookup_after) < 0) {
+    s->in_pool--;
     sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
   }
 }
@@ -1291,7 +1728,7 @@ static void build_work(uv_work_t *req) {
 
 static void build_after(uv_work_t *req, int status) {
   submission *s = req->data;
-  s->in_pool = false;
+  s->in_pool--;
   if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
   if (s->pool_rc < 0) return sub_fail_rc(s, s->pool_rc, &s->pool_err);
   plan_cache_add(s->d, s->p);
@@ -1396,9 +1833,9 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   }
   ev_pump(s);
   s->work.data = s;
-  s->in_pool = true;
+  s->in_pool++;
   if (uv_queue_work(d->loop, &s->work, build_work, build_after) < 0) {
-    s->in_pool = false;
+    s->in_pool--;
     sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
   }
 out:

@@ -20,6 +20,13 @@
  * ranges ran; its event holds the wall time.  With KEX_CPU_THREADS=1 (or one
  * CPU) there are no workers and the launching thread runs the kernel.
  * Buffers are ordinary host memory, 64-byte aligned.
+ *
+ * The kernel time limit (kex_device_set_kernel_time_limit): whoever claims a
+ * range first reads the clock, and past the launch's deadline nobody claims
+ * another, so a launch ends at most one range after its limit and fails
+ * with KEX_EDEADLINE (without workers the launching thread then runs the
+ * kernel in the same pieces, checking the clock between them).  Code that
+ * is running cannot be stopped: that is the one range's delay.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -69,7 +76,9 @@ typedef struct kex_cpu_pool {
   void **bufs;
   const int *ints;
   int total, chunk;
-  atomic_int next; /* the first index no thread has claimed yet */
+  double deadline;     /* monotonic seconds; 0: no time limit */
+  atomic_int next;     /* the first index no thread has claimed yet */
+  atomic_int ranges;   /* ranges run so far */
 } kex_cpu_pool;
 
 typedef struct kex_cpu_worker_arg {
@@ -85,6 +94,7 @@ typedef struct kex_cpu_device {
   kex_cpu_pool pool;
   kex_cpu_worker_arg args[KEX_CPU_MAX_THREADS];
   int pool_ready;
+  double time_limit_s; /* 0: none (the owner thread's, like launches) */
 } kex_cpu_device;
 
 typedef struct kex_cpu_buffer {
@@ -109,16 +119,19 @@ static double kex_cpu_now(void) {
 /* ---- thread pool ---- */
 
 /*
- * Claim chunks of the current launch until none is left.  The index space is
+ * Claim chunks of the current launch until none is left (or, with a
+ * deadline, until it has passed).  The index space is
  * handed out in `chunk`-sized pieces from an atomic counter, so a thread that
  * wakes late or shares its core with another process simply claims fewer.
  */
 static void kex_cpu_run_chunks(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
-                               int chunk) {
+                               int chunk, double deadline) {
   for (;;) {
+    if (deadline > 0 && kex_cpu_now() > deadline) break;
     int start = atomic_fetch_add_explicit(&pool->next, chunk, memory_order_relaxed);
     if (start >= total) break;
     fn(bufs, ints, start, start + chunk < total ? start + chunk : total);
+    atomic_fetch_add_explicit(&pool->ranges, 1, memory_order_relaxed);
   }
 }
 
@@ -177,8 +190,9 @@ static void *kex_cpu_worker(void *a) {
     void **bufs = pool->bufs;
     const int *ints = pool->ints;
     int total = pool->total, chunk = pool->chunk;
+    double deadline = pool->deadline;
     pthread_mutex_unlock(&pool->mu);
-    kex_cpu_run_chunks(pool, fn, bufs, ints, total, chunk);
+    kex_cpu_run_chunks(pool, fn, bufs, ints, total, chunk, deadline);
     pthread_mutex_lock(&pool->mu);
     if (--pool->remaining == 0) pthread_cond_signal(&pool->done);
   }
@@ -201,6 +215,7 @@ static void kex_cpu_pool_start(kex_cpu_device *cpu, int workers, const int *cpus
   pthread_cond_init(&pool->start, NULL);
   pthread_cond_init(&pool->done, NULL);
   atomic_init(&pool->next, 0);
+  atomic_init(&pool->ranges, 0);
   cpu->pool_ready = 1;
   for (int i = 0; i < workers; i++) {
     pthread_attr_t attr;
@@ -239,22 +254,34 @@ static void kex_cpu_pool_stop(kex_cpu_device *cpu) {
 /*
  * Run fn over [0, total) on the workers, KEX_CPU_CHUNKS_PER_THREAD chunks per
  * worker, while the launching thread sleeps; with no workers, or one item,
- * the launching thread runs it all.
+ * the launching thread runs it all (in KEX_CPU_CHUNKS_PER_THREAD pieces when
+ * there is a deadline).  With a deadline (monotonic seconds, 0: none) no
+ * range starts after it.  Returns the ranges that ran; *nranges is how many
+ * the launch had.
  */
-static void kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total) {
-  if (pool->nthreads == 0 || total <= 1) {
+static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
+                            double deadline, int *nranges) {
+  if ((pool->nthreads == 0 && deadline <= 0) || total <= 1) {
     fn(bufs, ints, 0, total);
-    return;
+    *nranges = 1;
+    return 1;
   }
-  long long pieces = (long long)pool->nthreads * KEX_CPU_CHUNKS_PER_THREAD;
+  long long pieces = (long long)(pool->nthreads ? pool->nthreads : 1) * KEX_CPU_CHUNKS_PER_THREAD;
   int chunk = (int)((total + pieces - 1) / pieces);
+  *nranges = (int)(((long long)total + chunk - 1) / chunk);
+  atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
+  atomic_store(&pool->ranges, 0);
+  if (pool->nthreads == 0) {
+    kex_cpu_run_chunks(pool, fn, bufs, ints, total, chunk, deadline);
+    return atomic_load(&pool->ranges);
+  }
   pthread_mutex_lock(&pool->mu);
   pool->fn = fn;
   pool->bufs = bufs;
   pool->ints = ints;
   pool->total = total;
   pool->chunk = chunk;
-  atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
+  pool->deadline = deadline;
   pool->remaining = pool->nthreads;
   pool->generation++;
   pthread_cond_broadcast(&pool->start);
@@ -263,11 +290,12 @@ static void kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bu
   if (kex_cpu_spin_zero(&pool->remaining, KEX_CPU_LAUNCHER_SPIN_S)) {
     pthread_mutex_lock(&pool->mu); /* the last worker signals under mu: let it leave before returning */
     pthread_mutex_unlock(&pool->mu);
-    return;
+  } else {
+    pthread_mutex_lock(&pool->mu);
+    while (pool->remaining > 0) pthread_cond_wait(&pool->done, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
   }
-  pthread_mutex_lock(&pool->mu);
-  while (pool->remaining > 0) pthread_cond_wait(&pool->done, &pool->mu);
-  pthread_mutex_unlock(&pool->mu);
+  return atomic_load(&pool->ranges);
 }
 
 /* ---- files and the compiler ---- */
@@ -519,7 +547,8 @@ static int kex_cpu_launch(void *impl, void *p, const char *name, const size_t gl
   void *ptrs[KEX_DEVICE_MAX_BUFS + 1];
   int args[KEX_DEVICE_MAX_INTS + 1];
   kex_cpu_event *ev;
-  double t0;
+  double t0, limit = cpu->time_limit_s;
+  int ran, nranges;
 
   if (local)
     return kex_err_set(err, KEX_EINVAL, "cpu: kernel %s: the cpu device has no local size (local must be NULL)",
@@ -534,10 +563,21 @@ static int kex_cpu_launch(void *impl, void *p, const char *name, const size_t gl
   for (int i = 0; i < nints; i++) args[i] = ints[i];
   args[nints] = 0;
   t0 = kex_cpu_now();
-  kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0]);
+  ran = kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0, &nranges);
   ev->seconds = kex_cpu_now() - t0;
+  if (ran < nranges) {
+    kex_free(ev);
+    return kex_err_set(err, KEX_EDEADLINE,
+                       "cpu: kernel %s stopped after %.3f s, over the kernel time limit of %g s (%d of its %d ranges ran)",
+                       name, kex_cpu_now() - t0, limit, ran, nranges);
+  }
   *out = ev;
   return 0;
+}
+
+static void kex_cpu_set_kernel_time_limit(void *impl, double seconds) {
+  kex_cpu_device *cpu = impl;
+  cpu->time_limit_s = seconds;
 }
 
 static int kex_cpu_wait(void *impl, void *event, kex_error *err) {
@@ -572,6 +612,7 @@ static const kex_device_ops kex_cpu_ops = {
     .wait = kex_cpu_wait,
     .elapsed = kex_cpu_elapsed,
     .event_free = kex_cpu_event_free,
+    .set_kernel_time_limit = kex_cpu_set_kernel_time_limit,
 };
 
 /* The value of "key" in /proc/cpuinfo (first occurrence) into out[KEX_DEVICE_FIELD_MAX]; "" if absent. */

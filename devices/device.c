@@ -31,6 +31,8 @@ struct kex_program {
 struct kex_event {
   kex_device *dev;
   void *impl;
+  double time_limit_s; /* the device's kernel time limit at the launch (0: none) */
+  char name[KEX_DEVICE_KERNEL_NAME_MAX + 1];
 };
 
 void kex_device_set_field(char *field, const char *src) {
@@ -64,6 +66,13 @@ void kex_device_unref(kex_device *dev) {
   dev->ops->destroy(dev->impl);
   kex_free(dev);
 }
+
+void kex_device_set_kernel_time_limit(kex_device *dev, double seconds) {
+  dev->kernel_time_limit_s = seconds > 0 ? seconds : 0;
+  if (dev->ops->set_kernel_time_limit) dev->ops->set_kernel_time_limit(dev->impl, dev->kernel_time_limit_s);
+}
+
+double kex_device_kernel_time_limit(const kex_device *dev) { return dev->kernel_time_limit_s; }
 
 const kex_device_info *kex_device_get_info(const kex_device *dev) { return &dev->info; }
 const kex_device_identity *kex_device_get_identity(const kex_device *dev) { return &dev->info.identity; }
@@ -374,16 +383,33 @@ int kex_program_launch(kex_program *prog, const size_t global[3], const size_t l
     return rc;
   }
   ev->dev = dev;
+  ev->time_limit_s = dev->kernel_time_limit_s;
+  snprintf(ev->name, sizeof ev->name, "%s", prog->name);
   kex_device_ref(dev);
   *out = ev;
   return 0;
 }
 
-int kex_event_wait(kex_event *ev, kex_error *err) { return ev->dev->ops->wait(ev->dev->impl, ev->impl, err); }
+/* The end-of-kernel check of the time limit (device.h): KEX_EDEADLINE when the kernel of ev ran too long. */
+static int check_time_limit(const kex_event *ev, double seconds, kex_error *err) {
+  if (ev->time_limit_s > 0 && seconds > ev->time_limit_s)
+    return kex_err_set(err, KEX_EDEADLINE, "%s: kernel %s ran %.3f s, over the kernel time limit of %g s",
+                       ev->dev->info.identity.kind, ev->name, seconds, ev->time_limit_s);
+  return 0;
+}
+
+int kex_event_wait(kex_event *ev, kex_error *err) {
+  double seconds = 0;
+  int rc = ev->dev->ops->wait(ev->dev->impl, ev->impl, err);
+  if (rc < 0 || ev->time_limit_s <= 0) return rc;
+  if ((rc = ev->dev->ops->elapsed(ev->dev->impl, ev->impl, &seconds, err)) < 0) return rc;
+  return check_time_limit(ev, seconds, err);
+}
 
 int kex_event_elapsed(kex_event *ev, double *seconds, kex_error *err) {
   *seconds = 0;
-  return ev->dev->ops->elapsed(ev->dev->impl, ev->impl, seconds, err);
+  int rc = ev->dev->ops->elapsed(ev->dev->impl, ev->impl, seconds, err);
+  return rc < 0 ? rc : check_time_limit(ev, *seconds, err);
 }
 
 void kex_event_free(kex_event *ev) {

@@ -252,14 +252,49 @@ int kex_program_launch(kex_program *prog, const size_t global[3], const size_t l
                        kex_buffer *const *bufs, int nbufs, const int32_t *ints, int nints,
                        kex_event **out, kex_error *err);
 
-/* Block until the kernel of ev finished.  Errors: KEX_EDEVICE. */
+/*
+ * Block until the kernel of ev finished.  Errors: KEX_EDEVICE, KEX_EDEADLINE
+ * (it ran longer than the kernel time limit in force at its launch).
+ */
 int kex_event_wait(kex_event *ev, kex_error *err);
 /*
  * Kernel time of ev in seconds (OpenCL: CL_PROFILING_COMMAND_END - START;
- * cpu: wall time of the launch), waiting for it first.  Errors: KEX_EDEVICE.
+ * cpu: wall time of the launch), waiting for it first.  Errors: KEX_EDEVICE,
+ * KEX_EDEADLINE (as kex_event_wait; *seconds is still set).
  */
 int kex_event_elapsed(kex_event *ev, double *seconds, kex_error *err);
 void kex_event_free(kex_event *ev);
+
+/*
+ * Kernel time limit: from now on, a kernel launched on dev that runs longer
+ * than `seconds` fails with KEX_EDEADLINE and a message naming the kernel
+ * and the limit; 0 (the default) is no limit.  Owner thread only.  What
+ * "fails" can mean depends on the device -- this is the watchdog, honestly:
+ *
+ *   cpu     the launch stops the kernel: between the ranges of the outer
+ *           dimension it hands to its threads (about 16 per thread) it
+ *           checks the clock, and past the limit no thread starts another
+ *           range; kex_program_launch returns KEX_EDEADLINE saying how many
+ *           ranges ran.  The output buffers then hold partial results.  A
+ *           range that started runs to its end, so a kernel stops at most
+ *           one range late -- and a kernel with global[0] == 1 (e.g. a
+ *           reduction to a single value) is one range: it cannot be
+ *           stopped, it fails when it ends (as on OpenCL).
+ *   opencl  a kernel on the device cannot be stopped from the host (OpenCL
+ *           has no way to kill one).  The limit is checked when it has
+ *           ended: kex_event_wait / kex_event_elapsed return KEX_EDEADLINE
+ *           when its profiled time exceeds the limit.  Until it ends, the
+ *           queue -- and the thread waiting on it -- stays held; only the
+ *           driver's own watchdog, where it has one (GPU drivers reset a
+ *           hung GPU; PoCL's CPU device has none), ends it sooner.  Callers
+ *           bound the damage above the device: kexd fails the submission
+ *           and starts none of its later kernels.
+ *
+ * Any device: the check at the end applies too (a cpu kernel whose last
+ * range ended past the limit also fails, with complete results).
+ */
+void kex_device_set_kernel_time_limit(kex_device *dev, double seconds);
+double kex_device_kernel_time_limit(const kex_device *dev);
 
 /*
  * Fault injection (fault.c): a device that passes every call through to

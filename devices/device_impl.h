@@ -40,6 +40,9 @@ typedef struct kex_device_ops {
   int (*wait)(void *dev, void *event, kex_error *err);
   int (*elapsed)(void *dev, void *event, double *seconds, kex_error *err);
   void (*event_free)(void *dev, void *event);
+  /* Optional (NULL: the limit is only checked when a kernel ends, in device.c): stop kernels that run
+     longer than `seconds` (0: no limit) -- kex_device_set_kernel_time_limit. */
+  void (*set_kernel_time_limit)(void *dev, double seconds);
 } kex_device_ops;
 
 struct kex_device {
@@ -48,6 +51,7 @@ struct kex_device {
   atomic_int refs;
   kex_device_info info;
   char fp16_reason[96]; /* why float16 is refused, e.g. "the device lacks cl_khr_fp16" */
+  double kernel_time_limit_s; /* 0: none (kex_device_set_kernel_time_limit; the owner thread's) */
 };
 
 /*

@@ -10,6 +10,7 @@
  * This is how tests prove that device faults become errors, not crashes
  * or leaks, in every layer above.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "core/alloc.h"
@@ -19,7 +20,7 @@ typedef struct kex_fault_device {
   kex_device *inner;
   kex_fault_kind kind;
   unsigned long fail_at;
-  unsigned long calls[KEX_FAULT_KIND_COUNT];
+  atomic_ulong calls[KEX_FAULT_KIND_COUNT]; /* atomic: compiles may run on several threads (below) */
 } kex_fault_device;
 
 static const char *const kex_fault_names[KEX_FAULT_KIND_COUNT] = {"alloc", "compile", "launch", "copy"};
@@ -30,7 +31,7 @@ const char *kex_fault_kind_name(kex_fault_kind kind) {
 
 /* Count one call of kind; KEX_EDEVICE (with err filled) when it is the one to fail. */
 static int kex_fault_hit(kex_fault_device *f, kex_fault_kind kind, kex_error *err) {
-  unsigned long n = ++f->calls[kind];
+  unsigned long n = atomic_fetch_add(&f->calls[kind], 1) + 1;
   if (kind == f->kind && n == f->fail_at)
     return kex_err_set(err, KEX_EDEVICE, "fault device: injected failure of %s call #%lu", kex_fault_names[kind], n);
   return 0;
@@ -109,6 +110,11 @@ static void kex_fault_event_free(void *impl, void *event) {
   OPS(f)->event_free(INNER(f), event);
 }
 
+static void kex_fault_set_kernel_time_limit(void *impl, double seconds) {
+  kex_fault_device *f = impl;
+  kex_device_set_kernel_time_limit(f->inner, seconds); /* the inner device stops its own kernels, where it can */
+}
+
 static const kex_device_ops kex_fault_ops = {
     .destroy = kex_fault_destroy,
     .alloc = kex_fault_alloc,
@@ -122,6 +128,7 @@ static const kex_device_ops kex_fault_ops = {
     .wait = kex_fault_wait,
     .elapsed = kex_fault_elapsed,
     .event_free = kex_fault_event_free,
+    .set_kernel_time_limit = kex_fault_set_kernel_time_limit,
 };
 
 int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n, kex_device **out) {
@@ -137,8 +144,8 @@ int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n
   f->kind = kind;
   f->fail_at = n;
   kex_device_ref(inner);
-  info = inner->info;
-  info.compile_thread_safe = false; /* the fault counters are the owner's */
+  for (int k = 0; k < KEX_FAULT_KIND_COUNT; k++) atomic_init(&f->calls[k], 0);
+  info = inner->info; /* compile_thread_safe as the inner device's: the counters are atomic */
   snprintf(kind_name, sizeof kind_name, "fault+%.200s", inner->info.identity.kind);
   kex_device_set_field(info.identity.kind, kind_name);
   /* on error kex_device_wrap has destroyed f, dropping the inner reference */

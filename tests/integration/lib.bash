@@ -12,6 +12,11 @@ cases=${KEX_CASES_DIR:-$root/../shared/cases}
 max_message=4194304
 # an ASan build: PoCL/LLVM keep their compiler state for the life of the process (third-party only)
 export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+# an ASan build: PoCL's LLVM, building programs on the worker pool's threads, replaces each such thread's
+# alternate signal stack with a malloc'd one (llvm Signals.inc, CreateSigAltStack), and ASan's thread
+# teardown then fails to munmap it ("failed to deallocate 0x12000 bytes", exit 1 at SIGTERM).
+# Third-party only: ASan keeps no alternate stack of its own.
+export ASAN_OPTIONS="use_sigaltstack=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 
 passed=0
 failed=0

@@ -16,6 +16,7 @@ expected bytes at the case's rtol/atol (exactly for ints and bools).
 import base64
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -73,26 +74,30 @@ def free_port():
     return port
 
 
-def wait_healthy(port, proc=None, timeout=10.0):
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        end = time.time() + timeout
-        while time.time() < end:
-            if proc is not None and proc.poll() is not None:
-                return False
+def wait_healthy(port, proc=None, timeout=30.0):
+    """True once 127.0.0.1:port answers health SERVING; False at timeout or when proc exits.  A fresh channel
+    per try: one channel would back off (1 s, 1.6 s, 2.6 s, ...) after connecting before kexd listens."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            return False
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == \
+                if health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == \
                         health_pb2.HealthCheckResponse.SERVING:
                     return True
             except grpc.RpcError:
-                time.sleep(0.05)
+                pass
+        time.sleep(0.05)
     return False
 
 
-def start_kexd(*args):
+def start_kexd(*args, env=None):
+    """A kexd of its own on a free port (env: extra environment variables); (process, port, healthy)."""
     port = free_port()
     log = open(os.path.join(TMP, f"kexd-{port}.log"), "w")
-    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
     return proc, port, wait_healthy(port, proc)
 
 
@@ -222,6 +227,46 @@ def g_matmul_chain(n, k, seed=1, device="cpu"):
                   {"op": "CONTIGUOUS", "src": [a + 7]}]
         cur = len(nodes) - 1
     return {"device": device, "nodes": nodes, "outputs": [cur]}
+
+
+def g_slow_compile(x, terms, device="cpu"):
+    """sum_i sin(x * a_i + b_i), `terms` of them added as a balanced tree: one wide kernel that takes cc
+    seconds (300 terms: ~3 s here), within the graph's depth and per-kernel limits."""
+    n = len(x)
+    nodes = [{"op": "BUFFER", "dtype": "float32", "shape": [n], "data": base64.b64encode(x.tobytes()).decode()}]
+
+    def const(v):
+        nodes.extend([{"op": "CONST", "dtype": "float32", "shape": [], "value": v},
+                      {"op": "RESHAPE", "src": [len(nodes)], "arg": [1]},
+                      {"op": "EXPAND", "src": [len(nodes) + 1], "arg": [n]}])
+        return len(nodes) - 1
+    level = []
+    for i in range(terms):
+        a = const(1.0 + i * 1e-3)
+        nodes.append({"op": "MUL", "src": [0, a]})
+        b = const(i * 1e-2)
+        nodes.append({"op": "ADD", "src": [len(nodes) - 4, b]})
+        nodes.append({"op": "SIN", "src": [len(nodes) - 1]})
+        level.append(len(nodes) - 1)
+    while len(level) > 1:
+        nxt = []
+        for j in range(0, len(level) - 1, 2):
+            nodes.append({"op": "ADD", "src": [level[j], level[j + 1]]})
+            nxt.append(len(nodes) - 1)
+        level = nxt + level[len(level) - len(level) % 2:]
+    return {"device": device, "nodes": nodes, "outputs": [level[0]]}
+
+
+def slow_compile_ref(x, terms):
+    x = x.astype(np.float64)
+    return sum(np.sin(x * (1.0 + i * 1e-3) + i * 1e-2) for i in range(terms))
+
+
+def loaded_cpu_programs(pid):
+    """The kernels a kexd's cpu device has dlopen()ed now: distinct p<N>.so files mapped (cpu.c's load names)."""
+    import re
+    with open(f"/proc/{pid}/maps") as f:
+        return len({m.group(0) for m in re.finditer(r"/kex-cpu-[^/\s]+/p\d+\.so", f.read())})
 
 
 def pbg(g):
@@ -481,6 +526,103 @@ def main():
     check("failed submissions are counted", after.submissions_failed >= before.submissions_failed + 2,
           f"{before.submissions_failed} -> {after.submissions_failed}")
 
+    # ---- a client that vanishes before its done event went out: its outputs do not stay held ----
+    # (a kexd of its own: the done event must be larger than the stream's flow-control window, so that a client
+    # that reads nothing holds it up -- 32 MB inline, over test_submit.sh's --max-message)
+    pv, portv, okv = start_kexd("--device", "cpu", "--cache", os.path.join(TMP, "vanish.db"), "--max-message",
+                                str(64 << 20))
+    if check("a kexd with --max-message 64 MiB starts", okv):
+        with grpc.insecure_channel(f"127.0.0.1:{portv}", options=CHANNEL_OPTS) as cv:
+            kv = kex_pb2_grpc.KexStub(cv)
+            jv = open_job(kv, "vanish")
+            held0 = stats(kv, jv).job_stats[0]
+            nv = 8 << 20  # 32 MB, inline in the done event
+            child = (
+                "import os, signal, sys\n"
+                "sys.path.insert(0, os.environ['KEX_STUBS'])\n"
+                "import grpc\n"
+                "from kex.v1 import kex_pb2, kex_pb2_grpc\n"
+                "g = kex_pb2.Graph.FromString(sys.stdin.buffer.read())\n"
+                "ch = grpc.insecure_channel('127.0.0.1:' + sys.argv[1], "
+                "options=[('grpc.max_receive_message_length', -1)])\n"
+                "it = kex_pb2_grpc.KexStub(ch).Submit(kex_pb2.SubmitRequest(job=sys.argv[2], graph=g, "
+                "inline_output_max_bytes=64 << 20), timeout=120)\n"
+                "next(it)\n"
+                "os.kill(os.getpid(), signal.SIGSTOP)  # alive, reading nothing: the done event cannot go out\n"
+                "for _ in it: pass\n")
+            gvan = pbg(g_add_const("float32", [nv], {"op": "BUFFER", "dtype": "float32", "shape": [nv],
+                                                     "fill": {"value": 1.0}}))
+            cp = subprocess.Popen([sys.executable, "-c", child, str(portv), jv], stdin=subprocess.PIPE)
+            cp.stdin.write(gvan.SerializeToString())
+            cp.stdin.close()
+            _, wst = os.waitpid(cp.pid, os.WUNTRACED)
+            stopped = os.WIFSTOPPED(wst)
+            end = time.time() + 60
+            while time.time() < end:  # the submission ran and recorded its output; its done event is stuck
+                sv = stats(kv, jv).job_stats[0]
+                if sv.bytes_held > held0.bytes_held and sv.queued == 0 and sv.running == 0:
+                    break
+                time.sleep(0.05)
+            during = stats(kv, jv).job_stats[0].bytes_held
+            os.kill(cp.pid, signal.SIGKILL)
+            cp.wait()
+            end = time.time() + 15
+            while time.time() < end:
+                sv = stats(kv, jv).job_stats[0]
+                if sv.bytes_held == held0.bytes_held:
+                    break
+                time.sleep(0.05)
+            check("a client stopped before its done event went out, then killed (SIGKILL): the job's held bytes "
+                  "return to what they were", stopped and during == held0.bytes_held + 4 * nv and
+                  sv.bytes_held == held0.bytes_held and sv.buffers == held0.buffers,
+                  f"stopped {stopped}, held {held0.bytes_held} -> {during} -> {sv.bytes_held}")
+            d = done_of(submit(kv, jv, gvan, inline_output_max_bytes=64 << 20))
+            sv = stats(kv, jv).job_stats[0]
+            check("... while a client that reads its done event keeps its output (a handle, held)",
+                  len(d.outputs[0].handle) == 32 and len(d.outputs[0].data) == 4 * nv and
+                  sv.bytes_held == held0.bytes_held + 4 * nv, f"held {sv.bytes_held}")
+        check("the --max-message 64 MiB kexd exits 0 at SIGTERM", stop(pv) == 0)
+
+    # ---- compile slots: a small graph does not wait behind another job's huge compile ----
+    ja, jb2 = open_job(kex, "huge-compile"), open_job(kex, "small")
+    slow_terms = 300
+    xa = np.linspace(-1, 1, 16, dtype=np.float32)
+    order, lock, a_started = [], threading.Lock(), threading.Event()
+    a_out = {}
+
+    def huge():
+        try:
+            for ev in kex.Submit(kex_pb2.SubmitRequest(job=ja, graph=pbg(g_slow_compile(xa, slow_terms))),
+                                  timeout=300):
+                if ev.WhichOneof("event") == "compiling":
+                    a_started.set()
+                if ev.WhichOneof("event") == "done":
+                    a_out["done"] = ev.done
+        except grpc.RpcError as err:
+            a_out["error"] = desc(err)
+        a_started.set()
+        with lock:
+            order.append("A")
+    ta = threading.Thread(target=huge)
+    ta.start()
+    a_started.wait(120)
+    xb = np.arange(40, dtype=np.float32)
+    try:
+        db = done_of(submit(kex, jb2, pbg(g_add_const("float32", [40], {
+            "op": "BUFFER", "dtype": "float32", "shape": [40], "data": base64.b64encode(xb.tobytes()).decode()}, 0.25))))
+        b_ok = np.array_equal(np.frombuffer(db.outputs[0].data, np.float32), xb + 0.25)
+    except grpc.RpcError as err:
+        b_ok = desc(err)
+    with lock:
+        order.append("B")
+    ta.join()
+    da = a_out.get("done")
+    a_ok = da is not None and da.programs_compiled == 1 and np.allclose(
+        np.frombuffer(da.outputs[0].data, np.float32), slow_compile_ref(xa, slow_terms), rtol=1e-3, atol=1e-3)
+    check("job B's small Submit, sent while job A's one huge kernel compiles, finishes first (both right)",
+          order == ["B", "A"] and b_ok is True and a_ok, f"order {order}, B {b_ok}, A {a_out.get('error', '')}"
+          f"{'' if da is None else f'compile {da.kernels[0].compile_us / 1e6:.1f} s'}")
+
     # ---- the structure cache ----
     s0 = stats(kex)
     gs = g_add_const("float32", [64], {"op": "BUFFER", "dtype": "float32", "shape": [64], "fill": {"random": 5}})
@@ -552,6 +694,74 @@ def main():
             d3 = done_of(submit(k3, j3, gr))
             check("... and the next Submit works", len(d3.outputs) == 1)
         check("the faulted kexd exits 0 at SIGTERM", stop(p3) == 0)
+
+    # ---- loaded programs are bounded: LRU past KEX_MAX_PROGRAMS, reloaded from SQLite ----
+    p4, port4, ok4 = start_kexd("--device", "cpu", "--cache", os.path.join(TMP, "lru.db"), env={"KEX_MAX_PROGRAMS": "4"})
+    if check("a kexd with KEX_MAX_PROGRAMS=4 starts", ok4):
+        with grpc.insecure_channel(f"127.0.0.1:{port4}") as c4:
+            k4 = kex_pb2_grpc.KexStub(c4)
+            j4 = open_job(k4, "lru")
+            x4 = np.arange(33, dtype=np.float32)
+
+            def g4(i):  # another constant, another kernel source
+                return pbg(g_add_const("float32", [33], {"op": "BUFFER", "dtype": "float32", "shape": [33], "data":
+                                                        base64.b64encode(x4.tobytes()).decode()}, 100.0 + i))
+            right, compiled = True, 0
+            for i in range(10):
+                d4 = done_of(submit(k4, j4, g4(i), free_outputs=True))
+                right = right and np.array_equal(np.frombuffer(d4.outputs[0].data, np.float32), x4 + 100 + i)
+                compiled += d4.programs_compiled
+            check("10 distinct kernels: every result right, each compiled once", right and compiled == 10,
+                  f"{compiled} compiled")
+            end, n4 = time.time() + 10, -1
+            while time.time() < end:  # unloading is an item on the device runner: it may trail the done event
+                n4 = loaded_cpu_programs(p4.pid)
+                if n4 <= 4:
+                    break
+                time.sleep(0.05)
+            check("... and kexd has 4 programs (.so files) mapped, not 10", n4 == 4, f"{n4} mapped")
+            d_last = done_of(submit(k4, j4, g4(9), free_outputs=True))
+            check("the most recent kernel is still loaded (a memory hit)",
+                  d_last.programs_memory == 1 and d_last.programs_sqlite == 0 and d_last.programs_compiled == 0,
+                  str(d_last)[-200:])
+            d_first = done_of(submit(k4, j4, g4(0), free_outputs=True))
+            check("the first kernel again: right, and loaded again from SQLite (it was unloaded)",
+                  np.array_equal(np.frombuffer(d_first.outputs[0].data, np.float32), x4 + 100) and
+                  d_first.programs_sqlite == 1 and d_first.programs_memory == 0 and d_first.programs_compiled == 0,
+                  str(d_first)[-200:])
+            end = time.time() + 10
+            while time.time() < end and loaded_cpu_programs(p4.pid) > 4:
+                time.sleep(0.05)
+            n4 = loaded_cpu_programs(p4.pid)
+            check("... and still 4 programs mapped", n4 == 4, f"{n4} mapped")
+        check("the KEX_MAX_PROGRAMS=4 kexd exits 0 at SIGTERM", stop(p4) == 0)
+
+    # ---- a kernel over the kernel time limit fails the submission; kexd keeps serving ----
+    p5, port5, ok5 = start_kexd("--device", "cpu", "--cache", os.path.join(TMP, "limit.db"),
+                                env={"KEX_KERNEL_TIME_LIMIT": "0.1"})
+    if check("a kexd with KEX_KERNEL_TIME_LIMIT=0.1 starts", ok5):
+        with grpc.insecure_channel(f"127.0.0.1:{port5}") as c5:
+            k5 = kex_pb2_grpc.KexStub(c5)
+            j5 = open_job(k5, "limit")
+            e = None
+            t0 = time.time()
+            try:  # a 1600^3 matmul: 4.1e9 multiply-adds, seconds on any CPU kexd may run on
+                submit(k5, j5, pbg(g_matmul_chain(1600, 1)), timeout=120)
+            except grpc.RpcError as err:
+                e = err
+            took = time.time() - t0
+            check("a kernel running past the limit: DEADLINE_EXCEEDED naming the kernel and the limit",
+                  e is not None and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and
+                  "kernel time limit of 0.1 s" in e.details() and "kernel r_" in e.details(), desc(e))
+            print(f"# kernel time limit: the long kernel failed after {took:.2f} s")
+            s5 = stats(k5, j5).job_stats[0]
+            check("... nothing held or reserved after it", s5.bytes_held == 0 and s5.bytes_reserved == 0, str(s5))
+            d5 = done_of(submit(k5, j5, pbg(g_add_const("float32", [8], {"op": "BUFFER", "dtype": "float32",
+                                                                          "shape": [8], "fill": {"value": 1.0}})),
+                                free_outputs=True))
+            check("... and the next Submit (a short kernel) works",
+                  np.array_equal(np.frombuffer(d5.outputs[0].data, np.float32), np.full(8, 2, np.float32)))
+        check("the KEX_KERNEL_TIME_LIMIT kexd exits 0 at SIGTERM", stop(p5) == 0)
 
     # ---- counters ----
     sf = stats(kex)
