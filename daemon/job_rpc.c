@@ -1,5 +1,5 @@
 /*
- * job_rpc.c - OpenJob and CloseJob (the job table is jobs.c), and the
+ * job_rpc.c - OpenJob, CloseJob and HoldJob (the job table is jobs.c), and the
  * test-only _BusyWork (kexd --test-busy-work), which queues busy-CPU items
  * on a device runner charged to a job, to measure fair queueing.
  */
@@ -120,6 +120,104 @@ void kexd_rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud) 
     r.queued++;
   }
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+out:
+  kexd_rpc_free_msg(&m->base);
+}
+
+/* ---- HoldJob: a job that lives exactly as long as its client's call ---- */
+
+typedef struct job_hold {
+  kexd *d;
+  kexd_call *call;
+  uint64_t job;
+  bool writing, end_pending, dead;
+} job_hold;
+
+/* Detach the hold from its job (if the job is still open and still held by h). */
+static void hold_unbind(job_hold *h) {
+  kexd_job *job = kexd_jobs_find_id(&h->d->jobs, h->job);
+  if (job && job->on_close_ud == h) {
+    job->held = false;
+    job->on_close = NULL;
+    job->on_close_ud = NULL;
+  }
+}
+
+/* End the hold's call (status OK) and free h; the job is no longer bound to it. */
+static void hold_finish(job_hold *h) {
+  kexd_call_set_hooks(h->call, NULL, NULL, NULL);
+  kexd_call_finish(h->call, GRPC_STATUS_OK, "the hold ended", NULL);
+  kex_free(h);
+}
+
+static void hold_written(kexd_call *c, int ok, void *ud) {
+  job_hold *h = ud;
+  (void)c;
+  h->writing = false;
+  if (h->dead) kex_free(h);
+  else if (ok && h->end_pending) hold_finish(h);
+  /* !ok: the call died; its cancel hook follows */
+}
+
+/* The client cancelled, its connection broke, or keepalive found it gone: close the job. */
+static void hold_cancelled(kexd_call *c, void *ud) {
+  job_hold *h = ud;
+  (void)c;
+  h->dead = true;
+  hold_unbind(h);
+  kexd_jobs_close_id(&h->d->jobs, h->job, "its HoldJob call ended (the client went away)");
+  if (!h->writing) kex_free(h);
+}
+
+/* kexd is stopping: end the hold (every job closes with the daemon). */
+static void hold_stop(kexd_call *c, void *ud) {
+  job_hold *h = ud;
+  (void)c;
+  hold_unbind(h);
+  if (h->writing) h->end_pending = true;
+  else hold_finish(h);
+}
+
+/* The job was closed (CloseJob, shutdown): end the hold's call. */
+static void hold_job_closed(void *ud) {
+  job_hold *h = ud;
+  if (h->writing) h->end_pending = true;
+  else hold_finish(h);
+}
+
+void kexd_rpc_hold_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
+  kexd *d = ud;
+  Kex__V1__HoldJobRequest *m =
+      (Kex__V1__HoldJobRequest *)kexd_rpc_decode(d, c, &kex__v1__hold_job_request__descriptor, req, len);
+  Kex__V1__HoldJobEvent ev = KEX__V1__HOLD_JOB_EVENT__INIT;
+  kexd_job *job;
+  job_hold *h;
+  int rc;
+  if (!m) return;
+  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
+  if (job->held) {
+    kexd_call_failf(c, GRPC_STATUS_ALREADY_EXISTS, "HoldJob: job '%s' is held by another call already", job->name);
+    goto out;
+  }
+  if (!(h = kex_calloc(1, sizeof *h))) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "HoldJob: out of memory");
+    goto out;
+  }
+  h->d = d;
+  h->call = c;
+  h->job = job->id;
+  ev.held = true;
+  h->writing = true;
+  if ((rc = kexd_call_write(c, &ev.base, hold_written, h)) < 0) {
+    kex_free(h);
+    kexd_call_failf(c, GRPC_STATUS_INTERNAL, "HoldJob: cannot send the event: %s", kex_strerror(rc));
+    goto out;
+  }
+  job->held = true;
+  job->on_close = hold_job_closed;
+  job->on_close_ud = h;
+  kexd_call_set_hooks(c, hold_cancelled, hold_stop, h);
+  kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" held: it closes when this call ends", job->name);
 out:
   kexd_rpc_free_msg(&m->base);
 }

@@ -58,6 +58,9 @@ static int random_hex(char out[KEXD_TOKEN_LEN + 1]) {
 /* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
 static void jobs_remove(kexd_jobs *j, uint32_t i) {
   kexd_job *job = j->jobs[i];
+  void (*on_close)(void *) = job->on_close;
+  job->on_close = NULL;
+  if (on_close) on_close(job->on_close_ud); /* a HoldJob call ends with the job */
   while (job->nbufs) { /* first: their FREE items join the job's flow, which cancelling keeps */
     kexd_buffer *b = job->bufs[--job->nbufs];
     job->bytes_held -= b->bytes;
@@ -73,7 +76,7 @@ static void on_sweep(uv_timer_t *t) {
   uint64_t now = uv_now(j->loop), lease_ms = (uint64_t)(j->lease_s * 1000);
   for (uint32_t i = 0; i < j->njobs;) {
     kexd_job *job = j->jobs[i];
-    if (now - job->last_used_ms >= lease_ms) {
+    if (!job->held && now - job->last_used_ms >= lease_ms) {
       kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" expired: idle for %.1f s (lease %.1f s)", job->name,
               (now - job->last_used_ms) / 1e3, j->lease_s);
       j->expired++;
@@ -139,7 +142,7 @@ static bool evict_idlest(kexd_jobs *j) {
   uv_update_time(j->loop);
   now = uv_now(j->loop);
   for (uint32_t i = 0; i < j->njobs; i++)
-    if (best < 0 || j->jobs[i]->last_used_ms < j->jobs[best]->last_used_ms) best = (int)i;
+    if (!j->jobs[i]->held && (best < 0 || j->jobs[i]->last_used_ms < j->jobs[best]->last_used_ms)) best = (int)i;
   if (best < 0 || now - j->jobs[best]->last_used_ms < j->evict_idle_ms) return false;
   kex_log(KEX_LOG_INFO, j->jobs[best]->log_id, 0,
           "job \"%s\" expired early: the job table is full (--max-jobs %u) and it was idle longest (%.1f s)",
@@ -220,6 +223,17 @@ int kexd_jobs_close_job(kexd_jobs *j, const char *token) {
   j->closed++;
   jobs_remove(j, (uint32_t)i);
   return 0;
+}
+
+int kexd_jobs_close_id(kexd_jobs *j, uint64_t id, const char *why) {
+  for (uint32_t i = 0; i < j->njobs; i++)
+    if (j->jobs[i]->id == id) {
+      kex_log(KEX_LOG_INFO, j->jobs[i]->log_id, 0, "job \"%s\" closed: %s", j->jobs[i]->name, why);
+      j->closed++;
+      jobs_remove(j, i);
+      return 0;
+    }
+  return KEX_ENOTFOUND;
 }
 
 kexd_job *kexd_jobs_find_id(kexd_jobs *j, uint64_t id) {

@@ -67,6 +67,10 @@ typedef struct kexd_job {
   uint32_t nbufs, capbufs;
   uint64_t bytes_held;     /* sum of bufs[i]->bytes */
   uint64_t bytes_reserved; /* uploads accepted but not yet on the device */
+  /* HoldJob: while held the lease never ends it; on_close (when set) runs once as the job is closed */
+  bool held;
+  void (*on_close)(void *ud);
+  void *on_close_ud;
 } kexd_job;
 
 typedef struct kexd_jobs {
@@ -102,10 +106,12 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
                    kexd_job **out, kex_error *err);
 /* The job with this token, its lease renewed; NULL when unknown. */
 kexd_job *kexd_jobs_find(kexd_jobs *j, const char *token);
-/* Close the job with this token.  0 or KEX_ENOTFOUND. */
+/* Close the job with this token (its on_close hook runs first).  0 or KEX_ENOTFOUND. */
 int kexd_jobs_close_job(kexd_jobs *j, const char *token);
 /* The open job with this id (lease not renewed); NULL when it is gone. */
 kexd_job *kexd_jobs_find_id(kexd_jobs *j, uint64_t id);
+/* Close the open job with this id (its HoldJob ended: the client went away), logging why.  0 or KEX_ENOTFOUND. */
+int kexd_jobs_close_id(kexd_jobs *j, uint64_t id, const char *why);
 
 /*
  * Reserve `bytes` of job's memory limit for an upload in flight.  0, or

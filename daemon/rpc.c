@@ -21,6 +21,7 @@ int kexd_rpc_register(kexd *d) {
       {"/grpc.health.v1.Health/Watch", KEXD_PAYLOAD_ONE, kexd_rpc_health_watch},
       {"/kex.v1.Kex/OpenJob", KEXD_PAYLOAD_ONE, kexd_rpc_open_job},
       {"/kex.v1.Kex/CloseJob", KEXD_PAYLOAD_ONE, kexd_rpc_close_job},
+      {"/kex.v1.Kex/HoldJob", KEXD_PAYLOAD_ONE, kexd_rpc_hold_job},
       {"/kex.v1.Kex/Plan", KEXD_PAYLOAD_ONE, kexd_rpc_plan},
       {"/kex.v1.Kex/ListDevices", KEXD_PAYLOAD_ONE, kexd_rpc_list_devices},
       {"/kex.v1.Kex/GetStats", KEXD_PAYLOAD_ONE, kexd_rpc_get_stats},

@@ -47,6 +47,7 @@ void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *u
 void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 void kexd_rpc_close_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_hold_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 void kexd_rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud); /* --test-busy-work only */
 void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 void kexd_rpc_upload(kexd_call *c, const uint8_t *req, size_t len, void *ud);

@@ -479,9 +479,74 @@ def limits():
     k.stop()
 
 
+CLIENT = r'''
+import os, sys, time
+sys.path.insert(0, os.environ["KEX_STUBS"])
+import grpc
+from kex.v1 import kex_pb2, kex_pb2_grpc
+ch = grpc.insecure_channel("127.0.0.1:" + sys.argv[1])
+kex = kex_pb2_grpc.KexStub(ch)
+job = kex.OpenJob(kex_pb2.OpenJobRequest(name="doomed"), timeout=5).job
+hold = kex.HoldJob(kex_pb2.HoldJobRequest(job=job))
+next(hold)
+n = 1 << 20
+kex.Upload(iter([kex_pb2.UploadRequest(job=job, header=kex_pb2.UploadHeader(dtype="uint8", shape=[n])),
+                 kex_pb2.UploadRequest(chunk=b"\1" * n)]), timeout=10)
+print(job, flush=True)
+time.sleep(600)
+'''
+
+
+def vanished_clients():
+    """Finding 6: a client killed after its result arrived leaves nothing behind when it held its job."""
+    k = Kexd("--lease", "1")
+    base = k.kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5).bytes_held
+    p = subprocess.Popen([sys.executable, "-c", CLIENT, str(k.port)], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ))
+    job = p.stdout.readline().strip()
+    time.sleep(2.0)  # past the 1 s lease: the hold keeps the job
+    st = k.kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+    check("a held job outlives its lease while its client lives (1 MiB still held after 2 s of --lease 1)",
+          bool(job) and st.bytes_held == base + (1 << 20), f"{job!r} {st.bytes_held}")
+    p.kill()
+    p.wait()
+    t0, gone = time.time(), False
+    while time.time() - t0 < 5:
+        st = k.kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
+        if st.bytes_held == base and rpc_error(k.kex.GetStats, kex_pb2.GetStatsRequest(job=job), timeout=5):
+            gone = True
+            break
+        time.sleep(0.1)
+    check("a client killed with SIGKILL: its held job is closed and its buffers freed within 5 s",
+          gone, f"{time.time() - t0:.1f} s, held {st.bytes_held} (base {base})")
+
+    j = open_job(k, name="twice")
+    h1 = k.kex.HoldJob(kex_pb2.HoldJobRequest(job=j), timeout=30)
+    first = next(h1)
+    e = rpc_error(lambda: next(k.kex.HoldJob(kex_pb2.HoldJobRequest(job=j), timeout=5)))
+    check("HoldJob: held, and a second hold of the same job is ALREADY_EXISTS",
+          first.held and code_and(e, grpc.StatusCode.ALREADY_EXISTS), desc(e))
+    k.kex.CloseJob(kex_pb2.CloseJobRequest(job=j), timeout=5)
+    rest = rpc_error(lambda: list(h1))
+    check("CloseJob of a held job ends its HoldJob call with OK", rest is None, desc(rest))
+    j = open_job(k, name="cancelled")
+    h2 = k.kex.HoldJob(kex_pb2.HoldJobRequest(job=j), timeout=30)
+    next(h2)
+    h2.cancel()
+    time.sleep(0.3)
+    e = rpc_error(k.kex.GetStats, kex_pb2.GetStatsRequest(job=j), timeout=5)
+    check("a cancelled HoldJob closes its job", code_and(e, grpc.StatusCode.NOT_FOUND), desc(e))
+    unheld = open_job(k, name="unheld")
+    time.sleep(2.5)
+    e = rpc_error(k.kex.GetStats, kex_pb2.GetStatsRequest(job=unheld), timeout=5)
+    check("an unheld job still expires by its lease", code_and(e, grpc.StatusCode.NOT_FOUND), desc(e))
+    k.stop()
+
+
 def main():
     connections()
     limits()
+    vanished_clients()
 
 
 if __name__ == "__main__":

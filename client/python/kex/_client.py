@@ -64,7 +64,7 @@ def _call(fn, *args, **kwargs):
         raise Error.from_rpc(e) from None
 
 
-def _shutdown(channel, stub, job, owns_job, timeout, metadata):
+def _shutdown(channel, stub, job, owns_job, timeout, metadata, hold=None):
     """Close what a Client holds: its job (if it opened it) and its channel.
 
     A module-level function, so the weakref.finalize that calls it holds no
@@ -76,10 +76,27 @@ def _shutdown(channel, stub, job, owns_job, timeout, metadata):
             stub.CloseJob(pb.CloseJobRequest(job=job), timeout=min(timeout or 5.0, 5.0), metadata=metadata)
         except Exception:  # noqa: BLE001 - a server gone away, or a channel torn down at exit: nothing to do
             pass
+    if hold is not None:
+        try:
+            hold.cancel()
+        except Exception:  # noqa: BLE001
+            pass
     try:
         channel.close()
     except Exception:  # noqa: BLE001
         pass
+
+
+def _hold(stub, job, timeout, metadata):
+    """Start HoldJob for a job this process opened: kexd closes the job (and frees its buffers) as soon as
+    the call ends, so a process that is killed never leaves its job behind until the lease runs out.
+    The call object is returned (kept open in the background by gRPC); None when kexd has no HoldJob."""
+    try:
+        call = stub.HoldJob(pb.HoldJobRequest(job=job), metadata=metadata)
+        next(call)  # the "held" event: the hold is in place
+        return call
+    except (grpc.RpcError, StopIteration, AttributeError):
+        return None
 
 
 class Client:
@@ -88,8 +105,10 @@ class Client:
     job=None opens a job, which this Client closes: on close(), on leaving a
     `with` block, when the Client is garbage-collected, or at the latest when
     the interpreter exits (so a script that never calls close() does not leave
-    its job and buffers on the server until the lease runs out).  A given job
-    token is used as is and left open.
+    its job and buffers on the server until the lease runs out).  A job it
+    opens is also held (HoldJob): if the process is killed, kexd closes the
+    job as soon as the connection breaks.  A given job token is used as is and
+    left open.
 
     addr: "host:port"; weight and memory_limit: the job's share and byte limit
     (OpenJob); name: the job's name in kexd's stats; token: a bearer token sent
@@ -120,8 +139,9 @@ class Client:
                 raise
             job = r.job
         self.job = job
+        self._hold = _hold(self.stub, job, timeout, self.metadata) if self.owns_job else None
         self._finalizer = weakref.finalize(self, _shutdown, self.channel, self.stub, job, self.owns_job, timeout,
-                                           self.metadata)
+                                           self.metadata, self._hold)
 
     @property
     def closed(self):

@@ -71,3 +71,31 @@ def test_borrowed_job_stays_open(kexd_addr):
     assert job_is_open(kexd_addr, owner.job)
     owner.close()
     assert not job_is_open(kexd_addr, owner.job)
+
+
+def test_killed_script_leaves_nothing(kexd_addr):
+    """A script killed with SIGKILL cannot close its job; the job it opened is held (HoldJob), so kexd
+    closes it -- and frees its outputs -- as soon as the connection breaks, not when the lease ends."""
+    script = textwrap.dedent("""\
+        import sys, time
+        import numpy as np
+        import kex
+        kex.connect(sys.argv[1])
+        t = (kex.tensor(np.ones((256, 256), np.float32)) * 2).realize()   # an output held on the server
+        print(kex.default_client().job, flush=True)
+        time.sleep(600)
+        """)
+    p = subprocess.Popen([sys.executable, "-c", script, kexd_addr], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=PKG))
+    try:
+        token = p.stdout.readline().strip()
+        assert token and job_is_open(kexd_addr, token)
+    finally:
+        p.kill()
+        p.wait()
+    import time
+    for _ in range(50):
+        if not job_is_open(kexd_addr, token):
+            break
+        time.sleep(0.1)
+    assert not job_is_open(kexd_addr, token), "the killed script's job is still open"
