@@ -121,7 +121,9 @@ int main(int argc, char **argv) {
       kex_replay *r = NULL;
       kex_schedule *s = NULL;
       kex_cache *cache = NULL;
-      kex_replay_opts ro = kex_replay_opts_for(cpu);
+      kex_target target;
+      kex_target_for_device(kex_device_get_info(dev), &target);
+      kex_replay_opts ro = kex_target_replay_opts(&target);
       if (kex_replay_graph(g, &ro, &arena, &r, &err) || kex_schedule_create(r, &s, &err) ||
           kex_cache_open(cpath, &cache, &err)) {
         fprintf(stderr, "%s: %s\n", names[gi], err.msg);
@@ -137,7 +139,7 @@ int main(int argc, char **argv) {
         bo.max_candidates = max_cand;
         bo.max_rounds = max_rounds;
         bo.cache = cache;
-        kex_beam_target t = {g, s, i, cpu};
+        kex_beam_target t = {g, s, i, &target};
         kex_beam_result br, hit;
         if (kex_beam_optimize(&t, dev, &bo, &br, &err) || kex_beam_optimize(&t, dev, &bo, &hit, &err)) {
           fprintf(stderr, "%s kernel %u: %s\n", names[gi], i, err.msg);

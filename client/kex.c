@@ -32,6 +32,7 @@
 
 #include "devices/device.h"
 #include "codegen/lower.h"
+#include "codegen/target.h"
 #include "realize/run.h"
 
 int kex_cmd_tune(int argc, char **argv);
@@ -168,7 +169,8 @@ static int cmd_plan(int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (strcmp(device, "opencl") != 0 && strcmp(device, "cpu") != 0) {
+  kex_target target;
+  if (kex_target_for_name(device, &target) < 0) {
     fprintf(stderr, "kex plan: unknown device '%s' (opencl or cpu)\n", device);
     return 2;
   }
@@ -191,7 +193,8 @@ static int cmd_plan(int argc, char **argv) {
     ret = load_failed("plan", path, rc, &err);
     goto out;
   }
-  kex_replay_opts ro = {strcmp(device, "cpu") == 0, device};
+  kex_replay_opts ro = kex_target_replay_opts(&target);
+  ro.device_name = device;
   double t0 = now_us();
   rc = kex_replay_graph(g, &ro, &arena, &r, &err);
   if (!rc) rc = kex_schedule_create(r, &s, &err);
@@ -222,7 +225,7 @@ static int cmd_plan(int argc, char **argv) {
       kex_error lerr = {0};
       size_t len = 0;
       FILE *m = open_memstream(&notes[i], &len);
-      if (kex_run_lower_item(s, &s->items[i], ro.buffer_view, &nc, &ps, o, sizeof o, &lerr) == 0) {
+      if (kex_target_lower_item(&target, s, &s->items[i], NULL, 0, &nc, &ps, o, sizeof o, &lerr) == 0) {
         fprintf(m, "  kernel %s opts: %s\n", ps.name, o[0] ? o : "(none)");
         names[i] = strdup(ps.name);
         kopts[i] = strdup(o);

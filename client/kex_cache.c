@@ -264,6 +264,7 @@ static void rm_print(bool as_json, uint64_t n) {
 #include "search/beam.h"
 #include "search/cache.h"
 #include "codegen/lower.h"
+#include "codegen/target.h"
 #include "realize/run.h"
 
 int kex_cmd_cache(int argc, char **argv);
@@ -300,14 +301,13 @@ static char *render_from_graph(const char *gpath, const kex_cache_entry *e, kex_
   kex_graph *g = NULL;
   kex_replay *r = NULL;
   kex_schedule *s = NULL;
-  kex_kernel *k = NULL;
   kex_program_src ps = {0};
   char *src = NULL;
   kex_arena arena;
   kex_arena_init(&arena, 0);
-  bool cpu = strcmp(e->device.kind, "cpu") == 0 || strstr(e->device.kind, "+cpu") != NULL;
-  const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
-  kex_replay_opts ro = kex_replay_opts_for(cpu);
+  kex_target target;
+  kex_target_for_name(e->device.kind, &target); /* the rules of the device kind the entry was made on */
+  kex_replay_opts ro = kex_target_replay_opts(&target);
   int rc = kex_graph_from_json_file(gpath, &lim, &g, err);
   if (!rc) rc = kex_replay_graph(g, &ro, &arena, &r, err);
   if (!rc) rc = kex_schedule_create(r, &s, err);
@@ -315,15 +315,12 @@ static char *render_from_graph(const char *gpath, const kex_cache_entry *e, kex_
     if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
     kex_ast_digest d;
     if (kex_ast_key(s->items[i].ast, s->items[i].nout, &d, err) || strcmp(d.hex, e->ast_hex)) continue;
-    rc = kex_kernel_from_item(s, &s->items[i], caps, &k, err);
-    if (!rc) rc = kex_beam_apply_opts(k, e->value.opts, e->value.nopts, err);
-    if (!rc) rc = kex_lower_kernel(k, caps, cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, NULL, &ps, err);
+    rc = kex_target_lower_item(&target, s, &s->items[i], e->value.opts, e->value.nopts, NULL, &ps, NULL, 0, err);
     if (!rc) src = kex_strdup(ps.src);
     break;
   }
   if (!rc && !src) kex_err_set(err, KEX_ENOTFOUND, "no kernel of %s has AST key %.16s...", gpath, e->ast_hex);
   kex_program_src_free(&ps);
-  kex_kernel_free(k);
   kex_schedule_free(s);
   kex_replay_free(r);
   kex_arena_destroy(&arena);

@@ -262,9 +262,9 @@ int kex_cmd_tune(int argc, char **argv) {
     ret = rc == KEX_EINVAL ? 2 : 1;
     goto out;
   }
-  const char *kind = kex_device_get_identity(dev)->kind;
-  bool cpu = strcmp(kind, "cpu") == 0 || strstr(kind, "+cpu") != NULL;
-  kex_replay_opts ro = kex_replay_opts_for(cpu);
+  kex_target target;
+  kex_target_for_device(kex_device_get_info(dev), &target);
+  kex_replay_opts ro = kex_target_replay_opts(&target);
   if ((rc = kex_replay_graph(g, &ro, &arena, &r, &err)) || (rc = kex_schedule_create(r, &s, &err))) {
     fprintf(stderr, "kex tune: %s: %s\n", path, err.msg);
     ret = rc == KEX_EASSIGN ? 2 : 1;
@@ -297,7 +297,7 @@ int kex_cmd_tune(int argc, char **argv) {
     bo.cache = cache;
     bo.progress = on_progress;
     bo.progress_arg = &tp;
-    kex_beam_target t = {g, s, i, cpu};
+    kex_beam_target t = {g, s, i, &target};
     kex_beam_result br;
     if ((rc = kex_beam_optimize(&t, dev, &bo, &br, &err))) {
       progress_end(&tp, false);

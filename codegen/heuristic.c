@@ -50,6 +50,7 @@ static bool has_expanded_axis(const kex_st *st, const int64_t *strides, const bo
 static int try_matvec(kex_kernel *k, kex_error *err) {
   const kex_lop *r = k->reduceop;
   if (!k->opts->has_local || !r || r->op != KEX_OP_SUM || kex_kernel_shape_len(k) < 2 || !k->opts->has_shared) return 0;
+  if (k->opts->max_local_size > 0 && MV_THREADS_PER_ROW * MV_BLOCKSIZE > k->opts->max_local_size) return 0; /* won't fit */
   const kex_lop *mul = r->src[0];
   if (mul->op != KEX_OP_MUL || mul->src[0]->op != KEX_OP_LOAD || mul->src[1]->op != KEX_OP_LOAD) return 0;
   int b0 = buf_index(k, mul->src[0]), b1 = buf_index(k, mul->src[1]);
@@ -223,8 +224,11 @@ int kex_kernel_hand_coded_optimizations(kex_kernel *k, kex_error *err) {
       if ((rc = apply(k, KEX_OPT_UPCAST, fu - 1, 4, err))) return rc;
   }
 
-  /* locals: expanded axes first, then higher axes; at most 3 dims, 128 threads */
+  /* locals: expanded axes first, then higher axes; at most 3 dims, 128 threads (fewer when the target's
+     work-group is smaller) */
   if (k->opts->has_local) {
+    const int64_t max_threads =
+        k->opts->max_local_size > 0 && k->opts->max_local_size < 128 ? k->opts->max_local_size : 128;
     int fr = kex_kernel_first_reduce(k);
     const int64_t *full = kex_kernel_full_shape(k);
     int order[KEX_MAX_DIMS], no = 0;
@@ -244,7 +248,7 @@ int kex_kernel_hand_coded_optimizations(kex_kernel *k, kex_error *err) {
       int axis = order[i];
       static const int cands[] = {32, 16, 8, 4, 3, 2};
       for (int c = axis == 0 ? 0 : 1; c < 6; c++) {
-        if (full[axis] % cands[c] == 0 && local_size * cands[c] <= 128) {
+        if (full[axis] % cands[c] == 0 && local_size * cands[c] <= max_threads) {
           to_axis[nto] = axis;
           to_sz[nto++] = cands[c];
           local_size *= cands[c];

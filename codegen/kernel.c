@@ -19,8 +19,8 @@
 
 #include "core/alloc.h"
 
-const kex_renderer_caps kex_renderer_opencl = {"GPU", true, true, true, false, 32768};
-const kex_renderer_caps kex_renderer_cpu = {"CLANG", false, true, false, false, 32768};
+const kex_renderer_caps kex_renderer_opencl = {"GPU", true, true, true, false, 32768, 0};
+const kex_renderer_caps kex_renderer_cpu = {"CLANG", false, true, false, false, 32768, 0};
 
 static const char *const optop_names[KEX_OPT_COUNT] = {
 #define XX(name) #name,
@@ -651,6 +651,11 @@ static int apply_opt_inner(kex_kernel *k, kex_opt opt, bool append_opt, kex_erro
     int64_t smem = amt * acc_sz * upcast_sz * local_sz;
     CHECK(smem <= k->opts->shared_max, "exceeds maximum shared memory size: needs %lld, max %lld", (long long)smem,
           (long long)k->opts->shared_max);
+  }
+  if ((op == KEX_OPT_LOCAL || op == KEX_OPT_GROUP || op == KEX_OPT_GROUPTOP) && k->opts->max_local_size > 0) {
+    int64_t threads = prod_range(full, fr - k->local_dims, fr + k->group_for_reduces) * amt;
+    CHECK(threads <= k->opts->max_local_size, "exceeds the target's work-group size: %lld threads, max %lld",
+          (long long)threads, (long long)k->opts->max_local_size);
   }
   switch (op) {
   case KEX_OPT_LOCAL:

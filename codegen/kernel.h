@@ -41,6 +41,7 @@ typedef struct kex_renderer_caps {
   bool supports_float4;
   bool has_tensor_cores;
   int64_t shared_max;       /* bytes of local memory a group reduce may use */
+  int64_t max_local_size;   /* threads of one work-group (LOCAL and GROUP dims together); 0: no limit known */
 } kex_renderer_caps;
 
 extern const kex_renderer_caps kex_renderer_opencl; /* GPU: locals, shared, float4, 32768 */

@@ -121,33 +121,6 @@ out:
 
 #define RPC_MAX_LISTED (2 * KEXD_MAX_DEVICES) /* devices in one ListDevices reply */
 
-#ifdef KEXD_HAVE_DEVICES
-/*
- * The discovered device a configured name opens, as kex_device_open picks it:
- * "opencl" the first GPU else the first OpenCL device, "opencl:<sub>" a name
- * containing sub, "cpu" the C backend, "default" the first GPU, OpenCL device, cpu.
- */
-static const kex_device_desc *match_device(const kex_device_desc *descs, size_t n, const char *name) {
-  const kex_device_desc *first_cl = NULL, *gpu = NULL, *cpu = NULL;
-  for (size_t i = 0; i < n; i++) {
-    if (strcmp(descs[i].kind, "opencl") == 0) {
-      if (!first_cl) first_cl = &descs[i];
-      if (!gpu && descs[i].is_gpu) gpu = &descs[i];
-    } else if (strcmp(descs[i].kind, "cpu") == 0 && !cpu) {
-      cpu = &descs[i];
-    }
-  }
-  if (strcmp(name, "opencl") == 0) return gpu ? gpu : first_cl;
-  if (strcmp(name, "cpu") == 0) return cpu;
-  if (strcmp(name, "default") == 0) return gpu ? gpu : first_cl ? first_cl : cpu;
-  for (size_t i = 0; i < n; i++)
-    if (strcmp(descs[i].open_name, name) == 0) return &descs[i];
-  if (strncmp(name, "opencl:", 7) == 0)
-    for (size_t i = 0; i < n; i++)
-      if (strcmp(descs[i].kind, "opencl") == 0 && strcasestr(descs[i].name, name + 7)) return &descs[i];
-  return NULL;
-}
-#endif
 
 void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd *d = ud;
@@ -162,7 +135,7 @@ void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *u
   for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
     kex__v1__device__init(&devs[n]);
     devs[n].name = d->cfg.devices[i];
-    devs[n].kind = strncmp(d->cfg.devices[i], "cpu", 3) == 0 ? "cpu" : "opencl";
+    devs[n].kind = d->targets[i].rules;
     devs[n].is_default = i == 0;
     ptrs[n] = &devs[n];
     n++;
@@ -179,7 +152,7 @@ void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *u
   }
   const kex_device_desc *descs = d->device_descs;
   for (size_t i = 0; i < n; i++) {
-    const kex_device_desc *dd = match_device(descs, d->ndevice_descs, devs[i].name);
+    const kex_device_desc *dd = kex_device_desc_match(descs, d->ndevice_descs, devs[i].name);
     if (!dd) continue;
     devs[i].kind = (char *)dd->kind;
     devs[i].device_name = (char *)dd->name;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "codegen/target.h"
 #include "core/limits.h"
 #include "daemon/dispatch.h"
 #include "daemon/jobs.h"
@@ -89,6 +90,7 @@ typedef struct kexd {
   kexd_server *server;
   kexd_jobs jobs;
   kexd_dispatch *disp;           /* the device runners */
+  kex_target targets[KEXD_MAX_DEVICES]; /* each configured device as codegen sees it (main.c, at start) */
   uint64_t uploads, downloads, upload_errors;
   uint64_t started_ms;
   uint64_t submissions, plans, plan_errors, kernels_planned;

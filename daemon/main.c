@@ -85,6 +85,27 @@ static void size_connections(kexd_config *cfg) {
   kexd_accept_guard_init(cfg->max_connections);
 }
 
+/*
+ * Each configured device's target: its rules and the capabilities it
+ * reports (opened once here and released), or, when it cannot be opened
+ * now, the static target of its name (Submit reports the open error later).
+ */
+static void make_targets(kexd *d) {
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
+    kex_device *dev = NULL;
+    kex_error err = {0};
+    if (kex_device_open(d->cfg.devices[i], &dev, &err) == 0) {
+      kex_target_for_device(kex_device_get_info(dev), &d->targets[i]);
+      kex_device_unref(dev);
+    } else {
+      kex_target_for_name(d->cfg.devices[i], &d->targets[i]);
+    }
+    KEX_INFO("device %s: %s rules; local memory %lld bytes, work-group %lld threads%s", d->cfg.devices[i],
+             d->targets[i].rules, (long long)d->targets[i].caps.shared_max,
+             (long long)d->targets[i].caps.max_local_size, d->targets[i].caps.supports_float4 ? ", float4" : "");
+  }
+}
+
 int main(int argc, char **argv) {
   static daemon_state st;
   kexd *d = &st.d;
@@ -95,6 +116,7 @@ int main(int argc, char **argv) {
   rc = kexd_config_parse(&d->cfg, argc, argv);
   if (rc) return rc > 0 ? 0 : 2;
   size_connections(&d->cfg);
+  make_targets(d);
   if (d->cfg.workers) { /* before the first uv_queue_work: libuv reads it once */
     snprintf(workers, sizeof workers, "%u", d->cfg.workers);
     setenv("UV_THREADPOOL_SIZE", workers, 1);

@@ -174,8 +174,8 @@ void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   w->d = d;
   w->call = c;
   memcpy(w->job, job->log_id, sizeof w->job);
-  /* a cpu device follows tinygrad's CLANG rules (buffer views), every other its GPU (OpenCL) rules */
-  w->ro.buffer_view = strncmp(dev, "cpu", 3) == 0;
+  /* the device's target says which of tinygrad's rules apply (CLANG: buffer views) */
+  w->ro = kex_target_replay_opts(&d->targets[kexd_rpc_device_index(d, dev)]);
   w->ro.device_name = dev;
   if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                     &d->cfg.limits, job, &w->g, &w->err)) < 0) {

@@ -13,7 +13,7 @@
  *      graphs (--plan-inline-nodes), then on the worker pool (uv_queue_work)
  *      the rest of the replay/schedule for large ones, the per-buffer and
  *      per-item tables, and every kernel rendered with hand-coded opts
- *      (kex_run_lower_item) and hashed (SHA-256 of the source).  The plan is
+ *      (kex_target_lower_item) and hashed (SHA-256 of the source).  The plan is
  *      immutable from then on and shared (refcounted on the loop) by every
  *      later submission of the same structure.
  *   3. loop: programs the device has loaded already (the loop's index of
@@ -251,7 +251,7 @@ typedef struct plan {
   uint8_t key[SUB_HASH];
   uint64_t last_used;        /* structure cache LRU */
   uint32_t device;
-  bool cpu;
+  const kex_target *target;  /* the daemon's target of that device (d->targets) */
   kex_graph *g;              /* the graph it was built from (the replay points into it) */
   kex_arena arena;
   kex_replay *r;
@@ -293,7 +293,7 @@ static size_t info_bytes(const kex_buffer_info *bi) { return (size_t)bi->size * 
 
 /* Replay and schedule p->g (safe on any thread: touches only p). */
 static int plan_schedule(plan *p, kex_error *err) {
-  kex_replay_opts ro = kex_replay_opts_for(p->cpu);
+  kex_replay_opts ro = kex_target_replay_opts(p->target);
   int rc = kex_replay_graph(p->g, &ro, &p->arena, &p->r, err);
   if (!rc) rc = kex_schedule_create(p->r, &p->s, err);
   return rc;
@@ -389,7 +389,7 @@ static int plan_build(plan *p, const kexd_beam_req *beam, kex_error *err) {
     plan_prog *pp = &p->progs[p->nkernels];
     kex_program_src ps = {0};
     rc = beam ? kexd_tune_lower_item(beam, p->g, s, ii, &names, &ps, pp->opts, sizeof pp->opts, err)
-              : kex_run_lower_item(s, it, p->cpu, &names, &ps, pp->opts, sizeof pp->opts, err);
+              : kex_target_lower_item(p->target, s, it, NULL, 0, &names, &ps, pp->opts, sizeof pp->opts, err);
     if (rc < 0) {
       char m[KEX_ERROR_MSG_MAX];
       snprintf(m, sizeof m, "%s", err->msg);
@@ -1818,7 +1818,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   p->last_max_kernel_us = -1;
   memcpy(p->key, key, sizeof key);
   p->device = s->device;
-  p->cpu = strncmp(d->cfg.devices[s->device], "cpu", 3) == 0;
+  p->target = &d->targets[s->device];
   p->g = s->g;
   kex_arena_init(&p->arena, 0);
   s->p = p;

@@ -232,7 +232,7 @@ static int route_device(route_ctx *ctx, kex_device **out, kex_error *err) {
 
 /* ---- lowering with searched opts (Tune and Submit share it) ---- */
 
-static bool device_is_cpu(const kexd *d, uint32_t device) { return strncmp(d->cfg.devices[device], "cpu", 3) == 0; }
+static const kex_target *device_target(const kexd *d, uint32_t device) { return &d->targets[device]; }
 
 /* Remember the source rendered for (AST key, kind, opts) for GetCacheEntry. */
 static void memo_put(kexd_tuner *T, const char *ast_hex, const char *kind, const char *opts, const char *src) {
@@ -296,10 +296,8 @@ static int optimize_and_lower(kexd *d, route_ctx *ctx, kex_device *dev, kex_beam
                               const kex_graph *g, const kex_schedule *s, uint32_t item, kex_name_counter *names,
                               kex_beam_result *res, kex_program_src *out, char *ostr, size_t olen, kex_error *err) {
   kexd_tuner *T = d->tuner;
-  bool cpu = device_is_cpu(d, ctx->device);
-  const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
-  kex_beam_target t = {g, s, item, cpu};
-  kex_kernel *k = NULL;
+  const kex_target *tg = device_target(d, ctx->device);
+  kex_beam_target t = {g, s, item, tg};
   char ot[KEX_CACHE_OPTS_TEXT_MAX];
   int rc;
   bo->exec = route_exec;
@@ -318,12 +316,7 @@ static int optimize_and_lower(kexd *d, route_ctx *ctx, kex_device *dev, kex_beam
     if (ctx->timed_out) rc = kex_err_set(err, KEX_EDEADLINE, "the search passed its per-kernel timeout");
   }
   if (rc) return rc;
-  if ((rc = kex_kernel_from_item(s, &s->items[item], caps, &k, err)) == 0 &&
-      (rc = kex_beam_apply_opts(k, res->opts, res->nopts, err)) == 0) {
-    if (ostr) kex_kernel_opts_string(k, ostr, olen);
-    rc = kex_lower_kernel(k, caps, cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, names, out, err);
-  }
-  kex_kernel_free(k);
+  rc = kex_target_lower_item(tg, s, &s->items[item], res->opts, res->nopts, names, out, ostr, olen, err);
   if (rc == 0 && kex_cache_opts_format(res->opts, res->nopts, ot, sizeof ot) == 0)
     memo_put(T, res->ast_hex, kex_device_get_identity(dev)->kind, ot, out->src);
   return rc;
@@ -444,11 +437,11 @@ static void on_tune_progress(const kex_beam_progress *p, void *arg) {
 }
 
 /* The hand-coded kernel's name (the TuneEvent's `kernel`). */
-static void hand_name(const kex_schedule *s, uint32_t item, bool cpu, char *out, size_t len) {
+static void hand_name(const kex_schedule *s, uint32_t item, const kex_target *tg, char *out, size_t len) {
   kex_kernel *k = NULL;
   kex_error e = {0};
   out[0] = '\0';
-  if (kex_kernel_from_item(s, &s->items[item], cpu ? &kex_renderer_cpu : &kex_renderer_opencl, &k, &e) == 0 &&
+  if (kex_kernel_from_item(s, &s->items[item], &tg->caps, &k, &e) == 0 &&
       kex_kernel_hand_coded_optimizations(k, &e) == 0)
     kex_kernel_name(k, out, len);
   kex_kernel_free(k);
@@ -489,7 +482,7 @@ static void tune_work(uv_work_t *req) {
   tune_call *t = req->data;
   kexd *d = t->d;
   kexd_tuner *T = d->tuner;
-  bool cpu = device_is_cpu(d, t->device);
+  const kex_target *tg = device_target(d, t->device);
   kex_arena arena;
   kex_replay *r = NULL;
   kex_schedule *s = NULL;
@@ -500,7 +493,7 @@ static void tune_work(uv_work_t *req) {
   int rc;
   kex_arena_init(&arena, 0);
   kex_name_counter_init(&names);
-  kex_replay_opts ro = kex_replay_opts_for(cpu);
+  kex_replay_opts ro = kex_target_replay_opts(tg);
   if ((rc = kex_replay_graph(t->g, &ro, &arena, &r, &t->err)) < 0 || (rc = kex_schedule_create(r, &s, &t->err)) < 0)
     goto out;
   pthread_mutex_lock(&T->lock);
@@ -523,7 +516,7 @@ static void tune_work(uv_work_t *req) {
       goto out;
     }
     t->cur++;
-    hand_name(s, ii, cpu, t->cur_name, sizeof t->cur_name);
+    hand_name(s, ii, tg, t->cur_name, sizeof t->cur_name);
     t->last_progress = -INFINITY;
     t->ctx.kernel_deadline = t->timeout_ms ? t0 + t->timeout_ms / 1e3 : INFINITY;
     t->ctx.timed_out = false;

@@ -418,3 +418,29 @@ void kex_event_free(kex_event *ev) {
   kex_device_unref(ev->dev);
   kex_free(ev);
 }
+
+/*
+ * The discovered device a configured name opens, as kex_device_open picks it:
+ * "opencl" the first GPU else the first OpenCL device, "opencl:<sub>" a name
+ * containing sub, "cpu" the C backend, "default" the first GPU, OpenCL device, cpu.
+ */
+const kex_device_desc *kex_device_desc_match(const kex_device_desc *descs, size_t n, const char *name) {
+  const kex_device_desc *first_cl = NULL, *gpu = NULL, *cpu = NULL;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(descs[i].kind, "opencl") == 0) {
+      if (!first_cl) first_cl = &descs[i];
+      if (!gpu && descs[i].is_gpu) gpu = &descs[i];
+    } else if (strcmp(descs[i].kind, "cpu") == 0 && !cpu) {
+      cpu = &descs[i];
+    }
+  }
+  if (strcmp(name, "opencl") == 0) return gpu ? gpu : first_cl;
+  if (strcmp(name, "cpu") == 0) return cpu;
+  if (strcmp(name, "default") == 0) return gpu ? gpu : first_cl ? first_cl : cpu;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(descs[i].open_name, name) == 0) return &descs[i];
+  if (strncmp(name, "opencl:", 7) == 0)
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(descs[i].kind, "opencl") == 0 && strcasestr(descs[i].name, name + 7)) return &descs[i];
+  return NULL;
+}

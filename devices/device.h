@@ -127,6 +127,15 @@ typedef struct kex_device_desc {
 } kex_device_desc;
 
 /*
+ * The entry of descs[0, n) (kex_device_list) that the name opens, as
+ * kex_device_open picks it: "opencl" the first GPU else the first OpenCL
+ * device, "opencl:<sub>" a name containing sub, "cpu" the C backend,
+ * "default" the first GPU, OpenCL device, cpu; an exact open_name matches
+ * itself.  NULL when none.
+ */
+const kex_device_desc *kex_device_desc_match(const kex_device_desc *descs, size_t n, const char *name);
+
+/*
  * Open a device by name:
  *   "opencl"             the first OpenCL GPU, else the first OpenCL device;
  *   "opencl:<substring>" the first OpenCL device whose name contains the

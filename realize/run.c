@@ -21,39 +21,22 @@
 #include "search/cache.h"
 #include "codegen/kernel.h"
 #include "codegen/lower.h"
+#include "codegen/target.h"
 #include "sched/schedule.h"
 
 
-int kex_run_lower_item(const kex_schedule *s, const kex_sched_item *it, bool cpu, kex_name_counter *names,
-                       kex_program_src *out, char *opts, size_t opts_len, kex_error *err) {
-  const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
-  kex_kernel *k = NULL;
-  int rc = kex_kernel_from_item(s, it, caps, &k, err);
-  if (!rc) rc = kex_kernel_hand_coded_optimizations(k, err);
-  if (!rc && opts) kex_kernel_opts_string(k, opts, opts_len);
-  if (!rc) rc = kex_lower_kernel(k, caps, cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, names, out, err);
-  kex_kernel_free(k);
-  return rc;
-}
-
 /* Item ii lowered with the opts a BEAM search (or its cached result) chose. */
-static int lower_beam(const kex_graph *g, const kex_schedule *s, uint32_t ii, bool cpu, kex_device *dev,
+static int lower_beam(const kex_graph *g, const kex_schedule *s, uint32_t ii, const kex_target *tg, kex_device *dev,
                       const kex_run_opts *opts, kex_cache *cache, kex_name_counter *names, kex_program_src *out,
                       char *ostr, size_t olen, kex_error *err) {
-  const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
   kex_beam_opts bo;
   kex_beam_opts_init(&bo, opts->beam);
   if (opts->beam_max_candidates > 0) bo.max_candidates = opts->beam_max_candidates;
   bo.cache = cache;
-  kex_beam_target t = {g, s, ii, cpu};
+  kex_beam_target t = {g, s, ii, tg};
   kex_beam_result br;
-  kex_kernel *k = NULL;
   int rc = kex_beam_optimize(&t, dev, &bo, &br, err);
-  if (!rc) rc = kex_kernel_from_item(s, &s->items[ii], caps, &k, err);
-  if (!rc) rc = kex_beam_apply_opts(k, br.opts, br.nopts, err);
-  if (!rc) kex_kernel_opts_string(k, ostr, olen);
-  if (!rc) rc = kex_lower_kernel(k, caps, cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, names, out, err);
-  kex_kernel_free(k);
+  if (!rc) rc = kex_target_lower_item(tg, s, &s->items[ii], br.opts, br.nopts, names, out, ostr, olen, err);
   return rc;
 }
 
@@ -149,8 +132,8 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
                   kex_error *err) {
   int rc = 0;
   memset(res, 0, sizeof *res);
-  bool cpu = strcmp(kex_device_get_identity(dev)->kind, "cpu") == 0 ||
-             strstr(kex_device_get_identity(dev)->kind, "+cpu") != NULL;
+  kex_target target;
+  kex_target_for_device(kex_device_get_info(dev), &target);
   kex_arena arena;
   kex_arena_init(&arena, 0);
   kex_replay *r = NULL;
@@ -159,7 +142,7 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
   int32_t *phys = NULL; /* replay buffer id -> index in bufs */
   kex_name_counter names;
   kex_name_counter_init(&names);
-  kex_replay_opts ro = kex_replay_opts_for(cpu);
+  kex_replay_opts ro = kex_target_replay_opts(&target);
   kex_cache *cache = NULL;
   if ((rc = kex_replay_graph(g, &ro, &arena, &r, err)) || (rc = kex_schedule_create(r, &s, err))) goto out;
   if (opts->beam > 0 && !(opts->cache_path && !opts->cache_path[0])) {
@@ -229,9 +212,9 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
     kex_program *prog = NULL;
     kex_buffer *args[KEX_DEVICE_MAX_BUFS];
     if (opts->beam > 0)
-      rc = lower_beam(g, s, ii, cpu, dev, opts, cache, &names, &ps, rk->opts, sizeof rk->opts, err);
+      rc = lower_beam(g, s, ii, &target, dev, opts, cache, &names, &ps, rk->opts, sizeof rk->opts, err);
     else
-      rc = kex_run_lower_item(s, it, cpu, &names, &ps, rk->opts, sizeof rk->opts, err);
+      rc = kex_target_lower_item(&target, s, it, NULL, 0, &names, &ps, rk->opts, sizeof rk->opts, err);
     if (!rc) {
       snprintf(rk->name, sizeof rk->name, "%s", ps.name);
       rc = kex_device_compile(dev, ps.src, ps.name, &bin, &binsz, err);

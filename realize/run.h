@@ -70,13 +70,6 @@ typedef struct kex_run_opts {
   int beam_max_candidates; /* 0: the search's default cap per round */
 } kex_run_opts;
 
-struct kex_schedule;
-struct kex_sched_item;
-struct kex_program_src;
-struct kex_name_counter;
-int kex_run_lower_item(const struct kex_schedule *s, const struct kex_sched_item *it, bool cpu,
-                       struct kex_name_counter *names, struct kex_program_src *out, char *opts, size_t opts_len,
-                       kex_error *err);
 
 /*
  * Run graph g on dev.  On success *res holds the kernels (in schedule order)

@@ -371,7 +371,7 @@ static void replica_free(replica *r) {
 static int replica_init(replica *r, const search_ctx *sc, kex_error *err) {
   kex_arena_init(&r->arena, 0);
   r->ready = true;
-  kex_replay_opts ro = kex_replay_opts_for(sc->target->cpu);
+  kex_replay_opts ro = kex_target_replay_opts(sc->target->target);
   int rc = kex_replay_graph(sc->target->graph, &ro, &r->arena, &r->replay, err);
   if (!rc) rc = kex_schedule_create(r->replay, &r->schedule, err);
   if (!rc && sc->target->item >= r->schedule->nitems)
@@ -1022,10 +1022,10 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   if (t->item >= t->schedule->nitems || t->schedule->items[t->item].kind != KEX_ITEM_KERNEL)
     return kex_err_set(err, KEX_EINVAL, "schedule item %u is not a kernel", t->item);
   const kex_sched_item *it = &t->schedule->items[t->item];
-  const kex_renderer_caps *caps = t->cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
+  const kex_renderer_caps *caps = &t->target->caps;
   search s = {opts, dev, opts->exec ? opts->exec : exec_direct, {0}, it, res, {0}};
   s.prog.best_us = INFINITY;
-  search_ctx sc = {t, caps, t->cpu ? KEX_DIALECT_CPU : KEX_DIALECT_OPENCL, dev, NULL};
+  search_ctx sc = {t, caps, t->target->dialect, dev, NULL};
   kex_kernel *k0 = NULL, *kh = NULL, *kw = NULL, *kr = NULL;
   kex_pool *pool = NULL;
   kex_program_src hand_ps = {0}, best_ps = {0};

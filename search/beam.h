@@ -108,6 +108,7 @@
 #include "sched/schedule.h"
 #include "search/cache.h"
 #include "codegen/kernel.h"
+#include "codegen/target.h"
 
 /* Bumped whenever kernel.c/heuristic.c/lower.c/uops.c/render.c change the code an opts list produces. */
 #define KEX_CODEGEN_VERSION "kex.codegen.v1"
@@ -182,12 +183,12 @@ typedef struct kex_beam_result {
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 
-/* The kernel to optimize: schedule item `item` of s, which was made from graph g with kex_replay_opts_for(cpu). */
+/* The kernel to optimize: schedule item `item` of s, which was made from graph g with target's replay rules. */
 typedef struct kex_beam_target {
   const kex_graph *graph;
   const kex_schedule *schedule;
   uint32_t item;
-  bool cpu;
+  const kex_target *target; /* the device as codegen sees it (codegen/target.h) */
 } kex_beam_target;
 
 /*

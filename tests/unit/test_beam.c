@@ -66,6 +66,7 @@ typedef struct target {
   kex_arena arena;
   kex_replay *r;
   kex_schedule *s;
+  kex_target tg;
   kex_beam_target t;
 } target;
 
@@ -75,14 +76,15 @@ static void target_make(target *t, int gi, bool cpu, bool first) {
   memset(t, 0, sizeof *t);
   assert_int_equal(kex_graph_from_json(graphs[gi], strlen(graphs[gi]), &lim, &t->g, &err), 0);
   kex_arena_init(&t->arena, 0);
-  kex_replay_opts ro = kex_replay_opts_for(cpu);
+  kex_target_for_name(cpu ? "cpu" : "opencl", &t->tg);
+  kex_replay_opts ro = kex_target_replay_opts(&t->tg);
   assert_int_equal(kex_replay_graph(t->g, &ro, &t->arena, &t->r, &err), 0);
   assert_int_equal(kex_schedule_create(t->r, &t->s, &err), 0);
   int item = -1;
   for (uint32_t i = 0; i < t->s->nitems; i++)
     if (t->s->items[i].kind == KEX_ITEM_KERNEL && (item < 0 || !first)) item = (int)i;
   assert_true(item >= 0);
-  t->t = (kex_beam_target){t->g, t->s, (uint32_t)item, cpu};
+  t->t = (kex_beam_target){t->g, t->s, (uint32_t)item, &t->tg};
 }
 
 static void target_free(target *t) {
