@@ -99,6 +99,7 @@ int kex_cmd_doctor(kex_cli_remote *r, int argc, char **argv);
 /* One server-mode command line: where the server is, the client, the job. */
 struct kex_cli_remote {
   const char *server, *token, *root_certs;
+  const char *client_cert, *client_key; /* --client-cert/--client-key: mutual TLS */
   bool tls;
   kex_client *client;       /* after kex_cli_remote_open; kex_remote_main closes it */
   char job[KEX_TOKEN_MAX];

@@ -231,6 +231,7 @@ static bool check_server(json_t *doc, kex_cli_remote *r, bool as_json) {
   const char *addr = r && r->server ? r->server : KEX_CLI_DEFAULT_SERVER;
   const char *from = r && r->server ? "--server or KEX_SERVER" : "the default; set KEX_SERVER or --server";
   kex_client_opts o = {.token = r ? r->token : NULL, .tls = r && r->tls, .root_certs = r ? r->root_certs : NULL,
+                       .client_cert = r ? r->client_cert : NULL, .client_key = r ? r->client_key : NULL,
                        .timeout_s = DOCTOR_SERVER_TIMEOUT_S};
   kex_client *c = NULL;
   kex_stats *s = NULL;

@@ -47,7 +47,9 @@ int kex_remote_main(int argc, char **argv);
 typedef kex_cli_remote remote;
 
 static void remote_usage(FILE *f) {
-  fputs("usage: kex --server ADDR [--token T] [--tls] [--root-certs PEM] <command> [options]\n"
+  fputs("usage: kex --server ADDR [--token T] [--tls] [--root-certs PEM]\n"
+        "           [--client-cert PEM --client-key PEM] <command> [options]\n"
+        "       (--client-cert/--client-key: mutual TLS, for a kexd started with --tls-client-ca)\n"
         "       (KEX_SERVER, KEX_TOKEN and KEX_JOB work as --server, --token and --job;\n"
         "        ADDR without a port means port " KEX_CLI_DEFAULT_PORT ")\n"
         "\n"
@@ -101,7 +103,8 @@ int kex_cli_fail(const char *cmd, const kex_status *st) {
 
 int kex_cli_remote_open(remote *r, const char *cmd, const char *job_opt, bool want_job) {
   kex_status st;
-  kex_client_opts o = {.token = r->token, .tls = r->tls, .root_certs = r->root_certs};
+  kex_client_opts o = {.token = r->token, .tls = r->tls, .root_certs = r->root_certs,
+                       .client_cert = r->client_cert, .client_key = r->client_key};
   const char *j = job_opt ? job_opt : getenv("KEX_JOB");
   if (!r->client && kex_client_connect(r->server, &o, &r->client, &st)) return fail(cmd, &st);
   if (!want_job) return 0;
@@ -893,13 +896,17 @@ int kex_remote_main(int argc, char **argv) {
       i++;
       continue;
     }
-    if (strcmp(a, "--server") != 0 && strcmp(a, "--token") != 0 && strcmp(a, "--root-certs") != 0) break;
+    if (strcmp(a, "--server") != 0 && strcmp(a, "--token") != 0 && strcmp(a, "--root-certs") != 0 &&
+        strcmp(a, "--client-cert") != 0 && strcmp(a, "--client-key") != 0)
+      break;
     if (i + 1 >= argc) {
       fprintf(stderr, "kex: %s needs a value\n", a);
       return 2;
     }
     if (strcmp(a, "--server") == 0) r.server = argv[i + 1], flag = true;
     else if (strcmp(a, "--token") == 0) r.token = argv[i + 1];
+    else if (strcmp(a, "--client-cert") == 0) r.client_cert = argv[i + 1];
+    else if (strcmp(a, "--client-key") == 0) r.client_key = argv[i + 1];
     else r.root_certs = argv[i + 1];
     i += 2;
   }

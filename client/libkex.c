@@ -173,7 +173,8 @@ out:
 int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client **out, kex_status *st) {
   kex_client_opts o = {0};
   grpc_channel_credentials *creds = NULL;
-  char *pem = NULL;
+  char *pem = NULL, *cert = NULL, *key = NULL;
+  grpc_ssl_pem_key_cert_pair pair;
   kex_client *c = NULL;
   int rc = 0;
   *out = NULL;
@@ -196,13 +197,34 @@ int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client
     c->has_auth = true;
     kex_free(v);
   }
-  if (o.root_certs || o.tls) {
+  if (!o.client_cert != !o.client_key) {
+    rc = status_set(st, KEX_EINVAL, 0, "connect: a client certificate needs its key and a key its certificate "
+                    "(client_cert %s, client_key %s)", o.client_cert ? "set" : "missing",
+                    o.client_key ? "set" : "missing");
+    goto out;
+  }
+  if (o.root_certs || o.tls || o.client_cert) {
+    errno = 0;
     if (o.root_certs && !(pem = read_small_file(o.root_certs, CLIENT_CERTS_MAX))) {
       rc = status_set(st, KEX_EINVAL, 0, "connect: cannot read root certificates \"%s\": %s", o.root_certs,
                       strerror(errno ? errno : EINVAL));
       goto out;
     }
-    creds = grpc_ssl_credentials_create(pem, NULL, NULL, NULL);
+    errno = 0;
+    if (o.client_cert && !(cert = read_small_file(o.client_cert, CLIENT_CERTS_MAX))) {
+      rc = status_set(st, KEX_EINVAL, 0, "connect: cannot read the client certificate \"%s\": %s", o.client_cert,
+                      strerror(errno ? errno : EINVAL));
+      goto out;
+    }
+    errno = 0;
+    if (o.client_key && !(key = read_small_file(o.client_key, CLIENT_CERTS_MAX))) {
+      rc = status_set(st, KEX_EINVAL, 0, "connect: cannot read the client key \"%s\": %s", o.client_key,
+                      strerror(errno ? errno : EINVAL));
+      goto out;
+    }
+    pair.private_key = key;
+    pair.cert_chain = cert;
+    creds = grpc_ssl_credentials_create(pem, cert ? &pair : NULL, NULL, NULL);
   } else {
     creds = grpc_insecure_credentials_create();
   }
@@ -232,6 +254,8 @@ int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client
 out:
   if (creds) grpc_channel_credentials_release(creds);
   kex_free(pem);
+  kex_free(cert);
+  kex_free(key);
   if (rc) kex_client_close(c);
   else *out = c;
   return rc;

@@ -52,6 +52,9 @@ typedef struct kex_client_opts {
   const char *root_certs;       /* PEM file of root certificates; implies tls */
   double timeout_s;             /* deadline of each unary call; 0 = 60 s */
   int max_message;              /* largest message either way; 0 = 64 MiB */
+  const char *client_cert;      /* PEM file of this client's certificate chain, for a kexd that requires
+                                   client certificates (mutual TLS); needs client_key; implies tls */
+  const char *client_key;       /* PEM file of client_cert's private key */
 } kex_client_opts;
 
 typedef struct kex_client kex_client;
@@ -67,7 +70,8 @@ const char *kex_grpc_status_name(int grpc_status);
  * The channel connects lazily: an unreachable server shows up as
  * KEX_EUNAVAILABLE on the first call.  On success *out is a client the caller
  * owns (kex_client_close); on error *out is NULL.  Returns 0, KEX_EINVAL (bad
- * address, unreadable root_certs), KEX_ENOMEM.
+ * address; unreadable root_certs, client_cert or client_key; only one of
+ * client_cert and client_key), KEX_ENOMEM.
  */
 int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client **out, kex_status *st);
 

@@ -572,6 +572,14 @@ int main(int argc, char **argv) {
   rc = kex_client_connect("127.0.0.1:1", &(kex_client_opts){.root_certs = "/nonexistent/ca.pem"}, &dead, &st);
   check(rc == KEX_EINVAL && !dead && strstr(st.msg, "/nonexistent/ca.pem"), "TLS with an unreadable root cert file",
         &st);
+  rc = kex_client_connect("127.0.0.1:1", &(kex_client_opts){.client_cert = "/nonexistent/me.pem"}, &dead, &st);
+  check(rc == KEX_EINVAL && !dead && strstr(st.msg, "client_key missing"), "a client certificate without its key",
+        &st);
+  rc = kex_client_connect("127.0.0.1:1",
+                          &(kex_client_opts){.client_cert = "/nonexistent/me.pem", .client_key = "/nonexistent/me.key"},
+                          &dead, &st);
+  check(rc == KEX_EINVAL && !dead && strstr(st.msg, "/nonexistent/me.pem"), "an unreadable client certificate file",
+        &st);
 out:
   kex_client_close(c);
   printf("%d passed, %d failed\n", passed, failed);

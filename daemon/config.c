@@ -65,6 +65,12 @@ static const flag flags[] = {
   /* the server */
   {"listen", "ADDR", FLAG_STRING, F(listen), 0, 0, 0, 0, false, "server",
    "gRPC address (host:port, or unix:/path)"},
+  {"tls-cert", "FILE", FLAG_STRING, F(tls_cert), 0, 0, 0, 0, false, NULL,
+   "serve TLS only, with this PEM certificate chain (needs --tls-key; default: plaintext)"},
+  {"tls-key", "FILE", FLAG_STRING, F(tls_key), 0, 0, 0, 0, false, NULL,
+   "the PEM private key of --tls-cert"},
+  {"tls-client-ca", "FILE", FLAG_STRING, F(tls_client_ca), 0, 0, 0, 0, false, NULL,
+   "mutual TLS: require a client certificate signed by these PEM roots; others are refused (needs --tls-cert)"},
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
    "the SQLite cache file (programs and beam results; \"\": none); default $XDG_CACHE_HOME/kex/cache.db, else "
    "~/.cache/kex/cache.db"},
@@ -315,7 +321,7 @@ void kexd_config_usage(FILE *out) {
     fprintf(out, "  %-28s %s", left, f->help);
     default_text(&def, f, dflt, sizeof dflt);
     if (f->type != FLAG_HELP && f->type != FLAG_BOOL && f->type != FLAG_FAULT && f->offset != F(cache_path) &&
-        f->type != FLAG_LOG)
+        f->type != FLAG_LOG && dflt[0])
       fprintf(out, " (default %s)", dflt);
     if (!f->test_only && f->type != FLAG_HELP) {
       env_name(f, env, sizeof env);
@@ -372,6 +378,15 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
   if (optind < argc) {
     fprintf(stderr, "kexd: unexpected argument \"%s\"\n", argv[optind]);
     kexd_config_usage(stderr);
+    return -1;
+  }
+  if (!cfg->tls_cert != !cfg->tls_key) {
+    fprintf(stderr, "kexd: --tls-cert and --tls-key (KEX_TLS_CERT, KEX_TLS_KEY) go together: %s is missing\n",
+            cfg->tls_cert ? "--tls-key" : "--tls-cert");
+    return -1;
+  }
+  if (cfg->tls_client_ca && !cfg->tls_cert) {
+    fprintf(stderr, "kexd: --tls-client-ca needs --tls-cert and --tls-key\n");
     return -1;
   }
   cache = cfg->cache_path;

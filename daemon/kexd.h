@@ -50,9 +50,12 @@
 #define KEXD_DEFAULT_MAX_PROGRAMS 1024       /* programs loaded per device (least recently used unloaded beyond) */
 #define KEXD_DEFAULT_COMPILE_SLOTS 2         /* kernels compiled at once per device */
 #define KEXD_DEFAULT_KERNEL_TIME_LIMIT_S 10.0 /* seconds one kernel may run (0: none) */
+#define KEXD_LIMIT_PEM_BYTES (1u << 20)      /* bytes of one --tls-cert, --tls-key or --tls-client-ca file */
 
 typedef struct kexd_config {
   const char *listen;
+  const char *tls_cert, *tls_key; /* PEM files: serve TLS (both or neither) */
+  const char *tls_client_ca;     /* PEM file: require client certificates it verifies (needs tls_cert) */
   char *cache_path;              /* the SQLite cache file: programs (Submit) and beam results (Tune, beam Submit) */
   uint32_t beam;                 /* --beam / KEX_BEAM: Submit's beam width when the request says 0 (0 = hand-coded);
                                     Tune's when the request says 0 (2 when this is 0 too) */

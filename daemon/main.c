@@ -4,7 +4,9 @@
  * Settings come from config.c (one table of flags and environment
  * variables).  At start kexd raises its descriptor soft limit to the hard
  * limit, sizes --max-connections from it when not given, and installs the
- * accept guard (accept_guard.c) before gRPC accepts anything.  SIGTERM and
+ * accept guard (accept_guard.c) before gRPC accepts anything.  With
+ * --tls-cert/--tls-key (and --tls-client-ca) it reads the PEM files here, so a
+ * bad one stops kexd before it listens; server.c serves TLS with them.  SIGTERM and
  * SIGINT stop the server gracefully (server.c); kexd exits 0 after a clean
  * stop, 1 when it cannot start (e.g. the port is taken), 2 for bad flags.
  */
@@ -106,15 +108,73 @@ static void make_targets(kexd *d) {
   }
 }
 
+/*
+ * Read the PEM file `path` (named by `flag` in messages) into *out, a
+ * NUL-terminated kex_malloc'd string the caller frees.  The file must hold a
+ * "-----BEGIN <...marker>-----" block and be under KEXD_LIMIT_PEM_BYTES.
+ * 0, or -1 with a message naming the flag and the file (*out NULL).
+ */
+static int read_pem(const char *flag, const char *path, const char *marker, char **out) {
+  FILE *f = fopen(path, "rb");
+  char *buf = NULL, *p;
+  size_t n = 0;
+  int rc = -1;
+  *out = NULL;
+  if (!f) {
+    KEX_ERROR("%s %s: cannot open: %s", flag, path, strerror(errno));
+    goto out;
+  }
+  if (!(buf = kex_malloc(KEXD_LIMIT_PEM_BYTES + 1))) {
+    KEX_ERROR("%s %s: out of memory", flag, path);
+    goto out;
+  }
+  n = fread(buf, 1, KEXD_LIMIT_PEM_BYTES + 1, f);
+  if (ferror(f)) {
+    KEX_ERROR("%s %s: cannot read: %s", flag, path, strerror(errno));
+    goto out;
+  }
+  if (n > KEXD_LIMIT_PEM_BYTES) {
+    KEX_ERROR("%s %s: larger than %u bytes", flag, path, KEXD_LIMIT_PEM_BYTES);
+    goto out;
+  }
+  buf[n] = '\0';
+  for (p = strstr(buf, "-----BEGIN "); p; p = strstr(p + 1, "-----BEGIN ")) {
+    const char *label = p + 11, *end = strstr(label, "-----");
+    size_t m = strlen(marker);
+    if (end && (size_t)(end - label) >= m && strncmp(end - m, marker, m) == 0) break; /* "...<marker>-----" */
+  }
+  if (!p || memchr(buf, '\0', n)) {
+    KEX_ERROR("%s %s: not PEM (no -----BEGIN ...%s----- block)", flag, path, marker);
+    goto out;
+  }
+  *out = buf;
+  buf = NULL;
+  rc = 0;
+out:
+  kex_free(buf);
+  if (f) fclose(f);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   static daemon_state st;
   kexd *d = &st.d;
   uv_loop_t loop;
   kexd_server_opts so;
   char workers[16];
+  char *tls_cert = NULL, *tls_key = NULL, *tls_client_ca = NULL;
   int rc, ret = 0;
   rc = kexd_config_parse(&d->cfg, argc, argv);
   if (rc) return rc > 0 ? 0 : 2;
+  if (d->cfg.tls_cert && (read_pem("--tls-cert", d->cfg.tls_cert, "CERTIFICATE", &tls_cert) < 0 ||
+                          read_pem("--tls-key", d->cfg.tls_key, "PRIVATE KEY", &tls_key) < 0 ||
+                          (d->cfg.tls_client_ca &&
+                           read_pem("--tls-client-ca", d->cfg.tls_client_ca, "CERTIFICATE", &tls_client_ca) < 0))) {
+    kex_free(tls_cert);
+    kex_free(tls_key);
+    kex_free(d->cfg.cache_path);
+    return 1;
+  }
   size_connections(&d->cfg);
   make_targets(d);
   if (d->cfg.workers) { /* before the first uv_queue_work: libuv reads it once */
@@ -137,6 +197,11 @@ int main(int argc, char **argv) {
   so.handshake_timeout_s = d->cfg.handshake_timeout_s;
   so.keepalive_s = d->cfg.keepalive_s;
   so.max_streams = (int)d->cfg.max_streams;
+  so.tls_cert_pem = tls_cert;
+  so.tls_key_pem = tls_key;
+  so.tls_client_ca_pem = tls_client_ca;
+  so.tls_cert_file = d->cfg.tls_cert;
+  so.tls_key_file = d->cfg.tls_key;
   so.on_stopped = on_stopped;
   so.ud = &st;
   if ((rc = kexd_server_new(&loop, &so, &d->server)) < 0) {
@@ -164,7 +229,12 @@ int main(int argc, char **argv) {
   st.signals_open = true;
   uv_signal_start(&st.sigterm, on_signal, SIGTERM);
   uv_signal_start(&st.sigint, on_signal, SIGINT);
-  if ((rc = kexd_server_start(d->server)) < 0) {
+  rc = kexd_server_start(d->server);
+  kex_free(tls_cert); /* gRPC holds its own copies */
+  kex_free(tls_key);
+  kex_free(tls_client_ca);
+  tls_cert = tls_key = tls_client_ca = NULL;
+  if (rc < 0) {
     ret = 1;
     if (kexd_server_port(d->server) == 0) goto out_handles; /* never listened: nothing is running */
     uv_run(&loop, UV_RUN_DEFAULT); /* started, then failed: kexd_server_start stopped it */
@@ -177,9 +247,10 @@ int main(int argc, char **argv) {
       strcat(devs, d->cfg.devices[i]);
     }
     KEX_INFO("kexd listening on %s (port %d); devices %s; lease %.1f s; grace %.1f s; max message %d bytes; cache %s; "
-             "beam %u; max connections %u; max jobs %u (%u per peer)",
+             "beam %u; max connections %u; max jobs %u (%u per peer); %s",
              d->cfg.listen, kexd_server_port(d->server), devs, d->cfg.lease_s, d->cfg.grace_s, d->cfg.max_message,
-             d->cfg.cache_path, d->cfg.beam, d->cfg.max_connections, d->cfg.max_jobs, d->cfg.max_jobs_per_peer);
+             d->cfg.cache_path, d->cfg.beam, d->cfg.max_connections, d->cfg.max_jobs, d->cfg.max_jobs_per_peer,
+             !d->cfg.tls_cert ? "plaintext" : d->cfg.tls_client_ca ? "TLS, client certificates required" : "TLS");
   }
   uv_run(&loop, UV_RUN_DEFAULT);
   KEX_INFO("kexd stopped");
@@ -197,5 +268,8 @@ out_loop:
   grpc_shutdown();
   kex_free(d->cfg.cache_path);
   kex_free(d->device_descs);
+  kex_free(tls_cert);
+  kex_free(tls_key);
+  kex_free(tls_client_ca);
   return ret;
 }

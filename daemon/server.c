@@ -667,9 +667,28 @@ int kexd_server_start(kexd_server *s) {
   grpc_server_credentials *creds;
   int rc = 0;
   s->t_shutdown.fn = on_shutdown;
-  creds = grpc_insecure_server_credentials_create();
+  if (s->opts.tls_cert_pem) {
+    grpc_ssl_pem_key_cert_pair pair = {s->opts.tls_key_pem, s->opts.tls_cert_pem};
+    creds = grpc_ssl_server_credentials_create_ex(
+        s->opts.tls_client_ca_pem, &pair, 1,
+        s->opts.tls_client_ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                  : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
+  } else {
+    creds = grpc_insecure_server_credentials_create();
+  }
+  if (!creds) {
+    KEX_ERROR("cannot create TLS credentials from %s and %s", s->opts.tls_cert_file, s->opts.tls_key_file);
+    return KEX_EUNAVAILABLE;
+  }
   s->port = grpc_server_add_http2_port(s->server, s->listen, creds);
   grpc_server_credentials_release(creds);
+  if (s->port == 0 && s->opts.tls_cert_pem) {
+    KEX_ERROR("cannot listen on %s with TLS: the address is in use or invalid, or gRPC refused the certificate "
+              "%s with the key %s (not a certificate chain and its matching private key)",
+              s->listen, s->opts.tls_cert_file, s->opts.tls_key_file);
+    return KEX_EUNAVAILABLE;
+  }
   if (s->port == 0) {
     KEX_ERROR("cannot listen on %s: the address is in use (is another kexd running?) or invalid", s->listen);
     return KEX_EUNAVAILABLE;

@@ -49,6 +49,11 @@ typedef struct kexd_server_opts {
   double handshake_timeout_s; /* ... one that has not finished the HTTP/2 handshake (0: gRPC's 120 s) */
   double keepalive_s;    /* idle connections are pinged this often (0: gRPC's 2 h) */
   int max_streams;       /* calls at once on one connection (0: no limit) */
+  /* TLS: NULL tls_cert_pem serves plaintext.  The PEM texts need only live until kexd_server_start
+     returns (gRPC copies them); the file names are for messages. */
+  const char *tls_cert_pem, *tls_key_pem; /* the certificate chain and its private key */
+  const char *tls_client_ca_pem;          /* non-NULL: clients must present a certificate it verifies (mTLS) */
+  const char *tls_cert_file, *tls_key_file;
   void (*on_stopped)(void *ud); /* the server is gone; the loop may be closed */
   void *ud;
 } kexd_server_opts;
@@ -62,8 +67,10 @@ int kexd_server_new(uv_loop_t *loop, const kexd_server_opts *opts, kexd_server *
 int kexd_server_add_method(kexd_server *s, const char *path, kexd_payload payload, kexd_handler fn, void *ud);
 /*
  * Bind and start: pre-post the requests and start the completion queue
- * thread.  KEX_EUNAVAILABLE when the address cannot be bound (message
- * logged).  On failure the server can only be freed with kexd_server_free.
+ * thread.  With opts.tls_cert_pem the port serves TLS only (gRPC's SSL
+ * server credentials; with tls_client_ca_pem a client certificate is
+ * required and verified).  KEX_EUNAVAILABLE when the address cannot be
+ * bound or gRPC refuses the certificate or key (message logged).  On failure the server can only be freed with kexd_server_free.
  */
 int kexd_server_start(kexd_server *s);
 /* The port bound (after start). */

@@ -112,15 +112,23 @@ class Client:
 
     addr: "host:port"; weight and memory_limit: the job's share and byte limit
     (OpenJob); name: the job's name in kexd's stats; token: a bearer token sent
-    as `authorization`; root_certs: a PEM file for TLS; timeout: seconds per
-    unary call.
+    as `authorization`; root_certs: a PEM file for TLS; client_cert and
+    client_key: PEM files of this client's certificate and key, for a kexd
+    that requires client certificates (mutual TLS; they imply TLS, with the
+    system roots when root_certs is None); timeout: seconds per unary call.
     """
 
     def __init__(self, addr, job=None, weight=1, memory_limit=0, name="kex-python", token=None,
-                 root_certs=None, timeout=60.0):
-        if root_certs:
-            with open(root_certs, "rb") as f:
-                creds = grpc.ssl_channel_credentials(f.read())
+                 root_certs=None, timeout=60.0, client_cert=None, client_key=None):
+        if bool(client_cert) != bool(client_key):
+            raise ValueError("client_cert and client_key go together")
+        if root_certs or client_cert:
+            def read(path):
+                if not path:
+                    return None
+                with open(path, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(read(root_certs), read(client_key), read(client_cert))
             self.channel = grpc.secure_channel(addr, creds)
         else:
             self.channel = grpc.insecure_channel(addr)
