@@ -65,6 +65,8 @@ static const flag flags[] = {
   /* the server */
   {"listen", "ADDR", FLAG_STRING, F(listen), 0, 0, 0, 0, false, "server",
    "gRPC address (host:port, or unix:/path)"},
+  {"metrics", "ADDR", FLAG_STRING, F(metrics), 0, 0, 0, 0, false, NULL,
+   "serve Prometheus metrics at http://ADDR/metrics (host:port; \"off\": none)"},
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
    "the SQLite cache file (programs and beam results; \"\": none); default $XDG_CACHE_HOME/kex/cache.db, else "
    "~/.cache/kex/cache.db"},
@@ -258,6 +260,7 @@ static void env_name(const flag *f, char *buf, size_t cap) {
 void kexd_config_defaults(kexd_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->listen = KEXD_DEFAULT_LISTEN;
+  cfg->metrics = KEXD_DEFAULT_METRICS;
   cfg->lease_s = KEXD_DEFAULT_LEASE_S;
   cfg->grace_s = KEXD_DEFAULT_GRACE_S;
   cfg->max_message = KEXD_DEFAULT_MAX_MESSAGE;
