@@ -194,6 +194,11 @@ def main_scrape():
     e3 = rpc_error(nosuch, b"", timeout=5)
     check("an unregistered method is UNIMPLEMENTED", e3 is not None and e3.code() == grpc.StatusCode.UNIMPLEMENTED,
           desc(e3))
+    watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+    first = next(watch)
+    watch.cancel()
+    check("a health Watch sends SERVING, then the client cancels it",
+          first.status == health_pb2.HealthCheckResponse.SERVING)
     stats = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
 
     fams, text = scrape(port)
@@ -211,6 +216,14 @@ def main_scrape():
     check("the unregistered method counts as method=\"unknown\" UNIMPLEMENTED",
           rpcs(fams, "unknown", "UNIMPLEMENTED") == 1 and not any("NoSuchMethod" in s.labels.get("method", "")
                                                                   for s in fams["kex_rpcs"].samples))
+    end = time.time() + 5
+    while rpcs(fams, "/grpc.health.v1.Health/Watch", "CANCELLED") == 0 and time.time() < end:
+        time.sleep(0.05)  # the cancel reaches kexd on its own time
+        fams, text = scrape(port)
+    check("the Watch the client cancelled counts as CANCELLED, once, and never as OK",
+          rpcs(fams, "/grpc.health.v1.Health/Watch", "CANCELLED") == 1
+          and rpcs(fams, "/grpc.health.v1.Health/Watch", "OK") == 0,
+          [s for s in fams["kex_rpcs"].samples if "Watch" in s.labels.get("method", "")])
     check("kex_submissions_total is 2, none failed", value(fams, "kex_submissions", "kex_submissions_total") == 2
           and value(fams, "kex_submissions_failed", "kex_submissions_failed_total") == 0)
     h = {s.labels.get("le"): s.value for s in fams["kex_submission_seconds"].samples
