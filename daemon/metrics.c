@@ -74,8 +74,7 @@ struct kexd_metrics {
   kexd *d;
   uv_async_t async;
   struct MHD_Daemon *mhd;
-  int fd, port;
-  char addr[METRICS_ADDR_MAX];
+  int port;                /* bound (logged) */
   snapshot scratch;       /* the loop's, filled without the lock */
   pthread_mutex_t lock;   /* protects what follows */
   pthread_cond_t cond;
@@ -369,8 +368,6 @@ int kexd_metrics_start(kexd *d, const char *addr, kexd_metrics **out) {
     goto out_fd;
   }
   m->d = d;
-  m->fd = fd;
-  snprintf(m->addr, sizeof m->addr, "%s", addr);
   if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
     m->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                              : ((struct sockaddr_in *)&ss)->sin_port);
@@ -408,8 +405,6 @@ out_fd:
   close(fd);
   return rc;
 }
-
-int kexd_metrics_port(const kexd_metrics *m) { return m->port; }
 
 void kexd_metrics_stop(kexd_metrics *m) {
   if (!m) return;

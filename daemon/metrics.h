@@ -41,8 +41,6 @@ typedef struct kexd_metrics kexd_metrics;
  * KEX_ENOMEM, KEX_EINTERNAL; each logged naming the address.
  */
 int kexd_metrics_start(struct kexd *d, const char *addr, kexd_metrics **out);
-/* The port bound. */
-int kexd_metrics_port(const kexd_metrics *m);
 /*
  * Stop serving (joins the HTTP thread; a scrape in flight is answered
  * from the last snapshot) and close the loop handle; the endpoint is freed
