@@ -81,7 +81,7 @@ def main():
     def start():
         port = free_port()
         proc = subprocess.Popen([args.kexd, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--cache", cache,
-                                 "--log", "warn"])
+                                 "--log", "warn", "--metrics", "off"])
         ch = grpc.insecure_channel(f"127.0.0.1:{port}")
         h = health_pb2_grpc.HealthStub(ch)
         for _ in range(200):

@@ -383,7 +383,7 @@ static void start_kexd(const char *kexd, char *addr, size_t addrlen) {
   g_kexd = fork();
   if (g_kexd < 0) die("fork: %s", strerror(errno));
   if (g_kexd == 0) {
-    execl(kexd, kexd, "--listen", listen, "--device", "cpu", "--cache", cache, "--log", "warn", (char *)NULL);
+    execl(kexd, kexd, "--listen", listen, "--device", "cpu", "--cache", cache, "--log", "warn", "--metrics", "off", (char *)NULL);
     fprintf(stderr, "bench_rpc: cannot run %s: %s\n", kexd, strerror(errno));
     _exit(127);
   }

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -39,6 +40,10 @@ static struct {
   uint64_t accepted, refused_limit, refused_fds;
   uint64_t last_log_ms, last_prune_ms, unlogged;
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .reserve = -1};
+
+static atomic_int G_passed_fd = -1; /* a listener that is not gRPC's (metrics.c): accepted unguarded, uncounted */
+
+void kexd_accept_guard_pass(int listen_fd) { atomic_store(&G_passed_fd, listen_fd); }
 
 static uint64_t now_ms(void) {
   struct timespec ts;
@@ -131,7 +136,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     if (len) *len = len0;
     c = sys_accept4(fd, addr, len, flags);
     e = errno;
-    if (!G.on) return c;
+    if (!G.on || fd == atomic_load(&G_passed_fd)) return c;
     pthread_mutex_lock(&G.lock);
     if (c >= 0) {
       if (admit(c)) {

@@ -28,6 +28,13 @@
 /* Start guarding with a cap of max_connections (>= 1).  Call once, before the server starts. */
 void kexd_accept_guard_init(uint32_t max_connections);
 
+/*
+ * Accept on listen_fd as a plain system call: neither counted nor capped
+ * (the metrics listener, whose connections libmicrohttpd bounds itself).
+ * -1 ends the exemption.  Any thread.
+ */
+void kexd_accept_guard_pass(int listen_fd);
+
 typedef struct kexd_accept_stats {
   uint32_t open;           /* connections open now (closed ones pruned first) */
   uint32_t max;            /* the cap */

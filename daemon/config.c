@@ -71,6 +71,8 @@ static const flag flags[] = {
    "the PEM private key of --tls-cert"},
   {"tls-client-ca", "FILE", FLAG_STRING, F(tls_client_ca), 0, 0, 0, 0, false, NULL,
    "mutual TLS: require a client certificate signed by these PEM roots; others are refused (needs --tls-cert)"},
+  {"metrics", "ADDR", FLAG_STRING, F(metrics), 0, 0, 0, 0, false, NULL,
+   "serve Prometheus metrics at http://ADDR/metrics (host:port; \"off\": none)"},
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
    "the SQLite cache file (programs and beam results; \"\": none); default $XDG_CACHE_HOME/kex/cache.db, else "
    "~/.cache/kex/cache.db"},
@@ -264,6 +266,7 @@ static void env_name(const flag *f, char *buf, size_t cap) {
 void kexd_config_defaults(kexd_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->listen = KEXD_DEFAULT_LISTEN;
+  cfg->metrics = KEXD_DEFAULT_METRICS;
   cfg->lease_s = KEXD_DEFAULT_LEASE_S;
   cfg->grace_s = KEXD_DEFAULT_GRACE_S;
   cfg->max_message = KEXD_DEFAULT_MAX_MESSAGE;

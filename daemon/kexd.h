@@ -15,6 +15,7 @@
 #include "core/limits.h"
 #include "daemon/dispatch.h"
 #include "daemon/jobs.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 
 #define KEXD_MAX_DEVICES 16                  /* names in --device */
@@ -56,6 +57,7 @@ typedef struct kexd_config {
   const char *listen;
   const char *tls_cert, *tls_key; /* PEM files: serve TLS (both or neither) */
   const char *tls_client_ca;     /* PEM file: require client certificates it verifies (needs tls_cert) */
+  const char *metrics;           /* --metrics / KEX_METRICS: the Prometheus endpoint's HOST:PORT, or "off" */
   char *cache_path;              /* the SQLite cache file: programs (Submit) and beam results (Tune, beam Submit) */
   uint32_t beam;                 /* --beam / KEX_BEAM: Submit's beam width when the request says 0 (0 = hand-coded);
                                     Tune's when the request says 0 (2 when this is 0 too) */
@@ -103,6 +105,9 @@ typedef struct kexd {
   uint64_t submissions_done, submissions_failed;
   uint64_t sched_cache_hits, sched_cache_misses;
   uint64_t prog_cache_memory_hits, prog_cache_sqlite_hits, prog_cache_misses;
+  kexd_histogram submit_seconds; /* arrival to done event, submissions that succeeded */
+  double kernel_seconds;         /* device seconds Submit's kernels ran */
+  kexd_metrics *metrics;         /* --metrics (metrics.c); NULL when off */
   /* Tune, the beam cache RPCs and Submit's beam hook (tune.c) */
   struct kexd_tuner *tuner;
   uint32_t imports_active;       /* ImportCache streams open now (--import-streams) */

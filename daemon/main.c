@@ -9,6 +9,8 @@
  * bad one stops kexd before it listens; server.c serves TLS with them.  SIGTERM and
  * SIGINT stop the server gracefully (server.c); kexd exits 0 after a clean
  * stop, 1 when it cannot start (e.g. the port is taken), 2 for bad flags.
+ * --metrics serves Prometheus metrics (metrics.c) from just before the
+ * gRPC server starts until it has stopped.
  */
 #include <errno.h>
 #include <grpc/grpc.h>
@@ -48,6 +50,8 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 /* Close the handles main owns; uv_run returns once every handle is closed. */
 static void close_handles(daemon_state *st) {
+  kexd_metrics_stop(st->d.metrics);
+  st->d.metrics = NULL;
   kexd_jobs_close(&st->d.jobs); /* cancels queued work and posts the buffers' frees ... */
   if (st->d.disp) kexd_dispatch_stop(st->d.disp, NULL, NULL); /* ... which run before the runners exit */
   kexd_tune_close(&st->d); /* every call is gone: no search routes device jobs any more */
@@ -229,6 +233,10 @@ int main(int argc, char **argv) {
   st.signals_open = true;
   uv_signal_start(&st.sigterm, on_signal, SIGTERM);
   uv_signal_start(&st.sigint, on_signal, SIGINT);
+  if (strcmp(d->cfg.metrics, "off") != 0 && kexd_metrics_start(d, d->cfg.metrics, &d->metrics) < 0) {
+    ret = 1;
+    goto out_handles;
+  }
   rc = kexd_server_start(d->server);
   kex_free(tls_cert); /* gRPC holds its own copies */
   kex_free(tls_key);
@@ -247,10 +255,11 @@ int main(int argc, char **argv) {
       strcat(devs, d->cfg.devices[i]);
     }
     KEX_INFO("kexd listening on %s (port %d); devices %s; lease %.1f s; grace %.1f s; max message %d bytes; cache %s; "
-             "beam %u; max connections %u; max jobs %u (%u per peer); %s",
+             "beam %u; max connections %u; max jobs %u (%u per peer); %s; metrics %s",
              d->cfg.listen, kexd_server_port(d->server), devs, d->cfg.lease_s, d->cfg.grace_s, d->cfg.max_message,
              d->cfg.cache_path, d->cfg.beam, d->cfg.max_connections, d->cfg.max_jobs, d->cfg.max_jobs_per_peer,
-             !d->cfg.tls_cert ? "plaintext" : d->cfg.tls_client_ca ? "TLS, client certificates required" : "TLS");
+             !d->cfg.tls_cert ? "plaintext" : d->cfg.tls_client_ca ? "TLS, client certificates required" : "TLS",
+             d->cfg.metrics);
   }
   uv_run(&loop, UV_RUN_DEFAULT);
   KEX_INFO("kexd stopped");

@@ -54,6 +54,7 @@ typedef struct method {
   kexd_handler fn;
   void *ud;
   void *registered; /* grpc_server_register_method handle */
+  uint64_t codes[KEXD_STATUS_CODES]; /* calls finished, by status (metrics) */
 } method;
 
 struct kexd_call {
@@ -107,10 +108,17 @@ struct kexd_server {
   uint32_t nactive;
   kexd_call *active;
   kexd_server_stats stats;
+  uint64_t unknown_codes[KEXD_STATUS_CODES]; /* calls to unregistered paths, by status */
 };
 
 static void call_unref(kexd_call *c);
 static void maybe_finalize(kexd_server *s);
+
+/* Count a finished call under its method (unregistered paths together) and status (UNKNOWN when out of range). */
+static void count_status(kexd_call *c, int status) {
+  uint64_t *codes = c->m ? ((method *)c->m)->codes : c->srv->unknown_codes;
+  codes[status >= 0 && status < KEXD_STATUS_CODES ? status : GRPC_STATUS_UNKNOWN]++;
+}
 
 /* ---- the cq thread ---- */
 
@@ -356,6 +364,7 @@ static void on_close(tag *t) {
     if (c->on_cancel) c->on_cancel(c, c->hook_ud);
     if (!c->finished) { /* finished for the handler: release its reference */
       c->finished = true;
+      count_status(c, GRPC_STATUS_CANCELLED);
       active_remove(c);
       call_unref(c);
     }
@@ -510,6 +519,7 @@ int kexd_call_finish(kexd_call *c, int status, const char *details, const Protob
   ops[n++].data.send_status_from_server.status_details = &det;
   c->finish_bb = bb;
   if (status != GRPC_STATUS_OK) s->stats.calls_failed++;
+  count_status(c, status);
   if ((rc = start_batch(c, ops, n, &c->t_finish)) < 0) {
     c->finish_bb = NULL;
     if (bb) grpc_byte_buffer_destroy(bb);
@@ -722,6 +732,12 @@ int kexd_server_port(const kexd_server *s) { return s->port; }
 bool kexd_server_stopping(const kexd_server *s) { return s->stopping; }
 uint32_t kexd_server_calls_active(const kexd_server *s) { return s->nactive; }
 const kexd_server_stats *kexd_server_get_stats(const kexd_server *s) { return &s->stats; }
+uint32_t kexd_server_methods(const kexd_server *s) { return s->nmethods; }
+
+const uint64_t *kexd_server_method_codes(const kexd_server *s, uint32_t i, const char **path) {
+  *path = i < s->nmethods ? s->methods[i].path : NULL;
+  return i < s->nmethods ? s->methods[i].codes : s->unknown_codes;
+}
 
 /* Grace is over: whatever is still in flight is cancelled (and idle client connections dropped). */
 static void on_grace(uv_timer_t *t) {

@@ -146,4 +146,17 @@ typedef struct kexd_server_stats {
 } kexd_server_stats;
 const kexd_server_stats *kexd_server_get_stats(const kexd_server *s);
 
+/*
+ * Calls finished per method and status code (metrics.c), on the loop
+ * thread.  A call the client cancelled before its handler finished counts
+ * as CANCELLED.  kexd_server_methods() is the number of registered
+ * methods; for i below it, *path is the method's path, for i equal to it
+ * *path is NULL and the counts are of every unregistered path together.
+ * The paths live as long as the server.  Returns KEXD_STATUS_CODES counts,
+ * indexed by grpc_status_code.
+ */
+#define KEXD_STATUS_CODES 17 /* gRPC status codes: 0 (OK) to 16 (UNAUTHENTICATED) */
+uint32_t kexd_server_methods(const kexd_server *s);
+const uint64_t *kexd_server_method_codes(const kexd_server *s, uint32_t i, const char **path);
+
 #endif

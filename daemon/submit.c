@@ -1032,6 +1032,7 @@ static void ev_pump(submission *s) {
       continue;
     }
     s->final_sent = true;
+    if (s->final_status == GRPC_STATUS_OK) kexd_histogram_observe(&s->d->submit_seconds, (now_us() - s->t0) / 1e6);
     kexd_call_finish(s->call, s->final_status, s->final_status == GRPC_STATUS_OK ? NULL : s->final_msg, NULL);
   }
   sub_maybe_free(s);
@@ -1343,6 +1344,8 @@ static void item_done(kexd_work *w) {
     s->err = w->err;
   }
   if (idx == 0) sub_adopt_programs(s); /* whatever SETUP loaded, even when it failed later */
+  if (w->rc == 0 && idx >= 1 && idx <= s->p->nsteps && s->p->steps[idx - 1].kind == STEP_KERNEL)
+    s->d->kernel_seconds += w->device_s;
   if (w->rc == 0 && idx == 0) {
     if (s->p->nkernels) ev_push(s, EV_RUNNING, 0);
   } else if (w->rc == 0 && idx <= s->p->nsteps && s->p->steps[idx - 1].kind == STEP_KERNEL &&

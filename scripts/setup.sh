@@ -12,6 +12,7 @@ packages=(
   libsqlite3-dev libcmocka-dev meson ninja-build libjansson-dev
   python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-pytest python3-venv
   libopenblas-dev libssl-dev pkg-config gcc
+  libmicrohttpd-dev python3-prometheus-client
 )
 
 missing=()

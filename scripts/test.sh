@@ -17,6 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 exec 2>&1 # one stream, so the closing line really is last
 export KEX_SOURCE_ROOT=$PWD
+export KEX_METRICS=off # kexds started by tests serve no metrics (the default port is one for all); test_metrics asks
 
 summary_args=()
 fail() { summary_args+=(--fail "$1" "$2"); echo "FAILED: $1 ($2)"; }

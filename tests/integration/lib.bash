@@ -17,6 +17,8 @@ export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0${LS
 # teardown then fails to munmap it ("failed to deallocate 0x12000 bytes", exit 1 at SIGTERM).
 # Third-party only: ASan keeps no alternate stack of its own.
 export ASAN_OPTIONS="use_sigaltstack=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+# every kexd a test starts serves no metrics unless it asks (the default 127.0.0.1:9464 is one port for all)
+export KEX_METRICS=off
 
 passed=0
 failed=0

@@ -36,6 +36,7 @@ cases=${KEX_CASES_DIR:-$root/../shared/cases}
 kex=$build/kex
 kexd=${KEXD:-$build/daemon/kexd}
 unset KEX_SERVER KEX_JOB KEX_TOKEN
+export KEX_METRICS=off # its kexds serve no metrics (two of them would share the default port)
 
 passed=0
 failed=0

@@ -42,7 +42,7 @@ trap cleanup EXIT
 
 port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # its own beam cache file: Tune's results never touch the user's cache, and a first tune really searches
-"$kexd" --listen "127.0.0.1:$port" --grace 2 --cache "$tmp/cache.db" >"$tmp/kexd.log" 2>&1 &
+"$kexd" --listen "127.0.0.1:$port" --metrics off --grace 2 --cache "$tmp/cache.db" >"$tmp/kexd.log" 2>&1 &
 pid=$!
 up=0
 for _ in $(seq 1 100); do

@@ -41,7 +41,7 @@ def kexd_addr():
     log = tempfile.TemporaryFile()
     # its own beam cache file: Tune and the cache tests never touch the user's cache
     cache_dir = tempfile.TemporaryDirectory(prefix="kex-pytest-")
-    p = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", "--grace", "1", "--cache",
+    p = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", "--grace", "1", "--metrics", "off", "--cache",
                           os.path.join(cache_dir.name, "cache.db")], stdout=log, stderr=log)
     for _ in range(100):
         try:

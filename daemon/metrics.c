@@ -1,0 +1,418 @@
+/*
+ * metrics.c - GET /metrics in Prometheus' text exposition format (0.0.4),
+ * served by libmicrohttpd on its own thread (--metrics; metrics.h).
+ *
+ * Threads.  The loop owns the counters (the kexd struct, the server's
+ * per-method counts, the jobs).  A scrape, on the HTTP thread, bumps
+ * `requested` and wakes the loop with uv_async_send; the loop's on_snapshot
+ * collects every counter into its own scratch snapshot, then takes the
+ * lock only to copy it into `published` and signal.  The HTTP thread waits
+ * at most KEXD_METRICS_WAIT_MS, copies the published snapshot out under the
+ * lock and formats it unlocked.  The connection counters come from the
+ * accept guard, which is safe on any thread.
+ *
+ * The metrics listener is opened here (so a taken port is an error that
+ * names it) and exempted from the accept guard: scrapes are neither gRPC
+ * connections nor counted as such; libmicrohttpd caps them.
+ */
+#include "daemon/metrics.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "core/alloc.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "daemon/accept_guard.h"
+#include "daemon/kexd.h"
+#include "daemon/rpc.h"
+
+#ifndef KEX_VERSION
+#define KEX_VERSION "unknown"
+#endif
+
+#define METRICS_ADDR_MAX 256   /* bytes of --metrics */
+#define METRICS_BACKLOG 64     /* listen(2) backlog */
+#define METRICS_TEXT_START 8192 /* first size of the formatted page; it grows by doubling */
+#define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+/* Upper bounds of the submission-seconds buckets (+Inf is implicit). */
+static const double bucket_le[KEXD_METRICS_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                       0.5,   1,      2.5,   5,    10,    30,    60};
+
+/* grpc_status_code names, as the code label. */
+static const char *const code_names[KEXD_STATUS_CODES] = {
+    "OK",        "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+
+/* Everything a scrape reports that the loop owns. */
+typedef struct snapshot {
+  uint32_t nmethods; /* rows of rpcs: registered methods, then one for unregistered paths */
+  const char *paths[KEXD_METRICS_MAX_METHODS + 1]; /* NULL: unregistered paths (the server owns the strings) */
+  uint64_t rpcs[KEXD_METRICS_MAX_METHODS + 1][KEXD_STATUS_CODES];
+  uint64_t submissions, submissions_failed;
+  kexd_histogram submit_seconds;
+  double kernel_seconds, uptime_s;
+  uint64_t bytes_held, jobs_open;
+  uint64_t prog_memory_hits, prog_sqlite_hits, prog_misses;
+  uint64_t sched_hits, sched_misses;
+  kexd_tune_counters tune;
+} snapshot;
+
+struct kexd_metrics {
+  kexd *d;
+  uv_async_t async;
+  struct MHD_Daemon *mhd;
+  int port;                /* bound (logged) */
+  snapshot scratch;       /* the loop's, filled without the lock */
+  pthread_mutex_t lock;   /* protects what follows */
+  pthread_cond_t cond;
+  uint64_t requested, answered;
+  bool closing;
+  snapshot published;
+};
+
+void kexd_histogram_observe(kexd_histogram *h, double v) {
+  int i = 0;
+  while (i < KEXD_METRICS_BUCKETS && !(v <= bucket_le[i])) i++;
+  h->buckets[i]++;
+  h->count++;
+  h->sum += v;
+}
+
+/* ---- the loop side ---- */
+
+/* Every counter the loop owns into s. */
+static void collect(kexd *d, snapshot *s) {
+  uint32_t n = kexd_server_methods(d->server);
+  if (n > KEXD_METRICS_MAX_METHODS) n = KEXD_METRICS_MAX_METHODS;
+  for (uint32_t i = 0; i < n; i++)
+    memcpy(s->rpcs[i], kexd_server_method_codes(d->server, i, &s->paths[i]), sizeof s->rpcs[i]);
+  memcpy(s->rpcs[n], kexd_server_method_codes(d->server, kexd_server_methods(d->server), &s->paths[n]),
+         sizeof s->rpcs[n]);
+  s->nmethods = n + 1;
+  s->submissions = d->submissions;
+  s->submissions_failed = d->submissions_failed;
+  s->submit_seconds = d->submit_seconds;
+  s->kernel_seconds = d->kernel_seconds;
+  uv_update_time(d->loop);
+  s->uptime_s = (uv_now(d->loop) - d->started_ms) / 1e3;
+  s->jobs_open = d->jobs.njobs;
+  s->bytes_held = 0;
+  for (uint32_t i = 0; i < d->jobs.njobs; i++) s->bytes_held += d->jobs.jobs[i]->bytes_held;
+  s->prog_memory_hits = d->prog_cache_memory_hits;
+  s->prog_sqlite_hits = d->prog_cache_sqlite_hits;
+  s->prog_misses = d->prog_cache_misses;
+  s->sched_hits = d->sched_cache_hits;
+  s->sched_misses = d->sched_cache_misses;
+  kexd_tune_stats(d, &s->tune);
+}
+
+/* A scrape asked: publish a fresh snapshot (the lock is held only for the copy). */
+static void on_snapshot(uv_async_t *h) {
+  kexd_metrics *m = h->data;
+  uint64_t want;
+  pthread_mutex_lock(&m->lock);
+  want = m->requested;
+  pthread_mutex_unlock(&m->lock);
+  collect(m->d, &m->scratch);
+  pthread_mutex_lock(&m->lock);
+  m->published = m->scratch;
+  m->answered = want;
+  pthread_cond_broadcast(&m->cond);
+  pthread_mutex_unlock(&m->lock);
+}
+
+/* ---- the HTTP thread ---- */
+
+typedef struct page {
+  char *buf;
+  size_t len, cap;
+  bool oom;
+} page;
+
+static void put(page *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(page *p, const char *fmt, ...) {
+  va_list ap;
+  int n;
+  if (p->oom) return;
+  for (;;) {
+    va_start(ap, fmt);
+    n = vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      p->oom = true;
+      return;
+    }
+    if ((size_t)n < p->cap - p->len) break;
+    char *nb = kex_realloc(p->buf, 2 * p->cap + (size_t)n);
+    if (!nb) {
+      p->oom = true;
+      return;
+    }
+    p->buf = nb;
+    p->cap = 2 * p->cap + (size_t)n;
+  }
+  p->len += (size_t)n;
+}
+
+static void head(page *p, const char *name, const char *type, const char *help) {
+  put(p, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value with \, " and newline escaped, as the format asks. */
+static void put_label(page *p, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"') put(p, "\\%c", *v);
+    else if (*v == '\n') put(p, "\\n");
+    else put(p, "%c", *v);
+  }
+}
+
+/* The page for snapshot s (and the accept guard's counters). */
+static void format(page *p, const snapshot *s) {
+  kexd_accept_stats as;
+  uint64_t cum = 0;
+  head(p, "kex_build_info", "gauge", "kexd's version (always 1).");
+  put(p, "kex_build_info{version=\"%s\"} 1\n", KEX_VERSION);
+  head(p, "kex_uptime_seconds", "gauge", "Seconds since kexd started.");
+  put(p, "kex_uptime_seconds %.3f\n", s->uptime_s);
+  head(p, "kex_rpcs_total", "counter",
+       "gRPC calls finished, by method and status code (a client cancel counts as CANCELLED; method \"unknown\" is "
+       "every unregistered path).");
+  for (uint32_t i = 0; i < s->nmethods; i++)
+    for (int k = 0; k < KEXD_STATUS_CODES; k++) {
+      if (!s->rpcs[i][k]) continue;
+      put(p, "kex_rpcs_total{method=\"");
+      put_label(p, s->paths[i] ? s->paths[i] : "unknown");
+      put(p, "\",code=\"%s\"} %llu\n", code_names[k], (unsigned long long)s->rpcs[i][k]);
+    }
+  head(p, "kex_submissions_total", "counter", "Submit calls accepted for an open job.");
+  put(p, "kex_submissions_total %llu\n", (unsigned long long)s->submissions);
+  head(p, "kex_submissions_failed_total", "counter", "Submit calls that ended with an error status.");
+  put(p, "kex_submissions_failed_total %llu\n", (unsigned long long)s->submissions_failed);
+  head(p, "kex_submission_seconds", "histogram",
+       "Seconds from a Submit's arrival to its done event, for submissions that succeeded.");
+  for (int i = 0; i < KEXD_METRICS_BUCKETS; i++) {
+    cum += s->submit_seconds.buckets[i];
+    put(p, "kex_submission_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], (unsigned long long)cum);
+  }
+  put(p, "kex_submission_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)s->submit_seconds.count);
+  put(p, "kex_submission_seconds_sum %.9g\n", s->submit_seconds.sum);
+  put(p, "kex_submission_seconds_count %llu\n", (unsigned long long)s->submit_seconds.count);
+  head(p, "kex_kernel_run_seconds_total", "counter", "Device seconds Submit's kernels ran, as the device measured them.");
+  put(p, "kex_kernel_run_seconds_total %.9g\n", s->kernel_seconds);
+  head(p, "kex_held_bytes", "gauge", "Bytes of device memory the open jobs' buffers hold.");
+  put(p, "kex_held_bytes %llu\n", (unsigned long long)s->bytes_held);
+  head(p, "kex_jobs_open", "gauge", "Jobs open now.");
+  put(p, "kex_jobs_open %llu\n", (unsigned long long)s->jobs_open);
+  head(p, "kex_program_cache_hits_total", "counter",
+       "Submit's kernels whose program was loaded already (tier memory) or read from the SQLite cache (tier sqlite).");
+  put(p, "kex_program_cache_hits_total{tier=\"memory\"} %llu\n", (unsigned long long)s->prog_memory_hits);
+  put(p, "kex_program_cache_hits_total{tier=\"sqlite\"} %llu\n", (unsigned long long)s->prog_sqlite_hits);
+  head(p, "kex_program_cache_misses_total", "counter", "Submit's kernels that had to be compiled.");
+  put(p, "kex_program_cache_misses_total %llu\n", (unsigned long long)s->prog_misses);
+  head(p, "kex_schedule_cache_hits_total", "counter", "Submissions whose graph structure was scheduled already.");
+  put(p, "kex_schedule_cache_hits_total %llu\n", (unsigned long long)s->sched_hits);
+  head(p, "kex_schedule_cache_misses_total", "counter", "Submissions whose graph structure had to be scheduled.");
+  put(p, "kex_schedule_cache_misses_total %llu\n", (unsigned long long)s->sched_misses);
+  head(p, "kex_beam_cache_hits_total", "counter", "Beam searches answered from the cache (Tune and Submit).");
+  put(p, "kex_beam_cache_hits_total %llu\n", (unsigned long long)s->tune.beam_hits);
+  head(p, "kex_beam_cache_misses_total", "counter", "Beam cache lookups that found nothing (Tune and Submit).");
+  put(p, "kex_beam_cache_misses_total %llu\n", (unsigned long long)s->tune.beam_misses);
+  head(p, "kex_beam_searches_total", "counter", "Beam searches run.");
+  put(p, "kex_beam_searches_total %llu\n", (unsigned long long)s->tune.searches);
+  head(p, "kex_beam_searches_cancelled_total", "counter", "Beam searches cancelled before they ended.");
+  put(p, "kex_beam_searches_cancelled_total %llu\n", (unsigned long long)s->tune.searches_cancelled);
+  kexd_accept_guard_stats(&as);
+  head(p, "kex_connections_open", "gauge", "gRPC client connections open now.");
+  put(p, "kex_connections_open %u\n", as.open);
+  head(p, "kex_connections_max", "gauge", "The cap on gRPC client connections (--max-connections).");
+  put(p, "kex_connections_max %u\n", as.max);
+  head(p, "kex_connections_refused_total", "counter",
+       "gRPC connections closed at accept: over --max-connections (reason limit) or no descriptor free (reason "
+       "descriptors).");
+  put(p, "kex_connections_refused_total{reason=\"limit\"} %llu\n", (unsigned long long)as.refused_limit);
+  put(p, "kex_connections_refused_total{reason=\"descriptors\"} %llu\n", (unsigned long long)as.refused_fds);
+}
+
+/* Ask the loop for a fresh snapshot and wait for it, at most KEXD_METRICS_WAIT_MS; a copy of the newest into *out. */
+static void take_snapshot(kexd_metrics *m, snapshot *out) {
+  struct timespec until;
+  uint64_t want;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += KEXD_METRICS_WAIT_MS / 1000;
+  until.tv_nsec += (KEXD_METRICS_WAIT_MS % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&m->lock);
+  want = ++m->requested;
+  if (!m->closing) uv_async_send(&m->async); /* under the lock: stop closes the handle only after closing is set */
+  while (m->answered < want && !m->closing)
+    if (pthread_cond_timedwait(&m->cond, &m->lock, &until) == ETIMEDOUT) break;
+  *out = m->published;
+  pthread_mutex_unlock(&m->lock);
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *body, size_t len) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+  enum MHD_Result ret;
+  if (!r) return MHD_NO;
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, status == MHD_HTTP_OK ? METRICS_CONTENT_TYPE : "text/plain");
+  ret = MHD_queue_response(conn, status, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+/* libmicrohttpd's request handler: GET (or HEAD) /metrics; 404 for another path, 405 for another method. */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+  kexd_metrics *m = cls;
+  snapshot *s = NULL;
+  page p = {0};
+  enum MHD_Result ret;
+  (void)version, (void)upload, (void)upload_size, (void)con_cls;
+  if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+    static const char msg[] = "only GET /metrics\n";
+    return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, msg, sizeof msg - 1);
+  }
+  if (strcmp(url, "/metrics") != 0) {
+    static const char msg[] = "not found: kexd serves /metrics\n";
+    return reply(conn, MHD_HTTP_NOT_FOUND, msg, sizeof msg - 1);
+  }
+  if (!(s = kex_malloc(sizeof *s)) || !(p.buf = kex_malloc(METRICS_TEXT_START))) {
+    p.oom = true;
+  } else {
+    p.cap = METRICS_TEXT_START;
+    take_snapshot(m, s);
+    format(&p, s);
+  }
+  if (p.oom) {
+    static const char msg[] = "out of memory\n";
+    ret = reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, msg, sizeof msg - 1);
+  } else {
+    ret = reply(conn, MHD_HTTP_OK, p.buf, p.len);
+  }
+  kex_free(p.buf);
+  kex_free(s);
+  return ret;
+}
+
+/* ---- start and stop ---- */
+
+/*
+ * A listening socket on addr ("HOST:PORT", "[V6]:PORT").  The descriptor,
+ * or KEX_EINVAL / KEX_EUNAVAILABLE (logged, naming the address).
+ */
+static int open_listener(const char *addr) {
+  char host[METRICS_ADDR_MAX], *port;
+  struct addrinfo hints, *ai = NULL;
+  int fd = -1, one = 1, rc, e;
+  if (strlen(addr) >= sizeof host || !(port = strrchr(strcpy(host, addr), ':')) || port == host || !port[1]) {
+    KEX_ERROR("--metrics %s: not HOST:PORT (or \"off\")", addr);
+    return KEX_EINVAL;
+  }
+  *port++ = '\0';
+  if (host[0] == '[' && host[strlen(host) - 1] == ']') { /* [::1] */
+    memmove(host, host + 1, strlen(host));
+    host[strlen(host) - 1] = '\0';
+  }
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  if ((rc = getaddrinfo(host, port, &hints, &ai)) != 0) {
+    KEX_ERROR("--metrics %s: %s", addr, gai_strerror(rc));
+    return KEX_EINVAL;
+  }
+  fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+      bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, METRICS_BACKLOG) < 0) {
+    e = errno;
+    KEX_ERROR("cannot serve metrics on %s: %s (--metrics; is another kexd running?)", addr, strerror(e));
+    if (fd >= 0) close(fd);
+    fd = KEX_EUNAVAILABLE;
+  }
+  freeaddrinfo(ai);
+  return fd;
+}
+
+static void on_closed(uv_handle_t *h) {
+  kexd_metrics *m = h->data;
+  pthread_cond_destroy(&m->cond);
+  pthread_mutex_destroy(&m->lock);
+  kex_free(m);
+}
+
+int kexd_metrics_start(kexd *d, const char *addr, kexd_metrics **out) {
+  kexd_metrics *m = NULL;
+  pthread_condattr_t ca;
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  int fd, rc = 0;
+  *out = NULL;
+  if ((fd = open_listener(addr)) < 0) return fd;
+  if (!(m = kex_calloc(1, sizeof *m))) {
+    KEX_ERROR("--metrics %s: out of memory", addr);
+    rc = KEX_ENOMEM;
+    goto out_fd;
+  }
+  m->d = d;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+    m->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)&ss)->sin_port);
+  pthread_mutex_init(&m->lock, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&m->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  if (uv_async_init(d->loop, &m->async, on_snapshot) < 0) {
+    KEX_ERROR("--metrics %s: cannot create the loop handle", addr);
+    pthread_cond_destroy(&m->cond);
+    pthread_mutex_destroy(&m->lock);
+    kex_free(m);
+    rc = KEX_EINTERNAL;
+    goto out_fd;
+  }
+  m->async.data = m;
+  collect(d, &m->published); /* a scrape that finds the loop busy still gets numbers */
+  kexd_accept_guard_pass(fd);
+  m->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC, 0, NULL, NULL, on_request,
+                            m, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)KEXD_METRICS_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)KEXD_METRICS_TIMEOUT_S, MHD_OPTION_END);
+  if (!m->mhd) {
+    KEX_ERROR("cannot serve metrics on %s: libmicrohttpd would not start", addr);
+    kexd_accept_guard_pass(-1);
+    uv_close((uv_handle_t *)&m->async, on_closed);
+    rc = KEX_EINTERNAL;
+    goto out_fd;
+  }
+  KEX_INFO("metrics on http://%s/metrics (port %d)", addr, m->port);
+  *out = m;
+  return 0;
+out_fd:
+  close(fd);
+  return rc;
+}
+
+void kexd_metrics_stop(kexd_metrics *m) {
+  if (!m) return;
+  pthread_mutex_lock(&m->lock);
+  m->closing = true;
+  pthread_cond_broadcast(&m->cond);
+  pthread_mutex_unlock(&m->lock);
+  MHD_stop_daemon(m->mhd); /* joins the HTTP thread and closes the listener */
+  kexd_accept_guard_pass(-1);
+  uv_close((uv_handle_t *)&m->async, on_closed);
+}
