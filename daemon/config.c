@@ -117,6 +117,10 @@ static const flag flags[] = {
    "a job no call names for this long is closed"},
   {"job-memory-default", "BYTES", FLAG_U64, F(job_memory_default), 1, INT64_MAX, 0, 0, false, NULL,
    "memory limit of a job whose OpenJob asks for 0"},
+  {"max-weight", "N", FLAG_U32, F(max_weight), 1, 1 << 20, 0, 0, false, NULL,
+   "the largest weight (fair-queueing share) an OpenJob may ask for"},
+  {"max-buffers-per-job", "N", FLAG_U32, F(max_buffers_per_job), 1, 1 << 24, 0, 0, false, NULL,
+   "buffers one job may hold (uploads and outputs)"},
   {"job-memory-max", "BYTES", FLAG_U64, F(job_memory_max), 1, INT64_MAX, 0, 0, false, NULL,
    "the largest memory limit an OpenJob may ask for"},
   /* graphs */
@@ -276,6 +280,8 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->job_evict_idle_s = KEXD_DEFAULT_JOB_EVICT_IDLE_S;
   cfg->job_memory_default = KEXD_DEFAULT_JOB_MEMORY;
   cfg->job_memory_max = KEXD_LIMIT_JOB_MEMORY;
+  cfg->max_weight = KEXD_LIMIT_WEIGHT;
+  cfg->max_buffers_per_job = KEXD_LIMIT_BUFFERS_PER_JOB;
   cfg->plan_inline_nodes = KEXD_DEFAULT_PLAN_INLINE_NODES;
   cfg->inline_output_max = KEXD_DEFAULT_INLINE_OUTPUT;
   cfg->schedule_cache = KEXD_DEFAULT_SCHEDULE_CACHE;

@@ -34,9 +34,9 @@ void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
                     "OpenJob: memory_limit %" PRIu64 " is more than the server's limit of %" PRIu64
                     " bytes (--job-memory-max)",
                     memory, d->cfg.job_memory_max);
-  else if (m->weight > KEXD_LIMIT_WEIGHT)
-    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: weight %u is more than the limit of %u",
-                    m->weight, KEXD_LIMIT_WEIGHT);
+  else if (m->weight > d->cfg.max_weight)
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: weight %u is more than the limit of %u (--max-weight)",
+                    m->weight, d->cfg.max_weight);
   else if ((rc = kexd_jobs_open(&d->jobs, m->name, m->weight, memory, peer, &job, &err)) < 0)
     kexd_call_failf(c, kex_err_grpc_status(rc), "OpenJob: %s", err.msg);
   else {

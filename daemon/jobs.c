@@ -198,6 +198,7 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
   job->id = ++j->next_id;
   job->weight = weight ? weight : 1;
   job->memory_limit = memory_limit;
+  job->max_buffers = j->max_buffers ? j->max_buffers : KEXD_LIMIT_BUFFERS_PER_JOB;
   job->opened_ms = job->last_used_ms = uv_now(j->loop);
   j->jobs[j->njobs++] = job;
   j->opened++;
@@ -246,8 +247,9 @@ kexd_job *kexd_jobs_find_id(kexd_jobs *j, uint64_t id) {
 
 int kexd_job_reserve(kexd_job *job, uint64_t bytes, kex_error *err) {
   uint64_t would = job->bytes_held + job->bytes_reserved + bytes;
-  if (job->nbufs >= KEXD_LIMIT_BUFFERS_PER_JOB)
-    return kex_err_set(err, KEX_ELIMIT, "job '%s' holds %u buffers, the limit", job->name, job->nbufs);
+  if (job->nbufs >= job->max_buffers)
+    return kex_err_set(err, KEX_ELIMIT, "job '%s' holds %u buffers, the limit (--max-buffers-per-job)", job->name,
+                       job->nbufs);
   if (job->memory_limit && (would > job->memory_limit || would < bytes))
     return kex_err_set(err, KEX_ELIMIT, "job '%s' would hold %" PRIu64 " bytes, over its memory limit of %" PRIu64
                        " bytes", job->name, would, job->memory_limit);

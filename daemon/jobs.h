@@ -29,7 +29,7 @@
 #define KEXD_JOB_NAME_MAX 256                    /* bytes of a job name */
 #define KEXD_LIMIT_JOBS 4096                     /* default: jobs open at once */
 #define KEXD_HANDLE_LEN KEXD_TOKEN_LEN           /* hex characters of a buffer handle */
-#define KEXD_LIMIT_BUFFERS_PER_JOB 65536         /* buffers one job may hold */
+#define KEXD_LIMIT_BUFFERS_PER_JOB 65536         /* default: buffers one job may hold (--max-buffers-per-job) */
 #define KEXD_DEFAULT_JOB_EVICT_IDLE_S 10.0       /* a full table closes the job idle longest, if idle at least this */
 
 /*
@@ -60,6 +60,7 @@ typedef struct kexd_job {
   char *peer;            /* the client address that opened it, without the port (per-peer limit) */
   uint32_t weight;
   uint64_t memory_limit;
+  uint32_t max_buffers;  /* buffers it may hold (the table's max_buffers when it opened) */
   uint64_t last_used_ms; /* uv_now at the last call naming the job */
   uint64_t opened_ms;
   uint64_t plans;
@@ -81,6 +82,7 @@ typedef struct kexd_jobs {
   uint32_t max_jobs;
   uint32_t max_per_peer; /* jobs one peer may hold (0: no limit) */
   uint64_t evict_idle_ms; /* a full table closes the job idle longest if idle at least this */
+  uint32_t max_buffers;   /* buffers one job may hold */
   kexd_job **jobs;   /* unordered; small counts, linear lookup */
   uint32_t njobs, cap;
   uint64_t opened, closed, expired, evicted; /* evicted: expired early to make room in a full table */

@@ -34,7 +34,7 @@
 #define KEXD_BEAM_MAX_LIMIT 65536            /* Tune/Submit: beam.max_upcast and beam.max_local at most */
 #define KEXD_TUNE_SOURCES 256                /* GetCacheEntry: rendered sources remembered (tune.c) */
 /* limits on what one client may take (each a flag, config.c, unless fixed here) */
-#define KEXD_LIMIT_WEIGHT 1000               /* fixed: the largest job weight (fair-queueing share) */
+#define KEXD_LIMIT_WEIGHT 1000               /* the largest job weight (fair-queueing share) */
 #define KEXD_PEER_MAX 128                    /* bytes of a client address kept per job */
 #define KEXD_LIMIT_JOBS_PER_PEER 64          /* jobs one client address may hold open */
 #define KEXD_DEFAULT_JOB_MEMORY (1ull << 30) /* memory limit of a job that asks for 0 */
@@ -72,6 +72,8 @@ typedef struct kexd_config {
   double job_evict_idle_s;       /* a full job table closes the job idle longest, if idle this long */
   uint64_t job_memory_default;   /* OpenJob memory_limit 0 gets this */
   uint64_t job_memory_max;       /* an OpenJob memory_limit over this is refused */
+  uint32_t max_weight;           /* an OpenJob weight over this is refused */
+  uint32_t max_buffers_per_job;  /* buffers one job may hold */
   uint32_t max_connections;      /* 0: sized from the descriptor limit at start */
   double idle_timeout_s, handshake_timeout_s, keepalive_s;
   uint32_t max_streams;          /* calls at once on one connection */

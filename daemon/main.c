@@ -227,6 +227,7 @@ int main(int argc, char **argv) {
   }
   d->jobs.max_per_peer = d->cfg.max_jobs_per_peer;
   d->jobs.evict_idle_ms = (uint64_t)(d->cfg.job_evict_idle_s * 1000);
+  d->jobs.max_buffers = d->cfg.max_buffers_per_job;
   uv_signal_init(&loop, &st.sigterm);
   uv_signal_init(&loop, &st.sigint);
   st.sigterm.data = st.sigint.data = &st;

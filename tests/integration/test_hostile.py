@@ -294,6 +294,7 @@ def connections():
 
 def limits():
     k = Kexd("--max-jobs-per-peer", "4", "--job-memory-default", "1048576", "--job-memory-max", "8388608",
+
              "--import-max-bytes", "4096", "--import-streams", "2", "--download-chunk-min", "1024")
     a = open_job(k, name="tenant-a")
 
@@ -342,8 +343,8 @@ def limits():
 
     # weight
     e = rpc_error(open_job, k, name="heavy", weight=1001)
-    check("weight 1001 is RESOURCE_EXHAUSTED naming the limit 1000",
-          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "1000"), desc(e))
+    check("weight 1001 is RESOURCE_EXHAUSTED naming --max-weight (1000)",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "1000", "--max-weight"), desc(e))
     j = open_job(k, name="w", weight=1000)
     k.kex.CloseJob(kex_pb2.CloseJobRequest(job=j), timeout=5)
     check("weight 1000 is accepted", bool(j))
@@ -458,6 +459,22 @@ def limits():
     check("and memory grew by less than 32 MiB", rss1 - rss0 < 32 * 1024, f"{rss0} -> {rss1} KiB")
     for j in (a, b):
         rpc_error(k.kex.CloseJob, kex_pb2.CloseJobRequest(job=j), timeout=5)
+    k.stop()
+
+    # buffers per job, both sides
+    k = Kexd("--max-buffers-per-job", "3")
+    j = open_job(k, name="many")
+
+    def up16():
+        return k.kex.Upload(iter([kex_pb2.UploadRequest(job=j, header=kex_pb2.UploadHeader(dtype="uint8", shape=[16])),
+                                  kex_pb2.UploadRequest(chunk=b"\1" * 16)]), timeout=10)
+
+    held = [up16().handle for _ in range(3)]
+    e = rpc_error(up16)
+    check("--max-buffers-per-job 3: 3 uploads held, the 4th RESOURCE_EXHAUSTED naming the flag",
+          len(held) == 3 and code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-buffers-per-job"), desc(e))
+    k.kex.Free(kex_pb2.FreeRequest(job=j, handles=held[:1]), timeout=5)
+    check("after one is freed, the next upload is accepted", rpc_error(up16) is None)
     k.stop()
 
     # a full job table: the job idle longest makes room, only once it has been idle --job-evict-idle
