@@ -771,3 +771,16 @@ int kex_kernel_apply_opt(kex_kernel *k, kex_opt opt, bool append_opt, kex_error 
   if (saved != small) kex_free(saved);
   return rc;
 }
+
+int kex_kernel_apply_opts(kex_kernel *k, const kex_opt *opts, uint32_t n, kex_error *err) {
+  for (uint32_t i = 0; i < n; i++) {
+    int rc = kex_kernel_apply_opt(k, opts[i], true, err);
+    if (rc) {
+      char o[64], msg[KEX_ERROR_MSG_MAX];
+      kex_opt_short(opts[i], o, sizeof o);
+      snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
+      return kex_err_set(err, rc, "opt %u %s does not apply: %s", i, o, msg);
+    }
+  }
+  return 0;
+}

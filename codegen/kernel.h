@@ -150,6 +150,12 @@ int kex_kernel_simplify_merge_adjacent(kex_kernel *k);
  * KEX_EOPT (message: the failed check) or KEX_ENOMEM the kernel is unchanged.
  */
 int kex_kernel_apply_opt(kex_kernel *k, kex_opt opt, bool append_opt, kex_error *err);
+/*
+ * Apply opts[0, n) in order (each appended to the kernel's opts).  0, or the
+ * first failure's code with *err naming the opt's index and text ("opt 1
+ * UNROLL(0,4) does not apply: ..."); the opts before it stay applied.
+ */
+int kex_kernel_apply_opts(kex_kernel *k, const kex_opt *opts, uint32_t n, kex_error *err);
 
 /*
  * hand_coded_optimizations() (codegen/heuristic.c): applies tinygrad's BEAM=0

@@ -61,14 +61,7 @@ int kex_target_lower_item(const kex_target *t, const kex_schedule *s, const kex_
                           size_t optstr_len, kex_error *err) {
   kex_kernel *k = NULL;
   int rc = kex_kernel_from_item(s, it, &t->caps, &k, err);
-  if (!rc && !opts) rc = kex_kernel_hand_coded_optimizations(k, err);
-  for (uint32_t i = 0; !rc && opts && i < nopts; i++)
-    if ((rc = kex_kernel_apply_opt(k, opts[i], true, err))) {
-      char o[64], msg[KEX_ERROR_MSG_MAX];
-      kex_opt_short(opts[i], o, sizeof o);
-      snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
-      rc = kex_err_set(err, rc, "opt %u %s does not apply: %s", i, o, msg);
-    }
+  if (!rc) rc = opts ? kex_kernel_apply_opts(k, opts, nopts, err) : kex_kernel_hand_coded_optimizations(k, err);
   if (!rc && optstr) kex_kernel_opts_string(k, optstr, optstr_len);
   if (!rc) rc = kex_lower_kernel(k, &t->caps, t->dialect, names, out, err);
   kex_kernel_free(k);

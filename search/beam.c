@@ -117,18 +117,6 @@ int kex_beam_default_cache_path(char *buf, size_t len, kex_error *err) {
   return 0;
 }
 
-int kex_beam_apply_opts(kex_kernel *k, const kex_opt *opts, uint32_t n, kex_error *err) {
-  for (uint32_t i = 0; i < n; i++) {
-    int rc = kex_kernel_apply_opt(k, opts[i], true, err);
-    if (rc) {
-      char s[64], msg[KEX_ERROR_MSG_MAX];
-      kex_opt_short(opts[i], s, sizeof s);
-      snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
-      return kex_err_set(err, rc, "opt %u %s does not apply: %s", i, s, msg);
-    }
-  }
-  return 0;
-}
 
 /* ---- device jobs ---- */
 
@@ -435,7 +423,7 @@ static void lower_candidate(kex_pool_job *job, int worker) {
     snprintf(c->msg, sizeof c->msg, "out of memory");
     return;
   }
-  c->rc = kex_beam_apply_opts(k, c->opts, c->nopts, &err);
+  c->rc = kex_kernel_apply_opts(k, c->opts, c->nopts, &err);
   if (!c->rc) c->rc = kex_lower_kernel(k, c->sc->caps, c->sc->dialect, NULL, &c->ps, &err);
   if (c->rc) snprintf(c->msg, sizeof c->msg, "%s", err.msg);
   kex_kernel_free(k);
@@ -707,7 +695,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
     for (int bi = 0; bi < nbeam && !rc; bi++) {
       kex_kernel *kb = kex_kernel_copy(k0);
       if (!kb) rc = KEX_ENOMEM;
-      if (!rc && kex_beam_apply_opts(kb, beam[bi]->opts, beam[bi]->nopts, err)) rc = KEX_EINTERNAL;
+      if (!rc && kex_kernel_apply_opts(kb, beam[bi]->opts, beam[bi]->nopts, err)) rc = KEX_EINTERNAL;
       if (!rc) rc = expand(s, sc, beam[bi], bi, kb, &cands, &ncands, &capcands);
       kex_kernel_free(kb);
     }
@@ -936,7 +924,7 @@ static int check_cached_opts(const kex_beam_opts *o, const kex_kernel *k0, const
   kex_kernel *k = kex_kernel_copy(k0);
   int rc = 0;
   if (!k) return kex_err_set(err, KEX_ENOMEM, "out of memory");
-  if ((rc = kex_beam_apply_opts(k, v->opts, v->nopts, err)) || (rc = check_opt_limits(k, o, err)) ||
+  if ((rc = kex_kernel_apply_opts(k, v->opts, v->nopts, err)) || (rc = check_opt_limits(k, o, err)) ||
       (rc = kex_lower_kernel(k, caps, dialect, NULL, &ps, err)))
     goto out;
   if ((int64_t)ps.nuops >= o->uops_max) {
@@ -1094,7 +1082,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   /* the beam's best against hand-coded, full size, alternating */
   kw = kex_kernel_copy(k0);
   if (!kw) goto nomem;
-  if ((rc = kex_beam_apply_opts(kw, best->opts, best->nopts, err))) goto out;
+  if ((rc = kex_kernel_apply_opts(kw, best->opts, best->nopts, err))) goto out;
   kex_program *bp = best->prog;
   if (!bp) { /* the search kept the unoptimized kernel */
     if ((rc = kex_lower_kernel(kw, caps, sc.dialect, NULL, &best_ps, err))) goto out;
@@ -1106,7 +1094,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   if (runner) {
     kr = kex_kernel_copy(k0);
     if (!kr) goto nomem;
-    if ((rc = kex_beam_apply_opts(kr, runner->opts, runner->nopts, err))) goto out;
+    if ((rc = kex_kernel_apply_opts(kr, runner->opts, runner->nopts, err))) goto out;
   }
   if (stop_requested(&s)) {
     rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");

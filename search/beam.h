@@ -199,7 +199,5 @@ typedef struct kex_beam_target {
 int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_opts *opts, kex_beam_result *res,
                       kex_error *err);
 
-/* Apply opts[n] to k in order: 0, or KEX_EOPT naming the opt that failed (k then holds the ones before it). */
-int kex_beam_apply_opts(kex_kernel *k, const kex_opt *opts, uint32_t n, kex_error *err);
 
 #endif

@@ -185,7 +185,7 @@ static void test_search_and_cache(void **state) {
   kex_kernel *k = NULL;
   const kex_renderer_caps *caps = cpu ? &kex_renderer_cpu : &kex_renderer_opencl;
   assert_int_equal(kex_kernel_from_item(t.s, &t.s->items[t.t.item], caps, &k, &err), 0);
-  assert_int_equal(kex_beam_apply_opts(k, r1.opts, r1.nopts, &err), 0);
+  assert_int_equal(kex_kernel_apply_opts(k, r1.opts, r1.nopts, &err), 0);
   char nm[KEX_CACHE_KERNEL_NAME_MAX];
   kex_kernel_name(k, nm, sizeof nm);
   assert_string_equal(nm, r1.name);
