@@ -46,6 +46,7 @@
 
 #include "core/alloc.h"
 #include "realize/run.h"
+#include "sample.h"
 
 #define NVAL 16 /* elements of every elementwise test */
 
@@ -886,8 +887,10 @@ int main(void) {
       snprintf(t->name, sizeof t->name, "%s_%s", assign_cases[a].name, dn);
     }
   }
-  for (size_t i = 0; i < no; i++) tests[nt++] = (struct CMUnitTest){oc[i].name, test_op, NULL, NULL, &oc[i]};
-  for (size_t i = 0; i < nm; i++) tests[nt++] = (struct CMUnitTest){mt[i].name, test_move, NULL, NULL, &mt[i]};
+  for (size_t i = 0; i < no; i++)
+    if (kex_test_sampled(i)) tests[nt++] = (struct CMUnitTest){oc[i].name, test_op, NULL, NULL, &oc[i]};
+  for (size_t i = 0; i < nm; i++)
+    if (kex_test_sampled(i)) tests[nt++] = (struct CMUnitTest){mt[i].name, test_move, NULL, NULL, &mt[i]};
   for (size_t i = 0; i < na; i++) tests[nt++] = (struct CMUnitTest){at[i].name, test_assign, NULL, NULL, &at[i]};
   assert_true(nt <= cap);
   int fails = _cmocka_run_group_tests("ops", tests, nt, NULL, NULL);

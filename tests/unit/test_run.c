@@ -21,6 +21,7 @@
 
 #include "core/alloc.h"
 #include "realize/run.h"
+#include "sample.h"
 
 typedef struct run_case {
   char name[128];
@@ -212,6 +213,7 @@ int main(void) {
     json_decref(c);
     if (!numeric) continue;
     for (int d = 0; d < 2; d++) {
+      if (!kex_test_sampled(2 * i + (size_t)d)) continue;
       run_case *r = &rc[nt];
       snprintf(r->name, sizeof r->name, "%s_%s", name, d ? "cpu" : "opencl");
       snprintf(r->path, sizeof r->path, "%s", path);
