@@ -182,11 +182,15 @@ class Client:
         return _call(self.stub.Plan, pb.PlanRequest(job=self.job, graph=graph), timeout=self.timeout,
                      metadata=self.metadata)
 
-    def submit(self, graph, return_bytes=True, timeout=None, on_event=None):
-        """Run a graph; returns the Done event.  on_event(event) sees every event."""
+    def submit(self, graph, return_bytes=True, timeout=None, on_event=None, trace=False):
+        """Run a graph; returns the Done event.  on_event(event) sees every event.
+
+        trace=True: the server records the submission and the Done event's
+        trace_json holds it as Chrome trace-event JSON (open it in Perfetto)."""
         done = None
         try:
-            for ev in self.stub.Submit(pb.SubmitRequest(job=self.job, graph=graph, return_bytes=return_bytes),
+            for ev in self.stub.Submit(pb.SubmitRequest(job=self.job, graph=graph, return_bytes=return_bytes,
+                                                        trace=bool(trace)),
                                        timeout=timeout, metadata=self.metadata):
                 if on_event:
                     on_event(ev)
