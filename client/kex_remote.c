@@ -56,7 +56,7 @@ static void remote_usage(FILE *f) {
         "commands against kexd (the flags of the in-process commands work here too):\n"
         "  plan [--device D] [--json] [--job T] FILE.json\n"
         "      schedule a graph on the server; print every item, its AST and `kernels: N`\n"
-        "  run [--device D] [--json] [--repeat N] [--beam N] [--out DIR] [--timeout S] [--job T] FILE.json\n"
+        "  run [--device D] [--json] [--repeat N] [--beam N] [--out DIR] [--trace F] [--timeout S] [--job T] FILE.json\n"
         "  run --check CASE.json [--device D] [--json] [--beam N] [--timeout S] [--job T]\n"
         "      schedule, compile and run a graph on the server; print each kernel and the outputs\n"
         "      --device D  one of the server's devices (kex devices); default: the graph's\n"
@@ -65,6 +65,7 @@ static void remote_usage(FILE *f) {
         "      --check     run a case file's numeric graph; PASS or FAIL per output (exit 0 only\n"
         "                  when all pass)\n"
         "      --out DIR   write each output as DIR/out<i>.npy\n"
+        "      --trace F   write the submission's trace (Chrome trace-event JSON; Perfetto opens it)\n"
         "  tune [--device D] [--beam N] [--timeout S] [--json] [--job T] FILE.json\n"
         "      BEAM-search every kernel on the server; the results go to the server's cache\n"
         "  cache ls|show|export|import|rm [--json] ...   the server's beam cache (kex cache --help)\n"
@@ -436,14 +437,27 @@ static int repeat_runs(remote *r, const char *text, const kex_submit_opts *so, i
   return ret;
 }
 
+/* --trace FILE: write the submission's Chrome trace-event JSON; 0, or 1 with a message. */
+static int write_trace(const char *path, const char *json) {
+  if (!json) {
+    fprintf(stderr, "kex run: the server sent no trace (a kexd older than SubmitRequest.trace?)\n");
+    return 1;
+  }
+  FILE *f = fopen(path, "w");
+  int bad = !f || fputs(json, f) < 0;
+  if (f && fclose(f)) bad = 1;
+  if (bad) fprintf(stderr, "kex run: %s: %s\n", path, strerror(errno));
+  return bad;
+}
+
 static int cmd_run(remote *r, int argc, char **argv) {
   static const struct option opts[] = {{"json", no_argument, NULL, 'j'},          {"job", required_argument, NULL, 'J'},
                                        {"out", required_argument, NULL, 'o'},     {"beam", required_argument, NULL, 'b'},
                                        {"timeout", required_argument, NULL, 't'}, {"device", required_argument, NULL, 'd'},
                                        {"repeat", required_argument, NULL, 'r'},  {"check", no_argument, NULL, 'c'},
                                        {"source", no_argument, NULL, 's'},        {"help", no_argument, NULL, 'h'},
-                                       {0}};
-  const char *job = NULL, *outdir = NULL, *device = NULL;
+                                       {"trace", required_argument, NULL, 'T'},   {0}};
+  const char *job = NULL, *outdir = NULL, *device = NULL, *trace_path = NULL;
   bool as_json = false, check = false;
   int c, ret = 0, beam = 0, repeat = 1;
   double timeout = 0;
@@ -463,6 +477,7 @@ static int cmd_run(remote *r, int argc, char **argv) {
     case 'd': device = optarg; break;
     case 'r': repeat = atoi(optarg); break;
     case 'c': check = true; break;
+    case 'T': trace_path = optarg; break;
     case 's':
       fprintf(stderr, "kex run: --source is in-process only (the Submit reply carries no source; kex cache show "
                       "has a tuned kernel's)\n");
@@ -497,13 +512,15 @@ static int cmd_run(remote *r, int argc, char **argv) {
   if ((ret = prepare_graph("run", path, &text, device, repeat))) goto out;
   if ((ret = kex_cli_remote_open(r, "run", job, true))) goto out;
   progress pr = {isatty(2), as_json, 0};
-  kex_submit_opts so = {.return_bytes = true, .timeout_s = timeout, .beam_width = (uint32_t)beam};
+  kex_submit_opts so = {.return_bytes = true, .timeout_s = timeout, .beam_width = (uint32_t)beam, .trace = !!trace_path};
   int rc = kex_submit(r->client, r->job, text, &so, on_event, &pr, &res, &st);
   if (pr.tty && !pr.quiet) fprintf(stderr, "\r%80s\r", "");
   if (rc) {
     ret = fail("run", &st);
     goto out;
   }
+  if (trace_path && (ret = write_trace(trace_path, res->trace_json))) goto out;
+  so.trace = false; /* --repeat's timed runs are not traced */
   if (repeat > 1) {
     kex_submit_opts rso = so;
     rso.return_bytes = false;

@@ -1197,6 +1197,7 @@ void kex_result_free(kex_result *r) {
   kex_free(r->outputs);
   kex_free(r->kernels);
   kex_free(r->kernel_opts);
+  kex_free(r->trace_json);
   kex_free(r);
 }
 
@@ -1229,6 +1230,7 @@ static int result_copy(const Kex__V1__Done *d, kex_result **out) {
     r->kernels[i].compile_us = d->kernels[i]->compile_us;
     r->kernels[i].run_us = d->kernels[i]->run_us;
   }
+  if (d->trace_json && d->trace_json[0] && !(r->trace_json = dupstr(d->trace_json))) goto nomem;
   *out = r;
   return 0;
 nomem:
@@ -1255,6 +1257,7 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
   req.job = (char *)(job ? job : "");
   req.graph = &g;
   req.return_bytes = o.return_bytes;
+  req.trace = o.trace;
   if (o.beam_width) {
     beam.beam_width = o.beam_width;
     req.beam = &beam;

@@ -176,6 +176,7 @@ typedef struct kex_submit_opts {
   bool return_bytes;            /* send every output's bytes with the result */
   double timeout_s;             /* deadline of the whole submission; 0 = none */
   uint32_t beam_width;          /* > 0: BEAM-search each kernel */
+  bool trace;                   /* the server records a trace: kex_result.trace_json */
 } kex_submit_opts;
 
 typedef struct kex_output {
@@ -197,6 +198,7 @@ typedef struct kex_result {
   size_t nkernels;
   double total_us;
   char **kernel_opts; /* [nkernels]: each kernel's applied opts as `kex run` prints them ("" = none) */
+  char *trace_json;   /* with kex_submit_opts.trace: Chrome trace-event JSON (Perfetto opens it); else NULL */
 } kex_result;
 
 /*
