@@ -70,6 +70,7 @@ static void remote_usage(FILE *f) {
         "  cache ls|show|export|import|rm [--json] ...   the server's beam cache (kex cache --help)\n"
         "  devices [--json]                 the devices kexd runs kernels on\n"
         "  stats [--json] [--job T]         every server counter (one job with --job)\n"
+        "  health [--service NAME]          the grpc.health.v1 check: prints SERVING (exit 0) or NOT_SERVING\n"
         "  top [--once] [--json] [--interval S]\n"
         "      a live view of the server (jobs, queued and running items, device busy share,\n"
         "      bytes held, cache hit rates), refreshed every second until q or Ctrl-C;\n"
@@ -873,7 +874,8 @@ static int cmd_job(remote *r, int argc, char **argv) {
 
 static bool is_remote_only(const char *cmd) {
   return strcmp(cmd, "devices") == 0 || strcmp(cmd, "stats") == 0 || strcmp(cmd, "upload") == 0 ||
-         strcmp(cmd, "download") == 0 || strcmp(cmd, "job") == 0 || strcmp(cmd, "top") == 0;
+         strcmp(cmd, "download") == 0 || strcmp(cmd, "job") == 0 || strcmp(cmd, "top") == 0 ||
+         strcmp(cmd, "health") == 0;
 }
 
 /*
@@ -882,6 +884,8 @@ static bool is_remote_only(const char *cmd) {
  * in-process command), else the exit code.  `doctor` is taken here with or
  * without a server (it checks this machine, then the server).
  */
+int kex_remote_cmd_health(kex_cli_remote *r, int argc, char **argv); /* kex_auth.c */
+
 int kex_remote_main(int argc, char **argv) {
   remote r = {0};
   int i = 1, ret;
@@ -957,6 +961,7 @@ int kex_remote_main(int argc, char **argv) {
   else if (strcmp(cmd, "job") == 0) ret = cmd_job(&r, argc, argv);
   else if (strcmp(cmd, "tune") == 0) ret = kex_remote_cmd_tune(&r, argc, argv);   /* kex_tune.c */
   else if (strcmp(cmd, "cache") == 0) ret = kex_remote_cmd_cache(&r, argc, argv); /* kex_cache.c */
+  else if (strcmp(cmd, "health") == 0) ret = kex_remote_cmd_health(&r, argc, argv); /* kex_auth.c */
   else {
     fprintf(stderr, "kex: '%s' does not run against a server (plan, run, tune, cache, devices, stats, top, doctor, "
                     "upload, download, job)\n", cmd);

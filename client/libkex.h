@@ -247,6 +247,13 @@ typedef struct kex_stats {
 /* Server counters; job NULL or "" = every open job, else that job only.  Free with kex_stats_free. */
 int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *st);
 
+/*
+ * grpc.health.v1.Health/Check for `service` ("" or NULL: the server as a
+ * whole); it needs no token.  *serving is true when the answer is SERVING.
+ * 0 or the call's error.
+ */
+int kex_client_health(kex_client *c, const char *service, bool *serving, kex_status *st);
+
 void kex_stats_free(kex_stats *s);
 
 /* ---- Tune and the beam cache ---- */

@@ -304,7 +304,7 @@ static void dispatch(kexd_call *c) {
     grpc_byte_buffer_destroy(c->payload);
     c->payload = NULL;
   }
-  if (!s_gate(c)) c->m->fn(c, req, len, c->m->ud);
+  if (s_gate(c)) c->m->fn(c, req, len, c->m->ud);
   if (have) grpc_slice_unref(all);
 }
 
