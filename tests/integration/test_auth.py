@@ -31,6 +31,7 @@ KEXD, KEX, TMP, AUTH = os.environ["KEXD"], os.environ["KEX"], os.environ["KEXD_T
 TOK = {n: os.environ["TOK_" + n.upper()] for n in ("ops", "alice", "bob", "carol", "dave")}
 CA = os.path.join(TMP, "ca.pem")
 LOG = os.path.join(TMP, "kexd-auth.log")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
@@ -292,6 +293,16 @@ def cli(k):
     r = subprocess.run(base + ["stats"], capture_output=True, text=True, timeout=30)
     check("kex stats without a token: fails UNAUTHENTICATED", r.returncode != 0 and "UNAUTHENTICATED" in r.stderr,
           (r.returncode, r.stderr))
+    prog = ("import sys; sys.path.insert(0, sys.argv[1]); import kex\n"
+            "with kex.Client(sys.argv[2], root_certs=sys.argv[3], token=sys.argv[4] or None, timeout=10) as c:\n"
+            "    print(c.stats().tenant)\n")
+    py = [sys.executable, "-c", prog, os.path.join(ROOT, "client", "python"), f"127.0.0.1:{k.port}", CA]
+    r = subprocess.run(py + [TOK["dave"]], capture_output=True, text=True, timeout=60)
+    check("the Python package's Client(token=...) is served as its tenant", r.returncode == 0 and
+          r.stdout.strip() == "dave", (r.returncode, r.stdout, r.stderr[-500:]))
+    r = subprocess.run(py + [""], capture_output=True, text=True, timeout=60)
+    check("the Python package without a token: refused UNAUTHENTICATED", r.returncode != 0 and
+          "UNAUTHENTICATED" in r.stderr, (r.returncode, r.stderr[-500:]))
 
 
 def json_log(k):
