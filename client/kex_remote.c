@@ -673,6 +673,16 @@ static int cmd_stats(remote *r, int argc, char **argv) {
                                             "queued", (json_int_t)j->queued, "running", (json_int_t)j->running,
                                             "items_done", (json_int_t)j->items_done, "device_time_s", j->device_time_s,
                                             "bytes_reserved", (json_int_t)j->bytes_reserved));
+      json_object_set_new(json_array_get(jobs, i), "tenant", json_string(j->tenant)); /* kexd --auth */
+    }
+    json_t *tenants = json_array();
+    for (size_t i = 0; i < s->ntenants; i++) {
+      const kex_tenant_stats *t = &s->tenants[i];
+      json_array_append_new(tenants, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "name", t->name, "jobs_open",
+                                               (json_int_t)t->jobs_open, "bytes_held", (json_int_t)t->bytes_held,
+                                               "bytes_reserved", (json_int_t)t->bytes_reserved, "jobs_opened",
+                                               (json_int_t)t->jobs_opened, "submissions", (json_int_t)t->submissions,
+                                               "refused", (json_int_t)t->refused));
     }
     /* every StatsReply field under its proto name, and when the server started */
     json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:o, s:I, s:I}", "jobs_open",
@@ -693,6 +703,9 @@ static int cmd_stats(remote *r, int argc, char **argv) {
         "searches_run", (json_int_t)s->searches_run, "searches_cancelled", (json_int_t)s->searches_cancelled,
         "connections_open", (json_int_t)s->connections_open, "connections_refused",
         (json_int_t)s->connections_refused, "jobs_evicted", (json_int_t)s->jobs_evicted, "started", started);
+    if (more) json_object_set_new(more, "tenant", json_string(s->tenant));
+    if (more) json_object_set_new(more, "tenant_stats", tenants);
+    else json_decref(tenants);
     if (!o || !more || json_object_update(o, more)) {
       fprintf(stderr, "kex stats: out of memory\n");
       ret = 1;
@@ -718,6 +731,10 @@ static int cmd_stats(remote *r, int argc, char **argv) {
     printf("beam cache: %llu hits, %llu misses; searches: %llu run, %llu cancelled\n", U(s->beam_cache_hits),
            U(s->beam_cache_misses), U(s->searches_run), U(s->searches_cancelled));
     printf("bytes held: %llu\nbuffers freed: %llu\n", U(s->bytes_held), U(s->buffers_freed));
+    for (size_t i = 0; i < s->ntenants; i++) /* kexd --auth: a user sees its own tenant */
+      printf("tenant %s: %u jobs open (%llu opened), %llu bytes held (%llu reserved), %llu submissions, %llu refused\n",
+             s->tenants[i].name, s->tenants[i].jobs_open, U(s->tenants[i].jobs_opened), U(s->tenants[i].bytes_held),
+             U(s->tenants[i].bytes_reserved), U(s->tenants[i].submissions), U(s->tenants[i].refused));
     for (size_t i = 0; i < s->njobs; i++) {
       const kex_job_stats *j = &s->jobs[i];
       char lim[48] = "no limit";

@@ -1369,8 +1369,14 @@ nomem:
 
 void kex_stats_free(kex_stats *s) {
   if (!s) return;
-  for (size_t i = 0; i < s->njobs; i++) kex_free(s->jobs[i].name);
+  for (size_t i = 0; i < s->njobs; i++) {
+    kex_free(s->jobs[i].name);
+    kex_free(s->jobs[i].tenant);
+  }
+  for (size_t i = 0; i < s->ntenants; i++) kex_free(s->tenants[i].name);
   kex_free(s->jobs);
+  kex_free(s->tenants);
+  kex_free(s->tenant);
   kex_free(s);
 }
 
@@ -1433,7 +1439,7 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
     const Kex__V1__JobStats *j = rep->job_stats[i];
     kex_job_stats *d = &s->jobs[i];
     s->njobs = i + 1;
-    if (!(d->name = dupstr(j->name))) {
+    if (!(d->name = dupstr(j->name)) || !(d->tenant = dupstr(j->tenant))) {
       kex_stats_free(s);
       free_msg(rep);
       return status_set(st, KEX_ENOMEM, 0, "GetStats: out of memory");
@@ -1447,6 +1453,20 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
     d->items_done = j->items_done;
     d->device_time_s = j->device_time_s;
     d->bytes_reserved = j->bytes_reserved;
+  }
+  bool ok = (s->tenant = dupstr(rep->tenant)) &&
+            (s->tenants = kex_calloc(rep->n_tenant_stats ? rep->n_tenant_stats : 1, sizeof *s->tenants));
+  for (size_t i = 0; ok && i < rep->n_tenant_stats; i++) {
+    const Kex__V1__TenantStats *t = rep->tenant_stats[i];
+    s->tenants[i] = (kex_tenant_stats){dupstr(t->name), t->jobs_open, t->bytes_held, t->bytes_reserved,
+                                       t->jobs_opened, t->submissions, t->refused};
+    s->ntenants = i + 1;
+    ok = s->tenants[i].name != NULL;
+  }
+  if (!ok) {
+    kex_stats_free(s);
+    free_msg(rep);
+    return status_set(st, KEX_ENOMEM, 0, "GetStats: out of memory");
   }
   *out = s;
   free_msg(rep);

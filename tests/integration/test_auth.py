@@ -25,7 +25,7 @@ import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from kexdtest import check, desc, free_port, rpc_error, run  # noqa: E402
+from kexdtest import add_graph, check, desc, free_port, rpc_error, run  # noqa: E402
 
 KEXD, KEX, TMP, AUTH = os.environ["KEXD"], os.environ["KEX"], os.environ["KEXD_TMP"], os.environ["KEXD_AUTH"]
 TOK = {n: os.environ["TOK_" + n.upper()] for n in ("ops", "alice", "bob", "carol", "dave")}
@@ -37,15 +37,6 @@ RE = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 def md(who):
     return (("authorization", f"Bearer {TOK[who]}"),)
-
-
-def add_graph():
-    """a + b (float32[4], filled with 1.5 and 2.0) on cpu."""
-    def buf(fill):
-        n = kex_pb2.Node(op="BUFFER", dtype="float32", shape=[4])
-        n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
-        return n
-    return kex_pb2.Graph(device="cpu", nodes=[buf(1.5), buf(2.0), kex_pb2.Node(op="ADD", src=[0, 1])], outputs=[2])
 
 
 def code_says(e, code, *words):
