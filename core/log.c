@@ -40,21 +40,33 @@ void kex_log_set_json(int json) { log_json = json; }
 /* The JSON form of one line; 0, or -1 when jansson could not build it (the text form is written then). */
 static int log_json_line(FILE *out, const char *when, long ms, const char *level, const char *job,
                          unsigned long long sub, const char *msg) {
-  char ts[48];
-  json_t *o = json_object();
+  char ts[48], clean[1024];
+  json_t *o = json_object(), *m = json_string(msg);
   char *text;
+  int rc = -1;
   snprintf(ts, sizeof ts, "%s.%03ldZ", when, ms);
-  if (!o || json_object_set_new(o, "ts", json_string(ts)) < 0 || json_object_set_new(o, "level", json_string(level)) < 0 ||
-      (job && json_object_set_new(o, "job", json_string(job)) < 0) ||
-      (sub && json_object_set_new(o, "sub", json_integer((json_int_t)sub)) < 0) ||
-      json_object_set_new(o, "msg", json_string(msg)) < 0 || !(text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
-    json_decref(o);
-    return -1;
+  if (!m) { /* not UTF-8 (a truncated character, bytes from a client): each non-ASCII byte as '?' */
+    size_t i = 0;
+    for (; msg[i] && i + 1 < sizeof clean; i++) clean[i] = (unsigned char)msg[i] < 0x80 ? msg[i] : '?';
+    clean[i] = '\0';
+    m = json_string(clean);
   }
-  fprintf(out, "%s\n", text);
-  free(text);
+  if (o && m && json_object_set_new(o, "ts", json_string(ts)) == 0 &&
+      json_object_set_new(o, "level", json_string(level)) == 0 &&
+      (!job || json_object_set_new(o, "job", json_string(job)) == 0) &&
+      (!sub || json_object_set_new(o, "sub", json_integer((json_int_t)sub)) == 0)) {
+    rc = json_object_set_new(o, "msg", m); /* takes m, even when it fails */
+    m = NULL;
+    if (rc == 0 && (text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
+      fprintf(out, "%s\n", text);
+      free(text);
+    } else {
+      rc = -1;
+    }
+  }
+  json_decref(m);
   json_decref(o);
-  return 0;
+  return rc;
 }
 
 void kex_log(enum kex_log_level level, const char *job, unsigned long long sub, const char *fmt, ...) {

@@ -468,6 +468,11 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
             !cfg->auth ? "open jobs, run kernels and delete the beam cache" : "read the tokens off the wire");
     return -1;
   }
+  if (cfg->beam > cfg->max_beam) {
+    fprintf(stderr, "kexd: --beam %u is more than --max-beam %u: every Submit would be refused\n", cfg->beam,
+            cfg->max_beam);
+    return -1;
+  }
   cache = cfg->cache_path;
   cfg->cache_path = cache ? kex_strdup(cache) : default_cache_path();
   if (!cfg->cache_path) {

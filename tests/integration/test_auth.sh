@@ -68,6 +68,8 @@ expect "--listen 0.0.0.0 with --auth but no TLS: still refused, naming TLS" \
   "$("$kexd" --listen "0.0.0.0:$port" --device cpu --cache "" --auth "$tmp/auth.json" 2>&1)"
 expect "KEX_LISTEN=[::]:PORT without --auth: refused" 'refusing to listen on \[::\]' \
   "$(KEX_LISTEN="[::]:$port" "$kexd" --device cpu --cache "" 2>&1)"
+expect "--beam wider than --max-beam: refused at start (every Submit would be)" \
+  '--beam 20 is more than --max-beam 16' "$("$kexd" --beam 20 --device cpu --cache "" 2>&1)"
 "$kexd" --listen "0.0.0.0:$port" --insecure --device cpu --cache "" --grace 1 >"$tmp/kexd.log" 2>&1 &
 pid=$!
 need_healthy
