@@ -53,7 +53,7 @@
 #define KEXD_DEFAULT_KERNEL_TIME_LIMIT_S 10.0 /* seconds one kernel may run (0: none) */
 #define KEXD_LIMIT_PEM_BYTES (1u << 20)      /* bytes of one --tls-cert, --tls-key or --tls-client-ca file */
 #define KEXD_LIMIT_SUBMITS_PER_JOB 16        /* Submit calls in flight per job */
-#define KEXD_LIMIT_TUNES_PER_DEVICE 2        /* Tune calls at once per device */
+#define KEXD_LIMIT_TUNES_PER_DEVICE 4        /* Tune calls at once per device */
 #define KEXD_LIMIT_BEAM 16                   /* the widest beam a Submit or Tune may ask for */
 
 typedef struct kexd_config {
