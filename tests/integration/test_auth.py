@@ -318,6 +318,8 @@ def json_log(k):
           any("method=DeleteCache tenant=alice" in o["msg"] and "status=PERMISSION_DENIED" in o["msg"] for o in acc))
     log = read_log()
     check("no token appears anywhere in the log", not any(t in log for t in TOK.values()))
+    check("the log is free of sanitizer reports", not re.search(r"AddressSanitizer|LeakSanitizer|runtime error:", log),
+          log[-1500:])
 
 
 def main():
