@@ -58,6 +58,11 @@ printf '{"tenants": [{"name": "x", "role": "root", "token_sha256": "%s"}]}\n' "$
 expect "an unknown role: refused naming the entry" 'tenants\[0\] \("x"\): "role" must be' \
   "$("$kexd" --listen "127.0.0.1:$port" --device cpu --cache "" --auth "$tmp/role.json" 2>&1)"
 
+printf '{"tenants": [%s]}\n' "$(entry alice | sed 's/}$/, "max_job": 1}/')" >"$tmp/typo.json"
+expect "a misspelt limit (max_job): refused as an unknown key, never silently unlimited" \
+  'tenants\[0\] \("alice"\): unknown key "max_job"' \
+  "$("$kexd" --listen "127.0.0.1:$port" --device cpu --cache "" --auth "$tmp/typo.json" 2>&1)"
+
 # ---- secure by default ----
 out=$("$kexd" --listen "0.0.0.0:$port" --device cpu --cache "" 2>&1)
 rc=$?
