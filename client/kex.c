@@ -36,6 +36,7 @@
 #include "realize/run.h"
 
 int kex_cmd_tune(int argc, char **argv);
+int kex_cmd_auth(int argc, char **argv); /* client/kex_auth.c */
 int kex_cmd_cache(int argc, char **argv);
 #endif
 
@@ -124,6 +125,7 @@ static void usage(FILE *f) {
         "      KEX_SERVER (else " KEX_CLI_DEFAULT_SERVER ")\n"
         "  devices, stats, top, upload, download, job    server only (kex --server ADDR help)\n"
         "  --version   print kex's version\n"
+        "  auth token [--name N] [--role user|admin]   a new token and its kexd --auth entry\n"
         "  help        this text\n"
         "\n"
         "--server HOST without a port means HOST:" KEX_CLI_DEFAULT_PORT ". Start a kexd with scripts/run.sh.\n"
@@ -498,6 +500,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
+  if (strcmp(cmd, "auth") == 0) return kex_cmd_auth(argc - 1, argv + 1); /* client/kex_auth.c */
   if (strcmp(cmd, "doctor") == 0) return kex_cmd_doctor(NULL, argc - 1, argv + 1); /* client/kex_doctor.c */
 #ifdef KEX_HAVE_RUN
   if (strcmp(cmd, "run") == 0) return cmd_run(argc - 1, argv + 1);

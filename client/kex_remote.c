@@ -71,6 +71,7 @@ static void remote_usage(FILE *f) {
         "  cache ls|show|export|import|rm [--json] ...   the server's beam cache (kex cache --help)\n"
         "  devices [--json]                 the devices kexd runs kernels on\n"
         "  stats [--json] [--job T]         every server counter (one job with --job)\n"
+        "  health [--service NAME]          the grpc.health.v1 check: prints SERVING (exit 0) or NOT_SERVING\n"
         "  top [--once] [--json] [--interval S]\n"
         "      a live view of the server (jobs, queued and running items, device busy share,\n"
         "      bytes held, cache hit rates), refreshed every second until q or Ctrl-C;\n"
@@ -689,6 +690,16 @@ static int cmd_stats(remote *r, int argc, char **argv) {
                                             "queued", (json_int_t)j->queued, "running", (json_int_t)j->running,
                                             "items_done", (json_int_t)j->items_done, "device_time_s", j->device_time_s,
                                             "bytes_reserved", (json_int_t)j->bytes_reserved));
+      json_object_set_new(json_array_get(jobs, i), "tenant", json_string(j->tenant)); /* kexd --auth */
+    }
+    json_t *tenants = json_array();
+    for (size_t i = 0; i < s->ntenants; i++) {
+      const kex_tenant_stats *t = &s->tenants[i];
+      json_array_append_new(tenants, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "name", t->name, "jobs_open",
+                                               (json_int_t)t->jobs_open, "bytes_held", (json_int_t)t->bytes_held,
+                                               "bytes_reserved", (json_int_t)t->bytes_reserved, "jobs_opened",
+                                               (json_int_t)t->jobs_opened, "submissions", (json_int_t)t->submissions,
+                                               "refused", (json_int_t)t->refused));
     }
     /* every StatsReply field under its proto name, and when the server started */
     json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:o, s:I, s:I}", "jobs_open",
@@ -709,6 +720,9 @@ static int cmd_stats(remote *r, int argc, char **argv) {
         "searches_run", (json_int_t)s->searches_run, "searches_cancelled", (json_int_t)s->searches_cancelled,
         "connections_open", (json_int_t)s->connections_open, "connections_refused",
         (json_int_t)s->connections_refused, "jobs_evicted", (json_int_t)s->jobs_evicted, "started", started);
+    if (more) json_object_set_new(more, "tenant", json_string(s->tenant));
+    if (more) json_object_set_new(more, "tenant_stats", tenants);
+    else json_decref(tenants);
     if (!o || !more || json_object_update(o, more)) {
       fprintf(stderr, "kex stats: out of memory\n");
       ret = 1;
@@ -734,6 +748,10 @@ static int cmd_stats(remote *r, int argc, char **argv) {
     printf("beam cache: %llu hits, %llu misses; searches: %llu run, %llu cancelled\n", U(s->beam_cache_hits),
            U(s->beam_cache_misses), U(s->searches_run), U(s->searches_cancelled));
     printf("bytes held: %llu\nbuffers freed: %llu\n", U(s->bytes_held), U(s->buffers_freed));
+    for (size_t i = 0; i < s->ntenants; i++) /* kexd --auth: a user sees its own tenant */
+      printf("tenant %s: %u jobs open (%llu opened), %llu bytes held (%llu reserved), %llu submissions, %llu refused\n",
+             s->tenants[i].name, s->tenants[i].jobs_open, U(s->tenants[i].jobs_opened), U(s->tenants[i].bytes_held),
+             U(s->tenants[i].bytes_reserved), U(s->tenants[i].submissions), U(s->tenants[i].refused));
     for (size_t i = 0; i < s->njobs; i++) {
       const kex_job_stats *j = &s->jobs[i];
       char lim[48] = "no limit";
@@ -890,7 +908,8 @@ static int cmd_job(remote *r, int argc, char **argv) {
 
 static bool is_remote_only(const char *cmd) {
   return strcmp(cmd, "devices") == 0 || strcmp(cmd, "stats") == 0 || strcmp(cmd, "upload") == 0 ||
-         strcmp(cmd, "download") == 0 || strcmp(cmd, "job") == 0 || strcmp(cmd, "top") == 0;
+         strcmp(cmd, "download") == 0 || strcmp(cmd, "job") == 0 || strcmp(cmd, "top") == 0 ||
+         strcmp(cmd, "health") == 0;
 }
 
 /*
@@ -899,6 +918,8 @@ static bool is_remote_only(const char *cmd) {
  * in-process command), else the exit code.  `doctor` is taken here with or
  * without a server (it checks this machine, then the server).
  */
+int kex_remote_cmd_health(kex_cli_remote *r, int argc, char **argv); /* kex_auth.c */
+
 int kex_remote_main(int argc, char **argv) {
   remote r = {0};
   int i = 1, ret;
@@ -974,6 +995,7 @@ int kex_remote_main(int argc, char **argv) {
   else if (strcmp(cmd, "job") == 0) ret = cmd_job(&r, argc, argv);
   else if (strcmp(cmd, "tune") == 0) ret = kex_remote_cmd_tune(&r, argc, argv);   /* kex_tune.c */
   else if (strcmp(cmd, "cache") == 0) ret = kex_remote_cmd_cache(&r, argc, argv); /* kex_cache.c */
+  else if (strcmp(cmd, "health") == 0) ret = kex_remote_cmd_health(&r, argc, argv); /* kex_auth.c */
   else {
     fprintf(stderr, "kex: '%s' does not run against a server (plan, run, tune, cache, devices, stats, top, doctor, "
                     "upload, download, job)\n", cmd);

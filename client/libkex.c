@@ -32,6 +32,7 @@
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/dtype.h"
+#include "grpc/health/v1/health.pb-c.h"
 #include "kex/v1/kex.pb-c.h"
 
 #define CLIENT_DEFAULT_TIMEOUT_S 60.0
@@ -56,6 +57,7 @@ enum {
   M_EXPORT_CACHE,
   M_IMPORT_CACHE,
   M_DELETE_CACHE,
+  M_HEALTH,
   M_COUNT
 };
 
@@ -63,7 +65,7 @@ static const char *const method_paths[M_COUNT] = {
     "/kex.v1.Kex/OpenJob", "/kex.v1.Kex/CloseJob", "/kex.v1.Kex/Upload",      "/kex.v1.Kex/Download",
     "/kex.v1.Kex/Free",    "/kex.v1.Kex/Submit",   "/kex.v1.Kex/Plan",        "/kex.v1.Kex/ListDevices",
     "/kex.v1.Kex/GetStats", "/kex.v1.Kex/Tune",     "/kex.v1.Kex/ListCache",   "/kex.v1.Kex/GetCacheEntry",
-    "/kex.v1.Kex/ExportCache", "/kex.v1.Kex/ImportCache", "/kex.v1.Kex/DeleteCache",
+    "/kex.v1.Kex/ExportCache", "/kex.v1.Kex/ImportCache", "/kex.v1.Kex/DeleteCache", "/grpc.health.v1.Health/Check",
 };
 
 struct kex_client {
@@ -1370,9 +1372,29 @@ nomem:
 
 void kex_stats_free(kex_stats *s) {
   if (!s) return;
-  for (size_t i = 0; i < s->njobs; i++) kex_free(s->jobs[i].name);
+  for (size_t i = 0; i < s->njobs; i++) {
+    kex_free(s->jobs[i].name);
+    kex_free(s->jobs[i].tenant);
+  }
+  for (size_t i = 0; i < s->ntenants; i++) kex_free(s->tenants[i].name);
   kex_free(s->jobs);
+  kex_free(s->tenants);
+  kex_free(s->tenant);
   kex_free(s);
+}
+
+int kex_client_health(kex_client *c, const char *service, bool *serving, kex_status *st) {
+  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  Grpc__Health__V1__HealthCheckResponse *rep = NULL;
+  int rc;
+  *serving = false;
+  req.service = (char *)(service ? service : "");
+  if ((rc = unary(c, M_HEALTH, &req.base, &grpc__health__v1__health_check_response__descriptor,
+                  (ProtobufCMessage **)&rep, st)))
+    return rc;
+  *serving = rep->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  free_msg(rep);
+  return 0;
 }
 
 int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *st) {
@@ -1420,7 +1442,7 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
     const Kex__V1__JobStats *j = rep->job_stats[i];
     kex_job_stats *d = &s->jobs[i];
     s->njobs = i + 1;
-    if (!(d->name = dupstr(j->name))) {
+    if (!(d->name = dupstr(j->name)) || !(d->tenant = dupstr(j->tenant))) {
       kex_stats_free(s);
       free_msg(rep);
       return status_set(st, KEX_ENOMEM, 0, "GetStats: out of memory");
@@ -1434,6 +1456,20 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
     d->items_done = j->items_done;
     d->device_time_s = j->device_time_s;
     d->bytes_reserved = j->bytes_reserved;
+  }
+  bool ok = (s->tenant = dupstr(rep->tenant)) &&
+            (s->tenants = kex_calloc(rep->n_tenant_stats ? rep->n_tenant_stats : 1, sizeof *s->tenants));
+  for (size_t i = 0; ok && i < rep->n_tenant_stats; i++) {
+    const Kex__V1__TenantStats *t = rep->tenant_stats[i];
+    s->tenants[i] = (kex_tenant_stats){dupstr(t->name), t->jobs_open, t->bytes_held, t->bytes_reserved,
+                                       t->jobs_opened, t->submissions, t->refused};
+    s->ntenants = i + 1;
+    ok = s->tenants[i].name != NULL;
+  }
+  if (!ok) {
+    kex_stats_free(s);
+    free_msg(rep);
+    return status_set(st, KEX_ENOMEM, 0, "GetStats: out of memory");
   }
   *out = s;
   free_msg(rep);

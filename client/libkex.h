@@ -227,7 +227,15 @@ typedef struct kex_job_stats {
   uint32_t weight, buffers, queued, running;
   uint64_t memory_limit, bytes_held, items_done, bytes_reserved;
   double device_time_s;
+  char *tenant; /* its tenant (kexd --auth; "anonymous" without) */
 } kex_job_stats;
+
+/* One tenant's usage (StatsReply.tenant_stats). */
+typedef struct kex_tenant_stats {
+  char *name;
+  uint32_t jobs_open;
+  uint64_t bytes_held, bytes_reserved, jobs_opened, submissions, refused;
+} kex_tenant_stats;
 
 /* StatsReply: counters since the daemon started (proto/kex/v1/kex.proto says what each counts). */
 typedef struct kex_stats {
@@ -244,10 +252,20 @@ typedef struct kex_stats {
   uint64_t beam_cache_hits, beam_cache_misses, searches_run, searches_cancelled;
   uint32_t connections_open;
   uint64_t connections_refused, jobs_evicted;
+  char *tenant;              /* the caller's tenant (kexd --auth) */
+  kex_tenant_stats *tenants; /* a user sees its own; an admin (or no --auth) every tenant */
+  size_t ntenants;
 } kex_stats;
 
 /* Server counters; job NULL or "" = every open job, else that job only.  Free with kex_stats_free. */
 int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *st);
+
+/*
+ * grpc.health.v1.Health/Check for `service` ("" or NULL: the server as a
+ * whole); it needs no token.  *serving is true when the answer is SERVING.
+ * 0 or the call's error.
+ */
+int kex_client_health(kex_client *c, const char *service, bool *serving, kex_status *st);
 
 void kex_stats_free(kex_stats *s);
 

@@ -1,8 +1,10 @@
 /*
- * log.c - human-readable log lines.
+ * log.c - log lines: human-readable text, or one JSON object per line
+ * (jansson escapes the message) for log collectors.
  */
 #include "core/log.h"
 
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 
 static enum kex_log_level log_level = (enum kex_log_level)-1; /* -1: read KEX_LOG on first use */
 static FILE *log_stream;
+static int log_json;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
 
@@ -32,6 +35,40 @@ enum kex_log_level kex_log_get_level(void) {
 
 void kex_log_set_stream(FILE *stream) { log_stream = stream; }
 
+void kex_log_set_json(int json) { log_json = json; }
+
+/* The JSON form of one line; 0, or -1 when jansson could not build it (the text form is written then). */
+static int log_json_line(FILE *out, const char *when, long ms, const char *level, const char *job,
+                         unsigned long long sub, const char *msg) {
+  char ts[48], clean[1024];
+  json_t *o = json_object(), *m = json_string(msg);
+  char *text;
+  int rc = -1;
+  snprintf(ts, sizeof ts, "%s.%03ldZ", when, ms);
+  if (!m) { /* not UTF-8 (a truncated character, bytes from a client): each non-ASCII byte as '?' */
+    size_t i = 0;
+    for (; msg[i] && i + 1 < sizeof clean; i++) clean[i] = (unsigned char)msg[i] < 0x80 ? msg[i] : '?';
+    clean[i] = '\0';
+    m = json_string(clean);
+  }
+  if (o && m && json_object_set_new(o, "ts", json_string(ts)) == 0 &&
+      json_object_set_new(o, "level", json_string(level)) == 0 &&
+      (!job || json_object_set_new(o, "job", json_string(job)) == 0) &&
+      (!sub || json_object_set_new(o, "sub", json_integer((json_int_t)sub)) == 0)) {
+    rc = json_object_set_new(o, "msg", m); /* takes m, even when it fails */
+    m = NULL;
+    if (rc == 0 && (text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
+      fprintf(out, "%s\n", text);
+      free(text);
+    } else {
+      rc = -1;
+    }
+  }
+  json_decref(m);
+  json_decref(o);
+  return rc;
+}
+
 void kex_log(enum kex_log_level level, const char *job, unsigned long long sub, const char *fmt, ...) {
   if (level < kex_log_get_level() || level >= KEX_LOG_OFF) return;
   char msg[1024];
@@ -45,6 +82,9 @@ void kex_log(enum kex_log_level level, const char *job, unsigned long long sub, 
   gmtime_r(&ts.tv_sec, &tm);
   char when[32];
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+  if (log_json && log_json_line(log_stream ? log_stream : stderr, when, ts.tv_nsec / 1000000, level_names[level], job,
+                                sub, msg) == 0)
+    return;
   char ctx[160] = "";
   if (job && sub)
     snprintf(ctx, sizeof ctx, " job=%s sub=%llu", job, sub);

@@ -4,7 +4,9 @@
  * Output goes to stderr (or the stream set by kex_log_set_stream).  The level
  * threshold comes from kex_log_set_level or the KEX_LOG environment variable
  * (debug, info, warn, error).  Thread-safe: each line is written with one
- * fprintf under the stream lock.
+ * fprintf under the stream lock.  kex_log_set_json(true) (kexd --log-format
+ * json) makes each line one JSON object: {"ts", "level", "job", "sub",
+ * "msg"} (job and sub only when set), built with jansson.
  */
 #ifndef KEX_CORE_LOG_H
 #define KEX_CORE_LOG_H
@@ -16,6 +18,8 @@ enum kex_log_level { KEX_LOG_DEBUG, KEX_LOG_INFO, KEX_LOG_WARN, KEX_LOG_ERROR, K
 void kex_log_set_level(enum kex_log_level level);
 enum kex_log_level kex_log_get_level(void);
 void kex_log_set_stream(FILE *stream);
+/* One JSON object per line (true) or the text form (false, the default). */
+void kex_log_set_json(int json);
 /* Parse "debug|info|warn|error|off"; returns -1 if unknown. */
 int kex_log_parse_level(const char *name);
 

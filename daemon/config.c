@@ -43,6 +43,8 @@ typedef enum flag_type {
   FLAG_LOG,     /* a log level (not stored in the config) */
   FLAG_FAULT,   /* "KIND:N": test_fault_kind/n */
   FLAG_HELP,
+  FLAG_VERSION,  /* print the version, exit 0 */
+  FLAG_LOG_FORMAT, /* text or json (not stored in the config) */
 } flag_type;
 
 typedef struct flag {
@@ -71,6 +73,12 @@ static const flag flags[] = {
    "the PEM private key of --tls-cert"},
   {"tls-client-ca", "FILE", FLAG_STRING, F(tls_client_ca), 0, 0, 0, 0, false, NULL,
    "mutual TLS: require a client certificate signed by these PEM roots; others are refused (needs --tls-cert)"},
+  {"auth", "FILE", FLAG_STRING, F(auth), 0, 0, 0, 0, false, NULL,
+   "tenants and the SHA-256 of their tokens (JSON); every call but the health check needs authorization: Bearer "
+   "TOKEN; SIGHUP reloads it (default: no tokens, loopback only)"},
+  {"insecure", NULL, FLAG_BOOL, F(insecure), 0, 0, 0, 0, false, NULL,
+   "allow a --listen address other than loopback without --auth and --tls-cert (anyone who reaches it may run "
+   "anything)"},
   {"metrics", "ADDR", FLAG_STRING, F(metrics), 0, 0, 0, 0, false, NULL,
    "serve Prometheus metrics at http://ADDR/metrics (host:port; \"off\": none)"},
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
@@ -91,7 +99,10 @@ static const flag flags[] = {
   {"schedule-cache", "N", FLAG_U32, F(schedule_cache), 0, 1 << 20, 0, 0, false, NULL,
    "Submit: graph structures whose schedule and programs are kept (0: off)"},
   {"log", "LEVEL", FLAG_LOG, 0, 0, 0, 0, 0, false, NULL, "debug, info, warn, error or off (default info)"},
+  {"log-format", "FORMAT", FLAG_LOG_FORMAT, 0, 0, 0, 0, 0, false, NULL,
+   "text, or json: one JSON object per line (default text)"},
   {"help", NULL, FLAG_HELP, 0, 0, 0, 0, 0, false, NULL, "this text"},
+  {"version", NULL, FLAG_VERSION, 0, 0, 0, 0, 0, false, NULL, "print kexd's version"},
   /* connections */
   {"max-connections", "N", FLAG_U32, F(max_connections), 0, 1 << 20, 0, 0, false, "connections",
    "client connections open at once; more are closed at accept (0: sized from the descriptor limit, at most "
@@ -121,6 +132,10 @@ static const flag flags[] = {
    "the largest weight (fair-queueing share) an OpenJob may ask for"},
   {"max-buffers-per-job", "N", FLAG_U32, F(max_buffers_per_job), 1, 1 << 24, 0, 0, false, NULL,
    "buffers one job may hold (uploads and outputs)"},
+  {"max-submits-per-job", "N", FLAG_U32, F(max_submits_per_job), 1, 1 << 20, 0, 0, false, NULL,
+   "Submit calls one job may have in flight"},
+  {"max-beam", "N", FLAG_U32, F(max_beam), 1, KEX_BEAM_MAX_WIDTH, 0, 0, false, NULL,
+   "the widest beam a Submit or Tune may ask for"},
   {"job-memory-max", "BYTES", FLAG_U64, F(job_memory_max), 1, INT64_MAX, 0, 0, false, NULL,
    "the largest memory limit an OpenJob may ask for"},
   /* graphs */
@@ -153,6 +168,8 @@ static const flag flags[] = {
    "from the cache when needed)"},
   {"compile-slots", "N", FLAG_U32, F(compile_slots), 1, 64, 0, 0, false, NULL,
    "kernels compiled at once per device; a submission takes one slot at a time while others wait"},
+  {"max-tunes-per-device", "N", FLAG_U32, F(max_tunes_per_device), 1, 1024, 0, 0, false, NULL,
+   "Tune calls running at once on one device; more are refused"},
   {"kernel-time-limit", "SECONDS", FLAG_SECONDS, F(kernel_time_limit_s), 0, 0, 0, 86400, false, NULL,
    "seconds one kernel may run (0: none): cpu stops it between ranges, OpenCL fails it when it ends; the "
    "submission fails DEADLINE_EXCEEDED"},
@@ -256,7 +273,15 @@ static int flag_set(kexd_config *cfg, const flag *f, const char *what, const cha
     kex_log_set_level((enum kex_log_level)l);
     return 0;
   }
+  case FLAG_LOG_FORMAT:
+    if (strcmp(s, "text") != 0 && strcmp(s, "json") != 0) {
+      fprintf(stderr, "kexd: %s: \"%s\" is not text or json\n", what, s);
+      return -1;
+    }
+    kex_log_set_json(strcmp(s, "json") == 0);
+    return 0;
   case FLAG_HELP: return 1;
+  case FLAG_VERSION: return 2;
   }
   return -1;
 }
@@ -295,6 +320,9 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->max_programs = KEXD_DEFAULT_MAX_PROGRAMS;
   cfg->compile_slots = KEXD_DEFAULT_COMPILE_SLOTS;
   cfg->kernel_time_limit_s = KEXD_DEFAULT_KERNEL_TIME_LIMIT_S;
+  cfg->max_submits_per_job = KEXD_LIMIT_SUBMITS_PER_JOB;
+  cfg->max_tunes_per_device = KEXD_LIMIT_TUNES_PER_DEVICE;
+  cfg->max_beam = KEXD_LIMIT_BEAM;
   cfg->test_fault_kind = -1;
   parse_devices(cfg, "default", KEXD_DEFAULT_DEVICES);
 }
@@ -330,15 +358,45 @@ void kexd_config_usage(FILE *out) {
     fprintf(out, "  %-28s %s", left, f->help);
     default_text(&def, f, dflt, sizeof dflt);
     if (f->type != FLAG_HELP && f->type != FLAG_BOOL && f->type != FLAG_FAULT && f->offset != F(cache_path) &&
-        f->type != FLAG_LOG && dflt[0])
+        f->type != FLAG_LOG && f->type != FLAG_LOG_FORMAT && f->type != FLAG_VERSION && dflt[0])
       fprintf(out, " (default %s)", dflt);
-    if (!f->test_only && f->type != FLAG_HELP) {
+    if (!f->test_only && f->type != FLAG_HELP && f->type != FLAG_VERSION && f->type != FLAG_BOOL) {
       env_name(f, env, sizeof env);
       fprintf(out, " [%s]", env);
     }
     fputc('\n', out);
   }
   fprintf(out, "\nexit codes: 0 after a clean stop (SIGTERM/SIGINT), 1 cannot start, 2 bad flags\n");
+}
+
+/*
+ * True when --listen ADDR can only be reached from this machine: a unix:
+ * socket, localhost, 127.0.0.0/8 or [::1] (gRPC's "ipv4:", "ipv6:" and
+ * "dns:" prefixes allowed).  Everything else (0.0.0.0, [::], other names
+ * and addresses) is open.
+ */
+static bool listen_is_loopback(const char *addr) {
+  char host[256];
+  const char *end;
+  size_t n;
+  if (strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "unix-abstract:", 14) == 0) return true;
+  if (strncmp(addr, "ipv4:", 5) == 0 || strncmp(addr, "ipv6:", 5) == 0) addr += 5;
+  else if (strncmp(addr, "dns:", 4) == 0) addr += 4;
+  if (strncmp(addr, "///", 3) == 0) addr += 3;
+  if (*addr == '[') {
+    end = strchr(addr, ']');
+    if (!end) return false;
+    addr++;
+  } else {
+    end = strrchr(addr, ':');
+    if (!end) end = addr + strlen(addr);
+  }
+  n = (size_t)(end - addr);
+  if (n >= sizeof host) return false;
+  memcpy(host, addr, n);
+  host[n] = '\0';
+  if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0) return true;
+  return strncmp(host, "127.", 4) == 0 && strspn(host, "0123456789.") == n;
 }
 
 /* $XDG_CACHE_HOME/kex/cache.db, else $HOME/.cache/kex/cache.db (kex_malloc'd; NULL on OOM). */
@@ -364,7 +422,9 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
   }
   for (size_t i = 0; i < NFLAGS; i++) { /* the environment first */
     const char *v;
-    if (flags[i].test_only || flags[i].type == FLAG_HELP || flags[i].type == FLAG_BOOL) continue;
+    if (flags[i].test_only || flags[i].type == FLAG_HELP || flags[i].type == FLAG_BOOL ||
+        flags[i].type == FLAG_VERSION)
+      continue;
     env_name(&flags[i], env, sizeof env);
     if ((v = getenv(env)) && *v && flag_set(cfg, &flags[i], env, v) < 0) return -1;
   }
@@ -380,8 +440,9 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
     }
     snprintf(what, sizeof what, "--%s", flags[c - 256].name);
     if ((rc = flag_set(cfg, &flags[c - 256], what, optarg ? optarg : "")) != 0) {
-      if (rc > 0) kexd_config_usage(stdout);
-      return rc;
+      if (rc == 2) printf("kexd %s\n", KEX_VERSION);
+      else if (rc > 0) kexd_config_usage(stdout);
+      return rc > 0 ? 1 : rc;
     }
   }
   if (optind < argc) {
@@ -396,6 +457,20 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
   }
   if (cfg->tls_client_ca && !cfg->tls_cert) {
     fprintf(stderr, "kexd: --tls-client-ca needs --tls-cert and --tls-key\n");
+    return -1;
+  }
+  if (!cfg->insecure && !listen_is_loopback(cfg->listen) && (!cfg->auth || !cfg->tls_cert)) {
+    fprintf(stderr,
+            "kexd: refusing to listen on %s: it is not a loopback address, and without %s anyone who reaches it "
+            "could %s; give --auth FILE and --tls-cert/--tls-key, listen on 127.0.0.1 or a unix: socket, or pass "
+            "--insecure to accept the risk\n",
+            cfg->listen, !cfg->auth && !cfg->tls_cert ? "--auth and TLS" : !cfg->auth ? "--auth" : "TLS",
+            !cfg->auth ? "open jobs, run kernels and delete the beam cache" : "read the tokens off the wire");
+    return -1;
+  }
+  if (cfg->beam > cfg->max_beam) {
+    fprintf(stderr, "kexd: --beam %u is more than --max-beam %u: every Submit would be refused\n", cfg->beam,
+            cfg->max_beam);
     return -1;
   }
   cache = cfg->cache_path;

@@ -187,8 +187,64 @@ void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud) 
   const kexd_server_stats *ss = kexd_server_get_stats(d->server);
   kexd_job *job = NULL;
   Kex__V1__JobStats *js = NULL, **jsp = NULL;
+  Kex__V1__TenantStats *ts = NULL, **tsp = NULL;
+  const kexd_tenant *t = kexd_rpc_tenant(c);
+  const char *only = t && t->role != KEXD_ROLE_ADMIN ? t->name : NULL; /* a user sees its own tenant */
+  uint32_t njs = 0;
   if (!m) return;
   if (*m->job && !(job = kexd_rpc_need_job(d, c, m->job))) goto out;
+  r.tenant = (char *)kexd_rpc_tenant_name(c);
+  if (!(ts = kex_calloc(d->jobs.nuses + 1, sizeof *ts)) || !(tsp = kex_calloc(d->jobs.nuses + 1, sizeof *tsp)) ||
+      !(js = kex_calloc(d->jobs.njobs + 1, sizeof *js)) || !(jsp = kex_calloc(d->jobs.njobs + 1, sizeof *jsp))) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "GetStats: out of memory");
+    goto out;
+  }
+  for (uint32_t i = 0; i < d->jobs.nuses; i++) {
+    const kexd_tenant_use *u = d->jobs.uses[i];
+    Kex__V1__TenantStats *x = &ts[r.n_tenant_stats];
+    if (only && strcmp(u->name, only) != 0) continue;
+    kex__v1__tenant_stats__init(x);
+    x->name = (char *)u->name;
+    x->jobs_open = u->jobs;
+    x->bytes_held = u->bytes_held;
+    x->bytes_reserved = u->bytes_reserved;
+    x->jobs_opened = u->jobs_opened;
+    x->submissions = u->submissions;
+    x->refused = u->refused;
+    tsp[r.n_tenant_stats++] = x;
+  }
+  r.tenant_stats = tsp;
+  /* one job when a token was given, else every open job the caller may see */
+  for (uint32_t i = 0; i < (job ? 1 : d->jobs.njobs); i++) {
+    const kexd_job *jb = job ? job : d->jobs.jobs[i];
+    kexd_flow_stats fs;
+    if (only && strcmp(jb->use->name, only) != 0) continue;
+    kexd_dispatch_job_stats(d->disp, jb->id, &fs);
+    kex__v1__job_stats__init(&js[njs]);
+    js[njs].name = jb->name;
+    js[njs].tenant = jb->use->name;
+    js[njs].weight = jb->weight;
+    js[njs].memory_limit = jb->memory_limit;
+    js[njs].bytes_held = jb->bytes_held;
+    js[njs].bytes_reserved = jb->bytes_reserved;
+    js[njs].buffers = jb->nbufs;
+    js[njs].queued = fs.queued;
+    js[njs].running = fs.running;
+    js[njs].items_done = fs.items_done;
+    js[njs].device_time_s = fs.device_s;
+    jsp[njs] = &js[njs];
+    njs++;
+  }
+  r.n_job_stats = njs;
+  r.job_stats = njs ? jsp : NULL;
+  if (only) { /* no server-wide counters: only its own tenant's */
+    r.jobs_open = r.n_tenant_stats ? tsp[0]->jobs_open : 0;
+    r.bytes_held = r.n_tenant_stats ? tsp[0]->bytes_held : 0;
+    r.jobs_opened = r.n_tenant_stats ? tsp[0]->jobs_opened : 0;
+    r.submissions = r.n_tenant_stats ? tsp[0]->submissions : 0;
+    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+    goto out;
+  }
   r.jobs_open = d->jobs.njobs;
   r.jobs_opened = d->jobs.opened;
   r.jobs_closed = d->jobs.closed;
@@ -225,35 +281,11 @@ void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud) 
   }
   r.jobs_evicted = d->jobs.evicted;
   for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
-  /* one job when a token was given, every open job otherwise */
-  r.n_job_stats = job ? 1 : d->jobs.njobs;
-  if (r.n_job_stats) {
-    if (!(js = kex_calloc(r.n_job_stats, sizeof *js)) || !(jsp = kex_calloc(r.n_job_stats, sizeof *jsp))) {
-      kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "GetStats: out of memory");
-      goto out;
-    }
-    for (size_t i = 0; i < r.n_job_stats; i++) {
-      const kexd_job *jb = job ? job : d->jobs.jobs[i];
-      kexd_flow_stats fs;
-      kexd_dispatch_job_stats(d->disp, jb->id, &fs);
-      kex__v1__job_stats__init(&js[i]);
-      js[i].name = jb->name;
-      js[i].weight = jb->weight;
-      js[i].memory_limit = jb->memory_limit;
-      js[i].bytes_held = jb->bytes_held;
-      js[i].bytes_reserved = jb->bytes_reserved;
-      js[i].buffers = jb->nbufs;
-      js[i].queued = fs.queued;
-      js[i].running = fs.running;
-      js[i].items_done = fs.items_done;
-      js[i].device_time_s = fs.device_s;
-      jsp[i] = &js[i];
-    }
-    r.job_stats = jsp;
-  }
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
 out:
   kex_free(jsp);
   kex_free(js);
+  kex_free(tsp);
+  kex_free(ts);
   kexd_rpc_free_msg(&m->base);
 }

@@ -1,5 +1,6 @@
 /*
- * job_rpc.c - OpenJob, CloseJob and HoldJob (the job table is jobs.c), and the
+ * job_rpc.c - OpenJob (with the tenant's max_jobs and max_weight), CloseJob
+ * and HoldJob (the job table is jobs.c), and the
  * test-only _BusyWork (kexd --test-busy-work), which queues busy-CPU items
  * on a device runner charged to a job, to measure fair queueing.
  */
@@ -17,6 +18,15 @@
 
 /* ---- jobs ---- */
 
+void kexd_tenant_limits_refresh(kexd *d) {
+  for (uint32_t i = 0; i < d->jobs.nuses; i++) {
+    kexd_tenant_use *u = d->jobs.uses[i];
+    u->max_bytes = 0;
+    for (uint32_t k = 0; d->auth && k < d->auth->n; k++)
+      if (strcmp(d->auth->tenants[k].name, u->name) == 0) u->max_bytes = d->auth->tenants[k].max_bytes;
+  }
+}
+
 void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd *d = ud;
   Kex__V1__OpenJobRequest *m = (Kex__V1__OpenJobRequest *)kexd_rpc_decode(d, c, &kex__v1__open_job_request__descriptor, req, len);
@@ -25,10 +35,17 @@ void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kex_error err = {0};
   char peer[KEXD_PEER_MAX];
   uint64_t memory;
+  const kexd_tenant *t = kexd_rpc_tenant(c);
+  kexd_tenant_use *use;
   int rc;
   if (!m) return;
   memory = m->memory_limit ? m->memory_limit : d->cfg.job_memory_default;
   kexd_call_peer_host(c, peer, sizeof peer);
+  if (!(use = kexd_jobs_tenant_use(&d->jobs, kexd_rpc_tenant_name(c)))) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: out of memory");
+    goto out;
+  }
+  use->max_bytes = t ? t->max_bytes : 0;
   if (memory > d->cfg.job_memory_max)
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                     "OpenJob: memory_limit %" PRIu64 " is more than the server's limit of %" PRIu64
@@ -37,15 +54,29 @@ void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   else if (m->weight > d->cfg.max_weight)
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: weight %u is more than the limit of %u (--max-weight)",
                     m->weight, d->cfg.max_weight);
-  else if ((rc = kexd_jobs_open(&d->jobs, m->name, m->weight, memory, peer, &job, &err)) < 0)
+  else if (t && t->max_weight && (m->weight ? m->weight : 1) > t->max_weight) {
+    use->refused++;
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "OpenJob: weight %u is more than tenant '%s''s limit max_weight %u (--auth)", m->weight, t->name,
+                    t->max_weight);
+  } else if (t && t->max_jobs && use->jobs >= t->max_jobs) {
+    use->refused++;
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "OpenJob: tenant '%s' holds %u jobs open, its limit max_jobs (--auth)", t->name, use->jobs);
+  } else if ((rc = kexd_jobs_open(&d->jobs, m->name, m->weight, memory, peer, use, &job, &err)) < 0)
     kexd_call_failf(c, kex_err_grpc_status(rc), "OpenJob: %s", err.msg);
   else {
-    kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" opened by %s (weight %u, memory limit %" PRIu64 " bytes)",
-            job->name, peer, job->weight, job->memory_limit);
+    kexd_call_info *ci = kexd_call_ext(c);
+    ci->job = job->id;
+    memcpy(ci->job_log, job->log_id, sizeof ci->job_log);
+    kex_log(KEX_LOG_INFO, job->log_id, 0,
+            "job \"%s\" opened by %s for tenant %s (weight %u, memory limit %" PRIu64 " bytes)", job->name, peer,
+            use->name, job->weight, job->memory_limit);
     r.job = job->token;
     r.lease_seconds = (uint32_t)ceil(d->cfg.lease_s);
     kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
   }
+out:
   kexd_rpc_free_msg(&m->base);
 }
 

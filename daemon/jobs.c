@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 
@@ -61,9 +62,14 @@ static void jobs_remove(kexd_jobs *j, uint32_t i) {
   void (*on_close)(void *) = job->on_close;
   job->on_close = NULL;
   if (on_close) on_close(job->on_close_ud); /* a HoldJob call ends with the job */
+  if (job->use) {
+    job->use->jobs--;
+    job->use->bytes_reserved -= job->bytes_reserved;
+  }
   while (job->nbufs) { /* first: their FREE items join the job's flow, which cancelling keeps */
     kexd_buffer *b = job->bufs[--job->nbufs];
     job->bytes_held -= b->bytes;
+    if (job->use) job->use->bytes_held -= b->bytes;
     kexd_buffer_unref(j, b);
   }
   if (j->disp) kexd_dispatch_cancel_job(j->disp, job->id);
@@ -110,6 +116,10 @@ void kexd_jobs_close(kexd_jobs *j) {
   kex_free(j->jobs);
   j->jobs = NULL;
   j->cap = 0;
+  for (uint32_t i = 0; i < j->nuses; i++) kex_free(j->uses[i]);
+  kex_free(j->uses);
+  j->uses = NULL;
+  j->nuses = j->capuses = 0;
   if (j->timer_open) {
     j->timer_open = false;
     uv_close((uv_handle_t *)&j->timer, NULL);
@@ -153,8 +163,25 @@ static bool evict_idlest(kexd_jobs *j) {
   return true;
 }
 
+kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name) {
+  kexd_tenant_use *u;
+  for (uint32_t i = 0; i < j->nuses; i++)
+    if (strcmp(j->uses[i]->name, name) == 0) return j->uses[i];
+  if (j->nuses == j->capuses) {
+    uint32_t cap = j->capuses ? 2 * j->capuses : 8;
+    kexd_tenant_use **nu = kex_realloc(j->uses, cap * sizeof *nu);
+    if (!nu) return NULL;
+    j->uses = nu;
+    j->capuses = cap;
+  }
+  if (!(u = kex_calloc(1, sizeof *u))) return NULL;
+  snprintf(u->name, sizeof u->name, "%s", name);
+  j->uses[j->nuses++] = u;
+  return u;
+}
+
 int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, const char *peer,
-                   kexd_job **out, kex_error *err) {
+                   kexd_tenant_use *use, kexd_job **out, kex_error *err) {
   kexd_job *job = NULL;
   uint32_t same_peer = 0;
   int rc = 0;
@@ -165,8 +192,8 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
     return kex_err_set(err, KEX_EINVAL, "the name is %zu bytes, more than the limit of %d", strlen(name),
                        KEXD_JOB_NAME_MAX);
   for (uint32_t i = 0; i < j->njobs; i++)
-    if (strcmp(j->jobs[i]->peer, peer) == 0) same_peer++;
-  if (j->max_per_peer && same_peer >= j->max_per_peer)
+    if (strcmp(j->jobs[i]->peer, peer) == 0 && j->jobs[i]->use == use) same_peer++;
+  if (j->max_per_peer && same_peer >= j->max_per_peer && strcmp(use->name, KEXD_ANONYMOUS_TENANT) == 0)
     return kex_err_set(err, KEX_ELIMIT, "%s holds %u jobs open, the limit per client address (--max-jobs-per-peer)",
                        peer, same_peer);
   if (j->njobs >= j->max_jobs && !evict_idlest(j))
@@ -200,6 +227,9 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
   job->memory_limit = memory_limit;
   job->max_buffers = j->max_buffers ? j->max_buffers : KEXD_LIMIT_BUFFERS_PER_JOB;
   job->opened_ms = job->last_used_ms = uv_now(j->loop);
+  job->use = use;
+  use->jobs++;
+  use->jobs_opened++;
   j->jobs[j->njobs++] = job;
   j->opened++;
   *out = job;
@@ -253,12 +283,23 @@ int kexd_job_reserve(kexd_job *job, uint64_t bytes, kex_error *err) {
   if (job->memory_limit && (would > job->memory_limit || would < bytes))
     return kex_err_set(err, KEX_ELIMIT, "job '%s' would hold %" PRIu64 " bytes, over its memory limit of %" PRIu64
                        " bytes", job->name, would, job->memory_limit);
+  if (job->use && job->use->max_bytes) {
+    uint64_t tw = job->use->bytes_held + job->use->bytes_reserved + bytes;
+    if (tw > job->use->max_bytes || tw < bytes) {
+      job->use->refused++;
+      return kex_err_set(err, KEX_ELIMIT, "tenant '%s' would hold %" PRIu64 " bytes, over its limit max_bytes %" PRIu64
+                         " (--auth)", job->use->name, tw, job->use->max_bytes);
+    }
+  }
   job->bytes_reserved += bytes;
+  if (job->use) job->use->bytes_reserved += bytes;
   return 0;
 }
 
 void kexd_job_unreserve(kexd_job *job, uint64_t bytes) {
-  job->bytes_reserved = bytes > job->bytes_reserved ? 0 : job->bytes_reserved - bytes;
+  uint64_t give = bytes > job->bytes_reserved ? job->bytes_reserved : bytes;
+  job->bytes_reserved -= give;
+  if (job->use) job->use->bytes_reserved -= give;
 }
 
 int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32_t device, kex_dtype dtype,
@@ -295,6 +336,7 @@ int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32
   b->dev_buf = dev_buf;
   job->bufs[job->nbufs++] = b;
   job->bytes_held += bytes;
+  if (job->use) job->use->bytes_held += bytes;
   *out = b;
   return 0;
 }
@@ -319,6 +361,7 @@ int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle) {
   b = job->bufs[i];
   job->bufs[i] = job->bufs[--job->nbufs];
   job->bytes_held -= b->bytes;
+  if (job->use) job->use->bytes_held -= b->bytes;
   kexd_buffer_unref(j, b);
   return 0;
 }

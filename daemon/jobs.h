@@ -22,6 +22,7 @@
 
 #include "core/dtype.h"
 #include "core/limits.h"
+#include "daemon/auth.h"
 #include "daemon/dispatch.h"
 
 #define KEXD_TOKEN_BYTES 16                      /* random bytes per token */
@@ -31,6 +32,22 @@
 #define KEXD_HANDLE_LEN KEXD_TOKEN_LEN           /* hex characters of a buffer handle */
 #define KEXD_LIMIT_BUFFERS_PER_JOB 65536         /* default: buffers one job may hold (--max-buffers-per-job) */
 #define KEXD_DEFAULT_JOB_EVICT_IDLE_S 10.0       /* a full table closes the job idle longest, if idle at least this */
+#define KEXD_ANONYMOUS_TENANT "anonymous"        /* the tenant of every job when kexd runs without --auth */
+
+/*
+ * What one tenant uses now, over all its jobs (created at its first job,
+ * kept for the metrics; the auth file bounds how many there are).  The
+ * limit fields are the tenant's from the --auth table, refreshed at each
+ * OpenJob and at each reload (0: unlimited).
+ */
+typedef struct kexd_tenant_use {
+  char name[KEXD_TENANT_NAME_MAX + 1];
+  uint32_t jobs;          /* open now */
+  uint64_t bytes_held;    /* by its jobs' buffers */
+  uint64_t bytes_reserved;
+  uint64_t jobs_opened, submissions, refused; /* since start; refused: calls over one of its limits */
+  uint64_t max_bytes;
+} kexd_tenant_use;
 
 /*
  * A buffer a job holds.  Reference counted on the loop thread: the job's
@@ -64,6 +81,8 @@ typedef struct kexd_job {
   uint64_t last_used_ms; /* uv_now at the last call naming the job */
   uint64_t opened_ms;
   uint64_t plans;
+  kexd_tenant_use *use;  /* its tenant's usage (owned by the table) */
+  uint32_t submits;      /* Submit calls in flight (--max-submits-per-job) */
   kexd_buffer **bufs;    /* unordered */
   uint32_t nbufs, capbufs;
   uint64_t bytes_held;     /* sum of bufs[i]->bytes */
@@ -89,6 +108,8 @@ typedef struct kexd_jobs {
   uint64_t next_id;
   kexd_dispatch *disp; /* where buffers are freed */
   uint64_t buffers_freed;
+  kexd_tenant_use **uses; /* every tenant that opened a job, in first-open order */
+  uint32_t nuses, capuses;
 } kexd_jobs;
 
 /* Set up (and start the lease timer); buffers are freed through disp.  0 or a negative code. */
@@ -96,7 +117,9 @@ int kexd_jobs_init(kexd_jobs *j, uv_loop_t *loop, double lease_s, uint32_t max_j
 /* Close every job and the timer (asynchronously: the loop runs its close callback). */
 void kexd_jobs_close(kexd_jobs *j);
 /*
- * Open a job for client address `peer`.  name may be empty.  On success
+ * Open a job for client address `peer` and tenant `use` (from
+ * kexd_jobs_tenant_use; its jobs and bytes are counted there; the
+ * per-peer limit applies only to the anonymous tenant).  name may be empty.  On success
  * *out points to the job (owned by j).  When max_jobs are open, the job
  * idle longest is closed to make room if it has been idle at least
  * evict_idle_ms.  Errors, with *err naming the limit and the
@@ -105,7 +128,12 @@ void kexd_jobs_close(kexd_jobs *j);
  * (getrandom), KEX_ENOMEM.
  */
 int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, const char *peer,
-                   kexd_job **out, kex_error *err);
+                   kexd_tenant_use *use, kexd_job **out, kex_error *err);
+/*
+ * The usage record of tenant `name` (KEXD_ANONYMOUS_TENANT without
+ * --auth), made at first use; NULL when out of memory.
+ */
+kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name);
 /* The job with this token, its lease renewed; NULL when unknown. */
 kexd_job *kexd_jobs_find(kexd_jobs *j, const char *token);
 /* Close the job with this token (its on_close hook runs first).  0 or KEX_ENOTFOUND. */
@@ -118,8 +146,8 @@ int kexd_jobs_close_id(kexd_jobs *j, uint64_t id, const char *why);
 /*
  * Reserve `bytes` of job's memory limit for an upload in flight.  0, or
  * KEX_ELIMIT with *err saying "job 'x' would hold N bytes, over its memory
- * limit of M bytes" (or naming the buffer-count limit); nothing is reserved
- * then.
+ * limit of M bytes" (or naming the buffer-count limit, or its tenant's
+ * max_bytes); nothing is reserved then.
  */
 int kexd_job_reserve(kexd_job *job, uint64_t bytes, kex_error *err);
 /* Give back a reservation (the upload finished or failed). */

@@ -52,12 +52,20 @@
 #define KEXD_DEFAULT_COMPILE_SLOTS 2         /* kernels compiled at once per device */
 #define KEXD_DEFAULT_KERNEL_TIME_LIMIT_S 10.0 /* seconds one kernel may run (0: none) */
 #define KEXD_LIMIT_PEM_BYTES (1u << 20)      /* bytes of one --tls-cert, --tls-key or --tls-client-ca file */
+#define KEXD_LIMIT_SUBMITS_PER_JOB 16        /* Submit calls in flight per job */
+#define KEXD_LIMIT_TUNES_PER_DEVICE 4        /* Tune calls at once per device */
+#define KEXD_LIMIT_BEAM 16                   /* the widest beam a Submit or Tune may ask for */
 
 typedef struct kexd_config {
   const char *listen;
   const char *tls_cert, *tls_key; /* PEM files: serve TLS (both or neither) */
   const char *tls_client_ca;     /* PEM file: require client certificates it verifies (needs tls_cert) */
   const char *metrics;           /* --metrics / KEX_METRICS: the Prometheus endpoint's HOST:PORT, or "off" */
+  const char *auth;              /* --auth / KEX_AUTH: the tenants file (auth.c); NULL: no tokens checked */
+  bool insecure;                 /* --insecure: allow a non-loopback --listen without --auth and TLS */
+  uint32_t max_submits_per_job;  /* Submit calls in flight per job */
+  uint32_t max_tunes_per_device; /* Tune calls at once per device */
+  uint32_t max_beam;             /* the widest beam a Submit or Tune may ask for */
   char *cache_path;              /* the SQLite cache file: programs (Submit) and beam results (Tune, beam Submit) */
   uint32_t beam;                 /* --beam / KEX_BEAM: Submit's beam width when the request says 0 (0 = hand-coded);
                                     Tune's when the request says 0 (2 when this is 0 too) */
@@ -110,6 +118,10 @@ typedef struct kexd {
   kexd_histogram submit_seconds; /* arrival to done event, submissions that succeeded */
   double kernel_seconds;         /* device seconds Submit's kernels ran */
   kexd_metrics *metrics;         /* --metrics (metrics.c); NULL when off */
+  /* --auth (auth.c, request.c) */
+  struct kexd_auth *auth;        /* the tenants now; NULL without --auth */
+  uint64_t auth_reloads, auth_reload_errors, unauthenticated, permission_denied;
+  uint32_t tunes_active[KEXD_MAX_DEVICES]; /* Tune calls running per device (--max-tunes-per-device) */
   /* Tune, the beam cache RPCs and Submit's beam hook (tune.c) */
   struct kexd_tuner *tuner;
   uint32_t imports_active;       /* ImportCache streams open now (--import-streams) */

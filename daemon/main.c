@@ -10,7 +10,10 @@
  * SIGINT stop the server gracefully (server.c); kexd exits 0 after a clean
  * stop, 1 when it cannot start (e.g. the port is taken), 2 for bad flags.
  * --metrics serves Prometheus metrics (metrics.c) from just before the
- * gRPC server starts until it has stopped.
+ * gRPC server starts until it has stopped.  --auth loads the tenants file
+ * (auth.c) before listening (a bad one stops kexd); SIGHUP reloads it on
+ * the loop thread, swapping the table only when the new file is good (calls
+ * in flight keep the table that admitted them).
  */
 #include <errno.h>
 #include <grpc/grpc.h>
@@ -26,6 +29,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/accept_guard.h"
+#include "daemon/auth.h"
 #include "daemon/config.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
@@ -34,7 +38,7 @@
 
 typedef struct daemon_state {
   kexd d;
-  uv_signal_t sigterm, sigint;
+  uv_signal_t sigterm, sigint, sighup;
   bool signals_open;
 } daemon_state;
 
@@ -59,7 +63,31 @@ static void close_handles(daemon_state *st) {
     st->signals_open = false;
     uv_close((uv_handle_t *)&st->sigterm, NULL);
     uv_close((uv_handle_t *)&st->sigint, NULL);
+    uv_close((uv_handle_t *)&st->sighup, NULL);
   }
+}
+
+/* SIGHUP: reload --auth; a bad file keeps the tenants in force. */
+static void on_sighup(uv_signal_t *h, int signum) {
+  daemon_state *st = h->data;
+  kexd *d = &st->d;
+  kexd_auth *a;
+  char why[768];
+  (void)signum;
+  if (!d->cfg.auth) {
+    KEX_INFO("SIGHUP: no --auth file to reload");
+    return;
+  }
+  if (kexd_auth_load(d->cfg.auth, &a, why, sizeof why) < 0) {
+    d->auth_reload_errors++;
+    KEX_ERROR("SIGHUP: %s; keeping the %u tenants loaded before", why, d->auth->n);
+    return;
+  }
+  kexd_auth_unref(d->auth);
+  d->auth = a;
+  d->auth_reloads++;
+  kexd_tenant_limits_refresh(d);
+  KEX_INFO("SIGHUP: --auth %s reloaded: %u tenants", d->cfg.auth, a->n);
 }
 
 static void on_stopped(void *ud) { close_handles(ud); }
@@ -170,6 +198,15 @@ int main(int argc, char **argv) {
   int rc, ret = 0;
   rc = kexd_config_parse(&d->cfg, argc, argv);
   if (rc) return rc > 0 ? 0 : 2;
+  if (d->cfg.auth) {
+    char why[768];
+    if (kexd_auth_load(d->cfg.auth, &d->auth, why, sizeof why) < 0) {
+      KEX_ERROR("%s", why);
+      kex_free(d->cfg.cache_path);
+      return 1;
+    }
+    KEX_INFO("--auth %s: %u tenants", d->cfg.auth, d->auth->n);
+  }
   if (d->cfg.tls_cert && (read_pem("--tls-cert", d->cfg.tls_cert, "CERTIFICATE", &tls_cert) < 0 ||
                           read_pem("--tls-key", d->cfg.tls_key, "PRIVATE KEY", &tls_key) < 0 ||
                           (d->cfg.tls_client_ca &&
@@ -208,6 +245,10 @@ int main(int argc, char **argv) {
   so.tls_key_file = d->cfg.tls_key;
   so.on_stopped = on_stopped;
   so.ud = &st;
+  so.gate = kexd_rpc_gate;
+  so.on_end = kexd_rpc_call_end;
+  so.call_ud = d;
+  so.call_ext_size = sizeof(kexd_call_info);
   if ((rc = kexd_server_new(&loop, &so, &d->server)) < 0) {
     KEX_ERROR("cannot create the gRPC server: %s", kex_strerror(rc));
     ret = 1;
@@ -230,10 +271,12 @@ int main(int argc, char **argv) {
   d->jobs.max_buffers = d->cfg.max_buffers_per_job;
   uv_signal_init(&loop, &st.sigterm);
   uv_signal_init(&loop, &st.sigint);
-  st.sigterm.data = st.sigint.data = &st;
+  uv_signal_init(&loop, &st.sighup);
+  st.sigterm.data = st.sigint.data = st.sighup.data = &st;
   st.signals_open = true;
   uv_signal_start(&st.sigterm, on_signal, SIGTERM);
   uv_signal_start(&st.sigint, on_signal, SIGINT);
+  uv_signal_start(&st.sighup, on_sighup, SIGHUP);
   if (strcmp(d->cfg.metrics, "off") != 0 && kexd_metrics_start(d, d->cfg.metrics, &d->metrics) < 0) {
     ret = 1;
     goto out_handles;
@@ -256,11 +299,11 @@ int main(int argc, char **argv) {
       strcat(devs, d->cfg.devices[i]);
     }
     KEX_INFO("kexd listening on %s (port %d); devices %s; lease %.1f s; grace %.1f s; max message %d bytes; cache %s; "
-             "beam %u; max connections %u; max jobs %u (%u per peer); %s; metrics %s",
+             "beam %u; max connections %u; max jobs %u (%u per peer); %s; metrics %s; %s",
              d->cfg.listen, kexd_server_port(d->server), devs, d->cfg.lease_s, d->cfg.grace_s, d->cfg.max_message,
              d->cfg.cache_path, d->cfg.beam, d->cfg.max_connections, d->cfg.max_jobs, d->cfg.max_jobs_per_peer,
              !d->cfg.tls_cert ? "plaintext" : d->cfg.tls_client_ca ? "TLS, client certificates required" : "TLS",
-             d->cfg.metrics);
+             d->cfg.metrics, d->auth ? "tokens required (--auth)" : "no tokens (no --auth)");
   }
   uv_run(&loop, UV_RUN_DEFAULT);
   KEX_INFO("kexd stopped");
@@ -278,6 +321,7 @@ out_loop:
   grpc_shutdown();
   kex_free(d->cfg.cache_path);
   kex_free(d->device_descs);
+  kexd_auth_unref(d->auth);
   kex_free(tls_cert);
   kex_free(tls_key);
   kex_free(tls_client_ca);

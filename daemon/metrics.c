@@ -68,6 +68,13 @@ typedef struct snapshot {
   uint64_t prog_memory_hits, prog_sqlite_hits, prog_misses;
   uint64_t sched_hits, sched_misses;
   kexd_tune_counters tune;
+  /* by tenant (the usage records of jobs.c; at most KEXD_METRICS_MAX_TENANTS, then one "_other" row) */
+  uint32_t ntenants;
+  struct {
+    char name[KEXD_TENANT_NAME_MAX + 1];
+    uint64_t jobs_open, bytes_held, submissions, refused;
+  } tenants[KEXD_METRICS_MAX_TENANTS + 1];
+  uint64_t unauthenticated, permission_denied, auth_reloads, auth_reload_errors;
 } snapshot;
 
 struct kexd_metrics {
@@ -117,6 +124,24 @@ static void collect(kexd *d, snapshot *s) {
   s->sched_hits = d->sched_cache_hits;
   s->sched_misses = d->sched_cache_misses;
   kexd_tune_stats(d, &s->tune);
+  s->ntenants = 0;
+  for (uint32_t i = 0; i < d->jobs.nuses; i++) {
+    const kexd_tenant_use *u = d->jobs.uses[i];
+    uint32_t k = i < KEXD_METRICS_MAX_TENANTS ? i : KEXD_METRICS_MAX_TENANTS;
+    if (k == s->ntenants) {
+      snprintf(s->tenants[k].name, sizeof s->tenants[k].name, "%s", k < KEXD_METRICS_MAX_TENANTS ? u->name : "_other");
+      s->tenants[k].jobs_open = s->tenants[k].bytes_held = s->tenants[k].submissions = s->tenants[k].refused = 0;
+      s->ntenants++;
+    }
+    s->tenants[k].jobs_open += u->jobs;
+    s->tenants[k].bytes_held += u->bytes_held;
+    s->tenants[k].submissions += u->submissions;
+    s->tenants[k].refused += u->refused;
+  }
+  s->unauthenticated = d->unauthenticated;
+  s->permission_denied = d->permission_denied;
+  s->auth_reloads = d->auth_reloads;
+  s->auth_reload_errors = d->auth_reload_errors;
 }
 
 /* A scrape asked: publish a fresh snapshot (the lock is held only for the copy). */
@@ -217,6 +242,27 @@ static void format(page *p, const snapshot *s) {
   put(p, "kex_held_bytes %llu\n", (unsigned long long)s->bytes_held);
   head(p, "kex_jobs_open", "gauge", "Jobs open now.");
   put(p, "kex_jobs_open %llu\n", (unsigned long long)s->jobs_open);
+  head(p, "kex_tenant_jobs_open", "gauge", "Jobs open now, by tenant (\"anonymous\" without --auth).");
+  for (uint32_t i = 0; i < s->ntenants; i++)
+    put(p, "kex_tenant_jobs_open{tenant=\"%s\"} %llu\n", s->tenants[i].name, (unsigned long long)s->tenants[i].jobs_open);
+  head(p, "kex_tenant_held_bytes", "gauge", "Bytes of device memory the open jobs' buffers hold, by tenant.");
+  for (uint32_t i = 0; i < s->ntenants; i++)
+    put(p, "kex_tenant_held_bytes{tenant=\"%s\"} %llu\n", s->tenants[i].name,
+        (unsigned long long)s->tenants[i].bytes_held);
+  head(p, "kex_tenant_submissions_total", "counter", "Submit calls admitted, by tenant.");
+  for (uint32_t i = 0; i < s->ntenants; i++)
+    put(p, "kex_tenant_submissions_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
+        (unsigned long long)s->tenants[i].submissions);
+  head(p, "kex_tenant_refused_total", "counter", "Calls refused RESOURCE_EXHAUSTED over one of the tenant's limits.");
+  for (uint32_t i = 0; i < s->ntenants; i++)
+    put(p, "kex_tenant_refused_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
+        (unsigned long long)s->tenants[i].refused);
+  head(p, "kex_auth_refused_total", "counter", "Calls refused by --auth: no or unknown token, or a role or may_tune.");
+  put(p, "kex_auth_refused_total{code=\"UNAUTHENTICATED\"} %llu\n", (unsigned long long)s->unauthenticated);
+  put(p, "kex_auth_refused_total{code=\"PERMISSION_DENIED\"} %llu\n", (unsigned long long)s->permission_denied);
+  head(p, "kex_auth_reloads_total", "counter", "SIGHUP reloads of --auth: ok (swapped in) or error (kept the old).");
+  put(p, "kex_auth_reloads_total{result=\"ok\"} %llu\n", (unsigned long long)s->auth_reloads);
+  put(p, "kex_auth_reloads_total{result=\"error\"} %llu\n", (unsigned long long)s->auth_reload_errors);
   head(p, "kex_program_cache_hits_total", "counter",
        "Submit's kernels whose program was loaded already (tier memory) or read from the SQLite cache (tier sqlite).");
   put(p, "kex_program_cache_hits_total{tier=\"memory\"} %llu\n", (unsigned long long)s->prog_memory_hits);

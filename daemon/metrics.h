@@ -19,6 +19,7 @@
 #define KEXD_METRICS_CONNECTIONS 16      /* HTTP connections at once */
 #define KEXD_METRICS_TIMEOUT_S 10        /* an idle HTTP connection is closed after this */
 #define KEXD_METRICS_MAX_METHODS 64      /* gRPC methods counted by name (kex_rpcs_total) */
+#define KEXD_METRICS_MAX_TENANTS 64      /* tenants with their own series (kex_tenant_*); the rest are tenant="_other" */
 
 /* A Prometheus histogram kept on the loop thread (cumulative only when formatted). */
 typedef struct kexd_histogram {

@@ -2,16 +2,21 @@
  * request.c - the plumbing every method handler shares: unpacking a request
  * with protobuf-c through kex_malloc (size checked again, strings checked on
  * the wire by wire.c), the job check, the device index, failing a call with
- * a kex error.  Loop thread only (the decode's out-of-memory flag is
+ * a kex error; and the per-call gate and end (--auth tokens and roles,
+ * the tenant check on jobs, the Submit and Tune slots, one access-log line
+ * per call).  Loop thread only (the decode's out-of-memory flag is
  * per-thread).
  */
 #include <grpc/status.h>
 #include <stdbool.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "core/alloc.h"
 #include "core/errors.h"
+#include "core/log.h"
+#include "search/beam.h"
 #include "daemon/rpc.h"
 #include "daemon/wire.h"
 
@@ -79,16 +84,161 @@ void kexd_rpc_free_msg(ProtobufCMessage *m) {
 }
 
 kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token) {
+  kexd_call_info *ci = kexd_call_ext(c);
   kexd_job *job;
   if (!token || !*token) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: missing job token (field `job`; OpenJob returns one)",
                     kexd_call_method(c));
     return NULL;
   }
-  if (!(job = kexd_jobs_find(&d->jobs, token)))
+  job = kexd_jobs_find(&d->jobs, token);
+  if (job && ci->tenant && strcmp(job->use->name, ci->tenant->name) != 0) job = NULL; /* another tenant's */
+  if (!job) {
     kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "%s: unknown job token (never opened, closed, or expired after its lease)",
                     kexd_call_method(c));
+    return NULL;
+  }
+  ci->job = job->id;
+  memcpy(ci->job_log, job->log_id, sizeof ci->job_log);
   return job;
+}
+
+/* ---- the gate and the end of each call ---- */
+
+static const char *const status_names[KEXD_STATUS_CODES] = {
+    "OK",      "CANCELLED",           "UNKNOWN", "INVALID_ARGUMENT",  "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+
+/* Methods only an admin tenant may call: they change or copy out the beam cache every tenant shares. */
+static bool admin_only(const char *path) {
+  return strcmp(path, "/kex.v1.Kex/ExportCache") == 0 || strcmp(path, "/kex.v1.Kex/ImportCache") == 0 ||
+         strcmp(path, "/kex.v1.Kex/DeleteCache") == 0;
+}
+
+/* "/kex.v1.Kex/OpenJob" -> "OpenJob" for messages. */
+static const char *short_method(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+bool kexd_rpc_gate(kexd_call *c, void *ud) {
+  kexd *d = ud;
+  kexd_call_info *ci = kexd_call_ext(c);
+  const char *path = kexd_call_method(c), *why = NULL;
+  char val[KEXD_AUTH_TOKEN_MAX], peer[KEXD_PEER_MAX];
+  const kexd_tenant *t = NULL;
+  int rc;
+  if (!d->auth || strncmp(path, "/grpc.health.v1.Health/", 23) == 0) return true; /* load balancers need no token */
+  rc = kexd_call_metadata(c, "authorization", val, sizeof val);
+  if (rc == KEX_ENOTFOUND) why = "no authorization metadata";
+  else if (rc < 0) why = "an authorization metadata value too long";
+  else if (strncasecmp(val, "Bearer ", 7) != 0) why = "authorization is not \"Bearer TOKEN\"";
+  else if (!(t = kexd_auth_check(d->auth, val + 7, strlen(val + 7)))) why = "an unknown token";
+  memset(val, 0, sizeof val);
+  if (!t) {
+    d->unauthenticated++;
+    kexd_call_peer_host(c, peer, sizeof peer);
+    KEX_WARN("unauthenticated call to %s from %s: %s", short_method(path), peer, why);
+    kexd_call_failf(c, GRPC_STATUS_UNAUTHENTICATED, "%s: %s (send authorization: Bearer TOKEN with a token of kexd's "
+                    "--auth file)", short_method(path), why);
+    return false;
+  }
+  kexd_auth_ref(t->table);
+  ci->tenant = t;
+  if (t->role != KEXD_ROLE_ADMIN && admin_only(path)) {
+    d->permission_denied++;
+    kexd_call_failf(c, GRPC_STATUS_PERMISSION_DENIED, "%s: tenant '%s' is a user; it is for admins", short_method(path),
+                    t->name);
+    return false;
+  }
+  if (!t->may_tune && strcmp(path, "/kex.v1.Kex/Tune") == 0) {
+    d->permission_denied++;
+    kexd_call_failf(c, GRPC_STATUS_PERMISSION_DENIED, "Tune: tenant '%s' may not Tune (may_tune is false in --auth)",
+                    t->name);
+    return false;
+  }
+  return true;
+}
+
+const kexd_tenant *kexd_rpc_tenant(kexd_call *c) { return ((kexd_call_info *)kexd_call_ext(c))->tenant; }
+
+const char *kexd_rpc_tenant_name(kexd_call *c) {
+  const kexd_tenant *t = kexd_rpc_tenant(c);
+  return t ? t->name : KEXD_ANONYMOUS_TENANT;
+}
+
+void kexd_rpc_call_end(kexd_call *c, int status, void *ud) {
+  kexd *d = ud;
+  kexd_call_info *ci = kexd_call_ext(c);
+  char peer[KEXD_PEER_MAX];
+  if (ci->submit_job) {
+    kexd_job *job = kexd_jobs_find_id(&d->jobs, ci->submit_job);
+    if (job && job->submits) job->submits--;
+    ci->submit_job = 0;
+  }
+  if (ci->tune_device) {
+    if (d->tunes_active[ci->tune_device - 1]) d->tunes_active[ci->tune_device - 1]--;
+    ci->tune_device = 0;
+  }
+  if (kex_log_get_level() <= KEX_LOG_INFO) {
+    kexd_call_peer_host(c, peer, sizeof peer);
+    kex_log(KEX_LOG_INFO, ci->job ? ci->job_log : NULL, 0, "access method=%s tenant=%s peer=%s status=%s ms=%.3f",
+            short_method(kexd_call_method(c)), ci->tenant ? ci->tenant->name : "-", peer,
+            status >= 0 && status < KEXD_STATUS_CODES ? status_names[status] : "UNKNOWN", kexd_call_age_ms(c));
+  }
+  if (ci->tenant) kexd_auth_unref(ci->tenant->table);
+  ci->tenant = NULL;
+}
+
+/* The beam width limits (--max-beam, the tenant's max_beam).  0, or -1 with the call finished. */
+static int check_beam(kexd *d, kexd_call *c, kexd_job *job, uint64_t width) {
+  const kexd_tenant *t = kexd_rpc_tenant(c);
+  const char *m = short_method(kexd_call_method(c));
+  if (!width || width > KEX_BEAM_MAX_WIDTH) return 0; /* none, or the caller's INVALID_ARGUMENT */
+  if (width > d->cfg.max_beam) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: beam width %llu is more than the limit of %u (--max-beam)",
+                    m, (unsigned long long)width, d->cfg.max_beam);
+    return -1;
+  }
+  if (t && t->max_beam && width > t->max_beam) {
+    job->use->refused++;
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "%s: beam width %llu is more than tenant '%s''s limit max_beam %u (--auth)", m,
+                    (unsigned long long)width, t->name, t->max_beam);
+    return -1;
+  }
+  return 0;
+}
+
+int kexd_rpc_submit_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t width) {
+  kexd_call_info *ci = kexd_call_ext(c);
+  if (check_beam(d, c, job, width) < 0) return -1;
+  if (job->submits >= d->cfg.max_submits_per_job) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "Submit: job '%s' has %u submissions in flight, the limit (--max-submits-per-job)", job->name,
+                    job->submits);
+    return -1;
+  }
+  job->submits++;
+  job->use->submissions++;
+  ci->submit_job = job->id;
+  return 0;
+}
+
+int kexd_rpc_tune_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t device, int width) {
+  kexd_call_info *ci = kexd_call_ext(c);
+  if (check_beam(d, c, job, width > 0 ? (uint64_t)width : 0) < 0) return -1;
+  if (device >= KEXD_MAX_DEVICES) return 0;
+  if (d->tunes_active[device] >= d->cfg.max_tunes_per_device) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "Tune: device %s runs %u Tune calls, the limit (--max-tunes-per-device)", d->cfg.devices[device],
+                    d->tunes_active[device]);
+    return -1;
+  }
+  d->tunes_active[device]++;
+  ci->tune_device = device + 1;
+  return 0;
 }
 
 int kexd_rpc_device_index(const kexd *d, const char *name) {

@@ -9,6 +9,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <stdatomic.h>
 
+#include "daemon/auth.h"
 #include "daemon/kexd.h"
 #include "kex/v1/kex.pb-c.h"
 #include "sched/graph.h"
@@ -25,7 +26,10 @@ void kexd_rpc_free_msg(ProtobufCMessage *m);
 void kexd_rpc_fail(kexd_call *c, int rc, const kex_error *err);
 /* CLOCK_MONOTONIC in microseconds. */
 double kexd_now_us(void);
-/* The job named by token, lease renewed; NULL with the call finished (INVALID_ARGUMENT / NOT_FOUND). */
+/*
+ * The job named by token, lease renewed; NULL with the call finished
+ * (INVALID_ARGUMENT / NOT_FOUND; a job of another tenant is NOT_FOUND too).
+ */
 kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token);
 /*
  * Build and validate a kex_graph from pg; a node naming a device d does not
@@ -36,6 +40,46 @@ kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token);
  */
 int kexd_rpc_graph_from_pb(const kexd *d, const Kex__V1__Graph *pg, const char *device, const kex_limits *lim,
                            kexd_job *job, kex_graph **out, kex_error *err);
+/*
+ * What request.c keeps on each call (the server's per-call bytes,
+ * kexd_call_ext): who it is, the job it named, the slots it holds.
+ */
+typedef struct kexd_call_info {
+  const kexd_tenant *tenant; /* the caller (--auth; a reference on its table); NULL without --auth */
+  uint64_t job;              /* the job it named (kexd_rpc_need_job, OpenJob), 0 none */
+  char job_log[9];           /* that job's log id */
+  uint64_t submit_job;       /* it holds a Submit slot of this job (--max-submits-per-job) */
+  uint32_t tune_device;      /* 1 + the device whose Tune slot it holds (--max-tunes-per-device); 0 none */
+} kexd_call_info;
+
+/*
+ * The server's gate hook (before every registered handler): with --auth,
+ * every method but the health check needs `authorization: Bearer TOKEN`
+ * naming a tenant (else UNAUTHENTICATED, logged with the peer, never the
+ * token); a user calling ExportCache, ImportCache or DeleteCache, or Tune
+ * with may_tune false, is PERMISSION_DENIED.  False when it refused.
+ */
+bool kexd_rpc_gate(kexd_call *c, void *ud);
+/* The server's on_end hook: give back the call's slots, write its access-log line, drop its tenant. */
+void kexd_rpc_call_end(kexd_call *c, int status, void *ud);
+/* After an --auth reload: each tenant's usage record takes its limits from the new table (job_rpc.c). */
+void kexd_tenant_limits_refresh(kexd *d);
+/* The call's tenant; NULL without --auth. */
+const kexd_tenant *kexd_rpc_tenant(kexd_call *c);
+/* The tenant name jobs opened by c belong to (KEXD_ANONYMOUS_TENANT without --auth). */
+const char *kexd_rpc_tenant_name(kexd_call *c);
+/*
+ * Limits on Submit (the call sites are one line in submit.c / tune.c):
+ * beam width (--max-beam, the tenant's max_beam; a width over
+ * KEX_BEAM_MAX_WIDTH is left to the caller's INVALID_ARGUMENT) and
+ * Submit calls in flight for the job (--max-submits-per-job).  0 with a
+ * slot taken until the call ends, or -1 with the call finished
+ * RESOURCE_EXHAUSTED naming the limit.
+ */
+int kexd_rpc_submit_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t width);
+/* The same for Tune: beam width and Tune calls at once on `device` (--max-tunes-per-device). */
+int kexd_rpc_tune_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t device, int width);
+
 /* Index of the configured device `name` names ("" and "default": the first); -1 when none. */
 int kexd_rpc_device_index(const kexd *d, const char *name);
 

@@ -81,6 +81,8 @@ struct kexd_call {
   void (*on_stop)(kexd_call *, void *);
   void *hook_ud;
   kexd_call *prev, *next; /* the server's list of active calls */
+  gpr_timespec arrived;
+  max_align_t ext[];   /* opts.call_ext_size bytes for the gate and on_end hooks */
 };
 
 struct kexd_server {
@@ -118,6 +120,7 @@ static void maybe_finalize(kexd_server *s);
 static void count_status(kexd_call *c, int status) {
   uint64_t *codes = c->m ? ((method *)c->m)->codes : c->srv->unknown_codes;
   codes[status >= 0 && status < KEXD_STATUS_CODES ? status : GRPC_STATUS_UNKNOWN]++;
+  if (c->srv->opts.on_end) c->srv->opts.on_end(c, status, c->srv->opts.call_ud);
 }
 
 /* ---- the cq thread ---- */
@@ -232,7 +235,7 @@ static void on_read(tag *t);
 
 /* Post one request for method m (NULL: generic).  0 or a negative code; logged. */
 static int post_request(kexd_server *s, const method *m) {
-  kexd_call *c = kex_calloc(1, sizeof *c);
+  kexd_call *c = kex_calloc(1, sizeof *c + s->opts.call_ext_size);
   grpc_call_error e;
   if (!c) {
     KEX_ERROR("server: out of memory posting a request");
@@ -279,7 +282,10 @@ static int start_batch(kexd_call *c, const grpc_op *ops, size_t n, tag *t) {
   return 0;
 }
 
-/* Hand the request bytes (if any) to the method's handler. */
+/* The gate hook: true when the handler may run. */
+static bool s_gate(kexd_call *c) { return !c->srv->opts.gate || c->srv->opts.gate(c, c->srv->opts.call_ud); }
+
+/* Hand the request bytes (if any) to the method's handler, if the gate lets it. */
 static void dispatch(kexd_call *c) {
   const uint8_t *req = NULL;
   size_t len = 0;
@@ -298,7 +304,7 @@ static void dispatch(kexd_call *c) {
     grpc_byte_buffer_destroy(c->payload);
     c->payload = NULL;
   }
-  c->m->fn(c, req, len, c->m->ud);
+  if (s_gate(c)) c->m->fn(c, req, len, c->m->ud);
   if (have) grpc_slice_unref(all);
 }
 
@@ -313,6 +319,7 @@ static void on_new_call(tag *t) {
   }
   if (!s->stopping) post_request(s, c->m); /* re-post first: keep the method accepting */
   s->stats.calls++;
+  c->arrived = gpr_now(GPR_CLOCK_MONOTONIC);
   active_add(c); /* the request's reference becomes the handler's */
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -551,6 +558,28 @@ double kexd_call_time_left(const kexd_call *c) {
 }
 
 bool kexd_call_cancelled(const kexd_call *c) { return c->cancelled; }
+
+void *kexd_call_ext(kexd_call *c) { return c->ext; }
+
+double kexd_call_age_ms(const kexd_call *c) {
+  gpr_timespec d = gpr_time_sub(gpr_now(GPR_CLOCK_MONOTONIC), c->arrived);
+  return d.tv_sec * 1e3 + d.tv_nsec / 1e6;
+}
+
+int kexd_call_metadata(const kexd_call *c, const char *key, char *buf, size_t cap) {
+  buf[0] = '\0';
+  for (size_t i = 0; i < c->md.count; i++) {
+    const grpc_metadata *m = &c->md.metadata[i];
+    size_t n = GRPC_SLICE_LENGTH(m->value);
+    if (GRPC_SLICE_LENGTH(m->key) != strlen(key) || memcmp(GRPC_SLICE_START_PTR(m->key), key, strlen(key)) != 0)
+      continue;
+    if (n >= cap || memchr(GRPC_SLICE_START_PTR(m->value), '\0', n)) return KEX_ELIMIT;
+    memcpy(buf, GRPC_SLICE_START_PTR(m->value), n);
+    buf[n] = '\0';
+    return 0;
+  }
+  return KEX_ENOTFOUND;
+}
 
 int kexd_call_peer_host(const kexd_call *c, char *buf, size_t cap) {
   char *peer = grpc_call_get_peer(c->call), *colon;

@@ -56,6 +56,14 @@ typedef struct kexd_server_opts {
   const char *tls_cert_file, *tls_key_file;
   void (*on_stopped)(void *ud); /* the server is gone; the loop may be closed */
   void *ud;
+  /* Per-call hooks (optional), with call_ud.  gate runs before a registered method's handler: false means
+     it finished the call itself (refused) and the handler is not run.  on_end runs once per call that a
+     handler could have owned, when it is finished or cancelled, with its status.  Each call carries
+     call_ext_size zeroed bytes for them (kexd_call_ext). */
+  bool (*gate)(kexd_call *c, void *call_ud);
+  void (*on_end)(kexd_call *c, int status, void *call_ud);
+  void *call_ud;
+  size_t call_ext_size;
 } kexd_server_opts;
 
 /*
@@ -100,6 +108,16 @@ bool kexd_call_cancelled(const kexd_call *c);
  * (truncated to cap), KEX_ENOMEM.
  */
 int kexd_call_peer_host(const kexd_call *c, char *buf, size_t cap);
+/* The opts.call_ext_size bytes of this call (zeroed when it arrived). */
+void *kexd_call_ext(kexd_call *c);
+/* Milliseconds since the call arrived. */
+double kexd_call_age_ms(const kexd_call *c);
+/*
+ * The value of the client's request metadata `key` (lower case) into buf,
+ * NUL-terminated.  0; KEX_ENOTFOUND (none); KEX_ELIMIT (longer than cap - 1
+ * bytes, or it holds a NUL: buf is left empty).
+ */
+int kexd_call_metadata(const kexd_call *c, const char *key, char *buf, size_t cap);
 /* Handler hooks: the client cancelled / the server is stopping.  Both optional. */
 void kexd_call_set_hooks(kexd_call *c, void (*on_cancel)(kexd_call *, void *), void (*on_stop)(kexd_call *, void *),
                          void *ud);

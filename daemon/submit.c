@@ -1772,6 +1772,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
                     m->graph->device);
     goto out;
   }
+  if (kexd_rpc_submit_begin(d, c, job, width) < 0) { d->submissions_failed++; goto out; } /* request.c: limits */
   if (!(s = kex_calloc(1, sizeof *s))) {
     d->submissions_failed++;
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");

@@ -709,6 +709,7 @@ static void rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
                     m->graph->device);
     goto out;
   }
+  if (kexd_rpc_tune_begin(d, c, job, (uint32_t)dev, pick_width(d, m->beam, TUNE_DEFAULT_WIDTH)) < 0) goto out; /* request.c */
   if (!(t = kex_calloc(1, sizeof *t))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Tune: out of memory");
     goto out;

@@ -76,6 +76,17 @@ def wait_healthy(port, proc=None, timeout=10.0):
     return False
 
 
+def add_graph():
+    """a + b (float32[4], filled with 1.5 and 2.0) on cpu, as a kex.v1 Graph."""
+    from kex.v1 import kex_pb2
+
+    def buf(fill):
+        n = kex_pb2.Node(op="BUFFER", dtype="float32", shape=[4])
+        n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
+        return n
+    return kex_pb2.Graph(device="cpu", nodes=[buf(1.5), buf(2.0), kex_pb2.Node(op="ADD", src=[0, 1])], outputs=[2])
+
+
 def run(main, name):
     """Run main(); a crash is one failed check.  Prints the closing line and exits 1 on any failure."""
     try:

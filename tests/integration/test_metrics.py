@@ -25,7 +25,7 @@ import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from kexdtest import check, desc, free_port, rpc_error, run, wait_healthy  # noqa: E402
+from kexdtest import add_graph, check, desc, free_port, rpc_error, run, wait_healthy  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 KEXD = os.environ["KEXD"]
@@ -123,15 +123,6 @@ def value(fams, family, sample=None, **labels):
 def rpcs(fams, method, code):
     return value(fams, "kex_rpcs", "kex_rpcs_total", method=method if "/" in method or method == "unknown" else SVC + method,
                  code=code) or 0
-
-
-def add_graph():
-    """a + b (float32[4], filled with 1.5 and 2.0) on cpu."""
-    def buf(fill):
-        n = kex_pb2.Node(op="BUFFER", dtype="float32", shape=[4])
-        n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
-        return n
-    return kex_pb2.Graph(device="cpu", nodes=[buf(1.5), buf(2.0), kex_pb2.Node(op="ADD", src=[0, 1])], outputs=[2])
 
 
 def check_families(fams, text):
