@@ -18,9 +18,11 @@
  * pool thread onto the call's kexd_stream (stream.h), which writes them in
  * order and then the final status.
  *
- * SQLite: a kex_cache handle is single-threaded.  Each search opens its
- * own (one per Tune call, one per Submit hook call).  Every kernel lowered
- * here is remembered for GetCacheEntry (kexd_cache_memo_put).
+ * SQLite: a search uses the connection of the worker thread it runs on
+ * (kexd_cache_conn, search/cache.h's policy).  A cache that cannot be
+ * opened fails a Tune and is a warning for Submit's hook (it searches
+ * without).  Every kernel lowered here is remembered for GetCacheEntry
+ * (kexd_cache_memo_put).
  */
 #include <grpc/status.h>
 #include <inttypes.h>
@@ -128,13 +130,10 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const kex_graph *g, const kex_
   if (br->upcast_max) bo.upcast_max = br->upcast_max;
   if (br->local_max) bo.local_max = br->local_max;
   if (br->timeout_ms) ctx.kernel_deadline = kexd_route_now() + br->timeout_ms / 1e3;
-  if (d->cfg.cache_path && *d->cfg.cache_path && kex_cache_open(d->cfg.cache_path, &cache, &ce) < 0) {
-    KEX_WARN("beam cache %s unavailable, searching without it: %s", d->cfg.cache_path, ce.msg);
-    cache = NULL;
-  }
+  if (d->cfg.cache_path && *d->cfg.cache_path && !(cache = kexd_cache_conn(d, &ce)))
+    KEX_WARN("%s; searching without it", ce.msg);
   if ((rc = kexd_route_device(&ctx, &dev, err)) == 0)
     rc = optimize_and_lower(d, &ctx, dev, &bo, cache, g, s, item, names, &res, out, opts, opts_len, err);
-  kex_cache_close(cache);
   return rc;
 }
 
@@ -255,7 +254,6 @@ static void tune_work(uv_work_t *req) {
   kex_cache *cache = NULL;
   kex_device *dev = NULL;
   kex_name_counter names;
-  kex_error ce = {0};
   int rc;
   kex_arena_init(&arena, 0);
   kex_name_counter_init(&names);
@@ -263,8 +261,8 @@ static void tune_work(uv_work_t *req) {
   if ((rc = kex_replay_graph(t->g, &ro, &arena, &r, &t->err)) < 0 || (rc = kex_schedule_create(r, &s, &t->err)) < 0)
     goto out;
   t->n = s->nkernels;
-  if (d->cfg.cache_path && *d->cfg.cache_path && (rc = kex_cache_open(d->cfg.cache_path, &cache, &ce)) < 0) {
-    rc = kex_err_set(&t->err, rc, "the beam cache %s cannot be opened: %s", d->cfg.cache_path, ce.msg);
+  if (d->cfg.cache_path && *d->cfg.cache_path && !(cache = kexd_cache_conn(d, &t->err))) {
+    rc = t->err.code;
     goto out;
   }
   if ((rc = kexd_route_device(&t->route, &dev, &t->err)) < 0) goto out;
@@ -316,7 +314,6 @@ static void tune_work(uv_work_t *req) {
   }
 out:
   t->rc = rc;
-  kex_cache_close(cache);
   kex_name_counter_free(&names);
   kex_schedule_free(s);
   kex_replay_free(r);
