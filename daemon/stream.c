@@ -104,7 +104,7 @@ static void stream_release(kexd_stream *st) {
 
 /* Released when the call is over and nothing is in flight; true when it was. */
 static bool maybe_release(kexd_stream *st) {
-  if ((st->ended || st->dead) && !st->writing && !st->held && !st->pumping) {
+  if ((st->ended || st->dead) && !st->writing && !st->held && !st->refs && !st->pumping) {
     stream_release(st);
     return true;
   }
@@ -142,6 +142,13 @@ void kexd_stream_hold(kexd_stream *st) {
 void kexd_stream_unhold(kexd_stream *st) {
   st->held--;
   kexd_stream_pump(st);
+}
+
+void kexd_stream_ref(kexd_stream *st) { st->refs++; }
+
+void kexd_stream_unref(kexd_stream *st) {
+  st->refs--;
+  maybe_release(st);
 }
 
 void kexd_stream_push(kexd_stream *st, kexd_stream_ev *ev) {

@@ -15,9 +15,13 @@
  * pumps again when it has more: kexd_stream_pump).  A write that fails, or
  * a client cancel (the stream installs the call's cancel hook), makes the
  * stream dead: ops->cancelled tells the owner to stop its work, a broken
- * write ends the call CANCELLED ("<name>: the stream broke").  Once the call
- * is over (finished or dead), no write is outstanding, nothing is held and
- * no pump is running, ops->release frees the owner: exactly once.
+ * write ends the call CANCELLED ("<name>: the stream broke").  Work that
+ * must finish before the owner is freed but must not delay the final
+ * status (device items still draining after a failure) takes a reference
+ * instead of a hold (kexd_stream_ref/unref).  Once the call is over
+ * (finished or dead), no write is outstanding, nothing is held or
+ * referenced and no pump is running, ops->release frees the owner: exactly
+ * once.
  *
  * Threads: kexd_stream_push may be called from any thread (it wakes the
  * loop through the hub's async handle when called off the loop); every
@@ -70,7 +74,8 @@ typedef struct kexd_stream {
   kexd_call *call;
   const kexd_stream_ops *ops;
   void *owner;
-  uint32_t held;              /* owner work in flight */
+  uint32_t held;              /* owner work in flight that may still produce messages */
+  uint32_t refs;              /* owner work in flight that only keeps the owner alive */
   uint32_t acts;              /* writes, holds, finishes and pushes so far (a drained that did none waits) */
   bool writing, dead, ended, pumping, repump;
   /* hub lock */
@@ -90,6 +95,9 @@ void kexd_stream_start(kexd_stream *st, kexd_streams *hub, kexd_call *c, const k
 void kexd_stream_hold(kexd_stream *st);
 /* That work is back: pump.  The owner may be released before this returns. */
 void kexd_stream_unhold(kexd_stream *st);
+/* Work that only keeps the owner alive (it does not delay ops->drained) starts / is back (may release). */
+void kexd_stream_ref(kexd_stream *st);
+void kexd_stream_unref(kexd_stream *st);
 /* Any thread: queue ev for ops->event (see above for who frees it). */
 void kexd_stream_push(kexd_stream *st, kexd_stream_ev *ev);
 /* The owner has more to say (its own queue, a final status now ready): pump.  May release the owner. */
