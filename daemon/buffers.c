@@ -1,8 +1,9 @@
 /*
- * buffers.c - Upload (a client stream), Download (a server stream) and Free
- * of a job's buffers.  The bytes go to and from the device only through its
- * runner (dispatch.c), one work item at a time, and a handler's state lives
- * until the last of its read, write or device item comes back.
+ * buffers.c - Upload (a client stream), Download (a server stream, written
+ * by stream.c's writer) and Free of a job's buffers.  The bytes go to and
+ * from the device only through its runner (dispatch.c), one work item at a
+ * time, and a handler's state lives until the last of its read, write or
+ * device item comes back.
  */
 #include <grpc/status.h>
 #include <inttypes.h>
@@ -15,6 +16,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/rpc.h"
+#include "daemon/stream.h"
 
 /* ---- buffers: Upload, Download, Free ---- */
 
@@ -306,119 +308,44 @@ void kexd_rpc_upload(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
 }
 
 /*
- * One Download stream: copy a chunk out on the device's runner, write it,
- * repeat.  At most one of the two is outstanding (`busy`); the buffer is
- * referenced throughout, so a Free or CloseJob meanwhile only frees it after.
+ * One Download stream (its kexd_stream): copy a chunk out on the device's
+ * runner (held), write it, repeat; the first chunk carries the dtype and
+ * shape, an empty buffer is one empty chunk.  The buffer is referenced
+ * throughout, so a Free or CloseJob meanwhile only frees it after.
  */
 typedef struct download {
   kexd *d;
-  kexd_call *call;
+  kexd_stream st;
   kexd_buffer *buf;
   uint64_t job;
   uint64_t offset;
   size_t chunk;
-  bool busy, dead;
+  bool sent;           /* a chunk went out */
   uint8_t *data;
   size_t n;
   kexd_work work;
 } download;
 
-static void download_free(download *dl) {
+static void download_release(void *owner) {
+  download *dl = owner;
   kexd_buffer_unref(&dl->d->jobs, dl->buf);
   kex_free(dl->data);
   kex_free(dl);
 }
 
-static void download_cancelled(kexd_call *c, void *ud) {
-  download *dl = ud;
-  (void)c;
-  dl->dead = true;
-  if (!dl->busy) download_free(dl);
-}
-
-static void download_on_copy(kexd_work *w);
-
-/* Copy the next chunk out.  The call is ended (and dl freed) on failure. */
-static void download_next(download *dl) {
-  kexd_job *job = kexd_jobs_find_id(&dl->d->jobs, dl->job);
-  int rc;
-  if (!job) {
-    kexd_call_failf(dl->call, GRPC_STATUS_NOT_FOUND, "Download: the job was closed during the download");
-    download_free(dl);
-    return;
-  }
-  dl->n = dl->buf->bytes - dl->offset < dl->chunk ? (size_t)(dl->buf->bytes - dl->offset) : dl->chunk;
-  if (!(dl->data = kex_malloc(dl->n ? dl->n : 1))) {
-    kexd_call_failf(dl->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "Download: out of memory for a %zu-byte chunk", dl->n);
-    download_free(dl);
-    return;
-  }
-  memset(&dl->work, 0, sizeof dl->work);
-  dl->work.kind = KEXD_WORK_COPY_OUT;
-  dl->work.job = job->id;
-  dl->work.weight = job->weight;
-  dl->work.buf = dl->buf->dev_buf;
-  dl->work.offset = dl->offset;
-  dl->work.size = dl->n;
-  dl->work.dst = dl->data;
-  dl->work.done = download_on_copy;
-  dl->work.ud = dl;
-  if (dl->n == 0) { /* an empty buffer: one empty chunk, nothing to copy */
-    dl->work.rc = 0;
-    dl->busy = true;
-    kexd_call_ref(dl->call);
-    download_on_copy(&dl->work);
-    return;
-  }
-  if ((rc = kexd_dispatch_post(dl->d->disp, dl->buf->device, &dl->work)) < 0) {
-    kexd_call_failf(dl->call, GRPC_STATUS_UNAVAILABLE, "Download: the device runner is not available: %s",
-                    kex_strerror(rc));
-    download_free(dl);
-    return;
-  }
-  dl->busy = true;
-  kexd_call_ref(dl->call);
-}
-
-static void download_written(kexd_call *c, int ok, void *ud) {
-  download *dl = ud;
-  dl->busy = false;
-  kex_free(dl->data);
-  dl->data = NULL;
-  if (dl->dead) {
-    download_free(dl);
-    return;
-  }
-  if (!ok) {
-    kexd_call_failf(c, GRPC_STATUS_CANCELLED, "Download: the stream broke");
-    download_free(dl);
-    return;
-  }
-  dl->offset += dl->n;
-  if (dl->offset >= dl->buf->bytes) {
-    dl->d->downloads++;
-    kexd_call_finish(c, GRPC_STATUS_OK, NULL, NULL);
-    download_free(dl);
-    return;
-  }
-  download_next(dl);
-}
-
+/* A chunk is back from the device: write it (a failure ends the call). */
 static void download_on_copy(kexd_work *w) {
   download *dl = w->ud;
-  kexd_call *c = dl->call;
   Kex__V1__DownloadChunk m = KEX__V1__DOWNLOAD_CHUNK__INIT;
   int rc;
-  dl->busy = false;
-  if (dl->dead) {
-    download_free(dl);
+  if (kexd_stream_dead(&dl->st)) {
+    /* the call is over: nothing to write */
   } else if (w->rc < 0) {
-    kexd_call_finish(c, kex_err_grpc_status(w->rc),
-                     w->rc == KEX_ECANCELLED ? "Download: the job was closed during the download"
-                     : w->err.msg[0]         ? w->err.msg
-                                             : kex_strerror(w->rc),
-                     NULL);
-    download_free(dl);
+    kexd_stream_finish(&dl->st, kex_err_grpc_status(w->rc),
+                       w->rc == KEX_ECANCELLED ? "Download: the job was closed during the download"
+                       : w->err.msg[0]         ? w->err.msg
+                                               : kex_strerror(w->rc),
+                       NULL);
   } else {
     m.offset = dl->offset;
     m.data.data = dl->data;
@@ -429,15 +356,54 @@ static void download_on_copy(kexd_work *w) {
       m.shape = dl->buf->shape;
       m.total_bytes = dl->buf->bytes;
     }
-    if ((rc = kexd_call_write(c, &m.base, download_written, dl)) < 0) {
-      kexd_call_failf(c, GRPC_STATUS_INTERNAL, "Download: cannot send a chunk: %s", kex_strerror(rc));
-      download_free(dl);
-    } else {
-      dl->busy = true;
-    }
+    if ((rc = kexd_stream_write(&dl->st, &m.base)) < 0)
+      kexd_stream_failf(&dl->st, GRPC_STATUS_INTERNAL, "Download: cannot send a chunk: %s", kex_strerror(rc));
+    dl->offset += dl->n;
+    dl->sent = true;
   }
-  kexd_call_unref(c); /* the copy's reference */
+  kex_free(dl->data); /* packed by the write */
+  dl->data = NULL;
+  kexd_stream_unhold(&dl->st);
 }
+
+/* The last chunk is written: OK; else copy the next one out (kexd_stream_ops.drained). */
+static void download_next(void *owner) {
+  download *dl = owner;
+  kexd_job *job = kexd_jobs_find_id(&dl->d->jobs, dl->job);
+  int rc;
+  if (dl->sent && dl->offset >= dl->buf->bytes) {
+    dl->d->downloads++;
+    return kexd_stream_finish(&dl->st, GRPC_STATUS_OK, NULL, NULL);
+  }
+  if (!job) return kexd_stream_failf(&dl->st, GRPC_STATUS_NOT_FOUND, "Download: the job was closed during the download");
+  dl->n = dl->buf->bytes - dl->offset < dl->chunk ? (size_t)(dl->buf->bytes - dl->offset) : dl->chunk;
+  if (!(dl->data = kex_malloc(dl->n ? dl->n : 1)))
+    return kexd_stream_failf(&dl->st, GRPC_STATUS_RESOURCE_EXHAUSTED, "Download: out of memory for a %zu-byte chunk",
+                             dl->n);
+  memset(&dl->work, 0, sizeof dl->work);
+  dl->work.kind = KEXD_WORK_COPY_OUT;
+  dl->work.job = job->id;
+  dl->work.weight = job->weight;
+  dl->work.buf = dl->buf->dev_buf;
+  dl->work.offset = dl->offset;
+  dl->work.size = dl->n;
+  dl->work.dst = dl->data;
+  dl->work.done = download_on_copy;
+  dl->work.ud = dl;
+  kexd_stream_hold(&dl->st);
+  if (dl->n == 0) { /* an empty buffer: one empty chunk, nothing to copy */
+    dl->work.rc = 0;
+    download_on_copy(&dl->work);
+    return;
+  }
+  if ((rc = kexd_dispatch_post(dl->d->disp, dl->buf->device, &dl->work)) < 0) {
+    kexd_stream_failf(&dl->st, GRPC_STATUS_UNAVAILABLE, "Download: the device runner is not available: %s",
+                      kex_strerror(rc));
+    kexd_stream_unhold(&dl->st);
+  }
+}
+
+static const kexd_stream_ops download_ops = {"Download", NULL, download_next, NULL, download_release};
 
 void kexd_rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd *d = ud;
@@ -467,13 +433,12 @@ void kexd_rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   /* room for the chunk's other fields under --max-message */
   if (d->cfg.max_message > 8192 && (size_t)d->cfg.max_message - 4096 < max_chunk) max_chunk = (size_t)d->cfg.max_message - 4096;
   dl->d = d;
-  dl->call = c;
   dl->buf = b;
   dl->job = job->id;
   dl->chunk = m->chunk_bytes && m->chunk_bytes < max_chunk ? m->chunk_bytes : max_chunk;
   kexd_buffer_ref(b);
-  kexd_call_set_hooks(c, download_cancelled, NULL, dl);
-  download_next(dl);
+  kexd_stream_start(&dl->st, d->streams, c, &download_ops, dl);
+  kexd_stream_pump(&dl->st);
 out:
   kexd_rpc_free_msg(&m->base);
 }

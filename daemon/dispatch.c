@@ -32,9 +32,17 @@
  * after the runner thread has drained its must_run items it unrefs the
  * device, says it exited, and the loop joins it (at once: it has returned)
  * and closes the async handle.
+ *
+ * Routes (dispatch.h): a routed thread's request waits on the
+ * dispatcher's route list (route_lock) until the route async handle wakes
+ * the loop, which posts it like any item; its done callback signals the
+ * request's condition variable.  The request lives on the routed thread's
+ * stack.  At stop the route handle closes with the runners' and later
+ * requests fail at once.
  */
 #include "daemon/dispatch.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -85,8 +93,18 @@ typedef struct runner {
   double kernel_time_limit_s;
 } runner;
 
+typedef struct route_req route_req;
+
 struct kexd_dispatch {
   uv_loop_t *loop;
+  /* routes: route_lock protects reqs and route_closed (any thread); the rest is the loop's */
+  uv_async_t route_async;
+  bool route_open;
+  pthread_mutex_t route_lock;
+  route_req *reqs, *reqs_tail;
+  bool route_closed;
+  bool (*job_open)(void *ud, uint64_t job);
+  void *job_open_ud;
   uint32_t nrunners;
   runner **runners;     /* [nrunners]; NULL until the device's first item */
   char (*names)[DISPATCH_NAME_MAX];
@@ -102,6 +120,8 @@ static double now_s(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
+
+double kexd_route_now(void) { return now_s(); }
 
 /* ---- under the runner's lock ---- */
 
@@ -290,6 +310,8 @@ static void on_runner_async(uv_async_t *a) {
   }
 }
 
+static void on_route_async(uv_async_t *h);
+
 int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MAX], uint32_t ndevices,
                       kexd_dispatch **out) {
   kexd_dispatch *d;
@@ -297,12 +319,20 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
   if (!(d = kex_calloc(1, sizeof *d))) return KEX_ENOMEM;
   d->loop = loop;
   d->nrunners = ndevices;
+  pthread_mutex_init(&d->route_lock, NULL);
   if (!(d->runners = kex_calloc(ndevices ? ndevices : 1, sizeof *d->runners)) ||
       !(d->names = kex_calloc(ndevices ? ndevices : 1, sizeof *d->names))) {
     kexd_dispatch_free(d);
     return KEX_ENOMEM;
   }
   for (uint32_t i = 0; i < ndevices; i++) snprintf(d->names[i], DISPATCH_NAME_MAX, "%s", names[i]);
+  if (uv_async_init(loop, &d->route_async, on_route_async) < 0) {
+    kexd_dispatch_free(d);
+    return KEX_EINTERNAL;
+  }
+  d->route_async.data = d;
+  d->route_open = true;
+  d->open_handles++;
   *out = d;
   return 0;
 }
@@ -420,11 +450,24 @@ void kexd_dispatch_job_stats(kexd_dispatch *d, uint64_t job, kexd_flow_stats *ou
   }
 }
 
+static void on_route_closed(uv_handle_t *h) {
+  kexd_dispatch *d = h->data;
+  d->route_open = false;
+  if (--d->open_handles == 0 && d->stopping && d->on_stopped) d->on_stopped(d->stopped_ud);
+}
+
 void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *), void *ud) {
   if (d->stopping) return;
   d->stopping = true;
   d->on_stopped = on_stopped;
   d->stopped_ud = ud;
+  if (d->route_open) {
+    on_route_async(&d->route_async); /* the requests queued so far fail: the dispatcher is stopping */
+    pthread_mutex_lock(&d->route_lock);
+    d->route_closed = true;
+    pthread_mutex_unlock(&d->route_lock);
+    uv_close((uv_handle_t *)&d->route_async, on_route_closed);
+  }
   for (uint32_t i = 0; i < d->nrunners; i++) {
     runner *r = d->runners[i];
     if (!r || !r->thread_started) continue;
@@ -443,5 +486,129 @@ void kexd_dispatch_free(kexd_dispatch *d) {
   for (uint32_t i = 0; d->runners && i < d->nrunners; i++) runner_free(d->runners[i]);
   kex_free(d->runners);
   kex_free(d->names);
+  pthread_mutex_destroy(&d->route_lock);
   kex_free(d);
+}
+
+/* ---- routes ---- */
+
+struct route_req {
+  kexd_route *route;
+  kexd_route_job job;
+  void *arg;
+  kexd_work work;
+  pthread_cond_t cv;
+  bool done;
+  route_req *next;
+};
+
+void kexd_dispatch_set_job_check(kexd_dispatch *d, bool (*job_open)(void *ud, uint64_t job), void *ud) {
+  d->job_open = job_open;
+  d->job_open_ud = ud;
+}
+
+/* On the runner: the routed job with the runner's open device. */
+static int route_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
+  route_req *q = arg;
+  *device_s = -1; /* the wall time of the call */
+  return q->job(dev, q->arg, err);
+}
+
+/* On the loop (or the routed thread, when the dispatcher has closed): wake the routed thread (q lives on its stack). */
+static void route_done(kexd_work *w) {
+  route_req *q = w->ud;
+  kexd_dispatch *d = q->route->disp;
+  pthread_mutex_lock(&d->route_lock);
+  q->done = true;
+  pthread_cond_signal(&q->cv);
+  pthread_mutex_unlock(&d->route_lock);
+}
+
+/* On the loop: post the queued requests on their route's flow. */
+static void on_route_async(uv_async_t *h) {
+  kexd_dispatch *d = h->data;
+  route_req *q;
+  pthread_mutex_lock(&d->route_lock);
+  q = d->reqs;
+  d->reqs = d->reqs_tail = NULL;
+  pthread_mutex_unlock(&d->route_lock);
+  while (q) {
+    route_req *next = q->next; /* q may be gone once its done ran */
+    kexd_route *rt = q->route;
+    kexd_work *w = &q->work;
+    int rc;
+    memset(w, 0, sizeof *w);
+    w->kind = KEXD_WORK_RUN;
+    w->job = rt->job;
+    w->weight = rt->weight;
+    if (rt->job && d->job_open && !d->job_open(d->job_open_ud, rt->job)) { /* the job is gone: the daemon's flow */
+      atomic_store(rt->cancel, true);
+      w->job = 0;
+      w->weight = 1;
+    }
+    w->must_run = true; /* frees must run; a search stops itself between candidates */
+    w->fn = route_run;
+    w->arg = q;
+    w->done = route_done;
+    w->ud = q;
+    if ((rc = kexd_dispatch_post(d, rt->device, w)) < 0) {
+      w->rc = kex_err_set(&w->err, KEX_EUNAVAILABLE, "the device runner is not available: %s", kex_strerror(rc));
+      atomic_store(rt->cancel, true);
+      route_done(w);
+    }
+    q = next;
+  }
+}
+
+int kexd_route_exec(void *vroute, kex_device *dev, kexd_route_job job, void *arg, kex_error *err) {
+  kexd_route *rt = vroute;
+  kexd_dispatch *d = rt->disp;
+  route_req q;
+  bool closed;
+  (void)dev;
+  memset(&q, 0, sizeof q);
+  q.route = rt;
+  q.job = job;
+  q.arg = arg;
+  pthread_cond_init(&q.cv, NULL);
+  pthread_mutex_lock(&d->route_lock);
+  if (!(closed = d->route_closed)) {
+    if (d->reqs_tail) d->reqs_tail->next = &q;
+    else d->reqs = &q;
+    d->reqs_tail = &q;
+  }
+  pthread_mutex_unlock(&d->route_lock);
+  if (closed) {
+    pthread_cond_destroy(&q.cv);
+    atomic_store(rt->cancel, true);
+    return kex_err_set(err, KEX_EUNAVAILABLE, "the device runner is not available: the daemon is stopping");
+  }
+  uv_async_send(&d->route_async);
+  pthread_mutex_lock(&d->route_lock);
+  while (!q.done) pthread_cond_wait(&q.cv, &d->route_lock);
+  pthread_mutex_unlock(&d->route_lock);
+  pthread_cond_destroy(&q.cv);
+  if (q.work.rc < 0 && err) *err = q.work.err;
+  return q.work.rc;
+}
+
+bool kexd_route_cancelled(void *vroute) {
+  kexd_route *rt = vroute;
+  if (atomic_load(rt->cancel)) return true;
+  if (isfinite(rt->kernel_deadline) && now_s() > rt->kernel_deadline) {
+    rt->timed_out = true;
+    return true;
+  }
+  return false;
+}
+
+static int job_identify(kex_device *dev, void *arg, kex_error *err) {
+  (void)err;
+  *(kex_device **)arg = dev;
+  return 0;
+}
+
+int kexd_route_device(kexd_route *route, kex_device **out, kex_error *err) {
+  *out = NULL;
+  return kexd_route_exec(route, NULL, job_identify, out, err);
 }

@@ -26,6 +26,7 @@
 #ifndef KEX_DAEMON_DISPATCH_H
 #define KEX_DAEMON_DISPATCH_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -130,5 +131,49 @@ void kexd_dispatch_job_stats(kexd_dispatch *d, uint64_t job, kexd_flow_stats *ou
 void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *ud), void *ud);
 /* Free a dispatcher after on_stopped ran (or one that never started a runner). */
 void kexd_dispatch_free(kexd_dispatch *d);
+
+/*
+ * Routes: the bridge that lets a thread other than the loop (a beam
+ * search on the worker pool) run device jobs through a job's flow and
+ * block until each is back, so a search's device work (alloc, copy,
+ * compile, load, launch, free) is fair-queued and charged like any other
+ * item of its job and never overlaps another job's kernel.
+ *
+ * kexd_route_exec queues a request on the dispatcher's locked list and
+ * wakes the loop (uv_async_send); the loop posts it as a must_run RUN item
+ * on the route's flow (a free always runs, even after the job was
+ * cancelled; a search stops itself between candidates through
+ * kexd_route_cancelled), and the item's done wakes the waiting thread.  At
+ * most one item of a route is queued at any time.  When the route's job is
+ * gone (kexd_dispatch_set_job_check says so) the item runs on the daemon's
+ * flow (0) and the route's cancel flag is set; when the dispatcher is
+ * stopping the job fails at once with KEX_EUNAVAILABLE and the flag is set.
+ */
+typedef int (*kexd_route_job)(kex_device *dev, void *arg, kex_error *err);
+
+typedef struct kexd_route {
+  kexd_dispatch *disp;
+  uint32_t device;           /* configured device index */
+  uint64_t job;              /* the flow charged (0: the daemon's) */
+  uint32_t weight;
+  atomic_bool *cancel;       /* set by the loop (call cancelled, job gone) and by the dispatcher (above) */
+  double kernel_deadline;    /* kexd_route_now() past which kexd_route_cancelled says stop (INFINITY: none) */
+  bool timed_out;            /* the deadline stopped it (written by the routed thread) */
+} kexd_route;
+
+/* Whether job `job` is still open (loop thread); the dispatcher asks before posting a route's item. */
+void kexd_dispatch_set_job_check(kexd_dispatch *d, bool (*job_open)(void *ud, uint64_t job), void *ud);
+/*
+ * Any thread but the loop: run job(dev, arg, err) on route->device's
+ * runner, charged to route->job, and return its result (a kex_beam_exec_fn:
+ * `route` is the kexd_route, `dev` is ignored).  Blocks.
+ */
+int kexd_route_exec(void *route, kex_device *dev, kexd_route_job job, void *arg, kex_error *err);
+/* The route should stop: its cancel flag is set or its kernel deadline passed (then timed_out is set). */
+bool kexd_route_cancelled(void *route);
+/* The runner's open device, for its identity (only device jobs may use it, on the runner).  0 or a code. */
+int kexd_route_device(kexd_route *route, kex_device **out, kex_error *err);
+/* CLOCK_MONOTONIC in seconds (the clock of kernel_deadline). */
+double kexd_route_now(void);
 
 #endif

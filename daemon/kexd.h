@@ -32,7 +32,7 @@
 #define KEXD_DEFAULT_INLINE_OUTPUT (64u << 10) /* Submit: outputs up to this many bytes come back inline */
 #define KEXD_DEFAULT_SCHEDULE_CACHE 128      /* Submit: graph structures whose schedule and programs are kept */
 #define KEXD_BEAM_MAX_LIMIT 65536            /* Tune/Submit: beam.max_upcast and beam.max_local at most */
-#define KEXD_TUNE_SOURCES 256                /* GetCacheEntry: rendered sources remembered (tune.c) */
+#define KEXD_TUNE_SOURCES 256                /* GetCacheEntry: rendered sources remembered (cache_rpc.c) */
 /* limits on what one client may take (each a flag, config.c, unless fixed here) */
 #define KEXD_LIMIT_WEIGHT 1000               /* the largest job weight (fair-queueing share) */
 #define KEXD_PEER_MAX 128                    /* bytes of a client address kept per job */
@@ -122,8 +122,12 @@ typedef struct kexd {
   struct kexd_auth *auth;        /* the tenants now; NULL without --auth */
   uint64_t auth_reloads, auth_reload_errors, unauthenticated, permission_denied;
   uint32_t tunes_active[KEXD_MAX_DEVICES]; /* Tune calls running per device (--max-tunes-per-device) */
-  /* Tune, the beam cache RPCs and Submit's beam hook (tune.c) */
+  struct kexd_streams *streams;  /* the server-stream writers' hub (stream.c) */
+  struct kex_pool *search_pool;  /* the render/compile workers every beam search shares (main.c) */
+  /* Tune and Submit's beam hook (tune.c) */
   struct kexd_tuner *tuner;
+  /* the beam cache RPCs (cache_rpc.c) */
+  struct kexd_cache_rpc *cache_rpc;
   uint32_t imports_active;       /* ImportCache streams open now (--import-streams) */
   /* devices/ discovery (KEXD_HAVE_DEVICES), done once at the first ListDevices */
   void *device_descs;            /* kex_device_desc[], kex_malloc'd */

@@ -10,7 +10,12 @@
  * SIGINT stop the server gracefully (server.c); kexd exits 0 after a clean
  * stop, 1 when it cannot start (e.g. the port is taken), 2 for bad flags.
  * --metrics serves Prometheus metrics (metrics.c) from just before the
- * gRPC server starts until it has stopped.  --auth loads the tenants file
+ * gRPC server starts until it has stopped.  --workers sizes both libuv's
+ * worker pool (UV_THREADPOOL_SIZE: requests' off-loop work, a search's
+ * own thread) and the one search pool made here (search/pool.h), whose
+ * workers render and compile candidates for every beam search kexd runs
+ * (0: libuv's default and the online cores).
+ * --auth loads the tenants file
  * (auth.c) before listening (a bad one stops kexd); SIGHUP reloads it on
  * the loop thread, swapping the table only when the new file is good (calls
  * in flight keep the table that admitted them).
@@ -33,8 +38,10 @@
 #include "daemon/config.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
+#include "daemon/stream.h"
 #include "devices/device.h"
 #include "search/beam.h"
+#include "search/pool.h"
 
 typedef struct daemon_state {
   kexd d;
@@ -58,7 +65,7 @@ static void close_handles(daemon_state *st) {
   st->d.metrics = NULL;
   kexd_jobs_close(&st->d.jobs); /* cancels queued work and posts the buffers' frees ... */
   if (st->d.disp) kexd_dispatch_stop(st->d.disp, NULL, NULL); /* ... which run before the runners exit */
-  kexd_tune_close(&st->d); /* every call is gone: no search routes device jobs any more */
+  kexd_streams_close(st->d.streams); /* every call is gone: no stream is written any more */
   if (st->signals_open) {
     st->signals_open = false;
     uv_close((uv_handle_t *)&st->sigterm, NULL);
@@ -91,6 +98,12 @@ static void on_sighup(uv_signal_t *h, int signum) {
 }
 
 static void on_stopped(void *ud) { close_handles(ud); }
+
+/* The dispatcher's question before it posts a search's device job: is the job still open? */
+static bool job_open(void *ud, uint64_t job) {
+  kexd *d = ud;
+  return kexd_jobs_find_id(&d->jobs, job) != NULL;
+}
 
 /*
  * Raise the descriptor soft limit to the hard limit (logged), and size
@@ -262,7 +275,22 @@ int main(int argc, char **argv) {
   if (d->cfg.test_fault_kind >= 0)
     KEX_WARN("--test-fault %s:%lu: Submit's compile device fails on purpose (a test facility; never use it in production)",
              kex_fault_kind_name((kex_fault_kind)d->cfg.test_fault_kind), d->cfg.test_fault_n);
-  if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_rpc_register(d) < 0 || kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
+  kexd_dispatch_set_job_check(d->disp, job_open, d);
+  {
+    kex_error perr = {0};
+    if ((rc = kex_pool_create((int)d->cfg.workers, &d->search_pool, &perr)) < 0) {
+      KEX_ERROR("cannot start the search pool: %s", perr.msg);
+      ret = 1;
+      goto out_handles;
+    }
+  }
+  if ((rc = kexd_streams_new(&loop, &d->streams)) < 0) {
+    KEX_ERROR("cannot create the stream writers' hub: %s", kex_strerror(rc));
+    ret = 1;
+    goto out_handles;
+  }
+  if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
+      kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
     ret = 1;
     goto out_handles;
   }
@@ -314,6 +342,9 @@ out_handles:
 out_server:
   kexd_submit_free(d); /* after the runners exited: their loaded programs are freed here */
   kexd_tune_free(d);
+  kexd_cache_rpc_free(d);
+  kexd_streams_free(d->streams);
+  kex_pool_destroy(d->search_pool); /* every search is back: the loop ran out */
   kexd_server_free(d->server);
   kexd_dispatch_free(d->disp);
 out_loop:

@@ -3,8 +3,9 @@
  * path and the handler that serves it.  The handlers live one concept per
  * file: request.c (decode, job check, failure), info.c (health, devices,
  * stats), job_rpc.c (jobs), pbgraph.c (Graph conversion), plan.c,
- * buffers.c (Upload, Download, Free), submit.c, tune.c (Tune and the cache
- * methods).  Each handler runs on the loop thread; nothing a client sends
+ * buffers.c (Upload, Download, Free), submit.c, tune.c (Tune),
+ * cache_rpc.c (the cache methods); the streaming ones write through
+ * stream.c.  Each handler runs on the loop thread; nothing a client sends
  * can make the daemon exit: every failure becomes a status.
  */
 #include "core/errors.h"

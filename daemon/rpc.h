@@ -1,7 +1,8 @@
 /*
  * rpc.h - what the daemon's method files share: the request plumbing
  * (request.c), the protobuf Graph conversion (pbgraph.c), and every
- * handler the method table (rpc.c) routes to.  Loop thread only.
+ * handler the method table (rpc.c) routes to.  Loop thread only, unless
+ * a function says otherwise.
  */
 #ifndef KEX_DAEMON_RPC_H
 #define KEX_DAEMON_RPC_H
@@ -13,6 +14,7 @@
 #include "daemon/kexd.h"
 #include "kex/v1/kex.pb-c.h"
 #include "sched/graph.h"
+#include "search/cache.h"
 
 /*
  * Unpack call c's request as `desc` (protobuf-c through kex_malloc).  On
@@ -109,19 +111,12 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 
 /* ---- tune.c ---- */
 
-/* Set up Tune's state (the loop's async handle for routed device jobs).  0 or a negative code. */
+/* Set up Tune's counters.  0 or a negative code. */
 int kexd_tune_init(kexd *d);
-/* Close the async handle (with the other handles, once every call is gone). */
-void kexd_tune_close(kexd *d);
-/* Free the state, after the loop ran out. */
+/* Free them, after the loop ran out. */
 void kexd_tune_free(kexd *d);
-/* The handlers. */
+/* The handler. */
 void kexd_rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_list_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_get_cache_entry(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_export_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_import_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_delete_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 
 typedef struct kexd_tune_counters {
   uint64_t beam_hits, beam_misses, searches, searches_cancelled;
@@ -155,5 +150,41 @@ struct kex_program_src;
 int kexd_tune_lower_item(const kexd_beam_req *br, const struct kex_graph *g, const struct kex_schedule *s,
                          uint32_t item, struct kex_name_counter *names, struct kex_program_src *out, char *opts,
                          size_t opts_len, kex_error *err);
+
+/* ---- cache_rpc.c ---- */
+
+/* Set up the cache RPCs' state (the memo of sources, the SQLite connections).  0 or KEX_ENOMEM. */
+int kexd_cache_rpc_init(kexd *d);
+/* Free it and close every connection, after the loop ran out. */
+void kexd_cache_rpc_free(kexd *d);
+/*
+ * On a worker thread: this thread's connection to the cache file
+ * (search/cache.h's policy: one per thread, never shared), opened at its
+ * first use and kept until kexd exits.  NULL with *err: KEX_EUNAVAILABLE
+ * "kexd has no cache file", or the open's error ("the beam cache PATH
+ * cannot be opened: ...", tried again at the next call).
+ */
+kex_cache *kexd_cache_conn(kexd *d, kex_error *err);
+/* The handlers. */
+void kexd_rpc_list_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_get_cache_entry(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_export_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_import_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_delete_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+/*
+ * Any thread: remember the source kexd rendered for (AST key, device kind,
+ * opts text), GetCacheEntry's `source` for a matching entry (the last
+ * KEXD_TUNE_SOURCES of them).
+ */
+void kexd_cache_memo_put(kexd *d, const char *ast_hex, const char *kind, const char *opts, const char *src);
+
+/* A cache entry as protobuf; its strings point into the entry and the arrays here (valid while they are). */
+typedef struct kexd_pb_entry {
+  Kex__V1__CacheEntry m;
+  Kex__V1__DeviceIdentity id;
+  char opt_s[KEX_CACHE_MAX_OPTS][48];
+  char *opt_p[KEX_CACHE_MAX_OPTS];
+} kexd_pb_entry;
+void kexd_cache_entry_to_pb(kex_cache_entry *e, kexd_pb_entry *p);
 
 #endif

@@ -4,8 +4,9 @@
  *
  *   cache lookup (the cached opts checked against the kernel, the limits
  *   and the device; an unusable entry is dropped and counts as a miss) ->
- *   (miss) pool + per-worker replicas -> the kernel's buffers,
+ *   (miss) the kernel's buffers,
  *   filled with random data -> the hand-coded kernel compiled and timed ->
+ *   the pool (the caller's, or one made here) + per-worker replicas ->
  *   rounds: actions of every beam entry (apply_opt on copies, limits) ->
  *   lowered on the pool -> in order: uop limit, source dedup, compile (timed),
  *   binary dedup, load, reduced-grid timing -> leaders chosen with the tie
@@ -666,24 +667,259 @@ static int expand(search *s, const search_ctx *sc, const candidate *b, int bi, c
   return 0;
 }
 
+/* One round's candidates (the array is reused from round to round) and what passes 1-3 made of them. */
+typedef struct round_set {
+  candidate **cands;
+  int n, cap;
+  int *todo;      /* pass 1's picks (indices into cands), in candidate order */
+  int ntodo;
+  bool parallel;  /* pass 2 compiled them on the pool */
+  double best;    /* the round's fastest time so far */
+} round_set;
+
+/* The round's candidates: every beam entry's actions, beam order then action order. */
+static int expand_beam(search *s, search_ctx *sc, const kex_kernel *k0, candidate **beam, int nbeam, round_set *r,
+                       kex_error *err) {
+  int rc = 0;
+  for (int bi = 0; bi < nbeam && !rc; bi++) {
+    kex_kernel *kb = kex_kernel_copy(k0);
+    if (!kb) rc = KEX_ENOMEM;
+    if (!rc && kex_kernel_apply_opts(kb, beam[bi]->opts, beam[bi]->nopts, err)) rc = KEX_EINTERNAL;
+    if (!rc) rc = expand(s, sc, beam[bi], bi, kb, &r->cands, &r->n, &r->cap);
+    kex_kernel_free(kb);
+  }
+  if (rc)
+    return kex_err_set(err, rc == KEX_ENOMEM ? KEX_ENOMEM : KEX_EINTERNAL, "expanding the beam: %s",
+                       rc == KEX_ENOMEM ? "out of memory" : err->msg);
+  return 0;
+}
+
+/*
+ * Pass 1, in candidate order (every lowering submitted to the pool is
+ * waited for, even after an error): lowered, within the uop limit and the
+ * per-entry cap, new source -> r->todo.
+ */
+static int pick_to_compile(search *s, kex_pool *pool, int nbeam, round_set *r, digest_set *seen_src, kex_error *err) {
+  const kex_beam_opts *o = s->o;
+  kex_beam_result *res = s->res;
+  int per_entry = o->max_candidates > 0 ? (o->max_candidates + nbeam - 1) / nbeam : 0;
+  int used[KEX_BEAM_MAX_WIDTH] = {0};
+  int rc = 0;
+  r->ntodo = 0;
+  if (!(r->todo = kex_malloc(sizeof *r->todo * (size_t)(r->n ? r->n : 1))))
+    rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
+  for (int i = 0; i < r->n; i++) {
+    candidate *c = r->cands[i];
+    double tw = now_s();
+    kex_pool_wait(pool, &c->job);
+    res->lower_wait_s += now_s() - tw;
+    if (rc) continue; /* drain */
+    if (c->rc) {
+      res->lower_failed++;
+      KEX_DEBUG("beam: candidate %d does not lower: %s", i, c->msg);
+      continue;
+    }
+    if ((int)c->ps.nuops >= o->uops_max) {
+      res->over_uops++;
+      continue;
+    }
+    if (per_entry && used[c->parent] >= per_entry) {
+      res->capped++;
+      continue;
+    }
+    /* dedup by rendered source before compiling */
+    int d = digest_add(seen_src, c->ps.src, strlen(c->ps.src));
+    if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
+    if (d == 1) { res->dup_source++; continue; }
+    used[c->parent]++;
+    r->todo[r->ntodo++] = i;
+  }
+  return rc;
+}
+
+/*
+ * Pass 2, before any timing starts: where the device compiles on any
+ * thread (cpu: one cc process each), all of r->todo at once on the pool,
+ * so that compiles never share the cores with a timed run; elsewhere,
+ * where the device can pre-build in parallel (kex_device_prewarm: PoCL,
+ * in helper processes that fill its kernel cache), hand it the whole batch
+ * first, and pass 3's builds then hit the cache.
+ */
+static void prebuild(search *s, const search_ctx *sc, kex_pool *pool, round_set *r) {
+  kex_beam_result *res = s->res;
+  double tc = now_s();
+  r->parallel = sc->dev && kex_device_get_info(sc->dev)->compile_thread_safe && r->ntodo > 1;
+  if (r->parallel) {
+    for (int j = 0; j < r->ntodo; j++) kex_pool_submit(pool, &r->cands[r->todo[j]]->cjob, compile_candidate);
+    for (int j = 0; j < r->ntodo; j++) kex_pool_wait(pool, &r->cands[r->todo[j]]->cjob);
+  } else if (r->ntodo > 1) {
+    prewarm_job pj = {s, r->cands, r->todo, r->ntodo, 0};
+    kex_error pe = {0};
+    if (s->exec(s->o->exec_ctx, s->dev, job_prewarm, &pj, &pe) == 0) res->prewarmed += (uint32_t)pj.warmed;
+  } else {
+    return;
+  }
+  res->compile_s += now_s() - tc;
+}
+
+/* Candidate c compiled (unless pass 2 did) and loaded: 0, or a code with *ce (the candidate is skipped). */
+static int build_candidate(search *s, const round_set *r, candidate *c, unsigned char **bin, size_t *binsz,
+                           double *secs, kex_error *ce) {
+  int crc;
+  if (!r->parallel) return compile_load(s, &c->ps, &c->prog, bin, binsz, secs, ce);
+  crc = c->crc;
+  *secs = c->csecs;
+  if (crc) {
+    snprintf(ce->msg, sizeof ce->msg, "%s", c->msg);
+  } else {
+    load_job lj = {c->bin, c->binsz, c->ps.name, NULL};
+    crc = s->exec(s->o->exec_ctx, s->dev, job_load, &lj, ce);
+    c->prog = lj.prog;
+  }
+  *bin = c->bin;
+  *binsz = c->binsz;
+  c->bin = NULL;
+  return crc;
+}
+
+/* Pass 3, in order: compile (unless pass 2 did) and load, binary dedup, time on the reduced grid. */
+static int time_round(search *s, const candidate *best, round_set *r, digest_set *seen_bin, kex_error *err) {
+  const kex_beam_opts *o = s->o;
+  kex_beam_result *res = s->res;
+  for (int j = 0; j < r->ntodo; j++) {
+    candidate *c = r->cands[r->todo[j]];
+    if (stop_requested(s)) return kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
+    unsigned char *bin = NULL;
+    size_t binsz = 0;
+    double secs = 0;
+    kex_error ce = {0};
+    int crc = build_candidate(s, r, c, &bin, &binsz, &secs, &ce);
+    res->compiled++;
+    if (crc) {
+      res->compile_failed++;
+      KEX_WARN("beam: %s does not compile: %.200s", c->ps.name, ce.msg);
+      kex_free(bin);
+      continue;
+    }
+    if (secs > o->compile_timeout_s) {
+      res->compile_timeouts++;
+      kex_free(bin);
+      free_prog(s, &c->prog);
+      continue;
+    }
+    int d = bin ? digest_add(seen_bin, bin, binsz) : 0; /* no binary (OpenCL): the source dedup stands alone */
+    kex_free(bin);
+    if (d < 0) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+    if (d == 1) {
+      res->dup_binary++;
+      free_prog(s, &c->prog);
+      continue;
+    }
+    time_job tj;
+    fill_time_job(s, &c->ps, c->prog, true, &tj);
+    tj.runs = o->timing_runs;
+    double ref = fmin(best->us, r->best);
+    tj.early_stop_us = isfinite(ref) ? 3 * ref : INFINITY;
+    if (isfinite(ref)) shrink_grid(&tj, ref * 1e-6 / tj.factor); /* the warm-up too: about as long as the best's run */
+    kex_error te = {0};
+    double tt = now_s();
+    int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
+    res->time_s += now_s() - tt;
+    if (trc) {
+      KEX_WARN("beam: %s does not run: %.200s", c->ps.name, te.msg);
+      free_prog(s, &c->prog);
+      continue;
+    }
+    c->us = tj.us;
+    c->factor = tj.factor;
+    c->timed = true;
+    res->timed++;
+    if (c->us < r->best) r->best = c->us;
+    s->prog.best_us = fmin(s->prog.best_us, c->us);
+    report(s, "search");
+  }
+  return 0;
+}
+
+/* Take c out of the round's candidates (it lives on in the beam or as the runner-up). */
+static void take_candidate(round_set *r, const candidate *c) {
+  for (int i = 0; i < r->n; i++)
+    if (r->cands[i] == c) r->cands[i] = NULL;
+}
+
+/*
+ * Leaders: the best 2N+1 by the tie rule are re-timed together with the
+ * current best.  The relative change between a candidate's first and
+ * second timing measures this round's noise; differences below it (and
+ * below tie_tolerance) are ties, decided by the opts order.  Then the next
+ * beam when the round made progress (true), else *runner (when the
+ * round's fastest beat the best within the tolerance) and false: the
+ * search ends.
+ */
+static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, candidate **runner) {
+  const kex_beam_opts *o = s->o;
+  kex_beam_result *res = s->res;
+  int width = o->width;
+  int lead[2 * KEX_BEAM_MAX_WIDTH + 1];
+  int nlead = pick_leaders(r->cands, r->n, 2 * width + 1, o->tie_tolerance, lead);
+  double noise = 0;
+  for (int j = -1; j < nlead; j++) {
+    candidate *c = j < 0 ? beam[0] : r->cands[lead[j]];
+    if (!c->prog) continue;
+    time_job tj;
+    fill_time_job(s, &c->ps, c->prog, true, &tj);
+    tj.runs = o->retime_runs;
+    tj.use_min = true;
+    if (isfinite(c->us)) shrink_grid(&tj, c->us * 1e-6 / tj.factor);
+    kex_error te = {0};
+    double tt = now_s();
+    int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
+    res->time_s += now_s() - tt;
+    if (trc) continue;
+    double lo = fmin(c->us, tj.us);
+    if (lo > 0 && isfinite(c->us)) noise = fmax(noise, fabs(c->us - tj.us) / lo);
+    c->us = tj.us;
+  }
+  double tol = fmin(KEX_BEAM_MAX_TIE, fmax(o->tie_tolerance, noise));
+  if (tol > res->tie_used) res->tie_used = tol;
+  candidate *lc[2 * KEX_BEAM_MAX_WIDTH + 1];
+  for (int j = 0; j < nlead; j++) lc[j] = r->cands[lead[j]];
+  int order[2 * KEX_BEAM_MAX_WIDTH + 1];
+  int nord = pick_leaders(lc, nlead, width, tol, order);
+  double prev = beam[0]->us, bestt = nord ? lc[order[0]]->us : INFINITY;
+  double threshold = isfinite(prev) ? fmax(o->min_progress_us, tol * prev) : o->min_progress_us;
+  bool exiting = nord == 0 || bestt < o->min_progress_us || !(prev - bestt > threshold);
+  if (!exiting) {
+    for (int j = 0; j < *nbeam; j++) free_candidate(s, beam[j]);
+    for (int j = 0; j < nord; j++) {
+      beam[j] = lc[order[j]];
+      take_candidate(r, beam[j]);
+    }
+    *nbeam = nord;
+    s->prog.best_us = beam[0]->us;
+  } else if (nord > 0 && lc[order[0]]->us < prev && lc[order[0]]->prog) {
+    *runner = lc[order[0]];
+    take_candidate(r, *runner);
+  }
+  return !exiting;
+}
+
 /*
  * The rounds.  *best_out gets the beam's best; *runner_out (or NULL) the
  * fastest candidate of the last round when that round ended the search
  * without counting as progress (faster than the best, but within the tie
  * tolerance): the full-size comparison decides between the two.
  */
-static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool *pool, const kex_program_src *hand_ps,
-                      candidate **best_out, candidate **runner_out, kex_error *err) {
+static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool *pool, candidate **best_out,
+                      candidate **runner_out, kex_error *err) {
   const kex_beam_opts *o = s->o;
   kex_beam_result *res = s->res;
-  int rc = 0, width = o->width;
+  int rc = 0;
   candidate *beam[2 * KEX_BEAM_MAX_WIDTH + 1] = {0};
   int nbeam = 1;
-  candidate **cands = NULL;
-  int ncands = 0, capcands = 0;
+  round_set r = {0};
   digest_set seen_src = {0}, seen_bin = {0};
   candidate *runner = NULL;
-  (void)hand_ps;
   beam[0] = kex_calloc(1, sizeof *beam[0]);
   if (!beam[0]) return kex_err_set(err, KEX_ENOMEM, "out of memory");
   beam[0]->sc = sc;
@@ -691,209 +927,24 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
   for (uint32_t round = 1;; round++) {
     s->prog.round = round;
     res->rounds = round;
-    /* candidates of every beam entry, beam order then action order */
-    for (int bi = 0; bi < nbeam && !rc; bi++) {
-      kex_kernel *kb = kex_kernel_copy(k0);
-      if (!kb) rc = KEX_ENOMEM;
-      if (!rc && kex_kernel_apply_opts(kb, beam[bi]->opts, beam[bi]->nopts, err)) rc = KEX_EINTERNAL;
-      if (!rc) rc = expand(s, sc, beam[bi], bi, kb, &cands, &ncands, &capcands);
-      kex_kernel_free(kb);
-    }
-    if (rc) {
-      rc = kex_err_set(err, rc == KEX_ENOMEM ? KEX_ENOMEM : KEX_EINTERNAL, "expanding the beam: %s",
-                       rc == KEX_ENOMEM ? "out of memory" : err->msg);
-      break;
-    }
-    s->prog.round_candidates = (uint32_t)ncands;
-    for (int i = 0; i < ncands; i++) kex_pool_submit(pool, &cands[i]->job, lower_candidate);
-    int per_entry = o->max_candidates > 0 ? (o->max_candidates + nbeam - 1) / nbeam : 0;
-    int used[KEX_BEAM_MAX_WIDTH] = {0};
-    double best_round = INFINITY;
-    /* pass 1, in candidate order: lowered, within the uop limit and the cap, new source -> to compile */
-    int *todo = kex_malloc(sizeof *todo * (size_t)(ncands ? ncands : 1));
-    int ntodo = 0;
-    if (!todo) rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
-    for (int i = 0; i < ncands; i++) {
-      candidate *c = cands[i];
-      double tw = now_s();
-      kex_pool_wait(pool, &c->job);
-      res->lower_wait_s += now_s() - tw;
-      if (rc) continue; /* drain */
-      if (c->rc) {
-        res->lower_failed++;
-        KEX_DEBUG("beam: candidate %d does not lower: %s", i, c->msg);
-        continue;
-      }
-      if ((int)c->ps.nuops >= o->uops_max) {
-        res->over_uops++;
-        continue;
-      }
-      if (per_entry && used[c->parent] >= per_entry) {
-        res->capped++;
-        continue;
-      }
-      /* dedup by rendered source before compiling */
-      int d = digest_add(&seen_src, c->ps.src, strlen(c->ps.src));
-      if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
-      if (d == 1) { res->dup_source++; continue; }
-      used[c->parent]++;
-      todo[ntodo++] = i;
-    }
-    /*
-     * pass 2, where the device compiles on any thread (cpu: one cc process
-     * each): all of them at once on the pool, finished before any timing
-     * starts, so that compiles never share the cores with a timed run.
-     */
-    bool parallel = !rc && sc->dev && kex_device_get_info(sc->dev)->compile_thread_safe && ntodo > 1;
-    if (parallel) {
-      double tc = now_s();
-      for (int j = 0; j < ntodo; j++) kex_pool_submit(pool, &cands[todo[j]]->cjob, compile_candidate);
-      for (int j = 0; j < ntodo; j++) kex_pool_wait(pool, &cands[todo[j]]->cjob);
-      res->compile_s += now_s() - tc;
-    }
-    /*
-     * pass 2 elsewhere: where the device can pre-build in parallel
-     * (kex_device_prewarm: PoCL, in helper processes that fill its kernel
-     * cache), hand it the whole batch first; pass 3's builds then hit the
-     * cache.  Also before any timing starts.
-     */
-    if (!rc && !parallel && ntodo > 1) {
-      double tc = now_s();
-      prewarm_job pj = {s, cands, todo, ntodo, 0};
-      kex_error pe = {0};
-      if (s->exec(o->exec_ctx, s->dev, job_prewarm, &pj, &pe) == 0) res->prewarmed += (uint32_t)pj.warmed;
-      res->compile_s += now_s() - tc;
-    }
-    /* pass 3, in order: compile (unless pass 2 did) and load, binary dedup, time */
-    for (int j = 0; j < ntodo && !rc; j++) {
-      candidate *c = cands[todo[j]];
-      if (stop_requested(s)) {
-        rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
-        break;
-      }
-      unsigned char *bin = NULL;
-      size_t binsz = 0;
-      double secs = 0;
-      kex_error ce = {0};
-      int crc;
-      if (parallel) {
-        crc = c->crc;
-        secs = c->csecs;
-        if (crc) {
-          snprintf(ce.msg, sizeof ce.msg, "%s", c->msg);
-        } else {
-          load_job lj = {c->bin, c->binsz, c->ps.name, NULL};
-          crc = s->exec(o->exec_ctx, s->dev, job_load, &lj, &ce);
-          c->prog = lj.prog;
-        }
-        bin = c->bin;
-        binsz = c->binsz;
-        c->bin = NULL;
-      } else {
-        crc = compile_load(s, &c->ps, &c->prog, &bin, &binsz, &secs, &ce);
-      }
-      res->compiled++;
-      if (crc) {
-        res->compile_failed++;
-        KEX_WARN("beam: %s does not compile: %.200s", c->ps.name, ce.msg);
-        kex_free(bin);
-        continue;
-      }
-      if (secs > o->compile_timeout_s) {
-        res->compile_timeouts++;
-        kex_free(bin);
-        free_prog(s, &c->prog);
-        continue;
-      }
-      int d = bin ? digest_add(&seen_bin, bin, binsz) : 0; /* no binary (OpenCL): the source dedup stands alone */
-      kex_free(bin);
-      if (d < 0) { rc = kex_err_set(err, KEX_ENOMEM, "out of memory"); continue; }
-      if (d == 1) {
-        res->dup_binary++;
-        free_prog(s, &c->prog);
-        continue;
-      }
-      time_job tj;
-      fill_time_job(s, &c->ps, c->prog, true, &tj);
-      tj.runs = o->timing_runs;
-      double ref = fmin(beam[0]->us, best_round);
-      tj.early_stop_us = isfinite(ref) ? 3 * ref : INFINITY;
-      if (isfinite(ref)) shrink_grid(&tj, ref * 1e-6 / tj.factor); /* the warm-up too: about as long as the best's run */
-      kex_error te = {0};
-      double tt = now_s();
-      int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
-      res->time_s += now_s() - tt;
-      if (trc) {
-        KEX_WARN("beam: %s does not run: %.200s", c->ps.name, te.msg);
-        free_prog(s, &c->prog);
-        continue;
-      }
-      c->us = tj.us;
-      c->factor = tj.factor;
-      c->timed = true;
-      res->timed++;
-      if (c->us < best_round) best_round = c->us;
-      s->prog.best_us = fmin(s->prog.best_us, c->us);
-      report(s, "search");
-    }
-    kex_free(todo);
+    if ((rc = expand_beam(s, sc, k0, beam, nbeam, &r, err))) break;
+    s->prog.round_candidates = (uint32_t)r.n;
+    for (int i = 0; i < r.n; i++) kex_pool_submit(pool, &r.cands[i]->job, lower_candidate);
+    r.best = INFINITY;
+    rc = pick_to_compile(s, pool, nbeam, &r, &seen_src, err);
+    if (!rc) prebuild(s, sc, pool, &r);
+    if (!rc) rc = time_round(s, beam[0], &r, &seen_bin, err);
+    kex_free(r.todo);
+    r.todo = NULL;
     if (rc) break;
-    /*
-     * Leaders: the best 2N+1 by the tie rule are re-timed together with the
-     * current best.  The relative change between a candidate's first and
-     * second timing measures this round's noise; differences below it (and
-     * below tie_tolerance) are ties, decided by the opts order.
-     */
-    int lead[2 * KEX_BEAM_MAX_WIDTH + 1];
-    int nlead = pick_leaders(cands, ncands, 2 * width + 1, o->tie_tolerance, lead);
-    double noise = 0;
-    for (int j = -1; j < nlead && !rc; j++) {
-      candidate *c = j < 0 ? beam[0] : cands[lead[j]];
-      if (!c->prog) continue;
-      time_job tj;
-      fill_time_job(s, &c->ps, c->prog, true, &tj);
-      tj.runs = o->retime_runs;
-      tj.use_min = true;
-      if (isfinite(c->us)) shrink_grid(&tj, c->us * 1e-6 / tj.factor);
-      kex_error te = {0};
-      double tt = now_s();
-      int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
-      res->time_s += now_s() - tt;
-      if (trc) continue;
-      double lo = fmin(c->us, tj.us);
-      if (lo > 0 && isfinite(c->us)) noise = fmax(noise, fabs(c->us - tj.us) / lo);
-      c->us = tj.us;
-    }
-    double tol = fmin(KEX_BEAM_MAX_TIE, fmax(o->tie_tolerance, noise));
-    if (tol > res->tie_used) res->tie_used = tol;
-    candidate *lc[2 * KEX_BEAM_MAX_WIDTH + 1];
-    for (int j = 0; j < nlead; j++) lc[j] = cands[lead[j]];
-    int order[2 * KEX_BEAM_MAX_WIDTH + 1];
-    int nord = pick_leaders(lc, nlead, width, tol, order);
-    double prev = beam[0]->us, bestt = nord ? lc[order[0]]->us : INFINITY;
-    double threshold = isfinite(prev) ? fmax(o->min_progress_us, tol * prev) : o->min_progress_us;
-    bool exiting = nord == 0 || bestt < o->min_progress_us || !(prev - bestt > threshold);
-    if (!exiting) {
-      for (int j = 0; j < nbeam; j++) free_candidate(s, beam[j]);
-      for (int j = 0; j < nord; j++) {
-        beam[j] = lc[order[j]];
-        for (int i = 0; i < ncands; i++)
-          if (cands[i] == beam[j]) cands[i] = NULL;
-      }
-      nbeam = nord;
-      s->prog.best_us = beam[0]->us;
-    } else if (nord > 0 && lc[order[0]]->us < prev && lc[order[0]]->prog) {
-      runner = lc[order[0]];
-      for (int i = 0; i < ncands; i++)
-        if (cands[i] == runner) cands[i] = NULL;
-    }
-    for (int i = 0; i < ncands; i++) free_candidate(s, cands[i]);
-    ncands = 0;
+    bool progress = next_beam(s, beam, &nbeam, &r, &runner);
+    for (int i = 0; i < r.n; i++) free_candidate(s, r.cands[i]);
+    r.n = 0;
     report(s, "search");
-    if (exiting || (o->max_rounds > 0 && (int)round >= o->max_rounds)) break;
+    if (!progress || (o->max_rounds > 0 && (int)round >= o->max_rounds)) break;
   }
-  for (int i = 0; i < ncands; i++) free_candidate(s, cands[i]);
-  kex_free(cands);
+  for (int i = 0; i < r.n; i++) free_candidate(s, r.cands[i]);
+  kex_free(r.cands);
   kex_free(seen_src.d);
   kex_free(seen_bin.d);
   for (int j = 1; j < nbeam; j++) free_candidate(s, beam[j]);
@@ -998,6 +1049,98 @@ static int lookup_cache(const kex_beam_opts *o, const kex_cache_beam_key *key, c
   return 0;
 }
 
+/* The kernel's buffers on the device, filled with random data (s->bufs.n set once they are to be freed). */
+static int alloc_bufs(search *s, const kex_beam_target *t, kex_error *err) {
+  const kex_sched_item *it = s->item;
+  if (it->nbufs > KEX_DEVICE_MAX_BUFS)
+    return kex_err_set(err, KEX_ELIMIT, "kernel has %u buffers (limit %d)", it->nbufs, KEX_DEVICE_MAX_BUFS);
+  s->bufs.n = it->nbufs;
+  for (uint32_t j = 0; j < it->nbufs; j++) {
+    const kex_buffer_info *bi = &t->schedule->replay->buffers[it->bufs[j]];
+    size_t bytes = (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype);
+    s->bufs.bytes[j] = bytes ? bytes : 16;
+    s->bufs.dtype[j] = bi->dtype;
+  }
+  if (stop_requested(s)) return kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
+  return s->exec(s->o->exec_ctx, s->dev, job_alloc, &s->bufs, err);
+}
+
+/* The three kernels of the final comparison and the fastest full-size run of each (runner: may be absent). */
+typedef struct compare_set {
+  const kex_program_src *hand_ps, *beam_ps, *runner_ps;
+  kex_program *hand, *beam, *runner;
+  double hand_us, beam_us, runner_us;
+} compare_set;
+
+/*
+ * The beam's best (and the runner-up, when there is one) against
+ * hand-coded, full size, alternating: up to 2 x retime_runs rounds; the
+ * first warms up, and after KEX_BEAM_MIN_RUNS the comparison stops once
+ * the runs add up to KEX_BEAM_COMPARE_BUDGET_S (a 1024² matmul pair costs
+ * ~150 ms).  Each kernel's time is its fastest run.
+ */
+static int compare_full_size(search *s, compare_set *c, kex_error *err) {
+  double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS], tr[2 * KEX_BEAM_MAX_RUNS];
+  int nr = 2 * s->o->retime_runs, rc;
+  double spent = 0;
+  for (int r = 0; r < nr; r++) {
+    time_job a, b;
+    fill_time_job(s, c->hand_ps, c->hand, false, &a);
+    fill_time_job(s, c->beam_ps, c->beam, false, &b);
+    a.runs = b.runs = 1;
+    a.use_min = b.use_min = true; /* a long warm-up counts as a run (job_time) */
+    a.skip_warmup = b.skip_warmup = r > 0;
+    if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &a, err))) return rc;
+    if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &b, err))) return rc;
+    th[r] = a.us;
+    tb[r] = b.us;
+    spent += (a.us + b.us) * 1e-6;
+    if (c->runner) {
+      time_job t;
+      fill_time_job(s, c->runner_ps, c->runner, false, &t);
+      t.runs = 1;
+      t.use_min = true;
+      t.skip_warmup = r > 0;
+      if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &t, err))) return rc;
+      tr[r] = t.us;
+      spent += t.us * 1e-6;
+    }
+    if (r + 1 >= KEX_BEAM_MIN_RUNS && spent >= KEX_BEAM_COMPARE_BUDGET_S) {
+      nr = r + 1;
+      break;
+    }
+  }
+  qsort(th, (size_t)nr, sizeof *th, cmp_double);
+  qsort(tb, (size_t)nr, sizeof *tb, cmp_double);
+  c->hand_us = th[0];
+  c->beam_us = tb[0];
+  if (c->runner) {
+    qsort(tr, (size_t)nr, sizeof *tr, cmp_double);
+    c->runner_us = tr[0];
+  }
+  return 0;
+}
+
+/* Store the result under key (with the kernel's AST text). */
+static int store_result(const kex_beam_opts *o, const kex_cache_beam_key *key, const kex_sched_item *it,
+                        const kex_beam_result *res, kex_error *err) {
+  kex_cache_beam_value v = {0};
+  kex_error ce = {0};
+  char *ast_text = NULL;
+  int rc;
+  v.nopts = res->nopts;
+  memcpy(v.opts, res->opts, sizeof(kex_opt) * res->nopts);
+  v.best_time_s = res->best_us * 1e-6;
+  v.hand_time_s = res->hand_us * 1e-6;
+  v.search_time_s = res->search_s;
+  v.candidates = res->timed;
+  snprintf(v.kernel_name, sizeof v.kernel_name, "%s", res->name);
+  if (kex_ast_text(it->ast, it->nout, &ast_text, NULL, &ce)) ast_text = NULL;
+  if ((rc = kex_cache_beam_put(o->cache, key, &v, ast_text, &ce))) kex_err_set(err, rc, "beam cache put: %s", ce.msg);
+  kex_free(ast_text);
+  return rc;
+}
+
 int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_opts *opts, kex_beam_result *res,
                       kex_error *err) {
   double t0 = now_s();
@@ -1015,11 +1158,10 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   s.prog.best_us = INFINITY;
   search_ctx sc = {t, caps, t->target->dialect, dev, NULL};
   kex_kernel *k0 = NULL, *kh = NULL, *kw = NULL, *kr = NULL;
-  kex_pool *pool = NULL;
+  kex_pool *pool = NULL, *own_pool = NULL;
   kex_program_src hand_ps = {0}, best_ps = {0};
   kex_program *hand_prog = NULL;
   candidate *best = NULL, *runner = NULL;
-  char *ast_text = NULL;
   kex_ast_digest dig;
   char sopts[KEX_CACHE_SEARCH_OPTS_MAX];
   int rc = kex_kernel_from_item(t->schedule, it, caps, &k0, err);
@@ -1043,23 +1185,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     rc = 0;
   }
 
-  /* buffers, filled with random data */
-  if (it->nbufs > KEX_DEVICE_MAX_BUFS) {
-    rc = kex_err_set(err, KEX_ELIMIT, "kernel has %u buffers (limit %d)", it->nbufs, KEX_DEVICE_MAX_BUFS);
-    goto out;
-  }
-  s.bufs.n = it->nbufs;
-  for (uint32_t j = 0; j < it->nbufs; j++) {
-    const kex_buffer_info *bi = &t->schedule->replay->buffers[it->bufs[j]];
-    size_t bytes = (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype);
-    s.bufs.bytes[j] = bytes ? bytes : 16;
-    s.bufs.dtype[j] = bi->dtype;
-  }
-  if (stop_requested(&s)) {
-    rc = kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
-    goto out;
-  }
-  if ((rc = s.exec(opts->exec_ctx, dev, job_alloc, &s.bufs, err))) goto out;
+  if ((rc = alloc_bufs(&s, t, err))) goto out;
 
   /* hand-coded, at full size */
   kh = kex_kernel_copy(k0);
@@ -1072,10 +1198,11 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   report(&s, "hand");
 
   /* the search */
-  if ((rc = kex_pool_create(opts->threads, &pool, err))) goto out;
+  if (!(pool = opts->pool) && (rc = kex_pool_create(opts->threads, &own_pool, err))) goto out;
+  if (!pool) pool = own_pool;
   sc.replicas = kex_calloc((size_t)kex_pool_size(pool), sizeof *sc.replicas);
   if (!sc.replicas) goto nomem;
-  if ((rc = run_search(&s, &sc, k0, pool, &hand_ps, &best, &runner, err))) goto out;
+  if ((rc = run_search(&s, &sc, k0, pool, &best, &runner, err))) goto out;
   res->beam_us = best->us;
   res->factor = best->factor;
 
@@ -1101,55 +1228,17 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     goto out;
   }
   report(&s, "compare");
-  double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS], tr[2 * KEX_BEAM_MAX_RUNS];
-  /*
-   * Up to 2 x retime_runs alternating pairs; the first pair warms up, and
-   * after KEX_BEAM_MIN_RUNS pairs the comparison stops once the runs add up
-   * to KEX_BEAM_COMPARE_BUDGET_S (a 1024² matmul pair costs ~150 ms).
-   */
-  int nr = 2 * opts->retime_runs;
-  double spent = 0;
-  for (int r = 0; r < nr; r++) {
-    time_job a, b;
-    fill_time_job(&s, &hand_ps, hand_prog, false, &a);
-    fill_time_job(&s, bps, bp, false, &b);
-    a.runs = b.runs = 1;
-    a.use_min = b.use_min = true; /* a long warm-up counts as a run (job_time) */
-    a.skip_warmup = b.skip_warmup = r > 0;
-    if ((rc = s.exec(opts->exec_ctx, dev, job_time, &a, err))) goto out;
-    if ((rc = s.exec(opts->exec_ctx, dev, job_time, &b, err))) goto out;
-    th[r] = a.us;
-    tb[r] = b.us;
-    spent += (a.us + b.us) * 1e-6;
-    if (runner) {
-      time_job c;
-      fill_time_job(&s, &runner->ps, runner->prog, false, &c);
-      c.runs = 1;
-      c.use_min = true;
-      c.skip_warmup = r > 0;
-      if ((rc = s.exec(opts->exec_ctx, dev, job_time, &c, err))) goto out;
-      tr[r] = c.us;
-      spent += c.us * 1e-6;
-    }
-    if (r + 1 >= KEX_BEAM_MIN_RUNS && spent >= KEX_BEAM_COMPARE_BUDGET_S) {
-      nr = r + 1;
-      break;
-    }
-  }
-  qsort(th, (size_t)nr, sizeof *th, cmp_double);
-  qsort(tb, (size_t)nr, sizeof *tb, cmp_double);
-  res->hand_us = th[0];
-  double beam_full = tb[0];
+  compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL, 0, 0, 0};
+  if ((rc = compare_full_size(&s, &cmp, err))) goto out;
+  res->hand_us = cmp.hand_us;
+  double beam_full = cmp.beam_us;
   const kex_kernel *beam_k = kw;
-  if (runner) {
-    qsort(tr, (size_t)nr, sizeof *tr, cmp_double);
-    if (tr[0] < beam_full * (1 - opts->tie_tolerance)) { /* the last round's fastest, confirmed at full size */
-      beam_full = tr[0];
-      beam_k = kr;
-      res->beam_us = runner->us;
-      res->factor = runner->factor;
-      res->runner_up_won = true;
-    }
+  if (runner && cmp.runner_us < beam_full * (1 - opts->tie_tolerance)) { /* the last round's fastest, confirmed at full size */
+    beam_full = cmp.runner_us;
+    beam_k = kr;
+    res->beam_us = runner->us;
+    res->factor = runner->factor;
+    res->runner_up_won = true;
   }
   res->hand_won = !(beam_full < res->hand_us * (1 - opts->tie_tolerance));
   const kex_kernel *chosen = res->hand_won ? kh : beam_k;
@@ -1161,28 +1250,13 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   s.prog.best_us = res->best_us;
   report(&s, "done");
 
-  if (opts->cache) {
-    kex_cache_beam_value v = {0};
-    v.nopts = res->nopts;
-    memcpy(v.opts, res->opts, sizeof(kex_opt) * res->nopts);
-    v.best_time_s = res->best_us * 1e-6;
-    v.hand_time_s = res->hand_us * 1e-6;
-    v.search_time_s = res->search_s;
-    v.candidates = res->timed;
-    snprintf(v.kernel_name, sizeof v.kernel_name, "%s", res->name);
-    kex_error ce = {0};
-    if (kex_ast_text(it->ast, it->nout, &ast_text, NULL, &ce)) ast_text = NULL;
-    if ((rc = kex_cache_beam_put(opts->cache, &key, &v, ast_text, &ce))) {
-      kex_err_set(err, rc, "beam cache put: %s", ce.msg);
-      goto out;
-    }
-  }
+  if (opts->cache) rc = store_result(opts, &key, it, res, err);
   goto out;
 nomem:
   rc = kex_err_set(err, KEX_ENOMEM, "out of memory in the beam search");
 out:
   int nworkers = pool ? kex_pool_size(pool) : 0;
-  kex_pool_destroy(pool); /* joins the workers before their replicas go */
+  kex_pool_destroy(own_pool); /* joins its workers; a caller's pool has finished every job of this search */
   if (sc.replicas)
     for (int i = 0; i < nworkers; i++) replica_free(&sc.replicas[i]);
   kex_free(sc.replicas);
@@ -1192,7 +1266,6 @@ out:
   if (s.bufs.n) s.exec(opts->exec_ctx, dev, job_free_bufs, &s.bufs, NULL);
   kex_program_src_free(&hand_ps);
   kex_program_src_free(&best_ps);
-  kex_free(ast_text);
   kex_kernel_free(kw);
   kex_kernel_free(kr);
   kex_kernel_free(kh);

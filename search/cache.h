@@ -72,12 +72,29 @@
  * still only data: the search checks them against the kernel and its
  * limits at use and drops an entry that fails (kex_cache_beam_drop).
  *
- * Threads and processes: a handle is used by one thread at a time.  Any
- * number of handles and processes may share one file (WAL, busy timeout of
- * KEX_CACHE_BUSY_TIMEOUT_MS).  Opening waits for other openers too: the
- * switch to WAL and the schema transaction are retried with backoff while
- * another connection holds the file, for up to KEX_CACHE_BUSY_TIMEOUT_MS.
- * Do not carry a handle across fork().
+ * Connections -- the one policy every user of this module follows: a
+ * kex_cache handle is one SQLite connection (kex_cache_open: WAL,
+ * synchronous=NORMAL, busy timeout KEX_CACHE_BUSY_TIMEOUT_MS, SQLite's
+ * multi-thread mode), and it belongs to one thread: each thread that uses
+ * the cache opens its own and no handle is shared between threads, not
+ * even behind a lock.
+ *   - A tool that uses the cache from one thread (kex run, kex tune, kex
+ *     cache, the benchmarks) opens one handle for its run and closes it at
+ *     the end.
+ *   - kexd keeps one handle per worker thread (libuv's pool: the only
+ *     threads where kexd touches the cache -- Submit's program lookups and
+ *     stores, Tune, Submit's beam hook, the cache RPCs), opened at the
+ *     thread's first use and closed when kexd exits (kexd_cache_conn,
+ *     daemon/cache_rpc.c); an open that fails is tried again at that
+ *     thread's next use.  The loop thread and the device runners never
+ *     touch the cache.
+ *   - A beam search (search/beam.h) uses the handle its caller passes in
+ *     opts->cache, on the calling thread; its pool workers never touch it.
+ * Any number of connections and processes may share one file (WAL).
+ * Opening waits for other openers too: the switch to WAL and the schema
+ * transaction are retried with backoff while another connection holds the
+ * file, for up to KEX_CACHE_BUSY_TIMEOUT_MS.  Do not carry a handle across
+ * fork().
  *
  * Errors: 0 or a negative KEX_E* code with *err (may be NULL) naming what
  * failed; SQLite failures carry sqlite3_errmsg: KEX_EIO (I/O, cannot open,

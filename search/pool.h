@@ -1,18 +1,23 @@
 /*
- * pool.h - a small pthread worker pool for CPU-only work (rendering beam
- * candidates).  Jobs are intrusive: the caller embeds a kex_pool_job in its
+ * pool.h - a small pthread worker pool for CPU-only work (rendering and
+ * compiling beam candidates).  Jobs are intrusive: the caller embeds a kex_pool_job in its
  * own work item, fills the item, submits it, and waits for that job.  The
  * worker reads the item's inputs (immutable while the job is queued or
  * running) and writes only the item's result fields; after kex_pool_wait
  * returns for a job the caller owns the whole item again.  Submitting never
  * allocates, so it cannot fail.
  *
- * Threads: create, submit, wait and destroy are called by one thread (the
- * owner).  Jobs run on the pool's threads in submission order (FIFO), any
- * number at once; a job must not touch devices (devices/device.h: one thread
- * owns a device).  Each job learns the index of the worker running it
- * (0 .. size-1), so callers can keep per-worker state (a replica of a
- * non-thread-safe context) in an array indexed by it.
+ * Threads: create and destroy are called by the owner; submit and wait by
+ * any thread, so one pool can serve several callers at once (kexd makes
+ * one at start and every beam search it runs shares it; an in-process
+ * tool lets each search make its own).  A job must not wait for another
+ * job of the pool (every worker could be waiting).  Jobs run on the pool's
+ * threads in submission order (FIFO), any number at once; a job must not
+ * touch devices (devices/device.h: one thread owns a device) unless the
+ * device says that call is thread-safe.  Each job learns the index of the
+ * worker running it (0 .. size-1), so a caller can keep per-worker state (a
+ * replica of a non-thread-safe context) in an array indexed by it: a worker
+ * runs one job at a time.  Destroy only after every caller is done.
  */
 #ifndef KEX_SEARCH_POOL_H
 #define KEX_SEARCH_POOL_H
