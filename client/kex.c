@@ -22,6 +22,7 @@
 
 #include "client/kex_cli.h"
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/arena.h"
 #include "core/errors.h"
 #include "sched/graph.h"
@@ -294,21 +295,6 @@ out:
 
 
 #ifdef KEX_HAVE_RUN
-static char *base64(const unsigned char *p, size_t n) {
-  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  char *out = kex_malloc(4 * ((n + 2) / 3) + 1), *o = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-    *o++ = tab[v >> 18 & 63];
-    *o++ = tab[v >> 12 & 63];
-    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
-    *o++ = i + 2 < n ? tab[v & 63] : '=';
-  }
-  *o = 0;
-  return out;
-}
-
 /* Print up to 8 leading elements of an output, numpy-like. */
 static void print_values(const kex_run_output *o) {
   size_t item = (size_t)kex_dtype_size(o->dtype), n = item ? o->nbytes / item : 0;
@@ -427,7 +413,7 @@ static int cmd_run(int argc, char **argv) {
       const kex_run_output *o = &res.outputs[i];
       json_t *shape = json_array();
       for (int d = 0; d < o->ndim; d++) json_array_append_new(shape, json_integer(o->shape[d]));
-      char *b64 = base64(o->data, o->nbytes);
+      char *b64 = kex_base64_encode(o->data, o->nbytes);
       json_array_append_new(os, json_pack("{s:s, s:o, s:s}", "dtype", kex_dtypes[o->dtype].name, "shape", shape,
                                           "data", b64 ? b64 : ""));
       kex_free(b64);

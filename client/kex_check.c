@@ -17,10 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
-
 #include "client/kex_cli.h"
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/dtype.h"
 
 #define CASE_FILE_MAX (256ll << 20) /* bytes of a case file */
@@ -75,16 +74,6 @@ void kex_cli_case_free(kex_cli_case *c) {
   free(c->graph_text); /* jansson's allocator */
   json_decref(c->expected);
   memset(c, 0, sizeof *c);
-}
-
-/* Decode base64 text (RFC 4648, OpenSSL's decoder) into out (room for 3/4 of its length); the bytes written, -1 when
-   it is not base64. */
-static long unbase64(const char *s, unsigned char *out) {
-  size_t len = strlen(s);
-  int n = len <= INT_MAX ? EVP_DecodeBlock(out, (const unsigned char *)s, (int)len) : -1;
-  if (n < 0) return -1;
-  for (; len && s[len - 1] == '='; len--) n--; /* EVP_DecodeBlock counts the padding as bytes */
-  return n;
 }
 
 /* Element i of a little-endian array of dtype dt, as a double. */
@@ -152,7 +141,8 @@ bool kex_cli_case_check(kex_cli_case *c, size_t i, const char *dtype, int ndim, 
     snprintf(reason, sizeof reason, "out of memory decoding the expected data");
     goto report;
   }
-  long wn = unbase64(b64, want);
+  size_t b64_len = strlen(b64);
+  long wn = kex_base64_decode(b64, b64_len, want, NULL) ? -1 : (long)kex_base64_decoded_len(b64, b64_len);
   size_t item = (size_t)kex_dtype_size((kex_dtype)dt);
   if (wn < 0) {
     snprintf(reason, sizeof reason, "the case's expected data is not base64");

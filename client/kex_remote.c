@@ -34,6 +34,7 @@
 #include "client/kex_cli.h"
 #include "client/libkex.h"
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/dtype.h"
 
 #define REMOTE_GRAPH_MAX (1ll << 30) /* bytes of a graph file */
@@ -293,21 +294,6 @@ out:
 
 /* ---- run ---- */
 
-static char *base64(const unsigned char *p, size_t n) {
-  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  char *out = kex_malloc(4 * ((n + 2) / 3) + 1), *o = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-    *o++ = tab[v >> 18 & 63];
-    *o++ = tab[v >> 12 & 63];
-    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
-    *o++ = i + 2 < n ? tab[v & 63] : '=';
-  }
-  *o = 0;
-  return out;
-}
-
 /* "dtype (shape) [values]": up to 8 leading elements, as the in-process `kex run` prints them. */
 static void print_buffer(const kex_array *b) {
   int dt = kex_dtype_from_name(b->dtype);
@@ -549,7 +535,7 @@ static int cmd_run(remote *r, int argc, char **argv) {
       const kex_array *b = &bufs[i];
       json_t *shape = json_array();
       for (int d = 0; d < b->ndim; d++) json_array_append_new(shape, json_integer(b->shape[d]));
-      char *b64 = base64(OUT_DATA(i), b->nbytes);
+      char *b64 = kex_base64_encode(OUT_DATA(i), b->nbytes);
       json_array_append_new(os, json_pack("{s:s, s:o, s:s, s:s}", "dtype", b->dtype, "shape", shape, "data",
                                           b64 ? b64 : "", "handle", res->outputs[i].handle));
       kex_free(b64);

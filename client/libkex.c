@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 #include "kex/v1/kex.pb-c.h"
@@ -862,35 +863,17 @@ typedef struct graph_build {
     return -1;                                                       \
   } while (0)
 
-static int b64_value(int ch) {
-  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
-  if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
-  if (ch >= '0' && ch <= '9') return ch - '0' + 52;
-  if (ch == '+' || ch == '-') return 62;
-  if (ch == '/' || ch == '_') return 63;
-  return -1;
-}
-
-/* Decode base64 s into arena memory; -1 for a character that is not base64. */
+/* Decode base64 text s (strict, as the graph format writes it) into arena memory: 0, -1 when it is not base64, -2
+   when out of memory. */
 static int b64_decode(kex_arena *a, const char *s, ProtobufCBinaryData *out) {
-  size_t n = strlen(s), o = 0;
-  unsigned char *d = kex_arena_alloc(a, n / 4 * 3 + 3);
-  uint32_t acc = 0;
-  int bits = 0;
-  if (!d) return -2;
-  for (size_t i = 0; i < n; i++) {
-    int v;
-    if (s[i] == '=' || s[i] == '\n' || s[i] == '\r' || s[i] == ' ') continue;
-    if ((v = b64_value((unsigned char)s[i])) < 0) return -1;
-    acc = acc << 6 | (uint32_t)v;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      d[o++] = (unsigned char)(acc >> bits);
-    }
-  }
+  size_t n = strlen(s);
+  int64_t len = kex_base64_decoded_len(s, n);
+  unsigned char *d;
+  if (len < 0) return -1;
+  if (!(d = kex_arena_alloc(a, (size_t)len + 1))) return -2;
+  if (kex_base64_decode(s, n, d, NULL)) return -1;
   out->data = d;
-  out->len = o;
+  out->len = (size_t)len;
   return 0;
 }
 

@@ -8,8 +8,8 @@
  * line body, whose sources are already canonical numbers, so equal sub-DAGs
  * get one number whether or not the scheduler shared their pointers.  The
  * text buffer doubles as the store of the line bodies the structural table
- * compares against.  SHA-256 follows FIPS 180-4 and is tested against its
- * vectors in tests/unit/test_astkey.c.
+ * compares against.  SHA-256 (core/codec.c) is tested against the FIPS
+ * 180-4 vectors in tests/unit/test_astkey.c.
  */
 #include "codegen/astkey.h"
 
@@ -20,63 +20,6 @@
 
 #include "core/alloc.h"
 #include "core/hash.h"
-
-#include <openssl/evp.h>
-
-/* ---- SHA-256 (OpenSSL libcrypto) ---- */
-
-int kex_sha256_init(kex_sha256 *s) {
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-  s->ctx = ctx;
-  if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-    EVP_MD_CTX_free(ctx);
-    s->ctx = NULL;
-    return KEX_ENOMEM;
-  }
-  return 0;
-}
-
-void kex_sha256_update(kex_sha256 *s, const void *data, size_t len) {
-  if (s->ctx && len) EVP_DigestUpdate(s->ctx, data, len);
-}
-
-void kex_sha256_final(kex_sha256 *s, uint8_t out[32]) {
-  unsigned int n = 0;
-  if (!s->ctx || EVP_DigestFinal_ex(s->ctx, out, &n) != 1) memset(out, 0, 32);
-  EVP_MD_CTX_free(s->ctx);
-  s->ctx = NULL;
-}
-
-int kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]) {
-  unsigned int n = 0;
-  if (EVP_Digest(len ? data : "", len, out, &n, EVP_sha256(), NULL) != 1) {
-    memset(out, 0, 32);
-    return KEX_ENOMEM;
-  }
-  return 0;
-}
-
-void kex_hex(const uint8_t *bytes, size_t n, char *out) {
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) out[2 * i] = digits[bytes[i] >> 4], out[2 * i + 1] = digits[bytes[i] & 15];
-  out[2 * n] = 0;
-}
-
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-int kex_unhex(const char *hex, uint8_t *bytes, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    int hi = hexval(hex[2 * i]), lo = hi < 0 ? -1 : hexval(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return KEX_EPARSE;
-    bytes[i] = (uint8_t)(hi << 4 | lo);
-  }
-  return hex[2 * n] ? KEX_EPARSE : 0;
-}
 
 /* ---- a growable text buffer (sticky OOM) ---- */
 

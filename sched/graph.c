@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/codec.h"
 
 #define GRAPH_FORMAT "kex.graph.v1"
 #define GRAPH_DEFAULT_DEVICE "default"
@@ -180,62 +181,6 @@ static int reserve_nodes(kex_graph *g, uint32_t need) {
   return 0;
 }
 
-/* ---- strict base64 (RFC 4648 section 4, padded, no whitespace) ---- */
-
-static int8_t b64_value(unsigned char c) {
-  if (c >= 'A' && c <= 'Z') return (int8_t)(c - 'A');
-  if (c >= 'a' && c <= 'z') return (int8_t)(c - 'a' + 26);
-  if (c >= '0' && c <= '9') return (int8_t)(c - '0' + 52);
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-/* Decoded length of a base64 text, or -1 when its length is not a multiple of 4. */
-static int64_t b64_decoded_len(const char *s, size_t len) {
-  if (len % 4) return -1;
-  if (len == 0) return 0;
-  size_t pad = s[len - 1] == '=' ? (s[len - 2] == '=' ? 2 : 1) : 0;
-  return (int64_t)(len / 4 * 3 - pad);
-}
-
-/*
- * Decode len bytes of base64 into out (b64_decoded_len bytes).  Refuses any
- * character outside the alphabet, '=' anywhere but the last one or two
- * places, and nonzero bits after the last full byte (a non-canonical form).
- * 0, or -1 with *bad set to the offset of the first wrong character.
- */
-static int b64_decode(const char *s, size_t len, uint8_t *out, size_t *bad) {
-  size_t o = 0;
-  for (size_t i = 0; i < len; i += 4) {
-    bool last = i + 4 == len;
-    int8_t v[4];
-    int npad = 0;
-    for (int k = 0; k < 4; k++) {
-      unsigned char c = (unsigned char)s[i + k];
-      if (c == '=' && last && k >= 2 && (k == 3 || s[i + 3] == '=')) {
-        v[k] = 0;
-        npad++;
-        continue;
-      }
-      v[k] = b64_value(c);
-      if (v[k] < 0 || npad) {
-        *bad = i + k;
-        return -1;
-      }
-    }
-    uint32_t q = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-    if ((npad == 2 && (q & 0xffff)) || (npad == 1 && (q & 0xff))) {
-      *bad = i + 3 - (size_t)npad;
-      return -1;
-    }
-    out[o++] = (uint8_t)(q >> 16);
-    if (npad < 2) out[o++] = (uint8_t)(q >> 8);
-    if (npad < 1) out[o++] = (uint8_t)q;
-  }
-  return 0;
-}
-
 /* ---- builder ---- */
 
 kex_graph *kex_graph_new(const char *device) {
@@ -326,7 +271,7 @@ static int add_input(kex_graph *g, uint32_t idx, const kex_gnode *in, const inli
   n->bufsrc = in->bufsrc;
   switch (in->bufsrc) {
   case KEX_BUF_DATA: {
-    int64_t len = data->b64 ? b64_decoded_len(data->b64, data->b64_len) : (int64_t)data->len;
+    int64_t len = data->b64 ? kex_base64_decoded_len(data->b64, data->b64_len) : (int64_t)data->len;
     if (len < 0) FAIL(KEX_EINVAL, "data is not valid base64: its length %zu is not a multiple of 4", data->b64_len);
     if (len != bytes)
       FAIL(KEX_EINVAL, "inline data is %" PRId64 " bytes, expected prod(shape) * itemsize = %" PRId64 " * %d = %" PRId64,
@@ -338,7 +283,7 @@ static int add_input(kex_graph *g, uint32_t idx, const kex_gnode *in, const inli
     if (!buf) NOMEM();
     if (data->b64) {
       size_t bad = 0;
-      if (b64_decode(data->b64, data->b64_len, buf, &bad) < 0)
+      if (kex_base64_decode(data->b64, data->b64_len, buf, &bad) < 0)
         FAIL(KEX_EINVAL, "data is not valid base64: character '%c' (0x%02x) at offset %zu", data->b64[bad] >= 0x20 && data->b64[bad] < 0x7f ? data->b64[bad] : '?',
              (unsigned char)data->b64[bad], bad);
     } else if (len) {

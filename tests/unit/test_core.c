@@ -21,6 +21,7 @@
 
 #include "core/alloc.h"
 #include "core/arena.h"
+#include "core/codec.h"
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/hash.h"
@@ -753,6 +754,49 @@ static void test_ptrmap(void **state) {
   kex_ptrmap_free(&m);
 }
 
+/* base64: round trips of every length around a chunk edge; strict decoding refuses at the first wrong character. */
+static void test_base64(void **state) {
+  (void)state;
+  static uint8_t raw[2400], back[2400];
+  for (size_t i = 0; i < sizeof raw; i++) raw[i] = (uint8_t)(i * 131 + 7);
+  for (size_t n = 0; n < sizeof raw; n += n < 16 ? 1 : 97) {
+    char *t = kex_base64_encode(raw, n);
+    assert_non_null(t);
+    assert_int_equal(strlen(t), 4 * ((n + 2) / 3));
+    assert_int_equal(kex_base64_decoded_len(t, strlen(t)), n);
+    assert_int_equal(kex_base64_decode(t, strlen(t), back, NULL), 0);
+    assert_memory_equal(back, raw, n);
+    kex_free(t);
+  }
+  char *t = kex_base64_encode("\xc9\x19\x62\x3d", 4);
+  assert_string_equal(t, "yRliPQ==");
+  kex_free(t);
+  static const struct {
+    const char *text;
+    size_t bad;
+  } refused[] = {{"AA-A", 2}, {"AA=AAAAA", 2}, {"AAB=", 2}, {"AB==", 1}, {" AAA", 0}, {"AAAA AA=", 4}, {"AAAAAA=A", 6}};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    size_t bad = 99;
+    assert_int_equal(kex_base64_decode(refused[i].text, strlen(refused[i].text), back, &bad), KEX_EPARSE);
+    assert_int_equal(bad, refused[i].bad);
+  }
+  assert_int_equal(kex_base64_decoded_len("AAAAA", 5), -1);
+  assert_int_equal(kex_base64_decode("AAA=", 4, back, NULL), 0);
+}
+
+/* SHA-256 of "abc" (FIPS 180-4's first vector), and hex both ways. */
+static void test_sha256_hex(void **state) {
+  (void)state;
+  uint8_t d[32], back[32];
+  char hex[65];
+  assert_int_equal(kex_sha256_bytes("abc", 3, d), 0);
+  kex_hex(d, 32, hex);
+  assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  assert_int_equal(kex_unhex(hex, back, 32), 0);
+  assert_memory_equal(back, d, 32);
+  assert_int_equal(kex_unhex("0g", back, 1), KEX_EPARSE);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_err_table_complete),
@@ -792,6 +836,8 @@ int main(void) {
       cmocka_unit_test(test_log_writes_lines),
       cmocka_unit_test(test_limits_defaults),
       cmocka_unit_test(test_ptrmap),
+      cmocka_unit_test(test_base64),
+      cmocka_unit_test(test_sha256_hex),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
