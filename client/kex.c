@@ -25,6 +25,7 @@
 #include "core/codec.h"
 #include "core/arena.h"
 #include "core/errors.h"
+#include "core/npy.h"
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
@@ -394,7 +395,7 @@ static int cmd_run(int argc, char **argv) {
       char p[4096];
       snprintf(p, sizeof p, "%s/out%u.npy", outdir, i);
       const kex_run_output *o = &res.outputs[i];
-      if ((rc = kex_write_npy(p, o->dtype, o->ndim, o->shape, o->data, &err))) {
+      if ((rc = kex_npy_write(p, o->dtype, o->ndim, o->shape, o->data, &err))) {
         fprintf(stderr, "kex run: %s\n", err.msg);
         ret = 1;
         goto out;

@@ -33,12 +33,12 @@
 #include "core/codec.h"
 #include "core/arena.h"
 #include "core/dtype.h"
+#include "core/npy.h"
 #include "kex/v1/kex.pb-c.h"
 
 #define CLIENT_DEFAULT_TIMEOUT_S 60.0
 #define CLIENT_DEFAULT_MAX_MESSAGE (64 << 20)
 #define CLIENT_CERTS_MAX (4 << 20) /* bytes of a root certificate file */
-#define NPY_HEADER_MAX 4096        /* bytes of a .npy header we read */
 
 /* The methods, in the order of the handle table. */
 enum {
@@ -646,68 +646,6 @@ int kex_upload(kex_client *c, const char *job, const char *dtype, int ndim, cons
 
 /* ---- .npy ---- */
 
-static const struct {
-  const char *descr, *dtype;
-} npy_types[] = {
-    {"b1", "bool"},   {"i1", "int8"},   {"u1", "uint8"},   {"i2", "int16"},   {"u2", "uint16"},  {"i4", "int32"},
-    {"u4", "uint32"}, {"i8", "int64"},  {"u8", "uint64"},  {"f2", "float16"}, {"f4", "float32"}, {"f8", "float64"},
-};
-
-/* Parse the header of an open .npy file: dtype, shape; the file is left at the data. */
-static int npy_read_header(FILE *f, const char *path, char dtype[32], int *ndim, int64_t *shape, kex_status *st) {
-  unsigned char pre[12];
-  char hdr[NPY_HEADER_MAX + 1];
-  size_t hlen, pre_len;
-  const char *p;
-  if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0)
-    return status_set(st, KEX_EPARSE, 0, "%s: not a .npy file (no \\x93NUMPY magic)", path);
-  if (pre[6] == 1) {
-    hlen = pre[8] | (size_t)pre[9] << 8;
-    pre_len = 10;
-  } else {
-    if (fread(pre + 10, 1, 2, f) != 2) return status_set(st, KEX_EPARSE, 0, "%s: truncated .npy header", path);
-    hlen = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
-    pre_len = 12;
-  }
-  (void)pre_len;
-  if (hlen > NPY_HEADER_MAX) return status_set(st, KEX_EPARSE, 0, "%s: .npy header of %zu bytes is too long", path, hlen);
-  if (fread(hdr, 1, hlen, f) != hlen) return status_set(st, KEX_EPARSE, 0, "%s: truncated .npy header", path);
-  hdr[hlen] = 0;
-  if (strstr(hdr, "'fortran_order': True"))
-    return status_set(st, KEX_EPARSE, 0, "%s: Fortran-order arrays are not supported (save with C order)", path);
-  if (!(p = strstr(hdr, "'descr':"))) return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no descr", path);
-  p = strchr(p + 8, '\'');
-  if (!p) return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no descr", path);
-  p++;
-  char order = *p;
-  if (order == '>' && !(p[2] == '1' && p[3] == '\''))
-    return status_set(st, KEX_EPARSE, 0, "%s: big-endian arrays are not supported", path);
-  if (order == '<' || order == '|' || order == '=' || order == '>') p++;
-  dtype[0] = 0;
-  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
-    if (strncmp(p, npy_types[i].descr, 2) == 0 && p[2] == '\'') snprintf(dtype, 32, "%s", npy_types[i].dtype);
-  if (!dtype[0]) {
-    const char *e = strchr(p, '\'');
-    return status_set(st, KEX_EPARSE, 0, "%s: numpy dtype '%.*s' has no kex dtype", path, e ? (int)(e - p) : 8, p);
-  }
-  if (!(p = strstr(hdr, "'shape':")) || !(p = strchr(p, '(')))
-    return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no shape", path);
-  p++;
-  *ndim = 0;
-  for (;;) {
-    while (*p == ' ' || *p == ',') p++;
-    if (*p == ')') break;
-    char *end;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || v < 0) return status_set(st, KEX_EPARSE, 0, "%s: bad .npy shape", path);
-    if (*ndim == KEX_CLIENT_DIMS_MAX)
-      return status_set(st, KEX_EPARSE, 0, "%s: more than %d dims", path, KEX_CLIENT_DIMS_MAX);
-    shape[(*ndim)++] = v;
-    p = end;
-  }
-  return 0;
-}
-
 static long read_file_chunk(void *ud, void *buf, size_t cap, kex_status *st) {
   FILE *f = ud;
   size_t n = fread(buf, 1, cap, f);
@@ -717,14 +655,20 @@ static long read_file_chunk(void *ud, void *buf, size_t cap, kex_status *st) {
 
 int kex_upload_npy(kex_client *c, const char *job, const char *path, const char *device, char handle[KEX_TOKEN_MAX],
                    kex_status *st) {
-  char dtype[32];
+  const char *dtype;
   int64_t shape[KEX_CLIENT_DIMS_MAX];
   int ndim = 0, rc;
   long long nbytes;
+  kex_dtype dt;
+  kex_error err;
   FILE *f = fopen(path, "rb");
   handle[0] = 0;
   if (!f) return status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
-  if ((rc = npy_read_header(f, path, dtype, &ndim, shape, st))) goto out;
+  if ((rc = kex_npy_read_header(f, path, KEX_CLIENT_DIMS_MAX, &dt, &ndim, shape, &err))) {
+    status_set(st, rc, 0, "%s", err.msg);
+    goto out;
+  }
+  dtype = kex_dtypes[dt].name;
   nbytes = shape_bytes(ndim, shape, dtype_itemsize(dtype));
   if (nbytes < 0) {
     rc = status_set(st, KEX_EPARSE, 0, "%s: shape too large", path);
@@ -737,33 +681,14 @@ out:
 }
 
 int kex_array_write_npy(const kex_array *b, const char *path, kex_status *st) {
-  const char *descr = NULL;
-  char hdr[512], shape[400] = "";
-  size_t off = 0;
-  FILE *f;
-  int rc = 0;
-  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
-    if (strcmp(b->dtype, npy_types[i].dtype) == 0) descr = npy_types[i].descr;
-  if (!descr) return status_set(st, KEX_EINVAL, 0, "%s: numpy has no dtype for %s", path, b->dtype);
-  for (int d = 0; d < b->ndim; d++)
-    off += (size_t)snprintf(shape + off, sizeof shape - off, "%lld%s", (long long)b->shape[d],
-                            b->ndim == 1 ? "," : d + 1 < b->ndim ? ", " : "");
-  int n = snprintf(hdr, sizeof hdr, "{'descr': '%c%s', 'fortran_order': False, 'shape': (%s), }",
-                   descr[1] == '1' ? '|' : '<', descr, shape);
-  int total = 10 + n + 1;
-  int pad = (64 - total % 64) % 64;
-  if (!(f = fopen(path, "wb"))) return status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
-  unsigned hl = (unsigned)(n + pad + 1);
-  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
-  fwrite(pre, 1, 10, f);
-  fwrite(hdr, 1, (size_t)n, f);
-  for (int i = 0; i < pad; i++) fputc(' ', f);
-  fputc('\n', f);
-  if (b->nbytes) fwrite(b->data, 1, b->nbytes, f);
-  if (ferror(f)) rc = status_set(st, KEX_EIO, 0, "%s: write error", path);
-  if (fclose(f) && !rc) rc = status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
-  if (!rc) status_ok(st);
-  return rc;
+  int dt = kex_dtype_from_name(b->dtype), rc;
+  kex_error err;
+  if (dt < 0 || dt == KEX_DT_BFLOAT16) return status_set(st, KEX_EINVAL, 0, "%s: numpy has no dtype for %s", path, b->dtype);
+  if (shape_bytes(b->ndim, b->shape, kex_dtype_size((kex_dtype)dt)) != (long long)b->nbytes)
+    return status_set(st, KEX_EINVAL, 0, "%s: %zu bytes do not fill a %s array of that shape", path, b->nbytes, b->dtype);
+  if ((rc = kex_npy_write(path, (kex_dtype)dt, b->ndim, b->shape, b->data, &err))) return status_set(st, rc, 0, "%s", err.msg);
+  status_ok(st);
+  return 0;
 }
 
 /* ---- download, free ---- */

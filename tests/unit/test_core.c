@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/arena.h"
@@ -27,6 +28,7 @@
 #include "core/hash.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/npy.h"
 #include "core/ops.h"
 #include "core/ptrmap.h"
 
@@ -797,6 +799,47 @@ static void test_sha256_hex(void **state) {
   assert_int_equal(kex_unhex("0g", back, 1), KEX_EPARSE);
 }
 
+/* .npy: what the writer writes the reader reads back (dtype, shape, data at a 64-byte boundary); bad headers refused. */
+static void test_npy_round_trip(void **state) {
+  (void)state;
+  char path[] = "/tmp/kex_test_npy_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  const int32_t data[6] = {1, -2, 3, -4, 5, -6};
+  const int64_t shape[2] = {2, 3};
+  kex_error err;
+  assert_int_equal(kex_npy_write(path, KEX_DT_INT32, 2, shape, data, &err), 0);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  kex_dtype dt;
+  int ndim;
+  int64_t got[4];
+  assert_int_equal(kex_npy_read_header(f, path, 4, &dt, &ndim, got, &err), 0);
+  assert_int_equal(dt, KEX_DT_INT32);
+  assert_int_equal(ndim, 2);
+  assert_int_equal(got[0], 2);
+  assert_int_equal(got[1], 3);
+  assert_int_equal(ftell(f) % 64, 0);
+  int32_t back[6];
+  assert_int_equal(fread(back, 4, 6, f), 6);
+  assert_memory_equal(back, data, sizeof data);
+  rewind(f);
+  assert_int_equal(kex_npy_read_header(f, path, 1, &dt, &ndim, got, &err), KEX_EPARSE);
+  assert_non_null(strstr(err.msg, "more than 1 dims"));
+  fclose(f);
+  f = fopen(path, "wb");
+  fputs("not numpy at all", f);
+  fclose(f);
+  f = fopen(path, "rb");
+  assert_int_equal(kex_npy_read_header(f, path, 4, &dt, &ndim, got, &err), KEX_EPARSE);
+  assert_non_null(strstr(err.msg, "not a .npy file"));
+  fclose(f);
+  assert_string_equal(kex_npy_descr(KEX_DT_BOOL), "|b1");
+  assert_string_equal(kex_npy_descr(KEX_DT_FLOAT16), "<f2");
+  unlink(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_err_table_complete),
@@ -838,6 +881,7 @@ int main(void) {
       cmocka_unit_test(test_ptrmap),
       cmocka_unit_test(test_base64),
       cmocka_unit_test(test_sha256_hex),
+      cmocka_unit_test(test_npy_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
