@@ -150,74 +150,35 @@ int kex_shape_error(kex_shape_ctx *ctx, const char **msg) {
 
 /* ---- tables ---- */
 
-int kex__ptab_reserve(kex__ptab *t) {
-  if ((t->count + 1) * 10 < t->cap * 7) return 0;
-  size_t ncap = t->cap ? t->cap * 2 : 256;
-  const void **ns = kex_calloc(ncap, sizeof *ns);
-  if (!ns) return KEX_ENOMEM;
-  for (size_t i = 0; i < t->cap; i++) {
-    const void *e = t->slots[i];
-    if (!e) continue;
-    size_t j = (size_t)(*(const uint64_t *)e) & (ncap - 1);
-    while (ns[j]) j = (j + 1) & (ncap - 1);
-    ns[j] = e;
-  }
-  kex_free(t->slots);
-  t->slots = ns;
-  t->cap = ncap;
-  return 0;
-}
-
 static uint64_t memo_hash(uint32_t op, const void *a, const void *b) {
   return kex_hash_mix(kex_hash_u64((uint64_t)(uintptr_t)a, op), (uint64_t)(uintptr_t)b);
 }
 
-bool kex__memo_get(const kex__memo *m, uint32_t op, const void *a, const void *b, const void **val) {
-  if (!m->cap) return false;
-  size_t mask = m->cap - 1;
-  for (size_t i = (size_t)memo_hash(op, a, b) & mask;; i = (i + 1) & mask) {
-    const kex__memo_ent *e = &m->slots[i];
-    if (!e->op) return false;
-    if (e->op == op && e->a == a && e->b == b) {
-      *val = e->val;
-      return true;
-    }
-  }
+static bool memo_eq(const void *entry, const void *probe) {
+  const kex__memo_ent *e = entry, *k = probe;
+  return e->op == k->op && e->a == k->a && e->b == k->b;
 }
 
-int kex__memo_put(kex__memo *m, uint32_t op, const void *a, const void *b, const void *val) {
-  if ((m->count + 1) * 10 >= m->cap * 7) {
-    size_t ncap = m->cap ? m->cap * 2 : 256;
-    kex__memo_ent *ns = kex_calloc(ncap, sizeof *ns);
-    if (!ns) return KEX_ENOMEM;
-    for (size_t i = 0; i < m->cap; i++) {
-      kex__memo_ent *e = &m->slots[i];
-      if (!e->op) continue;
-      size_t j = (size_t)memo_hash(e->op, e->a, e->b) & (ncap - 1);
-      while (ns[j].op) j = (j + 1) & (ncap - 1);
-      ns[j] = *e;
-    }
-    kex_free(m->slots);
-    m->slots = ns;
-    m->cap = ncap;
-  }
-  size_t mask = m->cap - 1;
-  for (size_t i = (size_t)memo_hash(op, a, b) & mask;; i = (i + 1) & mask) {
-    kex__memo_ent *e = &m->slots[i];
-    if (!e->op) {
-      e->op = op;
-      e->a = a;
-      e->b = b;
-      e->val = val;
-      m->count++;
-      return 0;
-    }
-    if (e->op == op && e->a == a && e->b == b) {
-      e->val = val;
-      return 0;
-    }
-  }
+static const kex_dict_type memo_type = {sizeof(kex__memo_ent), memo_eq};
+
+bool kex__memo_get(const kex_dict *m, uint32_t op, const void *a, const void *b, const void **val) {
+  kex__memo_ent k = {.a = a, .b = b, .op = op};
+  const kex__memo_ent *e = kex_dict_find(m, memo_hash(op, a, b), &k);
+  if (e) *val = e->val;
+  return e != NULL;
 }
+
+int kex__memo_put(kex_dict *m, uint32_t op, const void *a, const void *b, const void *val) {
+  kex__memo_ent k = {.a = a, .b = b, .op = op, .val = val};
+  bool found;
+  kex__memo_ent *e = kex_dict_insert(m, memo_hash(op, a, b), &k, &found);
+  if (!e) return KEX_ENOMEM;
+  *e = k;
+  return 0;
+}
+
+static bool view_eq(const void *entry, const void *probe);
+static const kex_dict_type view_type = {sizeof(const kex_view *), view_eq};
 
 /* ---- context ---- */
 
@@ -225,15 +186,18 @@ kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena) {
   kex_shape_ctx *ctx = kex_calloc(1, sizeof *ctx);
   if (!ctx) return NULL;
   ctx->arena = arena;
+  ctx->views = kex_dict_make(&view_type);
+  ctx->sts = kex_dict_make(&kex__st_type);
+  ctx->memo = kex_dict_make(&memo_type);
   kex_sym_ctx_init(&ctx->sym, arena);
   return ctx;
 }
 
 void kex_shape_ctx_free(kex_shape_ctx *ctx) {
   if (!ctx) return;
-  kex_free(ctx->views.slots);
-  kex_free(ctx->sts.slots);
-  kex_free(ctx->memo.slots);
+  kex_dict_free(&ctx->views);
+  kex_dict_free(&ctx->sts);
+  kex_dict_free(&ctx->memo);
   kex_free(ctx);
 }
 
@@ -272,6 +236,8 @@ static bool view_buf_eq(const view_buf *b, const kex_view *v) {
   return !b->has_mask || kex_i64_eq(b->mask, v->mask, 2 * n);
 }
 
+static bool view_eq(const void *entry, const void *probe) { return view_buf_eq(probe, *(const kex_view *const *)entry); }
+
 /* Intern an already canonical buffer.  NULL on OOM, or (error set) when prod(shape) overflows. */
 static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool contiguous) {
   bool ovf = false;
@@ -280,18 +246,18 @@ static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool c
     overflow(ctx, "View.size", b->ndim, b->shape);
     return NULL;
   }
-  if (kex__ptab_reserve(&ctx->views)) return NULL;
   uint64_t h = view_buf_hash(b);
-  kex__ptab *t = &ctx->views;
-  size_t mask = t->cap - 1, i;
-  for (i = (size_t)h & mask; t->slots[i]; i = (i + 1) & mask) {
-    const kex_view *v = t->slots[i];
-    if (v->hash == h && view_buf_eq(b, v)) return v;
-  }
+  bool found;
+  const kex_view **slot = kex_dict_insert(&ctx->views, h, b, &found);
+  if (!slot) return NULL;
+  if (found) return *slot;
   size_t n = (size_t)b->ndim;
   size_t words = 2 * n + (b->has_mask ? 2 * n : 0);
   kex_view *v = kex_arena_alloc(ctx->arena, sizeof *v + words * sizeof(int64_t));
-  if (!v) return NULL;
+  if (!v) {
+    kex_dict_cancel(&ctx->views, slot);
+    return NULL;
+  }
   int64_t *data = (int64_t *)(v + 1);
   memcpy(data, b->shape, n * sizeof *data);
   memcpy(data + n, b->strides, n * sizeof *data);
@@ -305,8 +271,7 @@ static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool c
   v->mask = b->has_mask ? data + 2 * n : NULL;
   v->shape_st = NULL;
   v->size = size;
-  t->slots[i] = v;
-  t->count++;
+  *slot = v;
   return v;
 }
 

@@ -1,0 +1,68 @@
+/*
+ * dict.h - the one hash table: open addressing, per-use hash and equality.
+ *
+ * Modelled on Redis' dict/dictType: a kex_dict_type says what one use of
+ * the table stores and how keys compare; the table itself only probes,
+ * grows and forgets.  Entries are fixed-size records (type->entry_size
+ * bytes, e.g. an interned object's pointer, or a (key, value) pair) stored
+ * inline; each slot's 64-bit hash is kept beside it, so probing compares
+ * hashes first and calls type->eq only on a hash match, and growing never
+ * calls back.  Linear probing, power-of-two capacity, grown at 70% load;
+ * memory from kex_malloc.  Hashes are the caller's (kex_hash_* of the key):
+ * a table never hashes, so a key may be probed with a differently shaped
+ * "probe" (a view's buffer before it is interned) as long as the hash and
+ * type->eq agree.
+ *
+ * Users: the shape context's intern tables and memo (sched/view.c,
+ * sched/shapetracker.c), the lazy-buffer cache (sched/lazy.c), the
+ * schedule's LazyOp table (sched/schedule.c), uop hash-consing
+ * (codegen/uops.c), the AST key's tables (codegen/astkey.c) and
+ * kex_ptrmap (core/ptrmap.c).
+ */
+#ifndef KEX_CORE_DICT_H
+#define KEX_CORE_DICT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kex_dict_type {
+  size_t entry_size; /* bytes of one entry */
+  /* Does the stored entry match the probe?  Called only when their hashes are equal. */
+  bool (*eq)(const void *entry, const void *probe);
+} kex_dict_type;
+
+typedef struct kex_dict {
+  const kex_dict_type *type;
+  uint64_t *hashes;       /* 0 = empty slot */
+  unsigned char *entries; /* cap * type->entry_size */
+  uint32_t cap, len;
+} kex_dict;
+
+/* An empty dict of that type (no memory until the first insert). */
+static inline kex_dict kex_dict_make(const kex_dict_type *type) { return (kex_dict){.type = type}; }
+
+/* The entry matching probe (whose hash is h), or NULL.  Valid until the next insert. */
+void *kex_dict_find(const kex_dict *d, uint64_t h, const void *probe);
+
+/*
+ * Find probe (hash h), or make room for it.  Returns the matching entry
+ * with *found = true, or a new zeroed entry with *found = false that the
+ * caller fills before the next call on d (or gives back with
+ * kex_dict_cancel); NULL when growing ran out of memory (d is unchanged).
+ * The pointer is valid until the next insert.
+ */
+void *kex_dict_insert(kex_dict *d, uint64_t h, const void *probe, bool *found);
+
+/* Give back the entry the last kex_dict_insert just made (when filling it failed). */
+void kex_dict_cancel(kex_dict *d, void *entry);
+
+/* Walk the entries: start with *pos = 0; NULL when done.  No insert during a walk. */
+void *kex_dict_next(const kex_dict *d, uint32_t *pos);
+
+/* Forget every entry, keeping the memory. */
+void kex_dict_clear(kex_dict *d);
+/* Release the memory; the dict is empty and reusable (its type stays). */
+void kex_dict_free(kex_dict *d);
+
+#endif
