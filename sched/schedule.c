@@ -60,8 +60,7 @@ static void pv_free(ptrvec *p) {
 /* ---- hash-consed LazyOps ---- */
 
 struct kex_sched_tables {
-  uint32_t cap, len;
-  const kex_lop **slots;
+  kex_dict lops; /* of const kex_lop *, probed with a template kex_lop */
 };
 
 static uint64_t lop_hash(const kex_lop *l) {
@@ -88,30 +87,23 @@ static bool lop_eq(const kex_lop *a, const kex_lop *b) {
   return true;
 }
 
+static bool lop_entry_eq(const void *entry, const void *probe) { return lop_eq(*(const kex_lop *const *)entry, probe); }
+
+static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq};
+
 /* Return the interned copy of *tmpl (allocating it in the arena when new). NULL on OOM. */
 static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {
   tmpl->hash = lop_hash(tmpl);
-  if ((t->len + 1) * 2 > t->cap) {
-    uint32_t ncap = t->cap ? t->cap * 2 : 256;
-    const kex_lop **ns = kex_calloc(ncap, sizeof *ns);
-    if (!ns) return NULL;
-    for (uint32_t i = 0; i < t->cap; i++) {
-      if (!t->slots[i]) continue;
-      uint32_t j = (uint32_t)t->slots[i]->hash & (ncap - 1);
-      while (ns[j]) j = (j + 1) & (ncap - 1);
-      ns[j] = t->slots[i];
-    }
-    kex_free(t->slots);
-    t->slots = ns;
-    t->cap = ncap;
-  }
-  uint32_t i = (uint32_t)tmpl->hash & (t->cap - 1);
-  for (; t->slots[i]; i = (i + 1) & (t->cap - 1))
-    if (t->slots[i]->hash == tmpl->hash && lop_eq(t->slots[i], tmpl)) return t->slots[i];
+  bool found;
+  const kex_lop **slot = kex_dict_insert(&t->lops, tmpl->hash, tmpl, &found);
+  if (!slot) return NULL;
+  if (found) return *slot;
   kex_lop *l = kex_arena_memdup(arena, tmpl, sizeof *tmpl);
-  if (!l) return NULL;
-  t->slots[i] = l;
-  t->len++;
+  if (!l) {
+    kex_dict_cancel(&t->lops, slot);
+    return NULL;
+  }
+  *slot = l;
   return l;
 }
 
@@ -755,6 +747,7 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
   kex_schedule *sc = kex_calloc(1, sizeof *sc);
   struct kex_sched_tables *lops = kex_calloc(1, sizeof *lops);
+  if (lops) lops->lops = kex_dict_make(&lop_table_type);
   uint32_t *in_degree = NULL, *queue = NULL;
   ptrvec *edges = NULL;
   kex_sched_item *pre = NULL;
@@ -931,7 +924,7 @@ out:
 void kex_schedule_free(kex_schedule *s) {
   if (!s) return;
   if (s->tables) {
-    kex_free(s->tables->slots);
+    kex_dict_free(&s->tables->lops);
     kex_free(s->tables);
   }
   kex_free(s->items);
