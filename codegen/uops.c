@@ -21,15 +21,18 @@ static const char *uop_names[] = {
 
 const char *kex_uop_name(kex_uop_kind k) { return (unsigned)k < KEX_UOP_COUNT ? uop_names[k] : "?"; }
 
+static const kex_dict_type uop_table_type; /* below, with the hash-consing */
+
 void kex_uop_graph_init(kex_uop_graph *g) {
   memset(g, 0, sizeof *g);
   kex_arena_init(&g->arena, 0);
+  g->table = kex_dict_make(&uop_table_type);
 }
 
 void kex_uop_graph_free(kex_uop_graph *g) {
   kex_arena_destroy(&g->arena);
   kex_free(g->nodes);
-  kex_free(g->table);
+  kex_dict_free(&g->table);
   kex_free(g->linear);
   memset(g, 0, sizeof *g);
 }
@@ -73,22 +76,21 @@ static bool uop_same(const kex_uop *u, kex_uop_kind uop, kex_udtype dt, const ke
   return !a->name || !strcmp(a->name, b->name);
 }
 
-static int table_grow(kex_uop_graph *g) {
-  uint32_t ncap = g->tcap ? g->tcap * 2 : 1024;
-  const kex_uop **t = kex_calloc(ncap, sizeof *t);
-  if (!t) return KEX_ENOMEM;
-  for (uint32_t i = 0; i < g->tcap; i++) {
-    const kex_uop *u = g->table[i];
-    if (!u) continue;
-    uint32_t j = (uint32_t)u->hash & (ncap - 1);
-    while (t[j]) j = (j + 1) & (ncap - 1);
-    t[j] = u;
-  }
-  kex_free(g->table);
-  g->table = t;
-  g->tcap = ncap;
-  return 0;
+/* A uop not yet made: what kex_uop_add was asked for. */
+typedef struct uop_probe {
+  kex_uop_kind uop;
+  kex_udtype dtype;
+  const kex_uop *const *vin;
+  uint32_t nvin;
+  const kex_uop_arg *arg;
+} uop_probe;
+
+static bool uop_entry_same(const void *entry, const void *probe) {
+  const uop_probe *p = probe;
+  return uop_same(*(const kex_uop *const *)entry, p->uop, p->dtype, p->vin, p->nvin, p->arg);
 }
+
+static const kex_dict_type uop_table_type = {sizeof(const kex_uop *), uop_entry_same};
 
 const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype, const kex_uop *const *vin,
                            uint32_t nvin, const kex_uop_arg *arg) {
@@ -99,12 +101,11 @@ const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype,
   if (!arg) arg = &none;
   kex_uop_arg a = *arg;
   uint64_t h = uop_hash(uop, dtype, vin, nvin, &a);
-  if (g->tcap) {
-    uint32_t j = (uint32_t)h & (g->tcap - 1);
-    for (const kex_uop *u; (u = g->table[j]); j = (j + 1) & (g->tcap - 1))
-      if (u->hash == h && uop_same(u, uop, dtype, vin, nvin, &a)) return u;
-  }
-  if ((g->n + 1) * 2 > g->tcap && table_grow(g)) goto oom;
+  uop_probe p = {uop, dtype, vin, nvin, &a};
+  bool found;
+  const kex_uop **slot = kex_dict_insert(&g->table, h, &p, &found);
+  if (!slot) goto oom;
+  if (found) return *slot;
   if (g->n == g->cap) {
     uint32_t ncap = g->cap ? g->cap * 2 : 1024;
     const kex_uop **nn = kex_realloc(g->nodes, ncap * sizeof *nn);
@@ -119,11 +120,10 @@ const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype,
   if (a.name && !(a.name = kex_arena_strdup(&g->arena, a.name))) goto oom;
   *u = (kex_uop){uop, dtype, nvin, v, a, g->n, h};
   g->nodes[g->n++] = u;
-  uint32_t j = (uint32_t)h & (g->tcap - 1);
-  while (g->table[j]) j = (j + 1) & (g->tcap - 1);
-  g->table[j] = u;
+  *slot = u;
   return u;
 oom:
+  if (slot && !found) kex_dict_cancel(&g->table, slot);
   g->oom = true;
   return NULL;
 }
