@@ -78,6 +78,13 @@ int kex_cli_server_addr(const char *in, char *out, size_t cap) {
   return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
+void kex_cli_print_values(int dt, const void *data, size_t nbytes) {
+  size_t item = dt < 0 || dt >= KEX_DT_COUNT ? 0 : (size_t)kex_dtype_size((kex_dtype)dt), n = item ? nbytes / item : 0;
+  printf("[");
+  for (size_t i = 0; i < n && i < 8; i++) printf("%s%.6g", i ? ", " : "", kex_dtype_element((kex_dtype)dt, data, i));
+  printf("%s]\n", n > 8 ? ", ..." : "");
+}
+
 void kex_cli_start_hint(FILE *f, const char *addr) {
   if (!strcmp(addr, KEX_CLI_DEFAULT_SERVER))
     fprintf(f, "kex: is kexd running at %s? start one with scripts/run.sh (it builds kexd and listens there), or "
@@ -296,33 +303,6 @@ out:
 
 
 #ifdef KEX_HAVE_RUN
-/* Print up to 8 leading elements of an output, numpy-like. */
-static void print_values(const kex_run_output *o) {
-  size_t item = (size_t)kex_dtype_size(o->dtype), n = item ? o->nbytes / item : 0;
-  printf("[");
-  for (size_t i = 0; i < n && i < 8; i++) {
-    const unsigned char *p = (const unsigned char *)o->data + i * item;
-    double v = 0;
-    switch (o->dtype) {
-    case KEX_DT_BOOL: v = *p != 0; break;
-    case KEX_DT_INT8: v = *(const int8_t *)p; break;
-    case KEX_DT_UINT8: v = *p; break;
-    case KEX_DT_INT16: { int16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_UINT16: { uint16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_INT32: { int32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_UINT32: { uint32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_INT64: { int64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_UINT64: { uint64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); v = f; break; }
-    case KEX_DT_FLOAT32: { float x; memcpy(&x, p, 4); v = x; break; }
-    default: memcpy(&v, p, 8); break;
-    }
-    printf("%s%.6g", i ? ", " : "", v);
-  }
-  printf("%s]\n", n > 8 ? ", ..." : "");
-}
-
 static int cmd_run(int argc, char **argv) {
   static const struct option opts[] = {{"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
                                        {"repeat", required_argument, NULL, 'r'}, {"out", required_argument, NULL, 'o'},
@@ -449,7 +429,7 @@ static int cmd_run(int argc, char **argv) {
       printf("output %u: %s (", i, kex_dtypes[o->dtype].name);
       for (int d = 0; d < o->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)o->shape[d]);
       printf(o->ndim == 1 ? ",) " : ") ");
-      print_values(o);
+      kex_cli_print_values((int)o->dtype, o->data, o->nbytes);
     }
     if (check) ret = kex_cli_case_finish(&kc, res.noutputs, false) ? 0 : 1;
   }

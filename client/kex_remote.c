@@ -297,31 +297,10 @@ out:
 /* "dtype (shape) [values]": up to 8 leading elements, as the in-process `kex run` prints them. */
 static void print_buffer(const kex_array *b) {
   int dt = kex_dtype_from_name(b->dtype);
-  size_t item = dt < 0 ? 0 : (size_t)kex_dtype_size((kex_dtype)dt), n = item ? b->nbytes / item : 0;
   printf("%s (", b->dtype);
   for (int d = 0; d < b->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)b->shape[d]);
-  printf(b->ndim == 1 ? ",) [" : ") [");
-  for (size_t i = 0; i < n && i < 8; i++) {
-    const unsigned char *p = (const unsigned char *)b->data + i * item;
-    double v = 0;
-    switch ((kex_dtype)dt) {
-    case KEX_DT_BOOL: v = *p != 0; break;
-    case KEX_DT_INT8: v = *(const int8_t *)p; break;
-    case KEX_DT_UINT8: v = *p; break;
-    case KEX_DT_INT16: { int16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_UINT16: { uint16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_INT32: { int32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_UINT32: { uint32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_INT64: { int64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_UINT64: { uint64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); v = f; break; }
-    case KEX_DT_FLOAT32: { float x; memcpy(&x, p, 4); v = x; break; }
-    default: memcpy(&v, p, 8); break;
-    }
-    printf("%s%.6g", i ? ", " : "", v);
-  }
-  printf("%s]\n", n > 8 ? ", ..." : "");
+  printf(b->ndim == 1 ? ",) " : ") ");
+  kex_cli_print_values(dt, b->data, b->nbytes);
 }
 
 typedef struct progress {

@@ -518,6 +518,46 @@ int kex_job_close(kex_client *c, const char *job, kex_status *st) {
 /* Reads the next up-to-cap bytes of an upload into buf; returns the count or -1 with *st set. */
 typedef long (*upload_reader)(void *ud, void *buf, size_t cap, kex_status *st);
 
+/* Send one message of a client stream (the first one with the initial metadata): 1 sent, 0 the call is over. */
+static int rpc_send_stream(rpc *r, const ProtobufCMessage *m, bool first) {
+  grpc_op ops[2];
+  grpc_byte_buffer *bb = pack(m);
+  size_t n = 0;
+  int ok;
+  memset(ops, 0, sizeof ops);
+  if (first) op_send_initial(r, &ops[n++]);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = bb;
+  ok = rpc_batch(r, ops, n);
+  grpc_byte_buffer_destroy(bb);
+  return ok;
+}
+
+/*
+ * End a client stream: when sent_all, close the send side and receive the
+ * one reply into *reply; then the call's status (local, when the client
+ * failed, wins).  0 with *reply set, or the error (st says it; an OK
+ * status without a reply is KEX_ECORRUPT, named after method).
+ */
+static int rpc_end_stream(rpc *r, bool sent_all, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **reply,
+                          const kex_status *local, const char *method, kex_status *st) {
+  int got = 0, rc;
+  if (sent_all) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (rpc_batch(r, &op, 1)) got = rpc_recv(r, desc, reply, st);
+  }
+  if (got < 0) {
+    kex_status ignored;
+    rpc_end(r, &ignored);
+    return st ? st->code : KEX_ECORRUPT;
+  }
+  rc = rpc_end_local(r, local, st);
+  if (!rc && !*reply) rc = status_set(st, KEX_ECORRUPT, 0, "%s: the server sent OK without a reply", method);
+  return rc;
+}
+
 /* Upload: the header, then nbytes from read in chunks, then the reply. */
 static int upload_stream(kex_client *c, const char *job, const char *dtype, int ndim, const int64_t *shape,
                          const char *device, size_t nbytes, upload_reader read, void *ud, char handle[KEX_TOKEN_MAX],
@@ -525,12 +565,12 @@ static int upload_stream(kex_client *c, const char *job, const char *dtype, int 
   Kex__V1__UploadRequest req = KEX__V1__UPLOAD_REQUEST__INIT;
   Kex__V1__UploadHeader hdr = KEX__V1__UPLOAD_HEADER__INIT;
   Kex__V1__UploadReply *rep = NULL;
-  grpc_op ops[3];
   unsigned char *chunk = NULL;
   kex_status local_err = {0};
   bool client_failed = false;
   rpc r;
-  int rc, got = 0;
+  bool sent_all = false;
+  int rc;
   handle[0] = 0;
   if (ndim < 0 || ndim > KEX_CLIENT_DIMS_MAX) return status_set(st, KEX_EINVAL, 0, "Upload: %d dims", ndim);
   if ((rc = rpc_begin(c, M_UPLOAD, 0, &r, st))) return rc;
@@ -547,16 +587,7 @@ static int upload_stream(kex_client *c, const char *job, const char *dtype, int 
   req.job = (char *)(job ? job : "");
   req.part_case = KEX__V1__UPLOAD_REQUEST__PART_HEADER;
   req.header = &hdr;
-  {
-    grpc_byte_buffer *bb = pack(&req.base);
-    memset(ops, 0, sizeof ops);
-    op_send_initial(&r, &ops[0]);
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = bb;
-    int ok = rpc_batch(&r, ops, 2);
-    grpc_byte_buffer_destroy(bb);
-    if (!ok) goto finish; /* the server ended the call: rpc_end says why */
-  }
+  if (!rpc_send_stream(&r, &req.base, true)) goto finish; /* the server ended the call: rpc_end says why */
   req.header = NULL;
   req.part_case = KEX__V1__UPLOAD_REQUEST__PART_CHUNK;
   for (size_t sent = 0; sent < nbytes;) {
@@ -570,34 +601,17 @@ static int upload_stream(kex_client *c, const char *job, const char *dtype, int 
     }
     req.chunk.data = chunk;
     req.chunk.len = (size_t)n;
-    grpc_byte_buffer *bb = pack(&req.base);
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_MESSAGE;
-    ops[0].data.send_message.send_message = bb;
-    int ok = rpc_batch(&r, ops, 1);
-    grpc_byte_buffer_destroy(bb);
-    if (!ok) goto finish;
+    if (!rpc_send_stream(&r, &req.base, false)) goto finish;
     sent += (size_t)n;
   }
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  if (rpc_batch(&r, ops, 1)) got = rpc_recv(&r, &kex__v1__upload_reply__descriptor, (ProtobufCMessage **)&rep, st);
+  sent_all = true;
 finish:
-  if (got < 0) {
-    kex_status ignored;
-    rpc_end(&r, &ignored);
-    rc = st ? st->code : KEX_ECORRUPT;
-    goto out;
-  }
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
-  if (!rc && !rep) {
-    rc = status_set(st, KEX_ECORRUPT, 0, "Upload: the server sent OK without a reply");
-  }
+  rc = rpc_end_stream(&r, sent_all, &kex__v1__upload_reply__descriptor, (ProtobufCMessage **)&rep,
+                      client_failed ? &local_err : NULL, "Upload", st);
   if (!rc) {
     copy_token(handle, rep->handle);
     status_ok(st);
   }
-out:
   free_msg(rep);
   kex_free(chunk);
   return rc;
@@ -1650,21 +1664,6 @@ finish:
   return rc;
 }
 
-/* Send one message of a client stream (the first one with the initial metadata): 1 sent, 0 the call is over. */
-static int rpc_send_stream(rpc *r, const ProtobufCMessage *m, bool first) {
-  grpc_op ops[2];
-  grpc_byte_buffer *bb = pack(m);
-  size_t n = 0;
-  int ok;
-  memset(ops, 0, sizeof ops);
-  if (first) op_send_initial(r, &ops[n++]);
-  ops[n].op = GRPC_OP_SEND_MESSAGE;
-  ops[n++].data.send_message.send_message = bb;
-  ok = rpc_batch(r, ops, n);
-  grpc_byte_buffer_destroy(bb);
-  return ok;
-}
-
 int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_report *rep, kex_status *st) {
   Kex__V1__ImportCacheRequest req = KEX__V1__IMPORT_CACHE_REQUEST__INIT;
   Kex__V1__ImportCacheReply *reply = NULL;
@@ -1672,7 +1671,8 @@ int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_
   kex_status local_err = {0};
   bool client_failed = false;
   rpc r;
-  int rc, got = 0;
+  bool sent_all = false;
+  int rc;
   if (rep) memset(rep, 0, sizeof *rep);
   if (!f) return status_set(st, KEX_EINVAL, 0, "ImportCache: no file");
   if (!(chunk = kex_malloc(KEX_UPLOAD_CHUNK))) return status_set(st, KEX_ENOMEM, 0, "ImportCache: out of memory");
@@ -1693,24 +1693,10 @@ int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_
     req.job = (char *)"";                                     /* the job goes in the first message only */
     if (n < KEX_UPLOAD_CHUNK && feof(f)) break;
   }
-  {
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    if (rpc_batch(&r, &op, 1))
-      got = rpc_recv(&r, &kex__v1__import_cache_reply__descriptor, (ProtobufCMessage **)&reply, st);
-  }
+  sent_all = true;
 finish:
-  if (got < 0) {
-    kex_status ignored;
-    rpc_end(&r, &ignored);
-    rc = st ? st->code : KEX_ECORRUPT;
-    goto out;
-  }
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
-  if (!rc && !reply) {
-    rc = status_set(st, KEX_ECORRUPT, 0, "ImportCache: the server sent OK without a reply");
-  }
+  rc = rpc_end_stream(&r, sent_all, &kex__v1__import_cache_reply__descriptor, (ProtobufCMessage **)&reply,
+                      client_failed ? &local_err : NULL, "ImportCache", st);
   if (!rc) {
     if (rep) {
       rep->imported = reply->imported;

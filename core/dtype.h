@@ -50,6 +50,9 @@ static inline bool kex_dtype_is_float(kex_dtype d) { return kex_dtypes[d].kind =
 static inline bool kex_dtype_is_int(kex_dtype d) { return kex_dtypes[d].kind == 'i' || kex_dtypes[d].kind == 'u'; }
 static inline bool kex_dtype_is_unsigned(kex_dtype d) { return kex_dtypes[d].kind == 'u'; }
 
+/* Element i of a little-endian array of dtype d, as a double (NaN for a dtype out of range). */
+double kex_dtype_element(kex_dtype d, const void *base, size_t i);
+
 /* tinygrad repr name (dtypes.<name>): "float", "half", "int", ... */
 const char *kex_dtype_tgname(kex_dtype d);
 /* Graph-format name -> dtype; -1 when unknown. */

@@ -391,6 +391,25 @@ out:
   return rc;
 }
 
+/*
+ * The last step of load and build: create kernel `name` from the built
+ * *program into *prog and hand *prog to *out; on success both pointers are
+ * taken (set to NULL), on error the caller still releases them.
+ */
+static int kex_cl_take_program(kex_cl_device *cl, cl_program *program, kex_cl_program **prog, const char *name,
+                               void **out, kex_error *err) {
+  cl_int e = CL_SUCCESS;
+  (*prog)->kernel = clCreateKernel(*program, name, &e);
+  if (!(*prog)->kernel || e != CL_SUCCESS)
+    return kex_err_set(err, e == CL_INVALID_KERNEL_NAME ? KEX_ENOTFOUND : kex_cl_code(e),
+                       "opencl %s: clCreateKernel(%s) failed: %s", cl->name, name, kex_cl_errname(e));
+  (*prog)->program = *program;
+  *program = NULL;
+  *out = *prog;
+  *prog = NULL;
+  return 0;
+}
+
 static int kex_cl_load(void *impl, const unsigned char *bin, size_t bin_size, const char *name, void **out,
                        kex_error *err) {
   kex_cl_device *cl = impl;
@@ -422,17 +441,7 @@ static int kex_cl_load(void *impl, const unsigned char *bin, size_t bin_size, co
       goto out;
     }
   }
-  prog->kernel = clCreateKernel(program, name, &e);
-  if (!prog->kernel || e != CL_SUCCESS) {
-    rc = kex_err_set(err, e == CL_INVALID_KERNEL_NAME ? KEX_ENOTFOUND : kex_cl_code(e),
-                     "opencl %s: clCreateKernel(%s) failed: %s", cl->name, name, kex_cl_errname(e));
-    goto out;
-  }
-  prog->program = program;
-  program = NULL;
-  *out = prog;
-  prog = NULL;
-  rc = 0;
+  rc = kex_cl_take_program(cl, &program, &prog, name, out, err);
 out:
   if (program) clReleaseProgram(program);
   kex_free(prog);
@@ -463,17 +472,7 @@ static int kex_cl_build(void *impl, const char *source, const char *name, void *
     rc = kex_cl_build_error(cl, program, name, "clBuildProgram", e, err);
     goto out;
   }
-  prog->kernel = clCreateKernel(program, name, &e);
-  if (!prog->kernel || e != CL_SUCCESS) {
-    rc = kex_err_set(err, e == CL_INVALID_KERNEL_NAME ? KEX_ENOTFOUND : kex_cl_code(e),
-                     "opencl %s: clCreateKernel(%s) failed: %s", cl->name, name, kex_cl_errname(e));
-    goto out;
-  }
-  prog->program = program;
-  program = NULL;
-  *out = prog;
-  prog = NULL;
-  rc = 0;
+  rc = kex_cl_take_program(cl, &program, &prog, name, out, err);
 out:
   if (program) clReleaseProgram(program);
   kex_free(prog);
