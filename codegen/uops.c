@@ -170,24 +170,33 @@ static bool const_eqv(const kex_uop *a, const kex_uop *b) {
   return kex_const_as_double(a->arg.c) == kex_const_as_double(b->arg.c);
 }
 
-/* Does `target` occur among the parents (strict ancestors) of u?  Explicit stack; -1 on OOM. */
-static int depends_on(const kex_uop_graph *g, const kex_uop *u, const kex_uop *target) {
+/*
+ * Does a uop that `match`es occur among u's ancestors (and u itself when
+ * with_self)?  Explicit stack; 1, 0, or -1 on OOM.
+ */
+static int reaches(const kex_uop_graph *g, const kex_uop *u, bool with_self, bool (*match)(const kex_uop *x, const void *arg),
+                   const void *arg) {
   uint8_t *seen = kex_calloc(g->n, 1);
-  const kex_uop **st = kex_malloc((size_t)g->n * sizeof *st);
+  const kex_uop **st = kex_malloc((size_t)(g->n + 1) * sizeof *st);
   int found = 0;
   if (!seen || !st) {
     found = -1;
     goto out;
   }
   uint32_t sp = 0;
-  for (uint32_t i = 0; i < u->nvin; i++)
-    if (!seen[u->vin[i]->id]) {
-      seen[u->vin[i]->id] = 1;
-      st[sp++] = u->vin[i];
-    }
+  if (with_self) {
+    st[sp++] = u;
+    seen[u->id] = 1;
+  } else {
+    for (uint32_t i = 0; i < u->nvin; i++)
+      if (!seen[u->vin[i]->id]) {
+        seen[u->vin[i]->id] = 1;
+        st[sp++] = u->vin[i];
+      }
+  }
   while (sp && !found) {
     const kex_uop *x = st[--sp];
-    if (x == target) {
+    if (match(x, arg)) {
       found = 1;
       break;
     }
@@ -201,6 +210,14 @@ out:
   kex_free(seen);
   kex_free(st);
   return found;
+}
+
+static bool is_target(const kex_uop *x, const void *target) { return x == target; }
+static bool is_unmul(const kex_uop *x, const void *unused) { return (void)unused, x->uop == KEX_UOP_UNMUL; }
+
+/* Does `target` occur among the parents (strict ancestors) of u?  -1 on OOM. */
+static int depends_on(const kex_uop_graph *g, const kex_uop *u, const kex_uop *target) {
+  return reaches(g, u, false, is_target, target);
 }
 
 static const kex_uop *neg(kex_uop_graph *g, const kex_uop *x) { return kex_uop_alu(g, KEX_OP_NEG, x, NULL, NULL); }
@@ -550,31 +567,7 @@ static int64_t tie_key(const kex_uop *u) {
 #define MAX_SCOPES 64
 
 /* Is an UNMUL reachable from sink?  1, 0, or -1 on OOM. */
-static int has_unmul(const kex_uop_graph *g, const kex_uop *sink) {
-  uint8_t *seen = kex_calloc(g->n, 1);
-  const kex_uop **st = kex_malloc((size_t)(g->n + 1) * sizeof *st);
-  int found = 0;
-  if (!seen || !st) {
-    found = -1;
-    goto out;
-  }
-  uint32_t sp = 0;
-  st[sp++] = sink;
-  seen[sink->id] = 1;
-  while (sp && !found) {
-    const kex_uop *x = st[--sp];
-    if (x->uop == KEX_UOP_UNMUL) found = 1;
-    for (uint32_t i = 0; i < x->nvin; i++)
-      if (!seen[x->vin[i]->id]) {
-        seen[x->vin[i]->id] = 1;
-        st[sp++] = x->vin[i];
-      }
-  }
-out:
-  kex_free(seen);
-  kex_free(st);
-  return found;
-}
+static int has_unmul(const kex_uop_graph *g, const kex_uop *sink) { return reaches(g, sink, true, is_unmul, NULL); }
 
 int kex_uop_linearize(kex_uop_graph *g, const kex_uop *const *sinks, uint32_t nsinks, kex_error *err) {
   int rc = 0;
