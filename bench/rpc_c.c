@@ -50,6 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "client/libkex.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kex/v1/kex.pb-c.h"
@@ -315,11 +316,6 @@ static void *worker_main(void *arg) {
   }
   grpc_completion_queue_destroy(cq);
   return NULL;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 typedef struct result {

@@ -179,3 +179,16 @@ double kex_dtype_element(kex_dtype dt, const void *base, size_t i) {
   default: return NAN;
   }
 }
+
+const char *kex_tuple_repr(char *buf, size_t len, int n, const int64_t *v) {
+  size_t off = 0;
+  int k = snprintf(buf, len, "(");
+  off = k > 0 ? (size_t)k : 0;
+  for (int i = 0; i < n && off < len; i++) {
+    k = snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)v[i]);
+    if (k < 0) break;
+    off += (size_t)k;
+  }
+  if (off < len) snprintf(buf + off, len - off, n == 1 ? ",)" : ")");
+  return buf;
+}

@@ -84,6 +84,8 @@ kex_const kex_const_as(kex_const c, kex_dtype dt);
 /* Truncate a value to what a dtype can hold, like tinygrad's ctypes truncation. */
 kex_const kex_const_truncate(kex_const c, kex_dtype dt);
 bool kex_const_eq(kex_const a, kex_const b);
+/* Python tuple repr of n int64 values into buf, cut at len: "()", "(4,)", "(4, 4)".  Returns buf. */
+const char *kex_tuple_repr(char *buf, size_t len, int n, const int64_t *v);
 /* Python repr: 1, 1.0, inf, -inf, nan, True, False. */
 int kex_const_repr(kex_const c, char *buf, size_t len);
 

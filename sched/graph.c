@@ -70,20 +70,6 @@ uint32_t kex_graph_base(const kex_graph *g, uint32_t idx) {
 
 /* ---- small helpers ---- */
 
-/* Python tuple repr of a shape into buf: "()", "(4,)", "(4, 4)". Returns buf. */
-static const char *fmt_shape(char *buf, size_t len, uint32_t ndim, const int64_t *shape) {
-  size_t off = 0;
-  int n = snprintf(buf, len, "(");
-  off = n > 0 ? (size_t)n : 0;
-  for (uint32_t i = 0; i < ndim && off < len; i++) {
-    n = snprintf(buf + off, len - off, "%s%" PRId64, i ? ", " : "", shape[i]);
-    if (n < 0) break;
-    off += (size_t)n;
-  }
-  if (off < len) snprintf(buf + off, len - off, ndim == 1 ? ",)" : ")");
-  return buf;
-}
-
 /*
  * Element count of a shape: *nonzero gets the product of its non-zero dims
  * and *prod the true product (0 when any dim is 0).  0, or -1 when the
@@ -131,17 +117,17 @@ static int check_shape(uint32_t idx, const char *opname, const char *what, uint3
   for (uint32_t i = 0; i < ndim; i++)
     if (shape[i] < 0)
       return kex_err_set(err, KEX_EINVAL, "node %u (%s): %s %s has negative dim %u (%" PRId64 ")", idx, opname, what,
-                         fmt_shape(sb, sizeof sb, ndim, shape), i, shape[i]);
+                         kex_tuple_repr(sb, sizeof sb, (int)ndim, shape), i, shape[i]);
   if (shape_prod(ndim, shape, &nonzero, &n) < 0)
     return kex_err_set(err, KEX_ELIMIT,
                        "node %u (%s): %s %s: its non-zero dims multiply past int64, more than the limit of %" PRId64
                        " elements",
-                       idx, opname, what, fmt_shape(sb, sizeof sb, ndim, shape), lim->max_elements);
+                       idx, opname, what, kex_tuple_repr(sb, sizeof sb, (int)ndim, shape), lim->max_elements);
   if (nonzero > lim->max_elements)
     return kex_err_set(err, KEX_ELIMIT,
                        "node %u (%s): %s %s: its non-zero dims multiply to %" PRId64 ", more than the limit of %" PRId64
                        " elements",
-                       idx, opname, what, fmt_shape(sb, sizeof sb, ndim, shape), nonzero, lim->max_elements);
+                       idx, opname, what, kex_tuple_repr(sb, sizeof sb, (int)ndim, shape), nonzero, lim->max_elements);
   *elements = n;
   return 0;
 }
@@ -320,7 +306,7 @@ static int add_elementwise(kex_graph *g, uint32_t idx, const kex_gnode *in, kex_
   for (int i = 1; i < in->nsrc; i++)
     if (s[i]->ndim != s[0]->ndim || memcmp(s[i]->shape, s[0]->shape, s[0]->ndim * sizeof *s[0]->shape))
       FAIL(KEX_EINVAL, "source shapes do not match: node %u has %s, node %u has %s", in->src[0],
-           fmt_shape(sa, sizeof sa, s[0]->ndim, s[0]->shape), in->src[i], fmt_shape(sb, sizeof sb, s[i]->ndim, s[i]->shape));
+           kex_tuple_repr(sa, sizeof sa, (int)s[0]->ndim, s[0]->shape), in->src[i], kex_tuple_repr(sb, sizeof sb, (int)s[i]->ndim, s[i]->shape));
   n->ndim = s[0]->ndim;
   n->shape = s[0]->shape; /* shapes are immutable arena arrays: shared */
   if (gop_is_cast(op)) {
@@ -361,7 +347,7 @@ static int add_reduce(kex_graph *g, uint32_t idx, const kex_gnode *in, kex_gnode
       FAIL(KEX_EINVAL, "axis %" PRId32 " is negative (the client normalises axes to 0..ndim-1)", a);
     if ((uint32_t)a >= s->ndim)
       FAIL(KEX_EINVAL, "axis %" PRId32 " is out of range for source node %u of shape %s", a, in->src[0],
-           fmt_shape(sb, sizeof sb, s->ndim, s->shape));
+           kex_tuple_repr(sb, sizeof sb, (int)s->ndim, s->shape));
     if (seen & (1u << a)) FAIL(KEX_EINVAL, "axis %" PRId32 " is given twice", a);
     seen |= 1u << a;
   }
@@ -397,7 +383,7 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
     if (shape_prod(s->ndim, s->shape, &src_nonzero, &src_elements) < 0) FAIL(KEX_EINTERNAL, "source shape overflows");
     if (elements != src_elements)
       FAIL(KEX_EINVAL, "reshape from %s (%" PRId64 " elements) to %s (%" PRId64 " elements) changes the element count",
-           fmt_shape(sa, sizeof sa, s->ndim, s->shape), src_elements, fmt_shape(sb, sizeof sb, in->narg, arg), elements);
+           kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), src_elements, kex_tuple_repr(sb, sizeof sb, (int)in->narg, arg), elements);
     ndim = in->narg;
     if (ndim) memcpy(shape, arg, (size_t)ndim * sizeof *shape);
     goto copy;
@@ -405,9 +391,9 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
   if (in->narg != want) {
     if (op == KEX_GOP_PAD || op == KEX_GOP_SHRINK)
       FAIL(KEX_EINVAL, "arg has %u pairs, source node %u of shape %s has %u dims", in->narg / 2, in->src[0],
-           fmt_shape(sa, sizeof sa, s->ndim, s->shape), s->ndim);
+           kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), s->ndim);
     FAIL(KEX_EINVAL, "arg has %u entries, source node %u of shape %s has %u dims", in->narg, in->src[0],
-         fmt_shape(sa, sizeof sa, s->ndim, s->shape), s->ndim);
+         kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), s->ndim);
   }
   if (op == KEX_GOP_PAD || op == KEX_GOP_SHRINK) {
     if (in->narg % 2) FAIL(KEX_EINVAL, "arg must hold pairs, got %u numbers", in->narg);
@@ -415,10 +401,10 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
   switch (op) {
   case KEX_GOP_EXPAND:
     for (uint32_t d = 0; d < ndim; d++) {
-      if (arg[d] < 0) FAIL(KEX_EINVAL, "expand to %s: dim %u is negative", fmt_shape(sa, sizeof sa, ndim, arg), d);
+      if (arg[d] < 0) FAIL(KEX_EINVAL, "expand to %s: dim %u is negative", kex_tuple_repr(sa, sizeof sa, (int)ndim, arg), d);
       if (arg[d] != s->shape[d] && s->shape[d] != 1)
         FAIL(KEX_EINVAL, "expand from %s to %s: dim %u of size %" PRId64 " is not 1 and cannot become %" PRId64,
-             fmt_shape(sa, sizeof sa, s->ndim, s->shape), fmt_shape(sb, sizeof sb, ndim, arg), d, s->shape[d], arg[d]);
+             kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), kex_tuple_repr(sb, sizeof sb, (int)ndim, arg), d, s->shape[d], arg[d]);
       shape[d] = arg[d];
     }
     break;
@@ -426,7 +412,7 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
     uint32_t seen = 0;
     for (uint32_t d = 0; d < ndim; d++) {
       if (arg[d] < 0 || arg[d] >= (int64_t)ndim || (seen & (1u << arg[d])))
-        FAIL(KEX_EINVAL, "order %s is not a permutation of 0..%u", fmt_shape(sa, sizeof sa, ndim, arg),
+        FAIL(KEX_EINVAL, "order %s is not a permutation of 0..%u", kex_tuple_repr(sa, sizeof sa, (int)ndim, arg),
              ndim ? ndim - 1 : 0);
       seen |= 1u << arg[d];
       shape[d] = s->shape[arg[d]];
@@ -523,7 +509,7 @@ static int graph_add(kex_graph *g, const kex_gnode *in, const inline_data *data,
       uint32_t base = kex_graph_base(g, in->src[1]);
       if (t->ndim != s->ndim || memcmp(t->shape, s->shape, s->ndim * sizeof *s->shape))
         FAIL(KEX_EINVAL, "ASSIGN value node %u has shape %s, target node %u has shape %s", in->src[0],
-             fmt_shape(sa, sizeof sa, s->ndim, s->shape), in->src[1], fmt_shape(sb, sizeof sb, t->ndim, t->shape));
+             kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), in->src[1], kex_tuple_repr(sb, sizeof sb, (int)t->ndim, t->shape));
       if (t->dtype != s->dtype)
         FAIL(KEX_EINVAL, "ASSIGN value node %u is %s, target node %u is %s", in->src[0], kex_dtypes[s->dtype].name,
              in->src[1], kex_dtypes[t->dtype].name);

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/dtype.h"
 #include "core/errors.h"
 #include "core/hash.h"
 #include "sched/shape_internal.h"
@@ -51,32 +52,19 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- checked int64 arithmetic: on overflow (or a zero divisor) *ovf is set and 0 returned ---- */
 
-static int64_t ck_add(bool *ovf, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) {
-    *ovf = true;
-    return 0;
+#define CHECKED(name, builtin)                     \
+  static int64_t name(bool *ovf, int64_t a, int64_t b) { \
+    int64_t r;                                             \
+    if (builtin(a, b, &r)) {                               \
+      *ovf = true;                                         \
+      return 0;                                            \
+    }                                                      \
+    return r;                                              \
   }
-  return r;
-}
-
-static int64_t ck_sub(bool *ovf, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_sub_overflow(a, b, &r)) {
-    *ovf = true;
-    return 0;
-  }
-  return r;
-}
-
-static int64_t ck_mul(bool *ovf, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) {
-    *ovf = true;
-    return 0;
-  }
-  return r;
-}
+CHECKED(ck_add, __builtin_add_overflow)
+CHECKED(ck_sub, __builtin_sub_overflow)
+CHECKED(ck_mul, __builtin_mul_overflow)
+#undef CHECKED
 
 /* Python's a // b (floor division). */
 static int64_t py_div(bool *ovf, int64_t a, int64_t b) {
@@ -109,20 +97,6 @@ static int64_t shape_size(bool *ovf, int n, const int64_t *shape) {
 
 /* ---- the context's error ---- */
 
-/* Python tuple repr of n values into buf, cut at len.  Returns buf. */
-static const char *tuple_str(char *buf, size_t len, int n, const int64_t *v) {
-  size_t off = 0;
-  int k = snprintf(buf, len, "(");
-  off = k > 0 ? (size_t)k : 0;
-  for (int i = 0; i < n && off < len; i++) {
-    k = snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)v[i]);
-    if (k < 0) break;
-    off += (size_t)k;
-  }
-  if (off < len) snprintf(buf + off, len - off, n == 1 ? ",)" : ")");
-  return buf;
-}
-
 int kex__shape_fail(kex_shape_ctx *ctx, int code, const char *fmt, ...) {
   if (!ctx->rc) {
     va_list ap;
@@ -138,7 +112,7 @@ int kex__shape_fail(kex_shape_ctx *ctx, int code, const char *fmt, ...) {
 static int overflow(kex_shape_ctx *ctx, const char *what, int n, const int64_t *shape) {
   char sb[128];
   return kex__shape_fail(ctx, KEX_ELIMIT, "%s on a view of shape %s: a shape, stride, offset or mask overflows int64",
-                         what, tuple_str(sb, sizeof sb, n, shape));
+                         what, kex_tuple_repr(sb, sizeof sb, n, shape));
 }
 
 int kex_shape_error(kex_shape_ctx *ctx, const char **msg) {
@@ -288,7 +262,7 @@ static const kex_view *create_buf(kex_shape_ctx *ctx, view_buf *b, bool have_str
     if (b->shape[i] < 0) {
       char sb[128];
       kex__shape_fail(ctx, KEX_EINVAL, "View.create: shape %s has a negative dim",
-                      tuple_str(sb, sizeof sb, n, b->shape));
+                      kex_tuple_repr(sb, sizeof sb, n, b->shape));
       return NULL;
     }
   if (!kex__strides_for_shape(n, b->shape, sfs)) {
@@ -429,7 +403,7 @@ const kex_view *kex_view_shrink(kex_shape_ctx *ctx, const kex_view *v, const int
   for (int i = 0; i < v->ndim; i++)
     if (arg[2 * i] < 0 || arg[2 * i] > arg[2 * i + 1] || arg[2 * i + 1] > v->shape[i]) {
       kex__shape_fail(ctx, KEX_EINVAL, "View.shrink: %s is out of range for shape %s",
-                      pairs_str(ab, sizeof ab, v->ndim, arg), tuple_str(sb, sizeof sb, v->ndim, v->shape));
+                      pairs_str(ab, sizeof ab, v->ndim, arg), kex_tuple_repr(sb, sizeof sb, v->ndim, v->shape));
       return NULL;
     }
   return unsafe_resize(ctx, v, arg, NULL, "View.shrink");
@@ -504,7 +478,7 @@ const kex_view *kex_view_stride(kex_shape_ctx *ctx, const kex_view *v, const int
     int64_t m = mul[i];
     if (m == 0 || m == INT64_MIN) {
       kex__shape_fail(ctx, m ? KEX_ELIMIT : KEX_EINVAL, "View.stride: stride %lld of dim %d (shape %s) is %s",
-                      (long long)m, i, tuple_str(sb, sizeof sb, n, v->shape), m ? "out of the int64 range" : "0");
+                      (long long)m, i, kex_tuple_repr(sb, sizeof sb, n, v->shape), m ? "out of the int64 range" : "0");
       return NULL;
     }
     int64_t am = m < 0 ? -m : m, s = v->shape[i];
@@ -722,7 +696,7 @@ int kex_view_reshape(kex_shape_ctx *ctx, const kex_view *v, int ndim, const int6
 mismatch: {
   char sa[128], sb[128];
   return kex__shape_fail(ctx, KEX_EINVAL, "View.reshape: size mismatch, cannot reshape %s to %s",
-                         tuple_str(sa, sizeof sa, v->ndim, v->shape), tuple_str(sb, sizeof sb, ndim, new_shape));
+                         kex_tuple_repr(sa, sizeof sa, v->ndim, v->shape), kex_tuple_repr(sb, sizeof sb, ndim, new_shape));
 }
 }
 
