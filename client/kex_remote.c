@@ -401,6 +401,68 @@ static int repeat_runs(remote *r, const char *text, const kex_submit_opts *so, i
   return ret;
 }
 
+/* Output i of a run with its bytes: inline in the reply, or downloaded into bufs[i]. */
+static kex_array output_array(const kex_result *res, const kex_array *bufs, size_t i) {
+  kex_array b = bufs[i];
+  b.data = res->outputs[i].has_data ? res->outputs[i].buf.data : bufs[i].data;
+  return b;
+}
+
+/* `run --json`: kernels, outputs (base64) and, with check, the comparison with the case.  The exit code. */
+static int report_json(const kex_result *res, const kex_array *bufs, bool check, kex_cli_case *kc) {
+  int ret = 0;
+  json_t *ks = json_array(), *os = json_array(), *checks = check ? json_array() : NULL;
+  for (size_t i = 0; i < res->nkernels; i++)
+    json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f}", "name", res->kernels[i].kernel, "opts",
+                                        res->kernel_opts[i], "us", res->kernels[i].run_us, "compile_us",
+                                        res->kernels[i].compile_us));
+  for (size_t i = 0; i < res->noutputs; i++) {
+    kex_array out = output_array(res, bufs, i);
+    const kex_array *b = &out;
+    json_t *shape = json_array();
+    for (int d = 0; d < b->ndim; d++) json_array_append_new(shape, json_integer(b->shape[d]));
+    char *b64 = kex_base64_encode(b->data, b->nbytes);
+    json_array_append_new(os, json_pack("{s:s, s:o, s:s, s:s}", "dtype", b->dtype, "shape", shape, "data",
+                                        b64 ? b64 : "", "handle", res->outputs[i].handle));
+    kex_free(b64);
+    if (check) {
+      json_t *d = NULL;
+      kex_cli_case_check(kc, i, b->dtype, b->ndim, b->shape, b->data, b->nbytes, true, &d);
+      json_array_append_new(checks, d);
+    }
+  }
+  json_t *doc = json_pack("{s:o, s:o, s:f}", "kernels", ks, "outputs", os, "total_us", res->total_us);
+  if (check) {
+    bool all = kex_cli_case_finish(kc, res->noutputs, true);
+    json_object_set_new(doc, "check", json_pack("{s:b, s:I, s:o}", "passed", all, "expected_outputs",
+                                                (json_int_t)kc->nexpected, "outputs", checks));
+    ret = all ? 0 : 1;
+  }
+  json_dumpf(doc, stdout, JSON_COMPACT);
+  fputc('\n', stdout);
+  json_decref(doc);
+  return ret;
+}
+
+/* `run`'s text: one line per kernel, then each output (or, with check, its comparison).  The exit code. */
+static int report_text(const kex_result *res, const kex_array *bufs, bool check, kex_cli_case *kc) {
+  int ret = 0;
+  for (size_t i = 0; i < res->nkernels; i++)
+    printf("kernel %zu: %-28s %-44s %10.2f us\n", i + 1, res->kernels[i].kernel,
+           res->kernel_opts[i][0] ? res->kernel_opts[i] : "(no opts)", res->kernels[i].run_us);
+  for (size_t i = 0; i < res->noutputs; i++) {
+    kex_array b = output_array(res, bufs, i);
+    if (check) {
+      kex_cli_case_check(kc, i, b.dtype, b.ndim, b.shape, b.data, b.nbytes, false, NULL);
+      continue;
+    }
+    printf("output %zu: ", i);
+    print_buffer(&b);
+  }
+  if (check) ret = kex_cli_case_finish(kc, res->noutputs, false) ? 0 : 1;
+  return ret;
+}
+
 static int cmd_run(remote *r, int argc, char **argv) {
   static const struct option opts[] = {{"json", no_argument, NULL, 'j'},          {"job", required_argument, NULL, 'J'},
                                        {"out", required_argument, NULL, 'o'},     {"beam", required_argument, NULL, 'b'},
@@ -490,13 +552,11 @@ static int cmd_run(remote *r, int argc, char **argv) {
       goto out;
     }
   }
-#define OUT_DATA(i) (res->outputs[i].has_data ? res->outputs[i].buf.data : bufs[i].data)
   if (outdir) {
     mkdir(outdir, 0777);
     for (size_t i = 0; i < res->noutputs; i++) {
       char p[4096];
-      kex_array b = bufs[i];
-      b.data = OUT_DATA(i);
+      kex_array b = output_array(res, bufs, i);
       snprintf(p, sizeof p, "%s/out%zu.npy", outdir, i);
       if (kex_array_write_npy(&b, p, &st)) {
         ret = fail("run", &st);
@@ -504,53 +564,7 @@ static int cmd_run(remote *r, int argc, char **argv) {
       }
     }
   }
-  if (as_json) {
-    json_t *ks = json_array(), *os = json_array(), *checks = check ? json_array() : NULL;
-    for (size_t i = 0; i < res->nkernels; i++)
-      json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f}", "name", res->kernels[i].kernel, "opts",
-                                          res->kernel_opts[i], "us", res->kernels[i].run_us, "compile_us",
-                                          res->kernels[i].compile_us));
-    for (size_t i = 0; i < res->noutputs; i++) {
-      const kex_array *b = &bufs[i];
-      json_t *shape = json_array();
-      for (int d = 0; d < b->ndim; d++) json_array_append_new(shape, json_integer(b->shape[d]));
-      char *b64 = kex_base64_encode(OUT_DATA(i), b->nbytes);
-      json_array_append_new(os, json_pack("{s:s, s:o, s:s, s:s}", "dtype", b->dtype, "shape", shape, "data",
-                                          b64 ? b64 : "", "handle", res->outputs[i].handle));
-      kex_free(b64);
-      if (check) {
-        json_t *d = NULL;
-        kex_cli_case_check(&kc, i, b->dtype, b->ndim, b->shape, OUT_DATA(i), b->nbytes, true, &d);
-        json_array_append_new(checks, d);
-      }
-    }
-    json_t *doc = json_pack("{s:o, s:o, s:f}", "kernels", ks, "outputs", os, "total_us", res->total_us);
-    if (check) {
-      bool all = kex_cli_case_finish(&kc, res->noutputs, true);
-      json_object_set_new(doc, "check", json_pack("{s:b, s:I, s:o}", "passed", all, "expected_outputs",
-                                                  (json_int_t)kc.nexpected, "outputs", checks));
-      ret = all ? 0 : 1;
-    }
-    json_dumpf(doc, stdout, JSON_COMPACT);
-    fputc('\n', stdout);
-    json_decref(doc);
-  } else {
-    for (size_t i = 0; i < res->nkernels; i++)
-      printf("kernel %zu: %-28s %-44s %10.2f us\n", i + 1, res->kernels[i].kernel,
-             res->kernel_opts[i][0] ? res->kernel_opts[i] : "(no opts)", res->kernels[i].run_us);
-    for (size_t i = 0; i < res->noutputs; i++) {
-      kex_array b = bufs[i];
-      b.data = OUT_DATA(i);
-      if (check) {
-        kex_cli_case_check(&kc, i, b.dtype, b.ndim, b.shape, b.data, b.nbytes, false, NULL);
-        continue;
-      }
-      printf("output %zu: ", i);
-      print_buffer(&b);
-    }
-    if (check) ret = kex_cli_case_finish(&kc, res->noutputs, false) ? 0 : 1;
-  }
-#undef OUT_DATA
+  ret = as_json ? report_json(res, bufs, check, &kc) : report_text(res, bufs, check, &kc);
 out:
   if (bufs && res)
     for (size_t i = 0; i < res->noutputs; i++)
