@@ -120,8 +120,8 @@ static bool body_eq(const void *entry, const void *probe) {
   return r->body_len == w->line.len && !memcmp(w->text.p + r->body_off, w->line.p, w->line.len);
 }
 
-static const kex_dict_type number_type = {sizeof(node_number), number_eq};
-static const kex_dict_type body_type = {sizeof(uint32_t), body_eq};
+static const kex_dict_type number_type = {sizeof(node_number), number_eq, 1024};
+static const kex_dict_type body_type = {sizeof(uint32_t), body_eq, 1024};
 
 /* The canonical number of a finished node, or -1 when not seen yet. */
 static int64_t memo_get(const ast_walk *w, const kex_lop *n) {

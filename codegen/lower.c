@@ -172,7 +172,7 @@ static const kex_uop *render_sym(lower *L, const kex_sym *s) {
 
 static bool cache_slot_eq(const void *entry, const void *probe) { return !strcmp(((const cache_slot *)entry)->key, probe); }
 
-static const kex_dict_type cache_type = {sizeof(cache_slot), cache_slot_eq};
+static const kex_dict_type cache_type = {sizeof(cache_slot), cache_slot_eq, 256};
 
 /* The cached uop's slot for key (an arena string that the cache keeps), made NULL when new; NULL on OOM. */
 static const kex_uop **cache_slot_for(lower *L, const char *key) {
@@ -483,7 +483,7 @@ typedef struct memo_slot {
 
 static bool memo_slot_eq(const void *entry, const void *probe) { return ((const memo_slot *)entry)->l == probe; }
 
-static const kex_dict_type memo_type = {sizeof(memo_slot), memo_slot_eq};
+static const kex_dict_type memo_type = {sizeof(memo_slot), memo_slot_eq, 256};
 
 static uint64_t lop_ptr_hash(const kex_lop *l) { return kex_hash_u64(0, (uint64_t)(uintptr_t)l); }
 

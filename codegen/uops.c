@@ -90,7 +90,7 @@ static bool uop_entry_same(const void *entry, const void *probe) {
   return uop_same(*(const kex_uop *const *)entry, p->uop, p->dtype, p->vin, p->nvin, p->arg);
 }
 
-static const kex_dict_type uop_table_type = {sizeof(const kex_uop *), uop_entry_same};
+static const kex_dict_type uop_table_type = {sizeof(const kex_uop *), uop_entry_same, 1024};
 
 const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype, const kex_uop *const *vin,
                            uint32_t nvin, const kex_uop_arg *arg) {

@@ -24,7 +24,7 @@
   }
 
 int kex__dict_grow(kex_dict *d) {
-  uint32_t ncap = d->cap ? d->cap * 2 : DICT_MIN_CAP, mask = ncap - 1;
+  uint32_t ncap = d->cap ? d->cap * 2 : d->type->min_cap ? d->type->min_cap : DICT_MIN_CAP, mask = ncap - 1;
   size_t esz = d->type->entry_size;
   uint64_t *nh = kex_calloc(ncap, sizeof *nh);
   unsigned char *ne = kex_malloc(ncap * esz);

@@ -30,6 +30,7 @@ typedef struct kex_dict_type {
   size_t entry_size; /* bytes of one entry */
   /* Does the stored entry match the probe?  Called only when their hashes are equal. */
   bool (*eq)(const void *entry, const void *probe);
+  uint32_t min_cap; /* slots of the first allocation (a power of two); 0 means 64 */
 } kex_dict_type;
 
 typedef struct kex_dict {

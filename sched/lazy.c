@@ -83,7 +83,7 @@ static bool lb_entry_matches(const void *entry, const void *probe) {
   return key_matches(probe, *(kex_lb *const *)entry);
 }
 
-static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches};
+static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 256};
 
 static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
   kex_lb **e = kex_dict_find(&c->lbs, h, k);

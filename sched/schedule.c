@@ -89,7 +89,7 @@ static bool lop_eq(const kex_lop *a, const kex_lop *b) {
 
 static bool lop_entry_eq(const void *entry, const void *probe) { return lop_eq(*(const kex_lop *const *)entry, probe); }
 
-static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq};
+static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq, 256};
 
 /* Return the interned copy of *tmpl (allocating it in the arena when new). NULL on OOM. */
 static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {

@@ -133,7 +133,7 @@ static bool memo_eq(const void *entry, const void *probe) {
   return e->op == k->op && e->a == k->a && e->b == k->b;
 }
 
-static const kex_dict_type memo_type = {sizeof(kex__memo_ent), memo_eq};
+static const kex_dict_type memo_type = {sizeof(kex__memo_ent), memo_eq, 256};
 
 bool kex__memo_get(const kex_dict *m, uint32_t op, const void *a, const void *b, const void **val) {
   kex__memo_ent k = {.a = a, .b = b, .op = op};
@@ -152,7 +152,7 @@ int kex__memo_put(kex_dict *m, uint32_t op, const void *a, const void *b, const 
 }
 
 static bool view_eq(const void *entry, const void *probe);
-static const kex_dict_type view_type = {sizeof(const kex_view *), view_eq};
+static const kex_dict_type view_type = {sizeof(const kex_view *), view_eq, 256};
 
 /* ---- context ---- */
 
