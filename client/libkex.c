@@ -518,6 +518,13 @@ int kex_job_close(kex_client *c, const char *job, kex_status *st) {
 /* Reads the next up-to-cap bytes of an upload into buf; returns the count or -1 with *st set. */
 typedef long (*upload_reader)(void *ud, void *buf, size_t cap, kex_status *st);
 
+/* End a server stream: when the client failed (local says why), cancel the call first.  The call's status, or the
+   client's reason. */
+static int rpc_end_read(rpc *r, bool failed, const kex_status *local, kex_status *st) {
+  if (failed) grpc_call_cancel(r->call, NULL); /* gRPC: safe to call more than once */
+  return rpc_end_local(r, failed ? local : NULL, st);
+}
+
 /* Send one message of a client stream (the first one with the initial metadata): 1 sent, 0 the call is over. */
 static int rpc_send_stream(rpc *r, const ProtobufCMessage *m, bool first) {
   grpc_op ops[2];
@@ -727,10 +734,10 @@ int kex_download(kex_client *c, const char *job, const char *handle, kex_array *
   Kex__V1__DownloadRequest req = KEX__V1__DOWNLOAD_REQUEST__INIT;
   Kex__V1__DownloadChunk *ch = NULL;
   kex_status local_err = {0};
-  bool client_failed = false, first = true;
+  bool first = true;
   size_t total = 0;
   rpc r;
-  int rc, got;
+  int rc, got = 0;
   memset(out, 0, sizeof *out);
   req.job = (char *)(job ? job : "");
   req.handle = (char *)(handle ? handle : "");
@@ -759,12 +766,8 @@ int kex_download(kex_client *c, const char *job, const char *handle, kex_array *
     ch = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc && first) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Download: the server sent OK without any chunk");
   } else if (!rc && out->nbytes != total) {
@@ -1166,7 +1169,6 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
   Kex__V1__Graph g;
   kex_submit_opts o = {0};
   kex_status local_err = {0};
-  bool client_failed = false;
   kex_arena arena;
   rpc r;
   int rc, got = 0;
@@ -1220,12 +1222,8 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
     ev = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc && !*out) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Submit: the stream ended OK without a done event");
   }
@@ -1488,7 +1486,6 @@ int kex_client_tune(kex_client *c, const char *job, const char *graph_json, cons
   kex_tune_opts o = {0};
   kex_tune_result *res = NULL;
   kex_status local_err = {0};
-  bool client_failed = false;
   size_t finished = 0;
   kex_arena arena;
   rpc r;
@@ -1538,12 +1535,8 @@ int kex_client_tune(kex_client *c, const char *job, const char *graph_json, cons
     ev = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc && finished != res->nkernels) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Tune: the stream ended OK after %zu of %zu kernels", finished,
                     res->nkernels);
@@ -1623,10 +1616,9 @@ int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cac
   Kex__V1__CacheFilter pf;
   Kex__V1__ExportCacheChunk *ch = NULL;
   kex_status local_err = {0};
-  bool client_failed = false;
   uint64_t n = 0;
   rpc r;
-  int rc, got;
+  int rc, got = 0;
   if (entries) *entries = 0;
   if (!cb && !f) return status_set(st, KEX_EINVAL, 0, "ExportCache: neither a file nor a callback");
   filter_to_pb(filter, &pf);
@@ -1651,12 +1643,8 @@ int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cac
     ch = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc) {
     if (entries) *entries = n;
     status_ok(st);
