@@ -569,18 +569,14 @@ static int64_t tie_key(const kex_uop *u) {
 /* Is an UNMUL reachable from sink?  1, 0, or -1 on OOM. */
 static int has_unmul(const kex_uop_graph *g, const kex_uop *sink) { return reaches(g, sink, true, is_unmul, NULL); }
 
-int kex_uop_linearize(kex_uop_graph *g, const kex_uop *const *sinks, uint32_t nsinks, kex_error *err) {
-  int rc = 0;
-  uint32_t *indeg = NULL, *coff = NULL, *cadj = NULL, *order = NULL, *stack = NULL;
-  uint64_t *scope = NULL;
-  int64_t *prio = NULL;
-  uint8_t *seen = NULL;
-  heap_item *heap = NULL;
-  const kex_uop *loops[MAX_SCOPES];
-  uint32_t nloops = 0, remaining[MAX_SCOPES];
-  const kex_uop *ifs[MAX_SCOPES];
-  uint32_t nifs = 0;
-
+/*
+ * graph_rewrite to a fixed point from the SINK of `sinks` (again without
+ * loop collapse when an UNMUL survives), then drop the NOOP stores.  *out is
+ * the final SINK.  0, KEX_EINTERNAL (no fixed point in 100 passes) or
+ * KEX_ENOMEM.
+ */
+static int rewrite_graph(kex_uop_graph *g, const kex_uop *const *sinks, uint32_t nsinks, const kex_uop **out,
+                         kex_error *err) {
   const kex_uop *sink0 = kex_uop_add(g, KEX_UOP_SINK, kex_ud_none(), sinks, nsinks, NULL), *sink = sink0;
 rewrite:
   for (int pass = 0; sink; pass++) {
@@ -599,16 +595,67 @@ rewrite:
       goto rewrite;
     }
   }
-  { /* drop NOOP stores */
-    const kex_uop **keep = kex_malloc((sink->nvin + 1) * sizeof *keep);
-    if (!keep) goto oom;
-    uint32_t nk = 0;
-    for (uint32_t i = 0; i < sink->nvin; i++)
-      if (sink->vin[i]->uop != KEX_UOP_NOOP) keep[nk++] = sink->vin[i];
-    sink = kex_uop_add(g, KEX_UOP_SINK, kex_ud_none(), keep, nk, NULL);
-    kex_free(keep);
-    if (!sink) goto oom;
+  /* drop NOOP stores */
+  const kex_uop **keep = kex_malloc((sink->nvin + 1) * sizeof *keep);
+  if (!keep) goto oom;
+  uint32_t nk = 0;
+  for (uint32_t i = 0; i < sink->nvin; i++)
+    if (sink->vin[i]->uop != KEX_UOP_NOOP) keep[nk++] = sink->vin[i];
+  sink = kex_uop_add(g, KEX_UOP_SINK, kex_ud_none(), keep, nk, NULL);
+  kex_free(keep);
+  if (!sink) goto oom;
+  *out = sink;
+  return 0;
+oom:
+  return kex_err_set(err, KEX_ENOMEM, "uops: out of memory");
+}
+
+/*
+ * The scope children of each loop (recursive children, not past a PHI, the
+ * SINK excluded): scope[c] gets loop l's bit, prio[c] its priority, and
+ * remaining[l] counts them.  seen and stack are scratch of g->n entries
+ * (stack n + 1); coff/cadj the children adjacency.
+ */
+static void scope_children(const kex_uop_graph *g, const kex_uop *const *loops, uint32_t nloops, const uint32_t *coff,
+                           const uint32_t *cadj, uint8_t *seen, uint32_t *stack, uint64_t *scope, int64_t *prio,
+                           uint32_t *remaining) {
+  uint32_t n = g->n, sp;
+  for (uint32_t l = 0; l < nloops; l++) {
+    memset(seen, 0, n);
+    remaining[l] = 0;
+    sp = 0;
+    stack[sp++] = loops[l]->id;
+    while (sp) {
+      uint32_t x = stack[--sp];
+      const kex_uop *xu = g->nodes[x];
+      if (x != loops[l]->id && xu->uop == KEX_UOP_PHI) continue;
+      for (uint32_t e = coff[x]; e < coff[x + 1]; e++) {
+        uint32_t c = cadj[e];
+        if (seen[c] || g->nodes[c]->uop == KEX_UOP_SINK) continue;
+        seen[c] = 1;
+        scope[c] |= 1ull << l;
+        prio[c] -= loops[l]->arg.i[0] * 1000 + loops[l]->arg.i[1];
+        remaining[l]++;
+        stack[sp++] = c;
+      }
+    }
   }
+}
+
+int kex_uop_linearize(kex_uop_graph *g, const kex_uop *const *sinks, uint32_t nsinks, kex_error *err) {
+  int rc = 0;
+  uint32_t *indeg = NULL, *coff = NULL, *cadj = NULL, *order = NULL, *stack = NULL;
+  uint64_t *scope = NULL;
+  int64_t *prio = NULL;
+  uint8_t *seen = NULL;
+  heap_item *heap = NULL;
+  const kex_uop *loops[MAX_SCOPES];
+  uint32_t nloops = 0, remaining[MAX_SCOPES];
+  const kex_uop *ifs[MAX_SCOPES];
+  uint32_t nifs = 0;
+
+  const kex_uop *sink = NULL;
+  if ((rc = rewrite_graph(g, sinks, nsinks, &sink, err))) return rc;
   uint32_t n = g->n;
   seen = kex_calloc(n, 1);
   order = kex_malloc((size_t)n * sizeof *order);
@@ -667,26 +714,7 @@ rewrite:
   scope = kex_calloc(n, sizeof *scope);
   prio = kex_calloc(n, sizeof *prio);
   if (!scope || !prio) goto oom;
-  for (uint32_t l = 0; l < nloops; l++) {
-    memset(seen, 0, n);
-    remaining[l] = 0;
-    sp = 0;
-    stack[sp++] = loops[l]->id;
-    while (sp) {
-      uint32_t x = stack[--sp];
-      const kex_uop *xu = g->nodes[x];
-      if (x != loops[l]->id && xu->uop == KEX_UOP_PHI) continue;
-      for (uint32_t e = coff[x]; e < coff[x + 1]; e++) {
-        uint32_t c = cadj[e];
-        if (seen[c] || g->nodes[c]->uop == KEX_UOP_SINK) continue;
-        seen[c] = 1;
-        scope[c] |= 1ull << l;
-        prio[c] -= loops[l]->arg.i[0] * 1000 + loops[l]->arg.i[1];
-        remaining[l]++;
-        stack[sp++] = c;
-      }
-    }
-  }
+  scope_children(g, loops, nloops, coff, cadj, seen, stack, scope, prio, remaining);
   heap = kex_malloc((size_t)(nreach + 1) * sizeof *heap);
   g->linear = kex_malloc((size_t)(nreach + nloops + nifs + 1) * sizeof *g->linear);
   if (!heap || !g->linear) goto oom;
