@@ -23,26 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "search/beam.h"
 #include "search/cache.h"
 #include "realize/run.h"
-
-/* /proc/loadavg's first three fields ("0.52 0.61 0.70"), or "unknown". */
-static void loadavg(char *buf, size_t len) {
-  FILE *f = fopen("/proc/loadavg", "r");
-  double a = 0, b = 0, c = 0;
-  if (f && fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(buf, len, "%.2f %.2f %.2f", a, b, c);
-  else snprintf(buf, len, "unknown");
-  if (f) fclose(f);
-}
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 static double sgemm_us(int n) {
   float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n), *c = malloc(sizeof(float) * n * n);

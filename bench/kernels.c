@@ -25,28 +25,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench.h"
 #include "core/alloc.h"
 #include "realize/run.h"
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-/* /proc/loadavg's first three fields ("0.52 0.61 0.70"), or "unknown". */
-static void loadavg(char *buf, size_t len) {
-  FILE *f = fopen("/proc/loadavg", "r");
-  double a = 0, b = 0, c = 0;
-  if (f && fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(buf, len, "%.2f %.2f %.2f", a, b, c);
-  else snprintf(buf, len, "unknown");
-  if (f) fclose(f);
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static double median(double *t, int n) {
   qsort(t, (size_t)n, sizeof *t, cmp_double);

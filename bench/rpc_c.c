@@ -50,6 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "client/libkex.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kex/v1/kex.pb-c.h"
@@ -118,6 +119,16 @@ static grpc_slice readall(grpc_byte_buffer *bb) {
   return s;
 }
 
+/* ops[0..3]: send the metadata, the request `out` and the close; receive the initial metadata into imd. */
+static void request_ops(grpc_op *ops, grpc_byte_buffer *out, grpc_metadata_array *imd) {
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = out;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = imd;
+}
+
 /* A unary call: req out, the reply's bytes in *reply (unref it).  Returns the gRPC status; *msg its details. */
 static int unary(bench *b, grpc_completion_queue *cq, void *method, grpc_slice req, grpc_slice *reply, char *msg,
                  size_t msglen) {
@@ -130,12 +141,7 @@ static int unary(bench *b, grpc_completion_queue *cq, void *method, grpc_slice r
   memset(ops, 0, sizeof ops);
   grpc_metadata_array_init(&imd);
   grpc_metadata_array_init(&tmd);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = out;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+  request_ops(ops, out, &imd);
   ops[4].op = GRPC_OP_RECV_MESSAGE;
   ops[4].data.recv_message.recv_message = &in;
   ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -195,12 +201,7 @@ static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, bool fre
   memset(&sop, 0, sizeof sop);
   grpc_metadata_array_init(&imd);
   grpc_metadata_array_init(&tmd);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = out;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+  request_ops(ops, out, &imd);
   if (grpc_call_start_batch(call, ops, 4, &ops[0], NULL) != GRPC_CALL_OK) die("Submit: start_batch");
   for (;;) {
     memset(&rop, 0, sizeof rop);
@@ -315,11 +316,6 @@ static void *worker_main(void *arg) {
   }
   grpc_completion_queue_destroy(cq);
   return NULL;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 typedef struct result {

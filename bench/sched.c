@@ -19,21 +19,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench.h"
 #include "core/arena.h"
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static kex_graph *chain(int n) {
   kex_limits lim = KEX_LIMITS_DEFAULT;

@@ -22,8 +22,10 @@
 
 #include "client/kex_cli.h"
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/arena.h"
 #include "core/errors.h"
+#include "core/npy.h"
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
@@ -75,6 +77,13 @@ int kex_cli_server_addr(const char *in, char *out, size_t cap) {
   else
     n = snprintf(out, cap, "%s:" KEX_CLI_DEFAULT_PORT, in);            /* host */
   return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+void kex_cli_print_values(int dt, const void *data, size_t nbytes) {
+  size_t item = dt < 0 || dt >= KEX_DT_COUNT ? 0 : (size_t)kex_dtype_size((kex_dtype)dt), n = item ? nbytes / item : 0;
+  printf("[");
+  for (size_t i = 0; i < n && i < 8; i++) printf("%s%.6g", i ? ", " : "", kex_dtype_element((kex_dtype)dt, data, i));
+  printf("%s]\n", n > 8 ? ", ..." : "");
 }
 
 void kex_cli_start_hint(FILE *f, const char *addr) {
@@ -296,48 +305,6 @@ out:
 
 
 #ifdef KEX_HAVE_RUN
-static char *base64(const unsigned char *p, size_t n) {
-  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  char *out = kex_malloc(4 * ((n + 2) / 3) + 1), *o = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-    *o++ = tab[v >> 18 & 63];
-    *o++ = tab[v >> 12 & 63];
-    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
-    *o++ = i + 2 < n ? tab[v & 63] : '=';
-  }
-  *o = 0;
-  return out;
-}
-
-/* Print up to 8 leading elements of an output, numpy-like. */
-static void print_values(const kex_run_output *o) {
-  size_t item = (size_t)kex_dtype_size(o->dtype), n = item ? o->nbytes / item : 0;
-  printf("[");
-  for (size_t i = 0; i < n && i < 8; i++) {
-    const unsigned char *p = (const unsigned char *)o->data + i * item;
-    double v = 0;
-    switch (o->dtype) {
-    case KEX_DT_BOOL: v = *p != 0; break;
-    case KEX_DT_INT8: v = *(const int8_t *)p; break;
-    case KEX_DT_UINT8: v = *p; break;
-    case KEX_DT_INT16: { int16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_UINT16: { uint16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_INT32: { int32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_UINT32: { uint32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_INT64: { int64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_UINT64: { uint64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); v = f; break; }
-    case KEX_DT_FLOAT32: { float x; memcpy(&x, p, 4); v = x; break; }
-    default: memcpy(&v, p, 8); break;
-    }
-    printf("%s%.6g", i ? ", " : "", v);
-  }
-  printf("%s]\n", n > 8 ? ", ..." : "");
-}
-
 static int cmd_run(int argc, char **argv) {
   static const struct option opts[] = {{"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
                                        {"repeat", required_argument, NULL, 'r'}, {"out", required_argument, NULL, 'o'},
@@ -410,7 +377,7 @@ static int cmd_run(int argc, char **argv) {
       char p[4096];
       snprintf(p, sizeof p, "%s/out%u.npy", outdir, i);
       const kex_run_output *o = &res.outputs[i];
-      if ((rc = kex_write_npy(p, o->dtype, o->ndim, o->shape, o->data, &err))) {
+      if ((rc = kex_npy_write(p, o->dtype, o->ndim, o->shape, o->data, &err))) {
         fprintf(stderr, "kex run: %s\n", err.msg);
         ret = 1;
         goto out;
@@ -429,7 +396,7 @@ static int cmd_run(int argc, char **argv) {
       const kex_run_output *o = &res.outputs[i];
       json_t *shape = json_array();
       for (int d = 0; d < o->ndim; d++) json_array_append_new(shape, json_integer(o->shape[d]));
-      char *b64 = base64(o->data, o->nbytes);
+      char *b64 = kex_base64_encode(o->data, o->nbytes);
       json_array_append_new(os, json_pack("{s:s, s:o, s:s}", "dtype", kex_dtypes[o->dtype].name, "shape", shape,
                                           "data", b64 ? b64 : ""));
       kex_free(b64);
@@ -464,7 +431,7 @@ static int cmd_run(int argc, char **argv) {
       printf("output %u: %s (", i, kex_dtypes[o->dtype].name);
       for (int d = 0; d < o->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)o->shape[d]);
       printf(o->ndim == 1 ? ",) " : ") ");
-      print_values(o);
+      kex_cli_print_values((int)o->dtype, o->data, o->nbytes);
     }
     if (check) ret = kex_cli_case_finish(&kc, res.noutputs, false) ? 0 : 1;
   }

@@ -174,6 +174,20 @@ typedef struct ls_state {
   uint64_t n;
 } ls_state;
 
+/* `cache show PREFIX` needs the prefix to name exactly one key: 0, or 2 after saying why (more: " or more" when the
+   count of keys is a lower bound). */
+static int show_one_key(const char *prefix, unsigned distinct, const char *more) {
+  if (distinct == 0) {
+    fprintf(stderr, "kex cache show: no entry with AST key prefix '%s'\n", prefix);
+    return 2;
+  }
+  if (distinct > 1) {
+    fprintf(stderr, "kex cache show: AST key prefix '%s' is ambiguous (%u%s keys)\n", prefix, distinct, more);
+    return 2;
+  }
+  return 0;
+}
+
 static void ls_take(ls_state *st, const cache_row *r) {
   st->n++;
   if (!st->distinct || strcmp(st->first_hex, r->ast_key) != 0) {
@@ -369,12 +383,7 @@ int kex_cmd_cache(int argc, char **argv) {
     if ((rc = kex_cache_list(cache, &sf, 0, KEX_CACHE_LIST_MAX, ls_cb, &st, NULL, &err))) {
       fprintf(stderr, "kex cache show: %s\n", err.msg);
       ret = rc == KEX_EINVAL ? 2 : 1;
-    } else if (st.distinct == 0) {
-      fprintf(stderr, "kex cache show: no entry with AST key prefix '%s'\n", a.arg);
-      ret = 2;
-    } else if (st.distinct > 1) {
-      fprintf(stderr, "kex cache show: AST key prefix '%s' is ambiguous (%u keys)\n", a.arg, st.distinct);
-      ret = 2;
+    } else if ((ret = show_one_key(a.arg, st.distinct, ""))) {
     } else if ((rc = kex_cache_get_entry(cache, st.first_hex, f.device && *f.device ? st.first_dev : NULL, &e, &err))) {
       fprintf(stderr, "kex cache show: %s\n", err.msg);
       ret = 1;
@@ -516,12 +525,7 @@ int kex_remote_cmd_cache(kex_cli_remote *r, int argc, char **argv) {
     ls_state ls = {true, NULL, "", "", 0, 0};
     sf.key_prefix = a.arg;
     if ((ret = remote_list(r, "cache show", &sf, &ls, 1))) {
-    } else if (ls.distinct == 0) {
-      fprintf(stderr, "kex cache show: no entry with AST key prefix '%s'\n", a.arg);
-      ret = 2;
-    } else if (ls.distinct > 1) {
-      fprintf(stderr, "kex cache show: AST key prefix '%s' is ambiguous (%u or more keys)\n", a.arg, ls.distinct);
-      ret = 2;
+    } else if ((ret = show_one_key(a.arg, ls.distinct, " or more"))) {
     } else if (kex_client_cache_get(r->client, r->job, ls.first_hex, f.device && *f.device ? ls.first_dev : NULL, &e,
                                     &st)) {
       ret = kex_cli_fail("cache show", &st);

@@ -17,10 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
-
 #include "client/kex_cli.h"
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/dtype.h"
 
 #define CASE_FILE_MAX (256ll << 20) /* bytes of a case file */
@@ -77,37 +76,6 @@ void kex_cli_case_free(kex_cli_case *c) {
   memset(c, 0, sizeof *c);
 }
 
-/* Decode base64 text (RFC 4648, OpenSSL's decoder) into out (room for 3/4 of its length); the bytes written, -1 when
-   it is not base64. */
-static long unbase64(const char *s, unsigned char *out) {
-  size_t len = strlen(s);
-  int n = len <= INT_MAX ? EVP_DecodeBlock(out, (const unsigned char *)s, (int)len) : -1;
-  if (n < 0) return -1;
-  for (; len && s[len - 1] == '='; len--) n--; /* EVP_DecodeBlock counts the padding as bytes */
-  return n;
-}
-
-/* Element i of a little-endian array of dtype dt, as a double. */
-static double element(const void *base, kex_dtype dt, size_t i) {
-  const unsigned char *p = (const unsigned char *)base + i * (size_t)kex_dtype_size(dt);
-  switch (dt) {
-  case KEX_DT_BOOL: return *p != 0;
-  case KEX_DT_INT8: return *(const int8_t *)p;
-  case KEX_DT_UINT8: return *p;
-  case KEX_DT_INT16: { int16_t x; memcpy(&x, p, 2); return x; }
-  case KEX_DT_UINT16: { uint16_t x; memcpy(&x, p, 2); return x; }
-  case KEX_DT_INT32: { int32_t x; memcpy(&x, p, 4); return x; }
-  case KEX_DT_UINT32: { uint32_t x; memcpy(&x, p, 4); return x; }
-  case KEX_DT_INT64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
-  case KEX_DT_UINT64: { uint64_t x; memcpy(&x, p, 8); return (double)x; }
-  case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, p, 2); return x; }
-  case KEX_DT_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-  case KEX_DT_FLOAT32: { float x; memcpy(&x, p, 4); return x; }
-  case KEX_DT_FLOAT64: { double x; memcpy(&x, p, 8); return x; }
-  default: return NAN;
-  }
-}
-
 /* "(2, 3)" / "(10,)" / "()" */
 static void shape_text(int ndim, const int64_t *shape, char *out, size_t cap) {
   size_t n = (size_t)snprintf(out, cap, "(");
@@ -152,7 +120,8 @@ bool kex_cli_case_check(kex_cli_case *c, size_t i, const char *dtype, int ndim, 
     snprintf(reason, sizeof reason, "out of memory decoding the expected data");
     goto report;
   }
-  long wn = unbase64(b64, want);
+  size_t b64_len = strlen(b64);
+  long wn = kex_base64_decode(b64, b64_len, want, NULL) ? -1 : (long)kex_base64_decoded_len(b64, b64_len);
   size_t item = (size_t)kex_dtype_size((kex_dtype)dt);
   if (wn < 0) {
     snprintf(reason, sizeof reason, "the case's expected data is not base64");
@@ -165,7 +134,7 @@ bool kex_cli_case_check(kex_cli_case *c, size_t i, const char *dtype, int ndim, 
   nvalues = nbytes / item;
   bool fl = kex_dtype_is_float((kex_dtype)dt);
   for (size_t k = 0; k < nvalues; k++) {
-    double g = element(data, (kex_dtype)dt, k), w = element(want, (kex_dtype)dt, k);
+    double g = kex_dtype_element((kex_dtype)dt, data, k), w = kex_dtype_element((kex_dtype)dt, want, k);
     bool ok = fl ? (isnan(g) && isnan(w)) || g == w || fabs(g - w) <= c->atol + c->rtol * fabs(w) : g == w;
     if (!(isnan(g) && isnan(w)) && g != w) max_diff = fmax(max_diff, isfinite(g - w) ? fabs(g - w) : INFINITY);
     if (ok) continue;

@@ -42,6 +42,10 @@ double kex_cli_now_s(void);
  */
 int kex_cli_server_addr(const char *in, char *out, size_t cap);
 
+/* Print "[v0, v1, ...]" and a newline: up to 8 leading elements of nbytes of dtype dt (a kex_dtype; -1 prints
+   "[]"), numpy-like, as both `kex run` modes print outputs. */
+void kex_cli_print_values(int dt, const void *data, size_t nbytes);
+
 /* Print to f how to start a kexd to answer at addr (one line). */
 void kex_cli_start_hint(FILE *f, const char *addr);
 

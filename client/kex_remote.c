@@ -34,6 +34,7 @@
 #include "client/kex_cli.h"
 #include "client/libkex.h"
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/dtype.h"
 
 #define REMOTE_GRAPH_MAX (1ll << 30) /* bytes of a graph file */
@@ -295,49 +296,13 @@ out:
 
 /* ---- run ---- */
 
-static char *base64(const unsigned char *p, size_t n) {
-  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  char *out = kex_malloc(4 * ((n + 2) / 3) + 1), *o = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-    *o++ = tab[v >> 18 & 63];
-    *o++ = tab[v >> 12 & 63];
-    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
-    *o++ = i + 2 < n ? tab[v & 63] : '=';
-  }
-  *o = 0;
-  return out;
-}
-
 /* "dtype (shape) [values]": up to 8 leading elements, as the in-process `kex run` prints them. */
 static void print_buffer(const kex_array *b) {
   int dt = kex_dtype_from_name(b->dtype);
-  size_t item = dt < 0 ? 0 : (size_t)kex_dtype_size((kex_dtype)dt), n = item ? b->nbytes / item : 0;
   printf("%s (", b->dtype);
   for (int d = 0; d < b->ndim; d++) printf("%s%lld", d ? ", " : "", (long long)b->shape[d]);
-  printf(b->ndim == 1 ? ",) [" : ") [");
-  for (size_t i = 0; i < n && i < 8; i++) {
-    const unsigned char *p = (const unsigned char *)b->data + i * item;
-    double v = 0;
-    switch ((kex_dtype)dt) {
-    case KEX_DT_BOOL: v = *p != 0; break;
-    case KEX_DT_INT8: v = *(const int8_t *)p; break;
-    case KEX_DT_UINT8: v = *p; break;
-    case KEX_DT_INT16: { int16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_UINT16: { uint16_t x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_INT32: { int32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_UINT32: { uint32_t x; memcpy(&x, p, 4); v = x; break; }
-    case KEX_DT_INT64: { int64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_UINT64: { uint64_t x; memcpy(&x, p, 8); v = (double)x; break; }
-    case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, p, 2); v = x; break; }
-    case KEX_DT_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); v = f; break; }
-    case KEX_DT_FLOAT32: { float x; memcpy(&x, p, 4); v = x; break; }
-    default: memcpy(&v, p, 8); break;
-    }
-    printf("%s%.6g", i ? ", " : "", v);
-  }
-  printf("%s]\n", n > 8 ? ", ..." : "");
+  printf(b->ndim == 1 ? ",) " : ") ");
+  kex_cli_print_values(dt, b->data, b->nbytes);
 }
 
 typedef struct progress {
@@ -451,6 +416,68 @@ static int write_trace(const char *path, const char *json) {
   return bad;
 }
 
+/* Output i of a run with its bytes: inline in the reply, or downloaded into bufs[i]. */
+static kex_array output_array(const kex_result *res, const kex_array *bufs, size_t i) {
+  kex_array b = bufs[i];
+  b.data = res->outputs[i].has_data ? res->outputs[i].buf.data : bufs[i].data;
+  return b;
+}
+
+/* `run --json`: kernels, outputs (base64) and, with check, the comparison with the case.  The exit code. */
+static int report_json(const kex_result *res, const kex_array *bufs, bool check, kex_cli_case *kc) {
+  int ret = 0;
+  json_t *ks = json_array(), *os = json_array(), *checks = check ? json_array() : NULL;
+  for (size_t i = 0; i < res->nkernels; i++)
+    json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f}", "name", res->kernels[i].kernel, "opts",
+                                        res->kernel_opts[i], "us", res->kernels[i].run_us, "compile_us",
+                                        res->kernels[i].compile_us));
+  for (size_t i = 0; i < res->noutputs; i++) {
+    kex_array out = output_array(res, bufs, i);
+    const kex_array *b = &out;
+    json_t *shape = json_array();
+    for (int d = 0; d < b->ndim; d++) json_array_append_new(shape, json_integer(b->shape[d]));
+    char *b64 = kex_base64_encode(b->data, b->nbytes);
+    json_array_append_new(os, json_pack("{s:s, s:o, s:s, s:s}", "dtype", b->dtype, "shape", shape, "data",
+                                        b64 ? b64 : "", "handle", res->outputs[i].handle));
+    kex_free(b64);
+    if (check) {
+      json_t *d = NULL;
+      kex_cli_case_check(kc, i, b->dtype, b->ndim, b->shape, b->data, b->nbytes, true, &d);
+      json_array_append_new(checks, d);
+    }
+  }
+  json_t *doc = json_pack("{s:o, s:o, s:f}", "kernels", ks, "outputs", os, "total_us", res->total_us);
+  if (check) {
+    bool all = kex_cli_case_finish(kc, res->noutputs, true);
+    json_object_set_new(doc, "check", json_pack("{s:b, s:I, s:o}", "passed", all, "expected_outputs",
+                                                (json_int_t)kc->nexpected, "outputs", checks));
+    ret = all ? 0 : 1;
+  }
+  json_dumpf(doc, stdout, JSON_COMPACT);
+  fputc('\n', stdout);
+  json_decref(doc);
+  return ret;
+}
+
+/* `run`'s text: one line per kernel, then each output (or, with check, its comparison).  The exit code. */
+static int report_text(const kex_result *res, const kex_array *bufs, bool check, kex_cli_case *kc) {
+  int ret = 0;
+  for (size_t i = 0; i < res->nkernels; i++)
+    printf("kernel %zu: %-28s %-44s %10.2f us\n", i + 1, res->kernels[i].kernel,
+           res->kernel_opts[i][0] ? res->kernel_opts[i] : "(no opts)", res->kernels[i].run_us);
+  for (size_t i = 0; i < res->noutputs; i++) {
+    kex_array b = output_array(res, bufs, i);
+    if (check) {
+      kex_cli_case_check(kc, i, b.dtype, b.ndim, b.shape, b.data, b.nbytes, false, NULL);
+      continue;
+    }
+    printf("output %zu: ", i);
+    print_buffer(&b);
+  }
+  if (check) ret = kex_cli_case_finish(kc, res->noutputs, false) ? 0 : 1;
+  return ret;
+}
+
 static int cmd_run(remote *r, int argc, char **argv) {
   static const struct option opts[] = {{"json", no_argument, NULL, 'j'},          {"job", required_argument, NULL, 'J'},
                                        {"out", required_argument, NULL, 'o'},     {"beam", required_argument, NULL, 'b'},
@@ -543,13 +570,11 @@ static int cmd_run(remote *r, int argc, char **argv) {
       goto out;
     }
   }
-#define OUT_DATA(i) (res->outputs[i].has_data ? res->outputs[i].buf.data : bufs[i].data)
   if (outdir) {
     mkdir(outdir, 0777);
     for (size_t i = 0; i < res->noutputs; i++) {
       char p[4096];
-      kex_array b = bufs[i];
-      b.data = OUT_DATA(i);
+      kex_array b = output_array(res, bufs, i);
       snprintf(p, sizeof p, "%s/out%zu.npy", outdir, i);
       if (kex_array_write_npy(&b, p, &st)) {
         ret = fail("run", &st);
@@ -557,53 +582,7 @@ static int cmd_run(remote *r, int argc, char **argv) {
       }
     }
   }
-  if (as_json) {
-    json_t *ks = json_array(), *os = json_array(), *checks = check ? json_array() : NULL;
-    for (size_t i = 0; i < res->nkernels; i++)
-      json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f}", "name", res->kernels[i].kernel, "opts",
-                                          res->kernel_opts[i], "us", res->kernels[i].run_us, "compile_us",
-                                          res->kernels[i].compile_us));
-    for (size_t i = 0; i < res->noutputs; i++) {
-      const kex_array *b = &bufs[i];
-      json_t *shape = json_array();
-      for (int d = 0; d < b->ndim; d++) json_array_append_new(shape, json_integer(b->shape[d]));
-      char *b64 = base64(OUT_DATA(i), b->nbytes);
-      json_array_append_new(os, json_pack("{s:s, s:o, s:s, s:s}", "dtype", b->dtype, "shape", shape, "data",
-                                          b64 ? b64 : "", "handle", res->outputs[i].handle));
-      kex_free(b64);
-      if (check) {
-        json_t *d = NULL;
-        kex_cli_case_check(&kc, i, b->dtype, b->ndim, b->shape, OUT_DATA(i), b->nbytes, true, &d);
-        json_array_append_new(checks, d);
-      }
-    }
-    json_t *doc = json_pack("{s:o, s:o, s:f}", "kernels", ks, "outputs", os, "total_us", res->total_us);
-    if (check) {
-      bool all = kex_cli_case_finish(&kc, res->noutputs, true);
-      json_object_set_new(doc, "check", json_pack("{s:b, s:I, s:o}", "passed", all, "expected_outputs",
-                                                  (json_int_t)kc.nexpected, "outputs", checks));
-      ret = all ? 0 : 1;
-    }
-    json_dumpf(doc, stdout, JSON_COMPACT);
-    fputc('\n', stdout);
-    json_decref(doc);
-  } else {
-    for (size_t i = 0; i < res->nkernels; i++)
-      printf("kernel %zu: %-28s %-44s %10.2f us\n", i + 1, res->kernels[i].kernel,
-             res->kernel_opts[i][0] ? res->kernel_opts[i] : "(no opts)", res->kernels[i].run_us);
-    for (size_t i = 0; i < res->noutputs; i++) {
-      kex_array b = bufs[i];
-      b.data = OUT_DATA(i);
-      if (check) {
-        kex_cli_case_check(&kc, i, b.dtype, b.ndim, b.shape, b.data, b.nbytes, false, NULL);
-        continue;
-      }
-      printf("output %zu: ", i);
-      print_buffer(&b);
-    }
-    if (check) ret = kex_cli_case_finish(&kc, res->noutputs, false) ? 0 : 1;
-  }
-#undef OUT_DATA
+  ret = as_json ? report_json(res, bufs, check, &kc) : report_text(res, bufs, check, &kc);
 out:
   if (bufs && res)
     for (size_t i = 0; i < res->noutputs; i++)

@@ -151,6 +151,27 @@ static void pct(double v, char *out, size_t cap) {
 }
 
 /* The view as text; eol is what ends a line ("\033[K\n" on a terminal: clear the rest of it). */
+static void view_text(FILE *f, const char *server, const top_sample *prev, const top_sample *cur, bool tty);
+
+/*
+ * Print one view to stdout: a JSON line, or the text table (on a tty redrawn
+ * in place; otherwise followed by a blank line when `separated`).
+ */
+static void show_view(const char *server, const top_sample *prev, const top_sample *cur, bool as_json, bool tty,
+                      bool separated) {
+  if (as_json) {
+    json_t *o = view_json(server, prev, cur);
+    json_dumpf(o, stdout, JSON_COMPACT);
+    fputc('\n', stdout);
+    json_decref(o);
+    return;
+  }
+  if (tty) fputs("\033[H", stdout);
+  view_text(stdout, server, prev, cur, tty);
+  if (tty) fputs("\033[J", stdout); /* clear below the view */
+  else if (separated) fputc('\n', stdout);
+}
+
 static void view_text(FILE *f, const char *server, const top_sample *prev, const top_sample *cur, bool tty) {
   const kex_stats *s = cur->stats;
   const char *eol = tty ? "\033[K\n" : "\n";
@@ -286,15 +307,7 @@ int kex_remote_cmd_top(kex_cli_remote *r, int argc, char **argv) {
       ret = kex_cli_fail("top", &st);
       goto out;
     }
-    const top_sample *p = two ? prev : NULL, *shown = two ? cur : prev;
-    if (as_json) {
-      json_t *o = view_json(r->server, p, shown);
-      json_dumpf(o, stdout, JSON_COMPACT);
-      fputc('\n', stdout);
-      json_decref(o);
-    } else {
-      view_text(stdout, r->server, p, shown, false);
-    }
+    show_view(r->server, two ? prev : NULL, two ? cur : prev, as_json, false, false);
     goto out;
   }
   tty = !as_json && isatty(1);
@@ -313,18 +326,7 @@ int kex_remote_cmd_top(kex_cli_remote *r, int argc, char **argv) {
       ret = -1; /* printed below, once the terminal is back */
       break;
     }
-    const top_sample *p = have_prev ? prev : NULL, *shown = have_prev ? cur : prev;
-    if (as_json) {
-      json_t *o = view_json(r->server, p, shown);
-      json_dumpf(o, stdout, JSON_COMPACT);
-      fputc('\n', stdout);
-      json_decref(o);
-    } else {
-      if (tty) fputs("\033[H", stdout);
-      view_text(stdout, r->server, p, shown, tty);
-      if (tty) fputs("\033[J", stdout); /* clear below the view */
-      else fputc('\n', stdout);
-    }
+    show_view(r->server, have_prev ? prev : NULL, have_prev ? cur : prev, as_json, tty, true);
     fflush(stdout);
     if (have_prev) {
       top_sample *t = prev;

@@ -30,15 +30,16 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/codec.h"
 #include "core/arena.h"
 #include "core/dtype.h"
+#include "core/npy.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kex/v1/kex.pb-c.h"
 
 #define CLIENT_DEFAULT_TIMEOUT_S 60.0
 #define CLIENT_DEFAULT_MAX_MESSAGE (64 << 20)
 #define CLIENT_CERTS_MAX (4 << 20) /* bytes of a root certificate file */
-#define NPY_HEADER_MAX 4096        /* bytes of a .npy header we read */
 
 /* The methods, in the order of the handle table. */
 enum {
@@ -519,6 +520,53 @@ int kex_job_close(kex_client *c, const char *job, kex_status *st) {
 /* Reads the next up-to-cap bytes of an upload into buf; returns the count or -1 with *st set. */
 typedef long (*upload_reader)(void *ud, void *buf, size_t cap, kex_status *st);
 
+/* End a server stream: when the client failed (local says why), cancel the call first.  The call's status, or the
+   client's reason. */
+static int rpc_end_read(rpc *r, bool failed, const kex_status *local, kex_status *st) {
+  if (failed) grpc_call_cancel(r->call, NULL); /* gRPC: safe to call more than once */
+  return rpc_end_local(r, failed ? local : NULL, st);
+}
+
+/* Send one message of a client stream (the first one with the initial metadata): 1 sent, 0 the call is over. */
+static int rpc_send_stream(rpc *r, const ProtobufCMessage *m, bool first) {
+  grpc_op ops[2];
+  grpc_byte_buffer *bb = pack(m);
+  size_t n = 0;
+  int ok;
+  memset(ops, 0, sizeof ops);
+  if (first) op_send_initial(r, &ops[n++]);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = bb;
+  ok = rpc_batch(r, ops, n);
+  grpc_byte_buffer_destroy(bb);
+  return ok;
+}
+
+/*
+ * End a client stream: when sent_all, close the send side and receive the
+ * one reply into *reply; then the call's status (local, when the client
+ * failed, wins).  0 with *reply set, or the error (st says it; an OK
+ * status without a reply is KEX_ECORRUPT, named after method).
+ */
+static int rpc_end_stream(rpc *r, bool sent_all, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **reply,
+                          const kex_status *local, const char *method, kex_status *st) {
+  int got = 0, rc;
+  if (sent_all) {
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (rpc_batch(r, &op, 1)) got = rpc_recv(r, desc, reply, st);
+  }
+  if (got < 0) {
+    kex_status ignored;
+    rpc_end(r, &ignored);
+    return st ? st->code : KEX_ECORRUPT;
+  }
+  rc = rpc_end_local(r, local, st);
+  if (!rc && !*reply) rc = status_set(st, KEX_ECORRUPT, 0, "%s: the server sent OK without a reply", method);
+  return rc;
+}
+
 /* Upload: the header, then nbytes from read in chunks, then the reply. */
 static int upload_stream(kex_client *c, const char *job, const char *dtype, int ndim, const int64_t *shape,
                          const char *device, size_t nbytes, upload_reader read, void *ud, char handle[KEX_TOKEN_MAX],
@@ -526,12 +574,12 @@ static int upload_stream(kex_client *c, const char *job, const char *dtype, int 
   Kex__V1__UploadRequest req = KEX__V1__UPLOAD_REQUEST__INIT;
   Kex__V1__UploadHeader hdr = KEX__V1__UPLOAD_HEADER__INIT;
   Kex__V1__UploadReply *rep = NULL;
-  grpc_op ops[3];
   unsigned char *chunk = NULL;
   kex_status local_err = {0};
   bool client_failed = false;
   rpc r;
-  int rc, got = 0;
+  bool sent_all = false;
+  int rc;
   handle[0] = 0;
   if (ndim < 0 || ndim > KEX_CLIENT_DIMS_MAX) return status_set(st, KEX_EINVAL, 0, "Upload: %d dims", ndim);
   if ((rc = rpc_begin(c, M_UPLOAD, 0, &r, st))) return rc;
@@ -548,16 +596,7 @@ static int upload_stream(kex_client *c, const char *job, const char *dtype, int 
   req.job = (char *)(job ? job : "");
   req.part_case = KEX__V1__UPLOAD_REQUEST__PART_HEADER;
   req.header = &hdr;
-  {
-    grpc_byte_buffer *bb = pack(&req.base);
-    memset(ops, 0, sizeof ops);
-    op_send_initial(&r, &ops[0]);
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = bb;
-    int ok = rpc_batch(&r, ops, 2);
-    grpc_byte_buffer_destroy(bb);
-    if (!ok) goto finish; /* the server ended the call: rpc_end says why */
-  }
+  if (!rpc_send_stream(&r, &req.base, true)) goto finish; /* the server ended the call: rpc_end says why */
   req.header = NULL;
   req.part_case = KEX__V1__UPLOAD_REQUEST__PART_CHUNK;
   for (size_t sent = 0; sent < nbytes;) {
@@ -571,34 +610,17 @@ static int upload_stream(kex_client *c, const char *job, const char *dtype, int 
     }
     req.chunk.data = chunk;
     req.chunk.len = (size_t)n;
-    grpc_byte_buffer *bb = pack(&req.base);
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_MESSAGE;
-    ops[0].data.send_message.send_message = bb;
-    int ok = rpc_batch(&r, ops, 1);
-    grpc_byte_buffer_destroy(bb);
-    if (!ok) goto finish;
+    if (!rpc_send_stream(&r, &req.base, false)) goto finish;
     sent += (size_t)n;
   }
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  if (rpc_batch(&r, ops, 1)) got = rpc_recv(&r, &kex__v1__upload_reply__descriptor, (ProtobufCMessage **)&rep, st);
+  sent_all = true;
 finish:
-  if (got < 0) {
-    kex_status ignored;
-    rpc_end(&r, &ignored);
-    rc = st ? st->code : KEX_ECORRUPT;
-    goto out;
-  }
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
-  if (!rc && !rep) {
-    rc = status_set(st, KEX_ECORRUPT, 0, "Upload: the server sent OK without a reply");
-  }
+  rc = rpc_end_stream(&r, sent_all, &kex__v1__upload_reply__descriptor, (ProtobufCMessage **)&rep,
+                      client_failed ? &local_err : NULL, "Upload", st);
   if (!rc) {
     copy_token(handle, rep->handle);
     status_ok(st);
   }
-out:
   free_msg(rep);
   kex_free(chunk);
   return rc;
@@ -647,68 +669,6 @@ int kex_upload(kex_client *c, const char *job, const char *dtype, int ndim, cons
 
 /* ---- .npy ---- */
 
-static const struct {
-  const char *descr, *dtype;
-} npy_types[] = {
-    {"b1", "bool"},   {"i1", "int8"},   {"u1", "uint8"},   {"i2", "int16"},   {"u2", "uint16"},  {"i4", "int32"},
-    {"u4", "uint32"}, {"i8", "int64"},  {"u8", "uint64"},  {"f2", "float16"}, {"f4", "float32"}, {"f8", "float64"},
-};
-
-/* Parse the header of an open .npy file: dtype, shape; the file is left at the data. */
-static int npy_read_header(FILE *f, const char *path, char dtype[32], int *ndim, int64_t *shape, kex_status *st) {
-  unsigned char pre[12];
-  char hdr[NPY_HEADER_MAX + 1];
-  size_t hlen, pre_len;
-  const char *p;
-  if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0)
-    return status_set(st, KEX_EPARSE, 0, "%s: not a .npy file (no \\x93NUMPY magic)", path);
-  if (pre[6] == 1) {
-    hlen = pre[8] | (size_t)pre[9] << 8;
-    pre_len = 10;
-  } else {
-    if (fread(pre + 10, 1, 2, f) != 2) return status_set(st, KEX_EPARSE, 0, "%s: truncated .npy header", path);
-    hlen = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
-    pre_len = 12;
-  }
-  (void)pre_len;
-  if (hlen > NPY_HEADER_MAX) return status_set(st, KEX_EPARSE, 0, "%s: .npy header of %zu bytes is too long", path, hlen);
-  if (fread(hdr, 1, hlen, f) != hlen) return status_set(st, KEX_EPARSE, 0, "%s: truncated .npy header", path);
-  hdr[hlen] = 0;
-  if (strstr(hdr, "'fortran_order': True"))
-    return status_set(st, KEX_EPARSE, 0, "%s: Fortran-order arrays are not supported (save with C order)", path);
-  if (!(p = strstr(hdr, "'descr':"))) return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no descr", path);
-  p = strchr(p + 8, '\'');
-  if (!p) return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no descr", path);
-  p++;
-  char order = *p;
-  if (order == '>' && !(p[2] == '1' && p[3] == '\''))
-    return status_set(st, KEX_EPARSE, 0, "%s: big-endian arrays are not supported", path);
-  if (order == '<' || order == '|' || order == '=' || order == '>') p++;
-  dtype[0] = 0;
-  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
-    if (strncmp(p, npy_types[i].descr, 2) == 0 && p[2] == '\'') snprintf(dtype, 32, "%s", npy_types[i].dtype);
-  if (!dtype[0]) {
-    const char *e = strchr(p, '\'');
-    return status_set(st, KEX_EPARSE, 0, "%s: numpy dtype '%.*s' has no kex dtype", path, e ? (int)(e - p) : 8, p);
-  }
-  if (!(p = strstr(hdr, "'shape':")) || !(p = strchr(p, '(')))
-    return status_set(st, KEX_EPARSE, 0, "%s: .npy header has no shape", path);
-  p++;
-  *ndim = 0;
-  for (;;) {
-    while (*p == ' ' || *p == ',') p++;
-    if (*p == ')') break;
-    char *end;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || v < 0) return status_set(st, KEX_EPARSE, 0, "%s: bad .npy shape", path);
-    if (*ndim == KEX_CLIENT_DIMS_MAX)
-      return status_set(st, KEX_EPARSE, 0, "%s: more than %d dims", path, KEX_CLIENT_DIMS_MAX);
-    shape[(*ndim)++] = v;
-    p = end;
-  }
-  return 0;
-}
-
 static long read_file_chunk(void *ud, void *buf, size_t cap, kex_status *st) {
   FILE *f = ud;
   size_t n = fread(buf, 1, cap, f);
@@ -718,14 +678,20 @@ static long read_file_chunk(void *ud, void *buf, size_t cap, kex_status *st) {
 
 int kex_upload_npy(kex_client *c, const char *job, const char *path, const char *device, char handle[KEX_TOKEN_MAX],
                    kex_status *st) {
-  char dtype[32];
+  const char *dtype;
   int64_t shape[KEX_CLIENT_DIMS_MAX];
   int ndim = 0, rc;
   long long nbytes;
+  kex_dtype dt;
+  kex_error err;
   FILE *f = fopen(path, "rb");
   handle[0] = 0;
   if (!f) return status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
-  if ((rc = npy_read_header(f, path, dtype, &ndim, shape, st))) goto out;
+  if ((rc = kex_npy_read_header(f, path, KEX_CLIENT_DIMS_MAX, &dt, &ndim, shape, &err))) {
+    status_set(st, rc, 0, "%s", err.msg);
+    goto out;
+  }
+  dtype = kex_dtypes[dt].name;
   nbytes = shape_bytes(ndim, shape, dtype_itemsize(dtype));
   if (nbytes < 0) {
     rc = status_set(st, KEX_EPARSE, 0, "%s: shape too large", path);
@@ -738,33 +704,14 @@ out:
 }
 
 int kex_array_write_npy(const kex_array *b, const char *path, kex_status *st) {
-  const char *descr = NULL;
-  char hdr[512], shape[400] = "";
-  size_t off = 0;
-  FILE *f;
-  int rc = 0;
-  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
-    if (strcmp(b->dtype, npy_types[i].dtype) == 0) descr = npy_types[i].descr;
-  if (!descr) return status_set(st, KEX_EINVAL, 0, "%s: numpy has no dtype for %s", path, b->dtype);
-  for (int d = 0; d < b->ndim; d++)
-    off += (size_t)snprintf(shape + off, sizeof shape - off, "%lld%s", (long long)b->shape[d],
-                            b->ndim == 1 ? "," : d + 1 < b->ndim ? ", " : "");
-  int n = snprintf(hdr, sizeof hdr, "{'descr': '%c%s', 'fortran_order': False, 'shape': (%s), }",
-                   descr[1] == '1' ? '|' : '<', descr, shape);
-  int total = 10 + n + 1;
-  int pad = (64 - total % 64) % 64;
-  if (!(f = fopen(path, "wb"))) return status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
-  unsigned hl = (unsigned)(n + pad + 1);
-  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
-  fwrite(pre, 1, 10, f);
-  fwrite(hdr, 1, (size_t)n, f);
-  for (int i = 0; i < pad; i++) fputc(' ', f);
-  fputc('\n', f);
-  if (b->nbytes) fwrite(b->data, 1, b->nbytes, f);
-  if (ferror(f)) rc = status_set(st, KEX_EIO, 0, "%s: write error", path);
-  if (fclose(f) && !rc) rc = status_set(st, KEX_EIO, 0, "%s: %s", path, strerror(errno));
-  if (!rc) status_ok(st);
-  return rc;
+  int dt = kex_dtype_from_name(b->dtype), rc;
+  kex_error err;
+  if (dt < 0 || dt == KEX_DT_BFLOAT16) return status_set(st, KEX_EINVAL, 0, "%s: numpy has no dtype for %s", path, b->dtype);
+  if (shape_bytes(b->ndim, b->shape, kex_dtype_size((kex_dtype)dt)) != (long long)b->nbytes)
+    return status_set(st, KEX_EINVAL, 0, "%s: %zu bytes do not fill a %s array of that shape", path, b->nbytes, b->dtype);
+  if ((rc = kex_npy_write(path, (kex_dtype)dt, b->ndim, b->shape, b->data, &err))) return status_set(st, rc, 0, "%s", err.msg);
+  status_ok(st);
+  return 0;
 }
 
 /* ---- download, free ---- */
@@ -789,10 +736,10 @@ int kex_download(kex_client *c, const char *job, const char *handle, kex_array *
   Kex__V1__DownloadRequest req = KEX__V1__DOWNLOAD_REQUEST__INIT;
   Kex__V1__DownloadChunk *ch = NULL;
   kex_status local_err = {0};
-  bool client_failed = false, first = true;
+  bool first = true;
   size_t total = 0;
   rpc r;
-  int rc, got;
+  int rc, got = 0;
   memset(out, 0, sizeof *out);
   req.job = (char *)(job ? job : "");
   req.handle = (char *)(handle ? handle : "");
@@ -821,12 +768,8 @@ int kex_download(kex_client *c, const char *job, const char *handle, kex_array *
     ch = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc && first) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Download: the server sent OK without any chunk");
   } else if (!rc && out->nbytes != total) {
@@ -864,35 +807,17 @@ typedef struct graph_build {
     return -1;                                                       \
   } while (0)
 
-static int b64_value(int ch) {
-  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
-  if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
-  if (ch >= '0' && ch <= '9') return ch - '0' + 52;
-  if (ch == '+' || ch == '-') return 62;
-  if (ch == '/' || ch == '_') return 63;
-  return -1;
-}
-
-/* Decode base64 s into arena memory; -1 for a character that is not base64. */
+/* Decode base64 text s (strict, as the graph format writes it) into arena memory: 0, -1 when it is not base64, -2
+   when out of memory. */
 static int b64_decode(kex_arena *a, const char *s, ProtobufCBinaryData *out) {
-  size_t n = strlen(s), o = 0;
-  unsigned char *d = kex_arena_alloc(a, n / 4 * 3 + 3);
-  uint32_t acc = 0;
-  int bits = 0;
-  if (!d) return -2;
-  for (size_t i = 0; i < n; i++) {
-    int v;
-    if (s[i] == '=' || s[i] == '\n' || s[i] == '\r' || s[i] == ' ') continue;
-    if ((v = b64_value((unsigned char)s[i])) < 0) return -1;
-    acc = acc << 6 | (uint32_t)v;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      d[o++] = (unsigned char)(acc >> bits);
-    }
-  }
+  size_t n = strlen(s);
+  int64_t len = kex_base64_decoded_len(s, n);
+  unsigned char *d;
+  if (len < 0) return -1;
+  if (!(d = kex_arena_alloc(a, (size_t)len + 1))) return -2;
+  if (kex_base64_decode(s, n, d, NULL)) return -1;
   out->data = d;
-  out->len = o;
+  out->len = (size_t)len;
   return 0;
 }
 
@@ -1248,7 +1173,6 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
   Kex__V1__Graph g;
   kex_submit_opts o = {0};
   kex_status local_err = {0};
-  bool client_failed = false;
   kex_arena arena;
   rpc r;
   int rc, got = 0;
@@ -1303,12 +1227,8 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
     ev = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc && !*out) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Submit: the stream ended OK without a done event");
   }
@@ -1605,7 +1525,6 @@ int kex_client_tune(kex_client *c, const char *job, const char *graph_json, cons
   kex_tune_opts o = {0};
   kex_tune_result *res = NULL;
   kex_status local_err = {0};
-  bool client_failed = false;
   size_t finished = 0;
   kex_arena arena;
   rpc r;
@@ -1655,12 +1574,8 @@ int kex_client_tune(kex_client *c, const char *job, const char *graph_json, cons
     ev = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc && finished != res->nkernels) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Tune: the stream ended OK after %zu of %zu kernels", finished,
                     res->nkernels);
@@ -1740,10 +1655,9 @@ int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cac
   Kex__V1__CacheFilter pf;
   Kex__V1__ExportCacheChunk *ch = NULL;
   kex_status local_err = {0};
-  bool client_failed = false;
   uint64_t n = 0;
   rpc r;
-  int rc, got;
+  int rc, got = 0;
   if (entries) *entries = 0;
   if (!cb && !f) return status_set(st, KEX_EINVAL, 0, "ExportCache: neither a file nor a callback");
   filter_to_pb(filter, &pf);
@@ -1768,32 +1682,13 @@ int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cac
     ch = NULL;
     if (got < 0) break;
   }
-  if (got < 0) {
-    client_failed = true;
-    grpc_call_cancel(r.call, NULL);
-  }
 finish:
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
+  rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc) {
     if (entries) *entries = n;
     status_ok(st);
   }
   return rc;
-}
-
-/* Send one message of a client stream (the first one with the initial metadata): 1 sent, 0 the call is over. */
-static int rpc_send_stream(rpc *r, const ProtobufCMessage *m, bool first) {
-  grpc_op ops[2];
-  grpc_byte_buffer *bb = pack(m);
-  size_t n = 0;
-  int ok;
-  memset(ops, 0, sizeof ops);
-  if (first) op_send_initial(r, &ops[n++]);
-  ops[n].op = GRPC_OP_SEND_MESSAGE;
-  ops[n++].data.send_message.send_message = bb;
-  ok = rpc_batch(r, ops, n);
-  grpc_byte_buffer_destroy(bb);
-  return ok;
 }
 
 int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_report *rep, kex_status *st) {
@@ -1803,7 +1698,8 @@ int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_
   kex_status local_err = {0};
   bool client_failed = false;
   rpc r;
-  int rc, got = 0;
+  bool sent_all = false;
+  int rc;
   if (rep) memset(rep, 0, sizeof *rep);
   if (!f) return status_set(st, KEX_EINVAL, 0, "ImportCache: no file");
   if (!(chunk = kex_malloc(KEX_UPLOAD_CHUNK))) return status_set(st, KEX_ENOMEM, 0, "ImportCache: out of memory");
@@ -1824,24 +1720,10 @@ int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_
     req.job = (char *)"";                                     /* the job goes in the first message only */
     if (n < KEX_UPLOAD_CHUNK && feof(f)) break;
   }
-  {
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    if (rpc_batch(&r, &op, 1))
-      got = rpc_recv(&r, &kex__v1__import_cache_reply__descriptor, (ProtobufCMessage **)&reply, st);
-  }
+  sent_all = true;
 finish:
-  if (got < 0) {
-    kex_status ignored;
-    rpc_end(&r, &ignored);
-    rc = st ? st->code : KEX_ECORRUPT;
-    goto out;
-  }
-  rc = rpc_end_local(&r, client_failed ? &local_err : NULL, st);
-  if (!rc && !reply) {
-    rc = status_set(st, KEX_ECORRUPT, 0, "ImportCache: the server sent OK without a reply");
-  }
+  rc = rpc_end_stream(&r, sent_all, &kex__v1__import_cache_reply__descriptor, (ProtobufCMessage **)&reply,
+                      client_failed ? &local_err : NULL, "ImportCache", st);
   if (!rc) {
     if (rep) {
       rep->imported = reply->imported;

@@ -3,13 +3,13 @@
  *
  * One pass over the kernel's STORE roots with an explicit stack: a node is
  * numbered when its last source is done (postorder, roots and sources in
- * order).  Two tables make the numbering canonical: a pointer memo (each
+ * order).  Two core/dict tables make the numbering canonical: a pointer memo (each
  * kex_lop is formatted once) and a structural table keyed by the node's
  * line body, whose sources are already canonical numbers, so equal sub-DAGs
  * get one number whether or not the scheduler shared their pointers.  The
  * text buffer doubles as the store of the line bodies the structural table
- * compares against.  SHA-256 follows FIPS 180-4 and is tested against its
- * vectors in tests/unit/test_astkey.c.
+ * compares against.  SHA-256 (core/codec.c) is tested against the FIPS
+ * 180-4 vectors in tests/unit/test_astkey.c.
  */
 #include "codegen/astkey.h"
 
@@ -19,64 +19,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/dict.h"
 #include "core/hash.h"
-
-#include <openssl/evp.h>
-
-/* ---- SHA-256 (OpenSSL libcrypto) ---- */
-
-int kex_sha256_init(kex_sha256 *s) {
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-  s->ctx = ctx;
-  if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-    EVP_MD_CTX_free(ctx);
-    s->ctx = NULL;
-    return KEX_ENOMEM;
-  }
-  return 0;
-}
-
-void kex_sha256_update(kex_sha256 *s, const void *data, size_t len) {
-  if (s->ctx && len) EVP_DigestUpdate(s->ctx, data, len);
-}
-
-void kex_sha256_final(kex_sha256 *s, uint8_t out[32]) {
-  unsigned int n = 0;
-  if (!s->ctx || EVP_DigestFinal_ex(s->ctx, out, &n) != 1) memset(out, 0, 32);
-  EVP_MD_CTX_free(s->ctx);
-  s->ctx = NULL;
-}
-
-int kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]) {
-  unsigned int n = 0;
-  if (EVP_Digest(len ? data : "", len, out, &n, EVP_sha256(), NULL) != 1) {
-    memset(out, 0, 32);
-    return KEX_ENOMEM;
-  }
-  return 0;
-}
-
-void kex_hex(const uint8_t *bytes, size_t n, char *out) {
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) out[2 * i] = digits[bytes[i] >> 4], out[2 * i + 1] = digits[bytes[i] & 15];
-  out[2 * n] = 0;
-}
-
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-int kex_unhex(const char *hex, uint8_t *bytes, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    int hi = hexval(hex[2 * i]), lo = hi < 0 ? -1 : hexval(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return KEX_EPARSE;
-    bytes[i] = (uint8_t)(hi << 4 | lo);
-  }
-  return hex[2 * n] ? KEX_EPARSE : 0;
-}
 
 /* ---- a growable text buffer (sticky OOM) ---- */
 
@@ -152,86 +96,59 @@ typedef struct walk_frame {
 
 typedef struct ast_walk {
   text_buf text, line;
-  /* pointer memo: open addressing, ptr_keys[i] == NULL is empty */
-  const kex_lop **ptr_keys;
-  uint32_t *ptr_ids;
-  size_t ptr_cap, ptr_n;
-  /* structural table: ids + 1 (0 is empty), keyed by node_rec.hash */
-  uint32_t *st_slots;
-  size_t st_cap;
+  kex_dict numbered; /* pointer memo: node_number entries, keyed by the kex_lop's address */
+  kex_dict bodies;   /* structural table: uint32_t node ids, keyed by their line body (probe: the walk's line) */
   node_rec *nodes;
   uint32_t nnodes, capnodes;
   walk_frame *stack;
   uint32_t sp, capstack;
 } ast_walk;
 
+typedef struct node_number {
+  const kex_lop *n;
+  uint32_t id;
+} node_number;
+
 static uint64_t ptr_hash(const void *p) { return kex_hash_u64(0, (uint64_t)(uintptr_t)p); }
+
+static bool number_eq(const void *entry, const void *probe) { return ((const node_number *)entry)->n == probe; }
+
+/* A node id matches the walk's current line when its body is that line. */
+static bool body_eq(const void *entry, const void *probe) {
+  const ast_walk *w = probe;
+  const node_rec *r = &w->nodes[*(const uint32_t *)entry];
+  return r->body_len == w->line.len && !memcmp(w->text.p + r->body_off, w->line.p, w->line.len);
+}
+
+static const kex_dict_type number_type = {sizeof(node_number), number_eq, 1024};
+static const kex_dict_type body_type = {sizeof(uint32_t), body_eq, 1024};
 
 /* The canonical number of a finished node, or -1 when not seen yet. */
 static int64_t memo_get(const ast_walk *w, const kex_lop *n) {
-  if (!w->ptr_cap) return -1;
-  for (size_t i = ptr_hash(n) & (w->ptr_cap - 1);; i = (i + 1) & (w->ptr_cap - 1)) {
-    if (w->ptr_keys[i] == n) return w->ptr_ids[i];
-    if (!w->ptr_keys[i]) return -1;
-  }
+  const node_number *e = kex_dict_find(&w->numbered, ptr_hash(n), n);
+  return e ? (int64_t)e->id : -1;
 }
 
 static int memo_put(ast_walk *w, const kex_lop *n, uint32_t id) {
-  if ((w->ptr_n + 1) * 2 > w->ptr_cap) {
-    size_t cap = w->ptr_cap ? w->ptr_cap * 2 : 1024;
-    const kex_lop **keys = kex_calloc(cap, sizeof *keys);
-    uint32_t *ids = kex_malloc(cap * sizeof *ids);
-    if (!keys || !ids) {
-      kex_free(keys);
-      kex_free(ids);
-      return KEX_ENOMEM;
-    }
-    for (size_t j = 0; j < w->ptr_cap; j++) {
-      if (!w->ptr_keys[j]) continue;
-      size_t i = ptr_hash(w->ptr_keys[j]) & (cap - 1);
-      while (keys[i]) i = (i + 1) & (cap - 1);
-      keys[i] = w->ptr_keys[j], ids[i] = w->ptr_ids[j];
-    }
-    kex_free(w->ptr_keys);
-    kex_free(w->ptr_ids);
-    w->ptr_keys = keys, w->ptr_ids = ids, w->ptr_cap = cap;
-  }
-  size_t i = ptr_hash(n) & (w->ptr_cap - 1);
-  while (w->ptr_keys[i]) i = (i + 1) & (w->ptr_cap - 1);
-  w->ptr_keys[i] = n, w->ptr_ids[i] = id;
-  w->ptr_n++;
+  bool found;
+  node_number *e = kex_dict_insert(&w->numbered, ptr_hash(n), n, &found);
+  if (!e) return KEX_ENOMEM;
+  *e = (node_number){n, id};
   return 0;
 }
 
-/* The id of the node whose body is w->line, -1 when new. */
+/* The id of the node whose body is w->line (hash h), -1 when new. */
 static int64_t struct_find(const ast_walk *w, uint64_t h) {
-  if (!w->st_cap) return -1;
-  for (size_t i = h & (w->st_cap - 1);; i = (i + 1) & (w->st_cap - 1)) {
-    uint32_t s = w->st_slots[i];
-    if (!s) return -1;
-    const node_rec *r = &w->nodes[s - 1];
-    if (r->hash == h && r->body_len == w->line.len && !memcmp(w->text.p + r->body_off, w->line.p, w->line.len))
-      return s - 1;
-  }
+  const uint32_t *id = kex_dict_find(&w->bodies, h, w);
+  return id ? (int64_t)*id : -1;
 }
 
+/* Add node id, whose body is w->line. */
 static int struct_add(ast_walk *w, uint32_t id) {
-  if (((size_t)w->nnodes + 1) * 2 > w->st_cap) {
-    size_t cap = w->st_cap ? w->st_cap * 2 : 1024;
-    uint32_t *slots = kex_calloc(cap, sizeof *slots);
-    if (!slots) return KEX_ENOMEM;
-    for (uint32_t j = 0; j < w->nnodes; j++) {
-      if (j == id) continue;
-      size_t i = w->nodes[j].hash & (cap - 1);
-      while (slots[i]) i = (i + 1) & (cap - 1);
-      slots[i] = j + 1;
-    }
-    kex_free(w->st_slots);
-    w->st_slots = slots, w->st_cap = cap;
-  }
-  size_t i = w->nodes[id].hash & (w->st_cap - 1);
-  while (w->st_slots[i]) i = (i + 1) & (w->st_cap - 1);
-  w->st_slots[i] = id + 1;
+  bool found;
+  uint32_t *e = kex_dict_insert(&w->bodies, w->nodes[id].hash, w, &found);
+  if (!e) return KEX_ENOMEM;
+  *e = id;
   return 0;
 }
 
@@ -339,15 +256,14 @@ static int finish(ast_walk *w, const kex_lop *n, kex_error *err) {
 
 static void walk_free(ast_walk *w) {
   kex_free(w->line.p);
-  kex_free(w->ptr_keys);
-  kex_free(w->ptr_ids);
-  kex_free(w->st_slots);
+  kex_dict_free(&w->numbered);
+  kex_dict_free(&w->bodies);
   kex_free(w->nodes);
   kex_free(w->stack);
 }
 
 int kex_ast_text(const kex_lop *const *ast, uint32_t nout, char **out, size_t *len, kex_error *err) {
-  ast_walk w = {0};
+  ast_walk w = {.numbered = kex_dict_make(&number_type), .bodies = kex_dict_make(&body_type)};
   int rc = 0;
 
   *out = NULL;

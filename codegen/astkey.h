@@ -25,8 +25,8 @@
  * -0.0, and each NaN payload, are different keys).  Any change to this
  * format must bump the version string.
  *
- * SHA-256 comes from OpenSSL's libcrypto (EVP); kex_sha256* are thin
- * wrappers so callers need no OpenSSL header.
+ * SHA-256 and hex come from core/codec.h (OpenSSL underneath), included
+ * here for the key's users.
  */
 #ifndef KEX_SEARCH_ASTKEY_H
 #define KEX_SEARCH_ASTKEY_H
@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/codec.h"
 #include "core/errors.h"
 #include "sched/schedule.h"
 
@@ -42,24 +43,6 @@
 #define KEX_AST_KEY_HEX (2 * KEX_AST_KEY_BYTES + 1) /* hex digits + NUL */
 #define KEX_AST_MAX_OUTPUTS 4096                    /* STORE roots per kernel */
 #define KEX_AST_MAX_NODES (1u << 24)                /* distinct nodes one key walks */
-
-/* ---- SHA-256 ---- */
-
-typedef struct kex_sha256 {
-  void *ctx; /* EVP_MD_CTX */
-} kex_sha256;
-
-/* Start a streaming digest: 0, or KEX_ENOMEM. */
-int kex_sha256_init(kex_sha256 *s);
-void kex_sha256_update(kex_sha256 *s, const void *data, size_t len);
-/* Write the digest and release the context. */
-void kex_sha256_final(kex_sha256 *s, uint8_t out[32]);
-/* One-shot digest of data[len]: 0, or KEX_ENOMEM (libcrypto could not allocate). */
-int kex_sha256_bytes(const void *data, size_t len, uint8_t out[32]);
-/* Lowercase hex of n bytes into out[2n+1] (NUL-terminated). */
-void kex_hex(const uint8_t *bytes, size_t n, char *out);
-/* Parse exactly 2n hex digits (either case) into bytes[n]: 0, or KEX_EPARSE. */
-int kex_unhex(const char *hex, uint8_t *bytes, size_t n);
 
 /* ---- AST keys ---- */
 

@@ -107,173 +107,186 @@ static int try_group(kex_kernel *k, kex_error *err) {
   return 0;
 }
 
+/* Masked small axes (stack/cat/pad): chosen in order, upcast in reverse. */
+static int upcast_masked_axes(kex_kernel *k, kex_error *err) {
+  int rc;
+  int fr = kex_kernel_first_reduce(k), n = kex_kernel_shape_len(k);
+  const int64_t *full = kex_kernel_full_shape(k);
+  int to_upcast[KEX_MAX_DIMS], nto = 0;
+  int64_t chosen = 1, upsz = prod_range(full, n - k->upcasted, n);
+  for (int axis = 0; axis < fr; axis++) {
+    if (full[axis] > 7) continue;
+    bool masked = false;
+    for (uint32_t b = 0; b < k->nbufs && !masked; b++) {
+      int m = kex_st_axis_is_masked(k->shape, k->sts[b], axis);
+      if (m < 0) return kex_err_set(err, m, "hand_coded: out of memory");
+      masked = m == 1;
+    }
+    if (masked && upsz * chosen * full[axis] <= 7 * 7) {
+      to_upcast[nto++] = axis;
+      chosen *= full[axis];
+    }
+  }
+  for (int i = nto - 1; i >= 0; i--)
+    if ((rc = apply(k, KEX_OPT_UPCAST, to_upcast[i], 0, err))) return rc;
+  return 0;
+}
+
+/* Expanded axes: upcast the lexicographic min of (non-zero-stride count, stride sum, axis, amt) while the output has 1,024 or more elements. */
+static int upcast_expanded_axes(kex_kernel *k, kex_error *err) {
+  int rc;
+  uint64_t upcasted_axis = 0;
+  bool *zero_up = kex_calloc(k->nbufs ? k->nbufs : 1, sizeof *zero_up);
+  if (!zero_up) return kex_err_set(err, KEX_ENOMEM, "hand_coded: out of memory");
+  for (;;) {
+    int fr = kex_kernel_first_reduce(k), n = kex_kernel_shape_len(k);
+    if (prod_range(kex_kernel_output_shape(k), 0, fr) < 1024) break;
+    /* per buffer: does an upcast axis already have real stride 0? */
+    for (uint32_t b = 0; b < k->nbufs; b++) {
+      int64_t s[KEX_MAX_DIMS];
+      bool kn[KEX_MAX_DIMS];
+      if ((rc = kex_st_real_strides(k->shape, k->sts[b], false, s, kn))) {
+        kex_free(zero_up);
+        return kex_err_set(err, rc, "hand_coded: out of memory");
+      }
+      zero_up[b] = false;
+      for (int x = n - k->upcasted; x < n; x++)
+        if (kn[x] && s[x] == 0) zero_up[b] = true;
+    }
+    const int64_t *full = kex_kernel_full_shape(k);
+    bool have = false;
+    int64_t best[4] = {0};
+    static const int amts[] = {3, 4};
+    for (int axis = 0; axis < fr; axis++) {
+      for (int a = 0; a < 2; a++) {
+        int amt = amts[a];
+        if ((upcasted_axis >> axis) & 1 || full[axis] % amt != 0) continue;
+        bool ok = false;
+        for (uint32_t b = 0; b < k->nbufs && !ok; b++)
+          ok = kex_st_last(k->sts[b])->strides[axis] == 0 && !zero_up[b];
+        if (!ok) continue;
+        int64_t cnt = 0, sum = 0;
+        for (uint32_t b = 0; b < k->nbufs; b++) {
+          int64_t st = kex_st_last(k->sts[b])->strides[axis];
+          cnt += st > 0;
+          sum += st;
+        }
+        int64_t c[4] = {cnt, sum, axis, amt};
+        bool less = !have;
+        for (int i = 0; i < 4 && !less; i++) {
+          if (c[i] < best[i]) less = true;
+          else if (c[i] > best[i]) break;
+        }
+        if (less) memcpy(best, c, sizeof best), have = true;
+      }
+    }
+    if (!have) break;
+    if ((rc = apply(k, KEX_OPT_UPCAST, (int)best[2], (int)best[3], err))) {
+      kex_free(zero_up);
+      return rc;
+    }
+    upcasted_axis |= 1ull << best[2];
+  }
+  kex_free(zero_up);
+  return 0;
+}
+
+/* Unroll the reduce: its last axis fully when small (twice when tiny), else by 4. */
+static int unroll_reduce(kex_kernel *k, kex_error *err) {
+  int rc;
+  int fr = kex_kernel_first_reduce(k), n = kex_kernel_shape_len(k), fu = n - k->upcasted;
+  const int64_t *full = kex_kernel_full_shape(k);
+  int64_t noffsets = prod_range(kex_st_shape(k->sts[k->full_buf_index]), fu, n);
+  bool reduce_up = false;
+  for (int x = fu; x < n; x++)
+    if (kex_kernel_output_shape(k)[x] != full[x]) reduce_up = true;
+  if (fr < fu && (noffsets <= 4 || !reduce_up) && (k->upcasted == 0 || prod_range(full, fu, n) < 64)) {
+    int64_t s = full[fu - 1];
+    if (s <= 32) {
+      if ((rc = apply(k, KEX_OPT_UNROLL, fu - 1 - fr, 0, err))) return rc;
+      fr = kex_kernel_first_reduce(k);
+      n = kex_kernel_shape_len(k);
+      fu = n - k->upcasted;
+      full = kex_kernel_full_shape(k);
+      if (fr < fu && s <= 3 && full[fu - 1] <= 3)
+        if ((rc = apply(k, KEX_OPT_UNROLL, fu - 1 - fr, 0, err))) return rc;
+    } else if (full[fu - 1] % 4 == 0) {
+      if ((rc = apply(k, KEX_OPT_UNROLL, fu - 1 - fr, 4, err))) return rc;
+    }
+  }
+  return 0;
+}
+
+/* If nothing is upcast and it's easy to, upcast the last dim by 4. */
+static int upcast_last_dim(kex_kernel *k, kex_error *err) {
+  int rc;
+  int n = kex_kernel_shape_len(k), fu = n - k->upcasted;
+  if (k->upcasted == 0 && fu > 0 && kex_kernel_full_shape(k)[fu - 1] % 4 == 0)
+    if ((rc = apply(k, KEX_OPT_UPCAST, fu - 1, 4, err))) return rc;
+  return 0;
+}
+
+/* Locals: expanded axes first, then higher axes; at most 3 dims, 128 threads (fewer when the target's work-group is smaller). */
+static int add_locals(kex_kernel *k, kex_error *err) {
+  int rc;
+  if (!k->opts->has_local) return 0;
+  const int64_t max_threads =
+      k->opts->max_local_size > 0 && k->opts->max_local_size < 128 ? k->opts->max_local_size : 128;
+  int fr = kex_kernel_first_reduce(k);
+  const int64_t *full = kex_kernel_full_shape(k);
+  int order[KEX_MAX_DIMS], no = 0;
+  /* sorted by (-expanded, -axis): expanded axes high to low, then the rest high to low */
+  bool expanded[KEX_MAX_DIMS];
+  for (int axis = 0; axis < fr; axis++) {
+    expanded[axis] = false;
+    for (uint32_t b = 0; b < k->nbufs && !expanded[axis]; b++)
+      expanded[axis] = kex_st_last(k->sts[b])->strides[axis] == 0;
+  }
+  for (int pass = 1; pass >= 0; pass--)
+    for (int axis = fr - 1; axis >= 0; axis--)
+      if (expanded[axis] == (pass == 1)) order[no++] = axis;
+  int to_axis[KEX_MAX_DIMS], to_sz[KEX_MAX_DIMS], nto = 0;
+  int64_t local_size = 1;
+  for (int i = 0; i < no; i++) {
+    int axis = order[i];
+    static const int cands[] = {32, 16, 8, 4, 3, 2};
+    for (int c = axis == 0 ? 0 : 1; c < 6; c++) {
+      if (full[axis] % cands[c] == 0 && local_size * cands[c] <= max_threads) {
+        to_axis[nto] = axis;
+        to_sz[nto++] = cands[c];
+        local_size *= cands[c];
+        break;
+      }
+    }
+  }
+  if (nto > 3) nto = 3;
+  /* sorted(to_local[:3]): by axis (axes are distinct) */
+  for (int i = 1; i < nto; i++)
+    for (int j = i; j > 0 && to_axis[j - 1] > to_axis[j]; j--) {
+      int t = to_axis[j];
+      to_axis[j] = to_axis[j - 1];
+      to_axis[j - 1] = t;
+      t = to_sz[j];
+      to_sz[j] = to_sz[j - 1];
+      to_sz[j - 1] = t;
+    }
+  int deleted = 0;
+  for (int i = 0; i < nto; i++) {
+    int axis = to_axis[i] - deleted;
+    bool will_delete = to_sz[i] == kex_kernel_full_shape(k)[axis];
+    if ((rc = apply(k, KEX_OPT_LOCAL, axis, to_sz[i], err))) return rc;
+    if (will_delete) deleted++;
+  }
+  return 0;
+}
+
 int kex_kernel_hand_coded_optimizations(kex_kernel *k, kex_error *err) {
   int rc = try_matvec(k, err);
   if (rc) return rc < 0 ? rc : 0;
   if ((rc = try_group(k, err))) return rc;
   if (k->group_for_reduces) return 0;
-
-  /* masked small axes (stack/cat/pad): chosen in order, upcast in reverse */
-  {
-    int fr = kex_kernel_first_reduce(k), n = kex_kernel_shape_len(k);
-    const int64_t *full = kex_kernel_full_shape(k);
-    int to_upcast[KEX_MAX_DIMS], nto = 0;
-    int64_t chosen = 1, upsz = prod_range(full, n - k->upcasted, n);
-    for (int axis = 0; axis < fr; axis++) {
-      if (full[axis] > 7) continue;
-      bool masked = false;
-      for (uint32_t b = 0; b < k->nbufs && !masked; b++) {
-        int m = kex_st_axis_is_masked(k->shape, k->sts[b], axis);
-        if (m < 0) return kex_err_set(err, m, "hand_coded: out of memory");
-        masked = m == 1;
-      }
-      if (masked && upsz * chosen * full[axis] <= 7 * 7) {
-        to_upcast[nto++] = axis;
-        chosen *= full[axis];
-      }
-    }
-    for (int i = nto - 1; i >= 0; i--)
-      if ((rc = apply(k, KEX_OPT_UPCAST, to_upcast[i], 0, err))) return rc;
-  }
-
-  /* expanded axes: upcast the lexicographic min of (non-zero-stride count, stride sum, axis, amt) */
-  {
-    uint64_t upcasted_axis = 0;
-    bool *zero_up = kex_calloc(k->nbufs ? k->nbufs : 1, sizeof *zero_up);
-    if (!zero_up) return kex_err_set(err, KEX_ENOMEM, "hand_coded: out of memory");
-    for (;;) {
-      int fr = kex_kernel_first_reduce(k), n = kex_kernel_shape_len(k);
-      if (prod_range(kex_kernel_output_shape(k), 0, fr) < 1024) break;
-      /* per buffer: does an upcast axis already have real stride 0? */
-      for (uint32_t b = 0; b < k->nbufs; b++) {
-        int64_t s[KEX_MAX_DIMS];
-        bool kn[KEX_MAX_DIMS];
-        if ((rc = kex_st_real_strides(k->shape, k->sts[b], false, s, kn))) {
-          kex_free(zero_up);
-          return kex_err_set(err, rc, "hand_coded: out of memory");
-        }
-        zero_up[b] = false;
-        for (int x = n - k->upcasted; x < n; x++)
-          if (kn[x] && s[x] == 0) zero_up[b] = true;
-      }
-      const int64_t *full = kex_kernel_full_shape(k);
-      bool have = false;
-      int64_t best[4] = {0};
-      static const int amts[] = {3, 4};
-      for (int axis = 0; axis < fr; axis++) {
-        for (int a = 0; a < 2; a++) {
-          int amt = amts[a];
-          if ((upcasted_axis >> axis) & 1 || full[axis] % amt != 0) continue;
-          bool ok = false;
-          for (uint32_t b = 0; b < k->nbufs && !ok; b++)
-            ok = kex_st_last(k->sts[b])->strides[axis] == 0 && !zero_up[b];
-          if (!ok) continue;
-          int64_t cnt = 0, sum = 0;
-          for (uint32_t b = 0; b < k->nbufs; b++) {
-            int64_t st = kex_st_last(k->sts[b])->strides[axis];
-            cnt += st > 0;
-            sum += st;
-          }
-          int64_t c[4] = {cnt, sum, axis, amt};
-          bool less = !have;
-          for (int i = 0; i < 4 && !less; i++) {
-            if (c[i] < best[i]) less = true;
-            else if (c[i] > best[i]) break;
-          }
-          if (less) memcpy(best, c, sizeof best), have = true;
-        }
-      }
-      if (!have) break;
-      if ((rc = apply(k, KEX_OPT_UPCAST, (int)best[2], (int)best[3], err))) {
-        kex_free(zero_up);
-        return rc;
-      }
-      upcasted_axis |= 1ull << best[2];
-    }
-    kex_free(zero_up);
-  }
-
-  /* reduce unroll */
-  {
-    int fr = kex_kernel_first_reduce(k), n = kex_kernel_shape_len(k), fu = n - k->upcasted;
-    const int64_t *full = kex_kernel_full_shape(k);
-    int64_t noffsets = prod_range(kex_st_shape(k->sts[k->full_buf_index]), fu, n);
-    bool reduce_up = false;
-    for (int x = fu; x < n; x++)
-      if (kex_kernel_output_shape(k)[x] != full[x]) reduce_up = true;
-    if (fr < fu && (noffsets <= 4 || !reduce_up) && (k->upcasted == 0 || prod_range(full, fu, n) < 64)) {
-      int64_t s = full[fu - 1];
-      if (s <= 32) {
-        if ((rc = apply(k, KEX_OPT_UNROLL, fu - 1 - fr, 0, err))) return rc;
-        fr = kex_kernel_first_reduce(k);
-        n = kex_kernel_shape_len(k);
-        fu = n - k->upcasted;
-        full = kex_kernel_full_shape(k);
-        if (fr < fu && s <= 3 && full[fu - 1] <= 3)
-          if ((rc = apply(k, KEX_OPT_UNROLL, fu - 1 - fr, 0, err))) return rc;
-      } else if (full[fu - 1] % 4 == 0) {
-        if ((rc = apply(k, KEX_OPT_UNROLL, fu - 1 - fr, 4, err))) return rc;
-      }
-    }
-  }
-
-  /* if nothing is upcast and it's easy to, upcast the last dim by 4 */
-  {
-    int n = kex_kernel_shape_len(k), fu = n - k->upcasted;
-    if (k->upcasted == 0 && fu > 0 && kex_kernel_full_shape(k)[fu - 1] % 4 == 0)
-      if ((rc = apply(k, KEX_OPT_UPCAST, fu - 1, 4, err))) return rc;
-  }
-
-  /* locals: expanded axes first, then higher axes; at most 3 dims, 128 threads (fewer when the target's
-     work-group is smaller) */
-  if (k->opts->has_local) {
-    const int64_t max_threads =
-        k->opts->max_local_size > 0 && k->opts->max_local_size < 128 ? k->opts->max_local_size : 128;
-    int fr = kex_kernel_first_reduce(k);
-    const int64_t *full = kex_kernel_full_shape(k);
-    int order[KEX_MAX_DIMS], no = 0;
-    /* sorted by (-expanded, -axis): expanded axes high to low, then the rest high to low */
-    bool expanded[KEX_MAX_DIMS];
-    for (int axis = 0; axis < fr; axis++) {
-      expanded[axis] = false;
-      for (uint32_t b = 0; b < k->nbufs && !expanded[axis]; b++)
-        expanded[axis] = kex_st_last(k->sts[b])->strides[axis] == 0;
-    }
-    for (int pass = 1; pass >= 0; pass--)
-      for (int axis = fr - 1; axis >= 0; axis--)
-        if (expanded[axis] == (pass == 1)) order[no++] = axis;
-    int to_axis[KEX_MAX_DIMS], to_sz[KEX_MAX_DIMS], nto = 0;
-    int64_t local_size = 1;
-    for (int i = 0; i < no; i++) {
-      int axis = order[i];
-      static const int cands[] = {32, 16, 8, 4, 3, 2};
-      for (int c = axis == 0 ? 0 : 1; c < 6; c++) {
-        if (full[axis] % cands[c] == 0 && local_size * cands[c] <= max_threads) {
-          to_axis[nto] = axis;
-          to_sz[nto++] = cands[c];
-          local_size *= cands[c];
-          break;
-        }
-      }
-    }
-    if (nto > 3) nto = 3;
-    /* sorted(to_local[:3]): by axis (axes are distinct) */
-    for (int i = 1; i < nto; i++)
-      for (int j = i; j > 0 && to_axis[j - 1] > to_axis[j]; j--) {
-        int t = to_axis[j];
-        to_axis[j] = to_axis[j - 1];
-        to_axis[j - 1] = t;
-        t = to_sz[j];
-        to_sz[j] = to_sz[j - 1];
-        to_sz[j - 1] = t;
-      }
-    int deleted = 0;
-    for (int i = 0; i < nto; i++) {
-      int axis = to_axis[i] - deleted;
-      bool will_delete = to_sz[i] == kex_kernel_full_shape(k)[axis];
-      if ((rc = apply(k, KEX_OPT_LOCAL, axis, to_sz[i], err))) return rc;
-      if (will_delete) deleted++;
-    }
-  }
-  return 0;
+  if ((rc = upcast_masked_axes(k, err)) || (rc = upcast_expanded_axes(k, err)) || (rc = unroll_reduce(k, err)) ||
+      (rc = upcast_last_dim(k, err)))
+    return rc;
+  return add_locals(k, err);
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/ptrmap.h"
 
 const kex_renderer_caps kex_renderer_opencl = {"GPU", true, true, true, false, 32768, 0};
 const kex_renderer_caps kex_renderer_cpu = {"CLANG", false, true, false, false, 32768, 0};
@@ -75,42 +76,10 @@ static int stack_push(lop_stack *s, const kex_lop *l) {
   return 0;
 }
 
-/* Pointer set (open addressing) for "already visited". */
-typedef struct lop_set {
-  uint32_t len, cap;
-  const kex_lop **slots;
-} lop_set;
-
-static uint32_t ptr_hash(const void *p) {
-  uint64_t x = (uintptr_t)p;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return (uint32_t)x;
-}
-
-/* Insert l; returns 1 if it was new, 0 if already there, KEX_ENOMEM. */
-static int set_add(lop_set *s, const kex_lop *l) {
-  if ((s->len + 1) * 2 > s->cap) {
-    uint32_t ncap = s->cap ? s->cap * 2 : 64;
-    const kex_lop **ns = kex_calloc(ncap, sizeof *ns);
-    if (!ns) return KEX_ENOMEM;
-    for (uint32_t i = 0; i < s->cap; i++) {
-      if (!s->slots[i]) continue;
-      uint32_t j = ptr_hash(s->slots[i]) & (ncap - 1);
-      while (ns[j]) j = (j + 1) & (ncap - 1);
-      ns[j] = s->slots[i];
-    }
-    kex_free(s->slots);
-    s->slots = ns;
-    s->cap = ncap;
-  }
-  uint32_t i = ptr_hash(l) & (s->cap - 1);
-  for (; s->slots[i]; i = (i + 1) & (s->cap - 1))
-    if (s->slots[i] == l) return 0;
-  s->slots[i] = l;
-  s->len++;
-  return 1;
+/* Insert l into the visited set; returns 1 if it was new, 0 if already there, KEX_ENOMEM. */
+static int set_add(kex_ptrmap *s, const kex_lop *l) {
+  if (kex_ptrmap_find(s, l, NULL)) return 0;
+  return kex_ptrmap_put(s, l, NULL, NULL) ? KEX_ENOMEM : 1;
 }
 
 /*
@@ -119,7 +88,7 @@ static int set_add(lop_set *s, const kex_lop *l) {
  */
 static int preorder(const kex_lop *const *roots, uint32_t nroots, lop_stack *out) {
   lop_stack st = {0};
-  lop_set seen = {0};
+  kex_ptrmap seen = {0};
   int rc = 0;
   for (uint32_t r = 0; r < nroots && !rc; r++) {
     if ((rc = stack_push(&st, roots[r]))) break;
@@ -138,7 +107,7 @@ static int preorder(const kex_lop *const *roots, uint32_t nroots, lop_stack *out
     }
   }
   kex_free(st.v);
-  kex_free(seen.slots);
+  kex_ptrmap_free(&seen);
   return rc;
 }
 

@@ -23,7 +23,9 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/dict.h"
 #include "core/hash.h"
+#include "core/ptrmap.h"
 #include "codegen/render.h"
 #include "codegen/uops.h"
 
@@ -78,9 +80,9 @@ typedef struct ulist {
   const kex_uop **v;
 } ulist;
 
+/* The load cache: a loaded (or accumulator) uop by its text key. */
 typedef struct cache_slot {
-  uint64_t hash;
-  const char *key;
+  const char *key; /* in the lowering's arena */
   const kex_uop *u;
 } cache_slot;
 
@@ -103,8 +105,7 @@ typedef struct lower {
   uint32_t nloops;
   const char *loop_names[MAX_LOOPS];
   const kex_uop *loop_uops[MAX_LOOPS];
-  uint32_t ccap, cused;
-  cache_slot *cache;
+  kex_dict cache; /* of cache_slot */
   uint32_t nstores, capstores;
   const kex_uop **stores;
 } lower;
@@ -169,38 +170,20 @@ static const kex_uop *render_sym(lower *L, const kex_sym *s) {
 
 /* ---- load cache ---- */
 
-static const kex_uop **cache_slot_for(lower *L, const char *key, bool insert) {
-  uint64_t h = kex_hash_bytes(key, strlen(key), 0);
-  if (insert && (L->cused + 1) * 2 > L->ccap) {
-    uint32_t ncap = L->ccap ? L->ccap * 2 : 256;
-    cache_slot *nc = kex_calloc(ncap, sizeof *nc);
-    if (!nc) return NULL;
-    for (uint32_t i = 0; i < L->ccap; i++) {
-      if (!L->cache[i].key) continue;
-      uint32_t j = (uint32_t)L->cache[i].hash & (ncap - 1);
-      while (nc[j].key) j = (j + 1) & (ncap - 1);
-      nc[j] = L->cache[i];
-    }
-    kex_free(L->cache);
-    L->cache = nc;
-    L->ccap = ncap;
-  }
-  if (!L->ccap) return NULL;
-  uint32_t j = (uint32_t)h & (L->ccap - 1);
-  for (; L->cache[j].key; j = (j + 1) & (L->ccap - 1))
-    if (L->cache[j].hash == h && !strcmp(L->cache[j].key, key)) return &L->cache[j].u;
-  if (!insert) return NULL;
-  const char *k = kex_arena_strdup(&L->arena, key);
-  if (!k) return NULL;
-  L->cache[j] = (cache_slot){h, k, NULL};
-  L->cused++;
-  return &L->cache[j].u;
+static bool cache_slot_eq(const void *entry, const void *probe) { return !strcmp(((const cache_slot *)entry)->key, probe); }
+
+static const kex_dict_type cache_type = {sizeof(cache_slot), cache_slot_eq, 256};
+
+/* The cached uop's slot for key (an arena string that the cache keeps), made NULL when new; NULL on OOM. */
+static const kex_uop **cache_slot_for(lower *L, const char *key) {
+  bool found;
+  cache_slot *e = kex_dict_insert(&L->cache, kex_hash_bytes(key, strlen(key), 0), key, &found);
+  if (!e) return NULL;
+  if (!found) *e = (cache_slot){key, NULL};
+  return &e->u;
 }
 
-static void cache_clear(lower *L) {
-  if (L->cache) memset(L->cache, 0, L->ccap * sizeof *L->cache);
-  L->cused = 0;
-}
+static void cache_clear(lower *L) { kex_dict_clear(&L->cache); }
 
 /* ---- kernel helpers on the lowering's own sts/upcasted ---- */
 
@@ -369,7 +352,7 @@ static int global_load(lower *L, int i, const kex_sym *const *idxs, int n, const
     if (!key) return KEX_ENOMEM;
     snprintf(key, kl, "%d%s%s%s%s|%s", acc != NULL, dt_key(localtype, tb, sizeof tb), this_isconst && !acc ? "CONST" : "",
              cb, ir, vr);
-    const kex_uop **slot = cache_slot_for(L, key, true);
+    const kex_uop **slot = cache_slot_for(L, key);
     if (!slot) return KEX_ENOMEM;
     if (!*slot) {
       const kex_uop *u;
@@ -492,10 +475,19 @@ static int render_loop(lower *L, const kex_sym *const *xx, int n, int depth, con
 
 /* ---- ast_parse ---- */
 
+/* ast_parse's memo: a node's values, keyed by the node's address. */
 typedef struct memo_slot {
   const kex_lop *l;
   ulist v;
 } memo_slot;
+
+static bool memo_slot_eq(const void *entry, const void *probe) { return ((const memo_slot *)entry)->l == probe; }
+
+static const kex_dict_type memo_type = {sizeof(memo_slot), memo_slot_eq, 256};
+
+static uint64_t lop_ptr_hash(const kex_lop *l) { return kex_hash_u64(0, (uint64_t)(uintptr_t)l); }
+
+static memo_slot *memo_find(const kex_dict *memo, const kex_lop *l) { return kex_dict_find(memo, lop_ptr_hash(l), l); }
 
 static int buf_index(const lower *L, const kex_lop *l) {
   const kex_kernel *k = L->k;
@@ -516,25 +508,16 @@ static int buf_index(const lower *L, const kex_lop *l) {
 static int ast_parse(lower *L, const kex_lop *root, ulist *accs, const int64_t *offs, uint32_t noffs, bool do_reduce,
                      ulist *result) {
   int rc = 0;
-  uint32_t mcap = 256, mused = 0;
-  memo_slot *memo = kex_calloc(mcap, sizeof *memo);
+  kex_dict memo = kex_dict_make(&memo_type);
   typedef struct { const kex_lop *l; int next; } frame;
   uint32_t scap = 64, sp = 0;
   frame *st = kex_malloc(scap * sizeof *st);
-  if (!memo || !st) goto oom;
-#define MEMO_FIND(lop, slotp)                                                        \
-  do {                                                                               \
-    uint32_t j_ = (uint32_t)(((uintptr_t)(lop) >> 4) * 0x9E3779B1u) & (mcap - 1);    \
-    while (memo[j_].l && memo[j_].l != (lop)) j_ = (j_ + 1) & (mcap - 1);            \
-    slotp = &memo[j_];                                                               \
-  } while (0)
+  if (!st) goto oom;
   st[sp++] = (frame){root, 0};
   while (sp) {
     frame *f = &st[sp - 1];
     const kex_lop *x = f->l;
-    memo_slot *ms;
-    MEMO_FIND(x, ms);
-    if (ms->l) {
+    if (memo_find(&memo, x)) {
       sp--;
       continue;
     }
@@ -542,9 +525,7 @@ static int ast_parse(lower *L, const kex_lop *root, ulist *accs, const int64_t *
     bool leaf = KEX_OP_IS_BUFFER(x->op) || (KEX_OP_IS_REDUCE(x->op) && !do_reduce);
     if (!leaf && f->next < x->nsrc) {
       const kex_lop *c = x->src[f->next++];
-      memo_slot *cs;
-      MEMO_FIND(c, cs);
-      if (!cs->l) {
+      if (!memo_find(&memo, c)) {
         if (sp == scap) {
           scap *= 2;
           frame *ns = kex_realloc(st, scap * sizeof *ns);
@@ -567,8 +548,11 @@ static int ast_parse(lower *L, const kex_lop *root, ulist *accs, const int64_t *
     } else {
       const ulist *vals[3];
       for (int s = 0; s < x->nsrc; s++) {
-        memo_slot *cs;
-        MEMO_FIND(x->src[s], cs);
+        const memo_slot *cs = memo_find(&memo, x->src[s]);
+        if (!cs) {
+          rc = KEX_EINTERNAL;
+          goto out;
+        }
         vals[s] = &cs->v;
         if (s && vals[s]->n != vals[0]->n) {
           rc = KEX_EINTERNAL;
@@ -615,36 +599,18 @@ static int ast_parse(lower *L, const kex_lop *root, ulist *accs, const int64_t *
       for (uint32_t j = 0; j < n; j++)
         if (!res.v[j]) goto oom;
     }
-    ms->l = x;
-    ms->v = res;
+    bool found;
+    memo_slot *ms = kex_dict_insert(&memo, lop_ptr_hash(x), x, &found);
+    if (!ms) goto oom;
+    *ms = (memo_slot){x, res};
     sp--;
-    if (++mused * 2 > mcap) {
-      uint32_t ncap = mcap * 2;
-      memo_slot *nm = kex_calloc(ncap, sizeof *nm), *old = memo;
-      if (!nm) goto oom;
-      uint32_t ocap = mcap;
-      memo = nm;
-      mcap = ncap;
-      for (uint32_t i = 0; i < ocap; i++)
-        if (old[i].l) {
-          memo_slot *s;
-          MEMO_FIND(old[i].l, s);
-          *s = old[i];
-        }
-      kex_free(old);
-    }
   }
-  {
-    memo_slot *rs;
-    MEMO_FIND(root, rs);
-    *result = rs->v;
-  }
-#undef MEMO_FIND
+  *result = memo_find(&memo, root)->v;
   goto out;
 oom:
   rc = KEX_ENOMEM;
 out:
-  kex_free(memo);
+  kex_dict_free(&memo);
   kex_free(st);
   return rc;
 }
@@ -692,42 +658,56 @@ static int permute_last(lower *L, int j) {
 
 /* ---- linearize ---- */
 
-static int linearize(lower *L, kex_name_counter *names, kex_program_src *out, kex_error *err) {
+/*
+ * The index variables of one lowering (tinygrad's linearize locals): global
+ * and local index expressions, the upcast indexes, and what the reduce
+ * leaves for the late AST (the fake reduce zeros, the local indexes after a
+ * grouped reduce).
+ */
+typedef struct lin_idx {
+  const kex_sym *zero;
+  const kex_sym *gidx[MAXD], *lidx[MAXD], *up[MAXD];
+  int nlocal; /* local dims plus the group dims */
+  bool has_local;
+  const kex_sym *fake_reduce[MAXD], *lidx_after[MAXD];
+  int nfake_reduce, nlidx_after;
+} lin_idx;
+
+/* DEFINE_GLOBAL for every buffer, and the DEFINE_LOCAL temp of a grouped reduce with its ShapeTracker. */
+static int define_buffers(lower *L) {
   const kex_kernel *k = L->k;
-  kex_uop_graph *g = &L->g;
-  int rc = 0;
-  const kex_sym *ZERO = kex_sym_num(L->sym, 0);
-  if (!ZERO) return KEX_ENOMEM;
-  /* global buffers */
   for (uint32_t i = 0; i < k->nbufs; i++) {
     if (k->bufs[i].op == KEX_OP_BCONST) continue;
     kex_uop_arg a = {0};
     a.i[0] = k->bufs[i].idx;
     for (uint32_t o = 0; o < k->nout; o++) a.i[1] |= k->bufs[o].idx == k->bufs[i].idx;
-    if (!(L->buf_uops[i] = kex_uop_add(g, KEX_UOP_DEFINE_GLOBAL, kex_ud_ptr(k->bufs[i].dtype), NULL, 0, &a)))
+    if (!(L->buf_uops[i] = kex_uop_add(&L->g, KEX_UOP_DEFINE_GLOBAL, kex_ud_ptr(k->bufs[i].dtype), NULL, 0, &a)))
       return KEX_ENOMEM;
   }
+  if (L->temp < 0) return 0;
   int sl = L->shape_len, gd = L->global_dims, ld = L->local_dims, fr = L->first_reduce;
   const int64_t *full = full_shape(L);
-  if (L->temp >= 0) {
-    int64_t ts[MAXD], usz[MAXD];
-    bool ured[MAXD];
-    int p = 0;
-    for (int i = 0; i < gd; i++) ts[p++] = 1;
-    for (int i = gd; i < gd + ld + L->group; i++) ts[p++] = full[i];
-    for (int i = 0; i < sl - L->upcasted - L->group - fr; i++) ts[p++] = 1;
-    upcasted_axis(L, 0, usz, ured);
-    for (int i = 0; i < L->upcasted; i++) ts[p++] = usz[i];
-    if (!(L->sts[L->temp] = kex_st_from_shape(L->shape, p, ts))) return KEX_ENOMEM;
-    kex_uop_arg a = {0};
-    a.name = "temp";
-    a.i[0] = kex_st_size(L->sts[L->temp]);
-    if (!(L->buf_uops[L->temp] = kex_uop_add(g, KEX_UOP_DEFINE_LOCAL, kex_ud_ptr(L->temp_dtype), NULL, 0, &a)))
-      return KEX_ENOMEM;
-  }
-  /* kernel name */
+  int64_t ts[MAXD], usz[MAXD];
+  bool ured[MAXD];
+  int p = 0;
+  for (int i = 0; i < gd; i++) ts[p++] = 1;
+  for (int i = gd; i < gd + ld + L->group; i++) ts[p++] = full[i];
+  for (int i = 0; i < sl - L->upcasted - L->group - fr; i++) ts[p++] = 1;
+  upcasted_axis(L, 0, usz, ured);
+  for (int i = 0; i < L->upcasted; i++) ts[p++] = usz[i];
+  if (!(L->sts[L->temp] = kex_st_from_shape(L->shape, p, ts))) return KEX_ENOMEM;
+  kex_uop_arg a = {0};
+  a.name = "temp";
+  a.i[0] = kex_st_size(L->sts[L->temp]);
+  if (!(L->buf_uops[L->temp] = kex_uop_add(&L->g, KEX_UOP_DEFINE_LOCAL, kex_ud_ptr(L->temp_dtype), NULL, 0, &a)))
+    return KEX_ENOMEM;
+  return 0;
+}
+
+/* The kernel's function name into out->name: its base name, numbered when names has seen it before. */
+static int name_kernel(lower *L, kex_name_counter *names, kex_program_src *out, kex_error *err) {
   char base[KEX_PROGRAM_NAME_MAX];
-  if (kex_kernel_name(k, base, sizeof base) >= (int)sizeof base - 8)
+  if (kex_kernel_name(L->k, base, sizeof base) >= (int)sizeof base - 8)
     return kex_err_set(err, KEX_ELIMIT, "lower: kernel name too long");
   snprintf(out->name, sizeof out->name, "%s", base);
   if (names) {
@@ -738,18 +718,26 @@ static int linearize(lower *L, kex_name_counter *names, kex_program_src *out, ke
       snprintf(out->name + bl, sizeof out->name - bl, "n%d", (cnt - 1) % 1000000);
     }
   }
-  /* indexes */
-  bool has_local = L->caps->has_local && L->dialect == KEX_DIALECT_OPENCL;
-  const kex_sym *gidx[MAXD], *lidx[MAXD], *up[MAXD], *lg[MAXD], *ll[MAXD];
-  int nlg, nll, nlocal = ld + L->group;
-  if ((rc = grouped_dims(L, "gidx", 0, full, gd, has_local ? 3 : 0, gidx, lg, &nlg))) return rc;
-  if ((rc = grouped_dims(L, "lidx", gd, full + gd, nlocal, has_local ? 3 : 0, lidx, ll, &nll))) return rc;
+  return 0;
+}
+
+/* The global, local and upcast indexes, and how they run: SPECIAL uops and launch sizes (OpenCL) or loops. */
+static int define_indexes(lower *L, lin_idx *x, kex_program_src *out) {
+  const kex_kernel *k = L->k;
+  int rc, sl = L->shape_len, gd = L->global_dims, ld = L->local_dims;
+  const int64_t *full = full_shape(L);
+  x->has_local = L->caps->has_local && L->dialect == KEX_DIALECT_OPENCL;
+  const kex_sym *lg[MAXD], *ll[MAXD];
+  int nlg, nll;
+  x->nlocal = ld + L->group;
+  if ((rc = grouped_dims(L, "gidx", 0, full, gd, x->has_local ? 3 : 0, x->gidx, lg, &nlg))) return rc;
+  if ((rc = grouped_dims(L, "lidx", gd, full + gd, x->nlocal, x->has_local ? 3 : 0, x->lidx, ll, &nll))) return rc;
   const int64_t *os = out_shape(L);
   for (int i = 0; i < L->upcasted; i++)
-    if (!(up[i] = var(L, "_uidx", i, os[sl - L->upcasted + i]))) return KEX_ENOMEM;
+    if (!(x->up[i] = var(L, "_uidx", i, os[sl - L->upcasted + i]))) return KEX_ENOMEM;
   for (int d = 0; d < 3; d++) out->global[d] = out->local[d] = 1;
   out->has_local = false;
-  if (L->dialect == KEX_DIALECT_OPENCL && (k->dont_use_locals || has_local)) {
+  if (L->dialect == KEX_DIALECT_OPENCL && (k->dont_use_locals || x->has_local)) {
     if (nlg > 3 || nll > 3) return KEX_EINTERNAL;
     for (int i = 0; i < nlg; i++) {
       out->global[nlg - 1 - i] = (size_t)(lg[i]->max + 1);
@@ -760,7 +748,7 @@ static int linearize(lower *L, kex_name_counter *names, kex_program_src *out, ke
       a.i[0] = nlg - 1 - i;
       a.i[1] = lg[i]->max + 1;
       a.name = nm;
-      if ((rc = set_loop(L, lg[i]->name, kex_uop_add(g, KEX_UOP_SPECIAL, kex_ud(KEX_DT_INT32), NULL, 0, &a)))) return rc;
+      if ((rc = set_loop(L, lg[i]->name, kex_uop_add(&L->g, KEX_UOP_SPECIAL, kex_ud(KEX_DT_INT32), NULL, 0, &a)))) return rc;
     }
     if (!k->dont_use_locals) {
       out->has_local = true;
@@ -770,7 +758,7 @@ static int linearize(lower *L, kex_name_counter *names, kex_program_src *out, ke
         a.i[0] = i;
         a.i[1] = ll[i]->max + 1;
         a.name = ll[i]->name;
-        if ((rc = set_loop(L, ll[i]->name, kex_uop_add(g, KEX_UOP_SPECIAL, kex_ud(KEX_DT_INT32), NULL, 0, &a)))) return rc;
+        if ((rc = set_loop(L, ll[i]->name, kex_uop_add(&L->g, KEX_UOP_SPECIAL, kex_ud(KEX_DT_INT32), NULL, 0, &a)))) return rc;
       }
     }
   } else {
@@ -782,204 +770,217 @@ static int linearize(lower *L, kex_name_counter *names, kex_program_src *out, ke
     if ((rc = render_loop(L, xx, nlg + nll, 1, ctx, &nctx))) return rc;
     if (L->dialect == KEX_DIALECT_CPU && nlg) out->global[0] = (size_t)(lg[0]->max + 1);
   }
+  x->nlidx_after = x->nlocal;
+  memcpy(x->lidx_after, x->lidx, (size_t)x->nlocal * sizeof *x->lidx_after);
+  return 0;
+}
 
-  /* the reduce */
-  ulist accs = {0};
-  const kex_sym *fake_reduce[MAXD], *lidx_after[MAXD];
-  int nfake_reduce = 0, nlidx_after = nlocal;
-  memcpy(lidx_after, lidx, (size_t)nlocal * sizeof *lidx_after);
-  if (k->reduceop) {
-    const kex_sym *fup[MAXD], *ridx[MAXD], *ix[MAXD];
-    for (int i = 0; i < L->upcasted; i++)
-      if (!(fup[i] = var(L, "_uidx", i, full[sl - L->upcasted + i]))) return KEX_ENOMEM;
-    int nr = 0;
-    for (int i = fr + L->group; i < sl - L->upcasted; i++, nr++) {
-      if (!(ridx[nr] = var(L, "ridx", i, full[i]))) return KEX_ENOMEM;
-      fake_reduce[nr] = ZERO;
+/* Set early[b] for every kernel buffer b that a LOAD/CONST under the reduce reads (a walk of its sub-AST). */
+static int mark_early_buffers(lower *L, bool *early) {
+  kex_ptrmap seen = {0};
+  const kex_lop **stk = NULL;
+  uint32_t sp = 0, scap = 0;
+  int rc = 0;
+  const kex_lop *root = L->k->reduceop;
+  for (const kex_lop *x = root; x; x = sp ? stk[--sp] : NULL) {
+    if (kex_ptrmap_find(&seen, x, NULL)) continue;
+    if (kex_ptrmap_put(&seen, x, NULL, NULL)) goto oom;
+    if (KEX_OP_IS_BUFFER(x->op)) {
+      int bi = buf_index(L, x);
+      if (bi >= 0) early[bi] = true;
+      continue;
     }
-    nfake_reduce = nr;
-    const kex_uop *loop_ctx[MAXD];
-    uint32_t nloop_ctx;
-    if ((rc = render_loop(L, ridx, nr, 2, loop_ctx, &nloop_ctx))) return rc;
-    int p = 0;
-    for (int i = 0; i < gd; i++) ix[p++] = gidx[i];
-    for (int i = 0; i < nlocal; i++) ix[p++] = lidx[i];
-    for (int i = 0; i < nr; i++) ix[p++] = fake_reduce[i];
-    for (int i = 0; i < L->upcasted; i++) ix[p++] = up[i];
-    int out_buf = L->group ? L->temp : 0;
-    if ((rc = global_load(L, out_buf, ix, p, k->reduceop, NULL, loop_ctx, nloop_ctx, &accs))) return rc;
-    /* early buffers: every LOAD/CONST under the reduce */
-    p = 0;
-    for (int i = 0; i < gd; i++) ix[p++] = gidx[i];
-    for (int i = 0; i < nlocal; i++) ix[p++] = lidx[i];
-    for (int i = 0; i < nr; i++) ix[p++] = ridx[i];
-    for (int i = 0; i < L->upcasted; i++) ix[p++] = fup[i];
-    {
-      const kex_lop **stk = NULL;
-      uint32_t sp = 0, scap = 0;
-      bool *early = kex_calloc(L->nbufs, sizeof *early);
-      if (!early) return KEX_ENOMEM;
-      /* mark early buffers: walk the reduce's sub-AST (visited set by buffer marks only, nodes may repeat: bounded by a seen table) */
-      uint32_t vcap = 1024, vused = 0;
-      const kex_lop **seen = kex_calloc(vcap, sizeof *seen);
-      if (!seen) {
-        kex_free(early);
-        return KEX_ENOMEM;
-      }
-      rc = 0;
-#define PUSH(x)                                                               \
-  do {                                                                        \
-    if (sp == scap) {                                                         \
-      scap = scap ? scap * 2 : 64;                                            \
-      const kex_lop **ns_ = kex_realloc(stk, scap * sizeof *ns_);             \
-      if (!ns_) { rc = KEX_ENOMEM; break; }                                   \
-      stk = ns_;                                                              \
-    }                                                                         \
-    stk[sp++] = (x);                                                          \
-  } while (0)
-      PUSH(k->reduceop);
-      while (!rc && sp) {
-        const kex_lop *x = stk[--sp];
-        uint32_t j = (uint32_t)(((uintptr_t)x >> 4) * 0x9E3779B1u) & (vcap - 1);
-        while (seen[j] && seen[j] != x) j = (j + 1) & (vcap - 1);
-        if (seen[j]) continue;
-        seen[j] = x;
-        if (++vused * 2 > vcap) {
-          uint32_t ncap = vcap * 2;
-          const kex_lop **nsn = kex_calloc(ncap, sizeof *nsn);
-          if (!nsn) {
-            rc = KEX_ENOMEM;
-            break;
-          }
-          for (uint32_t q = 0; q < vcap; q++)
-            if (seen[q]) {
-              uint32_t t = (uint32_t)(((uintptr_t)seen[q] >> 4) * 0x9E3779B1u) & (ncap - 1);
-              while (nsn[t]) t = (t + 1) & (ncap - 1);
-              nsn[t] = seen[q];
-            }
-          kex_free(seen);
-          seen = nsn;
-          vcap = ncap;
-        }
-        if (KEX_OP_IS_BUFFER(x->op)) {
-          int bi = buf_index(L, x);
-          if (bi >= 0) early[bi] = true;
-          continue;
-        }
-        for (int s = 0; s < x->nsrc; s++) PUSH(x->src[s]);
-      }
-#undef PUSH
-      kex_free(stk);
-      kex_free(seen);
-      for (uint32_t i = 0; !rc && i < k->nbufs; i++)
-        if (early[i]) rc = global_load(L, (int)i, ix, p, NULL, NULL, NULL, 0, &L->loaded[i]);
-      kex_free(early);
-      if (rc) return rc;
+    if (sp + (uint32_t)x->nsrc > scap) {
+      scap = scap ? scap * 2 : 64;
+      const kex_lop **ns = kex_realloc(stk, scap * sizeof *ns);
+      if (!ns) goto oom;
+      stk = ns;
     }
-    uint32_t noffs;
-    int64_t *offs = acc_offsets(L, k->full_buf_index, &noffs);
-    if (!offs) return KEX_ENOMEM;
-    ulist dummy;
-    if ((rc = ast_parse(L, k->reduceop, &accs, offs, noffs, true, &dummy))) return rc;
-    cache_clear(L);
-    if (L->group) {
-      const kex_sym *fake_global[MAXD], *sx[MAXD];
-      for (int i = 0; i < gd; i++) fake_global[i] = ZERO;
-      p = 0;
-      for (int i = 0; i < gd; i++) sx[p++] = ZERO;
-      for (int i = 0; i < nlocal; i++) sx[p++] = lidx[i];
-      for (int i = 0; i < nr; i++) sx[p++] = fake_reduce[i];
-      for (int i = 0; i < L->upcasted; i++) sx[p++] = up[i];
-      ulist st_made;
-      if ((rc = global_store(L, L->temp, sx, p, &accs, &st_made))) return rc;
-      const kex_uop *barrier = kex_uop_add(g, KEX_UOP_BARRIER, kex_ud_none(), st_made.v, st_made.n, NULL);
-      if (has_local) {
-        const kex_sym *fk[MAXD];
-        int tn = kex_st_ndim(L->sts[L->temp]);
-        for (int i = 0; i < tn; i++) fk[i] = ZERO;
-        for (int i = ld; i < nlocal; i++) fk[gd + i] = lidx[i];
-        const kex_sym *ti = NULL, *tv = NULL;
-        if (kex_st_expr_idxs(L->shape, L->sts[L->temp], fk, &ti, &tv)) return KEX_ENOMEM;
-        const kex_uop *iv[2] = {render_sym(L, kex_sym_create_lt(L->sym, ti, 1)), barrier};
-        barrier = kex_uop_add(g, KEX_UOP_IF, kex_ud_none(), iv, 2, NULL);
-      }
-      if (!barrier) return KEX_ENOMEM;
-      /* late reduce loops over the group dims */
-      uint64_t mid = kex_kernel_upcast_in_mid_reduce_axes(k);
-      const kex_sym *end_local[MAXD];
-      int nend = fr + L->group;
-      for (int i = 0; i < nend; i++) {
-        int64_t hi = (i >= fr && !((mid >> i) & 1)) ? full[i] : 1;
-        if (!(end_local[i] = var(L, "tidx", i, hi))) return KEX_ENOMEM;
-      }
-      int nl2 = 0;
-      const kex_sym *late_local[MAXD];
-      for (int i = 0; i < ld; i++) late_local[nl2++] = lidx[i];
-      for (int i = gd + ld; i < nend; i++) late_local[nl2++] = end_local[i];
-      for (int j = 0; j < sl; j++) {
-        if (!((mid >> j) & 1)) continue;
-        if ((rc = permute_last(L, j))) return rc;
-        L->upcasted++;
-        L->group--;
-        nl2--;
-        nend--;
-        os = out_shape(L);
-        for (int i = 0; i < L->upcasted; i++)
-          if (!(up[i] = var(L, "_uidx", i, os[sl - L->upcasted + i]))) return KEX_ENOMEM;
-      }
-      const kex_uop *late_ctx[MAXD];
-      uint32_t nlate_ctx;
-      if ((rc = render_loop(L, end_local, nend, 3, late_ctx, &nlate_ctx))) return rc;
-      p = 0;
-      for (int i = 0; i < gd; i++) ix[p++] = fake_global[i];
-      for (int i = 0; i < nl2; i++) ix[p++] = late_local[i];
-      for (int i = 0; i < nr; i++) ix[p++] = fake_reduce[i];
-      for (int i = 0; i < L->upcasted; i++) ix[p++] = up[i];
-      if ((rc = global_load(L, 0, ix, p, k->reduceop, NULL, late_ctx, nlate_ctx, &accs))) return rc;
-      if ((rc = global_load(L, L->temp, ix, p, NULL, barrier, NULL, 0, &L->loaded[L->temp]))) return rc;
-      if (!(offs = acc_offsets(L, L->temp, &noffs))) return KEX_ENOMEM;
-      /* LazyOp(reduceop.op, (LOAD temp,)): fold the temp values into the late accumulators */
-      const ulist *vals = &L->loaded[L->temp];
-      if (vals->n != noffs) return KEX_EINTERNAL;
-      const kex_uop **input = kex_arena_alloc(&L->arena, (size_t)accs.n * sizeof *input);
-      if (!input) return KEX_ENOMEM;
-      memcpy(input, accs.v, accs.n * sizeof *input);
-      kex_op rop = k->reduceop->op == KEX_OP_SUM ? KEX_OP_ADD : KEX_OP_MAX;
-      for (uint32_t j = 0; j < noffs; j++) {
-        if (offs[j] < 0 || (uint64_t)offs[j] >= accs.n) return KEX_EINTERNAL;
-        const kex_uop *a = accs.v[offs[j]];
-        if (!a) return KEX_ENOMEM;
-        accs.v[offs[j]] = kex_uop_alu_dt(g, rop, a->dtype, vals->v[j], a, NULL);
-      }
-      for (uint32_t o = 0; o < accs.n; o++)
-        if (input[o] != accs.v[o]) {
-          const kex_uop *pv[2] = {input[o], accs.v[o]};
-          accs.v[o] = kex_uop_add(g, KEX_UOP_PHI, input[o] ? input[o]->dtype : kex_ud_none(), pv, 2, NULL);
-        }
-      cache_clear(L);
-      nlidx_after = 0;
-      for (int i = 0; i < ld; i++) lidx_after[nlidx_after++] = lidx[i];
-      for (int i = 0; i < L->group; i++) lidx_after[nlidx_after++] = ZERO;
-    }
+    for (int s = x->nsrc - 1; s >= 0; s--) stk[sp++] = x->src[s];
   }
+  goto out;
+oom:
+  rc = KEX_ENOMEM;
+out:
+  kex_free(stk);
+  kex_ptrmap_free(&seen);
+  return rc;
+}
 
-  /* late buffers and the late AST */
-  const kex_sym *ix[MAXD];
+/*
+ * A grouped reduce's second half: store the partial accumulators to the
+ * local temp, barrier, and reduce the temp over the group dims in late
+ * loops (upcasting the axes tinygrad upcasts in the middle of the reduce).
+ */
+static int lower_group_reduce(lower *L, lin_idx *x, ulist *accs, int nr) {
+  const kex_kernel *k = L->k;
+  kex_uop_graph *g = &L->g;
+  int rc, p, sl = L->shape_len, gd = L->global_dims, ld = L->local_dims, fr = L->first_reduce;
+  const int64_t *full = full_shape(L), *os;
+  const kex_sym *fake_global[MAXD], *sx[MAXD], *ix[MAXD];
+  for (int i = 0; i < gd; i++) fake_global[i] = x->zero;
+  p = 0;
+  for (int i = 0; i < gd; i++) sx[p++] = x->zero;
+  for (int i = 0; i < x->nlocal; i++) sx[p++] = x->lidx[i];
+  for (int i = 0; i < nr; i++) sx[p++] = x->fake_reduce[i];
+  for (int i = 0; i < L->upcasted; i++) sx[p++] = x->up[i];
+  ulist st_made;
+  if ((rc = global_store(L, L->temp, sx, p, accs, &st_made))) return rc;
+  const kex_uop *barrier = kex_uop_add(g, KEX_UOP_BARRIER, kex_ud_none(), st_made.v, st_made.n, NULL);
+  if (x->has_local) {
+    const kex_sym *fk[MAXD];
+    int tn = kex_st_ndim(L->sts[L->temp]);
+    for (int i = 0; i < tn; i++) fk[i] = x->zero;
+    for (int i = ld; i < x->nlocal; i++) fk[gd + i] = x->lidx[i];
+    const kex_sym *ti = NULL, *tv = NULL;
+    if (kex_st_expr_idxs(L->shape, L->sts[L->temp], fk, &ti, &tv)) return KEX_ENOMEM;
+    const kex_uop *iv[2] = {render_sym(L, kex_sym_create_lt(L->sym, ti, 1)), barrier};
+    barrier = kex_uop_add(g, KEX_UOP_IF, kex_ud_none(), iv, 2, NULL);
+  }
+  if (!barrier) return KEX_ENOMEM;
+  /* late reduce loops over the group dims */
+  uint64_t mid = kex_kernel_upcast_in_mid_reduce_axes(k);
+  const kex_sym *end_local[MAXD];
+  int nend = fr + L->group;
+  for (int i = 0; i < nend; i++) {
+    int64_t hi = (i >= fr && !((mid >> i) & 1)) ? full[i] : 1;
+    if (!(end_local[i] = var(L, "tidx", i, hi))) return KEX_ENOMEM;
+  }
+  int nl2 = 0;
+  const kex_sym *late_local[MAXD];
+  for (int i = 0; i < ld; i++) late_local[nl2++] = x->lidx[i];
+  for (int i = gd + ld; i < nend; i++) late_local[nl2++] = end_local[i];
+  for (int j = 0; j < sl; j++) {
+    if (!((mid >> j) & 1)) continue;
+    if ((rc = permute_last(L, j))) return rc;
+    L->upcasted++;
+    L->group--;
+    nl2--;
+    nend--;
+    os = out_shape(L);
+    for (int i = 0; i < L->upcasted; i++)
+      if (!(x->up[i] = var(L, "_uidx", i, os[sl - L->upcasted + i]))) return KEX_ENOMEM;
+  }
+  const kex_uop *late_ctx[MAXD];
+  uint32_t nlate_ctx;
+  if ((rc = render_loop(L, end_local, nend, 3, late_ctx, &nlate_ctx))) return rc;
+  p = 0;
+  for (int i = 0; i < gd; i++) ix[p++] = fake_global[i];
+  for (int i = 0; i < nl2; i++) ix[p++] = late_local[i];
+  for (int i = 0; i < nr; i++) ix[p++] = x->fake_reduce[i];
+  for (int i = 0; i < L->upcasted; i++) ix[p++] = x->up[i];
+  if ((rc = global_load(L, 0, ix, p, k->reduceop, NULL, late_ctx, nlate_ctx, accs))) return rc;
+  if ((rc = global_load(L, L->temp, ix, p, NULL, barrier, NULL, 0, &L->loaded[L->temp]))) return rc;
+  uint32_t noffs;
+  int64_t *offs = acc_offsets(L, L->temp, &noffs);
+  if (!offs) return KEX_ENOMEM;
+  /* LazyOp(reduceop.op, (LOAD temp,)): fold the temp values into the late accumulators */
+  const ulist *vals = &L->loaded[L->temp];
+  if (vals->n != noffs) return KEX_EINTERNAL;
+  const kex_uop **input = kex_arena_alloc(&L->arena, (size_t)accs->n * sizeof *input);
+  if (!input) return KEX_ENOMEM;
+  memcpy(input, accs->v, accs->n * sizeof *input);
+  kex_op rop = k->reduceop->op == KEX_OP_SUM ? KEX_OP_ADD : KEX_OP_MAX;
+  for (uint32_t j = 0; j < noffs; j++) {
+    if (offs[j] < 0 || (uint64_t)offs[j] >= accs->n) return KEX_EINTERNAL;
+    const kex_uop *a = accs->v[offs[j]];
+    if (!a) return KEX_ENOMEM;
+    accs->v[offs[j]] = kex_uop_alu_dt(g, rop, a->dtype, vals->v[j], a, NULL);
+  }
+  for (uint32_t o = 0; o < accs->n; o++)
+    if (input[o] != accs->v[o]) {
+      const kex_uop *pv[2] = {input[o], accs->v[o]};
+      accs->v[o] = kex_uop_add(g, KEX_UOP_PHI, input[o] ? input[o]->dtype : kex_ud_none(), pv, 2, NULL);
+    }
+  cache_clear(L);
+  x->nlidx_after = 0;
+  for (int i = 0; i < ld; i++) x->lidx_after[x->nlidx_after++] = x->lidx[i];
+  for (int i = 0; i < L->group; i++) x->lidx_after[x->nlidx_after++] = x->zero;
+  return 0;
+}
+
+/*
+ * The reduce: its loops, the accumulators (loaded with the reduce's
+ * identity), the early buffers under it and the reduce AST folded into the
+ * accumulators; then a grouped reduce's second half.
+ */
+static int lower_reduce(lower *L, lin_idx *x, ulist *accs) {
+  const kex_kernel *k = L->k;
+  int rc, sl = L->shape_len, gd = L->global_dims, fr = L->first_reduce;
+  const int64_t *full = full_shape(L);
+  const kex_sym *fup[MAXD], *ridx[MAXD], *ix[MAXD];
+  for (int i = 0; i < L->upcasted; i++)
+    if (!(fup[i] = var(L, "_uidx", i, full[sl - L->upcasted + i]))) return KEX_ENOMEM;
+  int nr = 0;
+  for (int i = fr + L->group; i < sl - L->upcasted; i++, nr++) {
+    if (!(ridx[nr] = var(L, "ridx", i, full[i]))) return KEX_ENOMEM;
+    x->fake_reduce[nr] = x->zero;
+  }
+  x->nfake_reduce = nr;
+  const kex_uop *loop_ctx[MAXD];
+  uint32_t nloop_ctx;
+  if ((rc = render_loop(L, ridx, nr, 2, loop_ctx, &nloop_ctx))) return rc;
   int p = 0;
-  for (int i = 0; i < gd; i++) ix[p++] = gidx[i];
-  for (int i = 0; i < nlidx_after; i++) ix[p++] = lidx_after[i];
-  for (int i = 0; i < nfake_reduce; i++) ix[p++] = fake_reduce[i];
-  for (int i = 0; i < L->upcasted; i++) ix[p++] = up[i];
-  if (p != sl) return KEX_EINTERNAL;
+  for (int i = 0; i < gd; i++) ix[p++] = x->gidx[i];
+  for (int i = 0; i < x->nlocal; i++) ix[p++] = x->lidx[i];
+  for (int i = 0; i < nr; i++) ix[p++] = x->fake_reduce[i];
+  for (int i = 0; i < L->upcasted; i++) ix[p++] = x->up[i];
+  int out_buf = L->group ? L->temp : 0;
+  if ((rc = global_load(L, out_buf, ix, p, k->reduceop, NULL, loop_ctx, nloop_ctx, accs))) return rc;
+  /* early buffers: every LOAD/CONST under the reduce */
+  p = 0;
+  for (int i = 0; i < gd; i++) ix[p++] = x->gidx[i];
+  for (int i = 0; i < x->nlocal; i++) ix[p++] = x->lidx[i];
+  for (int i = 0; i < nr; i++) ix[p++] = ridx[i];
+  for (int i = 0; i < L->upcasted; i++) ix[p++] = fup[i];
+  bool *early = kex_calloc(L->nbufs, sizeof *early);
+  if (!early) return KEX_ENOMEM;
+  rc = mark_early_buffers(L, early);
+  for (uint32_t i = 0; !rc && i < k->nbufs; i++)
+    if (early[i]) rc = global_load(L, (int)i, ix, p, NULL, NULL, NULL, 0, &L->loaded[i]);
+  kex_free(early);
+  if (rc) return rc;
+  uint32_t noffs;
+  int64_t *offs = acc_offsets(L, k->full_buf_index, &noffs);
+  if (!offs) return KEX_ENOMEM;
+  ulist dummy;
+  if ((rc = ast_parse(L, k->reduceop, accs, offs, noffs, true, &dummy))) return rc;
+  cache_clear(L);
+  return L->group ? lower_group_reduce(L, x, accs, nr) : 0;
+}
+
+/* Load the late buffers, and each output's AST stored through its STORE. */
+static int lower_late(lower *L, const lin_idx *x, ulist *accs) {
+  const kex_kernel *k = L->k;
+  const kex_sym *ix[MAXD];
+  int rc, p = 0;
+  for (int i = 0; i < L->global_dims; i++) ix[p++] = x->gidx[i];
+  for (int i = 0; i < x->nlidx_after; i++) ix[p++] = x->lidx_after[i];
+  for (int i = 0; i < x->nfake_reduce; i++) ix[p++] = x->fake_reduce[i];
+  for (int i = 0; i < L->upcasted; i++) ix[p++] = x->up[i];
+  if (p != L->shape_len) return KEX_EINTERNAL;
   for (uint32_t i = k->nout; i < k->nbufs; i++)
     if (!L->loaded[i].v && (rc = global_load(L, (int)i, ix, p, NULL, NULL, NULL, 0, &L->loaded[i]))) return rc;
   for (uint32_t o = 0; o < k->nout; o++) {
     ulist val;
-    if ((rc = ast_parse(L, k->ast[o]->src[0], &accs, NULL, 0, false, &val))) return rc;
+    if ((rc = ast_parse(L, k->ast[o]->src[0], accs, NULL, 0, false, &val))) return rc;
     if ((rc = global_store(L, (int)o, ix, p, &val, NULL))) return rc;
   }
-  if (g->oom) return KEX_ENOMEM;
-  return kex_uop_linearize(g, L->stores, L->nstores, err);
+  return 0;
+}
+
+/* tinygrad's Linearizer.linearize: the kernel's uops, in order, named and sized into out. */
+static int linearize(lower *L, kex_name_counter *names, kex_program_src *out, kex_error *err) {
+  lin_idx x = {.zero = kex_sym_num(L->sym, 0)};
+  ulist accs = {0};
+  int rc;
+  if (!x.zero) return KEX_ENOMEM;
+  if ((rc = define_buffers(L)) || (rc = name_kernel(L, names, out, err)) || (rc = define_indexes(L, &x, out)))
+    return rc;
+  if (L->k->reduceop && (rc = lower_reduce(L, &x, &accs))) return rc;
+  if ((rc = lower_late(L, &x, &accs))) return rc;
+  if (L->g.oom) return KEX_ENOMEM;
+  return kex_uop_linearize(&L->g, L->stores, L->nstores, err);
 }
 
 int kex_lower_kernel(const kex_kernel *k, const kex_renderer_caps *caps, int dialect, kex_name_counter *names,
@@ -995,6 +996,7 @@ int kex_lower_kernel(const kex_kernel *k, const kex_renderer_caps *caps, int dia
   L.sym = kex_shape_sym(k->shape);
   kex_uop_graph_init(&L.g);
   kex_arena_init(&L.arena, 0);
+  L.cache = kex_dict_make(&cache_type);
   L.shape_len = kex_kernel_shape_len(k);
   L.upcasted = k->upcasted;
   L.group = k->group_for_reduces;
@@ -1069,7 +1071,7 @@ out:
   kex_free(L.sts);
   kex_free(L.buf_uops);
   kex_free(L.loaded);
-  kex_free(L.cache);
+  kex_dict_free(&L.cache);
   kex_free(L.stores);
   kex_uop_graph_free(&L.g);
   kex_arena_destroy(&L.arena);

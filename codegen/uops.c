@@ -21,15 +21,18 @@ static const char *uop_names[] = {
 
 const char *kex_uop_name(kex_uop_kind k) { return (unsigned)k < KEX_UOP_COUNT ? uop_names[k] : "?"; }
 
+static const kex_dict_type uop_table_type; /* below, with the hash-consing */
+
 void kex_uop_graph_init(kex_uop_graph *g) {
   memset(g, 0, sizeof *g);
   kex_arena_init(&g->arena, 0);
+  g->table = kex_dict_make(&uop_table_type);
 }
 
 void kex_uop_graph_free(kex_uop_graph *g) {
   kex_arena_destroy(&g->arena);
   kex_free(g->nodes);
-  kex_free(g->table);
+  kex_dict_free(&g->table);
   kex_free(g->linear);
   memset(g, 0, sizeof *g);
 }
@@ -73,22 +76,21 @@ static bool uop_same(const kex_uop *u, kex_uop_kind uop, kex_udtype dt, const ke
   return !a->name || !strcmp(a->name, b->name);
 }
 
-static int table_grow(kex_uop_graph *g) {
-  uint32_t ncap = g->tcap ? g->tcap * 2 : 1024;
-  const kex_uop **t = kex_calloc(ncap, sizeof *t);
-  if (!t) return KEX_ENOMEM;
-  for (uint32_t i = 0; i < g->tcap; i++) {
-    const kex_uop *u = g->table[i];
-    if (!u) continue;
-    uint32_t j = (uint32_t)u->hash & (ncap - 1);
-    while (t[j]) j = (j + 1) & (ncap - 1);
-    t[j] = u;
-  }
-  kex_free(g->table);
-  g->table = t;
-  g->tcap = ncap;
-  return 0;
+/* A uop not yet made: what kex_uop_add was asked for. */
+typedef struct uop_probe {
+  kex_uop_kind uop;
+  kex_udtype dtype;
+  const kex_uop *const *vin;
+  uint32_t nvin;
+  const kex_uop_arg *arg;
+} uop_probe;
+
+static bool uop_entry_same(const void *entry, const void *probe) {
+  const uop_probe *p = probe;
+  return uop_same(*(const kex_uop *const *)entry, p->uop, p->dtype, p->vin, p->nvin, p->arg);
 }
+
+static const kex_dict_type uop_table_type = {sizeof(const kex_uop *), uop_entry_same, 1024};
 
 const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype, const kex_uop *const *vin,
                            uint32_t nvin, const kex_uop_arg *arg) {
@@ -99,12 +101,11 @@ const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype,
   if (!arg) arg = &none;
   kex_uop_arg a = *arg;
   uint64_t h = uop_hash(uop, dtype, vin, nvin, &a);
-  if (g->tcap) {
-    uint32_t j = (uint32_t)h & (g->tcap - 1);
-    for (const kex_uop *u; (u = g->table[j]); j = (j + 1) & (g->tcap - 1))
-      if (u->hash == h && uop_same(u, uop, dtype, vin, nvin, &a)) return u;
-  }
-  if ((g->n + 1) * 2 > g->tcap && table_grow(g)) goto oom;
+  uop_probe p = {uop, dtype, vin, nvin, &a};
+  bool found;
+  const kex_uop **slot = kex_dict_insert(&g->table, h, &p, &found);
+  if (!slot) goto oom;
+  if (found) return *slot;
   if (g->n == g->cap) {
     uint32_t ncap = g->cap ? g->cap * 2 : 1024;
     const kex_uop **nn = kex_realloc(g->nodes, ncap * sizeof *nn);
@@ -119,11 +120,10 @@ const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype,
   if (a.name && !(a.name = kex_arena_strdup(&g->arena, a.name))) goto oom;
   *u = (kex_uop){uop, dtype, nvin, v, a, g->n, h};
   g->nodes[g->n++] = u;
-  uint32_t j = (uint32_t)h & (g->tcap - 1);
-  while (g->table[j]) j = (j + 1) & (g->tcap - 1);
-  g->table[j] = u;
+  *slot = u;
   return u;
 oom:
+  if (slot && !found) kex_dict_cancel(&g->table, slot);
   g->oom = true;
   return NULL;
 }
@@ -170,24 +170,33 @@ static bool const_eqv(const kex_uop *a, const kex_uop *b) {
   return kex_const_as_double(a->arg.c) == kex_const_as_double(b->arg.c);
 }
 
-/* Does `target` occur among the parents (strict ancestors) of u?  Explicit stack; -1 on OOM. */
-static int depends_on(const kex_uop_graph *g, const kex_uop *u, const kex_uop *target) {
+/*
+ * Does a uop that `match`es occur among u's ancestors (and u itself when
+ * with_self)?  Explicit stack; 1, 0, or -1 on OOM.
+ */
+static int reaches(const kex_uop_graph *g, const kex_uop *u, bool with_self, bool (*match)(const kex_uop *x, const void *arg),
+                   const void *arg) {
   uint8_t *seen = kex_calloc(g->n, 1);
-  const kex_uop **st = kex_malloc((size_t)g->n * sizeof *st);
+  const kex_uop **st = kex_malloc((size_t)(g->n + 1) * sizeof *st);
   int found = 0;
   if (!seen || !st) {
     found = -1;
     goto out;
   }
   uint32_t sp = 0;
-  for (uint32_t i = 0; i < u->nvin; i++)
-    if (!seen[u->vin[i]->id]) {
-      seen[u->vin[i]->id] = 1;
-      st[sp++] = u->vin[i];
-    }
+  if (with_self) {
+    st[sp++] = u;
+    seen[u->id] = 1;
+  } else {
+    for (uint32_t i = 0; i < u->nvin; i++)
+      if (!seen[u->vin[i]->id]) {
+        seen[u->vin[i]->id] = 1;
+        st[sp++] = u->vin[i];
+      }
+  }
   while (sp && !found) {
     const kex_uop *x = st[--sp];
-    if (x == target) {
+    if (match(x, arg)) {
       found = 1;
       break;
     }
@@ -201,6 +210,14 @@ out:
   kex_free(seen);
   kex_free(st);
   return found;
+}
+
+static bool is_target(const kex_uop *x, const void *target) { return x == target; }
+static bool is_unmul(const kex_uop *x, const void *unused) { return (void)unused, x->uop == KEX_UOP_UNMUL; }
+
+/* Does `target` occur among the parents (strict ancestors) of u?  -1 on OOM. */
+static int depends_on(const kex_uop_graph *g, const kex_uop *u, const kex_uop *target) {
+  return reaches(g, u, false, is_target, target);
 }
 
 static const kex_uop *neg(kex_uop_graph *g, const kex_uop *x) { return kex_uop_alu(g, KEX_OP_NEG, x, NULL, NULL); }
@@ -550,44 +567,16 @@ static int64_t tie_key(const kex_uop *u) {
 #define MAX_SCOPES 64
 
 /* Is an UNMUL reachable from sink?  1, 0, or -1 on OOM. */
-static int has_unmul(const kex_uop_graph *g, const kex_uop *sink) {
-  uint8_t *seen = kex_calloc(g->n, 1);
-  const kex_uop **st = kex_malloc((size_t)(g->n + 1) * sizeof *st);
-  int found = 0;
-  if (!seen || !st) {
-    found = -1;
-    goto out;
-  }
-  uint32_t sp = 0;
-  st[sp++] = sink;
-  seen[sink->id] = 1;
-  while (sp && !found) {
-    const kex_uop *x = st[--sp];
-    if (x->uop == KEX_UOP_UNMUL) found = 1;
-    for (uint32_t i = 0; i < x->nvin; i++)
-      if (!seen[x->vin[i]->id]) {
-        seen[x->vin[i]->id] = 1;
-        st[sp++] = x->vin[i];
-      }
-  }
-out:
-  kex_free(seen);
-  kex_free(st);
-  return found;
-}
+static int has_unmul(const kex_uop_graph *g, const kex_uop *sink) { return reaches(g, sink, true, is_unmul, NULL); }
 
-int kex_uop_linearize(kex_uop_graph *g, const kex_uop *const *sinks, uint32_t nsinks, kex_error *err) {
-  int rc = 0;
-  uint32_t *indeg = NULL, *coff = NULL, *cadj = NULL, *order = NULL, *stack = NULL;
-  uint64_t *scope = NULL;
-  int64_t *prio = NULL;
-  uint8_t *seen = NULL;
-  heap_item *heap = NULL;
-  const kex_uop *loops[MAX_SCOPES];
-  uint32_t nloops = 0, remaining[MAX_SCOPES];
-  const kex_uop *ifs[MAX_SCOPES];
-  uint32_t nifs = 0;
-
+/*
+ * graph_rewrite to a fixed point from the SINK of `sinks` (again without
+ * loop collapse when an UNMUL survives), then drop the NOOP stores.  *out is
+ * the final SINK.  0, KEX_EINTERNAL (no fixed point in 100 passes) or
+ * KEX_ENOMEM.
+ */
+static int rewrite_graph(kex_uop_graph *g, const kex_uop *const *sinks, uint32_t nsinks, const kex_uop **out,
+                         kex_error *err) {
   const kex_uop *sink0 = kex_uop_add(g, KEX_UOP_SINK, kex_ud_none(), sinks, nsinks, NULL), *sink = sink0;
 rewrite:
   for (int pass = 0; sink; pass++) {
@@ -606,16 +595,67 @@ rewrite:
       goto rewrite;
     }
   }
-  { /* drop NOOP stores */
-    const kex_uop **keep = kex_malloc((sink->nvin + 1) * sizeof *keep);
-    if (!keep) goto oom;
-    uint32_t nk = 0;
-    for (uint32_t i = 0; i < sink->nvin; i++)
-      if (sink->vin[i]->uop != KEX_UOP_NOOP) keep[nk++] = sink->vin[i];
-    sink = kex_uop_add(g, KEX_UOP_SINK, kex_ud_none(), keep, nk, NULL);
-    kex_free(keep);
-    if (!sink) goto oom;
+  /* drop NOOP stores */
+  const kex_uop **keep = kex_malloc((sink->nvin + 1) * sizeof *keep);
+  if (!keep) goto oom;
+  uint32_t nk = 0;
+  for (uint32_t i = 0; i < sink->nvin; i++)
+    if (sink->vin[i]->uop != KEX_UOP_NOOP) keep[nk++] = sink->vin[i];
+  sink = kex_uop_add(g, KEX_UOP_SINK, kex_ud_none(), keep, nk, NULL);
+  kex_free(keep);
+  if (!sink) goto oom;
+  *out = sink;
+  return 0;
+oom:
+  return kex_err_set(err, KEX_ENOMEM, "uops: out of memory");
+}
+
+/*
+ * The scope children of each loop (recursive children, not past a PHI, the
+ * SINK excluded): scope[c] gets loop l's bit, prio[c] its priority, and
+ * remaining[l] counts them.  seen and stack are scratch of g->n entries
+ * (stack n + 1); coff/cadj the children adjacency.
+ */
+static void scope_children(const kex_uop_graph *g, const kex_uop *const *loops, uint32_t nloops, const uint32_t *coff,
+                           const uint32_t *cadj, uint8_t *seen, uint32_t *stack, uint64_t *scope, int64_t *prio,
+                           uint32_t *remaining) {
+  uint32_t n = g->n, sp;
+  for (uint32_t l = 0; l < nloops; l++) {
+    memset(seen, 0, n);
+    remaining[l] = 0;
+    sp = 0;
+    stack[sp++] = loops[l]->id;
+    while (sp) {
+      uint32_t x = stack[--sp];
+      const kex_uop *xu = g->nodes[x];
+      if (x != loops[l]->id && xu->uop == KEX_UOP_PHI) continue;
+      for (uint32_t e = coff[x]; e < coff[x + 1]; e++) {
+        uint32_t c = cadj[e];
+        if (seen[c] || g->nodes[c]->uop == KEX_UOP_SINK) continue;
+        seen[c] = 1;
+        scope[c] |= 1ull << l;
+        prio[c] -= loops[l]->arg.i[0] * 1000 + loops[l]->arg.i[1];
+        remaining[l]++;
+        stack[sp++] = c;
+      }
+    }
   }
+}
+
+int kex_uop_linearize(kex_uop_graph *g, const kex_uop *const *sinks, uint32_t nsinks, kex_error *err) {
+  int rc = 0;
+  uint32_t *indeg = NULL, *coff = NULL, *cadj = NULL, *order = NULL, *stack = NULL;
+  uint64_t *scope = NULL;
+  int64_t *prio = NULL;
+  uint8_t *seen = NULL;
+  heap_item *heap = NULL;
+  const kex_uop *loops[MAX_SCOPES];
+  uint32_t nloops = 0, remaining[MAX_SCOPES];
+  const kex_uop *ifs[MAX_SCOPES];
+  uint32_t nifs = 0;
+
+  const kex_uop *sink = NULL;
+  if ((rc = rewrite_graph(g, sinks, nsinks, &sink, err))) return rc;
   uint32_t n = g->n;
   seen = kex_calloc(n, 1);
   order = kex_malloc((size_t)n * sizeof *order);
@@ -674,26 +714,7 @@ rewrite:
   scope = kex_calloc(n, sizeof *scope);
   prio = kex_calloc(n, sizeof *prio);
   if (!scope || !prio) goto oom;
-  for (uint32_t l = 0; l < nloops; l++) {
-    memset(seen, 0, n);
-    remaining[l] = 0;
-    sp = 0;
-    stack[sp++] = loops[l]->id;
-    while (sp) {
-      uint32_t x = stack[--sp];
-      const kex_uop *xu = g->nodes[x];
-      if (x != loops[l]->id && xu->uop == KEX_UOP_PHI) continue;
-      for (uint32_t e = coff[x]; e < coff[x + 1]; e++) {
-        uint32_t c = cadj[e];
-        if (seen[c] || g->nodes[c]->uop == KEX_UOP_SINK) continue;
-        seen[c] = 1;
-        scope[c] |= 1ull << l;
-        prio[c] -= loops[l]->arg.i[0] * 1000 + loops[l]->arg.i[1];
-        remaining[l]++;
-        stack[sp++] = c;
-      }
-    }
-  }
+  scope_children(g, loops, nloops, coff, cadj, seen, stack, scope, prio, remaining);
   heap = kex_malloc((size_t)(nreach + 1) * sizeof *heap);
   g->linear = kex_malloc((size_t)(nreach + nloops + nifs + 1) * sizeof *g->linear);
   if (!heap || !g->linear) goto oom;

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "core/arena.h"
+#include "core/dict.h"
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/ops.h"
@@ -85,8 +86,7 @@ typedef struct kex_uop_graph {
   kex_arena arena;
   uint32_t n, cap;       /* nodes made so far (ids 0..n-1) */
   const kex_uop **nodes; /* by id (heap) */
-  uint32_t tcap;         /* hash table (open addressing, power of two) */
-  const kex_uop **table;
+  kex_dict table;        /* hash-consing: const kex_uop * entries, probed with a uop_probe */
   bool oom;
   bool no_loop_collapse; /* set when loop_collapse left an UNMUL that sum_collapse could not remove */
   /* linearize() result */

@@ -158,3 +158,37 @@ int kex_const_repr(kex_const c, char *buf, size_t len) {
     return snprintf(buf, len, "%s", tmp);
   }
 }
+
+double kex_dtype_element(kex_dtype dt, const void *base, size_t i) {
+  if ((unsigned)dt >= KEX_DT_COUNT) return NAN;
+  const unsigned char *p = (const unsigned char *)base + i * (size_t)kex_dtype_size(dt);
+  switch (dt) {
+  case KEX_DT_BOOL: return *p != 0;
+  case KEX_DT_INT8: return *(const int8_t *)p;
+  case KEX_DT_UINT8: return *p;
+  case KEX_DT_INT16: { int16_t x; memcpy(&x, p, 2); return x; }
+  case KEX_DT_UINT16: { uint16_t x; memcpy(&x, p, 2); return x; }
+  case KEX_DT_INT32: { int32_t x; memcpy(&x, p, 4); return x; }
+  case KEX_DT_UINT32: { uint32_t x; memcpy(&x, p, 4); return x; }
+  case KEX_DT_INT64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
+  case KEX_DT_UINT64: { uint64_t x; memcpy(&x, p, 8); return (double)x; }
+  case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, p, 2); return x; }
+  case KEX_DT_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+  case KEX_DT_FLOAT32: { float x; memcpy(&x, p, 4); return x; }
+  case KEX_DT_FLOAT64: { double x; memcpy(&x, p, 8); return x; }
+  default: return NAN;
+  }
+}
+
+const char *kex_tuple_repr(char *buf, size_t len, int n, const int64_t *v) {
+  size_t off = 0;
+  int k = snprintf(buf, len, "(");
+  off = k > 0 ? (size_t)k : 0;
+  for (int i = 0; i < n && off < len; i++) {
+    k = snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)v[i]);
+    if (k < 0) break;
+    off += (size_t)k;
+  }
+  if (off < len) snprintf(buf + off, len - off, n == 1 ? ",)" : ")");
+  return buf;
+}

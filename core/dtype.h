@@ -50,6 +50,9 @@ static inline bool kex_dtype_is_float(kex_dtype d) { return kex_dtypes[d].kind =
 static inline bool kex_dtype_is_int(kex_dtype d) { return kex_dtypes[d].kind == 'i' || kex_dtypes[d].kind == 'u'; }
 static inline bool kex_dtype_is_unsigned(kex_dtype d) { return kex_dtypes[d].kind == 'u'; }
 
+/* Element i of a little-endian array of dtype d, as a double (NaN for a dtype out of range). */
+double kex_dtype_element(kex_dtype d, const void *base, size_t i);
+
 /* tinygrad repr name (dtypes.<name>): "float", "half", "int", ... */
 const char *kex_dtype_tgname(kex_dtype d);
 /* Graph-format name -> dtype; -1 when unknown. */
@@ -81,6 +84,8 @@ kex_const kex_const_as(kex_const c, kex_dtype dt);
 /* Truncate a value to what a dtype can hold, like tinygrad's ctypes truncation. */
 kex_const kex_const_truncate(kex_const c, kex_dtype dt);
 bool kex_const_eq(kex_const a, kex_const b);
+/* Python tuple repr of n int64 values into buf, cut at len: "()", "(4,)", "(4, 4)".  Returns buf. */
+const char *kex_tuple_repr(char *buf, size_t len, int n, const int64_t *v);
 /* Python repr: 1, 1.0, inf, -inf, nan, True, False. */
 int kex_const_repr(kex_const c, char *buf, size_t len);
 

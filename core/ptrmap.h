@@ -1,21 +1,19 @@
 /*
  * ptrmap.h - a hash map from a pair of pointers to a pointer.
  *
- * Open addressing with linear probing, power-of-two capacity, grown at 50%
- * load; memory from kex_malloc.  Keys are compared by address, so it serves
- * visited sets ((node, ShapeTracker) pairs), memo tables and numberings
- * (b = NULL for a single-pointer key).  A key's first pointer must not be NULL.
+ * A core/dict.h table whose entries are (a, b, value) and whose keys
+ * compare by address, so it serves visited sets ((node, ShapeTracker)
+ * pairs), memo tables and numberings (b = NULL for a single-pointer key).
+ * A zeroed kex_ptrmap is an empty map.
  */
 #ifndef KEX_CORE_PTRMAP_H
 #define KEX_CORE_PTRMAP_H
 
 #include <stdint.h>
 
-typedef struct kex_ptrmap {
-  uint32_t cap, len;
-  const void **ka, **kb;
-  void **val;
-} kex_ptrmap;
+#include "core/dict.h"
+
+typedef kex_dict kex_ptrmap;
 
 /* The slot holding (a, b)'s value, or NULL when absent.  Valid until the next put. */
 void **kex_ptrmap_find(const kex_ptrmap *m, const void *a, const void *b);

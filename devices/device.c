@@ -246,25 +246,45 @@ static int check_kernel_name(const char *name, kex_error *err) {
   return 0;
 }
 
+/* A kernel's name and source are fit to compile: 0, or KEX_EINVAL / KEX_ELIMIT. */
+static int check_source(const char *source, const char *name, kex_error *err) {
+  int rc = check_kernel_name(name, err);
+  if (rc < 0) return rc;
+  if (!source || !*source) return kex_err_set(err, KEX_EINVAL, "kernel %s: source is empty", name);
+  size_t n = strlen(source);
+  if (n > KEX_DEVICE_SOURCE_MAX)
+    return kex_err_set(err, KEX_ELIMIT, "kernel %s: source of %zu bytes exceeds %u", name, n, KEX_DEVICE_SOURCE_MAX);
+  return 0;
+}
+
+/* Wrap a backend's program: *out owns impl and a reference to dev.  0, or KEX_ENOMEM (impl is freed). */
+static int wrap_program(kex_device *dev, const char *name, void *impl, kex_program **out, kex_error *err) {
+  kex_program *prog = kex_calloc(1, sizeof *prog);
+  if (!prog) {
+    dev->ops->program_free(dev->impl, impl);
+    return kex_err_set(err, KEX_ENOMEM, "kernel %s: out of memory allocating a program", name);
+  }
+  prog->impl = impl;
+  prog->dev = dev;
+  snprintf(prog->name, sizeof prog->name, "%s", name);
+  kex_device_ref(dev);
+  *out = prog;
+  return 0;
+}
+
 int kex_device_compile(kex_device *dev, const char *source, const char *name, unsigned char **bin,
                        size_t *bin_size, kex_error *err) {
-  size_t n;
   int rc;
 
   *bin = NULL;
   *bin_size = 0;
-  rc = check_kernel_name(name, err);
-  if (rc < 0) return rc;
-  if (!source || !*source) return kex_err_set(err, KEX_EINVAL, "kernel %s: source is empty", name);
-  n = strlen(source);
-  if (n > KEX_DEVICE_SOURCE_MAX)
-    return kex_err_set(err, KEX_ELIMIT, "kernel %s: source of %zu bytes exceeds %u", name, n, KEX_DEVICE_SOURCE_MAX);
+  if ((rc = check_source(source, name, err))) return rc;
   return dev->ops->compile(dev->impl, source, name, bin, bin_size, err);
 }
 
 int kex_device_load(kex_device *dev, const unsigned char *bin, size_t bin_size, const char *name,
                     kex_program **out, kex_error *err) {
-  kex_program *prog;
+  void *impl = NULL;
   int rc;
 
   *out = NULL;
@@ -274,23 +294,13 @@ int kex_device_load(kex_device *dev, const unsigned char *bin, size_t bin_size, 
   if (bin_size > KEX_DEVICE_BINARY_MAX)
     return kex_err_set(err, KEX_ELIMIT, "kernel %s: binary of %zu bytes exceeds %u", name, bin_size,
                        KEX_DEVICE_BINARY_MAX);
-  prog = kex_calloc(1, sizeof *prog);
-  if (!prog) return kex_err_set(err, KEX_ENOMEM, "kernel %s: out of memory allocating a program", name);
-  rc = dev->ops->load(dev->impl, bin, bin_size, name, &prog->impl, err);
-  if (rc < 0) {
-    kex_free(prog);
-    return rc;
-  }
-  prog->dev = dev;
-  snprintf(prog->name, sizeof prog->name, "%s", name);
-  kex_device_ref(dev);
-  *out = prog;
-  return 0;
+  rc = dev->ops->load(dev->impl, bin, bin_size, name, &impl, err);
+  return rc < 0 ? rc : wrap_program(dev, name, impl, out, err);
 }
 
 int kex_device_build(kex_device *dev, const char *source, const char *name, kex_program **out,
                      unsigned char **bin, size_t *bin_size, kex_error *err) {
-  kex_program *prog;
+  void *impl = NULL;
   unsigned char *bytes = NULL;
   size_t n = 0;
   int rc;
@@ -311,24 +321,9 @@ int kex_device_build(kex_device *dev, const char *source, const char *name, kex_
     kex_free(bytes);
     return rc;
   }
-  rc = check_kernel_name(name, err);
-  if (rc < 0) return rc;
-  if (!source || !*source) return kex_err_set(err, KEX_EINVAL, "kernel %s: source is empty", name);
-  n = strlen(source);
-  if (n > KEX_DEVICE_SOURCE_MAX)
-    return kex_err_set(err, KEX_ELIMIT, "kernel %s: source of %zu bytes exceeds %u", name, n, KEX_DEVICE_SOURCE_MAX);
-  prog = kex_calloc(1, sizeof *prog);
-  if (!prog) return kex_err_set(err, KEX_ENOMEM, "kernel %s: out of memory allocating a program", name);
-  rc = dev->ops->build(dev->impl, source, name, &prog->impl, err);
-  if (rc < 0) {
-    kex_free(prog);
-    return rc;
-  }
-  prog->dev = dev;
-  snprintf(prog->name, sizeof prog->name, "%s", name);
-  kex_device_ref(dev);
-  *out = prog;
-  return 0;
+  if ((rc = check_source(source, name, err))) return rc;
+  rc = dev->ops->build(dev->impl, source, name, &impl, err);
+  return rc < 0 ? rc : wrap_program(dev, name, impl, out, err);
 }
 
 int kex_device_prewarm(kex_device *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err) {

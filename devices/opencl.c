@@ -391,36 +391,25 @@ out:
   return rc;
 }
 
-static int kex_cl_load(void *impl, const unsigned char *bin, size_t bin_size, const char *name, void **out,
-                       kex_error *err) {
-  kex_cl_device *cl = impl;
+/*
+ * What load and build end with: build `program` (when build_what names the
+ * step for messages; NULL when it is built already), create kernel `name`
+ * from it and hand both to *out as a kex_cl_program.  Takes `program`: it
+ * is released on error.  0, or the kex error (verb says "loading" or
+ * "building" in the out-of-memory message).
+ */
+static int kex_cl_finish(kex_cl_device *cl, cl_program program, const char *build_what, const char *name,
+                         const char *verb, void **out, kex_error *err) {
   kex_cl_program *prog = NULL;
-  cl_program program = NULL;
-  cl_int e = CL_SUCCESS, status = CL_SUCCESS;
-  int rc;
-
-  prog = kex_calloc(1, sizeof *prog);
-  if (!prog) {
-    rc = kex_err_set(err, KEX_ENOMEM, "opencl %s: out of memory loading kernel %s", cl->name, name);
+  cl_int e = CL_SUCCESS;
+  int rc = 0;
+  if (build_what && (e = clBuildProgram(program, 1, &cl->device, NULL, NULL, NULL)) != CL_SUCCESS) {
+    rc = kex_cl_build_error(cl, program, name, build_what, e, err);
     goto out;
   }
-  if (cl->memo_program && cl->memo_size == bin_size && memcmp(cl->memo_bin, bin, bin_size) == 0) {
-    program = cl->memo_program; /* take over the program the last compile built */
-    cl->memo_program = NULL;
-    kex_cl_memo_clear(cl);
-  } else {
-    program = clCreateProgramWithBinary(cl->context, 1, &cl->device, &bin_size, &bin, &status, &e);
-    if (!program || e != CL_SUCCESS || status != CL_SUCCESS) {
-      rc = kex_err_set(err, e == CL_OUT_OF_HOST_MEMORY ? KEX_ENOMEM : KEX_ECOMPILE,
-                       "opencl %s: clCreateProgramWithBinary of kernel %s failed: %s (binary status %s)", cl->name,
-                       name, kex_cl_errname(e), kex_cl_errname(status));
-      goto out;
-    }
-    e = clBuildProgram(program, 1, &cl->device, NULL, NULL, NULL);
-    if (e != CL_SUCCESS) {
-      rc = kex_cl_build_error(cl, program, name, "clBuildProgram from binary", e, err);
-      goto out;
-    }
+  if (!(prog = kex_calloc(1, sizeof *prog))) {
+    rc = kex_err_set(err, KEX_ENOMEM, "opencl %s: out of memory %s kernel %s", cl->name, verb, name);
+    goto out;
   }
   prog->kernel = clCreateKernel(program, name, &e);
   if (!prog->kernel || e != CL_SUCCESS) {
@@ -432,52 +421,43 @@ static int kex_cl_load(void *impl, const unsigned char *bin, size_t bin_size, co
   program = NULL;
   *out = prog;
   prog = NULL;
-  rc = 0;
 out:
   if (program) clReleaseProgram(program);
   kex_free(prog);
   return rc;
 }
 
+static int kex_cl_load(void *impl, const unsigned char *bin, size_t bin_size, const char *name, void **out,
+                       kex_error *err) {
+  kex_cl_device *cl = impl;
+  cl_int e = CL_SUCCESS, status = CL_SUCCESS;
+  if (cl->memo_program && cl->memo_size == bin_size && memcmp(cl->memo_bin, bin, bin_size) == 0) {
+    cl_program program = cl->memo_program; /* take over the program the last compile built */
+    cl->memo_program = NULL;
+    kex_cl_memo_clear(cl);
+    return kex_cl_finish(cl, program, NULL, name, "loading", out, err);
+  }
+  cl_program program = clCreateProgramWithBinary(cl->context, 1, &cl->device, &bin_size, &bin, &status, &e);
+  if (!program || e != CL_SUCCESS || status != CL_SUCCESS) {
+    if (program) clReleaseProgram(program);
+    return kex_err_set(err, e == CL_OUT_OF_HOST_MEMORY ? KEX_ENOMEM : KEX_ECOMPILE,
+                       "opencl %s: clCreateProgramWithBinary of kernel %s failed: %s (binary status %s)", cl->name,
+                       name, kex_cl_errname(e), kex_cl_errname(status));
+  }
+  return kex_cl_finish(cl, program, "clBuildProgram from binary", name, "loading", out, err);
+}
+
 /* Build from source and create the kernel, without CL_PROGRAM_BINARIES (device.h: kex_device_build). */
 static int kex_cl_build(void *impl, const char *source, const char *name, void **out, kex_error *err) {
   kex_cl_device *cl = impl;
-  kex_cl_program *prog = NULL;
-  cl_program program = NULL;
   cl_int e = CL_SUCCESS;
-  int rc;
-
-  prog = kex_calloc(1, sizeof *prog);
-  if (!prog) {
-    rc = kex_err_set(err, KEX_ENOMEM, "opencl %s: out of memory building kernel %s", cl->name, name);
-    goto out;
-  }
-  program = clCreateProgramWithSource(cl->context, 1, &source, NULL, &e);
+  cl_program program = clCreateProgramWithSource(cl->context, 1, &source, NULL, &e);
   if (!program || e != CL_SUCCESS) {
-    rc = kex_err_set(err, kex_cl_code(e), "opencl %s: clCreateProgramWithSource of kernel %s failed: %s", cl->name,
-                     name, kex_cl_errname(e));
-    goto out;
+    if (program) clReleaseProgram(program);
+    return kex_err_set(err, kex_cl_code(e), "opencl %s: clCreateProgramWithSource of kernel %s failed: %s", cl->name,
+                       name, kex_cl_errname(e));
   }
-  e = clBuildProgram(program, 1, &cl->device, NULL, NULL, NULL);
-  if (e != CL_SUCCESS) {
-    rc = kex_cl_build_error(cl, program, name, "clBuildProgram", e, err);
-    goto out;
-  }
-  prog->kernel = clCreateKernel(program, name, &e);
-  if (!prog->kernel || e != CL_SUCCESS) {
-    rc = kex_err_set(err, e == CL_INVALID_KERNEL_NAME ? KEX_ENOTFOUND : kex_cl_code(e),
-                     "opencl %s: clCreateKernel(%s) failed: %s", cl->name, name, kex_cl_errname(e));
-    goto out;
-  }
-  prog->program = program;
-  program = NULL;
-  *out = prog;
-  prog = NULL;
-  rc = 0;
-out:
-  if (program) clReleaseProgram(program);
-  kex_free(prog);
-  return rc;
+  return kex_cl_finish(cl, program, "clBuildProgram", name, "building", out, err);
 }
 
 static void kex_cl_program_free(void *impl, void *p) {

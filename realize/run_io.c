@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/npy.h"
 #include "realize/run.h"
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -24,13 +25,6 @@ static uint16_t f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
 }
 
 /* Store value v (as double, or as int when is_int) into element i of dtype dt. */
@@ -132,55 +126,6 @@ void kex_st_gather(const kex_st *st, const void *base, size_t itemsize, void *ou
   }
 }
 
-static const char *npy_descr(kex_dtype dt) {
-  switch (dt) {
-  case KEX_DT_BOOL: return "|b1";
-  case KEX_DT_INT8: return "|i1";
-  case KEX_DT_UINT8: return "|u1";
-  case KEX_DT_INT16: return "<i2";
-  case KEX_DT_UINT16: return "<u2";
-  case KEX_DT_INT32: return "<i4";
-  case KEX_DT_UINT32: return "<u4";
-  case KEX_DT_INT64: return "<i8";
-  case KEX_DT_UINT64: return "<u8";
-  case KEX_DT_FLOAT16: return "<f2";
-  case KEX_DT_BFLOAT16: return "<f4"; /* numpy has no bfloat16: widened */
-  case KEX_DT_FLOAT32: return "<f4";
-  default: return "<f8";
-  }
-}
-
 int kex_write_npy(const char *path, kex_dtype dt, int ndim, const int64_t *shape, const void *data, kex_error *err) {
-  char header[512];
-  int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (", npy_descr(dt));
-  int64_t elems = 1;
-  for (int i = 0; i < ndim; i++) {
-    n += snprintf(header + n, sizeof header - (size_t)n, "%lld%s", (long long)shape[i], ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));
-    elems *= shape[i];
-  }
-  n += snprintf(header + n, sizeof header - (size_t)n, "), }");
-  int total = 10 + n + 1;
-  int pad = (64 - total % 64) % 64;
-  FILE *f = fopen(path, "wb");
-  if (!f) return kex_err_set(err, KEX_EIO, "cannot write %s: %s", path, strerror(errno));
-  uint16_t hlen = (uint16_t)(n + pad + 1);
-  fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-  unsigned char hl[2] = {(unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
-  fwrite(hl, 1, 2, f);
-  fwrite(header, 1, (size_t)n, f);
-  for (int i = 0; i < pad; i++) fputc(' ', f);
-  fputc('\n', f);
-  if (dt == KEX_DT_BFLOAT16) {
-    for (int64_t i = 0; i < elems; i++) {
-      uint16_t h;
-      memcpy(&h, (const unsigned char *)data + 2 * i, 2);
-      float x = bf16_to_f32(h);
-      fwrite(&x, 4, 1, f);
-    }
-  } else {
-    fwrite(data, (size_t)kex_dtype_size(dt), (size_t)elems, f);
-  }
-  int bad = ferror(f);
-  if (fclose(f) != 0 || bad) return kex_err_set(err, KEX_EIO, "cannot write %s", path);
-  return 0;
+  return kex_npy_write(path, dt, ndim, shape, data, err); /* core/npy.c: the one .npy writer */
 }

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/codec.h"
 
 #define GRAPH_FORMAT "kex.graph.v1"
 #define GRAPH_DEFAULT_DEVICE "default"
@@ -68,20 +69,6 @@ uint32_t kex_graph_base(const kex_graph *g, uint32_t idx) {
 }
 
 /* ---- small helpers ---- */
-
-/* Python tuple repr of a shape into buf: "()", "(4,)", "(4, 4)". Returns buf. */
-static const char *fmt_shape(char *buf, size_t len, uint32_t ndim, const int64_t *shape) {
-  size_t off = 0;
-  int n = snprintf(buf, len, "(");
-  off = n > 0 ? (size_t)n : 0;
-  for (uint32_t i = 0; i < ndim && off < len; i++) {
-    n = snprintf(buf + off, len - off, "%s%" PRId64, i ? ", " : "", shape[i]);
-    if (n < 0) break;
-    off += (size_t)n;
-  }
-  if (off < len) snprintf(buf + off, len - off, ndim == 1 ? ",)" : ")");
-  return buf;
-}
 
 /*
  * Element count of a shape: *nonzero gets the product of its non-zero dims
@@ -130,17 +117,17 @@ static int check_shape(uint32_t idx, const char *opname, const char *what, uint3
   for (uint32_t i = 0; i < ndim; i++)
     if (shape[i] < 0)
       return kex_err_set(err, KEX_EINVAL, "node %u (%s): %s %s has negative dim %u (%" PRId64 ")", idx, opname, what,
-                         fmt_shape(sb, sizeof sb, ndim, shape), i, shape[i]);
+                         kex_tuple_repr(sb, sizeof sb, (int)ndim, shape), i, shape[i]);
   if (shape_prod(ndim, shape, &nonzero, &n) < 0)
     return kex_err_set(err, KEX_ELIMIT,
                        "node %u (%s): %s %s: its non-zero dims multiply past int64, more than the limit of %" PRId64
                        " elements",
-                       idx, opname, what, fmt_shape(sb, sizeof sb, ndim, shape), lim->max_elements);
+                       idx, opname, what, kex_tuple_repr(sb, sizeof sb, (int)ndim, shape), lim->max_elements);
   if (nonzero > lim->max_elements)
     return kex_err_set(err, KEX_ELIMIT,
                        "node %u (%s): %s %s: its non-zero dims multiply to %" PRId64 ", more than the limit of %" PRId64
                        " elements",
-                       idx, opname, what, fmt_shape(sb, sizeof sb, ndim, shape), nonzero, lim->max_elements);
+                       idx, opname, what, kex_tuple_repr(sb, sizeof sb, (int)ndim, shape), nonzero, lim->max_elements);
   *elements = n;
   return 0;
 }
@@ -177,62 +164,6 @@ static int reserve_nodes(kex_graph *g, uint32_t need) {
   if (!nodes) return KEX_ENOMEM;
   g->nodes = nodes;
   g->cap = cap;
-  return 0;
-}
-
-/* ---- strict base64 (RFC 4648 section 4, padded, no whitespace) ---- */
-
-static int8_t b64_value(unsigned char c) {
-  if (c >= 'A' && c <= 'Z') return (int8_t)(c - 'A');
-  if (c >= 'a' && c <= 'z') return (int8_t)(c - 'a' + 26);
-  if (c >= '0' && c <= '9') return (int8_t)(c - '0' + 52);
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-/* Decoded length of a base64 text, or -1 when its length is not a multiple of 4. */
-static int64_t b64_decoded_len(const char *s, size_t len) {
-  if (len % 4) return -1;
-  if (len == 0) return 0;
-  size_t pad = s[len - 1] == '=' ? (s[len - 2] == '=' ? 2 : 1) : 0;
-  return (int64_t)(len / 4 * 3 - pad);
-}
-
-/*
- * Decode len bytes of base64 into out (b64_decoded_len bytes).  Refuses any
- * character outside the alphabet, '=' anywhere but the last one or two
- * places, and nonzero bits after the last full byte (a non-canonical form).
- * 0, or -1 with *bad set to the offset of the first wrong character.
- */
-static int b64_decode(const char *s, size_t len, uint8_t *out, size_t *bad) {
-  size_t o = 0;
-  for (size_t i = 0; i < len; i += 4) {
-    bool last = i + 4 == len;
-    int8_t v[4];
-    int npad = 0;
-    for (int k = 0; k < 4; k++) {
-      unsigned char c = (unsigned char)s[i + k];
-      if (c == '=' && last && k >= 2 && (k == 3 || s[i + 3] == '=')) {
-        v[k] = 0;
-        npad++;
-        continue;
-      }
-      v[k] = b64_value(c);
-      if (v[k] < 0 || npad) {
-        *bad = i + k;
-        return -1;
-      }
-    }
-    uint32_t q = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-    if ((npad == 2 && (q & 0xffff)) || (npad == 1 && (q & 0xff))) {
-      *bad = i + 3 - (size_t)npad;
-      return -1;
-    }
-    out[o++] = (uint8_t)(q >> 16);
-    if (npad < 2) out[o++] = (uint8_t)(q >> 8);
-    if (npad < 1) out[o++] = (uint8_t)q;
-  }
   return 0;
 }
 
@@ -326,7 +257,7 @@ static int add_input(kex_graph *g, uint32_t idx, const kex_gnode *in, const inli
   n->bufsrc = in->bufsrc;
   switch (in->bufsrc) {
   case KEX_BUF_DATA: {
-    int64_t len = data->b64 ? b64_decoded_len(data->b64, data->b64_len) : (int64_t)data->len;
+    int64_t len = data->b64 ? kex_base64_decoded_len(data->b64, data->b64_len) : (int64_t)data->len;
     if (len < 0) FAIL(KEX_EINVAL, "data is not valid base64: its length %zu is not a multiple of 4", data->b64_len);
     if (len != bytes)
       FAIL(KEX_EINVAL, "inline data is %" PRId64 " bytes, expected prod(shape) * itemsize = %" PRId64 " * %d = %" PRId64,
@@ -338,7 +269,7 @@ static int add_input(kex_graph *g, uint32_t idx, const kex_gnode *in, const inli
     if (!buf) NOMEM();
     if (data->b64) {
       size_t bad = 0;
-      if (b64_decode(data->b64, data->b64_len, buf, &bad) < 0)
+      if (kex_base64_decode(data->b64, data->b64_len, buf, &bad) < 0)
         FAIL(KEX_EINVAL, "data is not valid base64: character '%c' (0x%02x) at offset %zu", data->b64[bad] >= 0x20 && data->b64[bad] < 0x7f ? data->b64[bad] : '?',
              (unsigned char)data->b64[bad], bad);
     } else if (len) {
@@ -375,7 +306,7 @@ static int add_elementwise(kex_graph *g, uint32_t idx, const kex_gnode *in, kex_
   for (int i = 1; i < in->nsrc; i++)
     if (s[i]->ndim != s[0]->ndim || memcmp(s[i]->shape, s[0]->shape, s[0]->ndim * sizeof *s[0]->shape))
       FAIL(KEX_EINVAL, "source shapes do not match: node %u has %s, node %u has %s", in->src[0],
-           fmt_shape(sa, sizeof sa, s[0]->ndim, s[0]->shape), in->src[i], fmt_shape(sb, sizeof sb, s[i]->ndim, s[i]->shape));
+           kex_tuple_repr(sa, sizeof sa, (int)s[0]->ndim, s[0]->shape), in->src[i], kex_tuple_repr(sb, sizeof sb, (int)s[i]->ndim, s[i]->shape));
   n->ndim = s[0]->ndim;
   n->shape = s[0]->shape; /* shapes are immutable arena arrays: shared */
   if (gop_is_cast(op)) {
@@ -416,7 +347,7 @@ static int add_reduce(kex_graph *g, uint32_t idx, const kex_gnode *in, kex_gnode
       FAIL(KEX_EINVAL, "axis %" PRId32 " is negative (the client normalises axes to 0..ndim-1)", a);
     if ((uint32_t)a >= s->ndim)
       FAIL(KEX_EINVAL, "axis %" PRId32 " is out of range for source node %u of shape %s", a, in->src[0],
-           fmt_shape(sb, sizeof sb, s->ndim, s->shape));
+           kex_tuple_repr(sb, sizeof sb, (int)s->ndim, s->shape));
     if (seen & (1u << a)) FAIL(KEX_EINVAL, "axis %" PRId32 " is given twice", a);
     seen |= 1u << a;
   }
@@ -452,7 +383,7 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
     if (shape_prod(s->ndim, s->shape, &src_nonzero, &src_elements) < 0) FAIL(KEX_EINTERNAL, "source shape overflows");
     if (elements != src_elements)
       FAIL(KEX_EINVAL, "reshape from %s (%" PRId64 " elements) to %s (%" PRId64 " elements) changes the element count",
-           fmt_shape(sa, sizeof sa, s->ndim, s->shape), src_elements, fmt_shape(sb, sizeof sb, in->narg, arg), elements);
+           kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), src_elements, kex_tuple_repr(sb, sizeof sb, (int)in->narg, arg), elements);
     ndim = in->narg;
     if (ndim) memcpy(shape, arg, (size_t)ndim * sizeof *shape);
     goto copy;
@@ -460,9 +391,9 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
   if (in->narg != want) {
     if (op == KEX_GOP_PAD || op == KEX_GOP_SHRINK)
       FAIL(KEX_EINVAL, "arg has %u pairs, source node %u of shape %s has %u dims", in->narg / 2, in->src[0],
-           fmt_shape(sa, sizeof sa, s->ndim, s->shape), s->ndim);
+           kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), s->ndim);
     FAIL(KEX_EINVAL, "arg has %u entries, source node %u of shape %s has %u dims", in->narg, in->src[0],
-         fmt_shape(sa, sizeof sa, s->ndim, s->shape), s->ndim);
+         kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), s->ndim);
   }
   if (op == KEX_GOP_PAD || op == KEX_GOP_SHRINK) {
     if (in->narg % 2) FAIL(KEX_EINVAL, "arg must hold pairs, got %u numbers", in->narg);
@@ -470,10 +401,10 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
   switch (op) {
   case KEX_GOP_EXPAND:
     for (uint32_t d = 0; d < ndim; d++) {
-      if (arg[d] < 0) FAIL(KEX_EINVAL, "expand to %s: dim %u is negative", fmt_shape(sa, sizeof sa, ndim, arg), d);
+      if (arg[d] < 0) FAIL(KEX_EINVAL, "expand to %s: dim %u is negative", kex_tuple_repr(sa, sizeof sa, (int)ndim, arg), d);
       if (arg[d] != s->shape[d] && s->shape[d] != 1)
         FAIL(KEX_EINVAL, "expand from %s to %s: dim %u of size %" PRId64 " is not 1 and cannot become %" PRId64,
-             fmt_shape(sa, sizeof sa, s->ndim, s->shape), fmt_shape(sb, sizeof sb, ndim, arg), d, s->shape[d], arg[d]);
+             kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), kex_tuple_repr(sb, sizeof sb, (int)ndim, arg), d, s->shape[d], arg[d]);
       shape[d] = arg[d];
     }
     break;
@@ -481,7 +412,7 @@ static int add_movement(kex_graph *g, uint32_t idx, const kex_gnode *in, const k
     uint32_t seen = 0;
     for (uint32_t d = 0; d < ndim; d++) {
       if (arg[d] < 0 || arg[d] >= (int64_t)ndim || (seen & (1u << arg[d])))
-        FAIL(KEX_EINVAL, "order %s is not a permutation of 0..%u", fmt_shape(sa, sizeof sa, ndim, arg),
+        FAIL(KEX_EINVAL, "order %s is not a permutation of 0..%u", kex_tuple_repr(sa, sizeof sa, (int)ndim, arg),
              ndim ? ndim - 1 : 0);
       seen |= 1u << arg[d];
       shape[d] = s->shape[arg[d]];
@@ -578,7 +509,7 @@ static int graph_add(kex_graph *g, const kex_gnode *in, const inline_data *data,
       uint32_t base = kex_graph_base(g, in->src[1]);
       if (t->ndim != s->ndim || memcmp(t->shape, s->shape, s->ndim * sizeof *s->shape))
         FAIL(KEX_EINVAL, "ASSIGN value node %u has shape %s, target node %u has shape %s", in->src[0],
-             fmt_shape(sa, sizeof sa, s->ndim, s->shape), in->src[1], fmt_shape(sb, sizeof sb, t->ndim, t->shape));
+             kex_tuple_repr(sa, sizeof sa, (int)s->ndim, s->shape), in->src[1], kex_tuple_repr(sb, sizeof sb, (int)t->ndim, t->shape));
       if (t->dtype != s->dtype)
         FAIL(KEX_EINVAL, "ASSIGN value node %u is %s, target node %u is %s", in->src[0], kex_dtypes[s->dtype].name,
              in->src[1], kex_dtypes[t->dtype].name);

@@ -17,14 +17,13 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/dict.h"
 #include "core/hash.h"
 
-/* ---- the lazycache: open addressing over kex_lb pointers ---- */
+/* ---- the lazycache: a core/dict of kex_lb pointers, probed with an lb_key ---- */
 
 struct kex_lazycache {
-  uint32_t cap, len;  /* cap is a power of two */
-  kex_lb **slots;
-  uint64_t *hashes;
+  kex_dict lbs;
 };
 
 typedef struct lb_key {
@@ -80,42 +79,23 @@ static bool key_matches(const lb_key *k, const kex_lb *lb) {
   return true;
 }
 
-static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
-  if (!c->cap) return NULL;
-  for (uint32_t i = (uint32_t)h & (c->cap - 1);; i = (i + 1) & (c->cap - 1)) {
-    if (!c->slots[i]) return NULL;
-    if (c->hashes[i] == h && key_matches(k, c->slots[i])) return c->slots[i];
-  }
+static bool lb_entry_matches(const void *entry, const void *probe) {
+  return key_matches(probe, *(kex_lb *const *)entry);
 }
 
-static int cache_put(struct kex_lazycache *c, kex_lb *lb, uint64_t h) {
-  if ((c->len + 1) * 4 > c->cap * 3) {
-    uint32_t ncap = c->cap ? c->cap * 2 : 256;
-    kex_lb **ns = kex_calloc(ncap, sizeof *ns);
-    uint64_t *nh = kex_malloc(sizeof *nh * ncap);
-    if (!ns || !nh) {
-      kex_free(ns);
-      kex_free(nh);
-      return KEX_ENOMEM;
-    }
-    for (uint32_t i = 0; i < c->cap; i++) {
-      if (!c->slots[i]) continue;
-      uint32_t j = (uint32_t)c->hashes[i] & (ncap - 1);
-      while (ns[j]) j = (j + 1) & (ncap - 1);
-      ns[j] = c->slots[i];
-      nh[j] = c->hashes[i];
-    }
-    kex_free(c->slots);
-    kex_free(c->hashes);
-    c->slots = ns;
-    c->hashes = nh;
-    c->cap = ncap;
-  }
-  uint32_t i = (uint32_t)h & (c->cap - 1);
-  while (c->slots[i]) i = (i + 1) & (c->cap - 1);
-  c->slots[i] = lb;
-  c->hashes[i] = h;
-  c->len++;
+static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 256};
+
+static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
+  kex_lb **e = kex_dict_find(&c->lbs, h, k);
+  return e ? *e : NULL;
+}
+
+/* Add lb (absent, keyed by k with hash h).  0 or KEX_ENOMEM. */
+static int cache_put(struct kex_lazycache *c, const lb_key *k, kex_lb *lb, uint64_t h) {
+  bool found;
+  kex_lb **e = kex_dict_insert(&c->lbs, h, k, &found);
+  if (!e) return KEX_ENOMEM;
+  *e = lb;
   return 0;
 }
 
@@ -237,7 +217,7 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     if (b < 0) return fail_view(c);
     lb->buffer = (uint32_t)b;
   }
-  if (enable_cache && cache_put(r->cache, lb, h) < 0) return fail_view(c);
+  if (enable_cache && cache_put(r->cache, &k, lb, h) < 0) return fail_view(c);
   return lb;
 }
 
@@ -641,6 +621,7 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
   r->own_shape = !opts->shape;
   r->shape = opts->shape ? opts->shape : kex_shape_ctx_new(arena);
   r->cache = kex_calloc(1, sizeof *r->cache);
+  if (r->cache) r->cache->lbs = kex_dict_make(&lazycache_type);
   r->node_lb = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
   if (!r->shape || !r->cache || !r->node_lb || !r->default_device) {
@@ -680,8 +661,7 @@ out:
 void kex_replay_free(kex_replay *r) {
   if (!r) return;
   if (r->cache) {
-    kex_free(r->cache->slots);
-    kex_free(r->cache->hashes);
+    kex_dict_free(&r->cache->lbs);
     kex_free(r->cache);
   }
   if (r->own_shape) kex_shape_ctx_free(r->shape);

@@ -168,6 +168,14 @@ static void buf_list(sbuf *b, const uint32_t *ids, uint32_t n) {
   sb_put(b, "]");
 }
 
+/* How many of it->bufs are outputs: its outputs that have a size (at most nbufs). */
+static uint32_t item_outputs(const kex_schedule *s, const kex_sched_item *it) {
+  uint32_t nout = 0;
+  for (uint32_t j = 0; j < it->nout; j++)
+    if (s->replay->buffers[it->outs[j]->buffer].size) nout++;
+  return nout < it->nbufs ? nout : it->nbufs;
+}
+
 int kex_schedule_print(const kex_schedule *s, FILE *f) { return kex_schedule_print_annotated(s, f, NULL); }
 
 int kex_schedule_print_annotated(const kex_schedule *s, FILE *f, const char *const *notes) {
@@ -177,13 +185,11 @@ int kex_schedule_print_annotated(const kex_schedule *s, FILE *f, const char *con
     const kex_sched_item *it = &s->items[i];
     char label[64];
     kex_item_label(it, label, sizeof label);
-    uint32_t nout = 0;
-    for (uint32_t j = 0; j < it->nout; j++)
-      if (s->replay->buffers[it->outs[j]->buffer].size) nout++;
+    uint32_t nout = item_outputs(s, it);
     sb_put(&b, "item %u: %s outputs=", i, label);
-    buf_list(&b, it->bufs, nout < it->nbufs ? nout : it->nbufs);
+    buf_list(&b, it->bufs, nout);
     sb_put(&b, " inputs=");
-    buf_list(&b, it->bufs + (nout < it->nbufs ? nout : it->nbufs), it->nbufs - (nout < it->nbufs ? nout : it->nbufs));
+    buf_list(&b, it->bufs + nout, it->nbufs - nout);
     sb_put(&b, "\n");
     if (notes && notes[i]) sb_put(&b, "%s", notes[i]);
     if (it->kind == KEX_ITEM_KERNEL && (rc = ast_lines(it, &b, "  ", NULL))) break;
@@ -216,10 +222,7 @@ void *kex_schedule_to_json(const kex_schedule *s) {
     const kex_sched_item *it = &s->items[i];
     char label[64];
     kex_item_label(it, label, sizeof label);
-    uint32_t nout = 0;
-    for (uint32_t j = 0; j < it->nout; j++)
-      if (s->replay->buffers[it->outs[j]->buffer].size) nout++;
-    if (nout > it->nbufs) nout = it->nbufs;
+    uint32_t nout = item_outputs(s, it);
     json_t *ast = json_array();
     json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "kind", it->kind == KEX_ITEM_KERNEL ? "kernel" : "loadop",
                           "label", label, "outputs", id_array(it->bufs, nout), "inputs",

@@ -60,8 +60,7 @@ static void pv_free(ptrvec *p) {
 /* ---- hash-consed LazyOps ---- */
 
 struct kex_sched_tables {
-  uint32_t cap, len;
-  const kex_lop **slots;
+  kex_dict lops; /* of const kex_lop *, probed with a template kex_lop */
 };
 
 static uint64_t lop_hash(const kex_lop *l) {
@@ -88,30 +87,23 @@ static bool lop_eq(const kex_lop *a, const kex_lop *b) {
   return true;
 }
 
+static bool lop_entry_eq(const void *entry, const void *probe) { return lop_eq(*(const kex_lop *const *)entry, probe); }
+
+static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq, 256};
+
 /* Return the interned copy of *tmpl (allocating it in the arena when new). NULL on OOM. */
 static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {
   tmpl->hash = lop_hash(tmpl);
-  if ((t->len + 1) * 2 > t->cap) {
-    uint32_t ncap = t->cap ? t->cap * 2 : 256;
-    const kex_lop **ns = kex_calloc(ncap, sizeof *ns);
-    if (!ns) return NULL;
-    for (uint32_t i = 0; i < t->cap; i++) {
-      if (!t->slots[i]) continue;
-      uint32_t j = (uint32_t)t->slots[i]->hash & (ncap - 1);
-      while (ns[j]) j = (j + 1) & (ncap - 1);
-      ns[j] = t->slots[i];
-    }
-    kex_free(t->slots);
-    t->slots = ns;
-    t->cap = ncap;
-  }
-  uint32_t i = (uint32_t)tmpl->hash & (t->cap - 1);
-  for (; t->slots[i]; i = (i + 1) & (t->cap - 1))
-    if (t->slots[i]->hash == tmpl->hash && lop_eq(t->slots[i], tmpl)) return t->slots[i];
+  bool found;
+  const kex_lop **slot = kex_dict_insert(&t->lops, tmpl->hash, tmpl, &found);
+  if (!slot) return NULL;
+  if (found) return *slot;
   kex_lop *l = kex_arena_memdup(arena, tmpl, sizeof *tmpl);
-  if (!l) return NULL;
-  t->slots[i] = l;
-  t->len++;
+  if (!l) {
+    kex_dict_cancel(&t->lops, slot);
+    return NULL;
+  }
+  *slot = l;
   return l;
 }
 
@@ -744,42 +736,23 @@ out:
 
 int kex_memplan(kex_schedule *sc, kex_error *err); /* memplan.c */
 
-int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
-  int rc = 0;
-  *out = NULL;
-  sched s = {0};
-  s.r = r;
-  s.sh = r->shape;
-  s.arena = r->arena;
-  s.err = err;
-  (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
-  kex_schedule *sc = kex_calloc(1, sizeof *sc);
-  struct kex_sched_tables *lops = kex_calloc(1, sizeof *lops);
-  uint32_t *in_degree = NULL, *queue = NULL;
-  ptrvec *edges = NULL;
-  kex_sched_item *pre = NULL;
-  uint32_t npre = 0;
-  if (!sc || !lops) {
-    kex_free(lops);
-    rc = oom(&s);
-    goto out;
-  }
-  sc->replay = r;
-  sc->tables = lops;
-  s.lops = lops;
+/*
+ * Which buffers are realized (tinygrad's realizes): the outputs' bases and
+ * what _recurse_lb finds under them, assign targets marked, unsafe pads and
+ * the reduces' groups decided.  0, or the error of oom().
+ */
+static int find_realizes(sched *s) {
+  const kex_replay *r = s->r;
   const kex_graph *gr = r->graph;
-
-  /* realizes = outputs' bases; _recurse_lb from each */
   for (uint32_t i = 0; i < gr->noutputs; i++) {
     kex_lb *b = r->node_lb[gr->outputs[i]]->base;
-    if (!b->realized && add_realize(&s, b)) goto nomem;
+    if (!b->realized && add_realize(s, b)) return oom(s);
   }
   for (uint32_t i = 0; i < gr->noutputs; i++)
-    if (recurse_lb(&s, r->node_lb[gr->outputs[i]]->base)) goto nomem;
-
+    if (recurse_lb(s, r->node_lb[gr->outputs[i]]->base)) return oom(s);
   /* assign_targets */
-  for (uint32_t i = 0; i < s.realizes.len; i++) {
-    kex_lb *x = s.realizes.v[i];
+  for (uint32_t i = 0; i < s->realizes.len; i++) {
+    kex_lb *x = s->realizes.v[i];
     if (x->op == KEX_OP_ASSIGN && !x->realized) {
       kex_lb *t = x->srcs[1];
       t->flags |= F_ASSIGN_TARGET;
@@ -787,64 +760,84 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
     }
   }
   /* pads that are not safe to fuse realize first */
-  for (uint32_t i = 0; i < s.simple_pads.len; i++) {
-    kex_lb *p = s.simple_pads.v[i];
-    int ok = padding_okay(&s, p);
-    if (ok < 0) goto nomem;
-    if (!ok && add_realize(&s, p)) goto nomem;
+  for (uint32_t i = 0; i < s->simple_pads.len; i++) {
+    kex_lb *p = s->simple_pads.v[i];
+    int ok = padding_okay(s, p);
+    if (ok < 0 || (!ok && add_realize(s, p))) return oom(s);
   }
   /* reduce grouping */
-  for (uint32_t i = 0; i < s.allbufs.len; i++) {
-    kex_lb *rb = s.allbufs.v[i];
+  for (uint32_t i = 0; i < s->allbufs.len; i++) {
+    kex_lb *rb = s->allbufs.v[i];
     if (!KEX_OP_IS_REDUCE(rb->op) || in_realizes(rb)) continue;
-    if (group_reduce(&s, rb)) goto nomem;
+    if (group_reduce(s, rb)) return oom(s);
   }
+  return 0;
+}
 
-  /* output groups, keyed by the reduce they belong to */
+/*
+ * The prescheduled items (tinygrad's prescheduled): the realized buffers
+ * grouped by the reduce they belong to, each group scheduled into one item.
+ * *pre (kex_calloc'd, the caller frees it) gets *npre items.  0, or an error.
+ */
+static int preschedule(sched *s, kex_sched_item **pre, uint32_t *npre) {
   ptrvec keys = {0};
   ptrvec *members = NULL;
   uint32_t capm = 0;
-  for (uint32_t i = 0; i < s.realizes.len; i++) {
-    kex_lb *b = s.realizes.v[i];
+  int rc = 0;
+  for (uint32_t i = 0; i < s->realizes.len; i++) {
+    kex_lb *b = s->realizes.v[i];
     if (b->realized || b->op == KEX_OP_CONST) continue;
     kex_lb *key = b->reduce_for_op ? b->reduce_for_op : b;
     if (key->group_slot < 0 || key->group_slot >= (int32_t)keys.len || keys.v[key->group_slot] != key) {
       key->group_slot = (int32_t)keys.len;
-      if (pv_push(&keys, key)) goto nomem_keys;
+      if (pv_push(&keys, key)) goto nomem;
       if (keys.len > capm) {
         uint32_t nc = capm ? capm * 2 : 16;
         ptrvec *nm = kex_realloc(members, sizeof *nm * nc);
-        if (!nm) goto nomem_keys;
+        if (!nm) goto nomem;
         memset(nm + capm, 0, sizeof *nm * (nc - capm));
         members = nm;
         capm = nc;
       }
     }
-    if (pv_push(&members[key->group_slot], b)) goto nomem_keys;
+    if (pv_push(&members[key->group_slot], b)) goto nomem;
   }
-  npre = keys.len;
-  pre = kex_calloc(npre ? npre : 1, sizeof *pre);
-  if (!pre) goto nomem_keys;
-  for (uint32_t k = 0; k < npre; k++) {
-    kex_lb **outs = kex_arena_memdup(s.arena, members[k].v, sizeof(kex_lb *) * members[k].len);
-    if (!outs) goto nomem_keys;
-    if ((rc = schedule_group(&s, outs, members[k].len, &pre[k]))) break;
+  *npre = keys.len;
+  *pre = kex_calloc(*npre ? *npre : 1, sizeof **pre);
+  if (!*pre) goto nomem;
+  for (uint32_t k = 0; k < *npre; k++) {
+    kex_lb **outs = kex_arena_memdup(s->arena, members[k].v, sizeof(kex_lb *) * members[k].len);
+    if (!outs) goto nomem;
+    if ((rc = schedule_group(s, outs, members[k].len, &(*pre)[k]))) goto out;
   }
-  for (uint32_t k = 0; k < keys.len; k++) pv_free(&members[k]);
+  goto out;
+nomem:
+  rc = oom(s);
+out:
+  for (uint32_t k = 0; k < keys.len && members; k++) pv_free(&members[k]);
   kex_free(members);
   for (uint32_t k = 0; k < keys.len; k++) ((kex_lb *)keys.v[k])->group_slot = -1;
   pv_free(&keys);
-  if (rc) goto out;
+  return rc;
+}
 
-  /* schedule_targets: output base -> prescheduled index (in group_slot, reset above) */
+/*
+ * Order the prescheduled items (tinygrad's graph + in_degree + BFS): an edge
+ * from the item that writes a buffer to each item that reads it, and from
+ * each reader of an assign target to the item that assigns it; Kahn's BFS in
+ * prescheduled order fills sc->items.  0, KEX_ECYCLE, or the error of oom().
+ */
+static int order_items(sched *s, kex_schedule *sc, kex_sched_item *pre, uint32_t npre) {
+  const kex_replay *r = s->r;
+  uint32_t *in_degree = kex_calloc(npre ? npre : 1, sizeof *in_degree), *queue = kex_malloc(sizeof *queue * (npre ? npre : 1));
+  ptrvec *edges = kex_calloc(npre ? npre : 1, sizeof *edges);
+  int rc = 0;
+  if (!in_degree || !edges || !queue) goto nomem;
+  /* schedule_targets: output base -> prescheduled index (in group_slot, reset by preschedule) */
   for (uint32_t k = 0; k < npre; k++)
     for (uint32_t j = 0; j < pre[k].nout; j++) pre[k].outs[j]->group_slot = (int32_t)k;
-  in_degree = kex_calloc(npre ? npre : 1, sizeof *in_degree);
-  edges = kex_calloc(npre ? npre : 1, sizeof *edges);
-  queue = kex_malloc(sizeof *queue * (npre ? npre : 1));
-  if (!in_degree || !edges || !queue) goto nomem;
   for (uint32_t k = 0; k < npre; k++) {
-    uint32_t ep = ++s.epoch;
+    uint32_t ep = ++s->epoch;
     for (uint32_t j = 0; j < pre[k].nin; j++) {
       kex_lb *x = pre[k].ins[j];
       if (x->group_slot >= 0) {
@@ -856,7 +849,7 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
         }
       }
     }
-    ep = ++s.epoch;
+    ep = ++s->epoch;
     for (uint32_t j = 0; j < pre[k].nin; j++) {
       kex_lb *x = pre[k].ins[j];
       if ((x->flags & F_ASSIGN_TARGET) && x->assign_of->group_slot >= 0) {
@@ -881,7 +874,7 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
     *it = pre[k];
     for (uint32_t j = 0; j < it->nout; j++) it->outs[j]->realized = true;
     if (it->kind == KEX_ITEM_KERNEL) sc->nkernels++;
-    it->bufs = kex_arena_alloc(s.arena, sizeof(uint32_t) * (it->nout + it->nin + 1));
+    it->bufs = kex_arena_alloc(s->arena, sizeof(uint32_t) * (it->nout + it->nin + 1));
     if (!it->bufs) goto nomem;
     for (uint32_t j = 0; j < it->nout + it->nin; j++) {
       kex_lb *b = j < it->nout ? it->outs[j] : it->ins[j - it->nout];
@@ -892,25 +885,46 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
       if (--in_degree[c] == 0) queue[qt++] = c;
     }
   }
-  if (sc->nitems != npre) {
-    rc = kex_err_set(err, KEX_ECYCLE, "cycle detected in graph, prescheduled %u but only scheduled %u", npre,
+  if (sc->nitems != npre)
+    rc = kex_err_set(s->err, KEX_ECYCLE, "cycle detected in graph, prescheduled %u but only scheduled %u", npre,
                      sc->nitems);
-    goto out;
-  }
-  rc = kex_memplan(sc, err);
   goto out;
-nomem_keys:
-  for (uint32_t k = 0; k < keys.len && members; k++) pv_free(&members[k]);
-  kex_free(members);
-  pv_free(&keys);
 nomem:
-  rc = oom(&s);
+  rc = oom(s);
 out:
   if (edges)
     for (uint32_t k = 0; k < npre; k++) pv_free(&edges[k]);
   kex_free(edges);
   kex_free(in_degree);
   kex_free(queue);
+  return rc;
+}
+
+int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
+  int rc = 0;
+  *out = NULL;
+  sched s = {0};
+  s.r = r;
+  s.sh = r->shape;
+  s.arena = r->arena;
+  s.err = err;
+  (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
+  kex_schedule *sc = kex_calloc(1, sizeof *sc);
+  struct kex_sched_tables *lops = kex_calloc(1, sizeof *lops);
+  if (lops) lops->lops = kex_dict_make(&lop_table_type);
+  kex_sched_item *pre = NULL;
+  uint32_t npre = 0;
+  if (!sc || !lops) {
+    kex_free(lops);
+    rc = oom(&s);
+    goto out;
+  }
+  sc->replay = r;
+  sc->tables = lops;
+  s.lops = lops;
+  if (!(rc = find_realizes(&s)) && !(rc = preschedule(&s, &pre, &npre)) && !(rc = order_items(&s, sc, pre, npre)))
+    rc = kex_memplan(sc, err);
+out:
   kex_free(pre);
   pv_free(&s.realizes);
   pv_free(&s.allbufs);
@@ -931,7 +945,7 @@ out:
 void kex_schedule_free(kex_schedule *s) {
   if (!s) return;
   if (s->tables) {
-    kex_free(s->tables->slots);
+    kex_dict_free(&s->tables->lops);
     kex_free(s->tables);
   }
   kex_free(s->items);

@@ -40,27 +40,41 @@ static uint64_t st_hash(uint32_t n, const kex_view *const *views) {
   return h;
 }
 
+/* A ShapeTracker not yet interned: its views. */
+typedef struct st_probe {
+  uint32_t n;
+  const kex_view *const *views;
+} st_probe;
+
+static bool st_eq(const void *entry, const void *probe) {
+  const kex_st *s = *(const kex_st *const *)entry;
+  const st_probe *p = probe;
+  return s->nviews == p->n && memcmp(s->views, p->views, p->n * sizeof *p->views) == 0;
+}
+
+const kex_dict_type kex__st_type = {sizeof(const kex_st *), st_eq, 256};
+
 /* The interned ShapeTracker of views[0..n-1] (n >= 1).  NULL on OOM. */
 const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *const *views) {
   for (uint32_t i = 0; i < n; i++)
     if (!views[i]) return NULL;
-  if (kex__ptab_reserve(&ctx->sts)) return NULL;
   uint64_t h = st_hash(n, views);
-  kex__ptab *t = &ctx->sts;
-  size_t mask = t->cap - 1, i;
-  for (i = (size_t)h & mask; t->slots[i]; i = (i + 1) & mask) {
-    const kex_st *s = t->slots[i];
-    if (s->hash == h && s->nviews == n && memcmp(s->views, views, n * sizeof *views) == 0) return s;
-  }
+  st_probe p = {n, views};
+  bool found;
+  const kex_st **slot = kex_dict_insert(&ctx->sts, h, &p, &found);
+  if (!slot) return NULL;
+  if (found) return *slot;
   kex_st *s = kex_arena_alloc(ctx->arena, sizeof *s + n * sizeof *views);
-  if (!s) return NULL;
+  if (!s) {
+    kex_dict_cancel(&ctx->sts, slot);
+    return NULL;
+  }
   const kex_view **vs = (const kex_view **)(s + 1);
   memcpy(vs, views, n * sizeof *views);
   s->hash = h;
   s->nviews = n;
   s->views = vs;
-  t->slots[i] = s;
-  t->count++;
+  *slot = s;
   return s;
 }
 

@@ -82,12 +82,19 @@ static const kex_sym *create_node(kex_sym_ctx *ctx, kex_sym *s) {
   return s;
 }
 
-/* Raw MulNode(a, b) with MulNode.get_bounds (no folding). */
-static kex_sym *raw_mul(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = node_new(ctx, KEX_SYM_MUL);
+/* A node `a <op> b` (b a number), bounds still to set; NULL on OOM. */
+static kex_sym *binary_node(kex_sym_ctx *ctx, kex_sym_kind kind, const kex_sym *a, int64_t b) {
+  kex_sym *s = node_new(ctx, kind);
   if (!s) return NULL;
   s->a = a;
   s->b = b;
+  return s;
+}
+
+/* Raw MulNode(a, b) with MulNode.get_bounds (no folding). */
+static kex_sym *raw_mul(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
+  kex_sym *s = binary_node(ctx, KEX_SYM_MUL, a, b);
+  if (!s) return NULL;
   if (b >= 0) {
     s->min = a->min * b;
     s->max = a->max * b;
@@ -99,20 +106,16 @@ static kex_sym *raw_mul(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
 }
 
 static kex_sym *raw_div(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = node_new(ctx, KEX_SYM_DIV);
+  kex_sym *s = binary_node(ctx, KEX_SYM_DIV, a, b);
   if (!s) return NULL;
-  s->a = a;
-  s->b = b;
   s->min = py_div(a->min, b);
   s->max = py_div(a->max, b);
   return s;
 }
 
 static kex_sym *raw_mod(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = node_new(ctx, KEX_SYM_MOD);
+  kex_sym *s = binary_node(ctx, KEX_SYM_MOD, a, b);
   if (!s) return NULL;
-  s->a = a;
-  s->b = b;
   if (a->max - a->min >= b || (a->min != a->max && py_mod(a->min, b) >= py_mod(a->max, b))) {
     s->min = 0;
     s->max = b - 1;
@@ -124,10 +127,8 @@ static kex_sym *raw_mod(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
 }
 
 static kex_sym *raw_lt(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = node_new(ctx, KEX_SYM_LT);
+  kex_sym *s = binary_node(ctx, KEX_SYM_LT, a, b);
   if (!s) return NULL;
-  s->a = a;
-  s->b = b;
   if (a->max < b) s->min = s->max = 1;
   else if (a->min >= b) s->min = s->max = 0;
   else {
@@ -142,12 +143,19 @@ static const kex_sym *const *dup_nodes(kex_sym_ctx *ctx, const kex_sym *const *n
   return kex_arena_memdup(ctx->arena, nodes, (size_t)n * sizeof *nodes);
 }
 
-static kex_sym *raw_sum(kex_sym_ctx *ctx, const kex_sym *const *nodes, uint32_t n) {
-  kex_sym *s = node_new(ctx, KEX_SYM_SUM);
+/* A node over a copy of nodes[n] (SUM, AND), bounds still to set; NULL on OOM. */
+static kex_sym *list_node(kex_sym_ctx *ctx, kex_sym_kind kind, const kex_sym *const *nodes, uint32_t n) {
+  kex_sym *s = node_new(ctx, kind);
   if (!s) return NULL;
   s->nodes = dup_nodes(ctx, nodes, n);
   if (!s->nodes) return NULL;
   s->n = n;
+  return s;
+}
+
+static kex_sym *raw_sum(kex_sym_ctx *ctx, const kex_sym *const *nodes, uint32_t n) {
+  kex_sym *s = list_node(ctx, KEX_SYM_SUM, nodes, n);
+  if (!s) return NULL;
   for (uint32_t i = 0; i < n; i++) {
     s->min += nodes[i]->min;
     s->max += nodes[i]->max;
@@ -156,11 +164,8 @@ static kex_sym *raw_sum(kex_sym_ctx *ctx, const kex_sym *const *nodes, uint32_t 
 }
 
 static kex_sym *raw_and(kex_sym_ctx *ctx, const kex_sym *const *nodes, uint32_t n) {
-  kex_sym *s = node_new(ctx, KEX_SYM_AND);
+  kex_sym *s = list_node(ctx, KEX_SYM_AND, nodes, n);
   if (!s) return NULL;
-  s->nodes = dup_nodes(ctx, nodes, n);
-  if (!s->nodes) return NULL;
-  s->n = n;
   s->min = nodes[0]->min;
   s->max = nodes[0]->max;
   for (uint32_t i = 1; i < n; i++) {

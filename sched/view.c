@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/dtype.h"
 #include "core/errors.h"
 #include "core/hash.h"
 #include "sched/shape_internal.h"
@@ -51,32 +52,19 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- checked int64 arithmetic: on overflow (or a zero divisor) *ovf is set and 0 returned ---- */
 
-static int64_t ck_add(bool *ovf, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) {
-    *ovf = true;
-    return 0;
+#define CHECKED(name, builtin)                     \
+  static int64_t name(bool *ovf, int64_t a, int64_t b) { \
+    int64_t r;                                             \
+    if (builtin(a, b, &r)) {                               \
+      *ovf = true;                                         \
+      return 0;                                            \
+    }                                                      \
+    return r;                                              \
   }
-  return r;
-}
-
-static int64_t ck_sub(bool *ovf, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_sub_overflow(a, b, &r)) {
-    *ovf = true;
-    return 0;
-  }
-  return r;
-}
-
-static int64_t ck_mul(bool *ovf, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) {
-    *ovf = true;
-    return 0;
-  }
-  return r;
-}
+CHECKED(ck_add, __builtin_add_overflow)
+CHECKED(ck_sub, __builtin_sub_overflow)
+CHECKED(ck_mul, __builtin_mul_overflow)
+#undef CHECKED
 
 /* Python's a // b (floor division). */
 static int64_t py_div(bool *ovf, int64_t a, int64_t b) {
@@ -109,20 +97,6 @@ static int64_t shape_size(bool *ovf, int n, const int64_t *shape) {
 
 /* ---- the context's error ---- */
 
-/* Python tuple repr of n values into buf, cut at len.  Returns buf. */
-static const char *tuple_str(char *buf, size_t len, int n, const int64_t *v) {
-  size_t off = 0;
-  int k = snprintf(buf, len, "(");
-  off = k > 0 ? (size_t)k : 0;
-  for (int i = 0; i < n && off < len; i++) {
-    k = snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)v[i]);
-    if (k < 0) break;
-    off += (size_t)k;
-  }
-  if (off < len) snprintf(buf + off, len - off, n == 1 ? ",)" : ")");
-  return buf;
-}
-
 int kex__shape_fail(kex_shape_ctx *ctx, int code, const char *fmt, ...) {
   if (!ctx->rc) {
     va_list ap;
@@ -138,7 +112,7 @@ int kex__shape_fail(kex_shape_ctx *ctx, int code, const char *fmt, ...) {
 static int overflow(kex_shape_ctx *ctx, const char *what, int n, const int64_t *shape) {
   char sb[128];
   return kex__shape_fail(ctx, KEX_ELIMIT, "%s on a view of shape %s: a shape, stride, offset or mask overflows int64",
-                         what, tuple_str(sb, sizeof sb, n, shape));
+                         what, kex_tuple_repr(sb, sizeof sb, n, shape));
 }
 
 int kex_shape_error(kex_shape_ctx *ctx, const char **msg) {
@@ -150,74 +124,35 @@ int kex_shape_error(kex_shape_ctx *ctx, const char **msg) {
 
 /* ---- tables ---- */
 
-int kex__ptab_reserve(kex__ptab *t) {
-  if ((t->count + 1) * 10 < t->cap * 7) return 0;
-  size_t ncap = t->cap ? t->cap * 2 : 256;
-  const void **ns = kex_calloc(ncap, sizeof *ns);
-  if (!ns) return KEX_ENOMEM;
-  for (size_t i = 0; i < t->cap; i++) {
-    const void *e = t->slots[i];
-    if (!e) continue;
-    size_t j = (size_t)(*(const uint64_t *)e) & (ncap - 1);
-    while (ns[j]) j = (j + 1) & (ncap - 1);
-    ns[j] = e;
-  }
-  kex_free(t->slots);
-  t->slots = ns;
-  t->cap = ncap;
-  return 0;
-}
-
 static uint64_t memo_hash(uint32_t op, const void *a, const void *b) {
   return kex_hash_mix(kex_hash_u64((uint64_t)(uintptr_t)a, op), (uint64_t)(uintptr_t)b);
 }
 
-bool kex__memo_get(const kex__memo *m, uint32_t op, const void *a, const void *b, const void **val) {
-  if (!m->cap) return false;
-  size_t mask = m->cap - 1;
-  for (size_t i = (size_t)memo_hash(op, a, b) & mask;; i = (i + 1) & mask) {
-    const kex__memo_ent *e = &m->slots[i];
-    if (!e->op) return false;
-    if (e->op == op && e->a == a && e->b == b) {
-      *val = e->val;
-      return true;
-    }
-  }
+static bool memo_eq(const void *entry, const void *probe) {
+  const kex__memo_ent *e = entry, *k = probe;
+  return e->op == k->op && e->a == k->a && e->b == k->b;
 }
 
-int kex__memo_put(kex__memo *m, uint32_t op, const void *a, const void *b, const void *val) {
-  if ((m->count + 1) * 10 >= m->cap * 7) {
-    size_t ncap = m->cap ? m->cap * 2 : 256;
-    kex__memo_ent *ns = kex_calloc(ncap, sizeof *ns);
-    if (!ns) return KEX_ENOMEM;
-    for (size_t i = 0; i < m->cap; i++) {
-      kex__memo_ent *e = &m->slots[i];
-      if (!e->op) continue;
-      size_t j = (size_t)memo_hash(e->op, e->a, e->b) & (ncap - 1);
-      while (ns[j].op) j = (j + 1) & (ncap - 1);
-      ns[j] = *e;
-    }
-    kex_free(m->slots);
-    m->slots = ns;
-    m->cap = ncap;
-  }
-  size_t mask = m->cap - 1;
-  for (size_t i = (size_t)memo_hash(op, a, b) & mask;; i = (i + 1) & mask) {
-    kex__memo_ent *e = &m->slots[i];
-    if (!e->op) {
-      e->op = op;
-      e->a = a;
-      e->b = b;
-      e->val = val;
-      m->count++;
-      return 0;
-    }
-    if (e->op == op && e->a == a && e->b == b) {
-      e->val = val;
-      return 0;
-    }
-  }
+static const kex_dict_type memo_type = {sizeof(kex__memo_ent), memo_eq, 256};
+
+bool kex__memo_get(const kex_dict *m, uint32_t op, const void *a, const void *b, const void **val) {
+  kex__memo_ent k = {.a = a, .b = b, .op = op};
+  const kex__memo_ent *e = kex_dict_find(m, memo_hash(op, a, b), &k);
+  if (e) *val = e->val;
+  return e != NULL;
 }
+
+int kex__memo_put(kex_dict *m, uint32_t op, const void *a, const void *b, const void *val) {
+  kex__memo_ent k = {.a = a, .b = b, .op = op, .val = val};
+  bool found;
+  kex__memo_ent *e = kex_dict_insert(m, memo_hash(op, a, b), &k, &found);
+  if (!e) return KEX_ENOMEM;
+  *e = k;
+  return 0;
+}
+
+static bool view_eq(const void *entry, const void *probe);
+static const kex_dict_type view_type = {sizeof(const kex_view *), view_eq, 256};
 
 /* ---- context ---- */
 
@@ -225,15 +160,18 @@ kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena) {
   kex_shape_ctx *ctx = kex_calloc(1, sizeof *ctx);
   if (!ctx) return NULL;
   ctx->arena = arena;
+  ctx->views = kex_dict_make(&view_type);
+  ctx->sts = kex_dict_make(&kex__st_type);
+  ctx->memo = kex_dict_make(&memo_type);
   kex_sym_ctx_init(&ctx->sym, arena);
   return ctx;
 }
 
 void kex_shape_ctx_free(kex_shape_ctx *ctx) {
   if (!ctx) return;
-  kex_free(ctx->views.slots);
-  kex_free(ctx->sts.slots);
-  kex_free(ctx->memo.slots);
+  kex_dict_free(&ctx->views);
+  kex_dict_free(&ctx->sts);
+  kex_dict_free(&ctx->memo);
   kex_free(ctx);
 }
 
@@ -272,6 +210,8 @@ static bool view_buf_eq(const view_buf *b, const kex_view *v) {
   return !b->has_mask || kex_i64_eq(b->mask, v->mask, 2 * n);
 }
 
+static bool view_eq(const void *entry, const void *probe) { return view_buf_eq(probe, *(const kex_view *const *)entry); }
+
 /* Intern an already canonical buffer.  NULL on OOM, or (error set) when prod(shape) overflows. */
 static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool contiguous) {
   bool ovf = false;
@@ -280,18 +220,18 @@ static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool c
     overflow(ctx, "View.size", b->ndim, b->shape);
     return NULL;
   }
-  if (kex__ptab_reserve(&ctx->views)) return NULL;
   uint64_t h = view_buf_hash(b);
-  kex__ptab *t = &ctx->views;
-  size_t mask = t->cap - 1, i;
-  for (i = (size_t)h & mask; t->slots[i]; i = (i + 1) & mask) {
-    const kex_view *v = t->slots[i];
-    if (v->hash == h && view_buf_eq(b, v)) return v;
-  }
+  bool found;
+  const kex_view **slot = kex_dict_insert(&ctx->views, h, b, &found);
+  if (!slot) return NULL;
+  if (found) return *slot;
   size_t n = (size_t)b->ndim;
   size_t words = 2 * n + (b->has_mask ? 2 * n : 0);
   kex_view *v = kex_arena_alloc(ctx->arena, sizeof *v + words * sizeof(int64_t));
-  if (!v) return NULL;
+  if (!v) {
+    kex_dict_cancel(&ctx->views, slot);
+    return NULL;
+  }
   int64_t *data = (int64_t *)(v + 1);
   memcpy(data, b->shape, n * sizeof *data);
   memcpy(data + n, b->strides, n * sizeof *data);
@@ -305,8 +245,7 @@ static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool c
   v->mask = b->has_mask ? data + 2 * n : NULL;
   v->shape_st = NULL;
   v->size = size;
-  t->slots[i] = v;
-  t->count++;
+  *slot = v;
   return v;
 }
 
@@ -323,7 +262,7 @@ static const kex_view *create_buf(kex_shape_ctx *ctx, view_buf *b, bool have_str
     if (b->shape[i] < 0) {
       char sb[128];
       kex__shape_fail(ctx, KEX_EINVAL, "View.create: shape %s has a negative dim",
-                      tuple_str(sb, sizeof sb, n, b->shape));
+                      kex_tuple_repr(sb, sizeof sb, n, b->shape));
       return NULL;
     }
   if (!kex__strides_for_shape(n, b->shape, sfs)) {
@@ -464,7 +403,7 @@ const kex_view *kex_view_shrink(kex_shape_ctx *ctx, const kex_view *v, const int
   for (int i = 0; i < v->ndim; i++)
     if (arg[2 * i] < 0 || arg[2 * i] > arg[2 * i + 1] || arg[2 * i + 1] > v->shape[i]) {
       kex__shape_fail(ctx, KEX_EINVAL, "View.shrink: %s is out of range for shape %s",
-                      pairs_str(ab, sizeof ab, v->ndim, arg), tuple_str(sb, sizeof sb, v->ndim, v->shape));
+                      pairs_str(ab, sizeof ab, v->ndim, arg), kex_tuple_repr(sb, sizeof sb, v->ndim, v->shape));
       return NULL;
     }
   return unsafe_resize(ctx, v, arg, NULL, "View.shrink");
@@ -539,7 +478,7 @@ const kex_view *kex_view_stride(kex_shape_ctx *ctx, const kex_view *v, const int
     int64_t m = mul[i];
     if (m == 0 || m == INT64_MIN) {
       kex__shape_fail(ctx, m ? KEX_ELIMIT : KEX_EINVAL, "View.stride: stride %lld of dim %d (shape %s) is %s",
-                      (long long)m, i, tuple_str(sb, sizeof sb, n, v->shape), m ? "out of the int64 range" : "0");
+                      (long long)m, i, kex_tuple_repr(sb, sizeof sb, n, v->shape), m ? "out of the int64 range" : "0");
       return NULL;
     }
     int64_t am = m < 0 ? -m : m, s = v->shape[i];
@@ -757,7 +696,7 @@ int kex_view_reshape(kex_shape_ctx *ctx, const kex_view *v, int ndim, const int6
 mismatch: {
   char sa[128], sb[128];
   return kex__shape_fail(ctx, KEX_EINVAL, "View.reshape: size mismatch, cannot reshape %s to %s",
-                         tuple_str(sa, sizeof sa, v->ndim, v->shape), tuple_str(sb, sizeof sb, ndim, new_shape));
+                         kex_tuple_repr(sa, sizeof sa, v->ndim, v->shape), kex_tuple_repr(sb, sizeof sb, ndim, new_shape));
 }
 }
 

@@ -18,14 +18,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/arena.h"
+#include "core/codec.h"
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/hash.h"
 #include "core/limits.h"
 #include "core/log.h"
+#include "core/npy.h"
 #include "core/ops.h"
 #include "core/ptrmap.h"
 
@@ -739,7 +742,7 @@ static void test_ptrmap(void **state) {
   assert_int_equal(m.len, 2000);
   assert_ptr_equal(*kex_ptrmap_find(&m, &objs[5], NULL), &objs[2999]);
   /* a put that must grow fails cleanly under OOM and keeps the old contents */
-  for (int k = 1000; (m.len + 1) * 2 <= m.cap; k++) assert_int_equal(kex_ptrmap_put(&m, &objs[k], &objs[2], NULL), 0);
+  for (int k = 1000; (m.len + 1) * 10 <= m.cap * 7; k++) assert_int_equal(kex_ptrmap_put(&m, &objs[k], &objs[2], NULL), 0);
   uint32_t len = m.len;
   kex_alloc_fail_at(1, 1);
   int rc = kex_ptrmap_put(&m, &objs[2500], NULL, NULL);
@@ -751,6 +754,90 @@ static void test_ptrmap(void **state) {
   assert_int_equal(m.len, 0);
   assert_null(kex_ptrmap_find(&m, &objs[7], NULL));
   kex_ptrmap_free(&m);
+}
+
+/* base64: round trips of every length around a chunk edge; strict decoding refuses at the first wrong character. */
+static void test_base64(void **state) {
+  (void)state;
+  static uint8_t raw[2400], back[2400];
+  for (size_t i = 0; i < sizeof raw; i++) raw[i] = (uint8_t)(i * 131 + 7);
+  for (size_t n = 0; n < sizeof raw; n += n < 16 ? 1 : 97) {
+    char *t = kex_base64_encode(raw, n);
+    assert_non_null(t);
+    assert_int_equal(strlen(t), 4 * ((n + 2) / 3));
+    assert_int_equal(kex_base64_decoded_len(t, strlen(t)), n);
+    assert_int_equal(kex_base64_decode(t, strlen(t), back, NULL), 0);
+    assert_memory_equal(back, raw, n);
+    kex_free(t);
+  }
+  char *t = kex_base64_encode("\xc9\x19\x62\x3d", 4);
+  assert_string_equal(t, "yRliPQ==");
+  kex_free(t);
+  static const struct {
+    const char *text;
+    size_t bad;
+  } refused[] = {{"AA-A", 2}, {"AA=AAAAA", 2}, {"AAB=", 2}, {"AB==", 1}, {" AAA", 0}, {"AAAA AA=", 4}, {"AAAAAA=A", 6}};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    size_t bad = 99;
+    assert_int_equal(kex_base64_decode(refused[i].text, strlen(refused[i].text), back, &bad), KEX_EPARSE);
+    assert_int_equal(bad, refused[i].bad);
+  }
+  assert_int_equal(kex_base64_decoded_len("AAAAA", 5), -1);
+  assert_int_equal(kex_base64_decode("AAA=", 4, back, NULL), 0);
+}
+
+/* SHA-256 of "abc" (FIPS 180-4's first vector), and hex both ways. */
+static void test_sha256_hex(void **state) {
+  (void)state;
+  uint8_t d[32], back[32];
+  char hex[65];
+  assert_int_equal(kex_sha256_bytes("abc", 3, d), 0);
+  kex_hex(d, 32, hex);
+  assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  assert_int_equal(kex_unhex(hex, back, 32), 0);
+  assert_memory_equal(back, d, 32);
+  assert_int_equal(kex_unhex("0g", back, 1), KEX_EPARSE);
+}
+
+/* .npy: what the writer writes the reader reads back (dtype, shape, data at a 64-byte boundary); bad headers refused. */
+static void test_npy_round_trip(void **state) {
+  (void)state;
+  char path[] = "/tmp/kex_test_npy_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  const int32_t data[6] = {1, -2, 3, -4, 5, -6};
+  const int64_t shape[2] = {2, 3};
+  kex_error err;
+  assert_int_equal(kex_npy_write(path, KEX_DT_INT32, 2, shape, data, &err), 0);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  kex_dtype dt;
+  int ndim;
+  int64_t got[4];
+  assert_int_equal(kex_npy_read_header(f, path, 4, &dt, &ndim, got, &err), 0);
+  assert_int_equal(dt, KEX_DT_INT32);
+  assert_int_equal(ndim, 2);
+  assert_int_equal(got[0], 2);
+  assert_int_equal(got[1], 3);
+  assert_int_equal(ftell(f) % 64, 0);
+  int32_t back[6];
+  assert_int_equal(fread(back, 4, 6, f), 6);
+  assert_memory_equal(back, data, sizeof data);
+  rewind(f);
+  assert_int_equal(kex_npy_read_header(f, path, 1, &dt, &ndim, got, &err), KEX_EPARSE);
+  assert_non_null(strstr(err.msg, "more than 1 dims"));
+  fclose(f);
+  f = fopen(path, "wb");
+  fputs("not numpy at all", f);
+  fclose(f);
+  f = fopen(path, "rb");
+  assert_int_equal(kex_npy_read_header(f, path, 4, &dt, &ndim, got, &err), KEX_EPARSE);
+  assert_non_null(strstr(err.msg, "not a .npy file"));
+  fclose(f);
+  assert_string_equal(kex_npy_descr(KEX_DT_BOOL), "|b1");
+  assert_string_equal(kex_npy_descr(KEX_DT_FLOAT16), "<f2");
+  unlink(path);
 }
 
 int main(void) {
@@ -792,6 +879,9 @@ int main(void) {
       cmocka_unit_test(test_log_writes_lines),
       cmocka_unit_test(test_limits_defaults),
       cmocka_unit_test(test_ptrmap),
+      cmocka_unit_test(test_base64),
+      cmocka_unit_test(test_sha256_hex),
+      cmocka_unit_test(test_npy_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
