@@ -9,13 +9,15 @@
  *   1. loop: decode, check the job and the handles, hash the graph's
  *      structure (nodes, ops, shapes, dtypes, args, constants, outputs;
  *      never the input bytes) and look the hash up in the structure cache.
- *   2. on a miss, a plan is built: replay + schedule on the loop for small
- *      graphs (--plan-inline-nodes), then on the worker pool (uv_queue_work)
- *      the rest of the replay/schedule for large ones, the per-buffer and
- *      per-item tables, and every kernel rendered with hand-coded opts
- *      (kex_target_lower_item) and hashed (SHA-256 of the source).  The plan is
- *      immutable from then on and shared (refcounted on the loop) by every
- *      later submission of the same structure.
+ *   2. on a miss, a plan is built by the plan builder (realize/plan.h, the
+ *      one `kex run` uses): replay + schedule on the loop for small graphs
+ *      (--plan-inline-nodes), then on the worker pool (uv_queue_work) the
+ *      rest of the replay/schedule for large ones, the per-buffer and
+ *      per-item tables, and every kernel lowered with hand-coded opts (or,
+ *      for a beam Submit, Tune's hook: cached opts, else a search) and
+ *      hashed (SHA-256 of the source).  The plan is immutable from then on
+ *      and shared (refcounted on the loop) by every later submission of the
+ *      same structure.
  *   3. loop: programs the device has loaded already (the loop's index of
  *      them) are memory hits, pinned for the submission; for the others one
  *      pool job reads the SQLite cache (--cache; kex_cache_program_get with
@@ -92,11 +94,12 @@
 #include "search/beam.h"
 #include "search/cache.h"
 #include "codegen/lower.h"
+#include "realize/plan.h"
 #include "realize/run.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
 
-#define SUB_HASH 32 /* bytes of a SHA-256 */
+#define SUB_HASH KEX_PLAN_HASH /* bytes of a SHA-256 */
 /*
  * A plan whose kernels all ran faster than this last time posts its items
  * with defer_done (dispatch.h): the runner wakes the loop once for the
@@ -202,75 +205,14 @@ static void hm_free(hashmap *m, void (*free_val)(void *)) {
 
 /* ---- plans: what a graph structure schedules to (immutable once built) ---- */
 
-typedef struct plan_prog {
-  char name[KEX_PROGRAM_NAME_MAX];
-  char *src;                 /* kex_malloc'd */
-  uint8_t hash[SUB_HASH];    /* SHA-256 of src: the memory cache's key */
-  size_t global[3], local[3];
-  bool has_local;
-  char opts[160];
-} plan_prog;
-
-typedef enum step_kind { STEP_KERNEL, STEP_COPY } step_kind;
-
-typedef struct plan_step {
-  step_kind kind;
-  uint32_t kernel;           /* KERNEL: index among the kernels (and progs) */
-  uint32_t nargs;
-  uint32_t *args;            /* KERNEL: buffer ids, in the program's argument order */
-  uint32_t dst, src;         /* COPY: buffer ids */
-  size_t off, size;          /* COPY: bytes from src at off */
-} plan_step;
-
-typedef struct plan_input {
-  uint32_t node, buf;
-  size_t bytes;
-} plan_input;
-
-typedef enum out_kind {
-  OUT_DIRECT, /* the buffer itself becomes the output */
-  OUT_GATHER, /* a new buffer of the output's view of a base buffer */
-  OUT_CONST,  /* folded to a constant: a new buffer filled with it */
-  OUT_ALIAS,  /* the job's input buffer itself (e.g. an ASSIGN target): the same handle */
-} out_kind;
-
-typedef struct plan_output {
-  out_kind kind;
-  uint32_t buf;              /* DIRECT/GATHER/ALIAS: the base buffer id */
-  const kex_st *st;          /* GATHER */
-  size_t base_bytes;         /* GATHER: bytes of the base buffer */
-  kex_const value;           /* CONST */
-  kex_dtype dtype;
-  uint8_t ndim;
-  int64_t shape[KEX_MAX_DIMS];
-  size_t nbytes;
-} plan_output;
-
+/* The plan builder's plan (realize/plan.h) of one graph structure, shared by its submissions. */
 typedef struct plan {
   uint32_t refs;             /* loop thread */
   uint8_t key[SUB_HASH];
   uint64_t last_used;        /* structure cache LRU */
   uint32_t device;
-  const kex_target *target;  /* the daemon's target of that device (d->targets) */
   kex_graph *g;              /* the graph it was built from (the replay points into it) */
-  kex_arena arena;
-  kex_replay *r;
-  kex_schedule *s;
-  uint32_t nbufs;
-  size_t *buf_bytes;
-  kex_dtype *buf_dtype;
-  bool *buf_alloc;           /* allocated by a submission (used by an item or held, not a handle) */
-  int32_t *buf_handle;       /* graph node whose job buffer provides it, or -1 */
-  uint32_t nkernels;         /* == nprogs: one program per kernel */
-  plan_prog *progs;
-  uint32_t nsteps;
-  plan_step *steps;
-  uint32_t ninputs;
-  plan_input *inputs;
-  uint32_t noutputs;
-  plan_output *outputs;
-  uint64_t alloc_bytes;      /* what one submission allocates: reserved against the job's limit */
-  uint64_t dtypes;           /* bit d: some node has dtype d (checked against the device before compiling) */
+  kex_rplan rp;
   double build_us;
   /* loop thread, updated by each successful run: the slowest kernel's time of the last run (-1: never ran) */
   double last_max_kernel_us;
@@ -278,182 +220,15 @@ typedef struct plan {
 
 static void plan_unref(plan *p) {
   if (!p || --p->refs) return;
-  for (uint32_t i = 0; p->progs && i < p->nkernels; i++) kex_free(p->progs[i].src);
-  for (uint32_t i = 0; p->steps && i < p->nsteps; i++) kex_free(p->steps[i].args);
-  kex_free(p->progs), kex_free(p->steps), kex_free(p->inputs), kex_free(p->outputs);
-  kex_free(p->buf_bytes), kex_free(p->buf_dtype), kex_free(p->buf_alloc), kex_free(p->buf_handle);
-  kex_schedule_free(p->s);
-  kex_replay_free(p->r);
+  kex_plan_clear(&p->rp);
   kex_graph_free(p->g);
-  kex_arena_destroy(&p->arena);
   kex_free(p);
 }
 
-static size_t info_bytes(const kex_buffer_info *bi) { return (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype); }
-
-/* Replay and schedule p->g (safe on any thread: touches only p). */
-static int plan_schedule(plan *p, kex_error *err) {
-  kex_replay_opts ro = kex_target_replay_opts(p->target);
-  int rc = kex_replay_graph(p->g, &ro, &p->arena, &p->r, err);
-  if (!rc) rc = kex_schedule_create(p->r, &p->s, err);
-  return rc;
-}
-
-/*
- * The tables and the rendered kernels of a scheduled plan (worker pool):
- * hand-coded opts, or with `beam` (not NULL) each kernel's cached beam opts
- * else a search now (tune.c).  0, or a negative code with *err naming the
- * kernel or item.
- */
-static int plan_build(plan *p, const kexd_beam_req *beam, kex_error *err) {
-  const kex_replay *r = p->r;
-  const kex_schedule *s = p->s;
-  const kex_graph *g = p->g;
-  kex_name_counter names;
-  int rc = 0;
-  uint32_t *phys = NULL;
-  bool *claimed = NULL;
-  kex_name_counter_init(&names);
-  p->nbufs = r->nbuffers;
-  uint32_t nb = p->nbufs ? p->nbufs : 1;
-  p->buf_bytes = kex_calloc(nb, sizeof *p->buf_bytes);
-  p->buf_dtype = kex_calloc(nb, sizeof *p->buf_dtype);
-  p->buf_alloc = kex_calloc(nb, sizeof *p->buf_alloc);
-  p->buf_handle = kex_malloc(nb * sizeof *p->buf_handle);
-  phys = kex_malloc(nb * sizeof *phys);
-  claimed = kex_calloc(nb, sizeof *claimed);
-  p->progs = kex_calloc(s->nkernels ? s->nkernels : 1, sizeof *p->progs);
-  p->steps = kex_calloc(s->nitems ? s->nitems : 1, sizeof *p->steps);
-  p->inputs = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *p->inputs);
-  p->outputs = kex_calloc(g->noutputs ? g->noutputs : 1, sizeof *p->outputs);
-  if (!p->buf_bytes || !p->buf_dtype || !p->buf_alloc || !p->buf_handle || !phys || !claimed || !p->progs ||
-      !p->steps || !p->inputs || !p->outputs)
-    goto nomem;
-  for (uint32_t ni = 0; ni < g->nnodes; ni++) p->dtypes |= 1ull << (g->nodes[ni].dtype & 63);
-  /* buffer id -> the id the memory planner gave it (run.c's mapping) */
-  for (uint32_t i = 0; i < r->nbuffers; i++) phys[i] = i, p->buf_handle[i] = -1;
-  for (uint32_t i = 0; i < s->nitems; i++)
-    for (uint32_t j = 0; j < s->items[i].nbufs; j++) phys[s->items[i].bufs[j]] = s->items[i].planned[j];
-  for (uint32_t ni = 0; ni < g->nnodes; ni++) {
-    const kex_gnode *n = &g->nodes[ni];
-    const kex_lb *lb = r->node_lb[ni];
-    if (n->op != KEX_GOP_BUFFER || lb->base->op != KEX_OP_EMPTY) continue;
-    uint32_t b = phys[lb->base->buffer];
-    if (n->bufsrc == KEX_BUF_HANDLE) p->buf_handle[b] = (int32_t)ni;
-  }
-  for (uint32_t i = 0; i < r->nbuffers; i++) {
-    uint32_t b = phys[i];
-    bool used = r->buffers[i].held;
-    for (uint32_t k = 0; k < s->nitems && !used; k++)
-      for (uint32_t j = 0; j < s->items[k].nbufs && !used; j++) used = phys[s->items[k].bufs[j]] == b;
-    if (!used || p->buf_alloc[b] || p->buf_handle[b] >= 0) continue;
-    p->buf_alloc[b] = true;
-    p->buf_bytes[b] = info_bytes(&r->buffers[b]);
-    p->buf_dtype[b] = r->buffers[b].dtype;
-    p->alloc_bytes += p->buf_bytes[b];
-  }
-  for (uint32_t i = 0; i < r->nbuffers; i++)
-    if (p->buf_handle[i] >= 0) {
-      p->buf_bytes[i] = info_bytes(&r->buffers[i]);
-      p->buf_dtype[i] = r->buffers[i].dtype;
-    }
-  /* inputs with contents to copy in (inline data, fills) */
-  for (uint32_t ni = 0; ni < g->nnodes; ni++) {
-    const kex_gnode *n = &g->nodes[ni];
-    const kex_lb *lb = r->node_lb[ni];
-    if (n->op != KEX_GOP_BUFFER || n->bufsrc == KEX_BUF_HANDLE || lb->base->op != KEX_OP_EMPTY) continue;
-    uint32_t b = phys[lb->base->buffer];
-    if (!p->buf_alloc[b]) continue;
-    p->inputs[p->ninputs++] = (plan_input){ni, b, info_bytes(&r->buffers[lb->base->buffer])};
-  }
-  /* items */
-  for (uint32_t ii = 0; ii < s->nitems; ii++) {
-    const kex_sched_item *it = &s->items[ii];
-    plan_step *st = &p->steps[p->nsteps];
-    if (it->kind == KEX_ITEM_EMPTY) continue;
-    if (it->kind == KEX_ITEM_COPY || it->kind == KEX_ITEM_VIEW) {
-      const kex_buffer_info *di = &r->buffers[it->bufs[0]];
-      if (it->nbufs < 2) continue;
-      st->kind = STEP_COPY;
-      st->dst = phys[it->bufs[0]];
-      st->src = phys[it->bufs[1]];
-      st->off = it->kind == KEX_ITEM_VIEW && di->view_of >= 0 ? (size_t)di->offset : 0;
-      st->size = info_bytes(di);
-      p->nsteps++;
-      continue;
-    }
-    if (it->kind != KEX_ITEM_KERNEL) {
-      rc = kex_err_set(err, KEX_EUNSUPPORTED, "schedule item %u: LoadOps.CUSTOM cannot run", ii);
-      goto out;
-    }
-    plan_prog *pp = &p->progs[p->nkernels];
-    kex_program_src ps = {0};
-    rc = beam ? kexd_tune_lower_item(beam, p->g, s, ii, &names, &ps, pp->opts, sizeof pp->opts, err)
-              : kex_target_lower_item(p->target, s, it, NULL, 0, &names, &ps, pp->opts, sizeof pp->opts, err);
-    if (rc < 0) {
-      char m[KEX_ERROR_MSG_MAX];
-      snprintf(m, sizeof m, "%s", err->msg);
-      kex_err_set(err, rc, "kernel %u: %s", p->nkernels, m);
-      goto out;
-    }
-    if (ps.nargs > KEX_DEVICE_MAX_BUFS) {
-      rc = kex_err_set(err, KEX_ELIMIT, "kernel %u (%s): %u arguments, more than %d", p->nkernels, ps.name, ps.nargs,
-                       KEX_DEVICE_MAX_BUFS);
-      kex_program_src_free(&ps);
-      goto out;
-    }
-    snprintf(pp->name, sizeof pp->name, "%s", ps.name);
-    memcpy(pp->global, ps.global, sizeof pp->global);
-    memcpy(pp->local, ps.local, sizeof pp->local);
-    pp->has_local = ps.has_local;
-    pp->src = ps.src;
-    ps.src = NULL;
-    p->nkernels++; /* from here plan_unref frees the source */
-    kex_sha256_bytes(pp->src, strlen(pp->src), pp->hash);
-    st->kind = STEP_KERNEL;
-    st->kernel = p->nkernels - 1;
-    st->nargs = ps.nargs;
-    if (!(st->args = kex_malloc((ps.nargs ? ps.nargs : 1) * sizeof *st->args))) {
-      kex_program_src_free(&ps);
-      goto nomem;
-    }
-    for (uint32_t a = 0; a < ps.nargs; a++) st->args[a] = phys[it->bufs[ps.args[a].idx]];
-    kex_program_src_free(&ps);
-    p->nsteps++;
-  }
-  /* outputs */
-  for (uint32_t j = 0; j < g->noutputs; j++) {
-    const kex_lb *lb = r->node_lb[g->outputs[j]], *base = lb->base;
-    plan_output *o = &p->outputs[p->noutputs++];
-    o->dtype = lb->dtype;
-    o->ndim = (uint8_t)kex_lb_ndim(lb);
-    memcpy(o->shape, kex_lb_shape(lb), sizeof(int64_t) * o->ndim);
-    o->nbytes = (size_t)kex_lb_size(lb) * (size_t)kex_dtype_size(lb->dtype);
-    if (base->op == KEX_OP_CONST && !base->realized) {
-      o->kind = OUT_CONST;
-      o->value = kex_const_as(base->arg, lb->dtype);
-      p->alloc_bytes += o->nbytes;
-      continue;
-    }
-    o->buf = phys[base->buffer];
-    o->base_bytes = info_bytes(&r->buffers[base->buffer]);
-    bool identity = lb == base && o->base_bytes == o->nbytes;
-    if (identity && p->buf_handle[o->buf] >= 0) o->kind = OUT_ALIAS;
-    else if (identity && p->buf_alloc[o->buf] && !claimed[o->buf]) o->kind = OUT_DIRECT, claimed[o->buf] = true;
-    else {
-      o->kind = OUT_GATHER;
-      o->st = lb->st;
-      p->alloc_bytes += o->nbytes;
-    }
-  }
-  goto out;
-nomem:
-  rc = kex_err_set(err, KEX_ENOMEM, "out of memory building the plan");
-out:
-  kex_free(phys);
-  kex_free(claimed);
-  kex_name_counter_free(&names);
-  return rc;
+/* A beam Submit's kernels: lowered by Tune's hook (cached opts, else a search on the job's flow). */
+static int beam_lower(void *arg, const kex_graph *g, const kex_schedule *s, uint32_t item, kex_name_counter *names,
+                      kex_program_src *out, char *opts, size_t opts_len, kex_error *err) {
+  return kexd_tune_lower_item(arg, g, s, item, names, out, opts, opts_len, err);
 }
 
 /* ---- the daemon-wide Submit state ---- */
@@ -784,7 +559,7 @@ struct submission {
   plan *p;
   bool schedule_cached;
   uint64_t reserved;
-  kexd_buffer **handles;     /* [p->nbufs]: the job buffers the graph names, referenced */
+  kexd_buffer **handles;     /* [p->rp.nbufs]: the job buffers the graph names, referenced */
   /* events */
   sub_event *evs;
   uint32_t nev, evcap, evsent;
@@ -816,7 +591,7 @@ struct submission {
   bool adopted;              /* SETUP's loads were offered to the index */
   /* the runner (see the file comment) */
   atomic_bool cancelled;
-  kex_buffer **bufs;         /* [p->nbufs] */
+  kex_buffer **bufs;         /* [p->rp.nbufs] */
   kex_program **progs;       /* [nkernels] */
   kex_buffer **out_bufs;     /* [noutputs] */
   uint8_t **out_data;        /* [noutputs]: inline bytes */
@@ -841,7 +616,7 @@ struct submission {
 static void sub_release_programs(submission *s) {
   kexd_submitter *S = s->d->submitter;
   if (!s->lps) return;
-  for (uint32_t k = 0; k < s->p->nkernels; k++) {
+  for (uint32_t k = 0; k < s->p->rp.nkernels; k++) {
     loaded_prog *lp = s->lps[k];
     if (!lp) continue;
     s->lps[k] = NULL;
@@ -866,7 +641,7 @@ static void sub_adopt_programs(submission *s) {
   uint32_t n = 0;
   if (s->adopted || !s->lps) return;
   s->adopted = true;
-  for (uint32_t k = 0; k < s->p->nkernels; k++) {
+  for (uint32_t k = 0; k < s->p->rp.nkernels; k++) {
     loaded_prog *lp = s->lps[k];
     bool found;
     if (!lp || s->pinned[k] || !s->progs[k]) continue;
@@ -896,8 +671,8 @@ static void sub_drop_outputs(submission *s) {
   if (s->outputs_dropped || !s->final_ev || s->done_delivered || !s->handle_str) return;
   s->outputs_dropped = true;
   if (!(job = kexd_jobs_find_id(&d->jobs, s->job))) return; /* closed: its buffers went with it */
-  for (uint32_t j = 0; j < s->p->noutputs; j++)
-    if (s->p->outputs[j].kind != OUT_ALIAS && s->handle_str[j][0] &&
+  for (uint32_t j = 0; j < s->p->rp.noutputs; j++)
+    if (s->p->rp.outputs[j].kind != KEX_PLAN_OUT_ALIAS && s->handle_str[j][0] &&
         kexd_job_free_buffer(&d->jobs, job, s->handle_str[j]) == 0)
       n++;
   if (n)
@@ -909,9 +684,9 @@ static void sub_free(submission *s) {
   kexd *d = s->d;
   kexd_call_set_hooks(s->call, NULL, NULL, NULL);
   sub_release_programs(s);
-  for (uint32_t b = 0; s->handles && b < s->p->nbufs; b++) kexd_buffer_unref(&d->jobs, s->handles[b]);
-  for (uint32_t i = 0; s->bins && i < s->p->nkernels; i++) kex_free(s->bins[i]);
-  for (uint32_t j = 0; s->out_data && j < s->p->noutputs; j++) kex_free(s->out_data[j]);
+  for (uint32_t b = 0; s->handles && b < s->p->rp.nbufs; b++) kexd_buffer_unref(&d->jobs, s->handles[b]);
+  for (uint32_t i = 0; s->bins && i < s->p->rp.nkernels; i++) kex_free(s->bins[i]);
+  for (uint32_t j = 0; s->out_data && j < s->p->rp.noutputs; j++) kex_free(s->out_data[j]);
   if (s->final_ev) {
     Kex__V1__Done *done = s->final_ev->done;
     for (size_t j = 0; j < done->n_outputs; j++) kex_free(done->outputs[j]);
@@ -984,24 +759,24 @@ static void ev_pump(submission *s) {
         ev.accepted = &acc;
         break;
       case EV_SCHEDULED:
-        if (s->p->nkernels && !(names = kex_calloc(s->p->nkernels, sizeof *names))) continue;
-        for (uint32_t k = 0; k < s->p->nkernels; k++) names[k] = s->p->progs[k].name;
-        sch.n_kernels = s->p->nkernels;
+        if (s->p->rp.nkernels && !(names = kex_calloc(s->p->rp.nkernels, sizeof *names))) continue;
+        for (uint32_t k = 0; k < s->p->rp.nkernels; k++) names[k] = s->p->rp.progs[k].name;
+        sch.n_kernels = s->p->rp.nkernels;
         sch.kernels = names;
         ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED;
         ev.scheduled = &sch;
         break;
       case EV_COMPILING:
         cmp.i = e->i;
-        cmp.n = s->p->nkernels;
-        cmp.kernel = s->p->progs[e->i].name;
+        cmp.n = s->p->rp.nkernels;
+        cmp.kernel = s->p->rp.progs[e->i].name;
         ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
         ev.compiling = &cmp;
         break;
       case EV_RUNNING:
         run.i = e->i;
-        run.n = s->p->nkernels;
-        run.kernel = s->p->progs[e->i].name;
+        run.n = s->p->rp.nkernels;
+        run.kernel = s->p->rp.progs[e->i].name;
         ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_RUNNING;
         ev.running = &run;
         break;
@@ -1104,19 +879,19 @@ static int setup_run(kex_device *dev, void *arg, double *device_s, kex_error *er
   int rc = 0;
   (void)device_s;
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
-  for (uint32_t i = 0; i < p->nkernels; i++) {
+  for (uint32_t i = 0; i < p->rp.nkernels; i++) {
     if (s->progs[i]) continue; /* loaded already: the loop pinned it for this submission */
     if (!s->bins[i]) return item_fail(s, KEX_EINTERNAL, err, "a program is neither loaded nor compiled");
-    if ((rc = kex_device_load(dev, s->bins[i], s->binlens[i], p->progs[i].name, &s->progs[i], err)) < 0)
-      return item_fail(s, rc, err, p->progs[i].name);
+    if ((rc = kex_device_load(dev, s->bins[i], s->binlens[i], p->rp.progs[i].name, &s->progs[i], err)) < 0)
+      return item_fail(s, rc, err, p->rp.progs[i].name);
   }
-  for (uint32_t b = 0; b < p->nbufs; b++) {
-    if (!p->buf_alloc[b]) continue;
-    if ((rc = kex_device_alloc(dev, p->buf_bytes[b] ? p->buf_bytes[b] : 16, &s->bufs[b], err)) < 0)
+  for (uint32_t b = 0; b < p->rp.nbufs; b++) {
+    if (!p->rp.buf_alloc[b]) continue;
+    if ((rc = kex_device_alloc(dev, p->rp.buf_bytes[b] ? p->rp.buf_bytes[b] : 16, &s->bufs[b], err)) < 0)
       return item_fail(s, rc, err, "allocating a buffer");
   }
-  for (uint32_t i = 0; i < p->ninputs; i++) {
-    const plan_input *in = &p->inputs[i];
+  for (uint32_t i = 0; i < p->rp.ninputs; i++) {
+    const kex_plan_input *in = &p->rp.inputs[i];
     void *host = kex_malloc(in->bytes ? in->bytes : 1);
     char what[64];
     if (!host) return item_fail(s, KEX_ENOMEM, err, "out of memory filling an input");
@@ -1135,13 +910,13 @@ static int setup_run(kex_device *dev, void *arg, double *device_s, kex_error *er
 static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
   step_arg *sa = arg;
   submission *s = sa->s;
-  const plan_step *st = &s->p->steps[sa->i];
+  const kex_plan_step *st = &s->p->rp.steps[sa->i];
   int rc = 0;
   (void)dev;
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   if (!s->setup_ok || s->failed) return kex_err_set(err, KEX_ECANCELLED, "an earlier item failed");
-  if (st->kind == STEP_KERNEL) {
-    const plan_prog *pp = &s->p->progs[st->kernel];
+  if (st->kind == KEX_PLAN_STEP_KERNEL) {
+    const kex_plan_prog *pp = &s->p->rp.progs[st->kernel];
     kex_buffer *args[KEX_DEVICE_MAX_BUFS];
     kex_event *ev = NULL;
     double secs = 0;
@@ -1171,13 +946,13 @@ static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err
  * buffer stays in bufs (finish frees it) and GATHER/CONST get no buffer.
  */
 static int output_run(submission *s, kex_device *dev, uint32_t j, kex_error *err) {
-  const plan_output *o = &s->p->outputs[j];
+  const kex_plan_output *o = &s->p->rp.outputs[j];
   bool inl = o->nbytes <= s->inline_max;
   uint8_t *host = NULL;
   int rc = 0;
-  if (o->kind == OUT_DIRECT || o->kind == OUT_ALIAS) {
+  if (o->kind == KEX_PLAN_OUT_DIRECT || o->kind == KEX_PLAN_OUT_ALIAS) {
     kex_buffer *b = s->bufs[o->buf];
-    if (o->kind == OUT_DIRECT && !s->free_outputs) {
+    if (o->kind == KEX_PLAN_OUT_DIRECT && !s->free_outputs) {
       s->out_bufs[j] = b;
       s->bufs[o->buf] = NULL;
     }
@@ -1186,7 +961,7 @@ static int output_run(submission *s, kex_device *dev, uint32_t j, kex_error *err
     return o->nbytes ? kex_buffer_copy_out(b, 0, s->out_data[j], o->nbytes, err) : 0;
   }
   if (!(host = kex_calloc(o->nbytes ? o->nbytes : 1, 1))) return kex_err_set(err, KEX_ENOMEM, "out of memory");
-  if (o->kind == OUT_CONST) {
+  if (o->kind == KEX_PLAN_OUT_CONST) {
     kex_fill_const(o->dtype, o->value, host, o->nbytes / (size_t)kex_dtype_size(o->dtype));
   } else {
     uint8_t *base = kex_malloc(o->base_bytes ? o->base_bytes : 1);
@@ -1208,18 +983,18 @@ static int finish_run(kex_device *dev, void *arg, double *device_s, kex_error *e
   const plan *p = s->p;
   int rc = 0;
   (void)device_s;
-  bool ok = !atomic_load(&s->cancelled) && s->setup_ok && !s->failed && s->ran == 1 + p->nsteps;
-  for (uint32_t j = 0; ok && j < p->noutputs; j++)
+  bool ok = !atomic_load(&s->cancelled) && s->setup_ok && !s->failed && s->ran == 1 + p->rp.nsteps;
+  for (uint32_t j = 0; ok && j < p->rp.noutputs; j++)
     if ((rc = output_run(s, dev, j, err)) < 0) {
       item_fail(s, rc, err, "reading the outputs");
       ok = false;
     }
-  for (uint32_t b = 0; b < p->nbufs; b++) {
-    if (p->buf_alloc[b]) kex_buffer_free(s->bufs[b]);
+  for (uint32_t b = 0; b < p->rp.nbufs; b++) {
+    if (p->rp.buf_alloc[b]) kex_buffer_free(s->bufs[b]);
     s->bufs[b] = NULL;
   }
   if (!ok) {
-    for (uint32_t j = 0; j < p->noutputs; j++) {
+    for (uint32_t j = 0; j < p->rp.noutputs; j++) {
       kex_buffer_free(s->out_bufs[j]);
       s->out_bufs[j] = NULL;
     }
@@ -1246,17 +1021,17 @@ static int build_done(submission *s, kexd_job *job, kex_error *err) {
   ev->event_case = KEX__V1__SUBMIT_EVENT__EVENT_DONE;
   ev->done = done;
   s->final_ev = ev;
-  done->outputs = kex_calloc(p->noutputs ? p->noutputs : 1, sizeof *done->outputs);
-  done->kernels = kex_calloc(p->nkernels ? p->nkernels : 1, sizeof *done->kernels);
-  s->handle_str = kex_calloc(p->noutputs ? p->noutputs : 1, sizeof *s->handle_str);
+  done->outputs = kex_calloc(p->rp.noutputs ? p->rp.noutputs : 1, sizeof *done->outputs);
+  done->kernels = kex_calloc(p->rp.nkernels ? p->rp.nkernels : 1, sizeof *done->kernels);
+  s->handle_str = kex_calloc(p->rp.noutputs ? p->rp.noutputs : 1, sizeof *s->handle_str);
   if (!done->outputs || !done->kernels || !s->handle_str) return kex_err_set(err, KEX_ENOMEM, "out of memory");
-  for (uint32_t j = 0; j < p->noutputs; j++) {
-    const plan_output *o = &p->outputs[j];
+  for (uint32_t j = 0; j < p->rp.noutputs; j++) {
+    const kex_plan_output *o = &p->rp.outputs[j];
     Kex__V1__Output *out = kex_malloc(sizeof *out);
     if (!out) return kex_err_set(err, KEX_ENOMEM, "out of memory");
     kex__v1__output__init(out);
     done->outputs[done->n_outputs++] = out;
-    if (o->kind == OUT_ALIAS) {
+    if (o->kind == KEX_PLAN_OUT_ALIAS) {
       const kexd_buffer *kb = s->handles[o->buf];
       memcpy(s->handle_str[j], kb->handle, sizeof s->handle_str[j]);
     } else if (s->free_outputs) {
@@ -1280,14 +1055,14 @@ static int build_done(submission *s, kexd_job *job, kex_error *err) {
       out->data.len = o->nbytes;
     }
   }
-  for (uint32_t k = 0; k < p->nkernels; k++) {
+  for (uint32_t k = 0; k < p->rp.nkernels; k++) {
     Kex__V1__KernelTime *kt = kex_malloc(sizeof *kt);
     if (!kt) return kex_err_set(err, KEX_ENOMEM, "out of memory");
     kex__v1__kernel_time__init(kt);
-    kt->kernel = (char *)p->progs[k].name;
+    kt->kernel = (char *)p->rp.progs[k].name;
     kt->compile_us = s->compile_us ? s->compile_us[k] : 0;
     kt->run_us = s->kernel_us[k];
-    kt->opts = p->progs[k].opts; /* the applied opts, as kex run prints them */
+    kt->opts = p->rp.progs[k].opts; /* the applied opts, as kex run prints them */
     done->kernels[done->n_kernels++] = kt;
     if (s->from) {
       if (s->from[k] == 0) done->programs_memory++;
@@ -1313,20 +1088,20 @@ static void sub_complete(submission *s) {
   sub_release_programs(s); /* no item of it is left on the runner */
   if (!rc && (s->dead || !job)) rc = kex_err_set(&s->err, KEX_ECANCELLED, "cancelled");
   if (!rc && (rc = build_done(s, job, &err)) < 0) s->err = err;
-  for (uint32_t j = 0; j < s->p->noutputs; j++) /* what did not become a job buffer */
+  for (uint32_t j = 0; j < s->p->rp.noutputs; j++) /* what did not become a job buffer */
     if (s->out_bufs[j]) {
       kexd_jobs_free_device_buffer(&d->jobs, s->out_bufs[j], s->device, s->job, s->weight);
       s->out_bufs[j] = NULL;
     }
   if (!rc) {
     double slowest = 0;
-    for (uint32_t k = 0; k < s->p->nkernels; k++)
+    for (uint32_t k = 0; k < s->p->rp.nkernels; k++)
       if (s->kernel_us[k] > slowest) slowest = s->kernel_us[k];
     s->p->last_max_kernel_us = slowest;
     d->submissions_done++;
     s->final_status = GRPC_STATUS_OK;
     s->final_ready = true;
-    kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": %u kernels, %.0f us", s->id, s->p->nkernels,
+    kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": %u kernels, %.0f us", s->id, s->p->rp.nkernels,
             s->final_ev->done->total_us);
     ev_pump(s);
   } else {
@@ -1344,13 +1119,13 @@ static void item_done(kexd_work *w) {
     s->err = w->err;
   }
   if (idx == 0) sub_adopt_programs(s); /* whatever SETUP loaded, even when it failed later */
-  if (w->rc == 0 && idx >= 1 && idx <= s->p->nsteps && s->p->steps[idx - 1].kind == STEP_KERNEL)
+  if (w->rc == 0 && idx >= 1 && idx <= s->p->rp.nsteps && s->p->rp.steps[idx - 1].kind == KEX_PLAN_STEP_KERNEL)
     s->d->kernel_seconds += w->device_s;
   if (w->rc == 0 && idx == 0) {
-    if (s->p->nkernels) ev_push(s, EV_RUNNING, 0);
-  } else if (w->rc == 0 && idx <= s->p->nsteps && s->p->steps[idx - 1].kind == STEP_KERNEL &&
-             s->p->steps[idx - 1].kernel + 1 < s->p->nkernels) {
-    ev_push(s, EV_RUNNING, s->p->steps[idx - 1].kernel + 1);
+    if (s->p->rp.nkernels) ev_push(s, EV_RUNNING, 0);
+  } else if (w->rc == 0 && idx <= s->p->rp.nsteps && s->p->rp.steps[idx - 1].kind == KEX_PLAN_STEP_KERNEL &&
+             s->p->rp.steps[idx - 1].kernel + 1 < s->p->rp.nkernels) {
+    ev_push(s, EV_RUNNING, s->p->rp.steps[idx - 1].kernel + 1);
   }
   if (s->items_out == 0) sub_complete(s);
   else ev_pump(s);
@@ -1360,7 +1135,7 @@ static void item_done(kexd_work *w) {
 static void sub_post(submission *s) {
   kexd *d = s->d;
   const plan *p = s->p;
-  uint32_t n = p->nsteps + 2;
+  uint32_t n = p->rp.nsteps + 2;
   if (s->dead) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (kexd_call_time_left(s->call) <= 0) return sub_fail(s, GRPC_STATUS_DEADLINE_EXCEEDED, "Submit: the deadline passed");
   s->works = kex_calloc(n, sizeof *s->works);
@@ -1432,22 +1207,20 @@ static kex_device *compile_probe(compile_dev *cd, kex_error *err) {
   return cd->probe;
 }
 
-/* The SQLite cache, opened at first use (caller holds cache_lock); NULL when it cannot be. */
 /*
  * The SQLite cache, opened at first use (caller holds cache_lock); NULL when
- * it cannot be opened now.  A failed open is logged and tried again at the
- * first use SUB_CACHE_RETRY_US later: a busy or briefly missing file must
- * not cost the process its program cache for good.
+ * it cannot be opened now.  plan.h's cache policy for a lookup: warned, and
+ * compiles go on without it; being a long-lived process, kexd tries the
+ * open again at the first use SUB_CACHE_RETRY_US later: a busy or briefly
+ * missing file must not cost the process its program cache for good.
  */
 static kex_cache *sqlite_cache(kexd_submitter *S) {
   if (!S->cache && S->cache_path && *S->cache_path && now_us() >= S->cache_retry_us) {
-    kex_error ce = {0};
     bool failed_before = S->cache_retry_us > 0;
-    if (kex_cache_open(S->cache_path, &S->cache, &ce) < 0) {
-      S->cache = NULL;
+    kex_plan_cache_open(S->cache_path, KEX_PLAN_CACHE_LOOKUP, "program cache", &S->cache, NULL);
+    if (!S->cache) {
       S->cache_retry_us = now_us() + SUB_CACHE_RETRY_US;
-      KEX_WARN("program cache %s unavailable, compiling without it; trying again in %.0f s: %s", S->cache_path,
-               SUB_CACHE_RETRY_US / 1e6, ce.msg);
+      KEX_INFO("program cache %s: trying the open again in %.0f s", S->cache_path, SUB_CACHE_RETRY_US / 1e6);
     } else if (failed_before) {
       S->cache_retry_us = 0;
       KEX_INFO("program cache %s opened (an earlier open had failed)", S->cache_path);
@@ -1468,11 +1241,11 @@ static void lookup_work(uv_work_t *req) {
   kex_device *dev = compile_probe(cd, err);
   if (!dev) rc = err->code;
   for (int dt = 0; !rc && dt < KEX_DT_COUNT; dt++) /* a dtype the device lacks (CASTs included): refused before any compile */
-    if (p->dtypes >> dt & 1) rc = kex_device_check_dtype(dev, (kex_dtype)dt, err);
+    if (p->rp.dtypes >> dt & 1) rc = kex_device_check_dtype(dev, (kex_dtype)dt, err);
   if (!rc) s->dev_id = *kex_device_get_identity(dev);
   pthread_mutex_unlock(&cd->lock);
-  for (uint32_t k = 0; !rc && k < p->nkernels; k++) {
-    const plan_prog *pp = &p->progs[k];
+  for (uint32_t k = 0; !rc && k < p->rp.nkernels; k++) {
+    const kex_plan_prog *pp = &p->rp.progs[k];
     kex_cache_program hit;
     if (!s->need[k]) continue;
     if (atomic_load(&s->cancelled)) {
@@ -1501,7 +1274,7 @@ static void slot_work(uv_work_t *req) {
   kexd_submitter *S = cd->S;
   submission *s = sl->s;
   uint32_t k = sl->k;
-  const plan_prog *pp = &s->p->progs[k];
+  const kex_plan_prog *pp = &s->p->rp.progs[k];
   char m[KEX_ERROR_MSG_MAX];
   double t0 = now_us();
   kex_device *dev;
@@ -1633,7 +1406,7 @@ static void lookup_after(uv_work_t *req, int status) {
   kexd *d = s->d;
   s->in_pool--;
   if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
-  for (uint32_t k = 0; k < s->p->nkernels; k++)
+  for (uint32_t k = 0; k < s->p->rp.nkernels; k++)
     if (s->from[k] == 1) d->prog_cache_sqlite_hits++;
   if (s->dead || s->pool_rc < 0 || !s->nmisses) return compile_end(s);
   compile_dev *cd = &d->submitter->compilers[s->device];
@@ -1648,7 +1421,7 @@ static void sub_planned(submission *s) {
   const plan *p = s->p;
   kexd_job *job = kexd_jobs_find_id(&d->jobs, s->job);
   kex_error err = {0};
-  uint32_t nk = p->nkernels ? p->nkernels : 1, nb = p->nbufs ? p->nbufs : 1, no = p->noutputs ? p->noutputs : 1;
+  uint32_t nk = p->rp.nkernels ? p->rp.nkernels : 1, nb = p->rp.nbufs ? p->rp.nbufs : 1, no = p->rp.noutputs ? p->rp.noutputs : 1;
   bool any = false;
   if (s->dead) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (!job) return sub_fail(s, GRPC_STATUS_NOT_FOUND, "Submit: the job was closed during the submission");
@@ -1670,25 +1443,25 @@ static void sub_planned(submission *s) {
   if (!s->handles || !s->bufs || !s->progs || !s->out_bufs || !s->out_data || !s->kernel_us || !s->need || !s->bins ||
       !s->binlens || !s->compile_us || !s->from || !s->misses || !s->lps || !s->pinned)
     return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
-  for (uint32_t b = 0; b < p->nbufs; b++) {
-    if (p->buf_handle[b] < 0) continue;
-    const kex_gnode *n = &s->g->nodes[p->buf_handle[b]];
+  for (uint32_t b = 0; b < p->rp.nbufs; b++) {
+    if (p->rp.buf_handle[b] < 0) continue;
+    const kex_gnode *n = &s->g->nodes[p->rp.buf_handle[b]];
     kexd_buffer *kb = kexd_job_find_buffer(job, n->handle);
-    if (!kb) return sub_fail(s, GRPC_STATUS_NOT_FOUND, "Submit: node %d: buffer \"%.40s\" was freed", p->buf_handle[b], n->handle);
+    if (!kb) return sub_fail(s, GRPC_STATUS_NOT_FOUND, "Submit: node %d: buffer \"%.40s\" was freed", p->rp.buf_handle[b], n->handle);
     if (kb->device != s->device)
       return sub_fail(s, GRPC_STATUS_INVALID_ARGUMENT, "Submit: node %d: buffer %.8s is on device \"%s\", the graph runs on \"%s\"",
-                      p->buf_handle[b], kb->handle, d->cfg.devices[kb->device], d->cfg.devices[s->device]);
+                      p->rp.buf_handle[b], kb->handle, d->cfg.devices[kb->device], d->cfg.devices[s->device]);
     kexd_buffer_ref(kb);
     s->handles[b] = kb;
     s->bufs[b] = kb->dev_buf; /* the pointer only: the runner dereferences it */
   }
-  if (kexd_job_reserve(job, p->alloc_bytes, &err) < 0)
+  if (kexd_job_reserve(job, p->rp.alloc_bytes, &err) < 0)
     return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: %s (the submission needs %" PRIu64 " bytes)", err.msg,
-                    p->alloc_bytes);
-  s->reserved = p->alloc_bytes;
-  for (uint32_t k = 0; k < p->nkernels; k++) {
+                    p->rp.alloc_bytes);
+  s->reserved = p->rp.alloc_bytes;
+  for (uint32_t k = 0; k < p->rp.nkernels; k++) {
     bool found;
-    loaded_prog *lp = hm_get(&S->loaded[s->device], p->progs[k].hash, &found);
+    loaded_prog *lp = hm_get(&S->loaded[s->device], p->rp.progs[k].hash, &found);
     if (found) { /* loaded: pinned until the submission's last item is back */
       lp->pins++;
       lp->last_used = ++S->clock;
@@ -1699,8 +1472,8 @@ static void sub_planned(submission *s) {
       continue;
     }
     if (!(lp = kex_calloc(1, sizeof *lp))) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
-    memcpy(lp->hash, p->progs[k].hash, SUB_HASH);
-    snprintf(lp->name, sizeof lp->name, "%s", p->progs[k].name);
+    memcpy(lp->hash, p->rp.progs[k].hash, SUB_HASH);
+    snprintf(lp->name, sizeof lp->name, "%s", p->rp.progs[k].name);
     lp->device = s->device;
     lp->S = S;
     s->lps[k] = lp;
@@ -1724,8 +1497,15 @@ static void build_work(uv_work_t *req) {
   plan *p = s->p;
   double t0 = now_us();
   s->pool_rc = 0;
-  if (!p->s) s->pool_rc = plan_schedule(p, &s->pool_err);
-  if (!s->pool_rc) s->pool_rc = plan_build(p, s->beam.width > 0 ? &s->beam : NULL, &s->pool_err);
+  kex_plan_policy pol;
+  kex_plan_policy_hand(&pol);
+  if (s->beam.width > 0) {
+    pol.kind = KEX_PLAN_HOOK;
+    pol.lower = beam_lower;
+    pol.lower_arg = &s->beam;
+    pol.cancel = &s->cancelled;
+  }
+  s->pool_rc = kex_plan_lower(&p->rp, &pol, &s->pool_err); /* schedules first when the loop did not */
   p->build_us += now_us() - t0;
 }
 
@@ -1821,14 +1601,13 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   p->last_max_kernel_us = -1;
   memcpy(p->key, key, sizeof key);
   p->device = s->device;
-  p->target = &d->targets[s->device];
   p->g = s->g;
-  kex_arena_init(&p->arena, 0);
+  kex_plan_init(&p->rp, p->g, &d->targets[s->device]);
   s->p = p;
   ev_push(s, EV_ACCEPTED, 0);
   if (s->g->nnodes <= d->cfg.plan_inline_nodes) { /* small: replay and schedule here, render on the pool */
     double ts = now_us();
-    if ((rc = plan_schedule(p, &s->err)) < 0) {
+    if ((rc = kex_plan_schedule(&p->rp, NULL, &s->err)) < 0) {
       sub_fail(s, kex_err_grpc_status(rc), "%s", s->err.msg);
       goto out;
     }
