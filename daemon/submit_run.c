@@ -134,11 +134,14 @@ static int finish_run(kex_device *dev, void *arg, double *device_s, kex_error *e
   int rc = 0;
   (void)device_s;
   bool ok = !atomic_load(&s->cancelled) && s->setup_ok && !s->failed && s->ran == 1 + p->rp.nsteps;
-  for (uint32_t j = 0; ok && j < p->rp.noutputs; j++)
-    if ((rc = output_run(s, dev, j, err)) < 0) {
-      item_fail(s, rc, err, "reading the outputs");
-      ok = false;
-    }
+  /* the outputs that read a buffer first, then the DIRECT ones, which take theirs: another output may be a view
+     of the same buffer (an ASSIGN target returned both as it is and reshaped) */
+  for (int direct = 0; direct < 2; direct++)
+    for (uint32_t j = 0; ok && j < p->rp.noutputs; j++)
+      if ((p->rp.outputs[j].kind == KEX_PLAN_OUT_DIRECT) == direct && (rc = output_run(s, dev, j, err)) < 0) {
+        item_fail(s, rc, err, "reading the outputs");
+        ok = false;
+      }
   for (uint32_t b = 0; b < p->rp.nbufs; b++) {
     if (p->rp.buf_alloc[b]) kex_buffer_free(s->bufs[b]);
     s->bufs[b] = NULL;
