@@ -341,9 +341,14 @@ int kex_cmd_cache(int argc, char **argv) {
     fprintf(stderr, "kex cache: %s\n", err.msg);
     return 1;
   }
-  if ((rc = kex_cache_open(cp, &cache, &err))) {
-    fprintf(stderr, "kex cache: %s: %s\n", cp, err.msg);
+  /* plan.h's cache policy: the cache is the subject here, so one that cannot be opened is an error */
+  if ((rc = kex_plan_cache_open(cp, KEX_PLAN_CACHE_KEEP, "cache", &cache, &err))) {
+    fprintf(stderr, "kex cache: %s\n", err.msg);
     return rc == KEX_EUNSUPPORTED || rc == KEX_ECORRUPT ? 2 : 1;
+  }
+  if (!cache) {
+    fprintf(stderr, "kex cache: --cache needs a file name\n");
+    return 2;
   }
   if (!strcmp(a.sub, "ls")) {
     ls_state st = {a.json, a.json ? json_array() : NULL, "", "", 0, 0};

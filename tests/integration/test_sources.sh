@@ -38,7 +38,10 @@ for dev in ${devices//,/ }; do
     a="$tmp/a/$dev/$c" b="$tmp/b/$dev/$c"
     mkdir -p "$a" "$b"
     POCL_CACHE_DIR="$tmp/pocl" KEX_DUMP_SOURCES="$a" "$kex" run --device "$dev" "$g" >/dev/null 2>"$tmp/err.local"
-    "$kex" --server "127.0.0.1:$port" run --device "$dev" "$g" >/dev/null 2>"$tmp/err.remote"
+    if ! "$kex" --server "127.0.0.1:$port" run --device "$dev" "$g" >/dev/null 2>"$tmp/err.remote" &&
+      ! grep -q "float16 is not supported\|CL_BUILD_PROGRAM_FAILURE" "$tmp/err.remote"; then
+      echo "# $dev $c: Submit failed: $(tail -n 1 "$tmp/err.remote")"
+    fi
     find "$tmp/dump" -maxdepth 1 -type f -exec mv -t "$b" {} +
     n=$(ls "$a" | wc -l)
     if [ "$n" = 0 ] && [ -z "$(ls "$b")" ]; then
