@@ -1,6 +1,10 @@
 /*
  * submit.c - Submit: schedule, compile and run a graph for a job, streaming
- * its progress (DESIGN.md, "The path of one submission").
+ * its progress (DESIGN.md, "The path of one submission").  This file has
+ * the handler, the structure cache and a submission's life and stream;
+ * submit_run.c its items on the device runner, programs.c the loaded
+ * programs' index, compile.c the SQLite lookups and the compile slots
+ * (submit.h shares their types).
  *
  * One submission moves through these stages; every one ends back on the
  * loop thread, which owns the submission, the job, the caches and the
