@@ -25,9 +25,7 @@
 
 #include "bench/bench.h"
 #include "core/alloc.h"
-#include "core/arena.h"
-#include "search/beam.h"
-#include "search/cache.h"
+#include "realize/plan.h"
 #include "realize/run.h"
 
 static double sgemm_us(int n) {
@@ -102,32 +100,29 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: %s\n", path, err.msg);
         continue;
       }
-      kex_arena arena;
-      kex_arena_init(&arena, 0);
-      kex_replay *r = NULL;
-      kex_schedule *s = NULL;
       kex_cache *cache = NULL;
       kex_target target;
+      kex_rplan p;
       kex_target_for_device(kex_device_get_info(dev), &target);
-      kex_replay_opts ro = kex_target_replay_opts(&target);
-      if (kex_replay_graph(g, &ro, &arena, &r, &err) || kex_schedule_create(r, &s, &err) ||
-          kex_cache_open(cpath, &cache, &err)) {
+      kex_plan_init(&p, g, &target); /* the plan builder's schedule and BEAM policy, as `kex tune` */
+      if (kex_plan_schedule(&p, NULL, &err) ||
+          kex_plan_cache_open(cpath, KEX_PLAN_CACHE_KEEP, "beam cache", &cache, &err)) {
         fprintf(stderr, "%s: %s\n", names[gi], err.msg);
         goto next;
       }
+      const kex_schedule *s = p.s;
       double search_s = 0, best = 0, hand = 0, hit_ms = 0;
       uint32_t compiled = 0, timed = 0, rounds = 0;
       json_t *ks = json_array();
       for (uint32_t i = 0; i < s->nitems; i++) {
         if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
-        kex_beam_opts bo;
-        kex_beam_opts_init(&bo, 2);
-        bo.max_candidates = max_cand;
-        bo.max_rounds = max_rounds;
-        bo.cache = cache;
-        kex_beam_target t = {g, s, i, &target};
+        kex_plan_policy pol;
+        kex_plan_policy_beam(&pol, 2, dev, cache);
+        pol.beam.max_candidates = max_cand;
+        pol.beam.max_rounds = max_rounds;
         kex_beam_result br, hit;
-        if (kex_beam_optimize(&t, dev, &bo, &br, &err) || kex_beam_optimize(&t, dev, &bo, &hit, &err)) {
+        if (kex_plan_choose_opts(&pol, g, s, i, &target, &br, &err) ||
+            kex_plan_choose_opts(&pol, g, s, i, &target, &hit, &err)) {
           fprintf(stderr, "%s kernel %u: %s\n", names[gi], i, err.msg);
           continue;
         }
@@ -181,9 +176,7 @@ int main(int argc, char **argv) {
               names[gi], best, hand, base_name, base, search_s, hit_ms);
     next:
       kex_cache_close(cache);
-      kex_schedule_free(s);
-      kex_replay_free(r);
-      kex_arena_destroy(&arena);
+      kex_plan_clear(&p);
       kex_graph_free(g);
     }
     kex_device_unref(dev);

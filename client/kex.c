@@ -35,6 +35,7 @@
 #include "devices/device.h"
 #include "codegen/lower.h"
 #include "codegen/target.h"
+#include "realize/plan.h"
 #include "realize/run.h"
 
 int kex_cmd_tune(int argc, char **argv);
@@ -236,7 +237,7 @@ static int cmd_plan(int argc, char **argv) {
       kex_error lerr = {0};
       size_t len = 0;
       FILE *m = open_memstream(&notes[i], &len);
-      if (kex_target_lower_item(&target, s, &s->items[i], NULL, 0, &nc, &ps, o, sizeof o, &lerr) == 0) {
+      if (kex_plan_lower_item(&target, s, i, NULL, 0, &nc, &ps, o, sizeof o, &lerr) == 0) {
         fprintf(m, "  kernel %s opts: %s\n", ps.name, o[0] ? o : "(none)");
         names[i] = strdup(ps.name);
         kopts[i] = strdup(o);

@@ -279,7 +279,7 @@ static void rm_print(bool as_json, uint64_t n) {
 #include "search/cache.h"
 #include "codegen/lower.h"
 #include "codegen/target.h"
-#include "realize/run.h"
+#include "realize/plan.h"
 
 int kex_cmd_cache(int argc, char **argv);
 
@@ -309,35 +309,29 @@ static int ls_cb(const kex_cache_entry *e, void *arg) {
   return 0;
 }
 
-/* Render the kernel of graph `gpath` whose AST key is e's, with e's opts. */
+/* Render the kernel of graph `gpath` whose AST key is e's, with e's opts (the plan builder's schedule and lowering). */
 static char *render_from_graph(const char *gpath, const kex_cache_entry *e, kex_error *err) {
   kex_limits lim = KEX_LIMITS_DEFAULT;
   kex_graph *g = NULL;
-  kex_replay *r = NULL;
-  kex_schedule *s = NULL;
   kex_program_src ps = {0};
   char *src = NULL;
-  kex_arena arena;
-  kex_arena_init(&arena, 0);
   kex_target target;
+  kex_rplan p;
   kex_target_for_name(e->device.kind, &target); /* the rules of the device kind the entry was made on */
-  kex_replay_opts ro = kex_target_replay_opts(&target);
   int rc = kex_graph_from_json_file(gpath, &lim, &g, err);
-  if (!rc) rc = kex_replay_graph(g, &ro, &arena, &r, err);
-  if (!rc) rc = kex_schedule_create(r, &s, err);
-  for (uint32_t i = 0; !rc && s && i < s->nitems; i++) {
-    if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
+  kex_plan_init(&p, g, &target);
+  if (!rc) rc = kex_plan_schedule(&p, NULL, err);
+  for (uint32_t i = 0; !rc && p.s && i < p.s->nitems; i++) {
+    if (p.s->items[i].kind != KEX_ITEM_KERNEL) continue;
     kex_ast_digest d;
-    if (kex_ast_key(s->items[i].ast, s->items[i].nout, &d, err) || strcmp(d.hex, e->ast_hex)) continue;
-    rc = kex_target_lower_item(&target, s, &s->items[i], e->value.opts, e->value.nopts, NULL, &ps, NULL, 0, err);
+    if (kex_ast_key(p.s->items[i].ast, p.s->items[i].nout, &d, err) || strcmp(d.hex, e->ast_hex)) continue;
+    rc = kex_plan_lower_item(&target, p.s, i, e->value.opts, e->value.nopts, NULL, &ps, NULL, 0, err);
     if (!rc) src = kex_strdup(ps.src);
     break;
   }
   if (!rc && !src) kex_err_set(err, KEX_ENOTFOUND, "no kernel of %s has AST key %.16s...", gpath, e->ast_hex);
   kex_program_src_free(&ps);
-  kex_schedule_free(s);
-  kex_replay_free(r);
-  kex_arena_destroy(&arena);
+  kex_plan_clear(&p);
   kex_graph_free(g);
   return src;
 }
@@ -361,9 +355,14 @@ int kex_cmd_cache(int argc, char **argv) {
     fprintf(stderr, "kex cache: %s\n", err.msg);
     return 1;
   }
-  if ((rc = kex_cache_open(cp, &cache, &err))) {
-    fprintf(stderr, "kex cache: %s: %s\n", cp, err.msg);
+  /* plan.h's cache policy: the cache is the subject here, so one that cannot be opened is an error */
+  if ((rc = kex_plan_cache_open(cp, KEX_PLAN_CACHE_KEEP, "cache", &cache, &err))) {
+    fprintf(stderr, "kex cache: %s\n", err.msg);
     return rc == KEX_EUNSUPPORTED || rc == KEX_ECORRUPT ? 2 : 1;
+  }
+  if (!cache) {
+    fprintf(stderr, "kex cache: --cache needs a file name\n");
+    return 2;
   }
   if (!strcmp(a.sub, "ls")) {
     ls_state st = {a.json, a.json ? json_array() : NULL, "", "", 0, 0};

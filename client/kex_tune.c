@@ -191,10 +191,7 @@ static void tune_emit_json(json_t *arr) {
 /* ---- in-process ---- */
 
 #ifdef KEX_HAVE_RUN
-#include "core/arena.h"
-#include "search/beam.h"
-#include "search/cache.h"
-#include "realize/run.h"
+#include "realize/plan.h"
 
 _Static_assert(TUNE_MAX_WIDTH == KEX_BEAM_MAX_WIDTH, "TUNE_MAX_WIDTH follows KEX_BEAM_MAX_WIDTH");
 
@@ -243,13 +240,12 @@ int kex_cmd_tune(int argc, char **argv) {
   kex_error err = {0};
   kex_graph *g = NULL;
   kex_device *dev = NULL;
-  kex_replay *r = NULL;
-  kex_schedule *s = NULL;
   kex_cache *cache = NULL;
-  kex_arena arena;
-  kex_arena_init(&arena, 0);
+  kex_rplan p;
+  kex_target target = {0};
   json_t *out = json_array();
   int ret = 0, rc;
+  kex_plan_init(&p, NULL, &target);
   if ((rc = kex_graph_from_json_file(path, &limits, &g, &err))) {
     const char *m = err.msg[0] ? err.msg : kex_strerror(rc);
     if (strncmp(m, path, strlen(path)) == 0) fprintf(stderr, "kex tune: %s\n", m); /* the message names the file */
@@ -262,44 +258,33 @@ int kex_cmd_tune(int argc, char **argv) {
     ret = rc == KEX_EINVAL ? 2 : 1;
     goto out;
   }
-  kex_target target;
   kex_target_for_device(kex_device_get_info(dev), &target);
-  kex_replay_opts ro = kex_target_replay_opts(&target);
-  if ((rc = kex_replay_graph(g, &ro, &arena, &r, &err)) || (rc = kex_schedule_create(r, &s, &err))) {
+  kex_plan_init(&p, g, &target); /* the plan builder's schedule; each kernel's opts by its BEAM policy */
+  if ((rc = kex_plan_schedule(&p, NULL, &err))) {
     fprintf(stderr, "kex tune: %s: %s\n", path, err.msg);
     ret = rc == KEX_EASSIGN ? 2 : 1;
     goto out;
   }
-  if (!no_cache) {
-    char cp[4096];
-    if (cache_path)
-      snprintf(cp, sizeof cp, "%s", cache_path);
-    else if ((rc = kex_beam_default_cache_path(cp, sizeof cp, &err))) {
-      fprintf(stderr, "kex tune: %s\n", err.msg);
-      ret = 1;
-      goto out;
-    }
-    if ((rc = kex_cache_open(cp, &cache, &err))) {
-      fprintf(stderr, "kex tune: cache %s: %s\n", cp, err.msg);
-      ret = 1;
-      goto out;
-    }
+  /* plan.h's cache policy: a tune keeps its results, so a cache that cannot be opened is an error */
+  if ((rc = kex_plan_cache_open(no_cache ? "" : cache_path, KEX_PLAN_CACHE_KEEP, "beam cache", &cache, &err))) {
+    fprintf(stderr, "kex tune: %s\n", err.msg);
+    ret = 1;
+    goto out;
   }
+  const kex_schedule *s = p.s;
   tune_progress tp;
   progress_init(&tp, s->nkernels);
   for (uint32_t i = 0; i < s->nitems; i++) {
     if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
     progress_kernel(&tp, tp.kernel + 1, s->nkernels);
-    kex_beam_opts bo;
-    kex_beam_opts_init(&bo, beam);
-    if (max_cand >= 0) bo.max_candidates = max_cand;
-    bo.max_rounds = max_rounds;
-    bo.cache = cache;
-    bo.progress = on_progress;
-    bo.progress_arg = &tp;
-    kex_beam_target t = {g, s, i, &target};
+    kex_plan_policy pol;
+    kex_plan_policy_beam(&pol, beam, dev, cache);
+    if (max_cand >= 0) pol.beam.max_candidates = max_cand;
+    pol.beam.max_rounds = max_rounds;
+    pol.beam.progress = on_progress;
+    pol.beam.progress_arg = &tp;
     kex_beam_result br;
-    if ((rc = kex_beam_optimize(&t, dev, &bo, &br, &err))) {
+    if ((rc = kex_plan_choose_opts(&pol, g, s, i, &target, &br, &err))) {
       progress_end(&tp, false);
       fprintf(stderr, "kex tune: kernel %u: %s\n", tp.kernel, err.msg);
       ret = 1;
@@ -319,9 +304,7 @@ int kex_cmd_tune(int argc, char **argv) {
 out:
   json_decref(out);
   kex_cache_close(cache);
-  kex_schedule_free(s);
-  kex_replay_free(r);
-  kex_arena_destroy(&arena);
+  kex_plan_clear(&p);
   kex_device_unref(dev);
   kex_graph_free(g);
   return ret;

@@ -1,8 +1,9 @@
 /*
- * plan.c - Plan: replay and schedule a graph for a job without running it,
- * on the loop thread for small graphs (--plan-inline-nodes) and on the
- * worker pool for large ones; the reply lists the schedule items as `kex
- * plan --json` prints them.
+ * plan.c - Plan: replay and schedule a graph for a job without running it
+ * (the plan builder's first half, realize/plan.h: kex_plan_schedule), on
+ * the loop thread for small graphs (--plan-inline-nodes) and on the worker
+ * pool for large ones; the reply lists the schedule items as `kex plan
+ * --json` prints them.
  */
 #include <grpc/status.h>
 #include <inttypes.h>
@@ -15,6 +16,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/rpc.h"
+#include "realize/plan.h"
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
@@ -28,20 +30,16 @@ typedef struct plan_work {
   kexd_call *call;
   char job[9];
   kex_graph *g;
-  kex_replay_opts ro;
-  kex_arena arena;       /* the replay, the schedule and the reply live here */
-  kex_replay *replay;
-  kex_schedule *sched;
+  const char *device;    /* the configured device "default" means */
+  kex_rplan rp;          /* the replay and the schedule; the reply lives in its arena */
   Kex__V1__PlanReply reply;
   int rc;
   kex_error err;
 } plan_work;
 
 static void plan_work_free(plan_work *w) {
-  kex_schedule_free(w->sched);
-  kex_replay_free(w->replay);
+  kex_plan_clear(&w->rp);
   kex_graph_free(w->g);
-  kex_arena_destroy(&w->arena);
   kex_free(w);
 }
 
@@ -56,17 +54,18 @@ static uint32_t *json_u32s(kex_arena *a, const json_t *arr, size_t *n) {
 
 /* Fill w->reply from the schedule (the `kex plan --json` items).  0 or KEX_ENOMEM. */
 static int plan_reply_build(plan_work *w) {
-  kex_arena *a = &w->arena;
+  kex_arena *a = &w->rp.arena;
+  const kex_schedule *sched = w->rp.s;
   Kex__V1__PlanReply *r = &w->reply;
-  json_t *items = kex_schedule_to_json(w->sched);
+  json_t *items = kex_schedule_to_json(sched);
   int rc = 0;
   kex__v1__plan_reply__init(r);
   if (!items) return KEX_ENOMEM;
-  r->kernels = w->sched->nkernels;
-  r->intermediate_buffers = w->sched->nplanned_buffers;
-  r->planned_buffers = w->sched->nplanned_after;
-  r->bytes_before = w->sched->planned_bytes_before;
-  r->bytes_after = w->sched->planned_bytes_after;
+  r->kernels = sched->nkernels;
+  r->intermediate_buffers = sched->nplanned_buffers;
+  r->planned_buffers = sched->nplanned_after;
+  r->bytes_before = sched->planned_bytes_before;
+  r->bytes_after = sched->planned_bytes_after;
   r->n_items = json_array_size(items);
   if (!(r->items = kex_arena_calloc(a, r->n_items ? r->n_items : 1, sizeof *r->items))) goto nomem;
   for (size_t i = 0; i < r->n_items; i++) {
@@ -97,8 +96,7 @@ out:
 /* Replay, schedule and build the reply; safe on a worker thread (touches only w). */
 static void plan_run(plan_work *w) {
   double t0 = kexd_now_us(), t1;
-  w->rc = kex_replay_graph(w->g, &w->ro, &w->arena, &w->replay, &w->err);
-  if (!w->rc) w->rc = kex_schedule_create(w->replay, &w->sched, &w->err);
+  w->rc = kex_plan_schedule(&w->rp, w->device, &w->err);
   t1 = kexd_now_us();
   if (!w->rc && (w->rc = plan_reply_build(w)) < 0) kex_err_set(&w->err, w->rc, "Plan: out of memory building the reply");
   w->reply.schedule_us = t1 - t0;
@@ -170,13 +168,12 @@ void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Plan: out of memory");
     goto out;
   }
-  kex_arena_init(&w->arena, 0);
   w->d = d;
   w->call = c;
   memcpy(w->job, job->log_id, sizeof w->job);
-  /* the device's target says which of tinygrad's rules apply (CLANG: buffer views) */
-  w->ro = kex_target_replay_opts(&d->targets[kexd_rpc_device_index(d, dev)]);
-  w->ro.device_name = dev;
+  /* the device's target says which of tinygrad's rules apply (CLANG: buffer views); the graph comes next */
+  kex_plan_init(&w->rp, NULL, &d->targets[kexd_rpc_device_index(d, dev)]);
+  w->device = dev;
   if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                     &d->cfg.limits, job, &w->g, &w->err)) < 0) {
     d->plan_errors++;
@@ -185,6 +182,7 @@ void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     plan_work_free(w);
     goto out;
   }
+  w->rp.g = w->g;
   kexd_call_ref(c); /* the plan's own reference: the call outlives a cancel until plan_done */
   d->plans_in_flight++;
   if (w->g->nnodes <= d->cfg.plan_inline_nodes) {

@@ -1,7 +1,7 @@
 /*
- * run.h - run a graph on one device, in-process: schedule, lower, compile,
- * launch, read the outputs.  This is `kex run` without a daemon, and the
- * code path the daemon's workers and runner reuse piece by piece.
+ * run.h - the executor: run a plan (realize/plan.h) on one device,
+ * in-process, and `kex run` (kex_run_graph: build the plan, run it).  kexd
+ * builds the same plan and runs it through its device runner.
  *
  * BUFFER inputs get their bytes here: inline data as given; fill specs are
  * generated deterministically (kex_fill_buffer): {"random": seed} draws from
@@ -9,8 +9,8 @@
  * signed ints uniform in [-100, 100), unsigned in [0, 100), bool fair coin;
  * {"arange": true} is 0, 1, 2, ... in the dtype; {"value": x} repeats x.
  */
-#ifndef KEX_SEARCH_RUN_H
-#define KEX_SEARCH_RUN_H
+#ifndef KEX_REALIZE_RUN_H
+#define KEX_REALIZE_RUN_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -18,6 +18,7 @@
 #include <stdio.h>
 
 #include "core/errors.h"
+#include "realize/plan.h"
 #include "devices/device.h"
 #include "sched/graph.h"
 #include "sched/lazy.h"
@@ -40,8 +41,8 @@ void kex_fill_const(kex_dtype dt, kex_const c, void *out, size_t n);
 int kex_write_npy(const char *path, kex_dtype dt, int ndim, const int64_t *shape, const void *data, kex_error *err);
 
 typedef struct kex_run_kernel {
-  char name[160];       /* KEX_PROGRAM_NAME_MAX */
-  char opts[512];       /* applied opts, short form: "UPCAST(0,4) LOCAL(0,32)" */
+  char name[KEX_PROGRAM_NAME_MAX];
+  char opts[KEX_PLAN_OPTS_MAX]; /* applied opts, short form: "UPCAST(0,4) LOCAL(0,32)" */
   double us;            /* one run, or the median of `repeat` timed runs after a warm-up */
   char *source;         /* rendered source (kex_malloc'd) */
 } kex_run_kernel;
@@ -66,13 +67,22 @@ typedef struct kex_run_opts {
   int repeat;           /* >= 1: timed runs per kernel (median), after one warm-up when > 1 */
   bool keep_source;     /* fill kex_run_kernel.source */
   int beam;             /* > 0: opts from a BEAM search of this width (cached), else hand-coded */
-  const char *cache_path; /* beam cache file; NULL: kex_beam_default_cache_path; "" : no cache */
+  const char *cache_path; /* beam cache file; NULL: the default file; "": no cache (plan.h's cache policy: a lookup) */
   int beam_max_candidates; /* 0: the search's default cap per round */
 } kex_run_opts;
 
 
 /*
- * Run graph g on dev.  On success *res holds the kernels (in schedule order)
+ * Run plan p (lowered; compiled or not) on dev: allocate its buffers, fill
+ * its inputs, run its steps, read its outputs.  *res as kex_run_graph's
+ * (kernels in plan order, outputs in graph order).  A plan whose graph
+ * names job buffer handles cannot run here (KEX_ENOTFOUND).
+ */
+int kex_plan_run(const kex_rplan *p, kex_device *dev, const kex_run_opts *opts, kex_run_result *res, kex_error *err);
+
+/*
+ * Run graph g on dev: kex_plan_build (hand-coded opts, or beam with the
+ * cache file opened for a lookup) then kex_plan_run.  On success *res holds the kernels (in schedule order)
  * and the outputs (graph order); release with kex_run_result_free.  Errors
  * name the kernel that failed (compile log, device error) or the node.
  */

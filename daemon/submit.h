@@ -1,0 +1,232 @@
+/*
+ * submit.h - what Submit's files share (private to daemon/): the plan of a
+ * graph structure, the loaded-programs index, the compile devices and
+ * slots, the submitter and one submission.  submit.c has the handler, the
+ * submission's life and its stream (its opening comment tells the whole
+ * path of a submission); programs.c the loaded programs' index (and the
+ * hash map it is kept in); compile.c the SQLite lookups and the compile
+ * slots; submit_run.c the device runner's items and the done event.
+ * Every function here runs on the loop thread unless its comment says.
+ */
+#ifndef KEXD_SUBMIT_H
+#define KEXD_SUBMIT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "daemon/rpc.h"
+#include "devices/device.h"
+#include "realize/plan.h"
+#include "realize/run.h"
+#include "search/cache.h"
+
+#define SUB_HASH KEX_PLAN_HASH /* bytes of a SHA-256 */
+/*
+ * A plan whose kernels all ran faster than this last time posts its items
+ * with defer_done (dispatch.h): the runner wakes the loop once for the
+ * chain instead of once per item.  Progress events of such a submission
+ * arrive together, at most this late.
+ */
+#define SUB_DEFER_KERNEL_US 1000.0
+#define SUB_CACHE_RETRY_US 5e6 /* a failed open of the SQLite cache is tried again at the first use this much later */
+
+/* A map from 32-byte hashes to pointers (open addressing; programs.c). */
+typedef struct hashmap {
+  uint32_t n, cap;        /* cap: 0 or a power of two */
+  uint8_t (*keys)[SUB_HASH];
+  void **vals;
+  bool *used;
+} hashmap;
+
+/* The plan builder's plan (realize/plan.h) of one graph structure, shared by its submissions. */
+typedef struct plan {
+  uint32_t refs;             /* loop thread */
+  uint8_t key[SUB_HASH];
+  uint64_t last_used;        /* structure cache LRU */
+  uint32_t device;
+  kex_graph *g;              /* the graph it was built from (the replay points into it) */
+  kex_rplan rp;
+  double build_us;
+  /* loop thread, updated by each successful run: the slowest kernel's time of the last run (-1: never ran) */
+  double last_max_kernel_us;
+} plan;
+
+typedef struct submission submission;
+typedef struct kexd_submitter kexd_submitter;
+
+/*
+ * A program loaded on a device's runner (see the file comment).  The loop
+ * owns the record; only the runner dereferences prog.  In the index while
+ * loaded; out of it, a record is a submission's own program (a second copy
+ * of one in the index), or one on its way out: `unload` frees the program
+ * on the runner, and its done frees the record.
+ */
+typedef struct loaded_prog {
+  uint8_t hash[SUB_HASH];
+  uint32_t device;
+  kexd_submitter *S;
+  char name[KEX_PROGRAM_NAME_MAX];
+  kex_program *prog;         /* NULL until a SETUP loaded it */
+  uint32_t pins;             /* submissions using it now (index records only) */
+  uint64_t last_used;        /* S->clock at its last use */
+  kexd_work unload;          /* the must_run item that frees prog: unloading never allocates */
+  struct loaded_prog *next;  /* S->orphans */
+} loaded_prog;
+
+/* One compile slot: at most one pool job at a time (loop thread, but dev: that job's thread). */
+typedef struct compile_slot {
+  uv_work_t work;
+  struct compile_dev *cd;
+  submission *s;             /* compiling s's kernel k now; NULL: free */
+  uint32_t k;
+  int rc;                    /* the compile's result, for the loop */
+  kex_error err;
+  /* the slot's own compile instance (devices whose compile is not thread-safe), opened at first use */
+  kex_device *dev;
+} compile_slot;
+
+/* The compile side of one configured device. */
+typedef struct compile_dev {
+  uint32_t device;
+  kexd_submitter *S;
+  /*
+   * lock protects the probe and its open state: the instance every pool job
+   * of this device asks for its identity and dtypes (one at a time), and the
+   * one all slots compile on when the device says compiles are thread-safe.
+   */
+  pthread_mutex_t lock;
+  kex_device *probe;
+  bool tried;
+  int open_rc;
+  char open_msg[KEX_ERROR_MSG_MAX];
+  /* loop thread */
+  uint32_t nslots, busy;
+  compile_slot *slots;
+  submission *wait_head, *wait_tail; /* submissions with kernels no slot took yet, in turn order */
+} compile_dev;
+
+struct kexd_submitter {
+  kexd *d;
+  uint32_t ndevices;
+  compile_dev *compilers;    /* [ndevices] */
+  /* cache_lock protects cache and cache_retry_us: the SQLite handle is used by one pool thread at a time */
+  pthread_mutex_t cache_lock;
+  kex_cache *cache;
+  double cache_retry_us; /* a failed open is not tried again before kexd_now_us() reaches this (0: try now) */
+  const char *cache_path;
+  int fault_kind;
+  unsigned long fault_n;
+  uint32_t max_programs;
+  /* loop thread only */
+  hashmap *loaded;           /* [ndevices]: source hash -> loaded_prog, the programs each runner holds */
+  loaded_prog *orphans;      /* unloads that could not be posted (stopping): freed with the submitter */
+  uint64_t programs_unloaded;
+  plan **plans;              /* the structure cache, cfg.schedule_cache entries at most */
+  uint32_t nplans;
+  uint64_t clock;
+};
+
+typedef enum ev_kind { EV_ACCEPTED, EV_SCHEDULED, EV_COMPILING, EV_RUNNING } ev_kind;
+
+typedef struct sub_event {
+  ev_kind kind;
+  uint32_t i;
+} sub_event;
+
+typedef struct step_arg {
+  submission *s;
+  uint32_t i;
+} step_arg;
+
+struct submission {
+  kexd *d;
+  kexd_call *call;
+  uint64_t id;
+  uint64_t job;
+  uint32_t weight;
+  char log_id[9];
+  uint32_t device;
+  double t0;
+  uint64_t inline_max;
+  bool free_outputs;         /* SubmitRequest.free_outputs: bytes only, no job buffers (but ALIAS outputs) */
+  bool only_done;            /* SubmitRequest.only_done: no progress events */
+  kex_graph *g;              /* this request's graph (its input bytes); owned unless it is p->g */
+  plan *p;
+  bool schedule_cached;
+  uint64_t reserved;
+  kexd_buffer **handles;     /* [p->rp.nbufs]: the job buffers the graph names, referenced */
+  /* events */
+  sub_event *evs;
+  uint32_t nev, evcap, evsent;
+  bool writing, dead, final_ready, final_sent;
+  bool done_delivered;       /* the done event's write completed: the client has the output handles */
+  bool outputs_dropped;      /* the call died before that: the outputs were freed */
+  int final_status;
+  char final_msg[KEX_ERROR_MSG_MAX];
+  Kex__V1__SubmitEvent *final_ev; /* the done event, when final_status is OK */
+  /* the pool (P1: build, P2: SQLite lookup, P3: compiles in slots) */
+  uv_work_t work;
+  uint32_t in_pool;          /* pool jobs of this submission not yet back */
+  int pool_rc;
+  kex_error pool_err;
+  kex_device_identity dev_id; /* the compile device's (P2), the SQLite key */
+  bool *need;                /* [nkernels]: not loaded on the device: read from SQLite or compile */
+  unsigned char **bins;      /* [nkernels] */
+  size_t *binlens;
+  double *compile_us;
+  uint8_t *from;             /* [nkernels]: 0 memory, 1 sqlite, 2 compiled */
+  uint32_t *misses;          /* [nkernels]: the kernels P2 did not find in SQLite, nmisses of them */
+  uint32_t nmisses, next_miss; /* next_miss: the next one a slot takes */
+  uint32_t compiling;        /* slots compiling for it now */
+  bool waiting;              /* in its device's compile line (compile_dev.wait_head) */
+  submission *wait_next;
+  /* programs (see the file comment): per kernel, the record of its program */
+  loaded_prog **lps;         /* [nkernels]: an index record (pinned) or the submission's own */
+  bool *pinned;              /* [nkernels]: lps[k] is an index record this submission pinned */
+  bool adopted;              /* SETUP's loads were offered to the index */
+  /* the runner (see the file comment) */
+  atomic_bool cancelled;
+  kex_buffer **bufs;         /* [p->rp.nbufs] */
+  kex_program **progs;       /* [nkernels] */
+  kex_buffer **out_bufs;     /* [noutputs] */
+  uint8_t **out_data;        /* [noutputs]: inline bytes */
+  double *kernel_us;         /* [nkernels] */
+  bool setup_ok, failed;
+  uint32_t ran;
+  /* device items */
+  kexd_work *works;          /* [nsteps + 2]: setup, the steps, finish */
+  step_arg *stepargs;
+  uint32_t items_out;
+  int rc;
+  kex_error err;
+  char (*handle_str)[KEXD_HANDLE_LEN + 1]; /* [noutputs] */
+  kexd_beam_req beam;        /* width 0: hand-coded opts */
+};
+
+/* ---- shared between the files (see each definition) ---- */
+
+/* programs.c */
+void *hm_get(const hashmap *m, const uint8_t *key, bool *found);
+void hm_free(hashmap *m, void (*free_val)(void *));
+void free_loaded_now(void *v);
+void sub_release_programs(submission *s);
+void sub_adopt_programs(submission *s);
+/* compile.c */
+void lookup_work(uv_work_t *req);
+void wait_remove(compile_dev *cd, submission *s);
+void compile_end(submission *s);
+void lookup_after(uv_work_t *req, int status);
+/* submit_run.c */
+void sub_post(submission *s);
+/* submit.c */
+void sub_drop_outputs(submission *s);
+void ev_push(submission *s, ev_kind kind, uint32_t i);
+void ev_pump(submission *s);
+void sub_unreserve(submission *s);
+void sub_fail(submission *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void sub_fail_rc(submission *s, int rc, const kex_error *err);
+
+#endif
