@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KEX_TRACE_MAX_SPANS 65536
+#define KEX_TRACE_MAX_SPANS 16384 /* ~2 MB of JSON: it travels in one gRPC message */
 #define KEX_TRACE_MAX_TRACKS 64
 
 typedef struct kex_trace kex_trace;

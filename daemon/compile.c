@@ -79,6 +79,7 @@ void lookup_work(uv_work_t *req) {
   const plan *p = s->p;
   kex_error *err = &s->pool_err;
   int rc = 0;
+  uint64_t t0 = SUB_TRACE_NOW(s);
   pthread_mutex_lock(&cd->lock);
   kex_device *dev = compile_probe(cd, err);
   if (!dev) rc = err->code;
@@ -106,6 +107,7 @@ void lookup_work(uv_work_t *req) {
       s->misses[s->nmisses++] = k;
     }
   }
+  sub_span(s, "worker", "compile", "program cache: SQLite lookup", NULL, t0);
   s->pool_rc = rc;
 }
 
@@ -135,7 +137,14 @@ static void slot_work(uv_work_t *req) {
     }
     dev = sl->dev;
   }
-  if ((rc = kex_device_compile(dev, pp->src, pp->name, &s->bins[k], &s->binlens[k], &sl->err)) < 0) {
+  uint64_t tc = SUB_TRACE_NOW(s);
+  rc = kex_device_compile(dev, pp->src, pp->name, &s->bins[k], &s->binlens[k], &sl->err);
+  if (s->trace) {
+    char track[48];
+    snprintf(track, sizeof track, "compile slot %u", (unsigned)(sl - cd->slots));
+    sub_span(s, track, "compile", pp->name, rc < 0 ? "failed" : NULL, tc);
+  }
+  if (rc < 0) {
     snprintf(m, sizeof m, "%s", sl->err.msg);
     sl->rc = kex_err_set(&sl->err, rc, "compiling kernel %u (%s): %s", k, pp->name, m);
     return;

@@ -309,9 +309,15 @@ static void sub_free(submission *s) {
   kex_free(s->out_data), kex_free(s->kernel_us), kex_free(s->works), kex_free(s->stepargs), kex_free(s->handle_str);
   kex_free(s->misses), kex_free(s->lps), kex_free(s->pinned);
   if (!s->p || s->g != s->p->g) kex_graph_free(s->g);
+  kex_trace_free(s->trace);
+  free(s->trace_json); /* jansson's */
   plan_unref(s->p);
   kexd_call_unref(s->call);
   kex_free(s);
+}
+
+void sub_span(submission *s, const char *track, const char *cat, const char *name, const char *detail, uint64_t t0) {
+  if (s->trace) kex_trace_span(s->trace, track, cat, name, detail, t0, kex_trace_now_us());
 }
 
 static void sub_maybe_free(submission *s) {
@@ -557,7 +563,13 @@ static void build_work(uv_work_t *req) {
     pol.lower_arg = &s->beam;
     pol.cancel = &s->cancelled;
   }
-  s->pool_rc = kex_plan_lower(&p->rp, &pol, &s->pool_err); /* schedules first when the loop did not */
+  pol.trace = s->trace;
+  if (!p->rp.s) { /* large: the replay and schedule the loop left to the pool */
+    uint64_t tt = SUB_TRACE_NOW(s);
+    s->pool_rc = kex_plan_schedule(&p->rp, NULL, &s->pool_err);
+    sub_span(s, "worker", "plan", "replay + schedule", NULL, tt);
+  }
+  if (!s->pool_rc) s->pool_rc = kex_plan_lower(&p->rp, &pol, &s->pool_err);
   p->build_us += kexd_now_us() - t0;
 }
 
@@ -580,6 +592,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   uint8_t key[SUB_HASH];
   int dev, rc;
   double t0 = kexd_now_us();
+  uint64_t tr0 = m && m->trace ? kex_trace_now_us() : 0; /* the request is decoded by now */
   if (!m) return;
   if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
   d->submissions++;
@@ -622,6 +635,10 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
                   : m->inline_output_max_bytes       ? m->inline_output_max_bytes
                                                      : d->cfg.inline_output_max;
   atomic_init(&s->cancelled, false);
+  if (m->trace && !(s->trace = kex_trace_create())) {
+    sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory for the trace");
+    goto out;
+  }
   if (width)
     s->beam = (kexd_beam_req){d, s->device, job->id, job->weight, (int)width, m->beam ? (int)m->beam->max_upcast : 0,
                               m->beam ? (int)m->beam->max_local : 0, m->beam ? m->beam->timeout_ms : 0, &s->cancelled};
@@ -632,8 +649,10 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     sub_fail(s, kex_err_grpc_status(rc), "%s", s->err.msg);
     goto out;
   }
+  sub_span(s, "daemon", "request", "validate + graph from protobuf", NULL, tr0);
   structure_key(m->graph, s->device, &s->beam, key);
   plan *p = plan_cache_find(S, key);
+  sub_span(s, "daemon", "plan", p ? "structure cache: hit" : "structure cache: miss", NULL, SUB_TRACE_NOW(s));
   if (p) {
     d->sched_cache_hits++;
     s->schedule_cached = true;
@@ -658,7 +677,10 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   ev_push(s, EV_ACCEPTED, 0);
   if (s->g->nnodes <= d->cfg.plan_inline_nodes) { /* small: replay and schedule here, render on the pool */
     double ts = kexd_now_us();
-    if ((rc = kex_plan_schedule(&p->rp, NULL, &s->err)) < 0) {
+    uint64_t tt = SUB_TRACE_NOW(s);
+    rc = kex_plan_schedule(&p->rp, NULL, &s->err);
+    sub_span(s, "daemon", "plan", "replay + schedule", NULL, tt);
+    if (rc < 0) {
       sub_fail(s, kex_err_grpc_status(rc), "%s", s->err.msg);
       goto out;
     }

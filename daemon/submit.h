@@ -17,6 +17,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "daemon/rpc.h"
 #include "devices/device.h"
 #include "realize/plan.h"
@@ -204,6 +205,10 @@ struct submission {
   kex_error err;
   char (*handle_str)[KEXD_HANDLE_LEN + 1]; /* [noutputs] */
   kexd_beam_req beam;        /* width 0: hand-coded opts */
+  /* SubmitRequest.trace: the spans of this submission (any thread adds them), else NULL */
+  kex_trace *trace;
+  uint64_t posted_us;        /* trace: when the device items were posted (the queue wait starts) */
+  char *trace_json;          /* trace: Done.trace_json, freed with the submission */
 };
 
 /* ---- shared between the files (see each definition) ---- */
@@ -222,6 +227,9 @@ void lookup_after(uv_work_t *req, int status);
 /* submit_run.c */
 void sub_post(submission *s);
 /* submit.c */
+/* trace: a span of s on `track` from t0 to now (no-op, and no clock read, without a trace) */
+#define SUB_TRACE_NOW(s) ((s)->trace ? kex_trace_now_us() : 0)
+void sub_span(submission *s, const char *track, const char *cat, const char *name, const char *detail, uint64_t t0);
 void sub_drop_outputs(submission *s);
 void ev_push(submission *s, ev_kind kind, uint32_t i);
 void ev_pump(submission *s);

@@ -22,12 +22,29 @@ static int item_fail(submission *s, int rc, kex_error *err, const char *what) {
   return kex_err_set(err, rc, "%s: %s", what, m);
 }
 
+/* trace: the span [t0, now) on the submission's device track ("device NAME") */
+static void device_span(submission *s, const char *cat, const char *name, const char *detail, uint64_t t0) {
+  char track[96];
+  snprintf(track, sizeof track, "device %s", s->d->cfg.devices[s->device]);
+  sub_span(s, track, cat, name, detail, t0);
+}
+
+static int setup_items(submission *s, kex_device *dev, kex_error *err);
+
 /* SETUP: load the new programs, allocate the buffers, copy the inputs in. */
 static int setup_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
   submission *s = arg;
+  (void)device_s;
+  uint64_t t0 = SUB_TRACE_NOW(s);
+  if (s->trace) kex_trace_span(s->trace, "queue", "queue", "queue wait (fair queue)", NULL, s->posted_us, t0);
+  int rc = setup_items(s, dev, err);
+  if (s->trace) device_span(s, "run", "setup: load programs, allocate, inputs in", NULL, t0);
+  return rc;
+}
+
+static int setup_items(submission *s, kex_device *dev, kex_error *err) {
   const plan *p = s->p;
   int rc = 0;
-  (void)device_s;
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   for (uint32_t i = 0; i < p->rp.nkernels; i++) {
     if (s->progs[i]) continue; /* loaded already: the loop pinned it for this submission */
@@ -65,6 +82,7 @@ static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err
   (void)dev;
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   if (!s->setup_ok || s->failed) return kex_err_set(err, KEX_ECANCELLED, "an earlier item failed");
+  uint64_t t0 = SUB_TRACE_NOW(s);
   if (st->kind == KEX_PLAN_STEP_KERNEL) {
     const kex_plan_prog *pp = &s->p->rp.progs[st->kernel];
     kex_buffer *args[KEX_DEVICE_MAX_BUFS];
@@ -75,6 +93,11 @@ static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err
                             NULL, 0, &ev, err);
     if (!rc) rc = kex_event_elapsed(ev, &secs, err);
     kex_event_free(ev);
+    if (s->trace) {
+      char detail[64];
+      snprintf(detail, sizeof detail, "kernel %u of %u", st->kernel + 1, s->p->rp.nkernels);
+      device_span(s, "run", pp->name, detail, t0);
+    }
     if (rc < 0) return item_fail(s, rc, err, pp->name);
     *device_s = secs;
     s->kernel_us[st->kernel] = secs * 1e6;
@@ -84,6 +107,7 @@ static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err
     rc = kex_buffer_copy_out(s->bufs[st->src], st->off, tmp, st->size, err);
     if (!rc) rc = kex_buffer_copy_in(s->bufs[st->dst], 0, tmp, st->size, err);
     kex_free(tmp);
+    if (s->trace) device_span(s, "run", "copy", NULL, t0);
     if (rc < 0) return item_fail(s, rc, err, "copy");
   }
   s->ran++;
@@ -134,6 +158,7 @@ static int finish_run(kex_device *dev, void *arg, double *device_s, kex_error *e
   int rc = 0;
   (void)device_s;
   bool ok = !atomic_load(&s->cancelled) && s->setup_ok && !s->failed && s->ran == 1 + p->rp.nsteps;
+  uint64_t t0 = SUB_TRACE_NOW(s);
   /* the outputs that read a buffer first, then the DIRECT ones, which take theirs: another output may be a view
      of the same buffer (an ASSIGN target returned both as it is and reshaped) */
   for (int direct = 0; direct < 2; direct++)
@@ -146,6 +171,7 @@ static int finish_run(kex_device *dev, void *arg, double *device_s, kex_error *e
     if (p->rp.buf_alloc[b]) kex_buffer_free(s->bufs[b]);
     s->bufs[b] = NULL;
   }
+  if (s->trace) device_span(s, "output", "outputs: device to host, free", NULL, t0);
   if (!ok) {
     for (uint32_t j = 0; j < p->rp.noutputs; j++) {
       kex_buffer_free(s->out_bufs[j]);
@@ -226,6 +252,13 @@ static int build_done(submission *s, kexd_job *job, kex_error *err) {
   done->schedule_cached = s->schedule_cached;
   done->schedule_us = s->schedule_cached ? 0 : p->build_us;
   done->total_us = kexd_now_us() - s->t0;
+  if (s->trace) {
+    char label[64];
+    sub_span(s, "daemon", "output", "done event", NULL, SUB_TRACE_NOW(s));
+    snprintf(label, sizeof label, "Submit %" PRIu64 " (job %s)", s->id, s->log_id);
+    if (!(s->trace_json = kex_trace_json(s->trace, label))) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+    done->trace_json = s->trace_json;
+  }
   return 0;
 }
 
@@ -310,6 +343,7 @@ void sub_post(submission *s) {
       w->arg = &s->stepargs[i];
     }
   }
+  s->posted_us = SUB_TRACE_NOW(s);
   for (uint32_t i = 0; i < n; i++) {
     int rc = kexd_dispatch_post(d->disp, s->device, &s->works[i]);
     if (rc < 0) {

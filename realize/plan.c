@@ -18,6 +18,7 @@
 #include "codegen/astkey.h"
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/trace.h"
 
 /* ---- the cache policy ---- */
 
@@ -181,7 +182,12 @@ static int plan_kernel(kex_rplan *p, const kex_plan_policy *pol, uint32_t ii, co
   kex_program_src ps = {0};
   int rc;
   if (pol->cancel && atomic_load(pol->cancel)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
-  if ((rc = lower_kernel(p, pol, ii, names, &ps, pp->opts, sizeof pp->opts, err)) < 0) {
+  uint64_t t0 = pol->trace ? kex_trace_now_us() : 0;
+  rc = lower_kernel(p, pol, ii, names, &ps, pp->opts, sizeof pp->opts, err);
+  if (pol->trace)
+    kex_trace_span(pol->trace, "plan", pol->kind == KEX_PLAN_HAND ? "lower" : "lower+search",
+                   rc < 0 ? "lower (failed)" : ps.name, pp->opts[0] ? pp->opts : NULL, t0, kex_trace_now_us());
+  if (rc < 0) {
     char m[KEX_ERROR_MSG_MAX];
     snprintf(m, sizeof m, "%s", err->msg);
     kex_program_src_free(&ps);

@@ -95,6 +95,8 @@ typedef struct kex_plan_policy {
   void *lower_arg;
   /* any kind: set by another thread, the build stops before its next kernel (and a search between candidates) */
   atomic_bool *cancel;
+  /* any kind: each kernel's lowering (and search) becomes a span of this trace (core/trace.h); NULL: none */
+  struct kex_trace *trace;
 } kex_plan_policy;
 
 /* A HAND policy. */
