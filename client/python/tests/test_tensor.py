@@ -291,3 +291,16 @@ def test_devices_and_stats(client):
     assert sum(d.is_default for d in devs) == 1
     s = client.stats()
     assert s.jobs_open >= 1 and s.calls > 0
+
+
+def test_submit_trace(client, needs_submit):
+    """Client.submit(..., trace=True): the done event's trace_json is a Chrome trace whose run spans are the kernels."""
+    import json
+    from kex.tensor import graph_pb
+    t = (kex.tensor(np.arange(16, dtype=np.float32).reshape(4, 4), client=client) * 2).sum(axis=1)
+    done = client.submit(graph_pb([t.node]), trace=True, timeout=60)
+    doc = json.loads(done.trace_json)
+    runs = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "run" and e["name"] != "copy"
+            and not e["name"].startswith("setup")]
+    assert runs == [k.kernel for k in done.kernels]
+    assert client.submit(graph_pb([t.node]), timeout=60).trace_json == ""
