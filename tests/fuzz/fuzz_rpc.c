@@ -13,9 +13,9 @@
  * must end in a clean refusal or a schedule: no crash, leak or sanitizer
  * report.
  *
- * The job's token and its buffer's handle are fixed (TOKEN, HANDLE below,
- * the same as tests/fuzz/make_rpc_corpus.py writes) so the corpus can name
- * them.  Built like fuzz_wire: with -Dfuzzer=true a libFuzzer target, else
+ * The daemon is fuzzkexd.c's; its job's token and buffer handle are fixed
+ * (FUZZ_TOKEN, FUZZ_HANDLE) so the corpus can name them.  Built like
+ * fuzz_wire: with -Dfuzzer=true a libFuzzer target, else
  * replay.c's main() replays the corpus (tests/fuzz/corpus/rpc).
  */
 #include <jansson.h>
@@ -23,83 +23,40 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <uv.h>
 
 #include "codegen/target.h"
-#include "core/alloc.h"
 #include "core/arena.h"
-#include "daemon/config.h"
 #include "daemon/jobs.h"
 #include "daemon/rpc.h"
 #include "daemon/wire.h"
+#include "tests/fuzz/fuzzkexd.h"
 #include "kex/v1/kex.pb-c.h"
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
 
-#define TOKEN "0123456789abcdef0123456789abcdef"
-#define HANDLE "fedcba9876543210fedcba9876543210"
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void *pb_alloc(void *ud, size_t n) {
-  (void)ud;
-  return kex_malloc(n);
-}
-static void pb_free(void *ud, void *p) {
-  (void)ud;
-  kex_free(p);
-}
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
-
-static kexd d;
-static uv_loop_t loop;
 static int verbose; /* KEX_FUZZ_VERBOSE set: say what became of each input (for checking a corpus) */
 
-/* At exit: the job table and the loop, so LeakSanitizer sees only what an input leaked. */
-static void teardown(void) {
-  kexd_jobs_close(&d.jobs);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  uv_loop_close(&loop);
-}
-
-/* kexd as main.c makes it, minus the server and the devices: defaults, targets by name, one job with one buffer. */
-static void setup(void) {
-  kexd_job *job;
-  kexd_buffer *b;
-  kex_error err;
-  static const int64_t shape[1] = {4};
-  verbose = getenv("KEX_FUZZ_VERBOSE") != NULL;
-  kexd_config_defaults(&d.cfg);
-  for (uint32_t i = 0; i < d.cfg.ndevices; i++) kex_target_for_name(d.cfg.devices[i], &d.targets[i]);
-  if (uv_loop_init(&loop) < 0) abort();
-  d.loop = &loop;
-  if (kexd_jobs_init(&d.jobs, &loop, d.cfg.lease_s, d.cfg.max_jobs, NULL) < 0) abort();
-  if (kexd_jobs_open(&d.jobs, "fuzz", 1, d.cfg.job_memory_default, "fuzz", &job, &err) < 0) abort();
-  memcpy(job->token, TOKEN, sizeof job->token);
-  if (kexd_job_add_buffer(&d.jobs, job, NULL, 0, KEX_DT_FLOAT32, shape, 1, 16, &b) < 0) abort();
-  memcpy(b->handle, HANDLE, sizeof b->handle);
-  atexit(teardown);
-}
-
 /* The graph of a decoded request through conversion, replay and schedule. */
-static void run_graph(const Kex__V1__Graph *pg, kexd_job *job, int plan) {
+static void run_graph(const kexd *d, const Kex__V1__Graph *pg, kexd_job *job, int plan) {
   kex_graph *g = NULL;
   kex_replay *r = NULL;
   kex_schedule *s = NULL;
   kex_arena arena;
   kex_error err;
-  int dev = kexd_rpc_device_index(&d, pg->device);
+  int dev = kexd_rpc_device_index(d, pg->device);
   if (dev < 0) return;
   memset(&err, 0, sizeof err);
-  if (kexd_rpc_graph_from_pb(&d, pg, pg->device && *pg->device ? pg->device : NULL, &d.cfg.limits, job, &g, &err) < 0) {
+  if (kexd_rpc_graph_from_pb(d, pg, pg->device && *pg->device ? pg->device : NULL, &d->cfg.limits, job, &g, &err) < 0) {
     if (!err.msg[0]) __builtin_trap(); /* every refusal names what was wrong */
     if (verbose) fprintf(stderr, "refused: %s\n", err.msg);
     return;
   }
   kex_arena_init(&arena, 0);
-  kex_replay_opts ro = kex_target_replay_opts(&d.targets[dev]);
-  ro.device_name = d.cfg.devices[dev];
+  kex_replay_opts ro = kex_target_replay_opts(&d->targets[dev]);
+  ro.device_name = d->cfg.devices[dev];
   if (kex_replay_graph(g, &ro, &arena, &r, &err) == 0 && kex_schedule_create(r, &s, &err) == 0 && plan) {
     json_t *items = kex_schedule_to_json(s);
     json_decref(items);
@@ -113,24 +70,24 @@ static void run_graph(const Kex__V1__Graph *pg, kexd_job *job, int plan) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static int ready;
+  kexd *d = fuzz_kexd();
   const ProtobufCMessageDescriptor *desc;
   ProtobufCMessage *m;
   char why[256];
   int plan;
-  if (!ready) setup(), ready = 1;
+  verbose = getenv("KEX_FUZZ_VERBOSE") != NULL;
   if (size == 0) return 0;
   plan = data[0] & 1;
   desc = plan ? &kex__v1__plan_request__descriptor : &kex__v1__submit_request__descriptor;
   data++, size--;
-  if (size > (size_t)d.cfg.max_message) return 0;
-  if (!(m = protobuf_c_message_unpack(desc, &pb_allocator, size, data))) return 0;
+  if (size > (size_t)d->cfg.max_message) return 0;
+  if (!(m = protobuf_c_message_unpack(desc, &fuzz_pb_allocator, size, data))) return 0;
   if (kexd_wire_check_strings(desc, data, size, why, sizeof why) == 0) {
     const char *token = plan ? ((Kex__V1__PlanRequest *)m)->job : ((Kex__V1__SubmitRequest *)m)->job;
     const Kex__V1__Graph *pg = plan ? ((Kex__V1__PlanRequest *)m)->graph : ((Kex__V1__SubmitRequest *)m)->graph;
-    kexd_job *job = token && *token ? kexd_jobs_find(&d.jobs, token) : NULL;
-    if (job && pg) run_graph(pg, job, plan);
+    kexd_job *job = token && *token ? kexd_jobs_find(&d->jobs, token) : NULL;
+    if (job && pg) run_graph(d, pg, job, plan);
   }
-  protobuf_c_message_free_unpacked(m, &pb_allocator);
+  protobuf_c_message_free_unpacked(m, &fuzz_pb_allocator);
   return 0;
 }

@@ -6,8 +6,8 @@
  * most MAX_FRAMES.  Each frame is one request message, handled as the
  * daemon's stream handlers handle theirs: unpacked with protobuf-c through
  * kex_malloc, its strings checked on the wire (daemon/wire.c), the job
- * token looked up in a real job table (daemon/jobs.c) on the first message
- * and compared on the later ones, then
+ * token looked up in the job table of fuzzkexd.c's daemon (daemon/jobs.c)
+ * on the first message and compared on the later ones, then
  *
  *   Upload       the header's dtype, shape and device resolved with the
  *                daemon's functions (kex_dtype_from_name,
@@ -31,53 +31,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <uv.h>
 
 #include "core/alloc.h"
 #include "core/dtype.h"
-#include "daemon/config.h"
 #include "daemon/jobs.h"
 #include "daemon/rpc.h"
 #include "daemon/wire.h"
 #include "kex/v1/kex.pb-c.h"
+#include "tests/fuzz/fuzzkexd.h"
 #include "tests/fuzz/tmpcache.h"
 
-#define TOKEN "0123456789abcdef0123456789abcdef"
 #define MAX_FRAMES 256
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void *pb_alloc(void *ud, size_t n) {
-  (void)ud;
-  return kex_malloc(n);
-}
-static void pb_free(void *ud, void *p) {
-  (void)ud;
-  kex_free(p);
-}
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
-
-static kexd d;
-static uv_loop_t loop;
-
-static void teardown(void) {
-  kexd_jobs_close(&d.jobs);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  uv_loop_close(&loop);
-}
-
-static void setup(void) {
-  kexd_job *job;
-  kex_error err;
-  kexd_config_defaults(&d.cfg);
-  if (uv_loop_init(&loop) < 0) abort();
-  d.loop = &loop;
-  if (kexd_jobs_init(&d.jobs, &loop, d.cfg.lease_s, d.cfg.max_jobs, NULL) < 0) abort();
-  if (kexd_jobs_open(&d.jobs, "fuzz", 1, d.cfg.job_memory_default, "fuzz", &job, &err) < 0) abort();
-  memcpy(job->token, TOKEN, sizeof job->token);
-  atexit(teardown);
-  (void)fuzz_tmpcache();
-}
 
 /* The stream's state between messages. */
 typedef struct stream {
@@ -89,24 +55,24 @@ typedef struct stream {
 } stream;
 
 /* One message as the handler takes it; -1 ends the stream (the daemon would fail the call). */
-static int on_message(stream *st, const uint8_t *msg, size_t len) {
+static int on_message(kexd *d, stream *st, const uint8_t *msg, size_t len) {
   const ProtobufCMessageDescriptor *desc =
       st->import ? &kex__v1__import_cache_request__descriptor : &kex__v1__upload_request__descriptor;
   ProtobufCMessage *m;
   char why[256];
   const char *token;
   int rc = -1;
-  if (len > (size_t)d.cfg.max_message || !(m = protobuf_c_message_unpack(desc, &pb_allocator, len, msg))) return -1;
+  if (len > (size_t)d->cfg.max_message || !(m = protobuf_c_message_unpack(desc, &fuzz_pb_allocator, len, msg))) return -1;
   if (kexd_wire_check_strings(desc, msg, len, why, sizeof why) < 0) goto out;
   token = st->import ? ((Kex__V1__ImportCacheRequest *)m)->job : ((Kex__V1__UploadRequest *)m)->job;
   if (!st->job || (token && *token)) {
-    kexd_job *job = token && *token ? kexd_jobs_find(&d.jobs, token) : NULL;
+    kexd_job *job = token && *token ? kexd_jobs_find(&d->jobs, token) : NULL;
     if (!job || (st->job && job->id != st->job)) goto out;
     st->job = job->id;
   }
   if (st->import) {
     const Kex__V1__ImportCacheRequest *r = (const Kex__V1__ImportCacheRequest *)m;
-    if (r->data.len > d.cfg.import_max_bytes || st->len > d.cfg.import_max_bytes - r->data.len) goto out;
+    if (r->data.len > d->cfg.import_max_bytes || st->len > d->cfg.import_max_bytes - r->data.len) goto out;
     if (r->data.len) {
       char *nb = kex_realloc(st->buf, st->len + r->data.len);
       if (!nb) goto out;
@@ -118,7 +84,7 @@ static int on_message(stream *st, const uint8_t *msg, size_t len) {
     const Kex__V1__UploadRequest *r = (const Kex__V1__UploadRequest *)m;
     if (r->part_case == KEX__V1__UPLOAD_REQUEST__PART_HEADER) {
       if (st->have_header || !r->header->dtype || kex_dtype_from_name(r->header->dtype) < 0 ||
-          kexd_rpc_device_index(&d, r->header->device) < 0)
+          kexd_rpc_device_index(d, r->header->device) < 0)
         goto out;
       st->have_header = 1;
     } else if (!st->have_header || r->part_case != KEX__V1__UPLOAD_REQUEST__PART_CHUNK) {
@@ -127,16 +93,16 @@ static int on_message(stream *st, const uint8_t *msg, size_t len) {
   }
   rc = 0;
 out:
-  protobuf_c_message_free_unpacked(m, &pb_allocator);
+  protobuf_c_message_free_unpacked(m, &fuzz_pb_allocator);
   return rc;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static int ready;
+  kexd *d = fuzz_kexd();
   stream st;
   size_t at = 1;
   int frames = 0, ok = 1;
-  if (!ready) setup(), ready = 1;
+  (void)fuzz_tmpcache();
   if (size == 0) return 0;
   memset(&st, 0, sizeof st);
   st.import = data[0] & 1;
@@ -145,7 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     at += 2;
     if (at > size) at = size;
     if (n > size - at) n = size - at;
-    ok = on_message(&st, data + at, n) == 0;
+    ok = on_message(d, &st, data + at, n) == 0;
     at += n;
   }
   if (ok && st.import && st.job) { /* the end of a good stream: import what came */

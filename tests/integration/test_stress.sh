@@ -8,13 +8,6 @@
 . "$(dirname "$0")/lib.bash"
 asan=0
 grep -q '"sanitize", "value": true' "$build/meson-info/intro-buildoptions.json" 2>/dev/null && asan=1
-env KEX_STUBS="$tmp" KEXD="$kexd" KEXD_TMP="$tmp" KEXD_ASAN=$asan $PY tests/stress/stress.py \
-  --clients "${KEX_STRESS_CLIENTS:-8}" --calls "${KEX_STRESS_CALLS:-30}" | tee "$tmp/py.out"
-last=$(tail -n 1 "$tmp/py.out")
-if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  passed=$((passed + BASH_REMATCH[1]))
-  failed=$((failed + BASH_REMATCH[2]))
-else
-  bad "stress.py printed its closing line (got: $last)"
-fi
+run_py ../stress/stress.py KEXD="$kexd" KEXD_TMP="$tmp" KEXD_ASAN=$asan \
+  KEX_STRESS_CLIENTS="${KEX_STRESS_CLIENTS:-8}" KEX_STRESS_CALLS="${KEX_STRESS_CALLS:-30}"
 finish

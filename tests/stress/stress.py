@@ -2,6 +2,8 @@
 
   KEXD=... KEX_STUBS=... KEXD_TMP=... /usr/bin/python3 tests/stress/stress.py --clients 8 --calls 40 [--json OUT]
 
+(--clients and --calls default to $KEX_STRESS_CLIENTS and $KEX_STRESS_CALLS, else 8 and 40.)
+
 Each client makes --calls calls, a fixed mix drawn from its own seeded generator: Submit of a tiny
 graph (a + b, inputs inline), of a 16x16 matmul (one input uploaded, read by handle; output downloaded
 by handle, then freed), of a multi-kernel graph (two reductions and an elementwise tail); Upload then
@@ -221,8 +223,8 @@ def proc_figures(pid):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--clients", type=int, default=int(os.environ.get("KEX_STRESS_CLIENTS", "8")))
+    ap.add_argument("--calls", type=int, default=int(os.environ.get("KEX_STRESS_CALLS", "40")))
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     port = free_port()
