@@ -4,9 +4,11 @@
            targets' job (TOKEN), plus graphs that must be refused: a cycle/forward reference, an unknown
            op, dtype and device, zero-sized and overflowing shapes, the fixed buffer (HANDLE) with the
            wrong shape, another job's token.
-  stream/  Upload (first byte 0) and ImportCache (1) streams as fuzz_stream.c frames them (2-byte
-           little-endian length, then the message): good ones, and a second header, a chunk before the
-           header, two jobs in one stream, an export split mid-line, a program line.
+  stream/  Upload (first byte bit 0 clear) and ImportCache (set) streams as fuzz_stream.c frames them
+           (2-byte little-endian length, then the message; bits 1-2 of the first byte: how the stream
+           ends): good ones, short and long uploads, a second header, a chunk before the header, two
+           jobs in one stream, shapes over the limits, an export split mid-line, a program line; each
+           good one also broken, cancelled, and cancelled after the end.
   cache/   fuzz_cache.c's modes: export files (0), and a damaged beam (1), program (2) and device (3)
            row: each column overwritten with a value of each SQLite type.
 
@@ -40,8 +42,9 @@ def beam_line(**over):
     return json.dumps(o) + "\n"
 
 
-def frames(kind, msgs):
-    out = bytes([kind])
+def frames(kind, msgs, ending=0):
+    """fuzz_stream.c's input: bit 0 of the first byte the method, bits 1-2 how the stream ends."""
+    out = bytes([kind | ending << 1])
     for m in msgs:
         b = m if isinstance(m, bytes) else m.SerializeToString()
         out += struct.pack("<H", len(b)) + b
@@ -101,8 +104,20 @@ def stream_seeds():
     chunk = pb.UploadRequest(chunk=b"\0" * 16)
     half = pb.UploadRequest(chunk=b"\1" * 8)
     lines = HEADER + beam_line() + beam_line(ast_key="02" * 32, opts="")
-    return {
+    seeds = {
         "upload": frames(0, [hdr, chunk]),
+        "upload_short": frames(0, [hdr, half]),
+        "upload_over": frames(0, [hdr, chunk, half]),
+        "upload_no_header": frames(0, []),
+        "upload_empty_message": frames(0, [hdr, b""]),
+        "upload_zero_sized": frames(0, [pb.UploadRequest(job=TOKEN, header=pb.UploadHeader(dtype="float32", shape=[0, 4]))]),
+        "upload_over_job_memory": frames(0, [pb.UploadRequest(job=TOKEN, header=pb.UploadHeader(
+            dtype="float32", shape=[1 << 20, 4]))]),
+        "upload_overflow_shape": frames(0, [pb.UploadRequest(job=TOKEN, header=pb.UploadHeader(
+            dtype="float32", shape=[1 << 62, 1 << 62]))]),
+        "upload_unknown_device": frames(0, [pb.UploadRequest(job=TOKEN, header=pb.UploadHeader(
+            dtype="float32", shape=[4], device="tpu"))]),
+        "upload_other_job": frames(0, [pb.UploadRequest(job=OTHER, header=pb.UploadHeader(dtype="float32", shape=[4]))]),
         "upload_halves": frames(0, [hdr, half, half]),
         "upload_second_header": frames(0, [hdr, hdr, chunk]),
         "upload_chunk_first": frames(0, [chunk, hdr]),
@@ -116,7 +131,13 @@ def stream_seeds():
         "import_two_jobs": frames(1, [pb.ImportCacheRequest(job=TOKEN, data=HEADER.encode()),
                                       pb.ImportCacheRequest(job=OTHER, data=beam_line().encode())]),
         "import_no_job": frames(1, [pb.ImportCacheRequest(data=HEADER.encode())]),
+        "import_empty": frames(1, [pb.ImportCacheRequest(job=TOKEN)]),
     }
+    for ending in (1, 2, 3):  # broken, cancelled, cancelled after the end
+        seeds[f"upload_end{ending}"] = frames(0, [hdr, chunk], ending)
+        seeds[f"upload_short_end{ending}"] = frames(0, [hdr, half], ending)
+        seeds[f"import_end{ending}"] = frames(1, [pb.ImportCacheRequest(job=TOKEN, data=lines.encode())], ending)
+    return seeds
 
 
 def cache_seeds():
