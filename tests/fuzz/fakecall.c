@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/errors.h"
 #include "daemon/server.h"
@@ -101,6 +102,25 @@ void fuzz_call_cancel(kexd_call *c) {
     c->finished = true;
     c->status = GRPC_STATUS_CANCELLED;
     kexd_call_unref(c);
+  }
+}
+
+void fuzz_call_wait(kexd_call *c, uv_loop_t *loop, int seconds) {
+  time_t t0 = time(NULL);
+  while (!(c->finished && c->refs == 0 && !c->reading)) {
+    if (time(NULL) - t0 > seconds) {
+      fprintf(stderr, "fakecall: %s not over after %d s (finished %d, refs %d, reading %d)\n", c->method, seconds,
+              c->finished, c->refs, c->reading);
+      __builtin_trap();
+    }
+    if (c->reading) { /* a handler that reads again after the end: the stream is over */
+      kexd_read_cb cb = c->read_cb;
+      c->reading = false;
+      c->read_cb = NULL;
+      cb(c, NULL, 0, 0, c->read_ud);
+    } else {
+      uv_run(loop, UV_RUN_ONCE);
+    }
   }
 }
 

@@ -30,5 +30,11 @@ struct kexd_call {
  * KEX_ECANCELLED.  An outstanding read is the caller's to complete (not ok).
  */
 void fuzz_call_cancel(kexd_call *c);
+/*
+ * Run loop until c is over: finished and every reference released (an
+ * outstanding read is completed as a broken stream).  Still not over after
+ * `seconds`: the handler lost the call; the process traps.
+ */
+void fuzz_call_wait(kexd_call *c, uv_loop_t *loop, int seconds);
 
 #endif

@@ -27,7 +27,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "daemon/rpc.h"
 #include "tests/fuzz/fakecall.h"
@@ -52,7 +51,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kexd_call c;
   size_t at = 1;
   int frames = 0, ending;
-  time_t t0;
   (void)fuzz_tmpcache();
   d = fuzz_kexd_serving(fuzz_tmpcache_path());
   if (size == 0) return 0;
@@ -78,16 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (c.reading) deliver(&c, NULL, 0, ending == 0 || ending == 3);
     if (ending == 3) fuzz_call_cancel(&c);
   }
-  t0 = time(NULL);
-  while (!(c.finished && c.refs == 0 && !c.reading)) {
-    if (time(NULL) - t0 > CALL_SECONDS) {
-      fprintf(stderr, "fuzz_stream: %s not over after %d s (finished %d, refs %d, reading %d)\n", c.method,
-              CALL_SECONDS, c.finished, c.refs, c.reading);
-      __builtin_trap();
-    }
-    if (c.reading) deliver(&c, NULL, 0, 0); /* a handler that reads again after the end: the stream is over */
-    else fuzz_kexd_run_once(d);
-  }
+  fuzz_call_wait(&c, d->loop, CALL_SECONDS);
   if (c.writes) __builtin_trap(); /* a client-stream handler answers with its one reply */
   fuzz_kexd_reset_job(d);
   return 0;
