@@ -663,8 +663,45 @@ def malformed():
     k.stop()
 
 
+def graph_limits():
+    """Each graph limit a client meets, just under (planned) and just over (RESOURCE_EXHAUSTED naming the flag),
+    through Plan: the limits are the builder's, the same for Submit."""
+    k = Kexd("--max-nodes", "8", "--max-outputs", "2", "--max-dims", "3", "--max-elements", "1024",
+             "--max-inline-bytes", "64")
+    j = open_job(k, name="limits")
+
+    def plan(nodes, outputs):
+        return rpc_error(k.kex.Plan, kex_pb2.PlanRequest(job=j, graph=kex_pb2.Graph(device="cpu", nodes=nodes,
+                                                                                  outputs=outputs)), timeout=10)
+
+    def chain(n):
+        return [node("BUFFER", dtype="float32", shape=[4], fill=1.0)] + [node("NEG", src=[i]) for i in range(n - 1)]
+
+    def data(nbytes):
+        return kex_pb2.Node(op="BUFFER", dtype="uint8", shape=[nbytes], data=b"\1" * nbytes)
+
+    sides = [
+        ("--max-nodes 8", "nodes", (chain(8), [7]), (chain(9), [8])),
+        ("--max-outputs 2", "outputs", (chain(3), [1, 2]), (chain(3), [0, 1, 2])),
+        ("--max-dims 3", "dims", ([node("BUFFER", dtype="float32", shape=[2, 2, 2], fill=1.0)], [0]),
+         ([node("BUFFER", dtype="float32", shape=[2, 2, 2, 1], fill=1.0)], [0])),
+        ("--max-elements 1024", "elements", ([node("BUFFER", dtype="float32", shape=[32, 32], fill=1.0)], [0]),
+         ([node("BUFFER", dtype="float32", shape=[1025], fill=1.0)], [0])),
+        ("--max-inline-bytes 64", "bytes", ([data(64)], [0]), ([data(65)], [0])),
+    ]
+    for flag, word, under, over in sides:
+        e = plan(*under)
+        check(f"{flag}: a graph at the limit is planned", e is None, desc(e))
+        e = plan(*over)
+        check(f"{flag}: one over is RESOURCE_EXHAUSTED naming the {word} limit",
+              e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and word in e.details(), desc(e))
+    check("kexd still serves", k.health() == health_pb2.HealthCheckResponse.SERVING)
+    k.stop()
+
+
 def main():
     malformed()
+    graph_limits()
     connections()
     limits()
     vanished_clients()
