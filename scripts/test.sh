@@ -4,7 +4,8 @@
 #  1. scripts/setup.sh (installs missing Debian packages).
 #  2. build/ (normal) and build-asan/ (-Dsanitize=true: ASan + UBSan), each
 #     configured (or reconfigured) and built with `ninja -k 0`.
-#  3. meson test -C build (every suite); meson test -C build-asan --suite unit.
+#  3. meson test -C build (every suite); meson test -C build-asan --suite unit;
+#     tests/fuzz/libfuzzer.sh: build-fuzz (clang, libFuzzer) and its suite fuzz.
 #     When a build fails, the tests whose executables are up to date still run;
 #     the others count as failed ("did not build"), never as stale passes.
 #  4. every tests/integration/*.sh (each prints its own "N passed, N failed"),
@@ -82,6 +83,15 @@ build_and_test() {
 
 build_and_test build ""
 build_and_test build-asan unit -Dsanitize=true
+
+# the fuzz targets as libFuzzer binaries (clang), a few seconds each; skipped without a suitable clang
+rm -f build-fuzz/meson-logs/testlog.json
+bash tests/fuzz/libfuzzer.sh build-fuzz
+case $? in
+  0 | 1) summary_args+=(--meson build-fuzz) ;;
+  77) skip "libFuzzer runs (build-fuzz)" "no clang that builds kex for libFuzzer" ;;
+  *) fail "build-fuzz" "did not configure or build (clang, -Dfuzzer=true)" ;;
+esac
 
 shopt -s nullglob
 scripts_found=(tests/integration/*.sh)

@@ -13,8 +13,11 @@ connections that never finish the HTTP/2 handshake or sit idle, tokens with
 trailing bytes after a NUL, non-UTF-8 strings, COPY to an unknown device,
 the default and maximum job memory, jobs per peer and a full job table,
 job weight, ImportCache bytes per stream and streams at once, Download's
-smallest chunk, shapes that overflow; and that the daemon keeps serving and
-its descriptors and memory return to where they started.
+smallest chunk, shapes that overflow; malformed protobuf (overlong varints,
+wrong wire types, lying length prefixes, deep group nesting), cycles and
+forward references, unknown ops and dtypes, zero-sized shapes, other jobs'
+buffer handles; and that the daemon keeps serving and its descriptors and
+memory return to where they started.
 """
 import os
 import resource
@@ -560,7 +563,145 @@ def vanished_clients():
     k.stop()
 
 
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def malformed():
+    """Bytes no client library would send, graphs no planner would make, other jobs' handles: each refused
+    with the status it should get and a message naming what was wrong; kexd serves on between them and gives
+    its descriptors and memory back."""
+    k = Kexd()
+    a, b = open_job(k, name="owner"), open_job(k, name="intruder")
+    fds0, rss0 = k.fds(), k.rss_kib()
+    bad_bytes = [
+        ("an overlong varint (11 bytes) as OpenJob.weight", "OpenJob", b"\x10" + b"\xff" * 10 + b"\x01"),
+        ("a length prefix of 2^63 on OpenJob.name", "OpenJob", b"\x0a" + varint(1 << 63) + b"abc"),
+        ("a length prefix 100 bytes past the end", "OpenJob", b"\x0a\x64" + b"x" * 5),
+        ("a length prefix that lies inside a nested message (Submit.graph)", "Submit",
+         field(1, a.encode()) + b"\x12\x05" + b"\x1a\x20" + b"\0" * 3),
+        ("OpenJob.name (a string) sent as a varint (wrong wire type 0)", "OpenJob", b"\x08\x05"),
+        ("Submit.graph (a message) sent as a fixed64 (wrong wire type 1)", "Submit", field(1, a.encode()) + b"\x11" + b"\0" * 8),
+        ("wire type 7 (none such)", "GetStats", b"\x0f\x00"),
+        ("100,000 nested start-group tags (deep nesting)", "GetStats", b"\x0b" * 100000),
+        ("a field number of 0", "OpenJob", b"\x02\x01x"),
+        ("a truncated tag", "CloseJob", b"\x8a"),
+    ]
+    for what, method, data in bad_bytes:
+        e = k.raw(method, data)
+        check(f"{what}: INVALID_ARGUMENT naming the message (not a valid ...)",
+              isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.INVALID_ARGUMENT and
+              "not a valid" in e.details(), desc(e) if isinstance(e, grpc.RpcError) else f"accepted: {e!r}"[:200])
+    check("kexd serves after the malformed bytes", k.health() == health_pb2.HealthCheckResponse.SERVING)
+
+    def graph(nodes, outputs):
+        return kex_pb2.Graph(device="cpu", nodes=nodes, outputs=outputs)
+
+    buf4 = node("BUFFER", dtype="float32", shape=[4], fill=1.0)
+    bad_graphs = [
+        ("a node whose source is itself (a cycle)", graph([buf4, node("ADD", src=[1, 0])], [1]), "node 1"),
+        ("a forward reference", graph([node("NEG", src=[1]), buf4], [0]), "node 0"),
+        ("an output past the last node", graph([buf4], [7]), "output"),
+        ("an unknown op", graph([buf4, node("FROBNICATE", src=[0])], [1]), "FROBNICATE"),
+        ("an unknown dtype", graph([node("BUFFER", dtype="float128", shape=[4], fill=1.0)], [0]), "float128"),
+        ("an op with too many sources", graph([buf4, node("NEG", src=[0, 0])], [1]), "node 1"),
+    ]
+    for what, g, word in bad_graphs:
+        e = rpc_error(submit, k, a, g)
+        check(f"Submit of {what} is INVALID_ARGUMENT naming it ({word})",
+              code_and(e, grpc.StatusCode.INVALID_ARGUMENT, word), desc(e))
+        e = rpc_error(k.kex.Plan, kex_pb2.PlanRequest(job=a, graph=g), timeout=10)
+        check(f"Plan of {what} is INVALID_ARGUMENT too", code_and(e, grpc.StatusCode.INVALID_ARGUMENT, word), desc(e))
+
+    # zero-sized shapes: a [0, 4] buffer summed over its empty axis is four zeros, like numpy's
+    try:
+        d = submit(k, a, graph([node("BUFFER", dtype="float32", shape=[0, 4], fill=1.0),
+                                node("REDUCE_SUM", src=[0], axis=[0])], [1]))[-1].done
+        check("a zero-sized [0, 4] buffer summed over axis 0 is four zeros (numpy: np.zeros((0,4)).sum(0))",
+              list(d.outputs[0].shape) in ([1, 4], [4]) and d.outputs[0].data == b"\0" * 16, str(d.outputs[0])[:200])
+        k.kex.Free(kex_pb2.FreeRequest(job=a, handles=[o.handle for o in d.outputs if o.handle]), timeout=5)
+    except grpc.RpcError as ev:
+        check("a zero-sized [0, 4] buffer summed over axis 0 runs", False, desc(ev))
+    e = rpc_error(submit, k, a, graph([node("BUFFER", dtype="float32", shape=[1 << 40, 1 << 40], fill=1.0)], [0]))
+    check("a [2^40, 2^40] shape (elements overflow 64 bits when multiplied by the dtype size) is refused naming node 0",
+          e is not None and e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED) and
+          "node 0" in e.details(), desc(e))
+
+    # another job's handles: the intruder cannot read, use or free the owner's buffer
+    h = k.kex.Upload(iter([kex_pb2.UploadRequest(job=a, header=kex_pb2.UploadHeader(dtype="float32", shape=[4])),
+                           kex_pb2.UploadRequest(chunk=b"\1" * 16)]), timeout=10).handle
+    g = graph([kex_pb2.Node(op="BUFFER", dtype="float32", shape=[4], buffer=h), node("NEG", src=[0])], [1])
+    e = rpc_error(submit, k, b, g)
+    check("Submit reading another job's buffer handle is NOT_FOUND (the job holds no such buffer)",
+          code_and(e, grpc.StatusCode.NOT_FOUND, "unknown buffer handle"), desc(e))
+    e = rpc_error(lambda: list(k.kex.Download(kex_pb2.DownloadRequest(job=b, handle=h), timeout=10)))
+    check("Download of another job's handle is NOT_FOUND", code_and(e, grpc.StatusCode.NOT_FOUND), desc(e))
+    e = rpc_error(k.kex.Free, kex_pb2.FreeRequest(job=b, handles=[h]), timeout=10)
+    check("Free of another job's handle is NOT_FOUND", code_and(e, grpc.StatusCode.NOT_FOUND), desc(e))
+    got = b"".join(c.data for c in k.kex.Download(kex_pb2.DownloadRequest(job=a, handle=h), timeout=10))
+    check("and the owner's buffer is untouched", got == b"\1" * 16, got[:32])
+    e = rpc_error(k.kex.GetStats, kex_pb2.GetStatsRequest(job=h), timeout=5)
+    check("a buffer handle used as a job token is NOT_FOUND", code_and(e, grpc.StatusCode.NOT_FOUND), desc(e))
+    k.kex.Free(kex_pb2.FreeRequest(job=a, handles=[h]), timeout=10)
+
+    # a round of all of it again, then descriptors and memory are back where they were
+    for _ in range(50):
+        for _, method, data in bad_bytes[:-3]:
+            k.raw(method, data)
+        rpc_error(submit, k, b, g)
+    time.sleep(0.3)
+    fds1, rss1 = k.fds(), k.rss_kib()
+    check("after the malformed rounds, descriptors are where they started (+2)", fds1 <= fds0 + 2, f"{fds0} -> {fds1}")
+    check("and memory grew by less than 32 MiB", rss1 - rss0 < 32 * 1024, f"{rss0} -> {rss1} KiB")
+    check("kexd still serves", k.health() == health_pb2.HealthCheckResponse.SERVING)
+    k.stop()
+
+
+def graph_limits():
+    """Each graph limit a client meets, just under (planned) and just over (RESOURCE_EXHAUSTED naming the flag),
+    through Plan: the limits are the builder's, the same for Submit."""
+    k = Kexd("--max-nodes", "8", "--max-outputs", "2", "--max-dims", "3", "--max-elements", "1024",
+             "--max-inline-bytes", "64")
+    j = open_job(k, name="limits")
+
+    def plan(nodes, outputs):
+        return rpc_error(k.kex.Plan, kex_pb2.PlanRequest(job=j, graph=kex_pb2.Graph(device="cpu", nodes=nodes,
+                                                                                  outputs=outputs)), timeout=10)
+
+    def chain(n):
+        return [node("BUFFER", dtype="float32", shape=[4], fill=1.0)] + [node("NEG", src=[i]) for i in range(n - 1)]
+
+    def data(nbytes):
+        return kex_pb2.Node(op="BUFFER", dtype="uint8", shape=[nbytes], data=b"\1" * nbytes)
+
+    sides = [
+        ("--max-nodes 8", "nodes", (chain(8), [7]), (chain(9), [8])),
+        ("--max-outputs 2", "outputs", (chain(3), [1, 2]), (chain(3), [0, 1, 2])),
+        ("--max-dims 3", "dims", ([node("BUFFER", dtype="float32", shape=[2, 2, 2], fill=1.0)], [0]),
+         ([node("BUFFER", dtype="float32", shape=[2, 2, 2, 1], fill=1.0)], [0])),
+        ("--max-elements 1024", "elements", ([node("BUFFER", dtype="float32", shape=[32, 32], fill=1.0)], [0]),
+         ([node("BUFFER", dtype="float32", shape=[1025], fill=1.0)], [0])),
+        ("--max-inline-bytes 64", "bytes", ([data(64)], [0]), ([data(65)], [0])),
+    ]
+    for flag, word, under, over in sides:
+        e = plan(*under)
+        check(f"{flag}: a graph at the limit is planned", e is None, desc(e))
+        e = plan(*over)
+        check(f"{flag}: one over is RESOURCE_EXHAUSTED naming the {word} limit",
+              e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and word in e.details(), desc(e))
+    check("kexd still serves", k.health() == health_pb2.HealthCheckResponse.SERVING)
+    k.stop()
+
+
 def main():
+    malformed()
+    graph_limits()
     connections()
     limits()
     vanished_clients()
