@@ -528,7 +528,7 @@ void kexd_rpc_delete_cache(kexd_call *c, const uint8_t *req, size_t len, void *u
 }
 
 /* The call was finished by kexd_rpc_decode or kexd_rpc_need_job: the stream is over too. */
-static void import_ended(cache_req *q) { kexd_stream_finish(&q->st, GRPC_STATUS_CANCELLED, NULL, NULL); }
+static void import_ended(cache_req *q) { kexd_stream_ended(&q->st); }
 
 static void import_next(cache_req *q);
 

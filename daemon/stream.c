@@ -209,6 +209,13 @@ void kexd_stream_finish(kexd_stream *st, int status, const char *details, const 
   maybe_release(st);
 }
 
+void kexd_stream_ended(kexd_stream *st) {
+  if (st->ended) return;
+  st->ended = true;
+  st->acts++;
+  maybe_release(st);
+}
+
 void kexd_stream_failf(kexd_stream *st, int status, const char *fmt, ...) {
   char msg[KEX_ERROR_MSG_MAX];
   va_list ap;

@@ -113,6 +113,8 @@ int kexd_stream_write(kexd_stream *st, const ProtobufCMessage *msg);
 /* End the call (kexd_call_finish: status, details, an optional last message).  Idempotent. */
 void kexd_stream_finish(kexd_stream *st, int status, const char *details, const ProtobufCMessage *msg);
 void kexd_stream_failf(kexd_stream *st, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The owner ended the call itself (kexd_rpc_decode or kexd_rpc_need_job failed it): the stream is over too. */
+void kexd_stream_ended(kexd_stream *st);
 /* The call is over for the owner: cancelled, or a write broke. */
 bool kexd_stream_dead(const kexd_stream *st);
 

@@ -1254,7 +1254,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   goto out;
 nomem:
   rc = kex_err_set(err, KEX_ENOMEM, "out of memory in the beam search");
-out:
+out:;
   int nworkers = pool ? kex_pool_size(pool) : 0;
   kex_pool_destroy(own_pool); /* joins its workers; a caller's pool has finished every job of this search */
   if (sc.replicas)

@@ -30,6 +30,20 @@ double kexd_call_time_left(const kexd_call *c) {
 
 bool kexd_call_cancelled(const kexd_call *c) { return c->cancelled; }
 
+void *kexd_call_ext(kexd_call *c) { return &c->ext; }
+
+double kexd_call_age_ms(const kexd_call *c) {
+  (void)c;
+  return 0;
+}
+
+/* No metadata arrives without gRPC. */
+int kexd_call_metadata(const kexd_call *c, const char *key, char *buf, size_t cap) {
+  (void)c, (void)key;
+  if (cap) buf[0] = '\0';
+  return KEX_ENOTFOUND;
+}
+
 int kexd_call_peer_host(const kexd_call *c, char *buf, size_t cap) {
   (void)c;
   return (size_t)snprintf(buf, cap, "ipv4:127.0.0.1") < cap ? 0 : KEX_ELIMIT;

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 
+#include "daemon/rpc.h"
 #include "daemon/server.h"
 
 struct kexd_call {
@@ -21,6 +22,7 @@ struct kexd_call {
   int status;               /* as finished */
   char details[512];
   unsigned writes;          /* stream writes tried (refused) */
+  kexd_call_info ext;       /* kexd_call_ext: what request.c keeps per call (no gate ran: no tenant, no token) */
 };
 
 /*

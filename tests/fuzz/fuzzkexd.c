@@ -13,6 +13,8 @@
 #include "daemon/dispatch.h"
 #include "daemon/jobs.h"
 #include "daemon/rpc.h"
+#include "daemon/stream.h"
+#include "search/pool.h"
 #include "tests/fuzz/fuzzkexd.h"
 
 static void *pb_alloc(void *ud, size_t n) {
@@ -44,9 +46,12 @@ static void teardown(void) {
     kexd_dispatch_stop(d.disp, on_stopped, NULL); /* ... which run before the runner exits */
     while (!stopped) uv_run(&loop, UV_RUN_ONCE);
   }
-  kexd_tune_close(&d);
+  if (d.streams) kexd_streams_close(d.streams); /* every call is gone: no stream is written any more */
   uv_run(&loop, UV_RUN_DEFAULT);
   kexd_tune_free(&d);
+  kexd_cache_rpc_free(&d);
+  kexd_streams_free(d.streams);
+  kex_pool_destroy(d.search_pool);
   kexd_dispatch_free(d.disp);
   uv_loop_close(&loop);
   kex_free(d.cfg.cache_path);
@@ -57,7 +62,8 @@ static void open_job(void) {
   kexd_buffer *b;
   kex_error err;
   static const int64_t shape[1] = {4};
-  if (kexd_jobs_open(&d.jobs, "fuzz", 1, d.cfg.job_memory_default, "fuzz", &job, &err) < 0) abort();
+  kexd_tenant_use *use = kexd_jobs_tenant_use(&d.jobs, KEXD_ANONYMOUS_TENANT);
+  if (!use || kexd_jobs_open(&d.jobs, "fuzz", 1, d.cfg.job_memory_default, "fuzz", use, &job, &err) < 0) abort();
   memcpy(job->token, FUZZ_TOKEN, sizeof job->token);
   if (kexd_job_add_buffer(&d.jobs, job, NULL, 0, KEX_DT_FLOAT32, shape, 1, 16, &b) < 0) abort();
   memcpy(b->handle, FUZZ_HANDLE, sizeof b->handle);
@@ -75,9 +81,13 @@ static void setup(int serving, const char *cache_path) {
   for (uint32_t i = 0; i < d.cfg.ndevices; i++) kex_target_for_name(d.cfg.devices[i], &d.targets[i]);
   if (uv_loop_init(&loop) < 0) abort();
   d.loop = &loop;
-  if (serving && (kexd_dispatch_new(&loop, (const char(*)[KEXD_DISPATCH_NAME_MAX])d.cfg.devices, d.cfg.ndevices,
-                                    &d.disp) < 0 || kexd_tune_init(&d) < 0))
-    abort();
+  if (serving) {
+    kex_error perr;
+    if (kexd_dispatch_new(&loop, (const char(*)[KEXD_DISPATCH_NAME_MAX])d.cfg.devices, d.cfg.ndevices, &d.disp) < 0 ||
+        kex_pool_create(1, &d.search_pool, &perr) < 0 || kexd_streams_new(&loop, &d.streams) < 0 ||
+        kexd_tune_init(&d) < 0 || kexd_cache_rpc_init(&d) < 0)
+      abort();
+  }
   if (kexd_jobs_init(&d.jobs, &loop, d.cfg.lease_s, d.cfg.max_jobs, d.disp) < 0) abort();
   d.jobs.max_buffers = d.cfg.max_buffers_per_job;
   open_job();
