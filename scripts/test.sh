@@ -9,10 +9,10 @@
 #     When a build fails, the tests whose executables are up to date still run;
 #     the others count as failed ("did not build"), never as stale passes.
 #  4. every tests/integration/*.sh (each prints its own "N passed, N failed"),
-#     and test_hostile.sh once more with build-asan's kexd.
-#  5. pytest on client/python/tests with /usr/bin/python3 (the Debian python,
-#     which has grpc and numpy).
-#  6. scripts/summarize.py: a per-suite table, then as the very last line
+#     test_hostile.sh once more with build-asan's kexd, and pytest on
+#     client/python/tests with /usr/bin/python3 (the Debian python, which has
+#     grpc and numpy) -- in two lanes at once (KEX_TEST_LANES=1: in turn).
+#  5. scripts/summarize.py: a per-suite table, then as the very last line
 #     "N passed, N failed".  Exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,30 +99,73 @@ shopt -u nullglob
 if [ ${#scripts_found[@]} -eq 0 ]; then
   skip "integration tests" "no tests/integration/*.sh yet"
 fi
+# The integration scripts and pytest run in two lanes at once (KEX_TEST_LANES=1: one after another): much
+# of their time is waiting on kexd processes, sockets and timeouts.  The lanes are balanced by measured time
+# (the longest, compile-bound scripts in one lane, everything else in the other).  Each writes its own log; a
+# line says when each ends, and the logs are printed whole, in order, once both lanes are done.
 mkdir -p build/integration-logs
+heavy_scripts=" test_submit test_sources test_stress test_trace "
+lane_heavy=() lane_light=()
+for script in "${scripts_found[@]}"; do
+  if [[ "$heavy_scripts" == *" $(basename "$script" .sh) "* ]]; then lane_heavy+=("$script"); else lane_light+=("$script"); fi
+done
+
+# run_one NAME LOG CMD...: run a test command with its output in LOG and its exit status in LOG.rc
+run_one() {
+  local name=$1 log=$2 t0=$SECONDS
+  shift 2
+  "$@" >"$log" 2>&1
+  local rc=$?
+  echo "$rc" >"$log.rc"
+  echo "-- done: $name (exit $rc, $((SECONDS - t0)) s): $(tail -n 1 "$log")"
+}
+run_lane() { # run_lane SCRIPT...
+  local script
+  for script in "$@"; do
+    run_one "$script" "build/integration-logs/$(basename "$script" .sh).log" env KEX_BUILD_DIR="$PWD/build" bash "$script"
+  done
+}
+run_light_lane() {
+  run_lane "${lane_light[@]}"
+  # the hostile inputs again under ASan+UBSan (the kexd of build-asan)
+  if [ -x build-asan/daemon/kexd ]; then
+    run_one "tests/integration/test_hostile.sh (build-asan)" build/integration-logs/test_hostile-asan.log \
+      env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_hostile.sh
+  fi
+  if [ -d client/python/tests ]; then
+    rm -f build/pytest-junit.xml
+    run_one "pytest client/python/tests" build/integration-logs/pytest.log \
+      env KEX_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q client/python/tests --junitxml=build/pytest-junit.xml
+  fi
+}
+echo "== integration scripts and pytest (${KEX_TEST_LANES:-2} lanes) =="
+if [ "${KEX_TEST_LANES:-2}" = 1 ]; then
+  run_lane "${lane_heavy[@]}"
+  run_light_lane
+else
+  run_lane "${lane_heavy[@]}" &
+  heavy_pid=$!
+  run_light_lane
+  wait "$heavy_pid"
+fi
 for script in "${scripts_found[@]}"; do
   log="build/integration-logs/$(basename "$script" .sh).log"
   echo "== $script =="
-  KEX_BUILD_DIR=$PWD/build bash "$script" 2>&1 | tee "$log"
-  summary_args+=(--script "$script" "$log" "${PIPESTATUS[0]}")
+  cat "$log"
+  summary_args+=(--script "$script" "$log" "$(cat "$log.rc" 2>/dev/null || echo 1)")
 done
-
-# the hostile inputs again under ASan+UBSan (the kexd of build-asan)
+log=build/integration-logs/test_hostile-asan.log
 if [ -x build-asan/daemon/kexd ]; then
-  log="build/integration-logs/test_hostile-asan.log"
   echo "== tests/integration/test_hostile.sh (build-asan) =="
-  KEX_BUILD_DIR=$PWD/build-asan bash tests/integration/test_hostile.sh 2>&1 | tee "$log"
-  summary_args+=(--script "tests/integration/test_hostile.sh (build-asan)" "$log" "${PIPESTATUS[0]}")
+  cat "$log"
+  summary_args+=(--script "tests/integration/test_hostile.sh (build-asan)" "$log" "$(cat "$log.rc" 2>/dev/null || echo 1)")
 else
   fail "tests/integration/test_hostile.sh (build-asan)" "build-asan/daemon/kexd did not build"
 fi
-
 if [ -d client/python/tests ]; then
   echo "== pytest client/python/tests =="
-  junit=build/pytest-junit.xml
-  rm -f "$junit"
-  KEX_BUILD_DIR=$PWD/build /usr/bin/python3 -m pytest -q client/python/tests --junitxml="$junit"
-  summary_args+=(--junit "pytest client/python/tests" "$junit" "$?")
+  cat build/integration-logs/pytest.log
+  summary_args+=(--junit "pytest client/python/tests" build/pytest-junit.xml "$(cat build/integration-logs/pytest.log.rc 2>/dev/null || echo 1)")
 else
   skip "pytest client/python/tests" "client/python/tests does not exist yet"
 fi
