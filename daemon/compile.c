@@ -174,7 +174,7 @@ void wait_remove(compile_dev *cd, submission *s) {
 
 /* Every compile of s is back and no other will start: go on to the device, or fail. */
 void compile_end(submission *s) {
-  if (s->dead) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
+  if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (s->pool_rc < 0) return sub_fail_rc(s, s->pool_rc, &s->pool_err);
   sub_post(s);
 }
@@ -196,7 +196,7 @@ static void compile_pump(compile_dev *cd) {
         break;
       }
     wait_remove(cd, s);
-    if (s->dead || s->pool_rc < 0) {
+    if (kexd_stream_dead(&s->st) || s->pool_rc < 0) {
       if (!s->compiling) compile_end(s);
       continue;
     }
@@ -216,7 +216,7 @@ static void compile_pump(compile_dev *cd) {
     }
     s->next_miss++;
     s->compiling++;
-    s->in_pool++;
+    kexd_stream_ref(&s->st); /* the compile's, dropped by slot_after */
     cd->busy++;
     if (s->next_miss < s->nmisses) wait_push(cd, s);
   }
@@ -229,29 +229,32 @@ static void slot_after(uv_work_t *req, int status) {
   sl->s = NULL;
   cd->busy--;
   s->compiling--;
-  s->in_pool--;
   if (status < 0 && !sl->rc) sl->rc = kex_err_set(&sl->err, KEX_EINTERNAL, "the worker pool dropped the job");
   if (!sl->rc) cd->S->d->prog_cache_misses++;
   else if (!s->pool_rc || (s->pool_rc == KEX_ECANCELLED && sl->rc != KEX_ECANCELLED)) {
     s->pool_rc = sl->rc;
     s->pool_err = sl->err;
   }
-  if (!s->compiling && (s->dead || s->pool_rc < 0 || s->next_miss == s->nmisses)) {
+  if (!s->compiling && (kexd_stream_dead(&s->st) || s->pool_rc < 0 || s->next_miss == s->nmisses)) {
     if (s->waiting) wait_remove(cd, s);
-    compile_end(s); /* may free s */
+    compile_end(s);
   }
   compile_pump(cd);
+  kexd_stream_unref(&s->st); /* the compile's: may free s */
 }
 
 void lookup_after(uv_work_t *req, int status) {
   submission *s = req->data;
   kexd *d = s->d;
-  s->in_pool--;
   if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
   for (uint32_t k = 0; k < s->p->rp.nkernels; k++)
     if (s->from[k] == 1) d->prog_cache_sqlite_hits++;
-  if (s->dead || s->pool_rc < 0 || !s->nmisses) return compile_end(s);
-  compile_dev *cd = &d->submitter->compilers[s->device];
-  wait_push(cd, s);
-  compile_pump(cd);
+  if (kexd_stream_dead(&s->st) || s->pool_rc < 0 || !s->nmisses) {
+    compile_end(s);
+  } else {
+    compile_dev *cd = &d->submitter->compilers[s->device];
+    wait_push(cd, s);
+    compile_pump(cd);
+  }
+  kexd_stream_unref(&s->st); /* the lookup's: may free s */
 }

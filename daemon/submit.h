@@ -18,6 +18,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "daemon/rpc.h"
+#include "daemon/stream.h"
 #include "devices/device.h"
 #include "realize/plan.h"
 #include "realize/run.h"
@@ -131,7 +132,9 @@ struct kexd_submitter {
 
 typedef enum ev_kind { EV_ACCEPTED, EV_SCHEDULED, EV_COMPILING, EV_RUNNING } ev_kind;
 
+/* A progress event, queued on the submission's stream (kex_malloc'd: the stream frees it). */
 typedef struct sub_event {
+  kexd_stream_ev link; /* first */
   ev_kind kind;
   uint32_t i;
 } sub_event;
@@ -143,7 +146,14 @@ typedef struct step_arg {
 
 struct submission {
   kexd *d;
-  kexd_call *call;
+  kexd_call *call;           /* referenced by the stream until it releases the submission */
+  /*
+   * The call's stream (stream.h): progress events, then the done event (or
+   * the error status).  Pool jobs and device items each take a reference
+   * (kexd_stream_ref), and so does every loop-thread entry into the
+   * submission while it runs, so a pump inside it never frees it.
+   */
+  kexd_stream st;
   uint64_t id;
   uint64_t job;
   uint32_t weight;
@@ -158,10 +168,9 @@ struct submission {
   bool schedule_cached;
   uint64_t reserved;
   kexd_buffer **handles;     /* [p->rp.nbufs]: the job buffers the graph names, referenced */
-  /* events */
-  sub_event *evs;
-  uint32_t nev, evcap, evsent;
-  bool writing, dead, final_ready, final_sent;
+  /* the end of the call */
+  bool final_ready;          /* final_status (and final_ev when OK) is set: the stream ends once the events are out */
+  bool done_started;         /* the done event's write was started */
   bool done_delivered;       /* the done event's write completed: the client has the output handles */
   bool outputs_dropped;      /* the call died before that: the outputs were freed */
   int final_status;
@@ -169,7 +178,6 @@ struct submission {
   Kex__V1__SubmitEvent *final_ev; /* the done event, when final_status is OK */
   /* the pool (P1: build, P2: SQLite lookup, P3: compiles in slots) */
   uv_work_t work;
-  uint32_t in_pool;          /* pool jobs of this submission not yet back */
   int pool_rc;
   kex_error pool_err;
   kex_device_identity dev_id; /* the compile device's (P2), the SQLite key */
@@ -199,7 +207,7 @@ struct submission {
   /* device items */
   kexd_work *works;          /* [nsteps + 2]: setup, the steps, finish */
   step_arg *stepargs;
-  uint32_t items_out;
+  uint32_t items_out;        /* items posted and not back (each also holds a stream reference) */
   int rc;
   kex_error err;
   char (*handle_str)[KEXD_HANDLE_LEN + 1]; /* [noutputs] */
@@ -224,7 +232,6 @@ void sub_post(submission *s);
 /* submit.c */
 void sub_drop_outputs(submission *s);
 void ev_push(submission *s, ev_kind kind, uint32_t i);
-void ev_pump(submission *s);
 void sub_unreserve(submission *s);
 void sub_fail(submission *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void sub_fail_rc(submission *s, int rc, const kex_error *err);
