@@ -3,8 +3,9 @@
  * them from the SQLite program cache, the rest are compiled on the worker
  * pool in each device's compile slots, taken in turn by the waiting
  * submissions (submit.c's opening comment).  Each device's compile probe
- * (identity, dtypes) and the SQLite handle are shared by the pool's
- * threads, each behind a lock.
+ * (identity, dtypes) is shared by the pool's threads behind a lock; SQLite
+ * is reached through the connection of the pool thread a job runs on
+ * (kexd_cache_conn, search/cache.h's policy).
  */
 #include <grpc/status.h>
 #include <inttypes.h>
@@ -49,26 +50,35 @@ static kex_device *compile_probe(compile_dev *cd, kex_error *err) {
   return cd->probe;
 }
 
+/* When this pool thread may try to open the cache of submitter tl_retry_owner again (after a failed open). */
+static _Thread_local double tl_retry_us;
+static _Thread_local const kexd_submitter *tl_retry_owner;
+
 /*
- * The SQLite cache, opened at first use (caller holds cache_lock); NULL when
- * it cannot be opened now.  plan.h's cache policy for a lookup: warned, and
- * compiles go on without it; being a long-lived process, kexd tries the
- * open again at the first use SUB_CACHE_RETRY_US later: a busy or briefly
- * missing file must not cost the process its program cache for good.
+ * This pool thread's SQLite connection (kexd_cache_conn); NULL when kexd
+ * has no cache or it cannot be opened now.  plan.h's cache policy for a
+ * lookup: warned, and compiles go on without it; being a long-lived
+ * process, kexd tries the open again at this thread's first use
+ * SUB_CACHE_RETRY_US later: a busy or briefly missing file must not cost
+ * the process its program cache for good, nor every kernel a wait.
  */
 static kex_cache *sqlite_cache(kexd_submitter *S) {
-  if (!S->cache && S->cache_path && *S->cache_path && kexd_now_us() >= S->cache_retry_us) {
-    bool failed_before = S->cache_retry_us > 0;
-    kex_plan_cache_open(S->cache_path, KEX_PLAN_CACHE_LOOKUP, "program cache", &S->cache, NULL);
-    if (!S->cache) {
-      S->cache_retry_us = kexd_now_us() + SUB_CACHE_RETRY_US;
-      KEX_INFO("program cache %s: trying the open again in %.0f s", S->cache_path, SUB_CACHE_RETRY_US / 1e6);
-    } else if (failed_before) {
-      S->cache_retry_us = 0;
-      KEX_INFO("program cache %s opened (an earlier open had failed)", S->cache_path);
-    }
+  kexd *d = S->d;
+  kex_error err = {0};
+  kex_cache *c;
+  if (!d->cfg.cache_path || !*d->cfg.cache_path) return NULL;
+  bool failed_before = tl_retry_owner == S;
+  if (failed_before && kexd_now_us() < tl_retry_us) return NULL;
+  if (!(c = kexd_cache_conn(d, &err))) {
+    tl_retry_owner = S;
+    tl_retry_us = kexd_now_us() + SUB_CACHE_RETRY_US;
+    KEX_WARN("program cache unavailable, going on without it: %s (trying the open again in %.0f s)", err.msg,
+             SUB_CACHE_RETRY_US / 1e6);
+  } else if (failed_before) {
+    tl_retry_owner = NULL;
+    KEX_INFO("program cache %s opened (an earlier open had failed)", d->cfg.cache_path);
   }
-  return S->cache;
+  return c;
 }
 
 /* P2 on a pool thread: the device's identity and dtypes, then each needed program from SQLite; the rest are misses. */
@@ -94,10 +104,8 @@ void lookup_work(uv_work_t *req) {
       rc = kex_err_set(err, KEX_ECANCELLED, "cancelled");
       break;
     }
-    pthread_mutex_lock(&S->cache_lock);
     kex_cache *c = sqlite_cache(S);
     int grc = c ? kex_cache_program_get(c, pp->src, strlen(pp->src), &s->dev_id, &hit, NULL) : KEX_ENOTFOUND;
-    pthread_mutex_unlock(&S->cache_lock);
     if (grc == 0) {
       s->bins[k] = hit.binary;
       s->binlens[k] = hit.binary_len;
@@ -142,14 +150,12 @@ static void slot_work(uv_work_t *req) {
   }
   s->from[k] = 2;
   s->compile_us[k] = kexd_now_us() - t0;
-  pthread_mutex_lock(&S->cache_lock);
   kex_cache *c = sqlite_cache(S);
   if (c) {
     kex_error pe = {0};
     if (kex_cache_program_put(c, pp->src, strlen(pp->src), &s->dev_id, pp->name, s->bins[k], s->binlens[k], &pe) < 0)
       KEX_WARN("program cache: cannot store %s: %s", pp->name, pe.msg);
   }
-  pthread_mutex_unlock(&S->cache_lock);
 }
 
 static void slot_after(uv_work_t *req, int status);

@@ -49,9 +49,10 @@
  * of one submission's items run on one runner, in order, so those fields
  * have one thread at a time).  `cancelled` is the one word both sides see:
  * the loop sets it at a client cancel, the closures read it and skip their
- * work.  Each device's compile probe (identity, dtypes) and the SQLite
- * handle are shared by the pool's threads, each behind a lock; compiles run
- * in slots (below).
+ * work.  Each device's compile probe (identity, dtypes) is shared by the
+ * pool's threads behind a lock; SQLite is reached through each pool
+ * thread's own connection (kexd_cache_conn); compiles run in slots
+ * (below).
  *
  * Loaded programs (each a dlopen()ed .so or an OpenCL program: ~77 KB and
  * 5 mappings on cpu) are bounded per device by max_programs.  The loop owns
@@ -125,8 +126,6 @@ int kexd_submit_init(kexd *d) {
     for (uint32_t j = 0; j < nslots; j++) cd->slots[j].cd = cd;
   }
   for (uint32_t i = 0; i < S->ndevices; i++) pthread_mutex_init(&S->compilers[i].lock, NULL);
-  pthread_mutex_init(&S->cache_lock, NULL);
-  S->cache_path = d->cfg.cache_path;
   S->fault_kind = d->cfg.test_fault_kind;
   S->fault_n = d->cfg.test_fault_n;
   S->max_programs = d->cfg.max_programs;
@@ -156,8 +155,6 @@ void kexd_submit_free(kexd *d) {
     free_loaded_now(lp);
   }
   for (uint32_t i = 0; i < S->nplans; i++) plan_unref(S->plans[i]);
-  kex_cache_close(S->cache);
-  pthread_mutex_destroy(&S->cache_lock);
   kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans);
   kex_free(S);
   d->submitter = NULL;

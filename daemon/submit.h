@@ -32,7 +32,7 @@
  * arrive together, at most this late.
  */
 #define SUB_DEFER_KERNEL_US 1000.0
-#define SUB_CACHE_RETRY_US 5e6 /* a failed open of the SQLite cache is tried again at the first use this much later */
+#define SUB_CACHE_RETRY_US 5e6 /* a pool thread whose SQLite open failed tries again at its first use this much later */
 
 /* A map from 32-byte hashes to pointers (open addressing; programs.c). */
 typedef struct hashmap {
@@ -113,11 +113,6 @@ struct kexd_submitter {
   kexd *d;
   uint32_t ndevices;
   compile_dev *compilers;    /* [ndevices] */
-  /* cache_lock protects cache and cache_retry_us: the SQLite handle is used by one pool thread at a time */
-  pthread_mutex_t cache_lock;
-  kex_cache *cache;
-  double cache_retry_us; /* a failed open is not tried again before kexd_now_us() reaches this (0: try now) */
-  const char *cache_path;
   int fault_kind;
   unsigned long fault_n;
   uint32_t max_programs;
