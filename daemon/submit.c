@@ -90,7 +90,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "codegen/astkey.h"
+#include "core/codec.h"
 #include "daemon/submit.h"
 #include "sched/schedule.h"
 
@@ -123,6 +123,7 @@ int kexd_submit_init(kexd *d) {
     cd->device = i;
     cd->S = S;
     cd->nslots = nslots;
+    loaded_index_init(&S->loaded[i]);
     for (uint32_t j = 0; j < nslots; j++) cd->slots[j].cd = cd;
   }
   for (uint32_t i = 0; i < S->ndevices; i++) pthread_mutex_init(&S->compilers[i].lock, NULL);
@@ -143,7 +144,7 @@ void kexd_submit_free(kexd *d) {
   if (!S) return;
   for (uint32_t i = 0; i < S->ndevices; i++) {
     compile_dev *cd = &S->compilers[i];
-    hm_free(&S->loaded[i], free_loaded_now); /* the runners have exited: this thread is the only one left */
+    loaded_index_free(&S->loaded[i]); /* the runners have exited: this thread is the only one left */
     for (uint32_t j = 0; j < cd->nslots; j++) kex_device_unref(cd->slots[j].dev);
     kex_device_unref(cd->probe);
     kex_free(cd->slots);
@@ -490,9 +491,8 @@ static void sub_planned(submission *s) {
                     p->rp.alloc_bytes);
   s->reserved = p->rp.alloc_bytes;
   for (uint32_t k = 0; k < p->rp.nkernels; k++) {
-    bool found;
-    loaded_prog *lp = hm_get(&S->loaded[s->device], p->rp.progs[k].hash, &found);
-    if (found) { /* loaded: pinned until the submission's last item is back */
+    loaded_prog *lp = loaded_find(&S->loaded[s->device], p->rp.progs[k].hash);
+    if (lp) { /* loaded: pinned until the submission's last item is back */
       lp->pins++;
       lp->last_used = ++S->clock;
       s->lps[k] = lp;

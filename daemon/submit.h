@@ -3,8 +3,8 @@
  * graph structure, the loaded-programs index, the compile devices and
  * slots, the submitter and one submission.  submit.c has the handler, the
  * submission's life and its stream (its opening comment tells the whole
- * path of a submission); programs.c the loaded programs' index (and the
- * hash map it is kept in); compile.c the SQLite lookups and the compile
+ * path of a submission); programs.c the loaded programs' index;
+ * compile.c the SQLite lookups and the compile
  * slots; submit_run.c the device runner's items and the done event.
  * Every function here runs on the loop thread unless its comment says.
  */
@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/alloc.h"
+#include "core/dict.h"
 #include "core/log.h"
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
@@ -33,14 +34,6 @@
  */
 #define SUB_DEFER_KERNEL_US 1000.0
 #define SUB_CACHE_RETRY_US 5e6 /* a pool thread whose SQLite open failed tries again at its first use this much later */
-
-/* A map from 32-byte hashes to pointers (open addressing; programs.c). */
-typedef struct hashmap {
-  uint32_t n, cap;        /* cap: 0 or a power of two */
-  uint8_t (*keys)[SUB_HASH];
-  void **vals;
-  bool *used;
-} hashmap;
 
 /* The plan builder's plan (realize/plan.h) of one graph structure, shared by its submissions. */
 typedef struct plan {
@@ -117,7 +110,7 @@ struct kexd_submitter {
   unsigned long fault_n;
   uint32_t max_programs;
   /* loop thread only */
-  hashmap *loaded;           /* [ndevices]: source hash -> loaded_prog, the programs each runner holds */
+  kex_dict *loaded;          /* [ndevices]: source hash -> loaded_prog *, the programs each runner holds */
   loaded_prog *orphans;      /* unloads that could not be posted (stopping): freed with the submitter */
   uint64_t programs_unloaded;
   plan **plans;              /* the structure cache, cfg.schedule_cache entries at most */
@@ -212,8 +205,9 @@ struct submission {
 /* ---- shared between the files (see each definition) ---- */
 
 /* programs.c */
-void *hm_get(const hashmap *m, const uint8_t *key, bool *found);
-void hm_free(hashmap *m, void (*free_val)(void *));
+void loaded_index_init(kex_dict *m);
+loaded_prog *loaded_find(const kex_dict *m, const uint8_t *hash); /* NULL: not loaded */
+void loaded_index_free(kex_dict *m); /* frees every program and record (only once the runners have exited) */
 void free_loaded_now(void *v);
 void sub_release_programs(submission *s);
 void sub_adopt_programs(submission *s);
