@@ -50,37 +50,6 @@ static kex_device *compile_probe(compile_dev *cd, kex_error *err) {
   return cd->probe;
 }
 
-/* When this pool thread may try to open the cache of submitter tl_retry_owner again (after a failed open). */
-static _Thread_local double tl_retry_us;
-static _Thread_local const kexd_submitter *tl_retry_owner;
-
-/*
- * This pool thread's SQLite connection (kexd_cache_conn); NULL when kexd
- * has no cache or it cannot be opened now.  plan.h's cache policy for a
- * lookup: warned, and compiles go on without it; being a long-lived
- * process, kexd tries the open again at this thread's first use
- * SUB_CACHE_RETRY_US later: a busy or briefly missing file must not cost
- * the process its program cache for good, nor every kernel a wait.
- */
-static kex_cache *sqlite_cache(kexd_submitter *S) {
-  kexd *d = S->d;
-  kex_error err = {0};
-  kex_cache *c;
-  if (!d->cfg.cache_path || !*d->cfg.cache_path) return NULL;
-  bool failed_before = tl_retry_owner == S;
-  if (failed_before && kexd_now_us() < tl_retry_us) return NULL;
-  if (!(c = kexd_cache_conn(d, &err))) {
-    tl_retry_owner = S;
-    tl_retry_us = kexd_now_us() + SUB_CACHE_RETRY_US;
-    KEX_WARN("program cache unavailable, going on without it: %s (trying the open again in %.0f s)", err.msg,
-             SUB_CACHE_RETRY_US / 1e6);
-  } else if (failed_before) {
-    tl_retry_owner = NULL;
-    KEX_INFO("program cache %s opened (an earlier open had failed)", d->cfg.cache_path);
-  }
-  return c;
-}
-
 /* P2 on a pool thread: the device's identity and dtypes, then each needed program from SQLite; the rest are misses. */
 void lookup_work(uv_work_t *req) {
   submission *s = req->data;
@@ -104,7 +73,7 @@ void lookup_work(uv_work_t *req) {
       rc = kex_err_set(err, KEX_ECANCELLED, "cancelled");
       break;
     }
-    kex_cache *c = sqlite_cache(S);
+    kex_cache *c = kexd_cache_conn_lookup(S->d, "program cache");
     int grc = c ? kex_cache_program_get(c, pp->src, strlen(pp->src), &s->dev_id, &hit, NULL) : KEX_ENOTFOUND;
     if (grc == 0) {
       s->bins[k] = hit.binary;
@@ -150,7 +119,7 @@ static void slot_work(uv_work_t *req) {
   }
   s->from[k] = 2;
   s->compile_us[k] = kexd_now_us() - t0;
-  kex_cache *c = sqlite_cache(S);
+  kex_cache *c = kexd_cache_conn_lookup(S->d, "program cache");
   if (c) {
     kex_error pe = {0};
     if (kex_cache_program_put(c, pp->src, strlen(pp->src), &s->dev_id, pp->name, s->bins[k], s->binlens[k], &pe) < 0)

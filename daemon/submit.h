@@ -33,7 +33,6 @@
  * arrive together, at most this late.
  */
 #define SUB_DEFER_KERNEL_US 1000.0
-#define SUB_CACHE_RETRY_US 5e6 /* a pool thread whose SQLite open failed tries again at its first use this much later */
 
 /* The plan builder's plan (realize/plan.h) of one graph structure, shared by its submissions. */
 typedef struct plan {
