@@ -188,7 +188,7 @@ static char *memo_get(kexd_cache_rpc *T, const char *ast_hex, const char *kind, 
   return r;
 }
 
-/* ---- the cache RPCs (SQLite on the pool, the shared handle under cache_lock) ---- */
+/* ---- the cache RPCs (SQLite on the pool, each thread on its own connection) ---- */
 
 typedef enum cache_op { OP_LIST, OP_GET, OP_EXPORT, OP_IMPORT, OP_DELETE } cache_op;
 
