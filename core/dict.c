@@ -1,6 +1,6 @@
 /*
- * dict.c - growing, cancelling, walking and freeing a core/dict table (the
- * probe loops are inline in dict.h).
+ * dict.c - growing, cancelling, removing, walking and freeing a core/dict
+ * table (the probe loops are inline in dict.h).
  */
 #include "core/dict.h"
 
@@ -52,6 +52,22 @@ int kex__dict_grow(kex_dict *d) {
 void kex_dict_cancel(kex_dict *d, void *entry) {
   /* the entry was the last one inserted, in what was an empty slot: no probe chain runs through it yet */
   d->hashes[(size_t)((unsigned char *)entry - d->entries) / d->type->entry_size] = 0;
+  d->len--;
+}
+
+void kex_dict_remove(kex_dict *d, void *entry) {
+  size_t esz = d->type->entry_size;
+  uint32_t mask = d->cap - 1, i = (uint32_t)((size_t)((unsigned char *)entry - d->entries) / esz);
+  for (uint32_t j = (i + 1) & mask; d->hashes[j]; j = (j + 1) & mask) {
+    uint32_t home = (uint32_t)d->hashes[j] & mask;
+    /* j's entry may fill the hole at i when its home is not in (i, j] (cyclically) */
+    if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
+      d->hashes[i] = d->hashes[j];
+      memcpy(d->entries + (size_t)i * esz, d->entries + (size_t)j * esz, esz);
+      i = j;
+    }
+  }
+  d->hashes[i] = 0;
   d->len--;
 }
 

@@ -7,7 +7,8 @@
  * bytes, e.g. an interned object's pointer, or a (key, value) pair) stored
  * inline, and each slot's 64-bit hash beside them, so probing compares
  * hashes first and calls type->eq only on a hash match, and growing never
- * calls back.  Linear probing, power-of-two capacity, grown at 70% load;
+ * calls back.  Linear probing, power-of-two capacity, grown at 70% load,
+ * removal by moving the rest of the probe run back (no tombstones);
  * memory from kex_malloc.  Hashes are the caller's (kex_hash_* of the key):
  * a table never hashes, so a key may be probed with a differently shaped
  * "probe" (a view's buffer before it is interned) as long as the hash and
@@ -16,8 +17,8 @@
  * Users: the shape context's intern tables and memo (sched/view.c,
  * sched/shapetracker.c), the lazy-buffer cache (sched/lazy.c), the
  * schedule's LazyOp table (sched/schedule.c), uop hash-consing
- * (codegen/uops.c), the AST key's tables (codegen/astkey.c) and
- * kex_ptrmap (core/ptrmap.c).
+ * (codegen/uops.c), the AST key's tables (codegen/astkey.c), kexd's
+ * loaded-programs index (daemon/programs.c) and kex_ptrmap (core/ptrmap.c).
  */
 #ifndef KEX_CORE_DICT_H
 #define KEX_CORE_DICT_H
@@ -57,6 +58,10 @@ static inline void *kex_dict_insert(kex_dict *d, uint64_t h, const void *probe, 
 
 /* Give back the entry the last kex_dict_insert just made (when filling it failed). */
 void kex_dict_cancel(kex_dict *d, void *entry);
+
+/* Remove a stored entry (a pointer find or insert returned); later entries of its probe run move back.  No
+   memory is allocated or freed.  Other entry pointers are invalid afterwards. */
+void kex_dict_remove(kex_dict *d, void *entry);
 
 /* Walk the entries: start with *pos = 0; NULL when done.  No insert during a walk. */
 void *kex_dict_next(const kex_dict *d, uint32_t *pos);

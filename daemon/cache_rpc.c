@@ -131,6 +131,27 @@ kex_cache *kexd_cache_conn(kexd *d, kex_error *err) {
   return c;
 }
 
+/* When this thread may try again to open the cache of tl_retry_owner (after an open failed). */
+static _Thread_local double tl_retry_us;
+static _Thread_local const kexd_cache_rpc *tl_retry_owner;
+
+kex_cache *kexd_cache_conn_lookup(kexd *d, const char *what) {
+  kex_error err = {0};
+  kex_cache *c;
+  bool failed_before = tl_retry_owner == d->cache_rpc;
+  if (!d->cfg.cache_path || !*d->cfg.cache_path || (failed_before && kexd_now_us() < tl_retry_us)) return NULL;
+  if (!(c = kexd_cache_conn(d, &err))) {
+    tl_retry_owner = d->cache_rpc;
+    tl_retry_us = kexd_now_us() + KEXD_CACHE_RETRY_S * 1e6;
+    KEX_WARN("%s unavailable, going on without it: %s (this thread tries again in %.0f s)", what, err.msg,
+             KEXD_CACHE_RETRY_S);
+  } else if (failed_before) {
+    tl_retry_owner = NULL;
+    KEX_INFO("%s %s opened (an earlier open had failed)", what, d->cfg.cache_path);
+  }
+  return c;
+}
+
 /* ---- the memo of rendered sources ---- */
 
 void kexd_cache_memo_put(kexd *d, const char *ast_hex, const char *kind, const char *opts, const char *src) {
@@ -167,7 +188,7 @@ static char *memo_get(kexd_cache_rpc *T, const char *ast_hex, const char *kind, 
   return r;
 }
 
-/* ---- the cache RPCs (SQLite on the pool, the shared handle under cache_lock) ---- */
+/* ---- the cache RPCs (SQLite on the pool, each thread on its own connection) ---- */
 
 typedef enum cache_op { OP_LIST, OP_GET, OP_EXPORT, OP_IMPORT, OP_DELETE } cache_op;
 

@@ -3,8 +3,9 @@
  * them from the SQLite program cache, the rest are compiled on the worker
  * pool in each device's compile slots, taken in turn by the waiting
  * submissions (submit.c's opening comment).  Each device's compile probe
- * (identity, dtypes) and the SQLite handle are shared by the pool's
- * threads, each behind a lock.
+ * (identity, dtypes) is shared by the pool's threads behind a lock; SQLite
+ * is reached through the connection of the pool thread a job runs on
+ * (kexd_cache_conn, search/cache.h's policy).
  */
 #include <grpc/status.h>
 #include <inttypes.h>
@@ -49,28 +50,6 @@ static kex_device *compile_probe(compile_dev *cd, kex_error *err) {
   return cd->probe;
 }
 
-/*
- * The SQLite cache, opened at first use (caller holds cache_lock); NULL when
- * it cannot be opened now.  plan.h's cache policy for a lookup: warned, and
- * compiles go on without it; being a long-lived process, kexd tries the
- * open again at the first use SUB_CACHE_RETRY_US later: a busy or briefly
- * missing file must not cost the process its program cache for good.
- */
-static kex_cache *sqlite_cache(kexd_submitter *S) {
-  if (!S->cache && S->cache_path && *S->cache_path && kexd_now_us() >= S->cache_retry_us) {
-    bool failed_before = S->cache_retry_us > 0;
-    kex_plan_cache_open(S->cache_path, KEX_PLAN_CACHE_LOOKUP, "program cache", &S->cache, NULL);
-    if (!S->cache) {
-      S->cache_retry_us = kexd_now_us() + SUB_CACHE_RETRY_US;
-      KEX_INFO("program cache %s: trying the open again in %.0f s", S->cache_path, SUB_CACHE_RETRY_US / 1e6);
-    } else if (failed_before) {
-      S->cache_retry_us = 0;
-      KEX_INFO("program cache %s opened (an earlier open had failed)", S->cache_path);
-    }
-  }
-  return S->cache;
-}
-
 /* P2 on a pool thread: the device's identity and dtypes, then each needed program from SQLite; the rest are misses. */
 void lookup_work(uv_work_t *req) {
   submission *s = req->data;
@@ -95,10 +74,8 @@ void lookup_work(uv_work_t *req) {
       rc = kex_err_set(err, KEX_ECANCELLED, "cancelled");
       break;
     }
-    pthread_mutex_lock(&S->cache_lock);
-    kex_cache *c = sqlite_cache(S);
+    kex_cache *c = kexd_cache_conn_lookup(S->d, "program cache");
     int grc = c ? kex_cache_program_get(c, pp->src, strlen(pp->src), &s->dev_id, &hit, NULL) : KEX_ENOTFOUND;
-    pthread_mutex_unlock(&S->cache_lock);
     if (grc == 0) {
       s->bins[k] = hit.binary;
       s->binlens[k] = hit.binary_len;
@@ -151,14 +128,12 @@ static void slot_work(uv_work_t *req) {
   }
   s->from[k] = 2;
   s->compile_us[k] = kexd_now_us() - t0;
-  pthread_mutex_lock(&S->cache_lock);
-  kex_cache *c = sqlite_cache(S);
+  kex_cache *c = kexd_cache_conn_lookup(S->d, "program cache");
   if (c) {
     kex_error pe = {0};
     if (kex_cache_program_put(c, pp->src, strlen(pp->src), &s->dev_id, pp->name, s->bins[k], s->binlens[k], &pe) < 0)
       KEX_WARN("program cache: cannot store %s: %s", pp->name, pe.msg);
   }
-  pthread_mutex_unlock(&S->cache_lock);
 }
 
 static void slot_after(uv_work_t *req, int status);
@@ -183,7 +158,7 @@ void wait_remove(compile_dev *cd, submission *s) {
 
 /* Every compile of s is back and no other will start: go on to the device, or fail. */
 void compile_end(submission *s) {
-  if (s->dead) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
+  if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (s->pool_rc < 0) return sub_fail_rc(s, s->pool_rc, &s->pool_err);
   sub_post(s);
 }
@@ -205,7 +180,7 @@ static void compile_pump(compile_dev *cd) {
         break;
       }
     wait_remove(cd, s);
-    if (s->dead || s->pool_rc < 0) {
+    if (kexd_stream_dead(&s->st) || s->pool_rc < 0) {
       if (!s->compiling) compile_end(s);
       continue;
     }
@@ -225,7 +200,7 @@ static void compile_pump(compile_dev *cd) {
     }
     s->next_miss++;
     s->compiling++;
-    s->in_pool++;
+    kexd_stream_ref(&s->st); /* the compile's, dropped by slot_after */
     cd->busy++;
     if (s->next_miss < s->nmisses) wait_push(cd, s);
   }
@@ -238,29 +213,32 @@ static void slot_after(uv_work_t *req, int status) {
   sl->s = NULL;
   cd->busy--;
   s->compiling--;
-  s->in_pool--;
   if (status < 0 && !sl->rc) sl->rc = kex_err_set(&sl->err, KEX_EINTERNAL, "the worker pool dropped the job");
   if (!sl->rc) cd->S->d->prog_cache_misses++;
   else if (!s->pool_rc || (s->pool_rc == KEX_ECANCELLED && sl->rc != KEX_ECANCELLED)) {
     s->pool_rc = sl->rc;
     s->pool_err = sl->err;
   }
-  if (!s->compiling && (s->dead || s->pool_rc < 0 || s->next_miss == s->nmisses)) {
+  if (!s->compiling && (kexd_stream_dead(&s->st) || s->pool_rc < 0 || s->next_miss == s->nmisses)) {
     if (s->waiting) wait_remove(cd, s);
-    compile_end(s); /* may free s */
+    compile_end(s);
   }
   compile_pump(cd);
+  kexd_stream_unref(&s->st); /* the compile's: may free s */
 }
 
 void lookup_after(uv_work_t *req, int status) {
   submission *s = req->data;
   kexd *d = s->d;
-  s->in_pool--;
   if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
   for (uint32_t k = 0; k < s->p->rp.nkernels; k++)
     if (s->from[k] == 1) d->prog_cache_sqlite_hits++;
-  if (s->dead || s->pool_rc < 0 || !s->nmisses) return compile_end(s);
-  compile_dev *cd = &d->submitter->compilers[s->device];
-  wait_push(cd, s);
-  compile_pump(cd);
+  if (kexd_stream_dead(&s->st) || s->pool_rc < 0 || !s->nmisses) {
+    compile_end(s);
+  } else {
+    compile_dev *cd = &d->submitter->compilers[s->device];
+    wait_push(cd, s);
+    compile_pump(cd);
+  }
+  kexd_stream_unref(&s->st); /* the lookup's: may free s */
 }

@@ -1,7 +1,7 @@
 /*
  * programs.c - Submit's loaded programs: per device, the index from a
- * program's source hash to the program its runner holds (a hash map kept
- * here), pinned by the submissions that use it, the least recently used
+ * program's source hash to the program its runner holds (a core/dict
+ * table), pinned by the submissions that use it, the least recently used
  * unpinned ones unloaded past --max-programs (submit.c's opening comment).
  * Loop thread; only the runner dereferences a program.
  */
@@ -16,83 +16,26 @@
 
 #include "daemon/submit.h"
 
-static uint32_t hm_slot(const hashmap *m, const uint8_t *key) {
+/* ---- the index of one device: loaded_prog pointers keyed by their source hash (core/dict) ---- */
+
+static bool lp_eq(const void *entry, const void *probe) {
+  return memcmp((*(loaded_prog *const *)entry)->hash, probe, SUB_HASH) == 0;
+}
+
+static const kex_dict_type loaded_type = {sizeof(loaded_prog *), lp_eq, 64};
+
+/* A SHA-256 is already uniform: its first 8 bytes are the table's hash. */
+static uint64_t lp_hash(const uint8_t *hash) {
   uint64_t h;
-  memcpy(&h, key, sizeof h);
-  uint32_t i = (uint32_t)h & (m->cap - 1);
-  while (m->used[i] && memcmp(m->keys[i], key, SUB_HASH) != 0) i = (i + 1) & (m->cap - 1);
-  return i;
+  memcpy(&h, hash, sizeof h);
+  return h;
 }
 
-/* The value stored under key, or NULL. */
-void *hm_get(const hashmap *m, const uint8_t *key, bool *found) {
-  *found = false;
-  if (!m->cap) return NULL;
-  uint32_t i = hm_slot(m, key);
-  if (!m->used[i]) return NULL;
-  *found = true;
-  return m->vals[i];
-}
+void loaded_index_init(kex_dict *m) { *m = kex_dict_make(&loaded_type); }
 
-/* Store (or replace) key -> val.  0 or KEX_ENOMEM. */
-static int hm_put(hashmap *m, const uint8_t *key, void *val) {
-  if (2 * (m->n + 1) > m->cap) {
-    hashmap g = {0, m->cap ? 2 * m->cap : 64, NULL, NULL, NULL};
-    g.keys = kex_calloc(g.cap, sizeof *g.keys);
-    g.vals = kex_calloc(g.cap, sizeof *g.vals);
-    g.used = kex_calloc(g.cap, sizeof *g.used);
-    if (!g.keys || !g.vals || !g.used) {
-      kex_free(g.keys), kex_free(g.vals), kex_free(g.used);
-      return KEX_ENOMEM;
-    }
-    for (uint32_t i = 0; i < m->cap; i++)
-      if (m->used[i]) {
-        uint32_t j = hm_slot(&g, m->keys[i]);
-        g.used[j] = true;
-        memcpy(g.keys[j], m->keys[i], SUB_HASH);
-        g.vals[j] = m->vals[i];
-        g.n++;
-      }
-    kex_free(m->keys), kex_free(m->vals), kex_free(m->used);
-    *m = g;
-  }
-  uint32_t i = hm_slot(m, key);
-  if (!m->used[i]) {
-    m->used[i] = true;
-    memcpy(m->keys[i], key, SUB_HASH);
-    m->n++;
-  }
-  m->vals[i] = val;
-  return 0;
-}
-
-/* Remove key (if present) and return its value; the later entries of its probe run shift back. */
-static void *hm_del(hashmap *m, const uint8_t *key) {
-  if (!m->cap) return NULL;
-  uint32_t i = hm_slot(m, key);
-  if (!m->used[i]) return NULL;
-  void *val = m->vals[i];
-  for (uint32_t j = (i + 1) & (m->cap - 1); m->used[j]; j = (j + 1) & (m->cap - 1)) {
-    uint64_t h;
-    memcpy(&h, m->keys[j], sizeof h);
-    uint32_t home = (uint32_t)h & (m->cap - 1);
-    /* j's entry may fill the hole at i when its home is not in (i, j] (cyclically) */
-    if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
-      memcpy(m->keys[i], m->keys[j], SUB_HASH);
-      m->vals[i] = m->vals[j];
-      i = j;
-    }
-  }
-  m->used[i] = false;
-  m->n--;
-  return val;
-}
-
-void hm_free(hashmap *m, void (*free_val)(void *)) {
-  for (uint32_t i = 0; free_val && i < m->cap; i++)
-    if (m->used[i]) free_val(m->vals[i]);
-  kex_free(m->keys), kex_free(m->vals), kex_free(m->used);
-  memset(m, 0, sizeof *m);
+loaded_prog *loaded_find(const kex_dict *m, const uint8_t *hash) {
+  loaded_prog **e = kex_dict_find(m, lp_hash(hash), hash);
+  return e ? *e : NULL;
 }
 
 /* A loaded_prog's program and record, on this thread (only once the runners have exited). */
@@ -100,6 +43,12 @@ void free_loaded_now(void *v) {
   loaded_prog *lp = v;
   kex_program_free(lp->prog);
   kex_free(lp);
+}
+
+void loaded_index_free(kex_dict *m) {
+  uint32_t pos = 0;
+  for (loaded_prog **e; (e = kex_dict_next(m, &pos));) free_loaded_now(*e);
+  kex_dict_free(m);
 }
 
 /* The runner frees the program (the unload item's closure). */
@@ -141,19 +90,19 @@ static void loaded_unload(loaded_prog *lp) {
  * used records no submission has pinned (while there are such).
  */
 static void loaded_evict(kexd_submitter *S, uint32_t device) {
-  hashmap *m = &S->loaded[device];
-  while (m->n > S->max_programs) {
-    loaded_prog *lru = NULL;
-    for (uint32_t i = 0; i < m->cap; i++) {
-      loaded_prog *lp = m->used[i] ? m->vals[i] : NULL;
-      if (lp && !lp->pins && (!lru || lp->last_used < lru->last_used)) lru = lp;
-    }
+  kex_dict *m = &S->loaded[device];
+  while (m->len > S->max_programs) {
+    loaded_prog **lru = NULL, **e;
+    uint32_t pos = 0;
+    while ((e = kex_dict_next(m, &pos)))
+      if (!(*e)->pins && (!lru || (*e)->last_used < (*lru)->last_used)) lru = e;
     if (!lru) break; /* every loaded program is in use: over the limit until they are released */
-    hm_del(m, lru->hash);
+    loaded_prog *lp = *lru;
+    kex_dict_remove(m, lru); /* never allocates */
     S->programs_unloaded++;
     kex_log(KEX_LOG_DEBUG, NULL, 0, "programs: device \"%s\": unloading %s: %u loaded (limit %u), %" PRIu64 " unloaded",
-            S->d->cfg.devices[device], lru->name, m->n, S->max_programs, S->programs_unloaded);
-    loaded_unload(lru);
+            S->d->cfg.devices[device], lp->name, m->len, S->max_programs, S->programs_unloaded);
+    loaded_unload(lp);
   }
 }
 
@@ -186,17 +135,17 @@ void sub_release_programs(submission *s) {
  */
 void sub_adopt_programs(submission *s) {
   kexd_submitter *S = s->d->submitter;
-  hashmap *m = &S->loaded[s->device];
+  kex_dict *m = &S->loaded[s->device];
   uint32_t n = 0;
   if (s->adopted || !s->lps) return;
   s->adopted = true;
   for (uint32_t k = 0; k < s->p->rp.nkernels; k++) {
-    loaded_prog *lp = s->lps[k];
+    loaded_prog *lp = s->lps[k], **e;
     bool found;
     if (!lp || s->pinned[k] || !s->progs[k]) continue;
     lp->prog = s->progs[k]; /* written by SETUP before its done was handed back */
-    hm_get(m, lp->hash, &found);
-    if (found || hm_put(m, lp->hash, lp) < 0) continue;
+    if (!(e = kex_dict_insert(m, lp_hash(lp->hash), lp->hash, &found)) || found) continue;
+    *e = lp;
     s->pinned[k] = true;
     lp->pins = 1;
     lp->last_used = ++S->clock;
@@ -204,6 +153,6 @@ void sub_adopt_programs(submission *s) {
   }
   if (n)
     kex_log(KEX_LOG_DEBUG, s->log_id, 0, "programs: device \"%s\": %u loaded (limit %u) after Submit %" PRIu64 " loaded %u",
-            s->d->cfg.devices[s->device], m->n, S->max_programs, s->id, n);
+            s->d->cfg.devices[s->device], m->len, S->max_programs, s->id, n);
   loaded_evict(S, s->device);
 }

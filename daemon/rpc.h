@@ -165,6 +165,15 @@ void kexd_cache_rpc_free(kexd *d);
  * cannot be opened: ...", tried again at the next call).
  */
 kex_cache *kexd_cache_conn(kexd *d, kex_error *err);
+/*
+ * kexd_cache_conn for a lookup (realize/plan.h's cache policy: Submit's
+ * program cache and beam hook): NULL when kexd has no cache file, or when
+ * it cannot be opened -- warned, `what` naming the user ("program cache"),
+ * and the caller goes on without; this thread tries the open again at its
+ * first use KEXD_CACHE_RETRY_S later (not at every kernel).
+ */
+#define KEXD_CACHE_RETRY_S 5.0
+kex_cache *kexd_cache_conn_lookup(kexd *d, const char *what);
 /* The handlers. */
 void kexd_rpc_list_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 void kexd_rpc_get_cache_entry(kexd_call *c, const uint8_t *req, size_t len, void *ud);

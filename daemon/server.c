@@ -1,6 +1,8 @@
 /*
  * server.c - gRPC C core <-> libuv: the completion-queue thread, the call
  * state machine and graceful shutdown (../shared/notes/stack.md sections 1-2).
+ * The types it shares with call.c (what a handler reads about its call) are
+ * in server_int.h.
  *
  * Threads: the cq thread only waits in grpc_completion_queue_next, appends
  * each completed tag to a locked FIFO and wakes the loop with uv_async_send
@@ -35,83 +37,12 @@
 #include "core/alloc.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "daemon/server_int.h"
 
 #define SERVER_PREPOST_PER_METHOD 8 /* requests kept posted per registered method */
 #define SERVER_PREPOST_GENERIC 4    /* generic requests kept posted (unknown methods) */
 #define SERVER_DETAILS_MAX 512      /* bytes of a status message built here */
 #define SERVER_KEEPALIVE_TIMEOUT_MS 20000 /* a keepalive ping unanswered this long closes the connection */
-
-typedef struct tag tag;
-struct tag {
-  tag *next;    /* link in the cq -> loop FIFO */
-  int success;  /* grpc_event.success, set by the cq thread */
-  void (*fn)(tag *t);
-};
-
-typedef struct method {
-  char *path;
-  kexd_payload payload;
-  kexd_handler fn;
-  void *ud;
-  void *registered; /* grpc_server_register_method handle */
-  uint64_t codes[KEXD_STATUS_CODES]; /* calls finished, by status (metrics) */
-} method;
-
-struct kexd_call {
-  kexd_server *srv;
-  const method *m;     /* NULL for a generic request until routed */
-  bool generic;
-  grpc_call *call;
-  gpr_timespec deadline;
-  grpc_metadata_array md;
-  grpc_call_details details; /* generic requests */
-  grpc_byte_buffer *payload; /* the request message */
-  char *method_name;   /* generic: the path the client called */
-  tag t_new, t_close, t_recv, t_write, t_finish, t_read;
-  grpc_byte_buffer *write_bb, *finish_bb, *read_bb;
-  int close_cancelled; /* RECV_CLOSE_ON_SERVER out-param */
-  int refs;
-  bool active;         /* a handler owns it (between dispatch and finish) */
-  bool finished, cancelled, initial_md_sent, writing, reading;
-  void (*write_done)(kexd_call *, int, void *);
-  void *write_ud;
-  kexd_read_cb read_done;
-  void *read_ud;
-  void (*on_cancel)(kexd_call *, void *);
-  void (*on_stop)(kexd_call *, void *);
-  void *hook_ud;
-  kexd_call *prev, *next; /* the server's list of active calls */
-  gpr_timespec arrived;
-  max_align_t ext[];   /* opts.call_ext_size bytes for the gate and on_end hooks */
-};
-
-struct kexd_server {
-  uv_loop_t *loop;
-  kexd_server_opts opts;
-  char *listen;
-  grpc_server *server;
-  grpc_completion_queue *cq;
-  method *methods;
-  uint32_t nmethods, capmethods;
-  int port;
-  /* cq thread <-> loop */
-  uv_async_t async;
-  pthread_t cq_thread;
-  bool thread_started, thread_joined;
-  pthread_mutex_t lock; /* protects head, tail and cq_done: all the cq thread touches */
-  tag *head, *tail;
-  bool cq_done;
-  /* lifecycle (loop thread) */
-  bool started, stopping, shutdown_done, server_destroyed;
-  tag t_shutdown;
-  uv_timer_t grace;
-  int handles_open;
-  uint32_t nobjects;   /* call objects alive (posted requests included) */
-  uint32_t nactive;
-  kexd_call *active;
-  kexd_server_stats stats;
-  uint64_t unknown_codes[KEXD_STATUS_CODES]; /* calls to unregistered paths, by status */
-};
 
 static void call_unref(kexd_call *c);
 static void maybe_finalize(kexd_server *s);
@@ -543,62 +474,6 @@ int kexd_call_failf(kexd_call *c, int status, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   return kexd_call_finish(c, status, msg, NULL);
-}
-
-const char *kexd_call_method(const kexd_call *c) {
-  if (c->method_name) return c->method_name;
-  return c->m ? c->m->path : "?";
-}
-
-double kexd_call_time_left(const kexd_call *c) {
-  gpr_timespec d = c->generic ? c->details.deadline : c->deadline, left;
-  if (d.tv_sec == INT64_MAX) return INFINITY;
-  left = gpr_time_sub(d, gpr_now(d.clock_type));
-  return left.tv_sec + left.tv_nsec / 1e9;
-}
-
-bool kexd_call_cancelled(const kexd_call *c) { return c->cancelled; }
-
-void *kexd_call_ext(kexd_call *c) { return c->ext; }
-
-double kexd_call_age_ms(const kexd_call *c) {
-  gpr_timespec d = gpr_time_sub(gpr_now(GPR_CLOCK_MONOTONIC), c->arrived);
-  return d.tv_sec * 1e3 + d.tv_nsec / 1e6;
-}
-
-int kexd_call_metadata(const kexd_call *c, const char *key, char *buf, size_t cap) {
-  buf[0] = '\0';
-  for (size_t i = 0; i < c->md.count; i++) {
-    const grpc_metadata *m = &c->md.metadata[i];
-    size_t n = GRPC_SLICE_LENGTH(m->value);
-    if (GRPC_SLICE_LENGTH(m->key) != strlen(key) || memcmp(GRPC_SLICE_START_PTR(m->key), key, strlen(key)) != 0)
-      continue;
-    if (n >= cap || memchr(GRPC_SLICE_START_PTR(m->value), '\0', n)) return KEX_ELIMIT;
-    memcpy(buf, GRPC_SLICE_START_PTR(m->value), n);
-    buf[n] = '\0';
-    return 0;
-  }
-  return KEX_ENOTFOUND;
-}
-
-int kexd_call_peer_host(const kexd_call *c, char *buf, size_t cap) {
-  char *peer = grpc_call_get_peer(c->call), *colon;
-  int rc = 0;
-  if (!peer) return KEX_ENOMEM;
-  /* "ipv4:127.0.0.1:5555", "ipv6:[::1]:5555": drop the port; "unix:..." stays whole */
-  colon = strrchr(peer, ':');
-  if (colon && (strncmp(peer, "ipv4:", 5) == 0 || strncmp(peer, "ipv6:", 5) == 0) && colon > peer + 4) *colon = '\0';
-  if (strlen(peer) >= cap) rc = KEX_ELIMIT;
-  snprintf(buf, cap, "%s", peer);
-  gpr_free(peer);
-  return rc;
-}
-
-void kexd_call_set_hooks(kexd_call *c, void (*on_cancel)(kexd_call *, void *), void (*on_stop)(kexd_call *, void *),
-                         void *ud) {
-  c->on_cancel = on_cancel;
-  c->on_stop = on_stop;
-  c->hook_ud = ud;
 }
 
 /* ---- the server ---- */

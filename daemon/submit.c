@@ -49,9 +49,10 @@
  * of one submission's items run on one runner, in order, so those fields
  * have one thread at a time).  `cancelled` is the one word both sides see:
  * the loop sets it at a client cancel, the closures read it and skip their
- * work.  Each device's compile probe (identity, dtypes) and the SQLite
- * handle are shared by the pool's threads, each behind a lock; compiles run
- * in slots (below).
+ * work.  Each device's compile probe (identity, dtypes) is shared by the
+ * pool's threads behind a lock; SQLite is reached through each pool
+ * thread's own connection (kexd_cache_conn); compiles run in slots
+ * (below).
  *
  * Loaded programs (each a dlopen()ed .so or an OpenCL program: ~77 KB and
  * 5 mappings on cpu) are bounded per device by max_programs.  The loop owns
@@ -88,17 +89,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <grpc/status.h>
-#include <inttypes.h>
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#include "codegen/astkey.h"
+#include "core/codec.h"
 #include "daemon/submit.h"
 #include "sched/schedule.h"
 
@@ -131,11 +123,10 @@ int kexd_submit_init(kexd *d) {
     cd->device = i;
     cd->S = S;
     cd->nslots = nslots;
+    loaded_index_init(&S->loaded[i]);
     for (uint32_t j = 0; j < nslots; j++) cd->slots[j].cd = cd;
   }
   for (uint32_t i = 0; i < S->ndevices; i++) pthread_mutex_init(&S->compilers[i].lock, NULL);
-  pthread_mutex_init(&S->cache_lock, NULL);
-  S->cache_path = d->cfg.cache_path;
   S->fault_kind = d->cfg.test_fault_kind;
   S->fault_n = d->cfg.test_fault_n;
   S->max_programs = d->cfg.max_programs;
@@ -153,7 +144,7 @@ void kexd_submit_free(kexd *d) {
   if (!S) return;
   for (uint32_t i = 0; i < S->ndevices; i++) {
     compile_dev *cd = &S->compilers[i];
-    hm_free(&S->loaded[i], free_loaded_now); /* the runners have exited: this thread is the only one left */
+    loaded_index_free(&S->loaded[i]); /* the runners have exited: this thread is the only one left */
     for (uint32_t j = 0; j < cd->nslots; j++) kex_device_unref(cd->slots[j].dev);
     kex_device_unref(cd->probe);
     kex_free(cd->slots);
@@ -165,8 +156,6 @@ void kexd_submit_free(kexd *d) {
     free_loaded_now(lp);
   }
   for (uint32_t i = 0; i < S->nplans; i++) plan_unref(S->plans[i]);
-  kex_cache_close(S->cache);
-  pthread_mutex_destroy(&S->cache_lock);
   kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans);
   kex_free(S);
   d->submitter = NULL;
@@ -291,9 +280,11 @@ void sub_drop_outputs(submission *s) {
             "output buffers freed", s->id, n);
 }
 
-static void sub_free(submission *s) {
+/* The call is over and nothing of the submission is in flight (kexd_stream_ops.release): free it. */
+static void sub_release(void *owner) {
+  submission *s = owner;
   kexd *d = s->d;
-  kexd_call_set_hooks(s->call, NULL, NULL, NULL);
+  sub_drop_outputs(s); /* the call died before the done event went out (nothing once it was delivered) */
   sub_release_programs(s);
   for (uint32_t b = 0; s->handles && b < s->p->rp.nbufs; b++) kexd_buffer_unref(&d->jobs, s->handles[b]);
   for (uint32_t i = 0; s->bins && i < s->p->rp.nkernels; i++) kex_free(s->bins[i]);
@@ -304,7 +295,7 @@ static void sub_free(submission *s) {
     for (size_t k = 0; k < done->n_kernels; k++) kex_free(done->kernels[k]);
     kex_free(done->outputs), kex_free(done->kernels), kex_free(done), kex_free(s->final_ev);
   }
-  kex_free(s->handles), kex_free(s->evs), kex_free(s->need), kex_free(s->bins), kex_free(s->binlens);
+  kex_free(s->handles), kex_free(s->need), kex_free(s->bins), kex_free(s->binlens);
   kex_free(s->compile_us), kex_free(s->from), kex_free(s->bufs), kex_free(s->progs), kex_free(s->out_bufs);
   kex_free(s->out_data), kex_free(s->kernel_us), kex_free(s->works), kex_free(s->stepargs), kex_free(s->handle_str);
   kex_free(s->misses), kex_free(s->lps), kex_free(s->pinned);
@@ -312,7 +303,6 @@ static void sub_free(submission *s) {
   kex_trace_free(s->trace);
   free(s->trace_json); /* jansson's */
   plan_unref(s->p);
-  kexd_call_unref(s->call);
   kex_free(s);
 }
 
@@ -320,112 +310,92 @@ void sub_span(submission *s, const char *track, const char *cat, const char *nam
   if (s->trace) kex_trace_span(s->trace, track, cat, name, detail, t0, kex_trace_now_us());
 }
 
-static void sub_maybe_free(submission *s) {
-  if (s->dead) sub_drop_outputs(s);
-  if ((s->final_sent || s->dead) && !s->writing && !s->in_pool && s->items_out == 0 && s->final_ready) sub_free(s);
-}
-
+/* Queue a progress event (loop thread; the caller pumps).  Best effort: dropped when memory is short. */
 void ev_push(submission *s, ev_kind kind, uint32_t i) {
-  if (s->dead || s->only_done) return;
-  if (s->nev == s->evcap) {
-    uint32_t cap = s->evcap ? 2 * s->evcap : 8;
-    sub_event *e = kex_realloc(s->evs, cap * sizeof *e);
-    if (!e) return; /* progress events are best effort; done and errors are not queued here */
-    s->evs = e;
-    s->evcap = cap;
+  sub_event *e;
+  if (kexd_stream_dead(&s->st) || s->only_done || !(e = kex_malloc(sizeof *e))) return;
+  e->kind = kind;
+  e->i = i;
+  kexd_stream_push(&s->st, &e->link);
+}
+
+/* Write one progress event (kexd_stream_ops.event); one that cannot be written is skipped. */
+static void ev_write(void *owner, kexd_stream_ev *link) {
+  submission *s = owner;
+  const sub_event *e = (const sub_event *)link;
+  Kex__V1__SubmitEvent ev = KEX__V1__SUBMIT_EVENT__INIT;
+  Kex__V1__Accepted acc = KEX__V1__ACCEPTED__INIT;
+  Kex__V1__Scheduled sch = KEX__V1__SCHEDULED__INIT;
+  Kex__V1__Compiling cmp = KEX__V1__COMPILING__INIT;
+  Kex__V1__Running run = KEX__V1__RUNNING__INIT;
+  char **names = NULL;
+  switch (e->kind) {
+  case EV_ACCEPTED:
+    acc.submission = s->id;
+    acc.schedule_cached = s->schedule_cached;
+    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED;
+    ev.accepted = &acc;
+    break;
+  case EV_SCHEDULED:
+    if (s->p->rp.nkernels && !(names = kex_calloc(s->p->rp.nkernels, sizeof *names))) return;
+    for (uint32_t k = 0; k < s->p->rp.nkernels; k++) names[k] = s->p->rp.progs[k].name;
+    sch.n_kernels = s->p->rp.nkernels;
+    sch.kernels = names;
+    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED;
+    ev.scheduled = &sch;
+    break;
+  case EV_COMPILING:
+    cmp.i = e->i;
+    cmp.n = s->p->rp.nkernels;
+    cmp.kernel = s->p->rp.progs[e->i].name;
+    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
+    ev.compiling = &cmp;
+    break;
+  case EV_RUNNING:
+    run.i = e->i;
+    run.n = s->p->rp.nkernels;
+    run.kernel = s->p->rp.progs[e->i].name;
+    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_RUNNING;
+    ev.running = &run;
+    break;
   }
-  s->evs[s->nev++] = (sub_event){kind, i};
+  kexd_stream_write(&s->st, &ev.base);
+  kex_free(names);
 }
 
-static void ev_written(kexd_call *c, int ok, void *ud) {
-  submission *s = ud;
-  (void)c;
-  s->writing = false;
-  if (!ok) s->dead = true;
-  ev_pump(s);
-}
-
-/* The done event's write: delivered (the status follows), or the call is dead (the outputs go). */
-static void done_written(kexd_call *c, int ok, void *ud) {
-  submission *s = ud;
-  (void)c;
-  s->writing = false;
-  if (ok) s->done_delivered = true;
-  else s->dead = true;
-  ev_pump(s);
-}
-
-/* Write the next queued event, or the final status once the queue is empty. */
-void ev_pump(submission *s) {
-  while (!s->writing && !s->dead && !s->final_sent) {
-    if (s->evsent < s->nev) {
-      const sub_event *e = &s->evs[s->evsent++];
-      Kex__V1__SubmitEvent ev = KEX__V1__SUBMIT_EVENT__INIT;
-      Kex__V1__Accepted acc = KEX__V1__ACCEPTED__INIT;
-      Kex__V1__Scheduled sch = KEX__V1__SCHEDULED__INIT;
-      Kex__V1__Compiling cmp = KEX__V1__COMPILING__INIT;
-      Kex__V1__Running run = KEX__V1__RUNNING__INIT;
-      char **names = NULL;
-      switch (e->kind) {
-      case EV_ACCEPTED:
-        acc.submission = s->id;
-        acc.schedule_cached = s->schedule_cached;
-        ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED;
-        ev.accepted = &acc;
-        break;
-      case EV_SCHEDULED:
-        if (s->p->rp.nkernels && !(names = kex_calloc(s->p->rp.nkernels, sizeof *names))) continue;
-        for (uint32_t k = 0; k < s->p->rp.nkernels; k++) names[k] = s->p->rp.progs[k].name;
-        sch.n_kernels = s->p->rp.nkernels;
-        sch.kernels = names;
-        ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED;
-        ev.scheduled = &sch;
-        break;
-      case EV_COMPILING:
-        cmp.i = e->i;
-        cmp.n = s->p->rp.nkernels;
-        cmp.kernel = s->p->rp.progs[e->i].name;
-        ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
-        ev.compiling = &cmp;
-        break;
-      case EV_RUNNING:
-        run.i = e->i;
-        run.n = s->p->rp.nkernels;
-        run.kernel = s->p->rp.progs[e->i].name;
-        ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_RUNNING;
-        ev.running = &run;
-        break;
-      }
-      int rc = kexd_call_write(s->call, &ev.base, ev_written, s);
-      kex_free(names);
-      if (rc == 0) s->writing = true;
-      else if (kexd_call_cancelled(s->call)) s->dead = true;
-      continue;
+/*
+ * The queued events are out (kexd_stream_ops.drained): nothing until the
+ * end is known; then the done event first (a success), and once its write
+ * completed (the client has the output handles) the status.
+ */
+static void sub_drained(void *owner) {
+  submission *s = owner;
+  if (!s->final_ready) return;
+  if (s->final_status == GRPC_STATUS_OK && !s->done_started) {
+    int rc = kexd_stream_write(&s->st, &s->final_ev->base);
+    if (rc == 0) {
+      s->done_started = true;
+      return;
     }
-    if (!s->final_ready) break;
-    if (s->final_status == GRPC_STATUS_OK && !s->done_delivered) { /* the done event first, the status after it */
-      int rc = kexd_call_write(s->call, &s->final_ev->base, done_written, s);
-      if (rc == 0) {
-        s->writing = true;
-      } else if (rc == KEX_ELIMIT) {
-        size_t size = protobuf_c_message_get_packed_size(&s->final_ev->base);
-        sub_drop_outputs(s);
-        s->d->submissions_done--;
-        s->d->submissions_failed++;
-        s->final_status = GRPC_STATUS_RESOURCE_EXHAUSTED;
-        snprintf(s->final_msg, sizeof s->final_msg, "Submit: the done event is %zu bytes, more than the server's "
-                 "limit of %d bytes (--max-message): ask for fewer inline bytes (inline_output_max_bytes)", size,
-                 s->d->cfg.max_message);
-      } else {
-        s->dead = true; /* finished by a cancel, or gRPC refused the batch */
-      }
-      continue;
+    if (kexd_stream_dead(&s->st)) return; /* cancelled: the release frees the outputs */
+    sub_drop_outputs(s);
+    s->d->submissions_done--;
+    s->d->submissions_failed++;
+    if (rc == KEX_ELIMIT) {
+      size_t size = protobuf_c_message_get_packed_size(&s->final_ev->base);
+      s->final_status = GRPC_STATUS_RESOURCE_EXHAUSTED;
+      snprintf(s->final_msg, sizeof s->final_msg, "Submit: the done event is %zu bytes, more than the server's "
+               "limit of %d bytes (--max-message): ask for fewer inline bytes (inline_output_max_bytes)", size,
+               s->d->cfg.max_message);
+    } else {
+      s->final_status = GRPC_STATUS_INTERNAL;
+      snprintf(s->final_msg, sizeof s->final_msg, "Submit: the done event cannot be written: %s", kex_strerror(rc));
     }
-    s->final_sent = true;
-    if (s->final_status == GRPC_STATUS_OK) kexd_histogram_observe(&s->d->submit_seconds, (kexd_now_us() - s->t0) / 1e6);
-    kexd_call_finish(s->call, s->final_status, s->final_status == GRPC_STATUS_OK ? NULL : s->final_msg, NULL);
   }
-  sub_maybe_free(s);
+  if (s->final_status != GRPC_STATUS_OK) return kexd_stream_failf(&s->st, s->final_status, "%s", s->final_msg);
+  s->done_delivered = true;
+  kexd_histogram_observe(&s->d->submit_seconds, (kexd_now_us() - s->t0) / 1e6);
+  kexd_stream_finish(&s->st, GRPC_STATUS_OK, NULL, NULL);
 }
 
 /* Give the job back the bytes the submission reserved (when the job is still open). */
@@ -435,18 +405,25 @@ void sub_unreserve(submission *s) {
   s->reserved = 0;
 }
 
-/* End the submission with an error status (counted), once the queued events are out. */
-void sub_fail(submission *s, int status, const char *fmt, ...) {
-  va_list ap;
+/* The error status (counted), without a pump: sub_fail's body. */
+static void sub_end(submission *s, int status, const char *msg) {
   sub_unreserve(s);
-  va_start(ap, fmt);
-  vsnprintf(s->final_msg, sizeof s->final_msg, fmt, ap);
-  va_end(ap);
+  snprintf(s->final_msg, sizeof s->final_msg, "%s", msg);
   s->final_status = status;
   s->final_ready = true;
   s->d->submissions_failed++;
   kex_log(KEX_LOG_INFO, s->log_id, 0, "Submit %" PRIu64 " failed: %s", s->id, s->final_msg);
-  ev_pump(s);
+}
+
+/* End the submission with an error status (counted), once the queued events are out. */
+void sub_fail(submission *s, int status, const char *fmt, ...) {
+  char msg[KEX_ERROR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  sub_end(s, status, msg);
+  kexd_stream_pump(&s->st);
 }
 
 /* A failure code as the call's status: the deadline and a gone job win over what the items said. */
@@ -461,18 +438,18 @@ void sub_fail_rc(submission *s, int rc, const kex_error *err) {
     sub_fail(s, kex_err_grpc_status(rc), "Submit: %s", msg);
 }
 
-static void sub_cancelled(kexd_call *c, void *ud) {
-  submission *s = ud;
-  (void)c;
-  s->dead = true;
+/* The client cancelled (or its deadline), or a write broke (kexd_stream_ops.cancelled): the work stops. */
+static void sub_cancelled(void *owner) {
+  submission *s = owner;
   atomic_store(&s->cancelled, true);
   kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": cancelled by the client (or its deadline)", s->id);
   if (s->waiting && !s->compiling) { /* waiting for a compile slot with none in flight: leave the line now */
     wait_remove(&s->d->submitter->compilers[s->device], s);
-    return compile_end(s);
+    sub_end(s, GRPC_STATUS_CANCELLED, "Submit: cancelled"); /* no pump: one could free s under the stream */
   }
-  if (s->final_ready) sub_maybe_free(s);
 }
+
+static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release};
 
 /* The plan is known: reserve memory, resolve the handles and the loaded programs, go on. */
 static void sub_planned(submission *s) {
@@ -483,7 +460,7 @@ static void sub_planned(submission *s) {
   kex_error err = {0};
   uint32_t nk = p->rp.nkernels ? p->rp.nkernels : 1, nb = p->rp.nbufs ? p->rp.nbufs : 1, no = p->rp.noutputs ? p->rp.noutputs : 1;
   bool any = false;
-  if (s->dead) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
+  if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (!job) return sub_fail(s, GRPC_STATUS_NOT_FOUND, "Submit: the job was closed during the submission");
   ev_push(s, EV_SCHEDULED, 0);
   s->handles = kex_calloc(nb, sizeof *s->handles);
@@ -520,9 +497,8 @@ static void sub_planned(submission *s) {
                     p->rp.alloc_bytes);
   s->reserved = p->rp.alloc_bytes;
   for (uint32_t k = 0; k < p->rp.nkernels; k++) {
-    bool found;
-    loaded_prog *lp = hm_get(&S->loaded[s->device], p->rp.progs[k].hash, &found);
-    if (found) { /* loaded: pinned until the submission's last item is back */
+    loaded_prog *lp = loaded_find(&S->loaded[s->device], p->rp.progs[k].hash);
+    if (lp) { /* loaded: pinned until the submission's last item is back */
       lp->pins++;
       lp->last_used = ++S->clock;
       s->lps[k] = lp;
@@ -540,12 +516,12 @@ static void sub_planned(submission *s) {
     s->need[k] = true;
     ev_push(s, EV_COMPILING, k), any = true;
   }
-  ev_pump(s);
+  kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
   if (!any) return sub_post(s);
   s->work.data = s;
-  s->in_pool++;
+  kexd_stream_ref(&s->st); /* the lookup's, dropped by lookup_after */
   if (uv_queue_work(d->loop, &s->work, lookup_work, lookup_after) < 0) {
-    s->in_pool--;
+    kexd_stream_unref(&s->st);
     sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
   }
 }
@@ -575,11 +551,14 @@ static void build_work(uv_work_t *req) {
 
 static void build_after(uv_work_t *req, int status) {
   submission *s = req->data;
-  s->in_pool--;
   if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
-  if (s->pool_rc < 0) return sub_fail_rc(s, s->pool_rc, &s->pool_err);
-  plan_cache_add(s->d, s->p);
-  sub_planned(s);
+  if (s->pool_rc < 0) {
+    sub_fail_rc(s, s->pool_rc, &s->pool_err);
+  } else {
+    plan_cache_add(s->d, s->p);
+    sub_planned(s);
+  }
+  kexd_stream_unref(&s->st); /* the build's: may free s */
 }
 
 void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
@@ -642,8 +621,8 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   if (width)
     s->beam = (kexd_beam_req){d, s->device, job->id, job->weight, (int)width, m->beam ? (int)m->beam->max_upcast : 0,
                               m->beam ? (int)m->beam->max_local : 0, m->beam ? m->beam->timeout_ms : 0, &s->cancelled};
-  kexd_call_ref(c); /* the submission's own reference, dropped in sub_free */
-  kexd_call_set_hooks(c, sub_cancelled, NULL, s);
+  kexd_stream_start(&s->st, d->streams, c, &sub_ops, s);
+  kexd_stream_ref(&s->st); /* this handler's, dropped at its end: nothing frees s under it */
   if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                    &d->cfg.limits, job, &s->g, &s->err)) < 0) {
     sub_fail(s, kex_err_grpc_status(rc), "%s", s->err.msg);
@@ -686,13 +665,14 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     }
     p->build_us = kexd_now_us() - ts;
   }
-  ev_pump(s);
+  kexd_stream_pump(&s->st);
   s->work.data = s;
-  s->in_pool++;
+  kexd_stream_ref(&s->st); /* the build's, dropped by build_after */
   if (uv_queue_work(d->loop, &s->work, build_work, build_after) < 0) {
-    s->in_pool--;
+    kexd_stream_unref(&s->st);
     sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
   }
 out:
+  if (s) kexd_stream_unref(&s->st); /* may free s */
   kexd_rpc_free_msg(&m->base);
 }

@@ -3,8 +3,8 @@
  * graph structure, the loaded-programs index, the compile devices and
  * slots, the submitter and one submission.  submit.c has the handler, the
  * submission's life and its stream (its opening comment tells the whole
- * path of a submission); programs.c the loaded programs' index (and the
- * hash map it is kept in); compile.c the SQLite lookups and the compile
+ * path of a submission); programs.c the loaded programs' index;
+ * compile.c the SQLite lookups and the compile
  * slots; submit_run.c the device runner's items and the done event.
  * Every function here runs on the loop thread unless its comment says.
  */
@@ -16,9 +16,11 @@
 #include <stdint.h>
 
 #include "core/alloc.h"
+#include "core/dict.h"
 #include "core/log.h"
 #include "core/trace.h"
 #include "daemon/rpc.h"
+#include "daemon/stream.h"
 #include "devices/device.h"
 #include "realize/plan.h"
 #include "realize/run.h"
@@ -32,15 +34,6 @@
  * arrive together, at most this late.
  */
 #define SUB_DEFER_KERNEL_US 1000.0
-#define SUB_CACHE_RETRY_US 5e6 /* a failed open of the SQLite cache is tried again at the first use this much later */
-
-/* A map from 32-byte hashes to pointers (open addressing; programs.c). */
-typedef struct hashmap {
-  uint32_t n, cap;        /* cap: 0 or a power of two */
-  uint8_t (*keys)[SUB_HASH];
-  void **vals;
-  bool *used;
-} hashmap;
 
 /* The plan builder's plan (realize/plan.h) of one graph structure, shared by its submissions. */
 typedef struct plan {
@@ -113,16 +106,11 @@ struct kexd_submitter {
   kexd *d;
   uint32_t ndevices;
   compile_dev *compilers;    /* [ndevices] */
-  /* cache_lock protects cache and cache_retry_us: the SQLite handle is used by one pool thread at a time */
-  pthread_mutex_t cache_lock;
-  kex_cache *cache;
-  double cache_retry_us; /* a failed open is not tried again before kexd_now_us() reaches this (0: try now) */
-  const char *cache_path;
   int fault_kind;
   unsigned long fault_n;
   uint32_t max_programs;
   /* loop thread only */
-  hashmap *loaded;           /* [ndevices]: source hash -> loaded_prog, the programs each runner holds */
+  kex_dict *loaded;          /* [ndevices]: source hash -> loaded_prog *, the programs each runner holds */
   loaded_prog *orphans;      /* unloads that could not be posted (stopping): freed with the submitter */
   uint64_t programs_unloaded;
   plan **plans;              /* the structure cache, cfg.schedule_cache entries at most */
@@ -132,7 +120,9 @@ struct kexd_submitter {
 
 typedef enum ev_kind { EV_ACCEPTED, EV_SCHEDULED, EV_COMPILING, EV_RUNNING } ev_kind;
 
+/* A progress event, queued on the submission's stream (kex_malloc'd: the stream frees it). */
 typedef struct sub_event {
+  kexd_stream_ev link; /* first */
   ev_kind kind;
   uint32_t i;
 } sub_event;
@@ -144,7 +134,14 @@ typedef struct step_arg {
 
 struct submission {
   kexd *d;
-  kexd_call *call;
+  kexd_call *call;           /* referenced by the stream until it releases the submission */
+  /*
+   * The call's stream (stream.h): progress events, then the done event (or
+   * the error status).  Pool jobs and device items each take a reference
+   * (kexd_stream_ref), and so does every loop-thread entry into the
+   * submission while it runs, so a pump inside it never frees it.
+   */
+  kexd_stream st;
   uint64_t id;
   uint64_t job;
   uint32_t weight;
@@ -159,10 +156,9 @@ struct submission {
   bool schedule_cached;
   uint64_t reserved;
   kexd_buffer **handles;     /* [p->rp.nbufs]: the job buffers the graph names, referenced */
-  /* events */
-  sub_event *evs;
-  uint32_t nev, evcap, evsent;
-  bool writing, dead, final_ready, final_sent;
+  /* the end of the call */
+  bool final_ready;          /* final_status (and final_ev when OK) is set: the stream ends once the events are out */
+  bool done_started;         /* the done event's write was started */
   bool done_delivered;       /* the done event's write completed: the client has the output handles */
   bool outputs_dropped;      /* the call died before that: the outputs were freed */
   int final_status;
@@ -170,7 +166,6 @@ struct submission {
   Kex__V1__SubmitEvent *final_ev; /* the done event, when final_status is OK */
   /* the pool (P1: build, P2: SQLite lookup, P3: compiles in slots) */
   uv_work_t work;
-  uint32_t in_pool;          /* pool jobs of this submission not yet back */
   int pool_rc;
   kex_error pool_err;
   kex_device_identity dev_id; /* the compile device's (P2), the SQLite key */
@@ -200,7 +195,7 @@ struct submission {
   /* device items */
   kexd_work *works;          /* [nsteps + 2]: setup, the steps, finish */
   step_arg *stepargs;
-  uint32_t items_out;
+  uint32_t items_out;        /* items posted and not back (each also holds a stream reference) */
   int rc;
   kex_error err;
   char (*handle_str)[KEXD_HANDLE_LEN + 1]; /* [noutputs] */
@@ -214,8 +209,9 @@ struct submission {
 /* ---- shared between the files (see each definition) ---- */
 
 /* programs.c */
-void *hm_get(const hashmap *m, const uint8_t *key, bool *found);
-void hm_free(hashmap *m, void (*free_val)(void *));
+void loaded_index_init(kex_dict *m);
+loaded_prog *loaded_find(const kex_dict *m, const uint8_t *hash); /* NULL: not loaded */
+void loaded_index_free(kex_dict *m); /* frees every program and record (only once the runners have exited) */
 void free_loaded_now(void *v);
 void sub_release_programs(submission *s);
 void sub_adopt_programs(submission *s);
@@ -232,7 +228,6 @@ void sub_post(submission *s);
 void sub_span(submission *s, const char *track, const char *cat, const char *name, const char *detail, uint64_t t0);
 void sub_drop_outputs(submission *s);
 void ev_push(submission *s, ev_kind kind, uint32_t i);
-void ev_pump(submission *s);
 void sub_unreserve(submission *s);
 void sub_fail(submission *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void sub_fail_rc(submission *s, int rc, const kex_error *err);

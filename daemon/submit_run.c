@@ -270,7 +270,7 @@ static void sub_complete(submission *s) {
   int rc = s->rc;
   sub_unreserve(s);
   sub_release_programs(s); /* no item of it is left on the runner */
-  if (!rc && (s->dead || !job)) rc = kex_err_set(&s->err, KEX_ECANCELLED, "cancelled");
+  if (!rc && (kexd_stream_dead(&s->st) || !job)) rc = kex_err_set(&s->err, KEX_ECANCELLED, "cancelled");
   if (!rc && (rc = build_done(s, job, &err)) < 0) s->err = err;
   for (uint32_t j = 0; j < s->p->rp.noutputs; j++) /* what did not become a job buffer */
     if (s->out_bufs[j]) {
@@ -287,7 +287,7 @@ static void sub_complete(submission *s) {
     s->final_ready = true;
     kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": %u kernels, %.0f us", s->id, s->p->rp.nkernels,
             s->final_ev->done->total_us);
-    ev_pump(s);
+    kexd_stream_pump(&s->st); /* item_done holds a reference: s stays */
   } else {
     sub_drop_outputs(s); /* the outputs build_done recorded before it failed */
     sub_fail_rc(s, rc, &s->err);
@@ -312,7 +312,8 @@ static void item_done(kexd_work *w) {
     ev_push(s, EV_RUNNING, s->p->rp.steps[idx - 1].kernel + 1);
   }
   if (s->items_out == 0) sub_complete(s);
-  else ev_pump(s);
+  else kexd_stream_pump(&s->st);
+  kexd_stream_unref(&s->st); /* the item's: may free s */
 }
 
 /* Post setup, the steps and finish on the job's flow.  On failure the call is ended. */
@@ -320,7 +321,7 @@ void sub_post(submission *s) {
   kexd *d = s->d;
   const plan *p = s->p;
   uint32_t n = p->rp.nsteps + 2;
-  if (s->dead) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
+  if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (kexd_call_time_left(s->call) <= 0) return sub_fail(s, GRPC_STATUS_DEADLINE_EXCEEDED, "Submit: the deadline passed");
   s->works = kex_calloc(n, sizeof *s->works);
   s->stepargs = kex_calloc(n, sizeof *s->stepargs);
@@ -355,5 +356,6 @@ void sub_post(submission *s) {
       break;
     }
     s->items_out++;
+    kexd_stream_ref(&s->st); /* the item's, dropped by item_done */
   }
 }

@@ -20,8 +20,9 @@
  *
  * SQLite: a search uses the connection of the worker thread it runs on
  * (kexd_cache_conn, search/cache.h's policy).  A cache that cannot be
- * opened fails a Tune and is a warning for Submit's hook (it searches
- * without).  Every kernel lowered here is remembered for GetCacheEntry
+ * opened follows realize/plan.h's policy: it fails a Tune (results must
+ * be kept) and is a warning for Submit's hook, a lookup
+ * (kexd_cache_conn_lookup: it searches without, and tries again later).  Every kernel lowered here is remembered for GetCacheEntry
  * (kexd_cache_memo_put).
  */
 #include <grpc/status.h>
@@ -42,6 +43,7 @@
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
 #include "devices/device.h"
+#include "realize/plan.h"
 #include "realize/run.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
@@ -108,7 +110,7 @@ static int optimize_and_lower(kexd *d, kexd_route *ctx, kex_device *dev, kex_bea
     if (ctx->timed_out) rc = kex_err_set(err, KEX_EDEADLINE, "the search passed its per-kernel timeout");
   }
   if (rc) return rc;
-  rc = kex_target_lower_item(tg, s, &s->items[item], res->opts, res->nopts, names, out, ostr, olen, err);
+  rc = kex_plan_lower_item(tg, s, item, res->opts, res->nopts, names, out, ostr, olen, err);
   if (rc == 0 && kex_cache_opts_format(res->opts, res->nopts, ot, sizeof ot) == 0)
     kexd_cache_memo_put(d, res->ast_hex, kex_device_get_identity(dev)->kind, ot, out->src);
   return rc;
@@ -122,16 +124,13 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const kex_graph *g, const kex_
   kexd_route ctx = {d->disp, br->device, br->job, br->weight, br->cancelled, INFINITY, false};
   kex_beam_opts bo;
   kex_beam_result res;
-  kex_cache *cache = NULL;
+  kex_cache *cache = kexd_cache_conn_lookup(d, "beam cache"); /* plan.h's policy for a lookup: without, warned */
   kex_device *dev = NULL;
-  kex_error ce = {0};
   int rc;
   kex_beam_opts_init(&bo, br->width);
   if (br->upcast_max) bo.upcast_max = br->upcast_max;
   if (br->local_max) bo.local_max = br->local_max;
   if (br->timeout_ms) ctx.kernel_deadline = kexd_route_now() + br->timeout_ms / 1e3;
-  if (d->cfg.cache_path && *d->cfg.cache_path && !(cache = kexd_cache_conn(d, &ce)))
-    KEX_WARN("%s; searching without it", ce.msg);
   if ((rc = kexd_route_device(&ctx, &dev, err)) == 0)
     rc = optimize_and_lower(d, &ctx, dev, &bo, cache, g, s, item, names, &res, out, opts, opts_len, err);
   return rc;

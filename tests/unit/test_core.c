@@ -23,6 +23,7 @@
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/codec.h"
+#include "core/dict.h"
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/hash.h"
@@ -756,6 +757,47 @@ static void test_ptrmap(void **state) {
   kex_ptrmap_free(&m);
 }
 
+/* dict removal: with long probe runs that wrap around the table, every entry left stays findable. */
+typedef struct dict_ent {
+  uint64_t key, val;
+} dict_ent;
+static bool dict_ent_eq(const void *e, const void *probe) { return ((const dict_ent *)e)->key == *(const uint64_t *)probe; }
+static const kex_dict_type dict_ent_type = {sizeof(dict_ent), dict_ent_eq, 64};
+/* few homes, some at the table's end: runs collide and wrap */
+static uint64_t dict_ent_hash(uint64_t key) { return key % 3 ? 61 + key % 3 : 64 * key + 5; }
+
+static void test_dict_remove(void **state) {
+  (void)state;
+  kex_dict d = kex_dict_make(&dict_ent_type);
+  bool present[40] = {0}, found;
+  for (uint64_t k = 0; k < 40; k++) {
+    dict_ent *e = kex_dict_insert(&d, dict_ent_hash(k), &k, &found);
+    assert_non_null(e);
+    assert_false(found);
+    *e = (dict_ent){k, 1000 + k};
+    present[k] = true;
+  }
+  assert_int_equal(d.cap, 64); /* no growth: the runs stay long */
+  for (uint64_t n = 0; n < 40; n++) {
+    uint64_t k = (n * 17) % 40; /* a scattered order */
+    dict_ent *e = kex_dict_find(&d, dict_ent_hash(k), &k);
+    assert_non_null(e);
+    kex_dict_remove(&d, e);
+    present[k] = false;
+    assert_int_equal(d.len, 39 - n);
+    for (uint64_t j = 0; j < 40; j++) {
+      dict_ent *f = kex_dict_find(&d, dict_ent_hash(j), &j);
+      if (!present[j]) {
+        assert_null(f);
+      } else {
+        assert_non_null(f);
+        assert_int_equal(f->val, 1000 + j);
+      }
+    }
+  }
+  kex_dict_free(&d);
+}
+
 /* base64: round trips of every length around a chunk edge; strict decoding refuses at the first wrong character. */
 static void test_base64(void **state) {
   (void)state;
@@ -879,6 +921,7 @@ int main(void) {
       cmocka_unit_test(test_log_writes_lines),
       cmocka_unit_test(test_limits_defaults),
       cmocka_unit_test(test_ptrmap),
+      cmocka_unit_test(test_dict_remove),
       cmocka_unit_test(test_base64),
       cmocka_unit_test(test_sha256_hex),
       cmocka_unit_test(test_npy_round_trip),
