@@ -23,6 +23,7 @@
 
 #include "client/libkex.h"
 #include "core/alloc.h"
+#include "examples/hello_graph.h"
 
 static int passed, failed;
 
@@ -236,14 +237,8 @@ static void on_event(const kex_submit_event *ev, void *ud) {
 }
 
 static void test_submit(kex_client *c, const char *job) {
-  /* (a + b) * 2 on float32[4], inline data */
-  const char *g =
-      "{\"nodes\":["
-      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AACAPwAAAEAAAEBAAACAQA==\"},"
-      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AAAgQQAAoEEAAPBBAAAgQg==\"},"
-      "{\"op\":\"ADD\",\"src\":[0,1]},"
-      "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":[4],\"value\":2.0},"
-      "{\"op\":\"MUL\",\"src\":[2,3]}],\"outputs\":[4]}";
+  /* (a + b) * 2 on float32[4], inline data: the graph of examples/hello.c */
+  const char *g = KEX_HELLO_GRAPH;
   kex_submit_opts o = {.return_bytes = true, .timeout_s = 120};
   kex_result *r = NULL;
   kex_status st;
