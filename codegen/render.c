@@ -278,6 +278,19 @@ static const char *render_load(rctx *c, kex_udtype out, const kex_uop *buf, cons
   return fmt(c, "%s[%s]", bn, idx);
 }
 
+/*
+ * u's value val, inlined where it is used when it is used at most once, is
+ * short and may_inline allows it; otherwise a variable <prefix>N (N from
+ * *counter) of u's dtype defined here.  Returns what stands for u.
+ */
+static const char *inline_or_var(rctx *c, const kex_uop *u, const char *val, bool may_inline, const char *prefix,
+                                 int *counter) {
+  if (may_inline && c->children[u->id] <= 1 && strlen(val) <= INLINE_MAX) return val;
+  const char *nm = fmt(c, "%s%d", prefix, (*counter)++);
+  kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
+  return nm;
+}
+
 static int emit(rctx *c, const kex_uop *u, kex_error *err) {
   const char **r = c->r;
   const kex_uop *const *vin = u->vin;
@@ -334,13 +347,7 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
       o[i] = same ? strip_parens(c, r[v->id]) : r[v->id];
     }
     const char *val = code_for_op(c, u->arg.op, o, u->dtype, u);
-    if (c->children[u->id] <= 1 && u->arg.op != KEX_OP_MAX && strlen(val) <= INLINE_MAX) {
-      r[u->id] = val;
-    } else {
-      const char *nm = fmt(c, "alu%d", c->cnt_alu++);
-      kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
-      r[u->id] = nm;
-    }
+    r[u->id] = inline_or_var(c, u, val, u->arg.op != KEX_OP_MAX, "alu", &c->cnt_alu);
     break;
   }
   case KEX_UOP_SPECIAL: {
@@ -355,9 +362,7 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
     const char *val = render_load(c, u->dtype, vin[0], strip_parens(c, r[vin[1]->id]));
     if (u->nvin > 3 && vin[2]->uop != KEX_UOP_BARRIER && vin[2]->uop != KEX_UOP_IF)
       val = fmt(c, "(%s?%s:%s)", r[vin[2]->id], val, r[vin[3]->id]);
-    const char *nm = fmt(c, "val%d", c->cnt_val++);
-    kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
-    r[u->id] = nm;
+    r[u->id] = inline_or_var(c, u, val, false, "val", &c->cnt_val);
     break;
   }
   case KEX_UOP_PHI:
@@ -382,13 +387,7 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
       for (uint32_t i = 0; i < u->nvin; i++) xs[i] = r[vin[i]->id];
       val = render_cast(c, xs, u->nvin, u->dtype);
     }
-    if (c->children[u->id] <= 1 && strlen(val) <= INLINE_MAX) {
-      r[u->id] = val;
-    } else {
-      const char *nm = fmt(c, "cast%d", c->cnt_cast++);
-      kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
-      r[u->id] = nm;
-    }
+    r[u->id] = inline_or_var(c, u, val, true, "cast", &c->cnt_cast);
     break;
   }
   case KEX_UOP_DEFINE_LOCAL:

@@ -600,18 +600,7 @@ static void kex_cpu_event_free(void *impl, void *event) {
 }
 
 static const kex_device_ops kex_cpu_ops = {
-    .destroy = kex_cpu_destroy,
-    .alloc = kex_cpu_alloc,
-    .free = kex_cpu_free,
-    .copy_in = kex_cpu_copy_in,
-    .copy_out = kex_cpu_copy_out,
-    .compile = kex_cpu_compile,
-    .load = kex_cpu_load,
-    .program_free = kex_cpu_program_free,
-    .launch = kex_cpu_launch,
-    .wait = kex_cpu_wait,
-    .elapsed = kex_cpu_elapsed,
-    .event_free = kex_cpu_event_free,
+    KEX_DEVICE_OPS_COMMON(kex_cpu),
     .set_kernel_time_limit = kex_cpu_set_kernel_time_limit,
 };
 

@@ -303,22 +303,24 @@ static void kex_cl_free(void *impl, void *buf) {
   clReleaseMemObject((cl_mem)buf);
 }
 
+/* The result of a blocking copy of size bytes made by call: 0, or the error. */
+static int kex_cl_copied(const kex_cl_device *cl, cl_int e, const char *call, size_t size, kex_error *err) {
+  if (e != CL_SUCCESS)
+    return kex_err_set(err, kex_cl_code(e), "opencl %s: %s of %zu bytes failed: %s", cl->name, call, size,
+                       kex_cl_errname(e));
+  return 0;
+}
+
 static int kex_cl_copy_in(void *impl, void *buf, size_t offset, const void *src, size_t size, kex_error *err) {
   kex_cl_device *cl = impl;
-  cl_int e = clEnqueueWriteBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, src, 0, NULL, NULL);
-  if (e != CL_SUCCESS)
-    return kex_err_set(err, kex_cl_code(e), "opencl %s: clEnqueueWriteBuffer of %zu bytes failed: %s", cl->name,
-                       size, kex_cl_errname(e));
-  return 0;
+  return kex_cl_copied(cl, clEnqueueWriteBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, src, 0, NULL, NULL),
+                       "clEnqueueWriteBuffer", size, err);
 }
 
 static int kex_cl_copy_out(void *impl, void *buf, size_t offset, void *dst, size_t size, kex_error *err) {
   kex_cl_device *cl = impl;
-  cl_int e = clEnqueueReadBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, dst, 0, NULL, NULL);
-  if (e != CL_SUCCESS)
-    return kex_err_set(err, kex_cl_code(e), "opencl %s: clEnqueueReadBuffer of %zu bytes failed: %s", cl->name,
-                       size, kex_cl_errname(e));
-  return 0;
+  return kex_cl_copied(cl, clEnqueueReadBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, dst, 0, NULL, NULL),
+                       "clEnqueueReadBuffer", size, err);
 }
 
 /*
@@ -801,20 +803,9 @@ static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int 
 }
 
 static const kex_device_ops kex_cl_ops = {
-    .destroy = kex_cl_destroy,
-    .alloc = kex_cl_alloc,
-    .free = kex_cl_free,
-    .copy_in = kex_cl_copy_in,
-    .copy_out = kex_cl_copy_out,
-    .compile = kex_cl_compile,
-    .load = kex_cl_load,
+    KEX_DEVICE_OPS_COMMON(kex_cl),
     .build = kex_cl_build,
     .prewarm = kex_cl_prewarm,
-    .program_free = kex_cl_program_free,
-    .launch = kex_cl_launch,
-    .wait = kex_cl_wait,
-    .elapsed = kex_cl_elapsed,
-    .event_free = kex_cl_event_free,
 };
 
 /* Query everything kex_device_info holds. Errors: KEX_ENOMEM. */
