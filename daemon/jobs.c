@@ -133,12 +133,24 @@ static int token_cmp(const char *a, const char *b) {
   return d;
 }
 
-static int find_index(const kexd_jobs *j, const char *token) {
+/*
+ * The index of the last of n secrets (secret(arr, i), each want_len long)
+ * equal to want, or -1.  Every one is compared, so the time does not depend
+ * on which matches.
+ */
+static int find_secret(const char *want, size_t want_len, const void *arr, uint32_t n,
+                       const char *(*secret)(const void *arr, uint32_t i)) {
   int found = -1;
-  if (!token || strlen(token) != KEXD_TOKEN_LEN) return -1;
-  for (uint32_t i = 0; i < j->njobs; i++)
-    if (token_cmp(j->jobs[i]->token, token) == 0) found = (int)i;
+  if (!want || strlen(want) != want_len) return -1;
+  for (uint32_t i = 0; i < n; i++)
+    if (token_cmp(secret(arr, i), want) == 0) found = (int)i;
   return found;
+}
+
+static const char *job_token(const void *arr, uint32_t i) { return ((kexd_job *const *)arr)[i]->token; }
+
+static int find_index(const kexd_jobs *j, const char *token) {
+  return find_secret(token, KEXD_TOKEN_LEN, j->jobs, j->njobs, job_token);
 }
 
 /*
@@ -324,12 +336,10 @@ int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32
   return 0;
 }
 
+static const char *buffer_handle(const void *arr, uint32_t i) { return ((kexd_buffer *const *)arr)[i]->handle; }
+
 static int find_buffer_index(const kexd_job *job, const char *handle) {
-  int found = -1;
-  if (!handle || strlen(handle) != KEXD_HANDLE_LEN) return -1;
-  for (uint32_t i = 0; i < job->nbufs; i++)
-    if (token_cmp(job->bufs[i]->handle, handle) == 0) found = (int)i;
-  return found;
+  return find_secret(handle, KEXD_HANDLE_LEN, job->bufs, job->nbufs, buffer_handle);
 }
 
 kexd_buffer *kexd_job_find_buffer(kexd_job *job, const char *handle) {
