@@ -62,6 +62,19 @@ double kex_cli_now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+bool kex_cli_no_operand(const char *cmd, int argc, char **argv) {
+  if (optind == argc) return true;
+  fprintf(stderr, "kex %s: unexpected argument '%s'\n", cmd, argv[optind]);
+  return false;
+}
+
+const char *kex_cli_one_operand(const char *cmd, const char *what, int argc, char **argv, void (*usage)(FILE *)) {
+  if (optind == argc - 1) return argv[optind];
+  fprintf(stderr, "kex %s: expected one %s\n", cmd, what);
+  if (usage) usage(stderr);
+  return NULL;
+}
+
 int kex_cli_server_addr(const char *in, char *out, size_t cap) {
   const char *colon = strrchr(in, ':'), *bracket = strrchr(in, ']');
   int n;
@@ -186,12 +199,8 @@ static int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "kex plan: unknown device '%s' (opencl or cpu)\n", device);
     return 2;
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex plan: expected one graph file\n");
-    usage(stderr);
-    return 2;
-  }
-  const char *path = argv[optind];
+  const char *path = kex_cli_one_operand("plan", "graph file", argc, argv, usage);
+  if (!path) return 2;
   kex_limits limits = KEX_LIMITS_DEFAULT;
   kex_error err = {0};
   kex_graph *g = NULL;
@@ -337,12 +346,8 @@ static int cmd_run(int argc, char **argv) {
     fprintf(stderr, "kex run: --repeat must be between 1 and 100000\n");
     return 2;
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex run: expected one %s file\n", check ? "case" : "graph");
-    usage(stderr);
-    return 2;
-  }
-  const char *path = argv[optind];
+  const char *path = kex_cli_one_operand("run", check ? "case file" : "graph file", argc, argv, usage);
+  if (!path) return 2;
   kex_limits limits = KEX_LIMITS_DEFAULT;
   kex_error err = {0};
   kex_graph *g = NULL;

@@ -42,6 +42,15 @@ double kex_cli_now_s(void);
  */
 int kex_cli_server_addr(const char *in, char *out, size_t cap);
 
+/*
+ * After getopt_long, the operands of "kex CMD".  kex_cli_no_operand: true
+ * when none is left, else false after "kex CMD: unexpected argument 'X'".
+ * kex_cli_one_operand: the one operand, or NULL after "kex CMD: expected one
+ * WHAT" (and usage(stderr) when usage is not NULL).
+ */
+bool kex_cli_no_operand(const char *cmd, int argc, char **argv);
+const char *kex_cli_one_operand(const char *cmd, const char *what, int argc, char **argv, void (*usage)(FILE *));
+
 /* Print "[v0, v1, ...]" and a newline: up to 8 leading elements of nbytes of dtype dt (a kex_dtype; -1 prints
    "[]"), numpy-like, as both `kex run` modes print outputs. */
 void kex_cli_print_values(int dt, const void *data, size_t nbytes);

@@ -297,10 +297,7 @@ int kex_cmd_doctor(kex_cli_remote *r, int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "kex doctor: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
+  if (!kex_cli_no_operand("doctor", argc, argv)) return 2;
   json_t *doc = json_pack("{s:s}", "version", kex_cli_version());
   if (!as_json) printf("kex %s\n\n", kex_cli_version());
 #ifdef KEX_HAVE_RUN

@@ -246,10 +246,7 @@ static int cmd_plan(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex plan: expected one graph file\n");
-    return 2;
-  }
+  if (!kex_cli_one_operand("plan", "graph file", argc, argv, NULL)) return 2;
   if (!(text = kex_cli_read_graph("plan", argv[optind]))) return 2;
   if ((ret = prepare_graph("plan", argv[optind], &text, device, 1))) goto out;
   if ((ret = kex_cli_remote_open(r, "plan", job, true))) goto out;
@@ -522,11 +519,8 @@ static int cmd_run(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex run: --repeat must be between 1 and %d\n", REMOTE_REPEAT_MAX);
     return 2;
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex run: expected one %s file\n", check ? "case" : "graph");
-    return 2;
-  }
-  const char *path = argv[optind];
+  const char *path = kex_cli_one_operand("run", check ? "case file" : "graph file", argc, argv, NULL);
+  if (!path) return 2;
   if (check) {
     if ((ret = kex_cli_case_load("run", path, &kc))) goto out;
     if (!(text = kex_strdup(kc.graph_text))) {
@@ -651,10 +645,7 @@ static int cmd_stats(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "kex stats: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
+  if (!kex_cli_no_operand("stats", argc, argv)) return 2;
   if ((ret = kex_cli_remote_open(r, "stats", NULL, false))) return ret;
   if (kex_get_stats(r->client, job, &s, &st)) return fail("stats", &st);
   char started[KEX_CLI_ISO8601_MAX];
@@ -766,10 +757,7 @@ static int cmd_upload(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex upload: expected one .npy file\n");
-    return 2;
-  }
+  if (!kex_cli_one_operand("upload", ".npy file", argc, argv, NULL)) return 2;
   if (access(argv[optind], R_OK) != 0) {
     fprintf(stderr, "kex upload: %s: cannot read\n", argv[optind]);
     return 2;
@@ -806,10 +794,7 @@ static int cmd_download(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex download: expected one buffer handle\n");
-    return 2;
-  }
+  if (!kex_cli_one_operand("download", "buffer handle", argc, argv, NULL)) return 2;
   if ((ret = kex_cli_remote_open(r, "download", job, true))) goto done;
   if (kex_download(r->client, r->job, argv[optind], &b, &st)) {
     ret = fail("download", &st);

@@ -284,10 +284,7 @@ int kex_remote_cmd_top(kex_cli_remote *r, int argc, char **argv) {
     default: top_usage(stderr); return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "kex top: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
+  if (!kex_cli_no_operand("top", argc, argv)) return 2;
   if (!once && interval <= 0) {
     fprintf(stderr, "kex top: --interval must be > 0 without --once\n");
     return 2;
