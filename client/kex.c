@@ -62,6 +62,15 @@ double kex_cli_now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+void kex_cli_bytes_text(uint64_t n, char *out, size_t cap) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  if (u == 0) snprintf(out, cap, "%llu B", (unsigned long long)n);
+  else snprintf(out, cap, "%.1f %s", v, unit[u]);
+}
+
 bool kex_cli_no_operand(const char *cmd, int argc, char **argv) {
   if (optind == argc) return true;
   fprintf(stderr, "kex %s: unexpected argument '%s'\n", cmd, argv[optind]);

@@ -48,6 +48,9 @@ int kex_cli_server_addr(const char *in, char *out, size_t cap);
  * kex_cli_one_operand: the one operand, or NULL after "kex CMD: expected one
  * WHAT" (and usage(stderr) when usage is not NULL).
  */
+/* n bytes for people into out[cap]: "512 B", "12.3 MiB", "15.6 GiB" (up to TiB). */
+void kex_cli_bytes_text(uint64_t n, char *out, size_t cap);
+
 bool kex_cli_no_operand(const char *cmd, int argc, char **argv);
 const char *kex_cli_one_operand(const char *cmd, const char *what, int argc, char **argv, void (*usage)(FILE *));
 

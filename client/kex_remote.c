@@ -34,6 +34,7 @@
 #include "client/kex_cli.h"
 #include "client/libkex.h"
 #include "core/alloc.h"
+#include "core/strbuf.h"
 #include "core/codec.h"
 #include "core/dtype.h"
 
@@ -128,22 +129,18 @@ void kex_cli_remote_done(remote *r) {
 
 char *kex_cli_read_graph(const char *cmd, const char *path) {
   FILE *f = fopen(path, "rb");
-  char *s = NULL;
-  long n;
+  kex_strbuf b = {0};
   if (!f) {
     fprintf(stderr, "kex %s: %s: cannot open: %s\n", cmd, path, strerror(errno));
     return NULL;
   }
-  if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || n > REMOTE_GRAPH_MAX || fseek(f, 0, SEEK_SET) ||
-      !(s = kex_malloc((size_t)n + 1)) || fread(s, 1, (size_t)n, f) != (size_t)n) {
+  if (kex_strbuf_read(&b, f, REMOTE_GRAPH_MAX)) {
     fprintf(stderr, "kex %s: %s: cannot read\n", cmd, path);
-    kex_free(s);
-    s = NULL;
-  } else {
-    s[n] = 0;
+    kex_free(b.p);
+    b.p = NULL;
   }
   fclose(f);
-  return s;
+  return b.p;
 }
 
 /* ---- the graph of a command line ---- */

@@ -16,6 +16,7 @@
  */
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 
 #include "client/libkex.h"
 #include "core/alloc.h"
+#include "core/strbuf.h"
 #include "examples/hello_graph.h"
 
 static int passed, failed;
@@ -41,19 +43,14 @@ static void check(int cond, const char *what, const kex_status *st) {
 
 static char *read_text(const char *path) {
   FILE *f = fopen(path, "rb");
-  char *s = NULL;
-  long n;
+  kex_strbuf b = {0};
   if (!f) return NULL;
-  if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 && (s = malloc((size_t)n + 1))) {
-    if (fread(s, 1, (size_t)n, f) != (size_t)n) {
-      free(s);
-      s = NULL;
-    } else {
-      s[n] = 0;
-    }
+  if (kex_strbuf_read(&b, f, SIZE_MAX - 1)) {
+    kex_free(b.p);
+    b.p = NULL;
   }
   fclose(f);
-  return s;
+  return b.p;
 }
 
 /* Plan every case of INDEX.json; count the ones whose kernel count differs from tinygrad's (opencl). */

@@ -45,3 +45,14 @@ void kex_strbuf_printf(kex_strbuf *b, const char *fmt, ...) {
   kex_strbuf_vprintf(b, fmt, ap);
   va_end(ap);
 }
+
+int kex_strbuf_read(kex_strbuf *b, FILE *f, size_t max) {
+  for (;;) {
+    if (!kex_strbuf_reserve(b, 4096)) return -1;
+    size_t got = fread(b->p + b->len, 1, b->cap - b->len - 1, f);
+    b->len += got;
+    b->p[b->len] = 0;
+    if (b->len > max) return -1;
+    if (got == 0) return ferror(f) ? -1 : 0;
+  }
+}

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 typedef struct kex_strbuf {
   char *p;
@@ -23,5 +24,12 @@ typedef struct kex_strbuf {
 bool kex_strbuf_reserve(kex_strbuf *b, size_t extra);
 void kex_strbuf_vprintf(kex_strbuf *b, const char *fmt, va_list ap);
 void kex_strbuf_printf(kex_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*
+ * Appends what is left of f, and leaves p non-NULL even for an empty file.
+ * 0, or -1 on a read error, when out of memory or when b would pass max
+ * bytes.
+ */
+int kex_strbuf_read(kex_strbuf *b, FILE *f, size_t max);
 
 #endif
