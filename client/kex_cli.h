@@ -20,6 +20,8 @@
 
 #include <jansson.h>
 
+#include "sched/graph.h"
+
 #define KEX_CLI_DEFAULT_PORT "50051"  /* --server HOST without a port means HOST:50051 (kexd's default) */
 #define KEX_CLI_DEFAULT_SERVER "127.0.0.1:" KEX_CLI_DEFAULT_PORT
 #define KEX_CLI_ADDR_MAX 512          /* bytes of a server address, NUL included */
@@ -48,6 +50,13 @@ int kex_cli_server_addr(const char *in, char *out, size_t cap);
  * kex_cli_one_operand: the one operand, or NULL after "kex CMD: expected one
  * WHAT" (and usage(stderr) when usage is not NULL).
  */
+/*
+ * Loads graph file `path` under the default limits for "kex CMD".  0, or the
+ * exit code after saying why it did not load: 2 for a file that is missing
+ * or unreadable (KEX_EIO), as for an invalid graph.
+ */
+int kex_cli_graph_load(const char *cmd, const char *path, kex_graph **g);
+
 /* n bytes for people into out[cap]: "512 B", "12.3 MiB", "15.6 GiB" (up to TiB). */
 void kex_cli_bytes_text(uint64_t n, char *out, size_t cap);
 
