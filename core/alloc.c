@@ -34,10 +34,9 @@ void *kex_realloc(void *p, size_t size) { return should_fail() ? NULL : realloc(
 
 void kex_free(void *p) { free(p); }
 
-int kex_grow(void *pv, uint32_t len, uint32_t *cap, size_t elem, uint32_t first) {
+int kex_grow_slow(void *pv, uint32_t *cap, size_t elem, uint32_t first) {
   void *p, *np;
   uint32_t ncap;
-  if (len < *cap) return 0;
   ncap = *cap ? *cap * 2 : first;
   memcpy(&p, pv, sizeof p);
   if (!(np = kex_realloc(p, (size_t)ncap * elem))) return -1;
