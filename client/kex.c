@@ -62,6 +62,28 @@ double kex_cli_now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+void kex_cli_bytes_text(uint64_t n, char *out, size_t cap) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  if (u == 0) snprintf(out, cap, "%llu B", (unsigned long long)n);
+  else snprintf(out, cap, "%.1f %s", v, unit[u]);
+}
+
+bool kex_cli_no_operand(const char *cmd, int argc, char **argv) {
+  if (optind == argc) return true;
+  fprintf(stderr, "kex %s: unexpected argument '%s'\n", cmd, argv[optind]);
+  return false;
+}
+
+const char *kex_cli_one_operand(const char *cmd, const char *what, int argc, char **argv, void (*usage)(FILE *)) {
+  if (optind == argc - 1) return argv[optind];
+  fprintf(stderr, "kex %s: expected one %s\n", cmd, what);
+  if (usage) usage(stderr);
+  return NULL;
+}
+
 int kex_cli_server_addr(const char *in, char *out, size_t cap) {
   const char *colon = strrchr(in, ':'), *bracket = strrchr(in, ']');
   int n;
@@ -153,12 +175,12 @@ static int exit_code(int rc) {
   return (rc == KEX_EINVAL || rc == KEX_EPARSE || rc == KEX_ELIMIT || rc == KEX_EASSIGN || rc == KEX_ENOTFOUND) ? 2 : 1;
 }
 
-/*
- * Print why graph file `path` did not load and return the exit code: 2 for
- * a file that is missing or unreadable (KEX_EIO), as for an invalid graph.
- */
-static int load_failed(const char *cmd, const char *path, int rc, const kex_error *err) {
-  const char *m = err->msg[0] ? err->msg : kex_strerror(rc);
+int kex_cli_graph_load(const char *cmd, const char *path, kex_graph **g) {
+  kex_limits limits = KEX_LIMITS_DEFAULT;
+  kex_error err = {0};
+  int rc = kex_graph_from_json_file(path, &limits, g, &err);
+  if (!rc) return 0;
+  const char *m = err.msg[0] ? err.msg : kex_strerror(rc);
   if (strncmp(m, path, strlen(path)) == 0) fprintf(stderr, "kex %s: %s\n", cmd, m); /* the message names the file */
   else fprintf(stderr, "kex %s: %s: %s\n", cmd, path, m);
   return rc == KEX_EIO ? 2 : exit_code(rc);
@@ -186,25 +208,16 @@ static int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "kex plan: unknown device '%s' (opencl or cpu)\n", device);
     return 2;
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex plan: expected one graph file\n");
-    usage(stderr);
-    return 2;
-  }
-  const char *path = argv[optind];
-  kex_limits limits = KEX_LIMITS_DEFAULT;
+  const char *path = kex_cli_one_operand("plan", "graph file", argc, argv, usage);
+  if (!path) return 2;
   kex_error err = {0};
   kex_graph *g = NULL;
   kex_replay *r = NULL;
   kex_schedule *s = NULL;
   kex_arena arena;
   kex_arena_init(&arena, 0);
-  int rc = kex_graph_from_json_file(path, &limits, &g, &err);
-  int ret = 0;
-  if (rc) {
-    ret = load_failed("plan", path, rc, &err);
-    goto out;
-  }
+  int rc, ret = kex_cli_graph_load("plan", path, &g);
+  if (ret) goto out;
   kex_replay_opts ro = kex_target_replay_opts(&target);
   ro.device_name = device;
   double t0 = now_us();
@@ -337,12 +350,8 @@ static int cmd_run(int argc, char **argv) {
     fprintf(stderr, "kex run: --repeat must be between 1 and 100000\n");
     return 2;
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex run: expected one %s file\n", check ? "case" : "graph");
-    usage(stderr);
-    return 2;
-  }
-  const char *path = argv[optind];
+  const char *path = kex_cli_one_operand("run", check ? "case file" : "graph file", argc, argv, usage);
+  if (!path) return 2;
   kex_limits limits = KEX_LIMITS_DEFAULT;
   kex_error err = {0};
   kex_graph *g = NULL;
@@ -357,8 +366,7 @@ static int cmd_run(int argc, char **argv) {
       ret = exit_code(rc);
       goto out;
     }
-  } else if ((rc = kex_graph_from_json_file(path, &limits, &g, &err))) {
-    ret = load_failed("run", path, rc, &err);
+  } else if ((ret = kex_cli_graph_load("run", path, &g))) {
     goto out;
   }
   if ((rc = kex_device_open(device, &dev, &err))) {

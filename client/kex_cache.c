@@ -246,6 +246,29 @@ static void export_print(const cache_args *a, uint64_t n) {
     fprintf(msg, "exported %llu entries\n", (unsigned long long)n);
 }
 
+/*
+ * `export` around a writer, the same in both modes: opens --out (stdout
+ * without it), lets write() fill it (0, or the exit status after saying why),
+ * closes it and prints the count.  Returns the exit status.
+ */
+typedef int (*export_writer)(FILE *out, uint64_t *n, void *ctx);
+static int export_run(const cache_args *a, export_writer write, void *ctx) {
+  FILE *out = a->outp ? fopen(a->outp, "w") : stdout;
+  uint64_t n = 0;
+  int ret;
+  if (!out) {
+    fprintf(stderr, "kex cache export: cannot write %s\n", a->outp);
+    return 1;
+  }
+  ret = write(out, &n, ctx);
+  if (out != stdout && fclose(out) && !ret) {
+    fprintf(stderr, "kex cache export: writing %s failed\n", a->outp);
+    ret = 1;
+  }
+  if (!ret) export_print(a, n);
+  return ret;
+}
+
 static void import_print(bool as_json, uint64_t imported, uint64_t rejected, const char *const *errors,
                          uint32_t nerrors) {
   if (as_json) {
@@ -336,6 +359,21 @@ static char *render_from_graph(const char *gpath, const kex_cache_entry *e, kex_
   return src;
 }
 
+typedef struct local_export {
+  kex_cache *cache;
+  const kex_cache_filter *filter;
+} local_export;
+
+static int local_export_write(FILE *out, uint64_t *n, void *ctx) {
+  local_export *ex = ctx;
+  kex_error err = {0};
+  if (kex_cache_export(ex->cache, out, ex->filter, n, &err)) {
+    fprintf(stderr, "kex cache export: %s\n", err.msg);
+    return 1;
+  }
+  return 0;
+}
+
 int kex_cmd_cache(int argc, char **argv) {
   cache_args a;
   int ret = cache_parse(argc, argv, &a), rc;
@@ -402,20 +440,8 @@ int kex_cmd_cache(int argc, char **argv) {
       kex_free(e.ast_text);
     }
   } else if (!strcmp(a.sub, "export")) {
-    FILE *out = a.outp ? fopen(a.outp, "w") : stdout;
-    uint64_t n = 0;
-    if (!out) {
-      fprintf(stderr, "kex cache export: cannot write %s\n", a.outp);
-      ret = 1;
-    } else if ((rc = kex_cache_export(cache, out, a.filtered ? &f : NULL, &n, &err))) {
-      fprintf(stderr, "kex cache export: %s\n", err.msg);
-      ret = 1;
-    }
-    if (out && out != stdout && fclose(out) && !ret) {
-      fprintf(stderr, "kex cache export: writing %s failed\n", a.outp);
-      ret = 1;
-    }
-    if (!ret) export_print(&a, n);
+    local_export ex = {cache, a.filtered ? &f : NULL};
+    ret = export_run(&a, local_export_write, &ex);
   } else if (!strcmp(a.sub, "import")) {
     FILE *in = fopen(a.arg, "r");
     kex_cache_import_report rep = {0};
@@ -496,6 +522,21 @@ static int export_to(const void *data, size_t len, void *ud) {
   return fwrite(data, 1, len, ud) != len;
 }
 
+typedef struct remote_export {
+  kex_cli_remote *r;
+  const kex_remote_cache_filter *filter;
+  const char *outp;
+} remote_export;
+
+static int remote_export_write(FILE *out, uint64_t *n, void *ctx) {
+  remote_export *ex = ctx;
+  kex_status st;
+  if (!kex_client_cache_export(ex->r->client, ex->r->job, ex->filter, NULL, export_to, out, n, &st)) return 0;
+  if (st.code != KEX_ECANCELLED) return kex_cli_fail("cache export", &st);
+  fprintf(stderr, "kex cache export: writing %s failed\n", ex->outp ? ex->outp : "stdout");
+  return 1;
+}
+
 int kex_remote_cmd_cache(kex_cli_remote *r, int argc, char **argv) {
   cache_args a;
   int ret = cache_parse(argc, argv, &a);
@@ -534,20 +575,8 @@ int kex_remote_cmd_cache(kex_cli_remote *r, int argc, char **argv) {
     }
     kex_remote_cache_entry_free(e);
   } else if (!strcmp(a.sub, "export")) {
-    FILE *out = a.outp ? fopen(a.outp, "w") : stdout;
-    uint64_t n = 0;
-    if (!out) {
-      fprintf(stderr, "kex cache export: cannot write %s\n", a.outp);
-      ret = 1;
-    } else if (kex_client_cache_export(r->client, r->job, a.filtered ? &f : NULL, NULL, export_to, out, &n, &st)) {
-      ret = st.code == KEX_ECANCELLED ? 1 : kex_cli_fail("cache export", &st);
-      if (st.code == KEX_ECANCELLED) fprintf(stderr, "kex cache export: writing %s failed\n", a.outp ? a.outp : "stdout");
-    }
-    if (out && out != stdout && fclose(out) && !ret) {
-      fprintf(stderr, "kex cache export: writing %s failed\n", a.outp);
-      ret = 1;
-    }
-    if (!ret) export_print(&a, n);
+    remote_export ex = {r, a.filtered ? &f : NULL, a.outp};
+    ret = export_run(&a, remote_export_write, &ex);
   } else if (!strcmp(a.sub, "import")) {
     kex_import_report rep;
     if (kex_client_cache_import(r->client, r->job, in, &rep, &st)) {

@@ -20,6 +20,8 @@
 
 #include <jansson.h>
 
+#include "sched/graph.h"
+
 #define KEX_CLI_DEFAULT_PORT "50051"  /* --server HOST without a port means HOST:50051 (kexd's default) */
 #define KEX_CLI_DEFAULT_SERVER "127.0.0.1:" KEX_CLI_DEFAULT_PORT
 #define KEX_CLI_ADDR_MAX 512          /* bytes of a server address, NUL included */
@@ -41,6 +43,25 @@ double kex_cli_now_s(void);
  * -1 when it does not fit in cap bytes.
  */
 int kex_cli_server_addr(const char *in, char *out, size_t cap);
+
+/*
+ * After getopt_long, the operands of "kex CMD".  kex_cli_no_operand: true
+ * when none is left, else false after "kex CMD: unexpected argument 'X'".
+ * kex_cli_one_operand: the one operand, or NULL after "kex CMD: expected one
+ * WHAT" (and usage(stderr) when usage is not NULL).
+ */
+/*
+ * Loads graph file `path` under the default limits for "kex CMD".  0, or the
+ * exit code after saying why it did not load: 2 for a file that is missing
+ * or unreadable (KEX_EIO), as for an invalid graph.
+ */
+int kex_cli_graph_load(const char *cmd, const char *path, kex_graph **g);
+
+/* n bytes for people into out[cap]: "512 B", "12.3 MiB", "15.6 GiB" (up to TiB). */
+void kex_cli_bytes_text(uint64_t n, char *out, size_t cap);
+
+bool kex_cli_no_operand(const char *cmd, int argc, char **argv);
+const char *kex_cli_one_operand(const char *cmd, const char *what, int argc, char **argv, void (*usage)(FILE *));
 
 /* Print "[v0, v1, ...]" and a newline: up to 8 leading elements of nbytes of dtype dt (a kex_dtype; -1 prints
    "[]"), numpy-like, as both `kex run` modes print outputs. */

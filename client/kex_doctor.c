@@ -42,16 +42,6 @@
 
 #define DOCTOR_SERVER_TIMEOUT_S 3.0 /* deadline of each call to the server */
 
-/* "15.6 GiB" */
-static void size_text(uint64_t n, char *out, size_t cap) {
-  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)n;
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, u++;
-  if (u == 0) snprintf(out, cap, "%llu B", (unsigned long long)n);
-  else snprintf(out, cap, "%.1f %s", v, unit[u]);
-}
-
 static void usage(FILE *f) {
   fputs("usage: kex [--server ADDR] doctor [--json] [--cache PATH]\n"
         "  this machine's OpenCL platforms and devices with their capabilities, the cache file\n"
@@ -83,9 +73,9 @@ static json_t *device_report(const kex_device_desc *d, bool as_json, bool *opene
   const kex_device_info *in = kex_device_get_info(dev);
   const kex_device_identity *id = &in->identity;
   char gm[32], ma[32], sm[32];
-  size_text(in->global_mem, gm, sizeof gm);
-  size_text(in->max_alloc, ma, sizeof ma);
-  size_text(in->shared_max, sm, sizeof sm);
+  kex_cli_bytes_text(in->global_mem, gm, sizeof gm);
+  kex_cli_bytes_text(in->max_alloc, ma, sizeof ma);
+  kex_cli_bytes_text(in->shared_max, sm, sizeof sm);
   if (!as_json) {
     printf("      vendor %s; driver %s\n      compiler %s\n", id->vendor, id->driver_version, id->compiler_version);
     printf("      memory %s (largest buffer %s); %d compute units\n", gm, ma, in->compute_units);
@@ -211,8 +201,8 @@ static void check_cache(json_t *doc, const char *cache_opt, bool as_json) {
   if (!as_json) printf("cache: %s%s\n", path, cache_opt ? " (--cache)" : getenv("KEX_CACHE") ? " (KEX_CACHE)" : "");
   if (exists) {
     kex_cli_iso8601((int64_t)(has_wal && wb.st_mtime > sb.st_mtime ? wb.st_mtime : sb.st_mtime), when);
-    size_text((uint64_t)sb.st_size, sz, sizeof sz);
-    size_text(has_wal ? (uint64_t)wb.st_size : 0, wsz, sizeof wsz);
+    kex_cli_bytes_text((uint64_t)sb.st_size, sz, sizeof sz);
+    kex_cli_bytes_text(has_wal ? (uint64_t)wb.st_size : 0, wsz, sizeof wsz);
     if (!as_json) printf("  %s (%lld bytes), write-ahead log %s; last changed %s\n", sz, (long long)sb.st_size, wsz, when);
     json_object_set_new(c, "bytes", json_integer((json_int_t)sb.st_size));
     json_object_set_new(c, "wal_bytes", json_integer(has_wal ? (json_int_t)wb.st_size : 0));
@@ -297,10 +287,7 @@ int kex_cmd_doctor(kex_cli_remote *r, int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "kex doctor: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
+  if (!kex_cli_no_operand("doctor", argc, argv)) return 2;
   json_t *doc = json_pack("{s:s}", "version", kex_cli_version());
   if (!as_json) printf("kex %s\n\n", kex_cli_version());
 #ifdef KEX_HAVE_RUN

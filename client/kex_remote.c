@@ -34,6 +34,7 @@
 #include "client/kex_cli.h"
 #include "client/libkex.h"
 #include "core/alloc.h"
+#include "core/strbuf.h"
 #include "core/codec.h"
 #include "core/dtype.h"
 
@@ -128,22 +129,18 @@ void kex_cli_remote_done(remote *r) {
 
 char *kex_cli_read_graph(const char *cmd, const char *path) {
   FILE *f = fopen(path, "rb");
-  char *s = NULL;
-  long n;
+  kex_strbuf b = {0};
   if (!f) {
     fprintf(stderr, "kex %s: %s: cannot open: %s\n", cmd, path, strerror(errno));
     return NULL;
   }
-  if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || n > REMOTE_GRAPH_MAX || fseek(f, 0, SEEK_SET) ||
-      !(s = kex_malloc((size_t)n + 1)) || fread(s, 1, (size_t)n, f) != (size_t)n) {
+  if (kex_strbuf_read(&b, f, REMOTE_GRAPH_MAX)) {
     fprintf(stderr, "kex %s: %s: cannot read\n", cmd, path);
-    kex_free(s);
-    s = NULL;
-  } else {
-    s[n] = 0;
+    kex_free(b.p);
+    b.p = NULL;
   }
   fclose(f);
-  return s;
+  return b.p;
 }
 
 /* ---- the graph of a command line ---- */
@@ -246,10 +243,7 @@ static int cmd_plan(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex plan: expected one graph file\n");
-    return 2;
-  }
+  if (!kex_cli_one_operand("plan", "graph file", argc, argv, NULL)) return 2;
   if (!(text = kex_cli_read_graph("plan", argv[optind]))) return 2;
   if ((ret = prepare_graph("plan", argv[optind], &text, device, 1))) goto out;
   if ((ret = kex_cli_remote_open(r, "plan", job, true))) goto out;
@@ -522,11 +516,8 @@ static int cmd_run(remote *r, int argc, char **argv) {
     fprintf(stderr, "kex run: --repeat must be between 1 and %d\n", REMOTE_REPEAT_MAX);
     return 2;
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex run: expected one %s file\n", check ? "case" : "graph");
-    return 2;
-  }
-  const char *path = argv[optind];
+  const char *path = kex_cli_one_operand("run", check ? "case file" : "graph file", argc, argv, NULL);
+  if (!path) return 2;
   if (check) {
     if ((ret = kex_cli_case_load("run", path, &kc))) goto out;
     if (!(text = kex_strdup(kc.graph_text))) {
@@ -651,10 +642,7 @@ static int cmd_stats(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "kex stats: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
+  if (!kex_cli_no_operand("stats", argc, argv)) return 2;
   if ((ret = kex_cli_remote_open(r, "stats", NULL, false))) return ret;
   if (kex_get_stats(r->client, job, &s, &st)) return fail("stats", &st);
   char started[KEX_CLI_ISO8601_MAX];
@@ -766,10 +754,7 @@ static int cmd_upload(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex upload: expected one .npy file\n");
-    return 2;
-  }
+  if (!kex_cli_one_operand("upload", ".npy file", argc, argv, NULL)) return 2;
   if (access(argv[optind], R_OK) != 0) {
     fprintf(stderr, "kex upload: %s: cannot read\n", argv[optind]);
     return 2;
@@ -806,10 +791,7 @@ static int cmd_download(remote *r, int argc, char **argv) {
     default: remote_usage(stderr); return 2;
     }
   }
-  if (optind != argc - 1) {
-    fprintf(stderr, "kex download: expected one buffer handle\n");
-    return 2;
-  }
+  if (!kex_cli_one_operand("download", "buffer handle", argc, argv, NULL)) return 2;
   if ((ret = kex_cli_remote_open(r, "download", job, true))) goto done;
   if (kex_download(r->client, r->job, argv[optind], &b, &st)) {
     ret = fail("download", &st);

@@ -57,16 +57,6 @@ typedef struct top_sample {
   time_t wall;
 } top_sample;
 
-/* "12.3 MiB" */
-static void human_bytes(uint64_t n, char *out, size_t cap) {
-  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)n;
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, u++;
-  if (u == 0) snprintf(out, cap, "%llu B", (unsigned long long)n);
-  else snprintf(out, cap, "%.1f %s", v, unit[u]);
-}
-
 /* hits / (hits + misses), NAN when nothing was looked up. */
 static double rate(uint64_t hits, uint64_t misses) { return hits + misses ? (double)hits / (double)(hits + misses) : NAN; }
 
@@ -179,7 +169,7 @@ static void view_text(FILE *f, const char *server, const top_sample *prev, const
   uint32_t queued = 0, running = 0;
   for (size_t i = 0; i < s->njobs; i++) queued += s->jobs[i].queued, running += s->jobs[i].running;
   kex_cli_iso8601((int64_t)cur->wall, now);
-  human_bytes(s->bytes_held, held, sizeof held);
+  kex_cli_bytes_text(s->bytes_held, held, sizeof held);
   pct(server_busy(prev, cur), busy, sizeof busy);
   pct(rate(s->schedule_cache_hits, s->schedule_cache_misses), r1, sizeof r1);
   pct(rate(s->program_cache_memory_hits + s->program_cache_sqlite_hits, s->program_cache_misses), r2, sizeof r2);
@@ -202,8 +192,8 @@ static void view_text(FILE *f, const char *server, const top_sample *prev, const
     const kex_job_stats *j = &s->jobs[i];
     char jb[16], jh[32], jl[32];
     pct(job_busy(prev, cur, i), jb, sizeof jb);
-    human_bytes(j->bytes_held, jh, sizeof jh);
-    if (j->memory_limit) human_bytes(j->memory_limit, jl, sizeof jl);
+    kex_cli_bytes_text(j->bytes_held, jh, sizeof jh);
+    if (j->memory_limit) kex_cli_bytes_text(j->memory_limit, jl, sizeof jl);
     else snprintf(jl, sizeof jl, "-");
     fprintf(f, "%-*.*s %6u %7u %7u %9llu %7s %10.3f %10s %10s %6u%s", TOP_NAME_COLS, TOP_NAME_COLS, j->name, j->weight,
             j->queued, j->running, (unsigned long long)j->items_done, jb, j->device_time_s, jh, jl, j->buffers, eol);
@@ -284,10 +274,7 @@ int kex_remote_cmd_top(kex_cli_remote *r, int argc, char **argv) {
     default: top_usage(stderr); return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "kex top: unexpected argument '%s'\n", argv[optind]);
-    return 2;
-  }
+  if (!kex_cli_no_operand("top", argc, argv)) return 2;
   if (!once && interval <= 0) {
     fprintf(stderr, "kex top: --interval must be > 0 without --once\n");
     return 2;

@@ -236,7 +236,6 @@ int kex_cmd_tune(int argc, char **argv) {
     return 2;
   }
   const char *path = argv[optind];
-  kex_limits limits = KEX_LIMITS_DEFAULT;
   kex_error err = {0};
   kex_graph *g = NULL;
   kex_device *dev = NULL;
@@ -247,10 +246,7 @@ int kex_cmd_tune(int argc, char **argv) {
   json_t *out = json_array();
   int ret = 0, rc;
   kex_plan_init(&p, NULL, &target);
-  if ((rc = kex_graph_from_json_file(path, &limits, &g, &err))) {
-    const char *m = err.msg[0] ? err.msg : kex_strerror(rc);
-    if (strncmp(m, path, strlen(path)) == 0) fprintf(stderr, "kex tune: %s\n", m); /* the message names the file */
-    else fprintf(stderr, "kex tune: %s: %s\n", path, m);
+  if (kex_cli_graph_load("tune", path, &g)) {
     ret = 2;
     goto out;
   }

@@ -16,6 +16,7 @@
  */
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,8 @@
 
 #include "client/libkex.h"
 #include "core/alloc.h"
+#include "core/strbuf.h"
+#include "examples/hello_graph.h"
 
 static int passed, failed;
 
@@ -40,19 +43,14 @@ static void check(int cond, const char *what, const kex_status *st) {
 
 static char *read_text(const char *path) {
   FILE *f = fopen(path, "rb");
-  char *s = NULL;
-  long n;
+  kex_strbuf b = {0};
   if (!f) return NULL;
-  if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 && (s = malloc((size_t)n + 1))) {
-    if (fread(s, 1, (size_t)n, f) != (size_t)n) {
-      free(s);
-      s = NULL;
-    } else {
-      s[n] = 0;
-    }
+  if (kex_strbuf_read(&b, f, SIZE_MAX - 1)) {
+    kex_free(b.p);
+    b.p = NULL;
   }
   fclose(f);
-  return s;
+  return b.p;
 }
 
 /* Plan every case of INDEX.json; count the ones whose kernel count differs from tinygrad's (opencl). */
@@ -236,14 +234,8 @@ static void on_event(const kex_submit_event *ev, void *ud) {
 }
 
 static void test_submit(kex_client *c, const char *job) {
-  /* (a + b) * 2 on float32[4], inline data */
-  const char *g =
-      "{\"nodes\":["
-      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AACAPwAAAEAAAEBAAACAQA==\"},"
-      "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AAAgQQAAoEEAAPBBAAAgQg==\"},"
-      "{\"op\":\"ADD\",\"src\":[0,1]},"
-      "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":[4],\"value\":2.0},"
-      "{\"op\":\"MUL\",\"src\":[2,3]}],\"outputs\":[4]}";
+  /* (a + b) * 2 on float32[4], inline data: the graph of examples/hello.c */
+  const char *g = KEX_HELLO_GRAPH;
   kex_submit_opts o = {.return_bytes = true, .timeout_s = 120};
   kex_result *r = NULL;
   kex_status st;

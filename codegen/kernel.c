@@ -65,13 +65,7 @@ typedef struct lop_stack {
 } lop_stack;
 
 static int stack_push(lop_stack *s, const kex_lop *l) {
-  if (s->len == s->cap) {
-    uint32_t ncap = s->cap ? s->cap * 2 : 64;
-    const kex_lop **nv = kex_realloc(s->v, ncap * sizeof *nv);
-    if (!nv) return KEX_ENOMEM;
-    s->v = nv;
-    s->cap = ncap;
-  }
+  if (kex_grow(&s->v, s->len, &s->cap, sizeof *s->v, 64)) return KEX_ENOMEM;
   s->v[s->len++] = l;
   return 0;
 }

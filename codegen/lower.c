@@ -394,13 +394,7 @@ static int global_load(lower *L, int i, const kex_sym *const *idxs, int n, const
 
 static int add_store(lower *L, const kex_uop *s) {
   if (!s) return KEX_ENOMEM;
-  if (L->nstores == L->capstores) {
-    uint32_t ncap = L->capstores ? L->capstores * 2 : 64;
-    const kex_uop **ns = kex_realloc(L->stores, ncap * sizeof *ns);
-    if (!ns) return KEX_ENOMEM;
-    L->stores = ns;
-    L->capstores = ncap;
-  }
+  if (kex_grow(&L->stores, L->nstores, &L->capstores, sizeof *L->stores, 64)) return KEX_ENOMEM;
   L->stores[L->nstores++] = s;
   return 0;
 }

@@ -20,48 +20,10 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/strbuf.h"
 #include "codegen/lower.h"
 
 #define INLINE_MAX 4000
-
-typedef struct sbuf {
-  char *p;
-  size_t len, cap;
-  bool oom;
-} sbuf;
-
-static void sb_vadd(sbuf *b, const char *fmt, va_list ap) {
-  if (b->oom) return;
-  va_list ap2;
-  va_copy(ap2, ap);
-  int n = vsnprintf(NULL, 0, fmt, ap2);
-  va_end(ap2);
-  if (n < 0) {
-    b->oom = true;
-    return;
-  }
-  if (b->len + (size_t)n + 1 > b->cap) {
-    size_t ncap = b->cap ? b->cap : 1024;
-    while (ncap < b->len + (size_t)n + 1) ncap *= 2;
-    char *np = kex_realloc(b->p, ncap);
-    if (!np) {
-      b->oom = true;
-      return;
-    }
-    b->p = np;
-    b->cap = ncap;
-  }
-  vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-  b->len += (size_t)n;
-}
-
-static void sb_add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_add(sbuf *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  sb_vadd(b, fmt, ap);
-  va_end(ap);
-}
 
 typedef struct rctx {
   int dialect;
@@ -69,7 +31,7 @@ typedef struct rctx {
   kex_arena arena;
   const char **r;     /* by uop id */
   uint32_t *children; /* by uop id */
-  sbuf body;
+  kex_strbuf body;
   int depth;
   int cnt_alu, cnt_val, cnt_acc, cnt_ridx, cnt_cast, cnt_precast;
   bool uses_half, oom;
@@ -91,12 +53,12 @@ static char *fmt(rctx *c, const char *f, ...) {
 
 static void kk(rctx *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
 static void kk(rctx *c, const char *f, ...) {
-  for (int i = 0; i < c->depth; i++) sb_add(&c->body, "  ");
+  for (int i = 0; i < c->depth; i++) kex_strbuf_printf(&c->body, "  ");
   va_list ap;
   va_start(ap, f);
-  sb_vadd(&c->body, f, ap);
+  kex_strbuf_vprintf(&c->body, f, ap);
   va_end(ap);
-  sb_add(&c->body, "\n");
+  kex_strbuf_printf(&c->body, "\n");
 }
 
 static const char *scalar_name(int dialect, kex_dtype dt) {
@@ -187,10 +149,10 @@ static const char *render_const(rctx *c, kex_const v, kex_udtype d) {
   if (plain) return fmt(c, "%s", val);
   const char *t = type_name(c, d);
   if (d.vec > 1) {
-    sbuf b = {0};
-    sb_add(&b, "(%s)(", t);
-    for (int i = 0; i < d.vec; i++) sb_add(&b, "%s%s", i ? "," : "", val);
-    sb_add(&b, ")");
+    kex_strbuf b = {0};
+    kex_strbuf_printf(&b, "(%s)(", t);
+    for (int i = 0; i < d.vec; i++) kex_strbuf_printf(&b, "%s%s", i ? "," : "", val);
+    kex_strbuf_printf(&b, ")");
     const char *s = b.oom ? NULL : fmt(c, "%s", b.p);
     if (!s) c->oom = true;
     kex_free(b.p);
@@ -254,10 +216,10 @@ static const char *code_for_op(rctx *c, kex_op op, const char **o, kex_udtype d,
 static const char *render_cast(rctx *c, const char **xs, uint32_t n, kex_udtype d) {
   const char *t = type_name(c, d);
   if (n == 1) return fmt(c, "(%s)(%s)", t, xs[0]);
-  sbuf b = {0};
-  sb_add(&b, "(%s)(", t);
-  for (uint32_t i = 0; i < n; i++) sb_add(&b, "%s%s", i ? "," : "", xs[i]);
-  sb_add(&b, ")");
+  kex_strbuf b = {0};
+  kex_strbuf_printf(&b, "(%s)(", t);
+  for (uint32_t i = 0; i < n; i++) kex_strbuf_printf(&b, "%s%s", i ? "," : "", xs[i]);
+  kex_strbuf_printf(&b, ")");
   const char *s = b.oom ? NULL : fmt(c, "%s", b.p);
   kex_free(b.p);
   if (!s) c->oom = true;
@@ -276,6 +238,19 @@ static const char *render_load(rctx *c, kex_udtype out, const kex_uop *buf, cons
     return render_cast(c, &v, 1, out);
   }
   return fmt(c, "%s[%s]", bn, idx);
+}
+
+/*
+ * u's value val, inlined where it is used when it is used at most once, is
+ * short and may_inline allows it; otherwise a variable <prefix>N (N from
+ * *counter) of u's dtype defined here.  Returns what stands for u.
+ */
+static const char *inline_or_var(rctx *c, const kex_uop *u, const char *val, bool may_inline, const char *prefix,
+                                 int *counter) {
+  if (may_inline && c->children[u->id] <= 1 && strlen(val) <= INLINE_MAX) return val;
+  const char *nm = fmt(c, "%s%d", prefix, (*counter)++);
+  kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
+  return nm;
 }
 
 static int emit(rctx *c, const kex_uop *u, kex_error *err) {
@@ -334,13 +309,7 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
       o[i] = same ? strip_parens(c, r[v->id]) : r[v->id];
     }
     const char *val = code_for_op(c, u->arg.op, o, u->dtype, u);
-    if (c->children[u->id] <= 1 && u->arg.op != KEX_OP_MAX && strlen(val) <= INLINE_MAX) {
-      r[u->id] = val;
-    } else {
-      const char *nm = fmt(c, "alu%d", c->cnt_alu++);
-      kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
-      r[u->id] = nm;
-    }
+    r[u->id] = inline_or_var(c, u, val, u->arg.op != KEX_OP_MAX, "alu", &c->cnt_alu);
     break;
   }
   case KEX_UOP_SPECIAL: {
@@ -355,9 +324,7 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
     const char *val = render_load(c, u->dtype, vin[0], strip_parens(c, r[vin[1]->id]));
     if (u->nvin > 3 && vin[2]->uop != KEX_UOP_BARRIER && vin[2]->uop != KEX_UOP_IF)
       val = fmt(c, "(%s?%s:%s)", r[vin[2]->id], val, r[vin[3]->id]);
-    const char *nm = fmt(c, "val%d", c->cnt_val++);
-    kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
-    r[u->id] = nm;
+    r[u->id] = inline_or_var(c, u, val, false, "val", &c->cnt_val);
     break;
   }
   case KEX_UOP_PHI:
@@ -382,13 +349,7 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
       for (uint32_t i = 0; i < u->nvin; i++) xs[i] = r[vin[i]->id];
       val = render_cast(c, xs, u->nvin, u->dtype);
     }
-    if (c->children[u->id] <= 1 && strlen(val) <= INLINE_MAX) {
-      r[u->id] = val;
-    } else {
-      const char *nm = fmt(c, "cast%d", c->cnt_cast++);
-      kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
-      r[u->id] = nm;
-    }
+    r[u->id] = inline_or_var(c, u, val, true, "cast", &c->cnt_cast);
     break;
   }
   case KEX_UOP_DEFINE_LOCAL:
@@ -433,7 +394,7 @@ int kex_render_cstyle(int dialect, const char *name, const kex_uop_graph *g, cha
   c.depth = 1;
   kex_arena_init(&c.arena, 0);
   int rc = 0;
-  sbuf out = {0};
+  kex_strbuf out = {0};
   *src = NULL;
   c.r = kex_calloc(g->n ? g->n : 1, sizeof *c.r);
   c.children = kex_calloc(g->n ? g->n : 1, sizeof *c.children);
@@ -453,36 +414,36 @@ int kex_render_cstyle(int dialect, const char *name, const kex_uop_graph *g, cha
   if (rc) goto out;
   /* header */
   if (dialect == KEX_DIALECT_OPENCL) {
-    if (c.uses_half) sb_add(&out, "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n");
-    sb_add(&out, "__kernel void %s(", name);
+    if (c.uses_half) kex_strbuf_printf(&out, "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n");
+    kex_strbuf_printf(&out, "__kernel void %s(", name);
     int np = 0;
     for (uint32_t i = 0; i < g->nlinear; i++) {
       const kex_uop *u = g->linear[i];
       if (u->uop != KEX_UOP_DEFINE_GLOBAL) continue;
-      sb_add(&out, "%s%s__global %s* data%lld", np++ ? ", " : "", u->arg.i[1] ? "" : "const ",
+      kex_strbuf_printf(&out, "%s%s__global %s* data%lld", np++ ? ", " : "", u->arg.i[1] ? "" : "const ",
              scalar_name(dialect, u->dtype.dt), (long long)u->arg.i[0]);
       if (u->dtype.dt == KEX_DT_FLOAT16) c.uses_half = true;
     }
-    sb_add(&out, ") {\n");
+    kex_strbuf_printf(&out, ") {\n");
   } else {
-    sb_add(&out, "#include <math.h>\n");
+    kex_strbuf_printf(&out, "#include <math.h>\n");
     /* tinygrad compiles CLANG kernels with -march=native, so a*b+c contracts to an FMA where the host has one;
        the cpu device compiles with plain -O2: ask gcc for FMA code on this host to get the same numbers. */
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("fma"))
-      sb_add(&out, "#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC target(\"fma\")\n#endif\n");
+      kex_strbuf_printf(&out, "#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC target(\"fma\")\n#endif\n");
 #endif
-    sb_add(&out, "void %s(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n", name);
+    kex_strbuf_printf(&out, "void %s(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n", name);
     int np = 0;
     for (uint32_t i = 0; i < g->nlinear; i++) {
       const kex_uop *u = g->linear[i];
       if (u->uop != KEX_UOP_DEFINE_GLOBAL) continue;
       const char *t = scalar_name(dialect, u->dtype.dt), *cq = u->arg.i[1] ? "" : "const ";
-      sb_add(&out, "  %s%s* restrict data%lld = (%s%s*)bufs[%d];\n", cq, t, (long long)u->arg.i[0], cq, t, np++);
+      kex_strbuf_printf(&out, "  %s%s* restrict data%lld = (%s%s*)bufs[%d];\n", cq, t, (long long)u->arg.i[0], cq, t, np++);
     }
-    sb_add(&out, "  (void)ints; (void)gidx_start; (void)gidx_end;\n");
+    kex_strbuf_printf(&out, "  (void)ints; (void)gidx_start; (void)gidx_end;\n");
   }
-  sb_add(&out, "%s}\n", c.body.p ? c.body.p : "");
+  kex_strbuf_printf(&out, "%s}\n", c.body.p ? c.body.p : "");
   if (out.oom) goto oom;
   *src = out.p;
   out.p = NULL;

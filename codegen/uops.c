@@ -106,13 +106,7 @@ const kex_uop *kex_uop_add(kex_uop_graph *g, kex_uop_kind uop, kex_udtype dtype,
   const kex_uop **slot = kex_dict_insert(&g->table, h, &p, &found);
   if (!slot) goto oom;
   if (found) return *slot;
-  if (g->n == g->cap) {
-    uint32_t ncap = g->cap ? g->cap * 2 : 1024;
-    const kex_uop **nn = kex_realloc(g->nodes, ncap * sizeof *nn);
-    if (!nn) goto oom;
-    g->nodes = nn;
-    g->cap = ncap;
-  }
+  if (kex_grow(&g->nodes, g->n, &g->cap, sizeof *g->nodes, 1024)) goto oom;
   kex_uop *u = kex_arena_alloc(&g->arena, sizeof *u);
   const kex_uop **v = nvin ? kex_arena_alloc(&g->arena, nvin * sizeof *v) : NULL;
   if (!u || (nvin && !v)) goto oom;

@@ -34,6 +34,17 @@ void *kex_realloc(void *p, size_t size) { return should_fail() ? NULL : realloc(
 
 void kex_free(void *p) { free(p); }
 
+int kex_grow_slow(void *pv, uint32_t *cap, size_t elem, uint32_t first) {
+  void *p, *np;
+  uint32_t ncap;
+  ncap = *cap ? *cap * 2 : first;
+  memcpy(&p, pv, sizeof p);
+  if (!(np = kex_realloc(p, (size_t)ncap * elem))) return -1;
+  memcpy(pv, &np, sizeof np);
+  *cap = ncap;
+  return 0;
+}
+
 char *kex_strndup(const char *s, size_t n) {
   char *d = kex_malloc(n + 1);
   if (!d) return NULL;

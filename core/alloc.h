@@ -10,6 +10,7 @@
 #define KEX_CORE_ALLOC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 void *kex_malloc(size_t size);
 void *kex_calloc(size_t n, size_t size);
@@ -17,6 +18,18 @@ void *kex_realloc(void *p, size_t size);
 void kex_free(void *p);
 char *kex_strdup(const char *s);
 char *kex_strndup(const char *s, size_t n);
+
+/*
+ * Room for one more element in a doubling array: *(T **)pv holds *cap
+ * elements of elem bytes, len of them used.  When len == *cap it grows to
+ * first elements (an empty array) or twice *cap.  Returns 0, or -1 when out of
+ * memory (the array and *cap unchanged).  The check is inline; kex_grow_slow
+ * is the growing half.
+ */
+int kex_grow_slow(void *pv, uint32_t *cap, size_t elem, uint32_t first);
+static inline int kex_grow(void *pv, uint32_t len, uint32_t *cap, size_t elem, uint32_t first) {
+  return len < *cap ? 0 : kex_grow_slow(pv, cap, elem, first);
+}
 
 /*
  * Make the n-th allocation from now fail (n >= 1), and every one after it

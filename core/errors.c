@@ -3,45 +3,43 @@
  */
 #include "core/errors.h"
 
+#include <stddef.h>
 #include <stdio.h>
 
-const char *kex_strerror(int code) {
-  switch (code) {
-  case 0:
-    return "success";
-#define XX(name, value, msg, grpc) \
-  case KEX_E##name:                \
-    return msg;
+/* One row a code, from KEX_ERRNO_MAP; the lookups below read it. */
+typedef struct {
+  int code;
+  const char *name;
+  const char *msg;
+  int grpc;
+} errno_row;
+
+static const errno_row errno_rows[] = {
+    {0, "OK", "success", KEX_GRPC_OK},
+#define XX(name, value, msg, grpc) {KEX_E##name, #name, msg, KEX_GRPC_##grpc},
     KEX_ERRNO_MAP(XX)
 #undef XX
-  }
-  return "unknown error";
+};
+
+static const errno_row *errno_find(int code) {
+  for (size_t i = 0; i < sizeof errno_rows / sizeof errno_rows[0]; i++)
+    if (errno_rows[i].code == code) return &errno_rows[i];
+  return NULL;
+}
+
+const char *kex_strerror(int code) {
+  const errno_row *r = errno_find(code);
+  return r ? r->msg : "unknown error";
 }
 
 const char *kex_errname(int code) {
-  switch (code) {
-  case 0:
-    return "OK";
-#define XX(name, value, msg, grpc) \
-  case KEX_E##name:                \
-    return #name;
-    KEX_ERRNO_MAP(XX)
-#undef XX
-  }
-  return "UNKNOWN";
+  const errno_row *r = errno_find(code);
+  return r ? r->name : "UNKNOWN";
 }
 
 int kex_err_grpc_status(int code) {
-  switch (code) {
-  case 0:
-    return KEX_GRPC_OK;
-#define XX(name, value, msg, grpc) \
-  case KEX_E##name:                \
-    return KEX_GRPC_##grpc;
-    KEX_ERRNO_MAP(XX)
-#undef XX
-  }
-  return KEX_GRPC_UNKNOWN;
+  const errno_row *r = errno_find(code);
+  return r ? r->grpc : KEX_GRPC_UNKNOWN;
 }
 
 int kex_err_vset(kex_error *err, int code, const char *fmt, va_list ap) {

@@ -524,28 +524,28 @@ void kexd_rpc_get_cache_entry(kexd_call *c, const uint8_t *req, size_t len, void
   if ((q = creq_new(d, c, OP_GET, &m->base))) creq_start(q);
 }
 
+/* Export and Delete: the job, then the filter, then the work (the call ends on the first that fails). */
+static void creq_start_filtered(kexd *d, kexd_call *c, cache_op op, const char *job, ProtobufCMessage *msg,
+                                const Kex__V1__CacheFilter *f) {
+  cache_req *q;
+  if (!kexd_rpc_need_job(d, c, job)) return kexd_rpc_free_msg(msg);
+  if (!(q = creq_new(d, c, op, msg))) return;
+  if (take_filter(q, f) < 0) return;
+  creq_start(q);
+}
+
 void kexd_rpc_export_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd *d = ud;
   Kex__V1__ExportCacheRequest *m =
       (Kex__V1__ExportCacheRequest *)kexd_rpc_decode(d, c, &kex__v1__export_cache_request__descriptor, req, len);
-  cache_req *q;
-  if (!m) return;
-  if (!kexd_rpc_need_job(d, c, m->job)) return kexd_rpc_free_msg(&m->base);
-  if (!(q = creq_new(d, c, OP_EXPORT, &m->base))) return;
-  if (take_filter(q, m->filter) < 0) return;
-  creq_start(q);
+  if (m) creq_start_filtered(d, c, OP_EXPORT, m->job, &m->base, m->filter);
 }
 
 void kexd_rpc_delete_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd *d = ud;
   Kex__V1__DeleteCacheRequest *m =
       (Kex__V1__DeleteCacheRequest *)kexd_rpc_decode(d, c, &kex__v1__delete_cache_request__descriptor, req, len);
-  cache_req *q;
-  if (!m) return;
-  if (!kexd_rpc_need_job(d, c, m->job)) return kexd_rpc_free_msg(&m->base);
-  if (!(q = creq_new(d, c, OP_DELETE, &m->base))) return;
-  if (take_filter(q, m->filter) < 0) return;
-  creq_start(q);
+  if (m) creq_start_filtered(d, c, OP_DELETE, m->job, &m->base, m->filter);
 }
 
 /* The call was finished by kexd_rpc_decode or kexd_rpc_need_job: the stream is over too. */

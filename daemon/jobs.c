@@ -133,12 +133,24 @@ static int token_cmp(const char *a, const char *b) {
   return d;
 }
 
-static int find_index(const kexd_jobs *j, const char *token) {
+/*
+ * The index of the last of n secrets (secret(arr, i), each want_len long)
+ * equal to want, or -1.  Every one is compared, so the time does not depend
+ * on which matches.
+ */
+static int find_secret(const char *want, size_t want_len, const void *arr, uint32_t n,
+                       const char *(*secret)(const void *arr, uint32_t i)) {
   int found = -1;
-  if (!token || strlen(token) != KEXD_TOKEN_LEN) return -1;
-  for (uint32_t i = 0; i < j->njobs; i++)
-    if (token_cmp(j->jobs[i]->token, token) == 0) found = (int)i;
+  if (!want || strlen(want) != want_len) return -1;
+  for (uint32_t i = 0; i < n; i++)
+    if (token_cmp(secret(arr, i), want) == 0) found = (int)i;
   return found;
+}
+
+static const char *job_token(const void *arr, uint32_t i) { return ((kexd_job *const *)arr)[i]->token; }
+
+static int find_index(const kexd_jobs *j, const char *token) {
+  return find_secret(token, KEXD_TOKEN_LEN, j->jobs, j->njobs, job_token);
 }
 
 /*
@@ -167,13 +179,7 @@ kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name) {
   kexd_tenant_use *u;
   for (uint32_t i = 0; i < j->nuses; i++)
     if (strcmp(j->uses[i]->name, name) == 0) return j->uses[i];
-  if (j->nuses == j->capuses) {
-    uint32_t cap = j->capuses ? 2 * j->capuses : 8;
-    kexd_tenant_use **nu = kex_realloc(j->uses, cap * sizeof *nu);
-    if (!nu) return NULL;
-    j->uses = nu;
-    j->capuses = cap;
-  }
+  if (kex_grow(&j->uses, j->nuses, &j->capuses, sizeof *j->uses, 8)) return NULL;
   if (!(u = kex_calloc(1, sizeof *u))) return NULL;
   snprintf(u->name, sizeof u->name, "%s", name);
   j->uses[j->nuses++] = u;
@@ -201,13 +207,8 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
                        "%u jobs are open, the limit (--max-jobs), and none has been idle for %.1f s "
                        "(--job-evict-idle) to make room",
                        j->njobs, j->evict_idle_ms / 1e3);
-  if (j->njobs == j->cap) {
-    uint32_t cap = j->cap ? 2 * j->cap : 16;
-    kexd_job **nj = kex_realloc(j->jobs, cap * sizeof *nj);
-    if (!nj) return kex_err_set(err, KEX_ENOMEM, "out of memory for the job table");
-    j->jobs = nj;
-    j->cap = cap;
-  }
+  if (kex_grow(&j->jobs, j->njobs, &j->cap, sizeof *j->jobs, 16))
+    return kex_err_set(err, KEX_ENOMEM, "out of memory for the job table");
   if (!(job = kex_calloc(1, sizeof *job)) || !(job->name = kex_strdup(name)) || !(job->peer = kex_strdup(peer))) {
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory for a job");
     goto out;
@@ -309,13 +310,7 @@ int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32
   (void)j;
   *out = NULL;
   if (ndim > KEX_MAX_DIMS) return KEX_EINVAL;
-  if (job->nbufs == job->capbufs) {
-    uint32_t cap = job->capbufs ? 2 * job->capbufs : 8;
-    kexd_buffer **nb = kex_realloc(job->bufs, cap * sizeof *nb);
-    if (!nb) return KEX_ENOMEM;
-    job->bufs = nb;
-    job->capbufs = cap;
-  }
+  if (kex_grow(&job->bufs, job->nbufs, &job->capbufs, sizeof *job->bufs, 8)) return KEX_ENOMEM;
   if (!(b = kex_calloc(1, sizeof *b))) return KEX_ENOMEM;
   if ((rc = random_hex(b->handle)) < 0) {
     kex_free(b);
@@ -341,12 +336,10 @@ int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32
   return 0;
 }
 
+static const char *buffer_handle(const void *arr, uint32_t i) { return ((kexd_buffer *const *)arr)[i]->handle; }
+
 static int find_buffer_index(const kexd_job *job, const char *handle) {
-  int found = -1;
-  if (!handle || strlen(handle) != KEXD_HANDLE_LEN) return -1;
-  for (uint32_t i = 0; i < job->nbufs; i++)
-    if (token_cmp(job->bufs[i]->handle, handle) == 0) found = (int)i;
-  return found;
+  return find_secret(handle, KEXD_HANDLE_LEN, job->bufs, job->nbufs, buffer_handle);
 }
 
 kexd_buffer *kexd_job_find_buffer(kexd_job *job, const char *handle) {

@@ -31,6 +31,7 @@
 #include <uv.h>
 
 #include "core/alloc.h"
+#include "core/strbuf.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/accept_guard.h"
@@ -161,47 +162,19 @@ static void on_snapshot(uv_async_t *h) {
 
 /* ---- the HTTP thread ---- */
 
-typedef struct page {
-  char *buf;
-  size_t len, cap;
-  bool oom;
-} page;
-
-static void put(page *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(page *p, const char *fmt, ...) {
-  va_list ap;
-  int n;
-  if (p->oom) return;
-  for (;;) {
-    va_start(ap, fmt);
-    n = vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-      p->oom = true;
-      return;
-    }
-    if ((size_t)n < p->cap - p->len) break;
-    char *nb = kex_realloc(p->buf, 2 * p->cap + (size_t)n);
-    if (!nb) {
-      p->oom = true;
-      return;
-    }
-    p->buf = nb;
-    p->cap = 2 * p->cap + (size_t)n;
-  }
-  p->len += (size_t)n;
-}
+/* The /metrics text being written. */
+typedef kex_strbuf page;
 
 static void head(page *p, const char *name, const char *type, const char *help) {
-  put(p, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+  kex_strbuf_printf(p, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* A label value with \, " and newline escaped, as the format asks. */
 static void put_label(page *p, const char *v) {
   for (; *v; v++) {
-    if (*v == '\\' || *v == '"') put(p, "\\%c", *v);
-    else if (*v == '\n') put(p, "\\n");
-    else put(p, "%c", *v);
+    if (*v == '\\' || *v == '"') kex_strbuf_printf(p, "\\%c", *v);
+    else if (*v == '\n') kex_strbuf_printf(p, "\\n");
+    else kex_strbuf_printf(p, "%c", *v);
   }
 }
 
@@ -210,87 +183,87 @@ static void format(page *p, const snapshot *s) {
   kexd_accept_stats as;
   uint64_t cum = 0;
   head(p, "kex_build_info", "gauge", "kexd's version (always 1).");
-  put(p, "kex_build_info{version=\"%s\"} 1\n", KEX_VERSION);
+  kex_strbuf_printf(p, "kex_build_info{version=\"%s\"} 1\n", KEX_VERSION);
   head(p, "kex_uptime_seconds", "gauge", "Seconds since kexd started.");
-  put(p, "kex_uptime_seconds %.3f\n", s->uptime_s);
+  kex_strbuf_printf(p, "kex_uptime_seconds %.3f\n", s->uptime_s);
   head(p, "kex_rpcs_total", "counter",
        "gRPC calls finished, by method and status code (a client cancel counts as CANCELLED; method \"unknown\" is "
        "every unregistered path).");
   for (uint32_t i = 0; i < s->nmethods; i++)
     for (int k = 0; k < KEXD_STATUS_CODES; k++) {
       if (!s->rpcs[i][k]) continue;
-      put(p, "kex_rpcs_total{method=\"");
+      kex_strbuf_printf(p, "kex_rpcs_total{method=\"");
       put_label(p, s->paths[i] ? s->paths[i] : "unknown");
-      put(p, "\",code=\"%s\"} %llu\n", code_names[k], (unsigned long long)s->rpcs[i][k]);
+      kex_strbuf_printf(p, "\",code=\"%s\"} %llu\n", code_names[k], (unsigned long long)s->rpcs[i][k]);
     }
   head(p, "kex_submissions_total", "counter", "Submit calls accepted for an open job.");
-  put(p, "kex_submissions_total %llu\n", (unsigned long long)s->submissions);
+  kex_strbuf_printf(p, "kex_submissions_total %llu\n", (unsigned long long)s->submissions);
   head(p, "kex_submissions_failed_total", "counter", "Submit calls that ended with an error status.");
-  put(p, "kex_submissions_failed_total %llu\n", (unsigned long long)s->submissions_failed);
+  kex_strbuf_printf(p, "kex_submissions_failed_total %llu\n", (unsigned long long)s->submissions_failed);
   head(p, "kex_submission_seconds", "histogram",
        "Seconds from a Submit's arrival to its done event, for submissions that succeeded.");
   for (int i = 0; i < KEXD_METRICS_BUCKETS; i++) {
     cum += s->submit_seconds.buckets[i];
-    put(p, "kex_submission_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], (unsigned long long)cum);
+    kex_strbuf_printf(p, "kex_submission_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], (unsigned long long)cum);
   }
-  put(p, "kex_submission_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)s->submit_seconds.count);
-  put(p, "kex_submission_seconds_sum %.9g\n", s->submit_seconds.sum);
-  put(p, "kex_submission_seconds_count %llu\n", (unsigned long long)s->submit_seconds.count);
+  kex_strbuf_printf(p, "kex_submission_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)s->submit_seconds.count);
+  kex_strbuf_printf(p, "kex_submission_seconds_sum %.9g\n", s->submit_seconds.sum);
+  kex_strbuf_printf(p, "kex_submission_seconds_count %llu\n", (unsigned long long)s->submit_seconds.count);
   head(p, "kex_kernel_run_seconds_total", "counter", "Device seconds Submit's kernels ran, as the device measured them.");
-  put(p, "kex_kernel_run_seconds_total %.9g\n", s->kernel_seconds);
+  kex_strbuf_printf(p, "kex_kernel_run_seconds_total %.9g\n", s->kernel_seconds);
   head(p, "kex_held_bytes", "gauge", "Bytes of device memory the open jobs' buffers hold.");
-  put(p, "kex_held_bytes %llu\n", (unsigned long long)s->bytes_held);
+  kex_strbuf_printf(p, "kex_held_bytes %llu\n", (unsigned long long)s->bytes_held);
   head(p, "kex_jobs_open", "gauge", "Jobs open now.");
-  put(p, "kex_jobs_open %llu\n", (unsigned long long)s->jobs_open);
+  kex_strbuf_printf(p, "kex_jobs_open %llu\n", (unsigned long long)s->jobs_open);
   head(p, "kex_tenant_jobs_open", "gauge", "Jobs open now, by tenant (\"anonymous\" without --auth).");
   for (uint32_t i = 0; i < s->ntenants; i++)
-    put(p, "kex_tenant_jobs_open{tenant=\"%s\"} %llu\n", s->tenants[i].name, (unsigned long long)s->tenants[i].jobs_open);
+    kex_strbuf_printf(p, "kex_tenant_jobs_open{tenant=\"%s\"} %llu\n", s->tenants[i].name, (unsigned long long)s->tenants[i].jobs_open);
   head(p, "kex_tenant_held_bytes", "gauge", "Bytes of device memory the open jobs' buffers hold, by tenant.");
   for (uint32_t i = 0; i < s->ntenants; i++)
-    put(p, "kex_tenant_held_bytes{tenant=\"%s\"} %llu\n", s->tenants[i].name,
+    kex_strbuf_printf(p, "kex_tenant_held_bytes{tenant=\"%s\"} %llu\n", s->tenants[i].name,
         (unsigned long long)s->tenants[i].bytes_held);
   head(p, "kex_tenant_submissions_total", "counter", "Submit calls admitted, by tenant.");
   for (uint32_t i = 0; i < s->ntenants; i++)
-    put(p, "kex_tenant_submissions_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
+    kex_strbuf_printf(p, "kex_tenant_submissions_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
         (unsigned long long)s->tenants[i].submissions);
   head(p, "kex_tenant_refused_total", "counter", "Calls refused RESOURCE_EXHAUSTED over one of the tenant's limits.");
   for (uint32_t i = 0; i < s->ntenants; i++)
-    put(p, "kex_tenant_refused_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
+    kex_strbuf_printf(p, "kex_tenant_refused_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
         (unsigned long long)s->tenants[i].refused);
   head(p, "kex_auth_refused_total", "counter", "Calls refused by --auth: no or unknown token, or a role or may_tune.");
-  put(p, "kex_auth_refused_total{code=\"UNAUTHENTICATED\"} %llu\n", (unsigned long long)s->unauthenticated);
-  put(p, "kex_auth_refused_total{code=\"PERMISSION_DENIED\"} %llu\n", (unsigned long long)s->permission_denied);
+  kex_strbuf_printf(p, "kex_auth_refused_total{code=\"UNAUTHENTICATED\"} %llu\n", (unsigned long long)s->unauthenticated);
+  kex_strbuf_printf(p, "kex_auth_refused_total{code=\"PERMISSION_DENIED\"} %llu\n", (unsigned long long)s->permission_denied);
   head(p, "kex_auth_reloads_total", "counter", "SIGHUP reloads of --auth: ok (swapped in) or error (kept the old).");
-  put(p, "kex_auth_reloads_total{result=\"ok\"} %llu\n", (unsigned long long)s->auth_reloads);
-  put(p, "kex_auth_reloads_total{result=\"error\"} %llu\n", (unsigned long long)s->auth_reload_errors);
+  kex_strbuf_printf(p, "kex_auth_reloads_total{result=\"ok\"} %llu\n", (unsigned long long)s->auth_reloads);
+  kex_strbuf_printf(p, "kex_auth_reloads_total{result=\"error\"} %llu\n", (unsigned long long)s->auth_reload_errors);
   head(p, "kex_program_cache_hits_total", "counter",
        "Submit's kernels whose program was loaded already (tier memory) or read from the SQLite cache (tier sqlite).");
-  put(p, "kex_program_cache_hits_total{tier=\"memory\"} %llu\n", (unsigned long long)s->prog_memory_hits);
-  put(p, "kex_program_cache_hits_total{tier=\"sqlite\"} %llu\n", (unsigned long long)s->prog_sqlite_hits);
+  kex_strbuf_printf(p, "kex_program_cache_hits_total{tier=\"memory\"} %llu\n", (unsigned long long)s->prog_memory_hits);
+  kex_strbuf_printf(p, "kex_program_cache_hits_total{tier=\"sqlite\"} %llu\n", (unsigned long long)s->prog_sqlite_hits);
   head(p, "kex_program_cache_misses_total", "counter", "Submit's kernels that had to be compiled.");
-  put(p, "kex_program_cache_misses_total %llu\n", (unsigned long long)s->prog_misses);
+  kex_strbuf_printf(p, "kex_program_cache_misses_total %llu\n", (unsigned long long)s->prog_misses);
   head(p, "kex_schedule_cache_hits_total", "counter", "Submissions whose graph structure was scheduled already.");
-  put(p, "kex_schedule_cache_hits_total %llu\n", (unsigned long long)s->sched_hits);
+  kex_strbuf_printf(p, "kex_schedule_cache_hits_total %llu\n", (unsigned long long)s->sched_hits);
   head(p, "kex_schedule_cache_misses_total", "counter", "Submissions whose graph structure had to be scheduled.");
-  put(p, "kex_schedule_cache_misses_total %llu\n", (unsigned long long)s->sched_misses);
+  kex_strbuf_printf(p, "kex_schedule_cache_misses_total %llu\n", (unsigned long long)s->sched_misses);
   head(p, "kex_beam_cache_hits_total", "counter", "Beam searches answered from the cache (Tune and Submit).");
-  put(p, "kex_beam_cache_hits_total %llu\n", (unsigned long long)s->tune.beam_hits);
+  kex_strbuf_printf(p, "kex_beam_cache_hits_total %llu\n", (unsigned long long)s->tune.beam_hits);
   head(p, "kex_beam_cache_misses_total", "counter", "Beam cache lookups that found nothing (Tune and Submit).");
-  put(p, "kex_beam_cache_misses_total %llu\n", (unsigned long long)s->tune.beam_misses);
+  kex_strbuf_printf(p, "kex_beam_cache_misses_total %llu\n", (unsigned long long)s->tune.beam_misses);
   head(p, "kex_beam_searches_total", "counter", "Beam searches run.");
-  put(p, "kex_beam_searches_total %llu\n", (unsigned long long)s->tune.searches);
+  kex_strbuf_printf(p, "kex_beam_searches_total %llu\n", (unsigned long long)s->tune.searches);
   head(p, "kex_beam_searches_cancelled_total", "counter", "Beam searches cancelled before they ended.");
-  put(p, "kex_beam_searches_cancelled_total %llu\n", (unsigned long long)s->tune.searches_cancelled);
+  kex_strbuf_printf(p, "kex_beam_searches_cancelled_total %llu\n", (unsigned long long)s->tune.searches_cancelled);
   kexd_accept_guard_stats(&as);
   head(p, "kex_connections_open", "gauge", "gRPC client connections open now.");
-  put(p, "kex_connections_open %u\n", as.open);
+  kex_strbuf_printf(p, "kex_connections_open %u\n", as.open);
   head(p, "kex_connections_max", "gauge", "The cap on gRPC client connections (--max-connections).");
-  put(p, "kex_connections_max %u\n", as.max);
+  kex_strbuf_printf(p, "kex_connections_max %u\n", as.max);
   head(p, "kex_connections_refused_total", "counter",
        "gRPC connections closed at accept: over --max-connections (reason limit) or no descriptor free (reason "
        "descriptors).");
-  put(p, "kex_connections_refused_total{reason=\"limit\"} %llu\n", (unsigned long long)as.refused_limit);
-  put(p, "kex_connections_refused_total{reason=\"descriptors\"} %llu\n", (unsigned long long)as.refused_fds);
+  kex_strbuf_printf(p, "kex_connections_refused_total{reason=\"limit\"} %llu\n", (unsigned long long)as.refused_limit);
+  kex_strbuf_printf(p, "kex_connections_refused_total{reason=\"descriptors\"} %llu\n", (unsigned long long)as.refused_fds);
 }
 
 /* Ask the loop for a fresh snapshot and wait for it, at most KEXD_METRICS_WAIT_MS; a copy of the newest into *out. */
@@ -336,7 +309,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     static const char msg[] = "not found: kexd serves /metrics\n";
     return reply(conn, MHD_HTTP_NOT_FOUND, msg, sizeof msg - 1);
   }
-  if (!(s = kex_malloc(sizeof *s)) || !(p.buf = kex_malloc(METRICS_TEXT_START))) {
+  if (!(s = kex_malloc(sizeof *s)) || !(p.p = kex_malloc(METRICS_TEXT_START))) {
     p.oom = true;
   } else {
     p.cap = METRICS_TEXT_START;
@@ -347,9 +320,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     static const char msg[] = "out of memory\n";
     ret = reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, msg, sizeof msg - 1);
   } else {
-    ret = reply(conn, MHD_HTTP_OK, p.buf, p.len);
+    ret = reply(conn, MHD_HTTP_OK, p.p, p.len);
   }
-  kex_free(p.buf);
+  kex_free(p.p);
   kex_free(s);
   return ret;
 }

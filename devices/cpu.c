@@ -63,6 +63,15 @@ extern char **environ;
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
 
+/* One launch: fn over indexes 0..total-1 in ranges of chunk. */
+typedef struct kex_cpu_job {
+  kex_cpu_kernel_fn fn;
+  void **bufs;
+  const int *ints;
+  int total, chunk;
+  double deadline; /* monotonic seconds; 0: no time limit */
+} kex_cpu_job;
+
 typedef struct kex_cpu_pool {
   pthread_mutex_t mu;
   pthread_cond_t start, done;
@@ -71,12 +80,7 @@ typedef struct kex_cpu_pool {
   atomic_ulong generation; /* bumped (under mu) once per launch that uses the workers */
   atomic_int remaining;    /* workers that have not finished this generation (changed under mu) */
   int stop;
-  /* the job of the current generation */
-  kex_cpu_kernel_fn fn;
-  void **bufs;
-  const int *ints;
-  int total, chunk;
-  double deadline;     /* monotonic seconds; 0: no time limit */
+  kex_cpu_job job;     /* the job of the current generation */
   atomic_int next;     /* the first index no thread has claimed yet */
   atomic_int ranges;   /* ranges run so far */
 } kex_cpu_pool;
@@ -124,13 +128,12 @@ static double kex_cpu_now(void) {
  * handed out in `chunk`-sized pieces from an atomic counter, so a thread that
  * wakes late or shares its core with another process simply claims fewer.
  */
-static void kex_cpu_run_chunks(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
-                               int chunk, double deadline) {
+static void kex_cpu_run_chunks(kex_cpu_pool *pool, const kex_cpu_job *j) {
   for (;;) {
-    if (deadline > 0 && kex_cpu_now() > deadline) break;
-    int start = atomic_fetch_add_explicit(&pool->next, chunk, memory_order_relaxed);
-    if (start >= total) break;
-    fn(bufs, ints, start, start + chunk < total ? start + chunk : total);
+    if (j->deadline > 0 && kex_cpu_now() > j->deadline) break;
+    int start = atomic_fetch_add_explicit(&pool->next, j->chunk, memory_order_relaxed);
+    if (start >= j->total) break;
+    j->fn(j->bufs, j->ints, start, start + j->chunk < j->total ? start + j->chunk : j->total);
     atomic_fetch_add_explicit(&pool->ranges, 1, memory_order_relaxed);
   }
 }
@@ -186,13 +189,9 @@ static void *kex_cpu_worker(void *a) {
     while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->start, &pool->mu);
     if (pool->stop) break;
     seen = pool->generation;
-    kex_cpu_kernel_fn fn = pool->fn;
-    void **bufs = pool->bufs;
-    const int *ints = pool->ints;
-    int total = pool->total, chunk = pool->chunk;
-    double deadline = pool->deadline;
+    kex_cpu_job job = pool->job;
     pthread_mutex_unlock(&pool->mu);
-    kex_cpu_run_chunks(pool, fn, bufs, ints, total, chunk, deadline);
+    kex_cpu_run_chunks(pool, &job);
     pthread_mutex_lock(&pool->mu);
     if (--pool->remaining == 0) pthread_cond_signal(&pool->done);
   }
@@ -271,17 +270,13 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
   *nranges = (int)(((long long)total + chunk - 1) / chunk);
   atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
   atomic_store(&pool->ranges, 0);
+  kex_cpu_job job = {fn, bufs, ints, total, chunk, deadline};
   if (pool->nthreads == 0) {
-    kex_cpu_run_chunks(pool, fn, bufs, ints, total, chunk, deadline);
+    kex_cpu_run_chunks(pool, &job);
     return atomic_load(&pool->ranges);
   }
   pthread_mutex_lock(&pool->mu);
-  pool->fn = fn;
-  pool->bufs = bufs;
-  pool->ints = ints;
-  pool->total = total;
-  pool->chunk = chunk;
-  pool->deadline = deadline;
+  pool->job = job;
   pool->remaining = pool->nthreads;
   pool->generation++;
   pthread_cond_broadcast(&pool->start);
@@ -600,18 +595,7 @@ static void kex_cpu_event_free(void *impl, void *event) {
 }
 
 static const kex_device_ops kex_cpu_ops = {
-    .destroy = kex_cpu_destroy,
-    .alloc = kex_cpu_alloc,
-    .free = kex_cpu_free,
-    .copy_in = kex_cpu_copy_in,
-    .copy_out = kex_cpu_copy_out,
-    .compile = kex_cpu_compile,
-    .load = kex_cpu_load,
-    .program_free = kex_cpu_program_free,
-    .launch = kex_cpu_launch,
-    .wait = kex_cpu_wait,
-    .elapsed = kex_cpu_elapsed,
-    .event_free = kex_cpu_event_free,
+    KEX_DEVICE_OPS_COMMON(kex_cpu),
     .set_kernel_time_limit = kex_cpu_set_kernel_time_limit,
 };
 

@@ -45,6 +45,16 @@ typedef struct kex_device_ops {
   void (*set_kernel_time_limit)(void *dev, double seconds);
 } kex_device_ops;
 
+/*
+ * The ops every backend implements, each named <prefix>_<op>: a backend's
+ * table is { KEX_DEVICE_OPS_COMMON(kex_cpu), <its optional ops> }.
+ */
+#define KEX_DEVICE_OPS_COMMON(prefix)                                                                     \
+  .destroy = prefix##_destroy, .alloc = prefix##_alloc, .free = prefix##_free, .copy_in = prefix##_copy_in, \
+  .copy_out = prefix##_copy_out, .compile = prefix##_compile, .load = prefix##_load,                      \
+  .program_free = prefix##_program_free, .launch = prefix##_launch, .wait = prefix##_wait,                \
+  .elapsed = prefix##_elapsed, .event_free = prefix##_event_free
+
 struct kex_device {
   const kex_device_ops *ops;
   void *impl;

@@ -116,18 +116,7 @@ static void kex_fault_set_kernel_time_limit(void *impl, double seconds) {
 }
 
 static const kex_device_ops kex_fault_ops = {
-    .destroy = kex_fault_destroy,
-    .alloc = kex_fault_alloc,
-    .free = kex_fault_free,
-    .copy_in = kex_fault_copy_in,
-    .copy_out = kex_fault_copy_out,
-    .compile = kex_fault_compile,
-    .load = kex_fault_load,
-    .program_free = kex_fault_program_free,
-    .launch = kex_fault_launch,
-    .wait = kex_fault_wait,
-    .elapsed = kex_fault_elapsed,
-    .event_free = kex_fault_event_free,
+    KEX_DEVICE_OPS_COMMON(kex_fault),
     .set_kernel_time_limit = kex_fault_set_kernel_time_limit,
 };
 

@@ -174,33 +174,48 @@ static int kex_cl_enumerate(kex_cl_found *found, int *n, kex_error *err) {
   return 0;
 }
 
-/* A string property into out[KEX_DEVICE_FIELD_MAX] (cut if longer; "" on failure). */
-static void kex_cl_device_str(cl_device_id d, cl_device_info what, char *out) {
+/* clGetDeviceInfo on d, or clGetPlatformInfo on p when d is NULL. */
+static cl_int kex_cl_info(cl_device_id d, cl_platform_id p, cl_uint what, size_t size, void *value, size_t *need) {
+  return d ? clGetDeviceInfo(d, what, size, value, need) : clGetPlatformInfo(p, what, size, value, need);
+}
+
+/*
+ * The string property `what` of d (of p when d is NULL), kex_malloc'd and
+ * NUL-terminated.  NULL when the query fails or is empty (*nomem 0) or when
+ * out of memory (*nomem 1).
+ */
+static char *kex_cl_info_str(cl_device_id d, cl_platform_id p, cl_uint what, int *nomem) {
   size_t need = 0;
-  char *tmp;
-  out[0] = 0;
-  if (clGetDeviceInfo(d, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-  tmp = kex_malloc(need + 1);
-  if (!tmp) return;
-  if (clGetDeviceInfo(d, what, need, tmp, NULL) == CL_SUCCESS) {
-    tmp[need] = 0;
-    snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", tmp);
+  char *s;
+  *nomem = 0;
+  if (kex_cl_info(d, p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return NULL;
+  s = kex_malloc(need + 1);
+  if (!s) {
+    *nomem = 1;
+    return NULL;
   }
-  kex_free(tmp);
+  if (kex_cl_info(d, p, what, need, s, NULL) != CL_SUCCESS) {
+    kex_free(s);
+    return NULL;
+  }
+  s[need] = 0;
+  return s;
+}
+
+/* A string property into out[KEX_DEVICE_FIELD_MAX] (cut if longer; "" on failure). */
+static void kex_cl_str_into(cl_device_id d, cl_platform_id p, cl_uint what, char *out) {
+  int nomem;
+  char *s = kex_cl_info_str(d, p, what, &nomem);
+  snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", s ? s : "");
+  kex_free(s);
+}
+
+static void kex_cl_device_str(cl_device_id d, cl_device_info what, char *out) {
+  kex_cl_str_into(d, NULL, what, out);
 }
 
 static void kex_cl_platform_str(cl_platform_id p, cl_platform_info what, char *out) {
-  size_t need = 0;
-  char *tmp;
-  out[0] = 0;
-  if (clGetPlatformInfo(p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-  tmp = kex_malloc(need + 1);
-  if (!tmp) return;
-  if (clGetPlatformInfo(p, what, need, tmp, NULL) == CL_SUCCESS) {
-    tmp[need] = 0;
-    snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", tmp);
-  }
-  kex_free(tmp);
+  kex_cl_str_into(NULL, p, what, out);
 }
 
 /*
@@ -208,19 +223,14 @@ static void kex_cl_platform_str(cl_platform_id p, cl_platform_info what, char *o
  * 0, or KEX_ENOMEM.
  */
 static int kex_cl_has_extension(cl_device_id d, const char *ext) {
-  size_t need = 0, n = strlen(ext);
-  char *list;
-  int found = 0;
-  if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &need) != CL_SUCCESS || need == 0) return 0;
-  list = kex_malloc(need + 1);
-  if (!list) return KEX_ENOMEM;
-  if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, need, list, NULL) == CL_SUCCESS) {
-    list[need] = 0;
-    for (char *p = list; (p = strstr(p, ext)) != NULL; p += n) {
-      if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) {
-        found = 1;
-        break;
-      }
+  size_t n = strlen(ext);
+  int nomem, found = 0;
+  char *list = kex_cl_info_str(d, NULL, CL_DEVICE_EXTENSIONS, &nomem);
+  if (!list) return nomem ? KEX_ENOMEM : 0;
+  for (char *p = list; (p = strstr(p, ext)) != NULL; p += n) {
+    if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) {
+      found = 1;
+      break;
     }
   }
   kex_free(list);
@@ -293,22 +303,24 @@ static void kex_cl_free(void *impl, void *buf) {
   clReleaseMemObject((cl_mem)buf);
 }
 
+/* The result of a blocking copy of size bytes made by call: 0, or the error. */
+static int kex_cl_copied(const kex_cl_device *cl, cl_int e, const char *call, size_t size, kex_error *err) {
+  if (e != CL_SUCCESS)
+    return kex_err_set(err, kex_cl_code(e), "opencl %s: %s of %zu bytes failed: %s", cl->name, call, size,
+                       kex_cl_errname(e));
+  return 0;
+}
+
 static int kex_cl_copy_in(void *impl, void *buf, size_t offset, const void *src, size_t size, kex_error *err) {
   kex_cl_device *cl = impl;
-  cl_int e = clEnqueueWriteBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, src, 0, NULL, NULL);
-  if (e != CL_SUCCESS)
-    return kex_err_set(err, kex_cl_code(e), "opencl %s: clEnqueueWriteBuffer of %zu bytes failed: %s", cl->name,
-                       size, kex_cl_errname(e));
-  return 0;
+  return kex_cl_copied(cl, clEnqueueWriteBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, src, 0, NULL, NULL),
+                       "clEnqueueWriteBuffer", size, err);
 }
 
 static int kex_cl_copy_out(void *impl, void *buf, size_t offset, void *dst, size_t size, kex_error *err) {
   kex_cl_device *cl = impl;
-  cl_int e = clEnqueueReadBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, dst, 0, NULL, NULL);
-  if (e != CL_SUCCESS)
-    return kex_err_set(err, kex_cl_code(e), "opencl %s: clEnqueueReadBuffer of %zu bytes failed: %s", cl->name,
-                       size, kex_cl_errname(e));
-  return 0;
+  return kex_cl_copied(cl, clEnqueueReadBuffer(cl->queue, (cl_mem)buf, CL_TRUE, offset, size, dst, 0, NULL, NULL),
+                       "clEnqueueReadBuffer", size, err);
 }
 
 /*
@@ -791,20 +803,9 @@ static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int 
 }
 
 static const kex_device_ops kex_cl_ops = {
-    .destroy = kex_cl_destroy,
-    .alloc = kex_cl_alloc,
-    .free = kex_cl_free,
-    .copy_in = kex_cl_copy_in,
-    .copy_out = kex_cl_copy_out,
-    .compile = kex_cl_compile,
-    .load = kex_cl_load,
+    KEX_DEVICE_OPS_COMMON(kex_cl),
     .build = kex_cl_build,
     .prewarm = kex_cl_prewarm,
-    .program_free = kex_cl_program_free,
-    .launch = kex_cl_launch,
-    .wait = kex_cl_wait,
-    .elapsed = kex_cl_elapsed,
-    .event_free = kex_cl_event_free,
 };
 
 /* Query everything kex_device_info holds. Errors: KEX_ENOMEM. */

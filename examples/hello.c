@@ -12,14 +12,10 @@
 
 #include "libkex.h"
 
-/* (a + b) * 2 over float32[4]; a and b are inline base64 data (1 2 3 4 and 10 20 30 40) */
-static const char *graph =
-    "{\"nodes\":["
-    "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AACAPwAAAEAAAEBAAACAQA==\"},"
-    "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4],\"data\":\"AAAgQQAAoEEAAPBBAAAgQg==\"},"
-    "{\"op\":\"ADD\",\"src\":[0,1]},"
-    "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":[4],\"value\":2.0},"
-    "{\"op\":\"MUL\",\"src\":[2,3]}],\"outputs\":[4]}";
+#include "hello_graph.h"
+
+/* (a + b) * 2 over float32[4] (hello_graph.h) */
+static const char *graph = KEX_HELLO_GRAPH;
 
 static void on_event(const kex_submit_event *ev, void *ud) {
   (void)ud;

@@ -134,13 +134,7 @@ static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
 }
 
 static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
-  if (r->nbuffers == r->capbuffers) {
-    uint32_t ncap = r->capbuffers ? r->capbuffers * 2 : 64;
-    kex_buffer_info *nb = kex_realloc(r->buffers, sizeof *nb * ncap);
-    if (!nb) return KEX_ENOMEM;
-    r->buffers = nb;
-    r->capbuffers = ncap;
-  }
+  if (kex_grow(&r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
   r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
   return (int)r->nbuffers++;
 }

@@ -44,13 +44,7 @@ static pool *find_pool(pool **pools, uint32_t *npools, uint32_t *cap, const kex_
 static int pool_push(pool *p, uint32_t id) {
   for (uint32_t i = 0; i < p->len; i++)
     if (p->free_ids[i] == id) return 0;
-  if (p->len == p->cap) {
-    uint32_t nc = p->cap ? p->cap * 2 : 8;
-    uint32_t *n = kex_realloc(p->free_ids, sizeof *n * nc);
-    if (!n) return KEX_ENOMEM;
-    p->free_ids = n;
-    p->cap = nc;
-  }
+  if (kex_grow(&p->free_ids, p->len, &p->cap, sizeof *p->free_ids, 8)) return KEX_ENOMEM;
   p->free_ids[p->len++] = id;
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/strbuf.h"
 #include "core/ptrmap.h"
 #include "sched/schedule.h"
 
@@ -24,42 +25,11 @@ int kex_item_label(const kex_sched_item *it, char *buf, size_t len) {
   return snprintf(buf, len, "?");
 }
 
-/* Simple string builder on the heap. */
-typedef struct sbuf {
-  char *s;
-  size_t len, cap;
-  bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_put(sbuf *b, const char *fmt, ...) {
-  if (b->oom) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if (b->s && b->len + (size_t)n < b->cap) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t nc = (b->cap ? b->cap * 2 : 256) + (size_t)n;
-    char *ns = kex_realloc(b->s, nc);
-    if (!ns) {
-      b->oom = true;
-      return;
-    }
-    b->s = ns;
-    b->cap = nc;
-  }
-}
-
-static void sb_st(sbuf *b, const kex_st *st) {
+static void sb_st(kex_strbuf *b, const kex_st *st) {
   char small[512];
   int n = kex_st_repr(st, small, sizeof small);
   if (n < (int)sizeof small) {
-    sb_put(b, "%s", small);
+    kex_strbuf_printf(b, "%s", small);
     return;
   }
   char *big = kex_malloc((size_t)n + 1);
@@ -68,7 +38,7 @@ static void sb_st(sbuf *b, const kex_st *st) {
     return;
   }
   kex_st_repr(st, big, (size_t)n + 1);
-  sb_put(b, "%s", big);
+  kex_strbuf_printf(b, "%s", big);
   kex_free(big);
 }
 
@@ -84,7 +54,7 @@ static int num_put(kex_ptrmap *m, const kex_lop *l, uint32_t v) { return kex_ptr
  * Append the AST lines of one kernel item to b, one line per distinct node,
  * each line starting with `indent`.  Calls line_cb per finished line when given.
  */
-static int ast_lines(const kex_sched_item *it, sbuf *b, const char *indent, json_t *arr) {
+static int ast_lines(const kex_sched_item *it, kex_strbuf *b, const char *indent, json_t *arr) {
   kex_ptrmap m = {0};
   const kex_lop **stack = NULL;
   uint32_t n = 0, cap = 0;
@@ -121,35 +91,35 @@ static int ast_lines(const kex_sched_item *it, sbuf *b, const char *indent, json
       n--;
       if (num_put(&m, l, next)) goto nomem;
       size_t start = b->len;
-      sb_put(b, "%s%%%u = %s", indent, next++, kex_op_name(l->op));
+      kex_strbuf_printf(b, "%s%%%u = %s", indent, next++, kex_op_name(l->op));
       if (l->nsrc) {
-        sb_put(b, "(");
-        for (int i = 0; i < l->nsrc; i++) sb_put(b, "%s%%%d", i ? ", " : "", num_get(&m, l->src[i]));
-        sb_put(b, ")");
+        kex_strbuf_printf(b, "(");
+        for (int i = 0; i < l->nsrc; i++) kex_strbuf_printf(b, "%s%%%d", i ? ", " : "", num_get(&m, l->src[i]));
+        kex_strbuf_printf(b, ")");
       }
-      sb_put(b, " dtypes.%s", kex_dtype_tgname(l->dtype));
-      if (l->op == KEX_OP_LOAD || l->op == KEX_OP_STORE) sb_put(b, " idx=%d", l->idx);
+      kex_strbuf_printf(b, " dtypes.%s", kex_dtype_tgname(l->dtype));
+      if (l->op == KEX_OP_LOAD || l->op == KEX_OP_STORE) kex_strbuf_printf(b, " idx=%d", l->idx);
       if (l->op == KEX_OP_BCONST) {
         char v[64];
         kex_const_repr(l->val, v, sizeof v);
-        sb_put(b, " val=%s", v);
+        kex_strbuf_printf(b, " val=%s", v);
       }
       if (KEX_OP_IS_REDUCE(l->op)) {
-        sb_put(b, " axis=(");
+        kex_strbuf_printf(b, " axis=(");
         int k = 0;
         for (int a = 0; a < 32; a++)
-          if (l->axis_mask >> a & 1) sb_put(b, "%s%d", k++ ? ", " : "", a);
-        sb_put(b, k == 1 ? ",)" : ")");
+          if (l->axis_mask >> a & 1) kex_strbuf_printf(b, "%s%d", k++ ? ", " : "", a);
+        kex_strbuf_printf(b, k == 1 ? ",)" : ")");
       }
       if (l->st) {
-        sb_put(b, " ");
+        kex_strbuf_printf(b, " ");
         sb_st(b, l->st);
       }
       if (arr && !b->oom) {
-        const char *line = b->s + start + strlen(indent);
+        const char *line = b->p + start + strlen(indent);
         if (json_array_append_new(arr, json_stringn(line, b->len - start - strlen(indent)))) goto nomem;
       }
-      sb_put(b, "\n");
+      kex_strbuf_printf(b, "\n");
       if (b->oom) goto nomem;
     }
   }
@@ -162,10 +132,10 @@ out:
   return rc;
 }
 
-static void buf_list(sbuf *b, const uint32_t *ids, uint32_t n) {
-  sb_put(b, "[");
-  for (uint32_t i = 0; i < n; i++) sb_put(b, "%sbuf%u", i ? ", " : "", ids[i]);
-  sb_put(b, "]");
+static void buf_list(kex_strbuf *b, const uint32_t *ids, uint32_t n) {
+  kex_strbuf_printf(b, "[");
+  for (uint32_t i = 0; i < n; i++) kex_strbuf_printf(b, "%sbuf%u", i ? ", " : "", ids[i]);
+  kex_strbuf_printf(b, "]");
 }
 
 /* How many of it->bufs are outputs: its outputs that have a size (at most nbufs). */
@@ -179,32 +149,32 @@ static uint32_t item_outputs(const kex_schedule *s, const kex_sched_item *it) {
 int kex_schedule_print(const kex_schedule *s, FILE *f) { return kex_schedule_print_annotated(s, f, NULL); }
 
 int kex_schedule_print_annotated(const kex_schedule *s, FILE *f, const char *const *notes) {
-  sbuf b = {0};
+  kex_strbuf b = {0};
   int rc = 0;
   for (uint32_t i = 0; i < s->nitems; i++) {
     const kex_sched_item *it = &s->items[i];
     char label[64];
     kex_item_label(it, label, sizeof label);
     uint32_t nout = item_outputs(s, it);
-    sb_put(&b, "item %u: %s outputs=", i, label);
+    kex_strbuf_printf(&b, "item %u: %s outputs=", i, label);
     buf_list(&b, it->bufs, nout);
-    sb_put(&b, " inputs=");
+    kex_strbuf_printf(&b, " inputs=");
     buf_list(&b, it->bufs + nout, it->nbufs - nout);
-    sb_put(&b, "\n");
-    if (notes && notes[i]) sb_put(&b, "%s", notes[i]);
+    kex_strbuf_printf(&b, "\n");
+    if (notes && notes[i]) kex_strbuf_printf(&b, "%s", notes[i]);
     if (it->kind == KEX_ITEM_KERNEL && (rc = ast_lines(it, &b, "  ", NULL))) break;
     if (b.oom) break;
     if (b.len > 1 << 16) {
-      fwrite(b.s, 1, b.len, f);
+      fwrite(b.p, 1, b.len, f);
       b.len = 0;
     }
   }
   if (!rc && !b.oom) {
-    sb_put(&b, "kernels: %u\n", s->nkernels);
-    if (b.s) fwrite(b.s, 1, b.len, f);
+    kex_strbuf_printf(&b, "kernels: %u\n", s->nkernels);
+    if (b.p) fwrite(b.p, 1, b.len, f);
   }
   if (b.oom) rc = KEX_ENOMEM;
-  kex_free(b.s);
+  kex_free(b.p);
   return rc;
 }
 
@@ -216,7 +186,7 @@ static json_t *id_array(const uint32_t *ids, uint32_t n) {
 
 void *kex_schedule_to_json(const kex_schedule *s) {
   json_t *items = json_array();
-  sbuf b = {0};
+  kex_strbuf b = {0};
   if (!items) return NULL;
   for (uint32_t i = 0; i < s->nitems; i++) {
     const kex_sched_item *it = &s->items[i];
@@ -236,10 +206,10 @@ void *kex_schedule_to_json(const kex_schedule *s) {
     }
     if (json_array_append_new(items, o)) goto fail;
   }
-  kex_free(b.s);
+  kex_free(b.p);
   return items;
 fail:
-  kex_free(b.s);
+  kex_free(b.p);
   json_decref(items);
   return NULL;
 }

@@ -41,13 +41,7 @@ typedef struct ptrvec {
 } ptrvec;
 
 static int pv_push(ptrvec *p, void *x) {
-  if (p->len == p->cap) {
-    uint32_t ncap = p->cap ? p->cap * 2 : 16;
-    void **nv = kex_realloc(p->v, sizeof *nv * ncap);
-    if (!nv) return KEX_ENOMEM;
-    p->v = nv;
-    p->cap = ncap;
-  }
+  if (kex_grow(&p->v, p->len, &p->cap, sizeof *p->v, 16)) return KEX_ENOMEM;
   p->v[p->len++] = x;
   return 0;
 }

@@ -82,58 +82,42 @@ static const kex_sym *create_node(kex_sym_ctx *ctx, kex_sym *s) {
   return s;
 }
 
-/* A node `a <op> b` (b a number), bounds still to set; NULL on OOM. */
-static kex_sym *binary_node(kex_sym_ctx *ctx, kex_sym_kind kind, const kex_sym *a, int64_t b) {
+/*
+ * Raw `a <op> b` (b a number) for MUL, DIV, MOD and LT, with the bounds of
+ * tinygrad's MulNode/DivNode/ModNode/LtNode.get_bounds (no folding); NULL on
+ * OOM.
+ */
+static kex_sym *raw_binary(kex_sym_ctx *ctx, kex_sym_kind kind, const kex_sym *a, int64_t b) {
   kex_sym *s = node_new(ctx, kind);
   if (!s) return NULL;
   s->a = a;
   s->b = b;
-  return s;
-}
-
-/* Raw MulNode(a, b) with MulNode.get_bounds (no folding). */
-static kex_sym *raw_mul(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = binary_node(ctx, KEX_SYM_MUL, a, b);
-  if (!s) return NULL;
-  if (b >= 0) {
-    s->min = a->min * b;
-    s->max = a->max * b;
-  } else {
-    s->min = a->max * b;
-    s->max = a->min * b;
-  }
-  return s;
-}
-
-static kex_sym *raw_div(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = binary_node(ctx, KEX_SYM_DIV, a, b);
-  if (!s) return NULL;
-  s->min = py_div(a->min, b);
-  s->max = py_div(a->max, b);
-  return s;
-}
-
-static kex_sym *raw_mod(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = binary_node(ctx, KEX_SYM_MOD, a, b);
-  if (!s) return NULL;
-  if (a->max - a->min >= b || (a->min != a->max && py_mod(a->min, b) >= py_mod(a->max, b))) {
-    s->min = 0;
-    s->max = b - 1;
-  } else {
-    s->min = py_mod(a->min, b);
-    s->max = py_mod(a->max, b);
-  }
-  return s;
-}
-
-static kex_sym *raw_lt(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
-  kex_sym *s = binary_node(ctx, KEX_SYM_LT, a, b);
-  if (!s) return NULL;
-  if (a->max < b) s->min = s->max = 1;
-  else if (a->min >= b) s->min = s->max = 0;
-  else {
-    s->min = 0;
-    s->max = 1;
+  switch (kind) {
+  case KEX_SYM_MUL:
+    s->min = (b >= 0 ? a->min : a->max) * b;
+    s->max = (b >= 0 ? a->max : a->min) * b;
+    break;
+  case KEX_SYM_DIV:
+    s->min = py_div(a->min, b);
+    s->max = py_div(a->max, b);
+    break;
+  case KEX_SYM_MOD:
+    if (a->max - a->min >= b || (a->min != a->max && py_mod(a->min, b) >= py_mod(a->max, b))) {
+      s->min = 0;
+      s->max = b - 1;
+    } else {
+      s->min = py_mod(a->min, b);
+      s->max = py_mod(a->max, b);
+    }
+    break;
+  default: /* KEX_SYM_LT */
+    if (a->max < b) s->min = s->max = 1;
+    else if (a->min >= b) s->min = s->max = 0;
+    else {
+      s->min = 0;
+      s->max = 1;
+    }
+    break;
   }
   return s;
 }
@@ -347,7 +331,8 @@ const kex_sym *kex_sym_sum(kex_sym_ctx *ctx, const kex_sym *const *nodes, uint32
   uint32_t nt = 0;
   for (uint32_t g = 0; g < ng; g++) {
     if (groups[g].k == 0) continue;
-    const kex_sym *t = groups[g].k == 1 ? groups[g].a : raw_mul(ctx, groups[g].a, groups[g].k);
+    const kex_sym *t =
+        groups[g].k == 1 ? groups[g].a : raw_binary(ctx, KEX_SYM_MUL, groups[g].a, groups[g].k);
     if (!t) goto out;
     terms[nt++] = t;
   }
@@ -396,7 +381,7 @@ const kex_sym *kex_sym_mul_int(kex_sym_ctx *ctx, const kex_sym *x, int64_t b) {
   default:
     if (b == 0) return kex_sym_num(ctx, 0);
     if (b == 1) return x;
-    return create_node(ctx, raw_mul(ctx, x, b));
+    return create_node(ctx, raw_binary(ctx, KEX_SYM_MUL, x, b));
   }
 }
 
@@ -422,7 +407,7 @@ static const kex_sym *node_floordiv(kex_sym_ctx *ctx, const kex_sym *x, int64_t 
     const kex_sym *shifted = floordiv(ctx, kex_sym_add_int(ctx, x, -off * b), b, false);
     return kex_sym_add_int(ctx, shifted, off);
   }
-  return create_node(ctx, raw_div(ctx, x, b));
+  return create_node(ctx, raw_binary(ctx, KEX_SYM_DIV, x, b));
 }
 
 /* SumNode.__floordiv__ with an int divisor. */
@@ -504,7 +489,7 @@ static const kex_sym *node_mod(kex_sym_ctx *ctx, const kex_sym *x, int64_t b) {
   if (x->min >= 0 && x->max < b) return x;
   if (py_div(x->min, b) == py_div(x->max, b)) return kex_sym_add_int(ctx, x, -(b * py_div(x->min, b)));
   if (x->min < 0) return mod(ctx, kex_sym_add_int(ctx, x, -(py_div(x->min, b) * b)), b);
-  return create_node(ctx, raw_mod(ctx, x, b));
+  return create_node(ctx, raw_binary(ctx, KEX_SYM_MOD, x, b));
 }
 
 /* x % b dispatched on x's class. */
@@ -543,7 +528,7 @@ const kex_sym *kex_sym_mod_int(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
 
 const kex_sym *kex_sym_lt_int(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
   if (!a) return NULL;
-  return create_node(ctx, raw_lt(ctx, a, b));
+  return create_node(ctx, raw_binary(ctx, KEX_SYM_LT, a, b));
 }
 
 const kex_sym *kex_sym_ge_int(kex_sym_ctx *ctx, const kex_sym *a, int64_t b) {
@@ -599,19 +584,20 @@ const kex_sym *kex_sym_create_lt(kex_sym_ctx *ctx, const kex_sym *lhs, int64_t b
         b = py_div(b, g);
       }
     }
-    ret = nl->kind == KEX_SYM_SUM ? create_node(ctx, raw_lt(ctx, nl, b)) : kex_sym_create_lt(ctx, nl, b);
+    ret = nl->kind == KEX_SYM_SUM ? create_node(ctx, raw_binary(ctx, KEX_SYM_LT, nl, b))
+                                  : kex_sym_create_lt(ctx, nl, b);
   out:
     if (buf != stack) kex_free(buf);
     return ret;
   }
   if (lhs->kind == KEX_SYM_MUL) {
-    if (lhs->b == -1) return create_node(ctx, raw_lt(ctx, lhs, b));
+    if (lhs->b == -1) return create_node(ctx, raw_binary(ctx, KEX_SYM_LT, lhs, b));
     int64_t sgn = lhs->b > 0 ? 1 : -1, k = lhs->b > 0 ? lhs->b : -lhs->b;
     const kex_sym *a = kex_sym_mul_int(ctx, lhs->a, sgn);
     if (!a) return NULL;
-    return create_node(ctx, raw_lt(ctx, a, py_div(b + k - 1, k)));
+    return create_node(ctx, raw_binary(ctx, KEX_SYM_LT, a, py_div(b + k - 1, k)));
   }
-  return create_node(ctx, raw_lt(ctx, lhs, b));
+  return create_node(ctx, raw_binary(ctx, KEX_SYM_LT, lhs, b));
 }
 
 const kex_sym *kex_sym_create_ge(kex_sym_ctx *ctx, const kex_sym *lhs, int64_t b) {

@@ -817,6 +817,29 @@ static bool decode_beam_row(sqlite3_stmt *s, kex_cache_entry *e, char *why, size
   return true;
 }
 
+/*
+ * Steps s (bound to select one beam_results row; src is the binding's result)
+ * and decodes the row into e.  Returns 0; KEX_ENOTFOUND when there is no row
+ * (err untouched, the caller says what was missing); KEX_ECORRUPT when the
+ * row does not decode (err untouched, *bad_row and why set: the caller drops
+ * it with drop_damaged_beam once s is done); or the SQLite error as "what".
+ */
+static int step_beam_row(kex_cache *c, sqlite3_stmt *s, int src, kex_cache_entry *e, const char *what, char *why,
+                         size_t whylen, int64_t *bad_row, kex_error *err) {
+  if (src == SQLITE_OK) src = sqlite3_step(s);
+  if (src == SQLITE_DONE) return KEX_ENOTFOUND;
+  if (src != SQLITE_ROW) return db_err(c, src, err, what);
+  if (decode_beam_row(s, e, why, whylen)) return 0;
+  *bad_row = sqlite3_column_int64(s, BC_ROWID);
+  return KEX_ECORRUPT;
+}
+
+/* Drops the damaged beam_results row step_beam_row found; returns KEX_ECORRUPT. */
+static int drop_damaged_beam(kex_cache *c, int64_t bad_row, const char *why, kex_error *err) {
+  drop_row(c, STMT_BEAM_DROP, bad_row, "beam_results", why);
+  return kex_err_set(err, KEX_ECORRUPT, "cache %s: dropped a damaged beam result: %s", c->path, why);
+}
+
 int kex_cache_beam_get(kex_cache *c, const kex_cache_beam_key *key, kex_cache_beam_value *out, kex_error *err) {
   sqlite3_stmt *s = NULL;
   kex_cache_entry *e = NULL;
@@ -832,29 +855,18 @@ int kex_cache_beam_get(kex_cache *c, const kex_cache_beam_key *key, kex_cache_be
   if (src == SQLITE_OK) src = bind_identity(s, 2, key->device);
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 7, key->search_opts, -1, SQLITE_STATIC);
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 8, key->codegen_version, -1, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = sqlite3_step(s);
-  if (src == SQLITE_DONE) {
+  rc = step_beam_row(c, s, src, e, "find beam result", why, sizeof why, &bad_row, err);
+  if (rc == KEX_ENOTFOUND) {
     c->stats.beam_misses++;
     rc = kex_err_set(err, KEX_ENOTFOUND, "cache: no beam result for this kernel, device, search and codegen");
-    goto out;
   }
-  if (src != SQLITE_ROW) {
-    rc = db_err(c, src, err, "find beam result");
-    goto out;
-  }
-  if (!decode_beam_row(s, e, why, sizeof why)) {
-    bad_row = sqlite3_column_int64(s, BC_ROWID);
-    goto out;
-  }
+  if (rc) goto out;
   *out = e->value;
   c->stats.beam_hits++;
 out:
   stmt_done(s);
   kex_free(e);
-  if (bad_row >= 0) {
-    drop_row(c, STMT_BEAM_DROP, bad_row, "beam_results", why);
-    rc = kex_err_set(err, KEX_ECORRUPT, "cache %s: dropped a damaged beam result: %s", c->path, why);
-  }
+  if (bad_row >= 0) rc = drop_damaged_beam(c, bad_row, why, err);
   return rc;
 }
 
@@ -992,30 +1004,18 @@ int kex_cache_get_entry(kex_cache *c, const char *ast_hex, const char *device, k
   if ((rc = get_stmt(c, STMT_BEAM_ENTRY, &s, err))) goto out;
   src = sqlite3_bind_blob(s, 1, key, KEX_AST_KEY_BYTES, SQLITE_STATIC);
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 2, device ? device : "", -1, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = sqlite3_step(s);
-  if (src == SQLITE_DONE) {
+  rc = step_beam_row(c, s, src, out, "get entry", why, sizeof why, &bad_row, err);
+  if (rc == KEX_ENOTFOUND)
     rc = kex_err_set(err, KEX_ENOTFOUND, "cache: no beam result with AST key %s%s%s", ast_hex,
                      device && device[0] ? " on " : "", device ? device : "");
-    goto out;
-  }
-  if (src != SQLITE_ROW) {
-    rc = db_err(c, src, err, "get entry");
-    goto out;
-  }
-  if (!decode_beam_row(s, out, why, sizeof why)) {
-    bad_row = sqlite3_column_int64(s, BC_ROWID);
-    goto out;
-  }
+  if (rc) goto out;
   if (sqlite3_column_type(s, BC_AST_TEXT) == SQLITE_TEXT) {
     out->ast_text = kex_strdup((const char *)sqlite3_column_text(s, BC_AST_TEXT));
     if (!out->ast_text) rc = kex_err_set(err, KEX_ENOMEM, "cache: out of memory for the AST text");
   }
 out:
   stmt_done(s);
-  if (bad_row >= 0) {
-    drop_row(c, STMT_BEAM_DROP, bad_row, "beam_results", why);
-    rc = kex_err_set(err, KEX_ECORRUPT, "cache %s: dropped a damaged beam result: %s", c->path, why);
-  }
+  if (bad_row >= 0) rc = drop_damaged_beam(c, bad_row, why, err);
   if (rc) memset(out, 0, sizeof *out);
   return rc;
 }

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "core/alloc.h"
+#include "core/dtype.h"
 #include "realize/run.h"
 #include "sample.h"
 
@@ -35,25 +36,6 @@ static char dev_skip[2][600];
 static const char *cases_dir(void) {
   const char *d = getenv("KEX_CASES_DIR");
   return d ? d : "../shared/cases";
-}
-
-static double elem(const void *p, kex_dtype dt, size_t i) {
-  const unsigned char *b = (const unsigned char *)p + i * (size_t)kex_dtype_size(dt);
-  switch (dt) {
-  case KEX_DT_BOOL: return *b != 0;
-  case KEX_DT_INT8: return *(const int8_t *)b;
-  case KEX_DT_UINT8: return *b;
-  case KEX_DT_INT16: { int16_t x; memcpy(&x, b, 2); return x; }
-  case KEX_DT_UINT16: { uint16_t x; memcpy(&x, b, 2); return x; }
-  case KEX_DT_INT32: { int32_t x; memcpy(&x, b, 4); return x; }
-  case KEX_DT_UINT32: { uint32_t x; memcpy(&x, b, 4); return x; }
-  case KEX_DT_INT64: { int64_t x; memcpy(&x, b, 8); return (double)x; }
-  case KEX_DT_UINT64: { uint64_t x; memcpy(&x, b, 8); return (double)x; }
-  case KEX_DT_FLOAT16: { _Float16 x; memcpy(&x, b, 2); return x; }
-  case KEX_DT_FLOAT32: { float x; memcpy(&x, b, 4); return x; }
-  case KEX_DT_FLOAT64: { double x; memcpy(&x, b, 8); return x; }
-  default: return NAN;
-  }
 }
 
 static size_t unb64(const char *s, unsigned char *out) {
@@ -114,7 +96,7 @@ static void test_numeric_case(void **state) {
     assert_int_equal(res.outputs[o].dtype, dt);
     assert_int_equal(res.outputs[o].nbytes, wn);
     for (size_t i = 0; i < wn / (size_t)kex_dtype_size(dt); i++) {
-      double gv = elem(res.outputs[o].data, dt, i), wv = elem(want, dt, i);
+      double gv = kex_dtype_element(dt, res.outputs[o].data, i), wv = kex_dtype_element(dt, want, i);
       bool ok = kex_dtype_is_float(dt) ? (isnan(gv) && isnan(wv)) || gv == wv || fabs(gv - wv) <= atol + rtol * fabs(wv)
                                        : gv == wv;
       if (!ok && bad++ < 5) printf("  output %u [%zu]: got %.9g, want %.9g\n", o, i, gv, wv);
@@ -148,7 +130,7 @@ static void test_fill_and_npy(void **state) {
   assert_true(a.kernels[0].us > 0);
   assert_memory_equal(a.outputs[0].data, b.outputs[0].data, a.outputs[0].nbytes);
   for (int i = 0; i < 64; i++) {
-    double v = elem(a.outputs[0].data, KEX_DT_FLOAT32, (size_t)i) - i;
+    double v = kex_dtype_element(KEX_DT_FLOAT32, a.outputs[0].data, (size_t)i) - i;
     assert_true(v >= 0 && v < 1);
   }
   char dir[] = "/tmp/kex-npy-XXXXXX", path[64];

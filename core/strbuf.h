@@ -1,0 +1,35 @@
+/*
+ * strbuf.h - a growable, NUL-terminated text buffer on the heap.
+ *
+ * Appends never fail loudly: running out of memory sets `oom`, after which
+ * every append is a no-op, so a writer checks once at the end.  A zeroed
+ * kex_strbuf is empty; p stays NULL until the first append and is the
+ * caller's to kex_free.
+ */
+#ifndef KEX_CORE_STRBUF_H
+#define KEX_CORE_STRBUF_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct kex_strbuf {
+  char *p;
+  size_t len, cap; /* bytes used (without the NUL), bytes allocated */
+  bool oom;
+} kex_strbuf;
+
+/* Room for extra more bytes and the NUL; false (and oom set) when out of memory. */
+bool kex_strbuf_reserve(kex_strbuf *b, size_t extra);
+void kex_strbuf_vprintf(kex_strbuf *b, const char *fmt, va_list ap);
+void kex_strbuf_printf(kex_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*
+ * Appends what is left of f, and leaves p non-NULL even for an empty file.
+ * 0, or -1 on a read error, when out of memory or when b would pass max
+ * bytes.
+ */
+int kex_strbuf_read(kex_strbuf *b, FILE *f, size_t max);
+
+#endif
