@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from ports import free_port  # noqa: E402
 ANCHORS = os.path.join(ROOT, "..", "shared", "anchors")
 CASES = os.path.join(ROOT, "..", "shared", "cases")
 CASE_GRAPHS = ["extra_attention_causal", "fold_conv_batchnorm_optim_adam", "resnet_block_eval", "sgd_4convs_fuse",
@@ -45,12 +46,6 @@ def chain(n):
     return {"format": "kex.graph.v1", "device": "default", "nodes": nodes, "outputs": [n]}
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def kex_side(kex, addr, path, reps, warmup):

@@ -8,7 +8,6 @@ check, never a silent pass.  The generated stubs are on sys.path already
 (KEX_STUBS) when this is imported.
 """
 import os
-import socket
 import sys
 import time
 import traceback
@@ -18,6 +17,7 @@ sys.path.insert(0, os.environ["KEX_STUBS"])
 import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
+from ports import free_port  # noqa: E402,F401  (re-exported for the test scripts)
 
 counts = {"passed": 0, "failed": 0}
 
@@ -50,12 +50,6 @@ def desc(e):
     return f"{e.code()} {e.details()}" if isinstance(e, grpc.RpcError) else repr(e)[:300]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_healthy(port, proc=None, timeout=10.0):

@@ -32,6 +32,7 @@ import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
+from ports import free_port  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 PORT = int(os.environ["KEXD_PORT"])
@@ -71,12 +72,6 @@ def desc(e):
     return "no error" if e is None else f"{e.code()} {e.details()}"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_healthy(port, proc=None, timeout=15.0):
