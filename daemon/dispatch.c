@@ -88,6 +88,8 @@ typedef struct runner {
   uint64_t picks;
   kexd_work *done_head, *done_tail;
   bool stopping, exited;
+  double busy_s;          /* wall seconds spent running items (metrics) */
+  kexd_histogram wait;    /* items' queue waits (metrics) */
   /* runner thread only (kernel_time_limit_s: written before the thread starts) */
   kex_device *dev;
   double kernel_time_limit_s;
@@ -253,9 +255,13 @@ static void *runner_main(void *arg) {
     f->running++;
     f->last_served = ++r->picks;
     if (f->vtime > r->vclock) r->vclock = f->vtime;
+    double t0 = now_s();
+    kexd_histogram_observe(&r->wait, t0 - w->posted_s);
     pthread_mutex_unlock(&r->lock);
     run_item(r, w);
+    double t1 = now_s();
     pthread_mutex_lock(&r->lock);
+    r->busy_s += t1 - t0;
     f->running--;
     f->vtime += w->device_s / f->weight;
     f->device_s += w->device_s;
@@ -393,6 +399,7 @@ int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {
   w->rc = 0;
   w->out_buf = NULL;
   w->device_s = 0;
+  w->posted_s = now_s();
   w->err.code = 0;
   w->err.msg[0] = '\0';
   pthread_mutex_lock(&r->lock);
@@ -414,6 +421,17 @@ int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {
   pthread_cond_signal(&r->wake);
   pthread_mutex_unlock(&r->lock);
   return 0;
+}
+
+void kexd_dispatch_device_stats(kexd_dispatch *d, uint32_t device_index, double *busy_s, kexd_histogram *wait) {
+  runner *r = d && device_index < d->nrunners ? d->runners[device_index] : NULL;
+  *busy_s = 0;
+  memset(wait, 0, sizeof *wait);
+  if (!r) return;
+  pthread_mutex_lock(&r->lock);
+  *busy_s = r->busy_s;
+  *wait = r->wait;
+  pthread_mutex_unlock(&r->lock);
 }
 
 void kexd_dispatch_cancel_job(kexd_dispatch *d, uint64_t job) {

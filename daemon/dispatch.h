@@ -33,6 +33,7 @@
 #include <uv.h>
 
 #include "core/errors.h"
+#include "daemon/metrics.h"
 #include "devices/device.h"
 
 typedef struct kexd_dispatch kexd_dispatch;
@@ -79,6 +80,7 @@ struct kexd_work {
   kex_error err;
   kex_buffer *out_buf; /* UPLOAD: the new buffer, owned by the poster from done on */
   double device_s;     /* measured time of the item */
+  double posted_s;     /* when it was posted (its queue wait starts; metrics) */
   /* dispatcher links */
   kexd_work *next;
 };
@@ -119,6 +121,14 @@ int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w);
  * removed once empty.  An item already running finishes normally.
  */
 void kexd_dispatch_cancel_job(kexd_dispatch *d, uint64_t job);
+
+/*
+ * What device device_index's runner has done since start (metrics): busy_s,
+ * the wall seconds it spent running items; wait, each item's queue wait
+ * (posted to picked) as a histogram.  Loop thread.  Zeroes for a device whose
+ * runner never started.
+ */
+void kexd_dispatch_device_stats(kexd_dispatch *d, uint32_t device_index, double *busy_s, kexd_histogram *wait);
 
 /* The job's counters now (briefly takes each runner's lock). */
 void kexd_dispatch_job_stats(kexd_dispatch *d, uint64_t job, kexd_flow_stats *out);

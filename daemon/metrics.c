@@ -76,6 +76,14 @@ typedef struct snapshot {
     uint64_t jobs_open, bytes_held, submissions, refused;
   } tenants[KEXD_METRICS_MAX_TENANTS + 1];
   uint64_t unauthenticated, permission_denied, auth_reloads, auth_reload_errors;
+  /* by device (the configured ones, in order) */
+  uint32_t ndevices;
+  struct {
+    char name[KEXD_DEVICE_NAME_MAX];
+    double busy_s;
+    kexd_histogram wait;
+    uint64_t held_bytes;
+  } devices[KEXD_MAX_DEVICES];
 } snapshot;
 
 struct kexd_metrics {
@@ -139,6 +147,17 @@ static void collect(kexd *d, snapshot *s) {
     s->tenants[k].submissions += u->submissions;
     s->tenants[k].refused += u->refused;
   }
+  s->ndevices = d->cfg.ndevices;
+  for (uint32_t i = 0; i < s->ndevices; i++) {
+    snprintf(s->devices[i].name, sizeof s->devices[i].name, "%s", d->cfg.devices[i]);
+    kexd_dispatch_device_stats(d->disp, i, &s->devices[i].busy_s, &s->devices[i].wait);
+    s->devices[i].held_bytes = 0;
+  }
+  for (uint32_t i = 0; i < d->jobs.njobs; i++)
+    for (uint32_t b = 0; b < d->jobs.jobs[i]->nbufs; b++) {
+      const kexd_buffer *kb = d->jobs.jobs[i]->bufs[b];
+      if (kb->device < s->ndevices) s->devices[kb->device].held_bytes += kb->bytes;
+    }
   s->unauthenticated = d->unauthenticated;
   s->permission_denied = d->permission_denied;
   s->auth_reloads = d->auth_reloads;
@@ -178,10 +197,42 @@ static void put_label(page *p, const char *v) {
   }
 }
 
+/* The series of histogram `name` (one label device="dev" when dev is not NULL): cumulative buckets, sum, count. */
+static void put_histogram(page *p, const char *name, const char *dev, const kexd_histogram *h) {
+  uint64_t cum = 0;
+  for (int i = 0; i <= KEXD_METRICS_BUCKETS; i++) {
+    cum += h->buckets[i];
+    kex_strbuf_printf(p, "%s_bucket{", name);
+    if (dev) {
+      kex_strbuf_printf(p, "device=\"");
+      put_label(p, dev);
+      kex_strbuf_printf(p, "\",");
+    }
+    if (i < KEXD_METRICS_BUCKETS) kex_strbuf_printf(p, "le=\"%g\"} %llu\n", bucket_le[i], (unsigned long long)cum);
+    else kex_strbuf_printf(p, "le=\"+Inf\"} %llu\n", (unsigned long long)h->count);
+  }
+  for (int k = 0; k < 2; k++) {
+    kex_strbuf_printf(p, "%s_%s", name, k ? "count" : "sum");
+    if (dev) {
+      kex_strbuf_printf(p, "{device=\"");
+      put_label(p, dev);
+      kex_strbuf_printf(p, "\"}");
+    }
+    if (k) kex_strbuf_printf(p, " %llu\n", (unsigned long long)h->count);
+    else kex_strbuf_printf(p, " %.9g\n", h->sum);
+  }
+}
+
+/* A gauge or counter sample `name{device="dev"} value`. */
+static void put_device_sample(page *p, const char *name, const char *dev, double v) {
+  kex_strbuf_printf(p, "%s{device=\"", name);
+  put_label(p, dev);
+  kex_strbuf_printf(p, "\"} %.9g\n", v);
+}
+
 /* The page for snapshot s (and the accept guard's counters). */
 static void format(page *p, const snapshot *s) {
   kexd_accept_stats as;
-  uint64_t cum = 0;
   head(p, "kex_build_info", "gauge", "kexd's version (always 1).");
   kex_strbuf_printf(p, "kex_build_info{version=\"%s\"} 1\n", KEX_VERSION);
   head(p, "kex_uptime_seconds", "gauge", "Seconds since kexd started.");
@@ -202,13 +253,7 @@ static void format(page *p, const snapshot *s) {
   kex_strbuf_printf(p, "kex_submissions_failed_total %llu\n", (unsigned long long)s->submissions_failed);
   head(p, "kex_submission_seconds", "histogram",
        "Seconds from a Submit's arrival to its done event, for submissions that succeeded.");
-  for (int i = 0; i < KEXD_METRICS_BUCKETS; i++) {
-    cum += s->submit_seconds.buckets[i];
-    kex_strbuf_printf(p, "kex_submission_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], (unsigned long long)cum);
-  }
-  kex_strbuf_printf(p, "kex_submission_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)s->submit_seconds.count);
-  kex_strbuf_printf(p, "kex_submission_seconds_sum %.9g\n", s->submit_seconds.sum);
-  kex_strbuf_printf(p, "kex_submission_seconds_count %llu\n", (unsigned long long)s->submit_seconds.count);
+  put_histogram(p, "kex_submission_seconds", NULL, &s->submit_seconds);
   head(p, "kex_kernel_run_seconds_total", "counter", "Device seconds Submit's kernels ran, as the device measured them.");
   kex_strbuf_printf(p, "kex_kernel_run_seconds_total %.9g\n", s->kernel_seconds);
   head(p, "kex_held_bytes", "gauge", "Bytes of device memory the open jobs' buffers hold.");
@@ -254,6 +299,18 @@ static void format(page *p, const snapshot *s) {
   kex_strbuf_printf(p, "kex_beam_searches_total %llu\n", (unsigned long long)s->tune.searches);
   head(p, "kex_beam_searches_cancelled_total", "counter", "Beam searches cancelled before they ended.");
   kex_strbuf_printf(p, "kex_beam_searches_cancelled_total %llu\n", (unsigned long long)s->tune.searches_cancelled);
+  head(p, "kex_beam_search_seconds_total", "counter", "Wall seconds of the beam searches that finished (Tune and Submit).");
+  kex_strbuf_printf(p, "kex_beam_search_seconds_total %.9g\n", s->tune.search_seconds);
+  head(p, "kex_queue_wait_seconds", "histogram",
+       "Seconds a device item (a Submit's setup, kernels and outputs, an upload, a download, a search's timing run) "
+       "waited in its job's fair queue before the device ran it, by device.");
+  for (uint32_t i = 0; i < s->ndevices; i++) put_histogram(p, "kex_queue_wait_seconds", s->devices[i].name, &s->devices[i].wait);
+  head(p, "kex_device_busy_seconds_total", "counter", "Wall seconds the device's runner spent running items, by device.");
+  for (uint32_t i = 0; i < s->ndevices; i++)
+    put_device_sample(p, "kex_device_busy_seconds_total", s->devices[i].name, s->devices[i].busy_s);
+  head(p, "kex_device_held_bytes", "gauge", "Device memory that open jobs' buffers hold, by device.");
+  for (uint32_t i = 0; i < s->ndevices; i++)
+    put_device_sample(p, "kex_device_held_bytes", s->devices[i].name, (double)s->devices[i].held_bytes);
   kexd_accept_guard_stats(&as);
   head(p, "kex_connections_open", "gauge", "gRPC client connections open now.");
   kex_strbuf_printf(p, "kex_connections_open %u\n", as.open);

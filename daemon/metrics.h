@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define KEXD_DEFAULT_METRICS "127.0.0.1:9464"
-#define KEXD_METRICS_BUCKETS 15          /* finite buckets of the submission-seconds histogram */
+#define KEXD_METRICS_BUCKETS 15          /* finite buckets of a histogram (submission seconds, queue wait) */
 #define KEXD_METRICS_WAIT_MS 1000        /* a scrape waits this long for the loop's snapshot */
 #define KEXD_METRICS_CONNECTIONS 16      /* HTTP connections at once */
 #define KEXD_METRICS_TIMEOUT_S 10        /* an idle HTTP connection is closed after this */
@@ -28,7 +28,7 @@ typedef struct kexd_histogram {
   double sum;
 } kexd_histogram;
 
-/* Add one observation (seconds).  Loop thread. */
+/* Add one observation (seconds).  Not thread-safe: the loop's, or a device runner's under its lock. */
 void kexd_histogram_observe(kexd_histogram *h, double v);
 
 struct kexd;

@@ -120,6 +120,7 @@ void kexd_rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 
 typedef struct kexd_tune_counters {
   uint64_t beam_hits, beam_misses, searches, searches_cancelled;
+  double search_seconds; /* wall time of the searches that finished */
 } kexd_tune_counters;
 /* Beam cache hits/misses and searches run/cancelled since start (Tune and Submit together). */
 void kexd_tune_stats(const kexd *d, kexd_tune_counters *out);

@@ -564,6 +564,7 @@ static void build_after(uv_work_t *req, int status) {
 void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd *d = ud;
   kexd_submitter *S = d->submitter;
+  uint64_t tdec = kex_trace_now_us(); /* one clock read: a trace's "decode" span starts here */
   Kex__V1__SubmitRequest *m =
       (Kex__V1__SubmitRequest *)kexd_rpc_decode(d, c, &kex__v1__submit_request__descriptor, req, len);
   submission *s = NULL;
@@ -628,6 +629,7 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     sub_fail(s, kex_err_grpc_status(rc), "%s", s->err.msg);
     goto out;
   }
+  if (s->trace) kex_trace_span(s->trace, "daemon", "request", "decode (protobuf)", NULL, tdec, tr0);
   sub_span(s, "daemon", "request", "validate + graph from protobuf", NULL, tr0);
   structure_key(m->graph, s->device, &s->beam, key);
   plan *p = plan_cache_find(S, key);

@@ -55,6 +55,7 @@
 
 typedef struct kexd_tuner {
   atomic_uint_fast64_t beam_hits, beam_misses, searches, searches_cancelled; /* any thread */
+  atomic_uint_fast64_t search_us; /* any thread: wall time of the searches that finished */
 } kexd_tuner;
 
 static const kex_target *device_target(const kexd *d, uint32_t device) { return &d->targets[device]; }
@@ -102,7 +103,10 @@ static int optimize_and_lower(kexd *d, kexd_route *ctx, kex_device *dev, kex_bea
   rc = kex_beam_optimize(&t, dev, bo, res, err);
   if (rc == 0) {
     if (res->from_cache) atomic_fetch_add(&T->beam_hits, 1);
-    else atomic_fetch_add(&T->beam_misses, 1), atomic_fetch_add(&T->searches, 1);
+    else {
+      atomic_fetch_add(&T->beam_misses, 1), atomic_fetch_add(&T->searches, 1);
+      atomic_fetch_add(&T->search_us, (uint_fast64_t)(res->search_s * 1e6));
+    }
   } else if (rc == KEX_ECANCELLED) {
     atomic_fetch_add(&T->beam_misses, 1);
     atomic_fetch_add(&T->searches, 1);
@@ -456,4 +460,5 @@ void kexd_tune_stats(const kexd *d, kexd_tune_counters *out) {
   out->beam_misses = atomic_load(&T->beam_misses);
   out->searches = atomic_load(&T->searches);
   out->searches_cancelled = atomic_load(&T->searches_cancelled);
+  out->search_seconds = atomic_load(&T->search_us) / 1e6;
 }

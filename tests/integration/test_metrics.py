@@ -133,7 +133,9 @@ def check_families(fams, text):
             "kex_program_cache_hits": "counter", "kex_program_cache_misses": "counter",
             "kex_schedule_cache_hits": "counter", "kex_schedule_cache_misses": "counter",
             "kex_beam_cache_hits": "counter", "kex_beam_cache_misses": "counter", "kex_beam_searches": "counter",
-            "kex_connections_open": "gauge", "kex_connections_refused": "counter"}
+            "kex_connections_open": "gauge", "kex_connections_refused": "counter",
+            "kex_beam_search_seconds": "counter", "kex_queue_wait_seconds": "histogram",
+            "kex_device_busy_seconds": "counter", "kex_device_held_bytes": "gauge"}
     wrong = {n: (fams[n].type if n in fams else None) for n, t in want.items() if n not in fams or fams[n].type != t}
     check("every family is served with its TYPE", not wrong, wrong)
     nohelp = [n for n in want if n in fams and not fams[n].documentation]
@@ -246,6 +248,20 @@ def main_scrape():
            value(fams, "kex_beam_cache_misses", "kex_beam_cache_misses_total"),
            value(fams, "kex_beam_searches", "kex_beam_searches_total"))
           == (stats.beam_cache_hits, stats.beam_cache_misses, stats.searches_run) == (0, 0, 0))
+    check("beam search seconds: 0 (no search ran)",
+          value(fams, "kex_beam_search_seconds", "kex_beam_search_seconds_total") == 0)
+    # by device: the Submits' items (setup, kernel, finish each) and the Download waited in device cpu's queue
+    qc = value(fams, "kex_queue_wait_seconds", "kex_queue_wait_seconds_count", device="cpu")
+    qinf = value(fams, "kex_queue_wait_seconds", "kex_queue_wait_seconds_bucket", device="cpu", le="+Inf")
+    qsum = value(fams, "kex_queue_wait_seconds", "kex_queue_wait_seconds_sum", device="cpu")
+    check("queue wait on device cpu: one observation per device item (at least 3 per Submit), +Inf == count",
+          qc is not None and qc >= 6 and qinf == qc and 0 <= qsum <= both_s, (qc, qinf, qsum))
+    busy = value(fams, "kex_device_busy_seconds", "kex_device_busy_seconds_total", device="cpu")
+    check("device cpu was busy for more than its kernels ran and less than the Submits took",
+          busy is not None and ks <= busy <= both_s + 0.01, (busy, ks, both_s))
+    check("device cpu holds the job's 32 bytes (the sum over devices is kex_held_bytes)",
+          value(fams, "kex_device_held_bytes", device="cpu") == 32 == value(fams, "kex_held_bytes"),
+          value(fams, "kex_device_held_bytes", device="cpu"))
     check("connections open agree with GetStats; scrapes are not counted as connections",
           value(fams, "kex_connections_open") == stats.connections_open >= 1
           and value(fams, "kex_connections_refused", "kex_connections_refused_total", reason="limit") == 0,

@@ -91,7 +91,7 @@ def main():
             doc = json.loads(d1.trace_json)
             tracks = well_formed(doc, "first")
             names = {e["name"] for e in spans(doc)}
-            for n in ["validate + graph from protobuf", "structure cache: miss", "replay + schedule", "queue wait (fair queue)",
+            for n in ["decode (protobuf)", "validate + graph from protobuf", "structure cache: miss", "replay + schedule", "queue wait (fair queue)",
                       "setup: load programs, allocate, inputs in", "outputs: device to host, free", "done event",
                       "program cache: SQLite lookup"]:
                 check(f"first: a '{n}' span", n in names, sorted(names))
