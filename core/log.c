@@ -38,25 +38,33 @@ void kex_log_set_stream(FILE *stream) { log_stream = stream; }
 void kex_log_set_json(int json) { log_json = json; }
 
 /* The JSON form of one line; 0, or -1 when jansson could not build it (the text form is written then). */
-static int log_json_line(FILE *out, const char *when, long ms, const char *level, const char *job,
-                         unsigned long long sub, const char *msg) {
-  char ts[48], clean[1024];
-  json_t *o = json_object(), *m = json_string(msg);
-  char *text;
-  int rc = -1;
-  snprintf(ts, sizeof ts, "%s.%03ldZ", when, ms);
-  if (!m) { /* not UTF-8 (a truncated character, bytes from a client): each non-ASCII byte as '?' */
+/* s as a JSON string; a string that is not UTF-8 (a truncated character, bytes from a client) has each non-ASCII byte as '?'. */
+static json_t *json_text(const char *s) {
+  char clean[1024];
+  json_t *m = json_string(s);
+  if (!m) {
     size_t i = 0;
-    for (; msg[i] && i + 1 < sizeof clean; i++) clean[i] = (unsigned char)msg[i] < 0x80 ? msg[i] : '?';
+    for (; s[i] && i + 1 < sizeof clean; i++) clean[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
     clean[i] = '\0';
     m = json_string(clean);
   }
+  return m;
+}
+
+static int log_json_line(FILE *out, const char *when, long ms, const char *level, const char *job,
+                         unsigned long long sub, const char *msg, const char *const *kv) {
+  char ts[48];
+  json_t *o = json_object(), *m = json_text(msg);
+  char *text;
+  int rc = -1;
+  snprintf(ts, sizeof ts, "%s.%03ldZ", when, ms);
   if (o && m && json_object_set_new(o, "ts", json_string(ts)) == 0 &&
       json_object_set_new(o, "level", json_string(level)) == 0 &&
       (!job || json_object_set_new(o, "job", json_string(job)) == 0) &&
       (!sub || json_object_set_new(o, "sub", json_integer((json_int_t)sub)) == 0)) {
     rc = json_object_set_new(o, "msg", m); /* takes m, even when it fails */
     m = NULL;
+    for (size_t i = 0; rc == 0 && kv && kv[i] && kv[i + 1]; i += 2) rc = json_object_set_new(o, kv[i], json_text(kv[i + 1]));
     if (rc == 0 && (text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
       fprintf(out, "%s\n", text);
       free(text);
@@ -69,6 +77,9 @@ static int log_json_line(FILE *out, const char *when, long ms, const char *level
   return rc;
 }
 
+static void log_line(enum kex_log_level level, const char *job, unsigned long long sub, const char *msg,
+                     const char *const *kv);
+
 void kex_log(enum kex_log_level level, const char *job, unsigned long long sub, const char *fmt, ...) {
   if (level < kex_log_get_level() || level >= KEX_LOG_OFF) return;
   char msg[1024];
@@ -76,6 +87,17 @@ void kex_log(enum kex_log_level level, const char *job, unsigned long long sub, 
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  log_line(level, job, sub, msg, NULL);
+}
+
+void kex_log_kv(enum kex_log_level level, const char *job, const char *msg, const char *const *kv) {
+  if (level < kex_log_get_level() || level >= KEX_LOG_OFF) return;
+  log_line(level, job, 0, msg, kv);
+}
+
+/* One line: JSON when asked (falling back to text if it cannot be made), else text with kv appended. */
+static void log_line(enum kex_log_level level, const char *job, unsigned long long sub, const char *msg,
+                     const char *const *kv) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
@@ -83,8 +105,13 @@ void kex_log(enum kex_log_level level, const char *job, unsigned long long sub, 
   char when[32];
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
   if (log_json && log_json_line(log_stream ? log_stream : stderr, when, ts.tv_nsec / 1000000, level_names[level], job,
-                                sub, msg) == 0)
+                                sub, msg, kv) == 0)
     return;
+  char text[1024];
+  size_t n = (size_t)snprintf(text, sizeof text, "%s", msg);
+  for (size_t i = 0; kv && kv[i] && kv[i + 1] && n < sizeof text; i += 2)
+    n += (size_t)snprintf(text + n, sizeof text - n, " %s=%s", kv[i], kv[i + 1]);
+  msg = text;
   char ctx[160] = "";
   if (job && sub)
     snprintf(ctx, sizeof ctx, " job=%s sub=%llu", job, sub);

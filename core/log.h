@@ -27,6 +27,14 @@ int kex_log_parse_level(const char *name);
 void kex_log(enum kex_log_level level, const char *job, unsigned long long sub, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/*
+ * One event with named fields: kv is NULL-terminated key, value pairs.  Text:
+ * "msg key=value ..." on one line; JSON (--log-format json): the keys are
+ * fields of the line's object beside "msg" (a value that is not UTF-8 has
+ * each non-ASCII byte as '?').  kexd's access log uses it.
+ */
+void kex_log_kv(enum kex_log_level level, const char *job, const char *msg, const char *const *kv);
+
 #define KEX_DEBUG(...) kex_log(KEX_LOG_DEBUG, NULL, 0, __VA_ARGS__)
 #define KEX_INFO(...) kex_log(KEX_LOG_INFO, NULL, 0, __VA_ARGS__)
 #define KEX_WARN(...) kex_log(KEX_LOG_WARN, NULL, 0, __VA_ARGS__)

@@ -183,9 +183,12 @@ void kexd_rpc_call_end(kexd_call *c, int status, void *ud) {
   }
   if (kex_log_get_level() <= KEX_LOG_INFO) {
     kexd_call_peer_host(c, peer, sizeof peer);
-    kex_log(KEX_LOG_INFO, ci->job ? ci->job_log : NULL, 0, "access method=%s tenant=%s peer=%s status=%s ms=%.3f",
-            short_method(kexd_call_method(c)), ci->tenant ? ci->tenant->name : "-", peer,
-            status >= 0 && status < KEXD_STATUS_CODES ? status_names[status] : "UNKNOWN", kexd_call_age_ms(c));
+    char ms[32];
+    snprintf(ms, sizeof ms, "%.3f", kexd_call_age_ms(c));
+    const char *kv[] = {"method", short_method(kexd_call_method(c)), "tenant", ci->tenant ? ci->tenant->name : "-",
+                        "peer", peer, "status", status >= 0 && status < KEXD_STATUS_CODES ? status_names[status] : "UNKNOWN",
+                        "ms", ms, NULL};
+    kex_log_kv(KEX_LOG_INFO, ci->job ? ci->job_log : NULL, "access", kv);
   }
   if (ci->tenant) kexd_auth_unref(ci->tenant->table);
   ci->tenant = NULL;
