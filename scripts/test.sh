@@ -125,6 +125,14 @@ run_lane() { # run_lane SCRIPT...
     run_one "$script" "build/integration-logs/$(basename "$script" .sh).log" env KEX_BUILD_DIR="$PWD/build" bash "$script"
   done
 }
+run_heavy_lane() {
+  run_lane "${lane_heavy[@]}"
+  if [ -d client/python/tests ]; then
+    rm -f build/pytest-junit.xml
+    run_one "pytest client/python/tests" build/integration-logs/pytest.log \
+      env KEX_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q client/python/tests --junitxml=build/pytest-junit.xml
+  fi
+}
 run_light_lane() {
   run_lane "${lane_light[@]}"
   # the hostile inputs again under ASan+UBSan (the kexd of build-asan)
@@ -132,18 +140,13 @@ run_light_lane() {
     run_one "tests/integration/test_hostile.sh (build-asan)" build/integration-logs/test_hostile-asan.log \
       env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_hostile.sh
   fi
-  if [ -d client/python/tests ]; then
-    rm -f build/pytest-junit.xml
-    run_one "pytest client/python/tests" build/integration-logs/pytest.log \
-      env KEX_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q client/python/tests --junitxml=build/pytest-junit.xml
-  fi
 }
 echo "== integration scripts and pytest (${KEX_TEST_LANES:-2} lanes) =="
 if [ "${KEX_TEST_LANES:-2}" = 1 ]; then
-  run_lane "${lane_heavy[@]}"
+  run_heavy_lane
   run_light_lane
 else
-  run_lane "${lane_heavy[@]}" &
+  run_heavy_lane &
   heavy_pid=$!
   run_light_lane
   wait "$heavy_pid"
