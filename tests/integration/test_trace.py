@@ -150,8 +150,12 @@ def main():
               r.returncode != 0 and bad_path in r.stderr, r.stderr[-300:])
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        rc = proc.wait(timeout=20)
         log.close()
+    text = open(os.path.join(TMP, "kexd-trace.log")).read()
+    check("kexd exits 0 at SIGTERM", rc == 0, rc)
+    check("the kexd log is free of sanitizer reports",
+          not any(w in text for w in ("AddressSanitizer", "LeakSanitizer", "runtime error:")), text[-1500:])
 
 
 run(main, "test_trace")
