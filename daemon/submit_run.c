@@ -164,7 +164,9 @@ static int finish_run(kex_device *dev, void *arg, double *device_s, kex_error *e
   for (int direct = 0; direct < 2; direct++)
     for (uint32_t j = 0; ok && j < p->rp.noutputs; j++)
       if ((p->rp.outputs[j].kind == KEX_PLAN_OUT_DIRECT) == direct && (rc = output_run(s, dev, j, err)) < 0) {
-        item_fail(s, rc, err, "reading the outputs");
+        char what[40];
+        snprintf(what, sizeof what, "reading output %u", j);
+        item_fail(s, rc, err, what);
         ok = false;
       }
   for (uint32_t b = 0; b < p->rp.nbufs; b++) {

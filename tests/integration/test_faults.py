@@ -30,6 +30,7 @@ import os
 import random
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import threading
@@ -106,6 +107,18 @@ def graphs():
     return gs
 
 
+def port_open(port, proc, timeout=20.0):
+    """Wait for the listening socket first: a gRPC channel that fails to connect backs off for seconds."""
+    end = time.time() + timeout
+    while time.time() < end and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.01)
+    return False
+
+
 def start_kexd(*args):
     port = free_port()
     log = open(os.path.join(TMP, f"kexd-{port}.log"), "w")
@@ -113,7 +126,7 @@ def start_kexd(*args):
     proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=log, stderr=subprocess.STDOUT,
                             env=env)
     log.close()
-    return proc, port, wait_healthy(port, proc, timeout=20)
+    return proc, port, port_open(port, proc) and wait_healthy(port, proc, timeout=20)
 
 
 def stop(proc):
@@ -148,7 +161,8 @@ def outputs_right(evs, expect):
 
 def one_fault(kind, n, name, graph, expect):
     """kexd --test-fault kind:n, one Submit of graph: 'failed' (checked), 'succeeded', or None (broken)."""
-    proc, port, up = start_kexd("--device", "cpu", "--cache", "", "--compile-slots", "1", "--grace", "2",
+    cache = "" if kind == "compile" else WARM  # compile faults need compiles; the rest load programs from SQLite
+    proc, port, up = start_kexd("--device", "cpu", "--cache", cache, "--compile-slots", "1", "--grace", "2",
                                 "--test-fault", f"{kind}:{n}")
     if not check(f"{kind}:{n} {name}: kexd starts", up):
         proc.kill()
@@ -190,8 +204,20 @@ def one_fault(kind, n, name, graph, expect):
     return result
 
 
+WARM = os.path.join(TMP, "warm.db")
+
+
 def sweep():
-    for name, (graph, expect) in graphs().items():
+    gs = graphs()
+    proc, port, up = start_kexd("--device", "cpu", "--cache", WARM, "--grace", "2")
+    if check("a kexd without faults fills a program cache with the graphs' kernels", up):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            kex = kex_pb2_grpc.KexStub(ch)
+            job = open_job(kex, "warm")
+            check("... and computes each graph as numpy does",
+                  all(outputs_right(submit(kex, job, g), e) for g, e in gs.values()))
+    check("... and exits 0 at SIGTERM", stop(proc) == 0)
+    for name, (graph, expect) in gs.items():
         ops = figures["graphs"].setdefault(name, {})
         for kind in KINDS:
             n = 1
@@ -302,8 +328,7 @@ def kill_rounds():
                 k2 = kex_pb2_grpc.KexStub(ch2)
                 graph, expect = g_rowsum_sq(n)
                 try:
-                    served = outputs_right(submit(k2, open_job(k2, "after"), graph,
-                                                  beam=kex_pb2.BeamOptions(beam_width=1)), expect)
+                    served = outputs_right(submit(k2, open_job(k2, "after"), graph), expect)
                 except grpc.RpcError as e:
                     detail += " / " + desc(e)
         ok = check(f"kill -9 round {rnd} ({what} n={n}, after {delay:.2f} s): integrity_check ok, whole rows, "
