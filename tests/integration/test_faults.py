@@ -54,7 +54,8 @@ KINDS = ("compile", "alloc", "launch", "copy")
 PLACE = re.compile(r"\b(?:[Er]_\w+|kernel \d+|allocating a buffer|node \d+ \(BUFFER\)|copy|output \d+)")
 
 figures = {"kinds": {k: {"injected": 0, "survived": 0} for k in KINDS}, "graphs": {}, "kill_rounds": 0,
-           "kill_rounds_passed": 0, "integrity_ok": 0, "integrity_failed": 0, "kill_points": {}}
+           "kill_rounds_passed": 0, "integrity_ok": 0, "integrity_failed": 0, "kill_points": {},
+           "killed_mid_call": 0}
 
 
 def N(**kw):
@@ -302,6 +303,8 @@ def kill_rounds():
         th = threading.Thread(target=work)
         th.start()
         time.sleep(delay)
+        mid = th.is_alive()  # the call had not ended: the kill landed inside it
+        figures["killed_mid_call"] += mid
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         th.join(timeout=60)
@@ -331,7 +334,7 @@ def kill_rounds():
                     served = outputs_right(submit(k2, open_job(k2, "after"), graph), expect)
                 except grpc.RpcError as e:
                     detail += " / " + desc(e)
-        ok = check(f"kill -9 round {rnd} ({what} n={n}, after {delay:.2f} s): integrity_check ok, whole rows, "
+        ok = check(f"kill -9 round {rnd} ({what} n={n}, after {delay:.2f} s{'' if mid else ', after the call'}): integrity_check ok, whole rows, "
                    f"kex cache ls reads it, a restarted kexd serves", integ_ok and whole and listed and served,
                    f"integrity={integ[:2]} whole={whole} listed={listed} served={served}; {detail}")
         if ok:
@@ -343,6 +346,8 @@ def kill_rounds():
             if not up:
                 return
     check("kill -9: the last kexd exits 0 at SIGTERM", stop(proc) == 0)
+    check("kill -9: most kills landed inside a call", figures["killed_mid_call"] * 2 > figures["kill_rounds"],
+          f"{figures['killed_mid_call']} of {figures['kill_rounds']}")
 
 
 def main():
