@@ -30,13 +30,13 @@ import os
 import random
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import threading
 import time
 
-from kexdtest import check, desc, free_port, run, wait_healthy  # noqa: E402
+import kexdtest  # noqa: E402
+from kexdtest import check, desc, run, stop, wait_healthy  # noqa: E402
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
@@ -108,35 +108,8 @@ def graphs():
     return gs
 
 
-def port_open(port, proc, timeout=20.0):
-    """Wait for the listening socket first: a gRPC channel that fails to connect backs off for seconds."""
-    end = time.time() + timeout
-    while time.time() < end and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return True
-        except OSError:
-            time.sleep(0.01)
-    return False
-
-
 def start_kexd(*args):
-    port = free_port()
-    log = open(os.path.join(TMP, f"kexd-{port}.log"), "w")
-    env = dict(os.environ, POCL_CACHE_DIR=os.path.join(TMP, "pocl"))
-    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=log, stderr=subprocess.STDOUT,
-                            env=env)
-    log.close()
-    return proc, port, port_open(port, proc) and wait_healthy(port, proc, timeout=20)
-
-
-def stop(proc):
-    proc.terminate()
-    try:
-        return proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+    return kexdtest.start_kexd(KEXD, TMP, *args)
 
 
 def open_job(kex, name):
@@ -186,6 +159,7 @@ def one_fault(kind, n, name, graph, expect):
             result = "failed"
             figures["kinds"][kind]["injected"] += 1
             d = e.details() or ""
+            print(f"# {kind}:{n} {name}: {desc(e)}")
             named = e.code() == grpc.StatusCode.INTERNAL and f"injected failure of {kind} call #{n}" in d and \
                 PLACE.search(d.split("fault device")[0]) is not None
             alive = wait_healthy(port, proc, timeout=5)
