@@ -118,10 +118,11 @@ def g_chain(k=5, n=32):
 
 
 def graphs():
-    gs = {"rowsum_sq": g_rowsum_sq(), "matmul_rowsum": g_matmul()}
+    gs = {"rowsum_sq": g_rowsum_sq(), "matmul_rowsum": g_matmul(), "matmul_rowsum_keep": g_matmul()}
     if GRAPHS == "long":
         gs.update({"add_mul_max": g_add3(), "rowsum_sq_48": g_rowsum_sq(48), "matmul_rowsum_8": g_matmul(8),
-                   "chain5": g_chain(5), "chain8": g_chain(8, 48)})
+                   "chain5": g_chain(5), "chain8": g_chain(8, 48),
+                   "chain5_keep": g_chain(5)})
     return gs
 
 
@@ -133,9 +134,10 @@ def open_job(kex, name):
     return kex.OpenJob(kex_pb2.OpenJobRequest(name=name), timeout=5).job
 
 
-def submit(kex, job, graph, timeout=60, **kw):
-    return list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=graph, return_bytes=True, free_outputs=True, **kw),
-                           timeout=timeout))
+def submit(kex, job, graph, timeout=60, keep=False, **kw):
+    """All events of a Submit with the outputs' bytes; keep: its outputs stay as buffers of the job too."""
+    return list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=graph, return_bytes=True, free_outputs=not keep,
+                                                 **kw), timeout=timeout))
 
 
 def outputs_right(evs, expect):
@@ -151,7 +153,9 @@ def outputs_right(evs, expect):
 # ---- (a) the fault sweep ----
 
 def one_fault(kind, n, name, graph, expect):
-    """kexd --test-fault kind:n, one Submit of graph: 'failed' (checked), 'succeeded', or None (broken)."""
+    """kexd --test-fault kind:n, one Submit of graph: 'failed' (checked), 'succeeded', or None (broken).
+    A graph named *_keep keeps its outputs as buffers (their allocations and copies are faulted too)."""
+    keep = name.endswith("_keep")
     cache = "" if kind == "compile" else WARM  # compile faults need compiles; the rest load programs from SQLite
     proc, port, up = start_kexd("--device", "cpu", "--cache", cache, "--compile-slots", "1", "--grace", "2",
                                 "--test-fault", f"{kind}:{n}")
@@ -165,7 +169,7 @@ def one_fault(kind, n, name, graph, expect):
         job = open_job(kex, "f")
         e, evs = None, None
         try:
-            evs = submit(kex, job, graph)
+            evs = submit(kex, job, graph, keep=keep)
         except grpc.RpcError as err:
             e = err
         if e is None:
