@@ -178,7 +178,7 @@ static const flag flags[] = {
   {"test-busy-work", NULL, FLAG_BOOL, F(test_busy_work), 0, 0, 0, 0, true, "tests",
    "serve /kex.v1.Kex/_BusyWork, which queues busy-CPU items on a device runner for a job"},
   {"test-fault", "KIND:N", FLAG_FAULT, 0, 0, 0, 0, 0, true, NULL,
-   "Submit's compile device fails its N-th call of KIND (compile, alloc, launch, copy)"},
+   "each device instance (compile, run) fails its N-th call of KIND (compile, alloc, launch, copy)"},
 };
 /* clang-format on */
 #define NFLAGS (sizeof flags / sizeof flags[0])

@@ -108,6 +108,13 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
 void kexd_dispatch_set_kernel_time_limit(kexd_dispatch *d, double seconds);
 
 /*
+ * --test-fault (tests only): each runner's device, when it opens, is wrapped
+ * by the fault device failing its n-th call of `kind` (a kex_fault_kind; -1:
+ * none).  Called before the first item is posted.
+ */
+void kexd_dispatch_set_test_fault(kexd_dispatch *d, int kind, unsigned long n);
+
+/*
  * Queue w for device `device_index` (starting its runner when needed).
  * After 0 the item belongs to the dispatcher until w->done runs on the loop
  * thread.  Errors (done is then never called): KEX_EINVAL (bad index or

@@ -272,8 +272,9 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_server;
   }
+  kexd_dispatch_set_test_fault(d->disp, d->cfg.test_fault_kind, d->cfg.test_fault_n);
   if (d->cfg.test_fault_kind >= 0)
-    KEX_WARN("--test-fault %s:%lu: Submit's compile device fails on purpose (a test facility; never use it in production)",
+    KEX_WARN("--test-fault %s:%lu: the compile and run devices fail on purpose (a test facility; never use it in production)",
              kex_fault_kind_name((kex_fault_kind)d->cfg.test_fault_kind), d->cfg.test_fault_n);
   kexd_dispatch_set_job_check(d->disp, job_open, d);
   {

@@ -54,8 +54,11 @@ static int setup_items(submission *s, kex_device *dev, kex_error *err) {
   }
   for (uint32_t b = 0; b < p->rp.nbufs; b++) {
     if (!p->rp.buf_alloc[b]) continue;
-    if ((rc = kex_device_alloc(dev, p->rp.buf_bytes[b] ? p->rp.buf_bytes[b] : 16, &s->bufs[b], err)) < 0)
-      return item_fail(s, rc, err, "allocating a buffer");
+    if ((rc = kex_device_alloc(dev, p->rp.buf_bytes[b] ? p->rp.buf_bytes[b] : 16, &s->bufs[b], err)) < 0) {
+      char what[64];
+      snprintf(what, sizeof what, "allocating buffer %u (%zu bytes)", b, (size_t)p->rp.buf_bytes[b]);
+      return item_fail(s, rc, err, what);
+    }
   }
   for (uint32_t i = 0; i < p->rp.ninputs; i++) {
     const kex_plan_input *in = &p->rp.inputs[i];
@@ -164,7 +167,9 @@ static int finish_run(kex_device *dev, void *arg, double *device_s, kex_error *e
   for (int direct = 0; direct < 2; direct++)
     for (uint32_t j = 0; ok && j < p->rp.noutputs; j++)
       if ((p->rp.outputs[j].kind == KEX_PLAN_OUT_DIRECT) == direct && (rc = output_run(s, dev, j, err)) < 0) {
-        item_fail(s, rc, err, "reading the outputs");
+        char what[40];
+        snprintf(what, sizeof what, "reading output %u", j);
+        item_fail(s, rc, err, what);
         ok = false;
       }
   for (uint32_t b = 0; b < p->rp.nbufs; b++) {

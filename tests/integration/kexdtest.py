@@ -8,6 +8,8 @@ check, never a silent pass.  The generated stubs are on sys.path already
 (KEX_STUBS) when this is imported.
 """
 import os
+import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -55,6 +57,14 @@ def desc(e):
 def wait_healthy(port, proc=None, timeout=10.0):
     """True once 127.0.0.1:port answers health SERVING; False at timeout or when proc exits."""
     end = time.time() + timeout
+    while time.time() < end:  # the port first: a channel that fails to connect backs off (seconds) before retrying
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.01)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.time() < end:
@@ -68,6 +78,26 @@ def wait_healthy(port, proc=None, timeout=10.0):
                 pass
             time.sleep(0.1)
     return False
+
+
+def start_kexd(kexd, tmp, *args, timeout=20.0):
+    """(proc, port, healthy) of `kexd --listen 127.0.0.1:PORT *args`, logging to tmp/kexd-PORT.log."""
+    port = free_port()
+    env = dict(os.environ, POCL_CACHE_DIR=os.path.join(tmp, "pocl"))
+    with open(os.path.join(tmp, f"kexd-{port}.log"), "w") as log:
+        proc = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", *args], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+    return proc, port, wait_healthy(port, proc, timeout)
+
+
+def stop(proc):
+    """SIGTERM, then the exit status (SIGKILL after 20 s)."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def add_graph():

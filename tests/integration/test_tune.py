@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -28,10 +27,10 @@ import time
 sys.path.insert(0, os.environ["KEX_STUBS"])
 
 import grpc  # noqa: E402
-import health_pb2  # noqa: E402
-import health_pb2_grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
+import kexdtest  # noqa: E402
+from kexdtest import stop, wait_healthy  # noqa: E402
 from ports import free_port  # noqa: E402
 
 KEXD = os.environ["KEXD"]
@@ -74,48 +73,8 @@ def desc(e):
 
 
 
-def wait_healthy(port, proc=None, timeout=15.0):
-    # the port first: a channel that fails to connect backs off (seconds) before it tries again
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc is not None and proc.poll() is not None:
-            return False
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.02)
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        end = time.time() + timeout
-        while time.time() < end:
-            if proc is not None and proc.poll() is not None:
-                return False
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.RpcError:
-                time.sleep(0.05)
-    return False
-
-
 def start_kexd(*args):
-    port = free_port()
-    log = open(os.path.join(TMP, f"kexd-{port}.log"), "w")
-    env = dict(os.environ, POCL_CACHE_DIR=os.path.join(TMP, "pocl"))
-    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=log, stderr=subprocess.STDOUT,
-                            env=env)
-    return proc, port, wait_healthy(port, proc)
-
-
-def stop(proc):
-    proc.terminate()
-    try:
-        return proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+    return kexdtest.start_kexd(KEXD, TMP, *args)
 
 
 # ---- graphs ----
