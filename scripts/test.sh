@@ -9,7 +9,7 @@
 #     When a build fails, the tests whose executables are up to date still run;
 #     the others count as failed ("did not build"), never as stale passes.
 #  4. every tests/integration/*.sh (each prints its own "N passed, N failed"),
-#     test_hostile.sh once more with build-asan's kexd, and pytest on
+#     test_hostile.sh and test_faults.sh once more with build-asan's kexd, and pytest on
 #     client/python/tests with /usr/bin/python3 (the Debian python, which has
 #     grpc and numpy) -- in two lanes at once (KEX_TEST_LANES=1: in turn).
 #  5. scripts/summarize.py: a per-suite table, then as the very last line
@@ -104,7 +104,7 @@ fi
 # (the longest, compile-bound scripts in one lane, everything else in the other).  Each writes its own log; a
 # line says when each ends, and the logs are printed whole, in order, once both lanes are done.
 mkdir -p build/integration-logs
-heavy_scripts=" test_submit test_sources test_stress test_trace "
+heavy_scripts=" test_submit test_sources test_stress test_trace test_faults "
 lane_heavy=() lane_light=()
 for script in "${scripts_found[@]}"; do
   if [[ "$heavy_scripts" == *" $(basename "$script" .sh) "* ]]; then lane_heavy+=("$script"); else lane_light+=("$script"); fi
@@ -127,6 +127,11 @@ run_lane() { # run_lane SCRIPT...
 }
 run_heavy_lane() {
   run_lane "${lane_heavy[@]}"
+  # the fault sweep and kill -9 rounds again with build-asan's kexd: nothing leaks on any failure path
+  if [ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_faults.sh ]; then
+    run_one "tests/integration/test_faults.sh (build-asan)" build/integration-logs/test_faults-asan.log \
+      env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_faults.sh
+  fi
   if [ -d client/python/tests ]; then
     rm -f build/pytest-junit.xml
     run_one "pytest client/python/tests" build/integration-logs/pytest.log \
@@ -164,6 +169,12 @@ if [ -x build-asan/daemon/kexd ]; then
   summary_args+=(--script "tests/integration/test_hostile.sh (build-asan)" "$log" "$(cat "$log.rc" 2>/dev/null || echo 1)")
 else
   fail "tests/integration/test_hostile.sh (build-asan)" "build-asan/daemon/kexd did not build"
+fi
+log=build/integration-logs/test_faults-asan.log
+if [ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_faults.sh ]; then
+  echo "== tests/integration/test_faults.sh (build-asan) =="
+  cat "$log"
+  summary_args+=(--script "tests/integration/test_faults.sh (build-asan)" "$log" "$(cat "$log.rc" 2>/dev/null || echo 1)")
 fi
 if [ -d client/python/tests ]; then
   echo "== pytest client/python/tests =="
