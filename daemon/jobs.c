@@ -57,6 +57,14 @@ static int random_hex(char out[KEXD_TOKEN_LEN + 1]) {
 }
 
 /* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
+/* A buffer joins (held) or leaves its job: the job's, its tenant's and its device's byte counts follow. */
+static void account_held(kexd_jobs *j, kexd_job *job, const kexd_buffer *b, bool held) {
+  uint64_t *counts[3] = {&job->bytes_held, job->use ? &job->use->bytes_held : NULL,
+                         b->device < KEXD_MAX_DEVICES ? &j->held_by_device[b->device] : NULL};
+  for (int k = 0; k < 3; k++)
+    if (counts[k]) *counts[k] = held ? *counts[k] + b->bytes : *counts[k] - b->bytes;
+}
+
 static void jobs_remove(kexd_jobs *j, uint32_t i) {
   kexd_job *job = j->jobs[i];
   void (*on_close)(void *) = job->on_close;
@@ -68,8 +76,7 @@ static void jobs_remove(kexd_jobs *j, uint32_t i) {
   }
   while (job->nbufs) { /* first: their FREE items join the job's flow, which cancelling keeps */
     kexd_buffer *b = job->bufs[--job->nbufs];
-    job->bytes_held -= b->bytes;
-    if (job->use) job->use->bytes_held -= b->bytes;
+    account_held(j, job, b, false);
     kexd_buffer_unref(j, b);
   }
   if (j->disp) kexd_dispatch_cancel_job(j->disp, job->id);
@@ -330,8 +337,7 @@ int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32
   b->weight = job->weight;
   b->dev_buf = dev_buf;
   job->bufs[job->nbufs++] = b;
-  job->bytes_held += bytes;
-  if (job->use) job->use->bytes_held += bytes;
+  account_held(j, job, b, true);
   *out = b;
   return 0;
 }
@@ -353,8 +359,7 @@ int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle) {
   if (i < 0) return KEX_ENOTFOUND;
   b = job->bufs[i];
   job->bufs[i] = job->bufs[--job->nbufs];
-  job->bytes_held -= b->bytes;
-  if (job->use) job->use->bytes_held -= b->bytes;
+  account_held(j, job, b, false);
   kexd_buffer_unref(j, b);
   return 0;
 }

@@ -25,6 +25,7 @@
 #include "daemon/auth.h"
 #include "daemon/dispatch.h"
 
+#define KEXD_MAX_DEVICES 16                      /* names in --device (device indexes below this) */
 #define KEXD_TOKEN_BYTES 16                      /* random bytes per token */
 #define KEXD_TOKEN_LEN (2 * KEXD_TOKEN_BYTES)    /* hex characters */
 #define KEXD_JOB_NAME_MAX 256                    /* bytes of a job name */
@@ -110,6 +111,7 @@ typedef struct kexd_jobs {
   uint64_t buffers_freed;
   kexd_tenant_use **uses; /* every tenant that opened a job, in first-open order */
   uint32_t nuses, capuses;
+  uint64_t held_by_device[KEXD_MAX_DEVICES]; /* bytes every job's buffers hold, by device index (metrics) */
 } kexd_jobs;
 
 /* Set up (and start the lease timer); buffers are freed through disp.  0 or a negative code. */

@@ -18,7 +18,6 @@
 #include "daemon/metrics.h"
 #include "daemon/server.h"
 
-#define KEXD_MAX_DEVICES 16                  /* names in --device */
 #define KEXD_DEVICE_NAME_MAX KEXD_DISPATCH_NAME_MAX /* bytes of one device name */
 #define KEXD_DEFAULT_LISTEN "127.0.0.1:50051"
 #define KEXD_DEFAULT_DEVICES "opencl,cpu"

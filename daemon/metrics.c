@@ -151,13 +151,8 @@ static void collect(kexd *d, snapshot *s) {
   for (uint32_t i = 0; i < s->ndevices; i++) {
     snprintf(s->devices[i].name, sizeof s->devices[i].name, "%s", d->cfg.devices[i]);
     kexd_dispatch_device_stats(d->disp, i, &s->devices[i].busy_s, &s->devices[i].wait);
-    s->devices[i].held_bytes = 0;
+    s->devices[i].held_bytes = d->jobs.held_by_device[i];
   }
-  for (uint32_t i = 0; i < d->jobs.njobs; i++)
-    for (uint32_t b = 0; b < d->jobs.jobs[i]->nbufs; b++) {
-      const kexd_buffer *kb = d->jobs.jobs[i]->bufs[b];
-      if (kb->device < s->ndevices) s->devices[kb->device].held_bytes += kb->bytes;
-    }
   s->unauthenticated = d->unauthenticated;
   s->permission_denied = d->permission_denied;
   s->auth_reloads = d->auth_reloads;
