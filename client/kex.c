@@ -13,6 +13,7 @@
  * Exit codes: 0 ok, 2 bad input (usage, a missing, unreadable or invalid
  * graph), 1 anything else (and a failed --check).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -69,6 +70,79 @@ void kex_cli_bytes_text(uint64_t n, char *out, size_t cap) {
   while (v >= 1024 && u < 4) v /= 1024, u++;
   if (u == 0) snprintf(out, cap, "%llu B", (unsigned long long)n);
   else snprintf(out, cap, "%.1f %s", v, unit[u]);
+}
+
+/* The option of opts that getopt_long's code c stands for (256 + index for a long-only one); NULL for none. */
+static const kex_cli_opt *opt_of(const kex_cli_opt *opts, size_t n, int c) {
+  if (c >= 256 && (size_t)(c - 256) < n) return &opts[c - 256];
+  for (size_t i = 0; i < n; i++)
+    if (opts[i].short_name && opts[i].short_name == c) return &opts[i];
+  return NULL;
+}
+
+/* Store optarg as o says.  0, or -1 after saying why the value is refused. */
+static int opt_store(const char *cmd, const kex_cli_opt *o) {
+  char *end = NULL;
+  double v;
+  switch (o->kind) {
+  case KEX_CLI_FLAG: *(bool *)o->dst = true; return 0;
+  case KEX_CLI_STR: *(const char **)o->dst = optarg; return 0;
+  case KEX_CLI_LOCAL:
+  case KEX_CLI_LOCAL_ARG: fprintf(stderr, "kex %s: --%s is in-process only (%s)\n", cmd, o->name, o->why); return -1;
+  case KEX_CLI_INT:
+  case KEX_CLI_NUM:
+    errno = 0;
+    v = o->kind == KEX_CLI_INT ? (double)strtoll(optarg, &end, 10) : strtod(optarg, &end);
+    if (end == optarg || *end || errno || !(v >= o->min && v <= o->max)) {
+      fprintf(stderr, "kex %s: --%s must be %s in [%.15g, %.15g], not '%s'\n", cmd, o->name,
+              o->kind == KEX_CLI_INT ? "a whole number" : "a number", o->min, o->max, optarg);
+      return -1;
+    }
+    if (o->kind == KEX_CLI_INT) *(long long *)o->dst = (long long)v;
+    else *(double *)o->dst = v;
+    return 0;
+  }
+  return -1;
+}
+
+int kex_cli_options(const char *cmd, const kex_cli_opt *opts, int argc, char **argv, void (*usage)(FILE *)) {
+  struct option lo[KEX_CLI_OPTS_MAX + 2];
+  char shorts[3 * KEX_CLI_OPTS_MAX + 2] = "h", *sp = shorts + 1;
+  size_t n = 0;
+  int c;
+  for (; opts[n].name && n < KEX_CLI_OPTS_MAX; n++) {
+    bool flag = opts[n].kind == KEX_CLI_FLAG || opts[n].kind == KEX_CLI_LOCAL;
+    lo[n] = (struct option){opts[n].name, flag ? no_argument : required_argument, NULL, 256 + (int)n};
+    if (opts[n].short_name) {
+      *sp++ = opts[n].short_name;
+      if (lo[n].has_arg == required_argument) *sp++ = ':';
+    }
+  }
+  *sp = 0;
+  lo[n] = (struct option){"help", no_argument, NULL, 'h'};
+  lo[n + 1] = (struct option){0};
+  optind = 1;
+  while ((c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
+    const kex_cli_opt *o = c == 'h' ? NULL : opt_of(opts, n, c);
+    if (c == 'h') {
+      usage(stdout);
+      return 0;
+    }
+    if (!o) {
+      usage(stderr);
+      return 2;
+    }
+    if (opt_store(cmd, o) < 0) return 2;
+  }
+  return -1;
+}
+
+int kex_cli_args(const char *cmd, const kex_cli_opt *opts, const char *what, const char **operand, int argc,
+                 char **argv, void (*usage)(FILE *)) {
+  int rc = kex_cli_options(cmd, opts, argc, argv, usage);
+  if (rc >= 0) return rc;
+  if (!what) return kex_cli_no_operand(cmd, argc, argv) ? -1 : 2;
+  return (*operand = kex_cli_one_operand(cmd, what, argc, argv, usage)) ? -1 : 2;
 }
 
 bool kex_cli_no_operand(const char *cmd, int argc, char **argv) {
@@ -187,29 +261,20 @@ int kex_cli_graph_load(const char *cmd, const char *path, kex_graph **g) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'}, {"source", no_argument, NULL, 's'},
-      {"help", no_argument, NULL, 'h'},         {0}};
   const char *device = "opencl";
   bool as_json = false, source = false;
-  int c;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "d:jsh", opts, NULL)) != -1) {
-    switch (c) {
-    case 'd': device = optarg; break;
-    case 'j': as_json = true; break;
-    case 's': source = true; break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
-    }
-  }
+  const kex_cli_opt opts[] = {{"device", 'd', KEX_CLI_STR, &device},
+                              {"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"source", 's', KEX_CLI_FLAG, &source},
+                              {0}};
+  const char *path = NULL;
+  int c = kex_cli_args("plan", opts, "graph file", &path, argc, argv, usage);
+  if (c >= 0) return c;
   kex_target target;
   if (kex_target_for_name(device, &target) < 0) {
     fprintf(stderr, "kex plan: unknown device '%s' (opencl or cpu)\n", device);
     return 2;
   }
-  const char *path = kex_cli_one_operand("plan", "graph file", argc, argv, usage);
-  if (!path) return 2;
   kex_error err = {0};
   kex_graph *g = NULL;
   kex_replay *r = NULL;
@@ -320,36 +385,19 @@ out:
 
 #ifdef KEX_HAVE_RUN
 static int cmd_run(int argc, char **argv) {
-  static const struct option opts[] = {{"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
-                                       {"repeat", required_argument, NULL, 'r'}, {"out", required_argument, NULL, 'o'},
-                                       {"source", no_argument, NULL, 's'},      {"help", no_argument, NULL, 'h'},
-                                       {"beam", required_argument, NULL, 'b'},  {"check", no_argument, NULL, 'c'},
-                                       {0}};
   const char *device = "opencl", *outdir = NULL;
   bool as_json = false, source = false, check = false;
-  int repeat = 1, beam = 0, c;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "d:jr:o:shb:", opts, NULL)) != -1) {
-    switch (c) {
-    case 'd': device = optarg; break;
-    case 'j': as_json = true; break;
-    case 'r': repeat = atoi(optarg); break;
-    case 'o': outdir = optarg; break;
-    case 's': source = true; break;
-    case 'b': beam = atoi(optarg); break;
-    case 'c': check = true; break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
-    }
-  }
-  if (beam < 0 || beam > 64) {
-    fprintf(stderr, "kex run: --beam must be between 0 and 64\n");
-    return 2;
-  }
-  if (repeat < 1 || repeat > 100000) {
-    fprintf(stderr, "kex run: --repeat must be between 1 and 100000\n");
-    return 2;
-  }
+  long long repeat = 1, beam = 0;
+  const kex_cli_opt opts[] = {{"device", 'd', KEX_CLI_STR, &device},
+                              {"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"repeat", 'r', KEX_CLI_INT, &repeat, 1, 100000},
+                              {"out", 'o', KEX_CLI_STR, &outdir},
+                              {"source", 's', KEX_CLI_FLAG, &source},
+                              {"beam", 'b', KEX_CLI_INT, &beam, 0, KEX_BEAM_MAX_WIDTH},
+                              {"check", 0, KEX_CLI_FLAG, &check},
+                              {0}};
+  int c = kex_cli_options("run", opts, argc, argv, usage);
+  if (c >= 0) return c;
   const char *path = kex_cli_one_operand("run", check ? "case file" : "graph file", argc, argv, usage);
   if (!path) return 2;
   kex_limits limits = KEX_LIMITS_DEFAULT;

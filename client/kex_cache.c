@@ -81,11 +81,7 @@ static int parse_age(const char *s, int64_t *out) {
 
 /* Parse argv (argv[1] is the subcommand) into *a: -1 to go on, else the exit code (help, usage errors). */
 static int cache_parse(int argc, char **argv, cache_args *a) {
-  static const struct option lopts[] = {
-      {"cache", required_argument, NULL, 'c'},   {"json", no_argument, NULL, 'j'},       {"device", required_argument, NULL, 'd'},
-      {"name", required_argument, NULL, 'n'},    {"ast", required_argument, NULL, 'a'},  {"max-age", required_argument, NULL, 'A'},
-      {"out", required_argument, NULL, 'o'},     {"graph", required_argument, NULL, 'g'}, {"all", no_argument, NULL, 'L'},
-      {"job", required_argument, NULL, 'J'},     {"help", no_argument, NULL, 'h'},       {0}};
+  const char *age = NULL;
   int c;
   memset(a, 0, sizeof *a);
   if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
@@ -97,27 +93,21 @@ static int cache_parse(int argc, char **argv, cache_args *a) {
     return 2;
   }
   a->sub = argv[1];
-  optind = 2;
-  while ((c = getopt_long(argc, argv, "c:jd:n:a:A:o:g:Lh", lopts, NULL)) != -1) {
-    switch (c) {
-    case 'c': a->cache_path = optarg; break;
-    case 'j': a->json = true; break;
-    case 'd': a->device = optarg; break;
-    case 'n': a->kernel_name = optarg; break;
-    case 'a': a->key_prefix = optarg; break;
-    case 'A':
-      if (parse_age(optarg, &a->max_age_s)) {
-        fprintf(stderr, "kex cache: bad --max-age '%s' (seconds, or with s/m/h/d)\n", optarg);
-        return 2;
-      }
-      break;
-    case 'o': a->outp = optarg; break;
-    case 'g': a->graph = optarg; break;
-    case 'L': a->all = true; break;
-    case 'J': a->job = optarg; break;
-    case 'h': cache_usage(stdout); return 0;
-    default: cache_usage(stderr); return 2;
-    }
+  const kex_cli_opt opts[] = {{"cache", 'c', KEX_CLI_STR, &a->cache_path},
+                              {"json", 'j', KEX_CLI_FLAG, &a->json},
+                              {"device", 'd', KEX_CLI_STR, &a->device},
+                              {"name", 'n', KEX_CLI_STR, &a->kernel_name},
+                              {"ast", 'a', KEX_CLI_STR, &a->key_prefix},
+                              {"max-age", 'A', KEX_CLI_STR, &age},
+                              {"out", 'o', KEX_CLI_STR, &a->outp},
+                              {"graph", 'g', KEX_CLI_STR, &a->graph},
+                              {"all", 'L', KEX_CLI_FLAG, &a->all},
+                              {"job", 0, KEX_CLI_STR, &a->job},
+                              {0}};
+  if ((c = kex_cli_options("cache", opts, argc - 1, argv + 1, cache_usage)) >= 0) return c;
+  if (age && parse_age(age, &a->max_age_s)) {
+    fprintf(stderr, "kex cache: bad --max-age '%s' (seconds, or with s/m/h/d)\n", age);
+    return 2;
   }
   bool is_show = !strcmp(a->sub, "show"), is_import = !strcmp(a->sub, "import");
   if (strcmp(a->sub, "ls") && !is_show && strcmp(a->sub, "export") && !is_import && strcmp(a->sub, "rm")) {
@@ -125,13 +115,13 @@ static int cache_parse(int argc, char **argv, cache_args *a) {
     cache_usage(stderr);
     return 2;
   }
-  int npos = argc - optind;
+  int npos = argc - 1 - optind; /* the options were parsed from argv + 1 */
   if (((is_show || is_import) && npos != 1) || (!(is_show || is_import) && npos != 0)) {
     fprintf(stderr, "kex cache %s: wrong number of arguments\n", a->sub);
     cache_usage(stderr);
     return 2;
   }
-  if (npos) a->arg = argv[optind];
+  if (npos) a->arg = argv[1 + optind];
   a->filtered = (a->device && *a->device) || (a->kernel_name && *a->kernel_name) || (a->key_prefix && *a->key_prefix) ||
                 a->max_age_s;
   if (!strcmp(a->sub, "rm") && !a->filtered && !a->all) {

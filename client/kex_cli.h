@@ -60,6 +60,44 @@ int kex_cli_graph_load(const char *cmd, const char *path, kex_graph **g);
 /* n bytes for people into out[cap]: "512 B", "12.3 MiB", "15.6 GiB" (up to TiB). */
 void kex_cli_bytes_text(uint64_t n, char *out, size_t cap);
 
+/* ---- a command's options ---- */
+
+typedef enum kex_cli_opt_kind {
+  KEX_CLI_FLAG,  /* no value: *(bool *)dst = true */
+  KEX_CLI_STR,   /* *(const char **)dst = the value */
+  KEX_CLI_INT,   /* *(long long *)dst = a whole number in [min, max] */
+  KEX_CLI_NUM,   /* *(double *)dst = a number in [min, max] */
+  KEX_CLI_LOCAL, /* an in-process flag a server command refuses, saying `why` */
+  KEX_CLI_LOCAL_ARG, /* the same for an option with a value */
+} kex_cli_opt_kind;
+
+typedef struct kex_cli_opt {
+  const char *name; /* --name */
+  char short_name;  /* -c too, or 0 */
+  kex_cli_opt_kind kind;
+  void *dst;
+  double min, max;  /* INT, NUM: the range a value must be in */
+  const char *why;  /* LOCAL, LOCAL_ARG */
+} kex_cli_opt;
+
+#define KEX_CLI_OPTS_MAX 16 /* options of one command (a table ends with {0}) */
+
+/*
+ * Parse the options of "kex CMD" (argv[0] is CMD; getopt_long's rules, so
+ * options and operands may mix) into their dst; --help and -h are every
+ * command's (usage(stdout)).  -1 to go on, with optind at the first
+ * operand; else the exit code: 0 after --help, 2 after an unknown option,
+ * a missing value or one out of its range (said on stderr).
+ */
+int kex_cli_options(const char *cmd, const kex_cli_opt *opts, int argc, char **argv, void (*usage)(FILE *));
+
+/*
+ * kex_cli_options, then the operands: none when what is NULL, else exactly
+ * one (a WHAT, into *operand).  -1 to go on, else the exit code.
+ */
+int kex_cli_args(const char *cmd, const kex_cli_opt *opts, const char *what, const char **operand, int argc,
+                 char **argv, void (*usage)(FILE *));
+
 bool kex_cli_no_operand(const char *cmd, int argc, char **argv);
 const char *kex_cli_one_operand(const char *cmd, const char *what, int argc, char **argv, void (*usage)(FILE *));
 

@@ -273,21 +273,13 @@ static bool check_server(json_t *doc, kex_cli_remote *r, bool as_json) {
 }
 
 int kex_cmd_doctor(kex_cli_remote *r, int argc, char **argv) {
-  static const struct option lopts[] = {{"json", no_argument, NULL, 'j'}, {"cache", required_argument, NULL, 'c'},
-                                        {"help", no_argument, NULL, 'h'}, {0}};
   const char *cache_opt = NULL;
   bool as_json = false, ok = true;
   int c;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "jc:h", lopts, NULL)) != -1) {
-    switch (c) {
-    case 'j': as_json = true; break;
-    case 'c': cache_opt = optarg; break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
-    }
-  }
-  if (!kex_cli_no_operand("doctor", argc, argv)) return 2;
+  const kex_cli_opt opts[] = {{"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"cache", 'c', KEX_CLI_STR, &cache_opt},
+                              {0}};
+  if ((c = kex_cli_args("doctor", opts, NULL, NULL, argc, argv, usage)) >= 0) return c;
   json_t *doc = json_pack("{s:s}", "version", kex_cli_version());
   if (!as_json) printf("kex %s\n\n", kex_cli_version());
 #ifdef KEX_HAVE_RUN

@@ -221,31 +221,21 @@ static void print_bufs(const uint32_t *v, size_t n) {
 }
 
 static int cmd_plan(remote *r, int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},       {"job", required_argument, NULL, 'J'},
-                                       {"device", required_argument, NULL, 'd'}, {"source", no_argument, NULL, 's'},
-                                       {"help", no_argument, NULL, 'h'},       {0}};
   const char *job = NULL, *device = NULL;
   bool as_json = false;
   int c, ret = 0;
   kex_status st;
   kex_plan *p = NULL;
   char *text = NULL;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "jd:h", opts, NULL)) != -1) {
-    switch (c) {
-    case 'j': as_json = true; break;
-    case 'J': job = optarg; break;
-    case 'd': device = optarg; break;
-    case 's':
-      fprintf(stderr, "kex plan: --source is in-process only (the Plan reply carries no source)\n");
-      return 2;
-    case 'h': remote_usage(stdout); return 0;
-    default: remote_usage(stderr); return 2;
-    }
-  }
-  if (!kex_cli_one_operand("plan", "graph file", argc, argv, NULL)) return 2;
-  if (!(text = kex_cli_read_graph("plan", argv[optind]))) return 2;
-  if ((ret = prepare_graph("plan", argv[optind], &text, device, 1))) goto out;
+  const kex_cli_opt opts[] = {{"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"job", 0, KEX_CLI_STR, &job},
+                              {"device", 'd', KEX_CLI_STR, &device},
+                              {"source", 's', KEX_CLI_LOCAL, NULL, 0, 0, "the Plan reply carries no source"},
+                              {0}};
+  const char *path = NULL;
+  if ((c = kex_cli_args("plan", opts, "graph file", &path, argc, argv, remote_usage)) >= 0) return c;
+  if (!(text = kex_cli_read_graph("plan", path))) return 2;
+  if ((ret = prepare_graph("plan", path, &text, device, 1))) goto out;
   if ((ret = kex_cli_remote_open(r, "plan", job, true))) goto out;
   if (kex_plan_graph(r->client, r->job, text, &p, &st)) {
     ret = fail("plan", &st);
@@ -473,49 +463,28 @@ static int report_text(const kex_result *res, const kex_array *bufs, bool check,
 }
 
 static int cmd_run(remote *r, int argc, char **argv) {
-  static const struct option opts[] = {{"json", no_argument, NULL, 'j'},          {"job", required_argument, NULL, 'J'},
-                                       {"out", required_argument, NULL, 'o'},     {"beam", required_argument, NULL, 'b'},
-                                       {"timeout", required_argument, NULL, 't'}, {"device", required_argument, NULL, 'd'},
-                                       {"repeat", required_argument, NULL, 'r'},  {"check", no_argument, NULL, 'c'},
-                                       {"source", no_argument, NULL, 's'},        {"help", no_argument, NULL, 'h'},
-                                       {"trace", required_argument, NULL, 'T'},   {0}};
   const char *job = NULL, *outdir = NULL, *device = NULL, *trace_path = NULL;
   bool as_json = false, check = false;
-  int c, ret = 0, beam = 0, repeat = 1;
+  int c, ret = 0;
+  long long beam = 0, repeat = 1;
   double timeout = 0;
   kex_status st;
   kex_result *res = NULL;
   kex_array *bufs = NULL;
   kex_cli_case kc = {0};
   char *text = NULL;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "jo:b:t:d:r:h", opts, NULL)) != -1) {
-    switch (c) {
-    case 'j': as_json = true; break;
-    case 'J': job = optarg; break;
-    case 'o': outdir = optarg; break;
-    case 'b': beam = atoi(optarg); break;
-    case 't': timeout = atof(optarg); break;
-    case 'd': device = optarg; break;
-    case 'r': repeat = atoi(optarg); break;
-    case 'c': check = true; break;
-    case 'T': trace_path = optarg; break;
-    case 's':
-      fprintf(stderr, "kex run: --source is in-process only (the Submit reply carries no source; kex cache show "
-                      "has a tuned kernel's)\n");
-      return 2;
-    case 'h': remote_usage(stdout); return 0;
-    default: remote_usage(stderr); return 2;
-    }
-  }
-  if (beam < 0 || beam > 64 || timeout < 0) {
-    fprintf(stderr, "kex run: --beam must be in [0, 64] and --timeout >= 0\n");
-    return 2;
-  }
-  if (repeat < 1 || repeat > REMOTE_REPEAT_MAX) {
-    fprintf(stderr, "kex run: --repeat must be between 1 and %d\n", REMOTE_REPEAT_MAX);
-    return 2;
-  }
+  const kex_cli_opt opts[] = {{"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"job", 0, KEX_CLI_STR, &job},
+                              {"out", 'o', KEX_CLI_STR, &outdir},
+                              {"beam", 'b', KEX_CLI_INT, &beam, 0, 64},
+                              {"timeout", 't', KEX_CLI_NUM, &timeout, 0, 1e9},
+                              {"device", 'd', KEX_CLI_STR, &device},
+                              {"repeat", 'r', KEX_CLI_INT, &repeat, 1, REMOTE_REPEAT_MAX},
+                              {"check", 0, KEX_CLI_FLAG, &check},
+                              {"trace", 0, KEX_CLI_STR, &trace_path},
+                              {"source", 's', KEX_CLI_LOCAL, NULL, 0, 0, "the Submit reply carries no source; kex cache show has a tuned kernel's"},
+                              {0}};
+  if ((c = kex_cli_options("run", opts, argc, argv, remote_usage)) >= 0) return c;
   const char *path = kex_cli_one_operand("run", check ? "case file" : "graph file", argc, argv, NULL);
   if (!path) return 2;
   if (check) {
@@ -626,23 +595,15 @@ static int cmd_devices(remote *r, int argc, char **argv) {
 }
 
 static int cmd_stats(remote *r, int argc, char **argv) {
-  static const struct option opts[] = {
-      {"json", no_argument, NULL, 'j'}, {"job", required_argument, NULL, 'J'}, {"help", no_argument, NULL, 'h'}, {0}};
   const char *job = getenv("KEX_JOB");
   bool as_json = false;
   kex_stats *s = NULL;
   kex_status st;
   int c, ret;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
-    switch (c) {
-    case 'j': as_json = true; break;
-    case 'J': job = optarg; break;
-    case 'h': remote_usage(stdout); return 0;
-    default: remote_usage(stderr); return 2;
-    }
-  }
-  if (!kex_cli_no_operand("stats", argc, argv)) return 2;
+  const kex_cli_opt opts[] = {{"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"job", 0, KEX_CLI_STR, &job},
+                              {0}};
+  if ((c = kex_cli_args("stats", opts, NULL, NULL, argc, argv, remote_usage)) >= 0) return c;
   if ((ret = kex_cli_remote_open(r, "stats", NULL, false))) return ret;
   if (kex_get_stats(r->client, job, &s, &st)) return fail("stats", &st);
   char started[KEX_CLI_ISO8601_MAX];
@@ -737,33 +698,24 @@ static int cmd_stats(remote *r, int argc, char **argv) {
 /* ---- upload, download ---- */
 
 static int cmd_upload(remote *r, int argc, char **argv) {
-  static const struct option opts[] = {{"job", required_argument, NULL, 'J'},
-                                       {"device", required_argument, NULL, 'd'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {0}};
   const char *job = NULL, *device = NULL;
   char handle[KEX_TOKEN_MAX];
   kex_status st;
   int c, ret;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "d:h", opts, NULL)) != -1) {
-    switch (c) {
-    case 'J': job = optarg; break;
-    case 'd': device = optarg; break;
-    case 'h': remote_usage(stdout); return 0;
-    default: remote_usage(stderr); return 2;
-    }
-  }
-  if (!kex_cli_one_operand("upload", ".npy file", argc, argv, NULL)) return 2;
-  if (access(argv[optind], R_OK) != 0) {
-    fprintf(stderr, "kex upload: %s: cannot read\n", argv[optind]);
+  const kex_cli_opt opts[] = {{"job", 0, KEX_CLI_STR, &job},
+                              {"device", 'd', KEX_CLI_STR, &device},
+                              {0}};
+  const char *path = NULL;
+  if ((c = kex_cli_args("upload", opts, ".npy file", &path, argc, argv, remote_usage)) >= 0) return c;
+  if (access(path, R_OK) != 0) {
+    fprintf(stderr, "kex upload: %s: cannot read\n", path);
     return 2;
   }
   if ((ret = kex_cli_remote_open(r, "upload", job, true))) goto out;
   if (r->temp_job)
     fprintf(stderr, "kex upload: no --job or KEX_JOB: the buffer lives in a temporary job that closes now "
                     "(kex job open makes one that stays)\n");
-  if (kex_upload_npy(r->client, r->job, argv[optind], device, handle, &st)) {
+  if (kex_upload_npy(r->client, r->job, path, device, handle, &st)) {
     ret = fail("upload", &st);
     goto out;
   }
@@ -774,26 +726,17 @@ out:
 }
 
 static int cmd_download(remote *r, int argc, char **argv) {
-  static const struct option opts[] = {{"job", required_argument, NULL, 'J'},
-                                       {"out", required_argument, NULL, 'o'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {0}};
   const char *job = NULL, *out = NULL;
   kex_array b = {0};
   kex_status st;
   int c, ret;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
-    switch (c) {
-    case 'J': job = optarg; break;
-    case 'o': out = optarg; break;
-    case 'h': remote_usage(stdout); return 0;
-    default: remote_usage(stderr); return 2;
-    }
-  }
-  if (!kex_cli_one_operand("download", "buffer handle", argc, argv, NULL)) return 2;
+  const kex_cli_opt opts[] = {{"job", 0, KEX_CLI_STR, &job},
+                              {"out", 'o', KEX_CLI_STR, &out},
+                              {0}};
+  const char *handle = NULL;
+  if ((c = kex_cli_args("download", opts, "buffer handle", &handle, argc, argv, remote_usage)) >= 0) return c;
   if ((ret = kex_cli_remote_open(r, "download", job, true))) goto done;
-  if (kex_download(r->client, r->job, argv[optind], &b, &st)) {
+  if (kex_download(r->client, r->job, handle, &b, &st)) {
     ret = fail("download", &st);
     goto done;
   }
@@ -811,13 +754,6 @@ done:
 /* ---- job ---- */
 
 static int cmd_job(remote *r, int argc, char **argv) {
-  static const struct option opts[] = {{"name", required_argument, NULL, 'n'},
-                                       {"weight", required_argument, NULL, 'w'},
-                                       {"memory-limit", required_argument, NULL, 'm'},
-                                       {"json", no_argument, NULL, 'j'},
-                                       {"job", required_argument, NULL, 'J'},
-                                       {"help", no_argument, NULL, 'h'},
-                                       {0}};
   const char *name = "kex-cli", *job = getenv("KEX_JOB");
   long long weight = 0, mem = 0;
   bool as_json = false;
@@ -832,22 +768,13 @@ static int cmd_job(remote *r, int argc, char **argv) {
     return 2;
   }
   bool open = strcmp(argv[1], "open") == 0;
-  optind = 1;
-  while ((c = getopt_long(argc - 1, argv + 1, "n:w:m:jh", opts, NULL)) != -1) {
-    switch (c) {
-    case 'n': name = optarg; break;
-    case 'w': weight = atoll(optarg); break;
-    case 'm': mem = atoll(optarg); break;
-    case 'j': as_json = true; break;
-    case 'J': job = optarg; break;
-    case 'h': remote_usage(stdout); return 0;
-    default: remote_usage(stderr); return 2;
-    }
-  }
-  if (weight < 0 || weight > UINT32_MAX || mem < 0) {
-    fprintf(stderr, "kex job open: --weight and --memory-limit must be non-negative\n");
-    return 2;
-  }
+  const kex_cli_opt opts[] = {{"name", 'n', KEX_CLI_STR, &name},
+                              {"weight", 'w', KEX_CLI_INT, &weight, 0, UINT32_MAX},
+                              {"memory-limit", 'm', KEX_CLI_INT, &mem, 0, 9.2e18},
+                              {"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"job", 0, KEX_CLI_STR, &job},
+                              {0}};
+  if ((c = kex_cli_options("job", opts, argc - 1, argv + 1, remote_usage)) >= 0) return c;
   if (!open && optind < argc - 1) job = argv[1 + optind];
   if (!open && (!job || !*job)) {
     fprintf(stderr, "kex job close: which job? (TOKEN, --job or KEX_JOB)\n");

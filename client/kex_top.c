@@ -245,36 +245,20 @@ static void top_usage(FILE *f) {
 }
 
 int kex_remote_cmd_top(kex_cli_remote *r, int argc, char **argv) {
-  static const struct option lopts[] = {{"once", no_argument, NULL, '1'},       {"json", no_argument, NULL, 'j'},
-                                        {"interval", required_argument, NULL, 'i'}, {"job", required_argument, NULL, 'J'},
-                                        {"help", no_argument, NULL, 'h'},       {0}};
   bool once = false, as_json = false, tty = false, keys = false;
   double interval = 1.0;
   const char *job = NULL;
-  char *end = NULL;
   top_sample a = {0}, b = {0}, *prev = &a, *cur = &b;
   struct termios saved;
   struct sigaction sa, old_int, old_term;
   kex_status st;
   int c, ret = 0;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "jh", lopts, NULL)) != -1) {
-    switch (c) {
-    case '1': once = true; break;
-    case 'j': as_json = true; break;
-    case 'i':
-      interval = strtod(optarg, &end);
-      if (end == optarg || *end || !(interval >= 0 && interval <= TOP_INTERVAL_MAX)) {
-        fprintf(stderr, "kex top: --interval must be seconds in [0, %g], not '%s'\n", TOP_INTERVAL_MAX, optarg);
-        return 2;
-      }
-      break;
-    case 'J': job = optarg; break;
-    case 'h': top_usage(stdout); return 0;
-    default: top_usage(stderr); return 2;
-    }
-  }
-  if (!kex_cli_no_operand("top", argc, argv)) return 2;
+  const kex_cli_opt opts[] = {{"once", 0, KEX_CLI_FLAG, &once},
+                              {"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"interval", 0, KEX_CLI_NUM, &interval, 0, TOP_INTERVAL_MAX},
+                              {"job", 0, KEX_CLI_STR, &job},
+                              {0}};
+  if ((c = kex_cli_args("top", opts, NULL, NULL, argc, argv, top_usage)) >= 0) return c;
   if (!once && interval <= 0) {
     fprintf(stderr, "kex top: --interval must be > 0 without --once\n");
     return 2;

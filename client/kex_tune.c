@@ -23,6 +23,7 @@
  */
 #if defined(KEX_HAVE_RUN) || defined(KEX_HAVE_LIBKEX)
 #include <getopt.h>
+#include <limits.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
@@ -208,34 +209,20 @@ static void tune_usage(FILE *f) {
 }
 
 int kex_cmd_tune(int argc, char **argv) {
-  static const struct option lopts[] = {{"device", required_argument, NULL, 'd'}, {"beam", required_argument, NULL, 'b'},
-                                        {"json", no_argument, NULL, 'j'},        {"cache", required_argument, NULL, 'c'},
-                                        {"no-cache", no_argument, NULL, 'n'},    {"max-candidates", required_argument, NULL, 'm'},
-                                        {"max-rounds", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
-                                        {0}};
   const char *device = "opencl", *cache_path = NULL;
   bool as_json = false, no_cache = false;
-  int beam = 2, max_cand = -1, max_rounds = 0, c;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "d:b:jc:nm:r:h", lopts, NULL)) != -1) {
-    switch (c) {
-    case 'd': device = optarg; break;
-    case 'b': beam = atoi(optarg); break;
-    case 'j': as_json = true; break;
-    case 'c': cache_path = optarg; break;
-    case 'n': no_cache = true; break;
-    case 'm': max_cand = atoi(optarg); break;
-    case 'r': max_rounds = atoi(optarg); break;
-    case 'h': tune_usage(stdout); return 0;
-    default: tune_usage(stderr); return 2;
-    }
-  }
-  if (beam < 1 || beam > KEX_BEAM_MAX_WIDTH || max_rounds < 0 || optind != argc - 1) {
-    fprintf(stderr, "kex tune: need one graph file and --beam in 1..%d\n", KEX_BEAM_MAX_WIDTH);
-    tune_usage(stderr);
-    return 2;
-  }
-  const char *path = argv[optind];
+  long long beam = 2, max_cand = -1, max_rounds = 0;
+  int c;
+  const kex_cli_opt opts[] = {{"device", 'd', KEX_CLI_STR, &device},
+                              {"beam", 'b', KEX_CLI_INT, &beam, 1, KEX_BEAM_MAX_WIDTH},
+                              {"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"cache", 'c', KEX_CLI_STR, &cache_path},
+                              {"no-cache", 'n', KEX_CLI_FLAG, &no_cache},
+                              {"max-candidates", 'm', KEX_CLI_INT, &max_cand, -1, INT_MAX},
+                              {"max-rounds", 'r', KEX_CLI_INT, &max_rounds, 0, INT_MAX},
+                              {0}};
+  const char *path = NULL;
+  if ((c = kex_cli_args("tune", opts, "graph file", &path, argc, argv, tune_usage)) >= 0) return c;
   kex_error err = {0};
   kex_graph *g = NULL;
   kex_device *dev = NULL;
@@ -347,44 +334,27 @@ static void remote_tune_usage(FILE *f) {
 }
 
 int kex_remote_cmd_tune(kex_cli_remote *r, int argc, char **argv) {
-  static const struct option lopts[] = {{"device", required_argument, NULL, 'd'},  {"beam", required_argument, NULL, 'b'},
-                                        {"json", no_argument, NULL, 'j'},         {"timeout", required_argument, NULL, 't'},
-                                        {"job", required_argument, NULL, 'J'},    {"cache", required_argument, NULL, 'c'},
-                                        {"no-cache", no_argument, NULL, 'n'},     {"max-candidates", required_argument, NULL, 'm'},
-                                        {"max-rounds", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
-                                        {0}};
   const char *device = NULL, *job = NULL;
   bool as_json = false;
-  int beam = 2, c, ret = 0;
+  long long beam = 2;
+  int c, ret = 0;
   double timeout = 0;
   char *text = NULL;
   kex_tune_result *res = NULL;
   kex_status st;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "d:b:jt:h", lopts, NULL)) != -1) {
-    switch (c) {
-    case 'd': device = optarg; break;
-    case 'b': beam = atoi(optarg); break;
-    case 'j': as_json = true; break;
-    case 't': timeout = atof(optarg); break;
-    case 'J': job = optarg; break;
-    case 'c':
-    case 'n':
-    case 'm':
-    case 'r':
-      fprintf(stderr, "kex tune: --cache, --no-cache, --max-candidates and --max-rounds are in-process only "
-                      "(the server uses its own cache and limits)\n");
-      return 2;
-    case 'h': remote_tune_usage(stdout); return 0;
-    default: remote_tune_usage(stderr); return 2;
-    }
-  }
-  if (beam < 1 || beam > TUNE_MAX_WIDTH || timeout < 0 || optind != argc - 1) {
-    fprintf(stderr, "kex tune: need one graph file, --beam in 1..%d and --timeout >= 0\n", TUNE_MAX_WIDTH);
-    remote_tune_usage(stderr);
-    return 2;
-  }
-  if (!(text = kex_cli_read_graph("tune", argv[optind]))) return 2;
+  const kex_cli_opt opts[] = {{"device", 'd', KEX_CLI_STR, &device},
+                              {"beam", 'b', KEX_CLI_INT, &beam, 1, TUNE_MAX_WIDTH},
+                              {"json", 'j', KEX_CLI_FLAG, &as_json},
+                              {"timeout", 't', KEX_CLI_NUM, &timeout, 0, 1e9},
+                              {"job", 0, KEX_CLI_STR, &job},
+                              {"cache", 'c', KEX_CLI_LOCAL_ARG, NULL, 0, 0, "the server uses its own cache and limits"},
+                              {"no-cache", 'n', KEX_CLI_LOCAL, NULL, 0, 0, "the server uses its own cache and limits"},
+                              {"max-candidates", 'm', KEX_CLI_LOCAL_ARG, NULL, 0, 0, "the server uses its own cache and limits"},
+                              {"max-rounds", 'r', KEX_CLI_LOCAL_ARG, NULL, 0, 0, "the server uses its own cache and limits"},
+                              {0}};
+  const char *path = NULL;
+  if ((c = kex_cli_args("tune", opts, "graph file", &path, argc, argv, remote_tune_usage)) >= 0) return c;
+  if (!(text = kex_cli_read_graph("tune", path))) return 2;
   if ((ret = kex_cli_remote_open(r, "tune", job, true))) goto out;
   remote_tune rt = {.arr = as_json ? json_array() : NULL};
   progress_init(&rt.tp, 0);

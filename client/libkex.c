@@ -36,6 +36,7 @@
 #include "core/npy.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kex/v1/kex.pb-c.h"
+#include "proto/pballoc.h"
 
 #define CLIENT_DEFAULT_TIMEOUT_S 60.0
 #define CLIENT_DEFAULT_MAX_MESSAGE (64 << 20)
@@ -137,20 +138,6 @@ const char *kex_grpc_status_name(int s) {
                                       "UNAUTHENTICATED"};
   return s >= 0 && s < (int)(sizeof names / sizeof names[0]) ? names[s] : "UNKNOWN";
 }
-
-/* ---- protobuf-c through kex_malloc ---- */
-
-static void *pb_alloc(void *ud, size_t size) {
-  (void)ud;
-  return kex_malloc(size);
-}
-
-static void pb_free(void *ud, void *p) {
-  (void)ud;
-  kex_free(p);
-}
-
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
 /* ---- connect ---- */
 
@@ -392,7 +379,7 @@ static ProtobufCMessage *unpack(rpc *r, grpc_byte_buffer *bb, const ProtobufCMes
     status_set(st, KEX_ECORRUPT, 0, "%s: unreadable reply", r->name);
   } else {
     grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
-    m = protobuf_c_message_unpack(desc, &pb_allocator, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    m = protobuf_c_message_unpack(desc, &kex_pb_allocator, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     if (!m) status_set(st, KEX_ECORRUPT, 0, "%s: the reply is not a valid %s (%zu bytes)", r->name, desc->name,
                        (size_t)GRPC_SLICE_LENGTH(s));
     grpc_slice_unref(s);
@@ -471,7 +458,7 @@ static int unary(kex_client *c, int method, const ProtobufCMessage *req, const P
   rc = rpc_end(&r, st);
   if (!rc && !*reply) rc = status_set(st, KEX_ECORRUPT, 0, "%s: the server sent OK without a reply", r.name);
   if (rc && *reply) {
-    protobuf_c_message_free_unpacked(*reply, &pb_allocator);
+    protobuf_c_message_free_unpacked(*reply, &kex_pb_allocator);
     *reply = NULL;
   }
   if (!rc) status_ok(st);
@@ -479,7 +466,7 @@ static int unary(kex_client *c, int method, const ProtobufCMessage *req, const P
 }
 
 static void free_msg(void *m) {
-  if (m) protobuf_c_message_free_unpacked(m, &pb_allocator);
+  if (m) protobuf_c_message_free_unpacked(m, &kex_pb_allocator);
 }
 
 /* ---- jobs ---- */
@@ -1035,62 +1022,36 @@ out:
 
 static char *dupstr(const char *s) { return kex_strdup(s ? s : ""); }
 
-static uint32_t *dup_u32(const uint32_t *v, size_t n) {
-  uint32_t *d = kex_malloc((n ? n : 1) * sizeof *d);
-  if (d && n) memcpy(d, v, n * sizeof *d);
-  return d;
-}
-
 void kex_plan_free(kex_plan *p) {
   if (!p) return;
-  for (size_t i = 0; i < p->nitems; i++) {
-    kex_plan_item *it = &p->items[i];
-    kex_free(it->kind);
-    kex_free(it->label);
-    kex_free(it->outputs);
-    kex_free(it->inputs);
-    kex_free(it->planned);
-    for (size_t j = 0; j < it->nast; j++) kex_free(it->ast[j]);
-    kex_free(it->ast);
-  }
   kex_free(p->items);
+  free_msg(p->reply_);
   kex_free(p);
 }
 
-static int plan_copy(const Kex__V1__PlanReply *rep, kex_plan **out) {
+/* The plan takes the reply: its items point into it (kex_plan_free frees both). */
+static int plan_take(Kex__V1__PlanReply *rep, kex_plan **out) {
   kex_plan *p = kex_calloc(1, sizeof *p);
-  if (!p) return KEX_ENOMEM;
+  if (!p || !(p->items = kex_calloc(rep->n_items ? rep->n_items : 1, sizeof *p->items))) {
+    kex_free(p);
+    return KEX_ENOMEM;
+  }
+  p->reply_ = rep;
   p->kernels = rep->kernels;
   p->schedule_us = rep->schedule_us;
   p->intermediate_buffers = rep->intermediate_buffers;
   p->planned_buffers = rep->planned_buffers;
   p->bytes_before = rep->bytes_before;
   p->bytes_after = rep->bytes_after;
-  if (!(p->items = kex_calloc(rep->n_items ? rep->n_items : 1, sizeof *p->items))) goto nomem;
+  p->nitems = rep->n_items;
   for (size_t i = 0; i < rep->n_items; i++) {
     const Kex__V1__PlanItem *src = rep->items[i];
-    kex_plan_item *it = &p->items[i];
-    p->nitems = i + 1;
-    it->kind = dupstr(src->kind);
-    it->label = dupstr(src->label);
-    it->outputs = dup_u32(src->outputs, src->n_outputs);
-    it->inputs = dup_u32(src->inputs, src->n_inputs);
-    it->planned = dup_u32(src->planned, src->n_planned);
-    it->noutputs = src->n_outputs;
-    it->ninputs = src->n_inputs;
-    it->nplanned = src->n_planned;
-    it->ast = kex_calloc(src->n_ast ? src->n_ast : 1, sizeof *it->ast);
-    if (!it->kind || !it->label || !it->outputs || !it->inputs || !it->planned || !it->ast) goto nomem;
-    for (size_t j = 0; j < src->n_ast; j++) {
-      it->nast = j + 1;
-      if (!(it->ast[j] = dupstr(src->ast[j]))) goto nomem;
-    }
+    p->items[i] = (kex_plan_item){src->kind,        src->label,       src->outputs,   src->inputs,
+                                  src->planned,     src->n_outputs,   src->n_inputs,  src->n_planned,
+                                  src->ast,         src->n_ast};
   }
   *out = p;
   return 0;
-nomem:
-  kex_plan_free(p);
-  return KEX_ENOMEM;
 }
 
 int kex_plan_graph(kex_client *c, const char *job, const char *graph_json, kex_plan **out, kex_status *st) {
@@ -1105,7 +1066,8 @@ int kex_plan_graph(kex_client *c, const char *job, const char *graph_json, kex_p
   req.job = (char *)(job ? job : "");
   req.graph = &g;
   if ((rc = unary(c, M_PLAN, &req.base, &kex__v1__plan_reply__descriptor, (ProtobufCMessage **)&rep, st))) goto out;
-  if ((rc = plan_copy(rep, out))) status_set(st, rc, 0, "Plan: out of memory copying the reply");
+  if ((rc = plan_take(rep, out))) status_set(st, rc, 0, "Plan: out of memory");
+  else rep = NULL;
 out:
   free_msg(rep);
   kex_arena_destroy(&arena);
@@ -1209,9 +1171,10 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
     case KEX__V1__SUBMIT_EVENT__EVENT_RUNNING: {
       bool comp = ev->event_case == KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
       e.kind = comp ? KEX_EVENT_COMPILING : KEX_EVENT_RUNNING;
-      e.i = comp ? ev->compiling->i : ev->running->i;
-      e.n = comp ? ev->compiling->n : ev->running->n;
-      e.kernel = comp ? ev->compiling->kernel : ev->running->kernel;
+      const Kex__V1__KernelEvent *k = comp ? ev->compiling : ev->running;
+      e.i = k->i;
+      e.n = k->n;
+      e.kernel = k->kernel;
       if (cb) cb(&e, ud);
       break;
     }

@@ -145,6 +145,7 @@ typedef struct kex_plan {
   size_t nitems;
   uint32_t intermediate_buffers, planned_buffers;
   int64_t bytes_before, bytes_after;
+  void *reply_;                 /* private: the decoded reply the items' strings and arrays point into */
 } kex_plan;
 
 /* Schedule a graph (JSON text) without running it.  *out is owned by the caller (kex_plan_free). */

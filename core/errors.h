@@ -13,6 +13,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h> /* KEX_VFORMAT */
 
 /* gRPC status codes (grpc/status.h values), so core/ needs no gRPC header. */
 enum {
@@ -81,6 +82,18 @@ int kex_err_grpc_status(int code);
  * Fill *err (which may be NULL) with code and a printf-style message and
  * return code, so a failing function can `return kex_err_set(err, ...)`.
  */
+/*
+ * In a variadic function whose last named parameter is fmt: format fmt and
+ * the arguments after it into the char array buf (truncated to its size).
+ */
+#define KEX_VFORMAT(buf, fmt)              \
+  do {                                     \
+    va_list kex_ap_;                       \
+    va_start(kex_ap_, fmt);                \
+    vsnprintf(buf, sizeof(buf), fmt, kex_ap_); \
+    va_end(kex_ap_);                       \
+  } while (0)
+
 int kex_err_set(kex_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int kex_err_vset(kex_error *err, int code, const char *fmt, va_list ap);

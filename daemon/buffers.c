@@ -59,10 +59,7 @@ static void upload_free(upload *u) {
 static void upload_fail(upload *u, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void upload_fail(upload *u, int status, const char *fmt, ...) {
   char msg[KEX_ERROR_MSG_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  KEX_VFORMAT(msg, fmt);
   u->d->upload_errors++;
   kex_log(KEX_LOG_INFO, u->job ? u->log_id : NULL, 0, "Upload refused: %s", msg);
   kexd_call_finish(u->call, status, msg, NULL);
@@ -405,30 +402,26 @@ static void download_next(void *owner) {
 
 static const kexd_stream_ops download_ops = {"Download", NULL, download_next, NULL, download_release};
 
-void kexd_rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__DownloadRequest *m =
-      (Kex__V1__DownloadRequest *)kexd_rpc_decode(d, c, &kex__v1__download_request__descriptor, req, len);
-  kexd_job *job;
+void kexd_rpc_download(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__DownloadRequest *m = rq->msg;
+  kexd_job *job = rq->job;
   kexd_buffer *b;
   download *dl;
   size_t max_chunk = KEXD_DOWNLOAD_CHUNK;
-  if (!m) return;
-  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
   if (m->chunk_bytes && m->chunk_bytes < d->cfg.download_chunk_min) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                     "Download: chunk_bytes %u is under the server's minimum of %u bytes (--download-chunk-min; 0 "
                     "asks for the default)",
                     m->chunk_bytes, d->cfg.download_chunk_min);
-    goto out;
+    return;
   }
   if (!(b = kexd_job_find_buffer(job, m->handle))) {
     kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "Download: job '%s' holds no buffer \"%.40s\"", job->name, m->handle);
-    goto out;
+    return;
   }
   if (!(dl = kex_calloc(1, sizeof *dl))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Download: out of memory");
-    goto out;
+    return;
   }
   /* room for the chunk's other fields under --max-message */
   if (d->cfg.max_message > 8192 && (size_t)d->cfg.max_message - 4096 < max_chunk) max_chunk = (size_t)d->cfg.max_message - 4096;
@@ -439,26 +432,19 @@ void kexd_rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   kexd_buffer_ref(b);
   kexd_stream_start(&dl->st, d->streams, c, &download_ops, dl);
   kexd_stream_pump(&dl->st);
-out:
-  kexd_rpc_free_msg(&m->base);
 }
 
-void kexd_rpc_free(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__FreeRequest *m = (Kex__V1__FreeRequest *)kexd_rpc_decode(d, c, &kex__v1__free_request__descriptor, req, len);
+void kexd_rpc_free(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__FreeRequest *m = rq->msg;
   Kex__V1__FreeReply r = KEX__V1__FREE_REPLY__INIT;
-  kexd_job *job;
-  if (!m) return;
-  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
+  kexd_job *job = rq->job;
   for (size_t i = 0; i < m->n_handles; i++) /* all or nothing: check every handle first */
     if (!kexd_job_find_buffer(job, m->handles[i])) {
       kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "Free: job '%s' holds no buffer \"%.40s\" (handle %zu); nothing freed",
                       job->name, m->handles[i], i);
-      goto out;
+      return;
     }
   for (size_t i = 0; i < m->n_handles; i++)
     if (kexd_job_free_buffer(&d->jobs, job, m->handles[i]) == 0) r.freed++; /* a repeated handle counts once */
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
-out:
-  kexd_rpc_free_msg(&m->base);
 }

@@ -446,6 +446,13 @@ static cache_req *creq_new(kexd *d, kexd_call *c, cache_op op, ProtobufCMessage 
   return q;
 }
 
+/* A unary method's state; it takes the request from the method table (freed with the state). */
+static cache_req *creq_take(kexd *d, kexd_call *c, kexd_req *rq, cache_op op) {
+  ProtobufCMessage *m = rq->msg;
+  rq->msg = NULL;
+  return creq_new(d, c, op, m);
+}
+
 /* The filter's fields (pointing into the request); INVALID_ARGUMENT for a bad one.  0 or -1 (call ended). */
 static int take_filter(cache_req *q, const Kex__V1__CacheFilter *f) {
   if (!f) return 0;
@@ -467,19 +474,15 @@ static int take_filter(cache_req *q, const Kex__V1__CacheFilter *f) {
   return 0;
 }
 
-void kexd_rpc_list_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__ListCacheRequest *m =
-      (Kex__V1__ListCacheRequest *)kexd_rpc_decode(d, c, &kex__v1__list_cache_request__descriptor, req, len);
+void kexd_rpc_list_cache(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__ListCacheRequest *m = rq->msg;
   cache_req *q;
-  if (!m) return;
-  if (!kexd_rpc_need_job(d, c, m->job)) return kexd_rpc_free_msg(&m->base);
   if (m->limit > CACHE_LIST_MAX) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "ListCache: limit %u is more than %d (0 means %d)", m->limit,
                     CACHE_LIST_MAX, CACHE_LIST_DEFAULT);
-    return kexd_rpc_free_msg(&m->base);
+    return;
   }
-  if (!(q = creq_new(d, c, OP_LIST, &m->base))) return;
+  if (!(q = creq_take(d, c, rq, OP_LIST))) return;
   if (take_filter(q, m->filter) < 0) return;
   q->limit = m->limit ? m->limit : CACHE_LIST_DEFAULT;
   if (*m->page_token) {
@@ -509,43 +512,31 @@ void kexd_rpc_list_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud)
   creq_start(q);
 }
 
-void kexd_rpc_get_cache_entry(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__GetCacheEntryRequest *m =
-      (Kex__V1__GetCacheEntryRequest *)kexd_rpc_decode(d, c, &kex__v1__get_cache_entry_request__descriptor, req, len);
+void kexd_rpc_get_cache_entry(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__GetCacheEntryRequest *m = rq->msg;
   cache_req *q;
   uint8_t key[KEX_AST_KEY_BYTES];
-  if (!m) return;
-  if (!kexd_rpc_need_job(d, c, m->job)) return kexd_rpc_free_msg(&m->base);
   if (strlen(m->key) != 2 * KEX_AST_KEY_BYTES || kex_unhex(m->key, key, sizeof key) < 0) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "GetCacheEntry: key \"%.80s\" is not 64 hex digits", m->key);
-    return kexd_rpc_free_msg(&m->base);
+    return;
   }
-  if ((q = creq_new(d, c, OP_GET, &m->base))) creq_start(q);
+  if ((q = creq_take(d, c, rq, OP_GET))) creq_start(q);
 }
 
-/* Export and Delete: the job, then the filter, then the work (the call ends on the first that fails). */
-static void creq_start_filtered(kexd *d, kexd_call *c, cache_op op, const char *job, ProtobufCMessage *msg,
-                                const Kex__V1__CacheFilter *f) {
+/* Export and Delete: the filter, then the work (the call ends on the first that fails). */
+static void creq_start_filtered(kexd *d, kexd_call *c, kexd_req *rq, cache_op op, const Kex__V1__CacheFilter *f) {
   cache_req *q;
-  if (!kexd_rpc_need_job(d, c, job)) return kexd_rpc_free_msg(msg);
-  if (!(q = creq_new(d, c, op, msg))) return;
+  if (!(q = creq_take(d, c, rq, op))) return;
   if (take_filter(q, f) < 0) return;
   creq_start(q);
 }
 
-void kexd_rpc_export_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__ExportCacheRequest *m =
-      (Kex__V1__ExportCacheRequest *)kexd_rpc_decode(d, c, &kex__v1__export_cache_request__descriptor, req, len);
-  if (m) creq_start_filtered(d, c, OP_EXPORT, m->job, &m->base, m->filter);
+void kexd_rpc_export_cache(kexd *d, kexd_call *c, kexd_req *rq) {
+  creq_start_filtered(d, c, rq, OP_EXPORT, ((Kex__V1__ExportCacheRequest *)rq->msg)->filter);
 }
 
-void kexd_rpc_delete_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__DeleteCacheRequest *m =
-      (Kex__V1__DeleteCacheRequest *)kexd_rpc_decode(d, c, &kex__v1__delete_cache_request__descriptor, req, len);
-  if (m) creq_start_filtered(d, c, OP_DELETE, m->job, &m->base, m->filter);
+void kexd_rpc_delete_cache(kexd *d, kexd_call *c, kexd_req *rq) {
+  creq_start_filtered(d, c, rq, OP_DELETE, ((Kex__V1__DeleteCacheRequest *)rq->msg)->filter);
 }
 
 /* The call was finished by kexd_rpc_decode or kexd_rpc_need_job: the stream is over too. */

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "daemon/accept_guard.h"
 #include "daemon/rpc.h"
+#include "daemon/stream.h"
 #include "grpc/health/v1/health.pb-c.h"
 #ifdef KEXD_HAVE_DEVICES
 #include "devices/device.h"
@@ -28,12 +29,9 @@ static bool health_known(const char *service) {
   return !*service || strcmp(service, RPC_SERVICE) == 0 || strcmp(service, RPC_HEALTH_SERVICE) == 0;
 }
 
-void kexd_rpc_health_check(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Grpc__Health__V1__HealthCheckRequest *m =
-      (Grpc__Health__V1__HealthCheckRequest *)kexd_rpc_decode(d, c, &grpc__health__v1__health_check_request__descriptor, req, len);
+void kexd_rpc_health_check(kexd *d, kexd_call *c, kexd_req *rq) {
+  Grpc__Health__V1__HealthCheckRequest *m = rq->msg;
   Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-  if (!m) return;
   if (!health_known(m->service)) {
     kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "unknown service \"%s\"", m->service);
   } else {
@@ -41,80 +39,57 @@ void kexd_rpc_health_check(kexd_call *c, const uint8_t *req, size_t len, void *u
                                                 : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
     kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
   }
-  kexd_rpc_free_msg(&m->base);
 }
 
 /*
  * Watch: SERVING now, then nothing until the server stops (NOT_SERVING, then
- * OK) or the client goes away.  The state is freed exactly once: when the
- * call is finished or cancelled and no write is outstanding.
+ * OK) or the client goes away; written through the one server-stream
+ * writer (stream.h), which frees the watch once the call is over.
  */
 typedef struct health_watch {
-  bool writing, stop_pending, dead;
+  kexd_stream st;
+  bool sent, stopping;
 } health_watch;
 
-static void watch_end(kexd_call *c, health_watch *w) {
+static void watch_drained(void *owner) {
+  health_watch *w = owner;
   Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-  r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
-  kex_free(w);
-}
-
-static void watch_written(kexd_call *c, int ok, void *ud) {
-  health_watch *w = ud;
-  w->writing = false;
-  if (w->dead) {
-    kex_free(w);
-    return;
-  }
-  if (ok && w->stop_pending) watch_end(c, w);
-  /* !ok: the call died; its cancel hook follows and frees w */
-}
-
-static void watch_cancelled(kexd_call *c, void *ud) {
-  health_watch *w = ud;
-  (void)c;
-  w->dead = true;
-  if (!w->writing) kex_free(w);
-}
-
-static void watch_stop(kexd_call *c, void *ud) {
-  health_watch *w = ud;
-  if (w->writing) w->stop_pending = true;
-  else watch_end(c, w);
-}
-
-void kexd_rpc_health_watch(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Grpc__Health__V1__HealthCheckRequest *m =
-      (Grpc__Health__V1__HealthCheckRequest *)kexd_rpc_decode(d, c, &grpc__health__v1__health_check_request__descriptor, req, len);
-  Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-  health_watch *w = NULL;
   int rc;
-  if (!m) return;
+  if (w->stopping) {
+    r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    kexd_stream_finish(&w->st, GRPC_STATUS_OK, NULL, &r.base);
+  } else if (!w->sent) {
+    w->sent = true;
+    r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    if ((rc = kexd_stream_write(&w->st, &r.base)) < 0 && !kexd_stream_dead(&w->st))
+      kexd_stream_failf(&w->st, GRPC_STATUS_INTERNAL, "cannot send the health status: %s", kex_strerror(rc));
+  } /* else: nothing to say until kexd stops */
+}
+
+static void watch_stopping(void *owner) {
+  health_watch *w = owner;
+  w->stopping = true;
+  kexd_stream_pump(&w->st);
+}
+
+static void watch_release(void *owner) { kex_free(owner); }
+
+static const kexd_stream_ops watch_ops = {"Watch", NULL, watch_drained, NULL, watch_release, watch_stopping};
+
+void kexd_rpc_health_watch(kexd *d, kexd_call *c, kexd_req *rq) {
+  Grpc__Health__V1__HealthCheckRequest *m = rq->msg;
+  health_watch *w;
   if (!health_known(m->service)) {
     kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "unknown service \"%s\"", m->service);
-    goto out;
-  }
-  if (kexd_server_stopping(d->server)) {
-    r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
-    goto out;
+    return;
   }
   if (!(w = kex_calloc(1, sizeof *w))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    goto out;
+    return;
   }
-  r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-  w->writing = true;
-  if ((rc = kexd_call_write(c, &r.base, watch_written, w)) < 0) {
-    kex_free(w);
-    kexd_call_failf(c, GRPC_STATUS_INTERNAL, "cannot send the health status: %s", kex_strerror(rc));
-    goto out;
-  }
-  kexd_call_set_hooks(c, watch_cancelled, watch_stop, w);
-out:
-  kexd_rpc_free_msg(&m->base);
+  w->stopping = kexd_server_stopping(d->server); /* then NOT_SERVING at once */
+  kexd_stream_start(&w->st, d->streams, c, &watch_ops, w);
+  kexd_stream_pump(&w->st);
 }
 
 /* ---- devices and stats ---- */
@@ -122,15 +97,11 @@ out:
 #define RPC_MAX_LISTED (2 * KEXD_MAX_DEVICES) /* devices in one ListDevices reply */
 
 
-void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__ListDevicesRequest *m =
-      (Kex__V1__ListDevicesRequest *)kexd_rpc_decode(d, c, &kex__v1__list_devices_request__descriptor, req, len);
+void kexd_rpc_list_devices(kexd *d, kexd_call *c, kexd_req *rq) {
   Kex__V1__ListDevicesReply r = KEX__V1__LIST_DEVICES_REPLY__INIT;
   Kex__V1__Device devs[RPC_MAX_LISTED], *ptrs[RPC_MAX_LISTED];
   size_t n = 0;
-  if (!m) return;
-  if (*m->job && !kexd_rpc_need_job(d, c, m->job)) goto out;
+  (void)rq; /* the table checked the job a request may name; the list is the same for every caller */
   /* the names kexd was configured with, the first the default ... */
   for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
     kex__v1__device__init(&devs[n]);
@@ -176,23 +147,17 @@ void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *u
   r.n_devices = n;
   r.devices = ptrs;
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
-out:
-  kexd_rpc_free_msg(&m->base);
 }
 
-void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__GetStatsRequest *m = (Kex__V1__GetStatsRequest *)kexd_rpc_decode(d, c, &kex__v1__get_stats_request__descriptor, req, len);
+void kexd_rpc_get_stats(kexd *d, kexd_call *c, kexd_req *rq) {
   Kex__V1__StatsReply r = KEX__V1__STATS_REPLY__INIT;
   const kexd_server_stats *ss = kexd_server_get_stats(d->server);
-  kexd_job *job = NULL;
+  kexd_job *job = rq->job;
   Kex__V1__JobStats *js = NULL, **jsp = NULL;
   Kex__V1__TenantStats *ts = NULL, **tsp = NULL;
   const kexd_tenant *t = kexd_rpc_tenant(c);
   const char *only = t && t->role != KEXD_ROLE_ADMIN ? t->name : NULL; /* a user sees its own tenant */
   uint32_t njs = 0;
-  if (!m) return;
-  if (*m->job && !(job = kexd_rpc_need_job(d, c, m->job))) goto out;
   r.tenant = (char *)kexd_rpc_tenant_name(c);
   if (!(ts = kex_calloc(d->jobs.nuses + 1, sizeof *ts)) || !(tsp = kex_calloc(d->jobs.nuses + 1, sizeof *tsp)) ||
       !(js = kex_calloc(d->jobs.njobs + 1, sizeof *js)) || !(jsp = kex_calloc(d->jobs.njobs + 1, sizeof *jsp))) {
@@ -287,5 +252,4 @@ out:
   kex_free(js);
   kex_free(tsp);
   kex_free(ts);
-  kexd_rpc_free_msg(&m->base);
 }

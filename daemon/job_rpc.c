@@ -15,6 +15,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/rpc.h"
+#include "daemon/stream.h"
 
 /* ---- jobs ---- */
 
@@ -27,9 +28,8 @@ void kexd_tenant_limits_refresh(kexd *d) {
   }
 }
 
-void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__OpenJobRequest *m = (Kex__V1__OpenJobRequest *)kexd_rpc_decode(d, c, &kex__v1__open_job_request__descriptor, req, len);
+void kexd_rpc_open_job(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__OpenJobRequest *m = rq->msg;
   Kex__V1__OpenJobReply r = KEX__V1__OPEN_JOB_REPLY__INIT;
   kexd_job *job;
   kex_error err = {0};
@@ -38,12 +38,11 @@ void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   const kexd_tenant *t = kexd_rpc_tenant(c);
   kexd_tenant_use *use;
   int rc;
-  if (!m) return;
   memory = m->memory_limit ? m->memory_limit : d->cfg.job_memory_default;
   kexd_call_peer_host(c, peer, sizeof peer);
   if (!(use = kexd_jobs_tenant_use(&d->jobs, kexd_rpc_tenant_name(c)))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: out of memory");
-    goto out;
+    return;
   }
   use->max_bytes = t ? t->max_bytes : 0;
   if (memory > d->cfg.job_memory_max)
@@ -76,21 +75,13 @@ void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     r.lease_seconds = (uint32_t)ceil(d->cfg.lease_s);
     kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
   }
-out:
-  kexd_rpc_free_msg(&m->base);
 }
 
-void kexd_rpc_close_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__CloseJobRequest *m =
-      (Kex__V1__CloseJobRequest *)kexd_rpc_decode(d, c, &kex__v1__close_job_request__descriptor, req, len);
+void kexd_rpc_close_job(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__CloseJobRequest *m = rq->msg;
   Kex__V1__CloseJobReply r = KEX__V1__CLOSE_JOB_REPLY__INIT;
-  if (!m) return;
-  if (kexd_rpc_need_job(d, c, m->job)) {
-    kexd_jobs_close_job(&d->jobs, m->job);
-    kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
-  }
-  kexd_rpc_free_msg(&m->base);
+  kexd_jobs_close_job(&d->jobs, m->job);
+  kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
 }
 
 /* ---- _BusyWork (kexd --test-busy-work only) ---- */
@@ -114,24 +105,20 @@ static int busy_run(kex_device *dev, void *arg, double *device_s, kex_error *err
 
 static void busy_done(kexd_work *w) { kex_free(w->ud); }
 
-void kexd_rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__BusyWorkRequest *m =
-      (Kex__V1__BusyWorkRequest *)kexd_rpc_decode(d, c, &kex__v1__busy_work_request__descriptor, req, len);
+void kexd_rpc_busy_work(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__BusyWorkRequest *m = rq->msg;
   Kex__V1__BusyWorkReply r = KEX__V1__BUSY_WORK_REPLY__INIT;
-  kexd_job *job;
+  kexd_job *job = rq->job;
   int dev, rc;
-  if (!m) return;
-  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
   if (m->items > KEXD_BUSY_MAX_ITEMS || !(m->ms >= 0 && m->ms <= KEXD_BUSY_MAX_MS)) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "_BusyWork: items must be <= %d and ms in [0, %g]",
                     KEXD_BUSY_MAX_ITEMS, KEXD_BUSY_MAX_MS);
-    goto out;
+    return;
   }
   if ((dev = kexd_rpc_device_index(d, m->device)) < 0) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "_BusyWork: device \"%.64s\" is not one of this kexd's devices",
                     m->device);
-    goto out;
+    return;
   }
   for (uint32_t i = 0; i < m->items; i++) {
     busy_item *b = kex_calloc(1, sizeof *b);
@@ -151,17 +138,15 @@ void kexd_rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud) 
     r.queued++;
   }
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
-out:
-  kexd_rpc_free_msg(&m->base);
 }
 
 /* ---- HoldJob: a job that lives exactly as long as its client's call ---- */
 
 typedef struct job_hold {
+  kexd_stream st;        /* the one server-stream writer (stream.h); it frees the hold when the call is over */
   kexd *d;
-  kexd_call *call;
   uint64_t job;
-  bool writing, end_pending, dead;
+  bool sent, ending;
 } job_hold;
 
 /* Detach the hold from its job (if the job is still open and still held by h). */
@@ -174,81 +159,64 @@ static void hold_unbind(job_hold *h) {
   }
 }
 
-/* End the hold's call (status OK) and free h; the job is no longer bound to it. */
-static void hold_finish(job_hold *h) {
-  kexd_call_set_hooks(h->call, NULL, NULL, NULL);
-  kexd_call_finish(h->call, GRPC_STATUS_OK, "the hold ended", NULL);
-  kex_free(h);
-}
-
-static void hold_written(kexd_call *c, int ok, void *ud) {
-  job_hold *h = ud;
-  (void)c;
-  h->writing = false;
-  if (h->dead) kex_free(h);
-  else if (ok && h->end_pending) hold_finish(h);
-  /* !ok: the call died; its cancel hook follows */
+/* The event that says the job is held, then nothing until the hold ends (status OK). */
+static void hold_drained(void *owner) {
+  job_hold *h = owner;
+  Kex__V1__HoldJobEvent ev = KEX__V1__HOLD_JOB_EVENT__INIT;
+  int rc;
+  if (h->ending) {
+    kexd_stream_finish(&h->st, GRPC_STATUS_OK, "the hold ended", NULL);
+  } else if (!h->sent) {
+    h->sent = true;
+    ev.held = true;
+    if ((rc = kexd_stream_write(&h->st, &ev.base)) < 0 && !kexd_stream_dead(&h->st)) {
+      hold_unbind(h);
+      kexd_stream_failf(&h->st, GRPC_STATUS_INTERNAL, "HoldJob: cannot send the event: %s", kex_strerror(rc));
+    }
+  }
 }
 
 /* The client cancelled, its connection broke, or keepalive found it gone: close the job. */
-static void hold_cancelled(kexd_call *c, void *ud) {
-  job_hold *h = ud;
-  (void)c;
-  h->dead = true;
+static void hold_cancelled(void *owner) {
+  job_hold *h = owner;
   hold_unbind(h);
   kexd_jobs_close_id(&h->d->jobs, h->job, "its HoldJob call ended (the client went away)");
-  if (!h->writing) kex_free(h);
-}
-
-/* kexd is stopping: end the hold (every job closes with the daemon). */
-static void hold_stop(kexd_call *c, void *ud) {
-  job_hold *h = ud;
-  (void)c;
-  hold_unbind(h);
-  if (h->writing) h->end_pending = true;
-  else hold_finish(h);
 }
 
 /* The job was closed (CloseJob, shutdown): end the hold's call. */
-static void hold_job_closed(void *ud) {
-  job_hold *h = ud;
-  if (h->writing) h->end_pending = true;
-  else hold_finish(h);
+static void hold_job_closed(void *owner) {
+  job_hold *h = owner;
+  h->ending = true;
+  kexd_stream_pump(&h->st);
 }
 
-void kexd_rpc_hold_job(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__HoldJobRequest *m =
-      (Kex__V1__HoldJobRequest *)kexd_rpc_decode(d, c, &kex__v1__hold_job_request__descriptor, req, len);
-  Kex__V1__HoldJobEvent ev = KEX__V1__HOLD_JOB_EVENT__INIT;
-  kexd_job *job;
+/* kexd is stopping: end the hold (every job closes with the daemon). */
+static void hold_stopping(void *owner) {
+  hold_unbind(owner);
+  hold_job_closed(owner);
+}
+
+static void hold_release(void *owner) { kex_free(owner); }
+
+static const kexd_stream_ops hold_ops = {"HoldJob", NULL, hold_drained, hold_cancelled, hold_release, hold_stopping};
+
+void kexd_rpc_hold_job(kexd *d, kexd_call *c, kexd_req *rq) {
+  kexd_job *job = rq->job;
   job_hold *h;
-  int rc;
-  if (!m) return;
-  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
   if (job->held) {
     kexd_call_failf(c, GRPC_STATUS_ALREADY_EXISTS, "HoldJob: job '%s' is held by another call already", job->name);
-    goto out;
+    return;
   }
   if (!(h = kex_calloc(1, sizeof *h))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "HoldJob: out of memory");
-    goto out;
+    return;
   }
   h->d = d;
-  h->call = c;
   h->job = job->id;
-  ev.held = true;
-  h->writing = true;
-  if ((rc = kexd_call_write(c, &ev.base, hold_written, h)) < 0) {
-    kex_free(h);
-    kexd_call_failf(c, GRPC_STATUS_INTERNAL, "HoldJob: cannot send the event: %s", kex_strerror(rc));
-    goto out;
-  }
   job->held = true;
   job->on_close = hold_job_closed;
   job->on_close_ud = h;
-  kexd_call_set_hooks(c, hold_cancelled, hold_stop, h);
   kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" held: it closes when this call ends", job->name);
-out:
-  kexd_rpc_free_msg(&m->base);
+  kexd_stream_start(&h->st, d->streams, c, &hold_ops, h);
+  kexd_stream_pump(&h->st);
 }

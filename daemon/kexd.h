@@ -121,6 +121,7 @@ typedef struct kexd {
   struct kexd_auth *auth;        /* the tenants now; NULL without --auth */
   uint64_t auth_reloads, auth_reload_errors, unauthenticated, permission_denied;
   uint32_t tunes_active[KEXD_MAX_DEVICES]; /* Tune calls running per device (--max-tunes-per-device) */
+  void *rpc_routes;             /* the method table's per-method server data (rpc.c), kex_malloc'd */
   struct kexd_streams *streams;  /* the server-stream writers' hub (stream.c) */
   struct kex_pool *search_pool;  /* the render/compile workers every beam search shares (main.c) */
   /* Tune and Submit's beam hook (tune.c) */

@@ -347,6 +347,7 @@ out_server:
   kexd_streams_free(d->streams);
   kex_pool_destroy(d->search_pool); /* every search is back: the loop ran out */
   kexd_server_free(d->server);
+  kex_free(d->rpc_routes);
   kexd_dispatch_free(d->disp);
 out_loop:
   if (uv_loop_close(&loop) != 0) KEX_WARN("event loop closed with handles still open");

@@ -136,21 +136,18 @@ static const char *resolve_device(const kexd *d, const char *name) {
   return NULL;
 }
 
-void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__PlanRequest *m = (Kex__V1__PlanRequest *)kexd_rpc_decode(d, c, &kex__v1__plan_request__descriptor, req, len);
-  kexd_job *job;
+void kexd_rpc_plan(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__PlanRequest *m = rq->msg;
+  kexd_job *job = rq->job;
   plan_work *w = NULL;
   const char *dev;
   int rc;
-  if (!m) return;
-  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
   d->plans++;
   job->plans++;
   if (!m->graph) {
     d->plan_errors++;
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Plan: missing graph");
-    goto out;
+    return;
   }
   if (!(dev = resolve_device(d, m->graph->device))) {
     char names[KEXD_MAX_DEVICES * (KEXD_DEVICE_NAME_MAX + 2)] = "";
@@ -161,12 +158,12 @@ void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     d->plan_errors++;
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "graph: device \"%.64s\" is not one of this kexd's devices (%s)",
                     m->graph->device, names);
-    goto out;
+    return;
   }
   if (!(w = kex_calloc(1, sizeof *w))) {
     d->plan_errors++;
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Plan: out of memory");
-    goto out;
+    return;
   }
   w->d = d;
   w->call = c;
@@ -180,7 +177,7 @@ void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     kex_log(KEX_LOG_INFO, w->job, 0, "Plan refused: %s", w->err.msg);
     kexd_rpc_fail(c, rc, &w->err);
     plan_work_free(w);
-    goto out;
+    return;
   }
   w->rp.g = w->g;
   kexd_call_ref(c); /* the plan's own reference: the call outlives a cancel until plan_done */
@@ -195,6 +192,4 @@ void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
       plan_done(w);
     }
   }
-out:
-  kexd_rpc_free_msg(&m->base);
 }

@@ -19,23 +19,7 @@
 #include "search/beam.h"
 #include "daemon/rpc.h"
 #include "daemon/wire.h"
-
-static _Thread_local bool pb_alloc_failed; /* an unpack failed for memory, not for bad bytes */
-
-static void *pb_alloc(void *ud, size_t size) {
-  void *p;
-  (void)ud;
-  p = kex_malloc(size);
-  if (!p) pb_alloc_failed = true;
-  return p;
-}
-
-static void pb_free(void *ud, void *p) {
-  (void)ud;
-  kex_free(p);
-}
-
-static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
+#include "proto/pballoc.h"
 
 double kexd_now_us(void) {
   struct timespec ts;
@@ -61,9 +45,9 @@ ProtobufCMessage *kexd_rpc_decode(kexd *d, kexd_call *c, const ProtobufCMessageD
                     kexd_call_method(c), len, d->cfg.max_message);
     return NULL;
   }
-  pb_alloc_failed = false;
-  if (!(m = protobuf_c_message_unpack(desc, &pb_allocator, len, req))) {
-    if (pb_alloc_failed)
+  kex_pb_alloc_reset();
+  if (!(m = protobuf_c_message_unpack(desc, &kex_pb_allocator, len, req))) {
+    if (kex_pb_alloc_failed())
       kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory decoding a %zu-byte request",
                       kexd_call_method(c), len);
     else
@@ -73,14 +57,14 @@ ProtobufCMessage *kexd_rpc_decode(kexd *d, kexd_call *c, const ProtobufCMessageD
   }
   if (kexd_wire_check_strings(desc, req, len, why, sizeof why) < 0) { /* strings are compared whole: no NUL, UTF-8 */
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: %s", kexd_call_method(c), why);
-    protobuf_c_message_free_unpacked(m, &pb_allocator);
+    protobuf_c_message_free_unpacked(m, &kex_pb_allocator);
     return NULL;
   }
   return m;
 }
 
 void kexd_rpc_free_msg(ProtobufCMessage *m) {
-  if (m) protobuf_c_message_free_unpacked(m, &pb_allocator);
+  if (m) protobuf_c_message_free_unpacked(m, &kex_pb_allocator);
 }
 
 kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token) {

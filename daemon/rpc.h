@@ -87,18 +87,40 @@ int kexd_rpc_device_index(const kexd *d, const char *name);
 
 /* ---- the handlers (info.c, job_rpc.c, plan.c, buffers.c) ---- */
 
-void kexd_rpc_health_check(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_health_watch(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_list_devices(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_open_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_close_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_hold_job(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_busy_work(kexd_call *c, const uint8_t *req, size_t len, void *ud); /* --test-busy-work only */
-void kexd_rpc_plan(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+/*
+ * One unary request as the method table (rpc.c) hands it to its handler:
+ * decoded, its strings checked, and the job it names looked up.
+ */
+typedef struct kexd_req {
+  /* The request, of the method's type.  The table frees it when the
+     handler returns; a handler that keeps it sets msg to NULL and frees it
+     later with kexd_rpc_free_msg. */
+  void *msg;
+  kexd_job *job;       /* the job its `job` field names (lease renewed); NULL for a method without one, or "" */
+  uint64_t arrived_us; /* kex_trace_now_us() before the decode (a trace's "decode" span) */
+} kexd_req;
+
+typedef void (*kexd_method_fn)(kexd *d, kexd_call *c, kexd_req *rq);
+
+/*
+ * Serve one request of method `path` as the server would (the fuzz targets
+ * call this in place of server.c); an unknown path is UNIMPLEMENTED.
+ */
+void kexd_rpc_serve(kexd *d, const char *path, kexd_call *c, const uint8_t *req, size_t len);
+
+void kexd_rpc_health_check(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_health_watch(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_list_devices(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_get_stats(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_open_job(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_close_job(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_hold_job(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_busy_work(kexd *d, kexd_call *c, kexd_req *rq); /* --test-busy-work only */
+void kexd_rpc_plan(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_download(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_free(kexd *d, kexd_call *c, kexd_req *rq);
+/* Client streams: they read their own messages (ud is the kexd). */
 void kexd_rpc_upload(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_download(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_free(kexd_call *c, const uint8_t *req, size_t len, void *ud);
 
 /* ---- submit.c ---- */
 
@@ -107,7 +129,7 @@ int kexd_submit_init(kexd *d);
 /* Free them; after the device runners have exited (the loaded programs are theirs). */
 void kexd_submit_free(kexd *d);
 /* The Submit handler. */
-void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq);
 
 /* ---- tune.c ---- */
 
@@ -116,7 +138,7 @@ int kexd_tune_init(kexd *d);
 /* Free them, after the loop ran out. */
 void kexd_tune_free(kexd *d);
 /* The handler. */
-void kexd_rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq);
 
 typedef struct kexd_tune_counters {
   uint64_t beam_hits, beam_misses, searches, searches_cancelled;
@@ -176,11 +198,11 @@ kex_cache *kexd_cache_conn(kexd *d, kex_error *err);
 #define KEXD_CACHE_RETRY_S 5.0
 kex_cache *kexd_cache_conn_lookup(kexd *d, const char *what);
 /* The handlers. */
-void kexd_rpc_list_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_get_cache_entry(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_export_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_list_cache(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_get_cache_entry(kexd *d, kexd_call *c, kexd_req *rq);
+void kexd_rpc_export_cache(kexd *d, kexd_call *c, kexd_req *rq);
 void kexd_rpc_import_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
-void kexd_rpc_delete_cache(kexd_call *c, const uint8_t *req, size_t len, void *ud);
+void kexd_rpc_delete_cache(kexd *d, kexd_call *c, kexd_req *rq);
 /*
  * Any thread: remember the source kexd rendered for (AST key, device kind,
  * opts text), GetCacheEntry's `source` for a matching entry (the last

@@ -469,10 +469,7 @@ int kexd_call_finish(kexd_call *c, int status, const char *details, const Protob
 
 int kexd_call_failf(kexd_call *c, int status, const char *fmt, ...) {
   char msg[SERVER_DETAILS_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  KEX_VFORMAT(msg, fmt);
   return kexd_call_finish(c, status, msg, NULL);
 }
 

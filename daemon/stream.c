@@ -124,6 +124,12 @@ static void on_cancel(kexd_call *c, void *ud) {
   maybe_release(st);
 }
 
+static void on_stop(kexd_call *c, void *ud) {
+  kexd_stream *st = ud;
+  (void)c;
+  if (!st->dead && !st->ended) st->ops->stopping(st->owner);
+}
+
 void kexd_stream_start(kexd_stream *st, kexd_streams *hub, kexd_call *c, const kexd_stream_ops *ops, void *owner) {
   *st = (kexd_stream){0};
   st->hub = hub;
@@ -131,7 +137,7 @@ void kexd_stream_start(kexd_stream *st, kexd_streams *hub, kexd_call *c, const k
   st->ops = ops;
   st->owner = owner;
   kexd_call_ref(c); /* the stream's own, dropped at release */
-  kexd_call_set_hooks(c, on_cancel, NULL, st);
+  kexd_call_set_hooks(c, on_cancel, ops->stopping ? on_stop : NULL, st);
 }
 
 void kexd_stream_hold(kexd_stream *st) {
@@ -218,10 +224,7 @@ void kexd_stream_ended(kexd_stream *st) {
 
 void kexd_stream_failf(kexd_stream *st, int status, const char *fmt, ...) {
   char msg[KEX_ERROR_MSG_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  KEX_VFORMAT(msg, fmt);
   kexd_stream_finish(st, status, msg, NULL);
 }
 

@@ -4,7 +4,8 @@
  * at a time by the loop thread, then the final status (with or without a
  * last message), and the owner freed once nothing of the call is in flight.
  *
- * An owner (Tune's call, a cache RPC, a Download, ...) embeds a
+ * An owner (Tune's call, a cache RPC, a Download, a health Watch, a
+ * HoldJob, ...) embeds a
  * kexd_stream and gives it four callbacks (kexd_stream_ops).  The stream
  * "pumps" on the loop thread: while no write is outstanding and the call
  * is not over, it hands the next queued event to ops->event (which writes
@@ -67,6 +68,8 @@ typedef struct kexd_stream_ops {
   void (*cancelled)(void *owner);
   /* The call is over and nothing is in flight: free the owner (the stream is part of it). */
   void (*release)(void *owner);
+  /* kexd is stopping (optional: the call's stop hook; without it the call gets the grace period to end). */
+  void (*stopping)(void *owner);
 } kexd_stream_ops;
 
 typedef struct kexd_stream {

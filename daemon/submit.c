@@ -326,8 +326,7 @@ static void ev_write(void *owner, kexd_stream_ev *link) {
   Kex__V1__SubmitEvent ev = KEX__V1__SUBMIT_EVENT__INIT;
   Kex__V1__Accepted acc = KEX__V1__ACCEPTED__INIT;
   Kex__V1__Scheduled sch = KEX__V1__SCHEDULED__INIT;
-  Kex__V1__Compiling cmp = KEX__V1__COMPILING__INIT;
-  Kex__V1__Running run = KEX__V1__RUNNING__INIT;
+  Kex__V1__KernelEvent kev = KEX__V1__KERNEL_EVENT__INIT;
   char **names = NULL;
   switch (e->kind) {
   case EV_ACCEPTED:
@@ -345,18 +344,17 @@ static void ev_write(void *owner, kexd_stream_ev *link) {
     ev.scheduled = &sch;
     break;
   case EV_COMPILING:
-    cmp.i = e->i;
-    cmp.n = s->p->rp.nkernels;
-    cmp.kernel = s->p->rp.progs[e->i].name;
-    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
-    ev.compiling = &cmp;
-    break;
   case EV_RUNNING:
-    run.i = e->i;
-    run.n = s->p->rp.nkernels;
-    run.kernel = s->p->rp.progs[e->i].name;
-    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_RUNNING;
-    ev.running = &run;
+    kev.i = e->i;
+    kev.n = s->p->rp.nkernels;
+    kev.kernel = s->p->rp.progs[e->i].name;
+    if (e->kind == EV_COMPILING) {
+      ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
+      ev.compiling = &kev;
+    } else {
+      ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_RUNNING;
+      ev.running = &kev;
+    }
     break;
   }
   kexd_stream_write(&s->st, &ev.base);
@@ -418,10 +416,7 @@ static void sub_end(submission *s, int status, const char *msg) {
 /* End the submission with an error status (counted), once the queued events are out. */
 void sub_fail(submission *s, int status, const char *fmt, ...) {
   char msg[KEX_ERROR_MSG_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  KEX_VFORMAT(msg, fmt);
   sub_end(s, status, msg);
   kexd_stream_pump(&s->st);
 }
@@ -561,20 +556,16 @@ static void build_after(uv_work_t *req, int status) {
   kexd_stream_unref(&s->st); /* the build's: may free s */
 }
 
-void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
+void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   kexd_submitter *S = d->submitter;
-  uint64_t tdec = kex_trace_now_us(); /* one clock read: a trace's "decode" span starts here */
-  Kex__V1__SubmitRequest *m =
-      (Kex__V1__SubmitRequest *)kexd_rpc_decode(d, c, &kex__v1__submit_request__descriptor, req, len);
+  uint64_t tdec = rq->arrived_us; /* a trace's "decode" span starts here */
+  Kex__V1__SubmitRequest *m = rq->msg;
   submission *s = NULL;
-  kexd_job *job;
+  kexd_job *job = rq->job;
   uint8_t key[SUB_HASH];
   int dev, rc;
   double t0 = kexd_now_us();
-  uint64_t tr0 = m && m->trace ? kex_trace_now_us() : 0; /* the request is decoded by now */
-  if (!m) return;
-  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
+  uint64_t tr0 = m->trace ? kex_trace_now_us() : 0; /* the request is decoded by now */
   d->submissions++;
   if (!m->graph) {
     d->submissions_failed++;
@@ -676,5 +667,4 @@ void kexd_rpc_submit(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
   }
 out:
   if (s) kexd_stream_unref(&s->st); /* may free s */
-  kexd_rpc_free_msg(&m->base);
 }

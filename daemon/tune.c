@@ -386,39 +386,36 @@ static int pick_width(const kexd *d, const Kex__V1__BeamOptions *b, int fallback
   return d->cfg.beam ? (int)d->cfg.beam : fallback;
 }
 
-void kexd_rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
-  kexd *d = ud;
-  Kex__V1__TuneRequest *m = (Kex__V1__TuneRequest *)kexd_rpc_decode(d, c, &kex__v1__tune_request__descriptor, req, len);
+void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
+  Kex__V1__TuneRequest *m = rq->msg;
   tune_call *t = NULL;
-  kexd_job *job;
+  kexd_job *job = rq->job;
   kex_error err = {0};
   int dev, rc;
-  if (!m) return;
-  if (!(job = kexd_rpc_need_job(d, c, m->job))) goto out;
   if (!m->graph) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Tune: missing graph");
-    goto out;
+    return;
   }
   if ((dev = kexd_rpc_device_index(d, m->graph->device)) < 0) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "graph: device \"%.64s\" is not one of this kexd's devices",
                     m->graph->device);
-    goto out;
+    return;
   }
-  if (kexd_rpc_tune_begin(d, c, job, (uint32_t)dev, pick_width(d, m->beam, TUNE_DEFAULT_WIDTH)) < 0) goto out; /* request.c */
+  if (kexd_rpc_tune_begin(d, c, job, (uint32_t)dev, pick_width(d, m->beam, TUNE_DEFAULT_WIDTH)) < 0) return; /* request.c */
   if (!(t = kex_calloc(1, sizeof *t))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Tune: out of memory");
-    goto out;
+    return;
   }
   if ((rc = beam_opts_from(&t->bo, pick_width(d, m->beam, TUNE_DEFAULT_WIDTH), m->beam, &err)) < 0) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Tune: %s", err.msg);
     kex_free(t);
-    goto out;
+    return;
   }
   if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                    &d->cfg.limits, job, &t->g, &err)) < 0) {
     kexd_call_failf(c, kex_err_grpc_status(rc), "%s", err.msg);
     kex_free(t);
-    goto out;
+    return;
   }
   t->d = d;
   t->call = c;
@@ -436,8 +433,6 @@ void kexd_rpc_tune(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
     t->rc = kex_err_set(&t->err, KEX_EUNAVAILABLE, "the worker pool is not available");
     kexd_stream_unhold(&t->st);
   }
-out:
-  kexd_rpc_free_msg(&m->base);
 }
 
 /* ---- setup ---- */

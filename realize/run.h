@@ -27,13 +27,6 @@
 /* Fill `out` (prod(shape) * itemsize bytes) for BUFFER node n as its fill spec or data says. */
 int kex_fill_buffer(const kex_gnode *n, void *out, size_t nbytes, kex_error *err);
 
-/*
- * Gather the elements that `st` shows of a row-major base buffer `base`
- * (elements of `itemsize` bytes) into `out` (prod(st shape) elements,
- * row-major); masked-out elements are zero.
- */
-void kex_st_gather(const kex_st *st, const void *base, size_t itemsize, void *out);
-
 /* Fill n elements of dtype dt at out with the constant c (converted as dtypes.as_const). */
 void kex_fill_const(kex_dtype dt, kex_const c, void *out, size_t n);
 

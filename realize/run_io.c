@@ -1,7 +1,8 @@
 /*
  * run_io.c - the host-side pieces of running a graph: generating BUFFER
- * contents from fill specs, reading a view of a buffer on the host, and
- * writing .npy files.  No device is involved here.
+ * contents from fill specs and writing .npy files (reading a view of a
+ * buffer on the host is sched/shapetracker.h's kex_st_gather).  No device
+ * is involved here.
  */
 #include <errno.h>
 #include <math.h>
@@ -84,46 +85,6 @@ int kex_fill_buffer(const kex_gnode *n, void *out, size_t nbytes, kex_error *err
                        n->handle ? n->handle : "");
   }
   return kex_err_set(err, KEX_EINVAL, "unknown buffer source");
-}
-
-/* Flat element index in the base for logical index idx (NULL-free, row-major), or -1 when masked out. */
-static int64_t st_address(const kex_st *st, const int64_t *idx_in) {
-  int64_t idx[KEX_MAX_DIMS];
-  int nd = kex_st_ndim(st);
-  memcpy(idx, idx_in, sizeof *idx * (size_t)nd);
-  for (int vi = (int)st->nviews - 1; vi >= 0; vi--) {
-    const kex_view *v = st->views[vi];
-    int64_t addr = v->offset;
-    for (int d = 0; d < v->ndim; d++) {
-      if (v->mask && (idx[d] < v->mask[2 * d] || idx[d] >= v->mask[2 * d + 1])) return -1;
-      addr += idx[d] * v->strides[d];
-    }
-    if (vi == 0) return addr;
-    const kex_view *prev = st->views[vi - 1];
-    for (int d = prev->ndim - 1; d >= 0; d--) {
-      int64_t s = prev->shape[d];
-      idx[d] = s ? addr % s : 0;
-      addr = s ? addr / s : 0;
-    }
-  }
-  return -1;
-}
-
-void kex_st_gather(const kex_st *st, const void *base, size_t itemsize, void *out) {
-  int nd = kex_st_ndim(st);
-  const int64_t *shape = kex_st_shape(st);
-  int64_t total = kex_st_size(st);
-  int64_t idx[KEX_MAX_DIMS] = {0};
-  for (int64_t e = 0; e < total; e++) {
-    int64_t a = st_address(st, idx);
-    unsigned char *dst = (unsigned char *)out + (size_t)e * itemsize;
-    if (a < 0) memset(dst, 0, itemsize);
-    else memcpy(dst, (const unsigned char *)base + (size_t)a * itemsize, itemsize);
-    for (int d = nd - 1; d >= 0; d--) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-  }
 }
 
 int kex_write_npy(const char *path, kex_dtype dt, int ndim, const int64_t *shape, const void *data, kex_error *err) {

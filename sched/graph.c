@@ -216,10 +216,7 @@ static int node_err(kex_error *err, int code, uint32_t idx, kex_gop op, const ch
     __attribute__((format(printf, 5, 6)));
 static int node_err(kex_error *err, int code, uint32_t idx, kex_gop op, const char *fmt, ...) {
   char msg[KEX_ERROR_MSG_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  KEX_VFORMAT(msg, fmt);
   return kex_err_set(err, code, "node %u (%s): %s", idx, kex_gop_name(op), msg);
 }
 

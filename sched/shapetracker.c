@@ -6,7 +6,9 @@
  * and simplify() fold adjacent views with View.__add__ and are memoised per
  * context.  The symbolic analyses (expr_idxs, real_strides, axis_is_masked,
  * real_size) build kex_sym expressions exactly as tinygrad does; the ones
- * over the default index variables are memoised per ShapeTracker.
+ * over the default index variables are memoised per ShapeTracker.  On the
+ * host, kex_st_address evaluates one with integers (where a logical index
+ * lands in the base buffer) and kex_st_gather copies a view out of a buffer.
  *
  * Everything returned is owned by the context's arena.  Pointer-returning
  * functions return NULL on failure and int-returning ones a negative code:
@@ -439,4 +441,45 @@ int kex_st_repr(const kex_st *st, char *buf, size_t len) {
   PUT(st->nviews == 1 ? ",))" : "))");
 #undef PUT
   return (int)pos;
+}
+
+/* ---- evaluating a ShapeTracker on the host ---- */
+
+int64_t kex_st_address(const kex_st *st, const int64_t *idx_in) {
+  int64_t idx[KEX_MAX_DIMS];
+  int nd = kex_st_ndim(st);
+  memcpy(idx, idx_in, sizeof *idx * (size_t)nd);
+  for (int vi = (int)st->nviews - 1; vi >= 0; vi--) {
+    const kex_view *v = st->views[vi];
+    int64_t addr = v->offset;
+    for (int d = 0; d < v->ndim; d++) {
+      if (v->mask && (idx[d] < v->mask[2 * d] || idx[d] >= v->mask[2 * d + 1])) return -1;
+      addr += idx[d] * v->strides[d];
+    }
+    if (vi == 0) return addr;
+    const kex_view *prev = st->views[vi - 1];
+    for (int d = prev->ndim - 1; d >= 0; d--) {
+      int64_t s = prev->shape[d];
+      idx[d] = s ? addr % s : 0;
+      addr = s ? addr / s : 0;
+    }
+  }
+  return -1;
+}
+
+void kex_st_gather(const kex_st *st, const void *base, size_t itemsize, void *out) {
+  int nd = kex_st_ndim(st);
+  const int64_t *shape = kex_st_shape(st);
+  int64_t total = kex_st_size(st);
+  int64_t idx[KEX_MAX_DIMS] = {0};
+  for (int64_t e = 0; e < total; e++) {
+    int64_t a = kex_st_address(st, idx);
+    unsigned char *dst = (unsigned char *)out + (size_t)e * itemsize;
+    if (a < 0) memset(dst, 0, itemsize);
+    else memcpy(dst, (const unsigned char *)base + (size_t)a * itemsize, itemsize);
+    for (int d = nd - 1; d >= 0; d--) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
 }

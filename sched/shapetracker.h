@@ -107,6 +107,14 @@ static inline const int64_t *kex_st_shape(const kex_st *st) { return kex_st_last
 int64_t kex_st_size(const kex_st *st);                /* prod(shape) */
 bool kex_st_contiguous(const kex_st *st);             /* 1 view and contiguous */
 bool kex_st_consecutive(const kex_st *st);            /* 1 view, no mask, row-major strides (any offset) */
+/* The element of the base buffer that logical index idx (st's shape) reads, or -1 where the view masks it out. */
+int64_t kex_st_address(const kex_st *st, const int64_t *idx);
+/*
+ * Gather the elements that `st` shows of a row-major base buffer `base`
+ * (elements of `itemsize` bytes) into `out` (prod(st shape) elements,
+ * row-major); masked-out elements are zero.
+ */
+void kex_st_gather(const kex_st *st, const void *base, size_t itemsize, void *out);
 
 const kex_st *kex_st_reshape(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *new_shape);
 const kex_st *kex_st_pad(kex_shape_ctx *ctx, const kex_st *st, const int64_t *arg);

@@ -77,7 +77,7 @@ static void run_plan(kexd *d, const uint8_t *data, size_t size) {
   memset(&c, 0, sizeof c);
   c.method = "/kex.v1.Kex/Plan";
   c.refs = 1;
-  kexd_rpc_plan(&c, data, size, d);
+  kexd_rpc_serve(d, c.method, &c, data, size);
   fuzz_call_wait(&c, d->loop, CALL_SECONDS);
   if (verbose) fprintf(stderr, "Plan: status %d %s\n", c.status, c.details);
 }
@@ -88,12 +88,12 @@ static void run_submit(kexd *d, const uint8_t *data, size_t size) {
   Kex__V1__SubmitRequest *m;
   char why[256];
   if (size > (size_t)d->cfg.max_message) return;
-  if (!(m = (Kex__V1__SubmitRequest *)protobuf_c_message_unpack(desc, &fuzz_pb_allocator, size, data))) return;
+  if (!(m = (Kex__V1__SubmitRequest *)protobuf_c_message_unpack(desc, &kex_pb_allocator, size, data))) return;
   if (kexd_wire_check_strings(desc, data, size, why, sizeof why) == 0) {
     kexd_job *job = m->job && *m->job ? kexd_jobs_find(&d->jobs, m->job) : NULL;
     if (job && m->graph) run_graph(d, m->graph, job);
   }
-  protobuf_c_message_free_unpacked(&m->base, &fuzz_pb_allocator);
+  protobuf_c_message_free_unpacked(&m->base, &kex_pb_allocator);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

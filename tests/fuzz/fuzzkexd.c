@@ -17,18 +17,6 @@
 #include "search/pool.h"
 #include "tests/fuzz/fuzzkexd.h"
 
-static void *pb_alloc(void *ud, size_t n) {
-  (void)ud;
-  return kex_malloc(n);
-}
-
-static void pb_free(void *ud, void *p) {
-  (void)ud;
-  kex_free(p);
-}
-
-ProtobufCAllocator fuzz_pb_allocator = {pb_alloc, pb_free, NULL};
-
 static kexd d;
 static uv_loop_t loop;
 static int ready;

@@ -5,7 +5,7 @@
  * device's codegen target by name, a job table on a libuv loop holding one
  * job whose token is FUZZ_TOKEN with one float32 [4] buffer record whose
  * handle is FUZZ_HANDLE (no device memory behind it), and the protobuf-c
- * allocator the daemon decodes with (kex_malloc).  Made on the first call,
+ * allocator every side decodes with (proto/pballoc.h).  Made on the first call,
  * torn down at exit so LeakSanitizer sees only what an input leaked.  Logs
  * at warn and above unless KEX_LOG says otherwise.
  */
@@ -15,6 +15,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "daemon/kexd.h"
+#include "proto/pballoc.h"
 
 #define FUZZ_TOKEN "0123456789abcdef0123456789abcdef"  /* tests/fuzz/make_wire_corpus.py's TOKEN */
 #define FUZZ_HANDLE "fedcba9876543210fedcba9876543210" /* tests/fuzz/make_rpc_corpus.py's HANDLE */
@@ -31,6 +32,6 @@ kexd *fuzz_kexd_serving(const char *cache_path);
 void fuzz_kexd_reset_job(kexd *d);
 /* Run the loop once (blocking until something happens; the job table's timer bounds the wait). */
 void fuzz_kexd_run_once(kexd *d);
-extern ProtobufCAllocator fuzz_pb_allocator;
+
 
 #endif

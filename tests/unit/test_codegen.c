@@ -374,25 +374,6 @@ typedef struct run_stats {
   double last_seconds;
 } run_stats;
 
-/* Evaluate a ShapeTracker at coordinates c of its visible shape: buffer index, or -1 when invalid. */
-static int64_t st_index(const kex_st *st, const int64_t *c0) {
-  int64_t c[KEX_MAX_DIMS];
-  const kex_view *v = kex_st_last(st);
-  memcpy(c, c0, (size_t)v->ndim * sizeof *c);
-  for (int vi = (int)st->nviews - 1; vi >= 0; vi--) {
-    v = st->views[vi];
-    int64_t idx = v->offset;
-    for (int d = 0; d < v->ndim; d++) {
-      if (v->mask && (c[d] < v->mask[2 * d] || c[d] >= v->mask[2 * d + 1])) return -1;
-      idx += c[d] * v->strides[d];
-    }
-    if (vi == 0) return idx;
-    const kex_view *prev = st->views[vi - 1];
-    unravel(idx, prev->ndim, prev->shape, c);
-  }
-  return -1;
-}
-
 /*
  * Run every item of p's schedule on dev with its hand-coded opts; read graph
  * output j into outs[j] (malloc'd doubles).  Returns 0, or a KEX_E* code with
@@ -494,7 +475,7 @@ static int run_on(planned *p, kex_device *dev, int dialect, double **outs, run_s
     int64_t c[KEX_MAX_DIMS];
     for (int64_t i = 0; i < n; i++) {
       unravel(i, kex_lb_ndim(lb), kex_lb_shape(lb), c);
-      int64_t bi2 = lb == base ? i : st_index(lb->st, c);
+      int64_t bi2 = lb == base ? i : kex_st_address(lb->st, c);
       outs[j][i] = bi2 < 0 ? 0 : load_typed(host, bi->dtype, bi2);
     }
     free(host);

@@ -125,17 +125,16 @@ def graph_json(outputs, device=None):
     return {"format": "kex.graph.v1", "device": device, "nodes": nodes, "outputs": outs}
 
 
+_SCALAR_FIELDS = ((bool, "bool_value"), (int, "int_value"), (str, "special"))  # bool before int: a bool is an int
+
+
 def _scalar_pb(v):
-    if isinstance(v, bool):
-        return pb.Scalar(bool_value=v)
-    if isinstance(v, int):
-        return pb.Scalar(int_value=v)
-    if isinstance(v, str):
-        return pb.Scalar(special=v)
-    if math.isnan(v):
-        return pb.Scalar(special="nan")
-    if math.isinf(v):
-        return pb.Scalar(special="inf" if v > 0 else "-inf")
+    """A node's value as kex.v1.Scalar: bool, int, a special name, or a float (nan and the infinities by name)."""
+    for kind, field in _SCALAR_FIELDS:
+        if isinstance(v, kind):
+            return pb.Scalar(**{field: v})
+    if not math.isfinite(v):
+        return pb.Scalar(special="nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
     return pb.Scalar(float_value=v)
 
 
