@@ -13,6 +13,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/accept_guard.h"
+#include "daemon/fleet.h"
 #include "daemon/rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 #ifdef KEXD_HAVE_DEVICES
@@ -184,6 +185,7 @@ void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud) 
   kexd *d = ud;
   Kex__V1__GetStatsRequest *m = (Kex__V1__GetStatsRequest *)kexd_rpc_decode(d, c, &kex__v1__get_stats_request__descriptor, req, len);
   Kex__V1__StatsReply r = KEX__V1__STATS_REPLY__INIT;
+  Kex__V1__FleetStats fleet = KEX__V1__FLEET_STATS__INIT;
   const kexd_server_stats *ss = kexd_server_get_stats(d->server);
   kexd_job *job = NULL;
   Kex__V1__JobStats *js = NULL, **jsp = NULL;
@@ -279,6 +281,17 @@ void kexd_rpc_get_stats(kexd_call *c, const uint8_t *req, size_t len, void *ud) 
     r.connections_open = as.open;
     r.connections_refused = as.refused_limit + as.refused_fds;
   }
+  kexd_fleet_counters fc;
+  kexd_fleet_stats(d, &fc);
+  fleet.state = (char *)fc.state;
+  fleet.hits = fc.hits;
+  fleet.published = fc.published;
+  fleet.lease_waits = fc.lease_waits;
+  fleet.takeovers = fc.takeovers;
+  fleet.rejected = fc.rejected;
+  fleet.errors = fc.errors;
+  fleet.outages = fc.outages;
+  r.fleet = &fleet;
   r.jobs_evicted = d->jobs.evicted;
   for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);

@@ -40,6 +40,7 @@
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/log.h"
+#include "daemon/fleet.h"
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
 #include "devices/device.h"
@@ -100,6 +101,8 @@ static int optimize_and_lower(kexd *d, kexd_route *ctx, kex_device *dev, kex_bea
   bo->cancel_arg = ctx;
   bo->cache = cache;
   bo->pool = d->search_pool;
+  kexd_fleet_search fs;
+  bo->remote = cache ? kexd_fleet_hook(d, &fs) : NULL; /* the fleet shares what the SQLite file holds */
   rc = kex_beam_optimize(&t, dev, bo, res, err);
   if (rc == 0) {
     if (res->from_cache) atomic_fetch_add(&T->beam_hits, 1);
