@@ -193,12 +193,13 @@ static void went_down(kexd_fleet *f, const char *why) {
   f->backoff_s = fmin(f->backoff_s * 2, KEXD_FLEET_BACKOFF_MAX_S);
 }
 
-static void on_connect(const redisAsyncContext *ac, int status) {
+/* The PING sent after AUTH and SELECT answered: Redis serves (a TCP connect alone is not enough: a stopped process's
+   socket still accepts). */
+static void on_ping(redisAsyncContext *ac, void *r, void *priv) {
+  const redisReply *reply = r;
   kexd_fleet *f = ac->data;
-  if (status != REDIS_OK) { /* hiredis frees ac after this */
-    went_down(f, ac->errstr[0] ? ac->errstr : "connect failed");
-    return;
-  }
+  (void)priv;
+  if (!reply || reply->type != REDIS_REPLY_STATUS || f->state != CONN_CONNECTING) return;
   uv_timer_stop(&f->retry); /* the connect timeout */
   set_state(f, CONN_UP);
   atomic_store(&f->slow_in_row, 0);
@@ -206,6 +207,13 @@ static void on_connect(const redisAsyncContext *ac, int status) {
   if (f->down_logged) KEX_INFO("fleet cache %s reachable again: sharing beam results", f->where);
   else KEX_INFO("fleet cache %s connected: sharing beam results", f->where);
   f->down_logged = false;
+}
+
+static void on_connect(const redisAsyncContext *ac, int status) {
+  kexd_fleet *f = ac->data;
+  if (status != REDIS_OK) /* hiredis frees ac after this */
+    went_down(f, ac->errstr[0] ? ac->errstr : "connect failed");
+  /* else on_ping says when it serves */
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
@@ -224,14 +232,15 @@ static void on_setup_reply(redisAsyncContext *ac, void *r, void *what) {
   }
 }
 
-/* The connect did not finish in --fleet-timeout (a black-holed address): drop it and retry. */
+/* The connect (and its PING) did not finish in --fleet-timeout, at least 1 s (a black-holed address, a stopped
+   process): drop it and retry. */
 static void on_connect_timeout(uv_timer_t *t) {
   kexd_fleet *f = t->data;
   if (f->state != CONN_CONNECTING || !f->ac) return;
   redisAsyncContext *ac = f->ac;
   f->ac = NULL;
-  redisAsyncFree(ac); /* not connected: no disconnect callback; queued commands get NULL replies */
-  went_down(f, "connect timed out");
+  redisAsyncFree(ac); /* queued commands get NULL replies; a TCP-connected one calls on_disconnect (went_down) */
+  if (f->state == CONN_CONNECTING) went_down(f, "connect timed out");
 }
 
 static void fleet_connect(kexd_fleet *f) {
@@ -261,6 +270,7 @@ static void fleet_connect(kexd_fleet *f) {
       redisAsyncCommand(ac, on_setup_reply, (void *)"AUTH", "AUTH %s", f->url.password);
   }
   if (f->url.db) redisAsyncCommand(ac, on_setup_reply, (void *)"SELECT", "SELECT %d", f->url.db);
+  redisAsyncCommand(ac, on_ping, NULL, "PING");
   uv_timer_start(&f->retry, on_connect_timeout, f->timeout_ms > 1000 ? f->timeout_ms : 1000, 0);
 }
 
