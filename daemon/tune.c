@@ -22,7 +22,8 @@
  * (kexd_cache_conn, search/cache.h's policy).  A cache that cannot be
  * opened follows realize/plan.h's policy: it fails a Tune (results must
  * be kept) and is a warning for Submit's hook, a lookup
- * (kexd_cache_conn_lookup: it searches without, and tries again later).  Every kernel lowered here is remembered for GetCacheEntry
+ * (kexd_cache_conn_lookup: it searches without, and tries again later).  With --fleet-cache a search's
+ * cache miss asks the fleet first and its result is published (daemon/fleet.h, the beam hook).  Every kernel lowered here is remembered for GetCacheEntry
  * (kexd_cache_memo_put).
  */
 #include <grpc/status.h>

@@ -1178,8 +1178,10 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   if (opts->cache) {
     rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
     if (rc == KEX_ENOTFOUND && opts->remote) {
-      if (opts->remote->fetch(opts->remote->arg, opts, &key) == 0) rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
-      else remote_key = &key;
+      if (opts->remote->fetch(opts->remote->arg, opts, &key) == 0) /* stored in opts->cache: checked like any entry */
+        rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
+      else
+        remote_key = &key;
     }
     if (rc == 0) {
       res->search_s = now_s() - t0;
