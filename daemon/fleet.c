@@ -83,6 +83,7 @@ struct kexd_fleet {
   uv_async_t async;
   uv_timer_t retry, renew;
   bool handles_open, down_logged;
+  const char *dropping;       /* why this side is dropping the connection (on_disconnect's reason), or NULL */
   double backoff_s;
   /* shared, under mu */
   uv_mutex_t mu;
@@ -219,7 +220,9 @@ static void on_connect(const redisAsyncContext *ac, int status) {
 static void on_disconnect(const redisAsyncContext *ac, int status) {
   kexd_fleet *f = ac->data;
   (void)status;
-  went_down(f, ac->errstr[0] ? ac->errstr : "connection closed");
+  const char *why = f->dropping ? f->dropping : ac->errstr[0] ? ac->errstr : "connection closed";
+  f->dropping = NULL;
+  went_down(f, why);
 }
 
 /* AUTH and SELECT: an error reply drops the connection (it would answer nothing else usefully). */
@@ -317,8 +320,9 @@ static void on_async(uv_async_t *a) {
   if (f->state == CONN_UP && f->ac && atomic_load(&f->slow_in_row) >= KEXD_FLEET_SLOW_TIMEOUTS) {
     KEX_DEBUG("fleet cache %s: %d commands in a row unanswered", f->where, KEXD_FLEET_SLOW_TIMEOUTS);
     atomic_store(&f->slow_in_row, 0);
-    redisAsyncContext *ac = f->ac;
-    redisAsyncFree(ac); /* calls on_disconnect (went_down) and fails every pending command */
+    f->dropping = "not answering";
+    redisAsyncFree(f->ac); /* calls on_disconnect (went_down) and fails every pending command */
+    f->dropping = NULL;
     if (f->state != CONN_DOWN) went_down(f, "not answering");
   }
   while (q) {
