@@ -28,6 +28,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "daemon/fleet.h"
 #include "devices/device.h"
 #include "search/beam.h"
 
@@ -84,6 +85,16 @@ static const flag flags[] = {
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
    "the SQLite cache file (programs and beam results; \"\": none); default $XDG_CACHE_HOME/kex/cache.db, else "
    "~/.cache/kex/cache.db"},
+  {"fleet-cache", "URL", FLAG_STRING, F(fleet_cache), 0, 0, 0, 0, false, NULL,
+   "share beam results with other kexd nodes through Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (no TLS: "
+   "keep Redis on a private network, docs/fleet.md; default: none)"},
+  {"fleet-lease", "SECONDS", FLAG_SECONDS, F(fleet_lease_s), 0, 0, 1, 3600, false, NULL,
+   "fleet cache: a search's lease on its kernel (renewed every third of it while it runs; a peer takes the search "
+   "over when it expires)"},
+  {"fleet-timeout", "SECONDS", FLAG_SECONDS, F(fleet_timeout_s), 0, 0, 0.001, 60, false, NULL,
+   "fleet cache: one Redis command waits at most this long, then the node searches locally"},
+  {"fleet-wait-max", "SECONDS", FLAG_SECONDS, F(fleet_wait_max_s), 0, 0, 0, 86400, false, NULL,
+   "fleet cache: a search waits at most this long for a peer searching the same kernel, then searches itself"},
   {"device", "NAME[,NAME]", FLAG_DEVICES, 0, 0, 0, 0, 0, false, NULL,
    "devices, the first is the default (opencl, opencl:NAME, cpu)"},
   {"workers", "N", FLAG_U32, F(workers), 0, 1024, 0, 0, false, NULL,
@@ -299,6 +310,9 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->metrics = KEXD_DEFAULT_METRICS;
   cfg->lease_s = KEXD_DEFAULT_LEASE_S;
   cfg->grace_s = KEXD_DEFAULT_GRACE_S;
+  cfg->fleet_lease_s = KEXD_FLEET_DEFAULT_LEASE_S;
+  cfg->fleet_timeout_s = KEXD_FLEET_DEFAULT_TIMEOUT_S;
+  cfg->fleet_wait_max_s = KEXD_FLEET_DEFAULT_WAIT_MAX_S;
   cfg->max_message = KEXD_DEFAULT_MAX_MESSAGE;
   cfg->limits = KEX_LIMITS_DEFAULT;
   cfg->max_jobs = KEXD_LIMIT_JOBS;
@@ -450,6 +464,14 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
     fprintf(stderr, "kexd: unexpected argument \"%s\"\n", argv[optind]);
     kexd_config_usage(stderr);
     return -1;
+  }
+  if (cfg->fleet_cache) {
+    kexd_fleet_url u;
+    kex_error ferr = {0};
+    if (kexd_fleet_parse_url(cfg->fleet_cache, &u, &ferr)) {
+      fprintf(stderr, "kexd: --fleet-cache (KEX_FLEET_CACHE): %s\n", ferr.msg);
+      return -1;
+    }
   }
   if (!cfg->tls_cert != !cfg->tls_key) {
     fprintf(stderr, "kexd: --tls-cert and --tls-key (KEX_TLS_CERT, KEX_TLS_KEY) go together: %s is missing\n",

@@ -13,6 +13,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/accept_guard.h"
+#include "daemon/fleet.h"
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -151,6 +152,7 @@ void kexd_rpc_list_devices(kexd *d, kexd_call *c, kexd_req *rq) {
 
 void kexd_rpc_get_stats(kexd *d, kexd_call *c, kexd_req *rq) {
   Kex__V1__StatsReply r = KEX__V1__STATS_REPLY__INIT;
+  Kex__V1__FleetStats fleet = KEX__V1__FLEET_STATS__INIT;
   const kexd_server_stats *ss = kexd_server_get_stats(d->server);
   kexd_job *job = rq->job;
   Kex__V1__JobStats *js = NULL, **jsp = NULL;
@@ -244,6 +246,17 @@ void kexd_rpc_get_stats(kexd *d, kexd_call *c, kexd_req *rq) {
     r.connections_open = as.open;
     r.connections_refused = as.refused_limit + as.refused_fds;
   }
+  kexd_fleet_counters fc;
+  kexd_fleet_stats(d, &fc);
+  fleet.state = (char *)fc.state;
+  fleet.hits = fc.hits;
+  fleet.published = fc.published;
+  fleet.lease_waits = fc.lease_waits;
+  fleet.takeovers = fc.takeovers;
+  fleet.rejected = fc.rejected;
+  fleet.errors = fc.errors;
+  fleet.outages = fc.outages;
+  r.fleet = &fleet;
   r.jobs_evicted = d->jobs.evicted;
   for (uint32_t i = 0; i < d->jobs.njobs; i++) r.bytes_held += d->jobs.jobs[i]->bytes_held;
   kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);

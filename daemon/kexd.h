@@ -65,6 +65,10 @@ typedef struct kexd_config {
   uint32_t max_submits_per_job;  /* Submit calls in flight per job */
   uint32_t max_tunes_per_device; /* Tune calls at once per device */
   uint32_t max_beam;             /* the widest beam a Submit or Tune may ask for */
+  const char *fleet_cache;       /* --fleet-cache / KEX_FLEET_CACHE: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], or NULL */
+  double fleet_lease_s;          /* a search's lease on its kernel in the fleet (renewed while it runs) */
+  double fleet_timeout_s;        /* one Redis command waits at most this long, then the node searches locally */
+  double fleet_wait_max_s;       /* a search waits at most this long for a peer's result */
   char *cache_path;              /* the SQLite cache file: programs (Submit) and beam results (Tune, beam Submit) */
   uint32_t beam;                 /* --beam / KEX_BEAM: Submit's beam width when the request says 0 (0 = hand-coded);
                                     Tune's when the request says 0 (2 when this is 0 too) */
@@ -126,6 +130,7 @@ typedef struct kexd {
   struct kex_pool *search_pool;  /* the render/compile workers every beam search shares (main.c) */
   /* Tune and Submit's beam hook (tune.c) */
   struct kexd_tuner *tuner;
+  struct kexd_fleet *fleet;      /* --fleet-cache (fleet.c); NULL when off */
   /* the beam cache RPCs (cache_rpc.c) */
   struct kexd_cache_rpc *cache_rpc;
   uint32_t imports_active;       /* ImportCache streams open now (--import-streams) */

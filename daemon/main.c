@@ -36,6 +36,7 @@
 #include "daemon/accept_guard.h"
 #include "daemon/auth.h"
 #include "daemon/config.h"
+#include "daemon/fleet.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
@@ -61,6 +62,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 /* Close the handles main owns; uv_run returns once every handle is closed. */
 static void close_handles(daemon_state *st) {
+  kexd_fleet_close(&st->d); /* searches still running go local */
   kexd_metrics_stop(st->d.metrics);
   st->d.metrics = NULL;
   kexd_jobs_close(&st->d.jobs); /* cancels queued work and posts the buffers' frees ... */
@@ -291,7 +293,7 @@ int main(int argc, char **argv) {
     goto out_handles;
   }
   if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
-      kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0) {
+      kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0 || kexd_fleet_start(d) < 0) {
     ret = 1;
     goto out_handles;
   }
@@ -343,6 +345,7 @@ out_handles:
 out_server:
   kexd_submit_free(d); /* after the runners exited: their loaded programs are freed here */
   kexd_tune_free(d);
+  kexd_fleet_free(d); /* every search is back */
   kexd_cache_rpc_free(d);
   kexd_streams_free(d->streams);
   kex_pool_destroy(d->search_pool); /* every search is back: the loop ran out */

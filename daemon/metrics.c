@@ -35,6 +35,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/accept_guard.h"
+#include "daemon/fleet.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
 
@@ -69,6 +70,7 @@ typedef struct snapshot {
   uint64_t prog_memory_hits, prog_sqlite_hits, prog_misses;
   uint64_t sched_hits, sched_misses;
   kexd_tune_counters tune;
+  kexd_fleet_counters fleet;
   /* by tenant (the usage records of jobs.c; at most KEXD_METRICS_MAX_TENANTS, then one "_other" row) */
   uint32_t ntenants;
   struct {
@@ -133,6 +135,7 @@ static void collect(kexd *d, snapshot *s) {
   s->sched_hits = d->sched_cache_hits;
   s->sched_misses = d->sched_cache_misses;
   kexd_tune_stats(d, &s->tune);
+  kexd_fleet_stats(d, &s->fleet);
   s->ntenants = 0;
   for (uint32_t i = 0; i < d->jobs.nuses; i++) {
     const kexd_tenant_use *u = d->jobs.uses[i];
@@ -296,6 +299,18 @@ static void format(page *p, const snapshot *s) {
   kex_strbuf_printf(p, "kex_beam_searches_cancelled_total %llu\n", (unsigned long long)s->tune.searches_cancelled);
   head(p, "kex_beam_search_seconds_total", "counter", "Wall seconds of the beam searches that finished (Tune and Submit).");
   kex_strbuf_printf(p, "kex_beam_search_seconds_total %.9g\n", s->tune.search_seconds);
+  head(p, "kex_fleet_up", "gauge", "1 while the fleet cache's Redis (--fleet-cache) is connected; 0 when down or off.");
+  kex_strbuf_printf(p, "kex_fleet_up %d\n", s->fleet.up ? 1 : 0);
+  head(p, "kex_fleet_hits_total", "counter", "Beam results taken from the fleet cache: searches this node did not run.");
+  kex_strbuf_printf(p, "kex_fleet_hits_total %llu\n", (unsigned long long)s->fleet.hits);
+  head(p, "kex_fleet_published_total", "counter", "Beam results this node searched and published to the fleet cache.");
+  kex_strbuf_printf(p, "kex_fleet_published_total %llu\n", (unsigned long long)s->fleet.published);
+  head(p, "kex_fleet_lease_waits_total", "counter", "Searches that waited for a peer searching the same kernel.");
+  kex_strbuf_printf(p, "kex_fleet_lease_waits_total %llu\n", (unsigned long long)s->fleet.lease_waits);
+  head(p, "kex_fleet_rejected_total", "counter", "Fleet cache values refused: invalid, or for another device or key.");
+  kex_strbuf_printf(p, "kex_fleet_rejected_total %llu\n", (unsigned long long)s->fleet.rejected);
+  head(p, "kex_fleet_errors_total", "counter", "Fleet cache commands that failed or timed out, and connection losses.");
+  kex_strbuf_printf(p, "kex_fleet_errors_total %llu\n", (unsigned long long)s->fleet.errors);
   head(p, "kex_queue_wait_seconds", "histogram",
        "Seconds a device item (a Submit's setup, kernels and outputs, an upload, a download, a search's timing run) "
        "waited in its job's fair queue before the device ran it, by device.");

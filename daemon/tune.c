@@ -22,7 +22,8 @@
  * (kexd_cache_conn, search/cache.h's policy).  A cache that cannot be
  * opened follows realize/plan.h's policy: it fails a Tune (results must
  * be kept) and is a warning for Submit's hook, a lookup
- * (kexd_cache_conn_lookup: it searches without, and tries again later).  Every kernel lowered here is remembered for GetCacheEntry
+ * (kexd_cache_conn_lookup: it searches without, and tries again later).  With --fleet-cache a search's
+ * cache miss asks the fleet first and its result is published (daemon/fleet.h, the beam hook).  Every kernel lowered here is remembered for GetCacheEntry
  * (kexd_cache_memo_put).
  */
 #include <grpc/status.h>
@@ -40,6 +41,7 @@
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/log.h"
+#include "daemon/fleet.h"
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
 #include "devices/device.h"
@@ -100,6 +102,8 @@ static int optimize_and_lower(kexd *d, kexd_route *ctx, kex_device *dev, kex_bea
   bo->cancel_arg = ctx;
   bo->cache = cache;
   bo->pool = d->search_pool;
+  kexd_fleet_search fs;
+  bo->remote = cache ? kexd_fleet_hook(d, &fs) : NULL; /* the fleet shares what the SQLite file holds */
   rc = kex_beam_optimize(&t, dev, bo, res, err);
   if (rc == 0) {
     if (res->from_cache) atomic_fetch_add(&T->beam_hits, 1);

@@ -13,6 +13,7 @@ packages=(
   python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-pytest python3-venv
   libopenblas-dev libssl-dev pkg-config gcc
   libmicrohttpd-dev python3-prometheus-client
+  libhiredis-dev redis-server
 )
 
 missing=()

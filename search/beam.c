@@ -1164,6 +1164,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   candidate *best = NULL, *runner = NULL;
   kex_ast_digest dig;
   char sopts[KEX_CACHE_SEARCH_OPTS_MAX];
+  const kex_cache_beam_key *remote_key = NULL; /* the remote was asked and must hear how the search ended */
   int rc = kex_kernel_from_item(t->schedule, it, caps, &k0, err);
   if (rc) goto out;
   if ((rc = kex_ast_key(it->ast, it->nout, &dig, err))) goto out;
@@ -1176,6 +1177,12 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   memcpy(key.ast_key, dig.bytes, sizeof key.ast_key);
   if (opts->cache) {
     rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
+    if (rc == KEX_ENOTFOUND && opts->remote) {
+      if (opts->remote->fetch(opts->remote->arg, opts, &key) == 0) /* stored in opts->cache: checked like any entry */
+        rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
+      else
+        remote_key = &key;
+    }
     if (rc == 0) {
       res->search_s = now_s() - t0;
       report(&s, "cache");
@@ -1251,10 +1258,13 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   report(&s, "done");
 
   if (opts->cache) rc = store_result(opts, &key, it, res, err);
+  if (remote_key) opts->remote->done(opts->remote->arg, opts, remote_key, rc == 0);
+  remote_key = NULL;
   goto out;
 nomem:
   rc = kex_err_set(err, KEX_ENOMEM, "out of memory in the beam search");
 out:;
+  if (remote_key) opts->remote->done(opts->remote->arg, opts, remote_key, false); /* failed or cancelled */
   int nworkers = pool ? kex_pool_size(pool) : 0;
   kex_pool_destroy(own_pool); /* joins its workers; a caller's pool has finished every job of this search */
   if (sc.replicas)

@@ -136,6 +136,24 @@ typedef struct kex_beam_progress {
 } kex_beam_progress;
 typedef void (*kex_beam_progress_fn)(const kex_beam_progress *p, void *arg);
 
+struct kex_beam_opts;
+/*
+ * A shared cache behind opts->cache (kexd's fleet cache, daemon/fleet.h).
+ * Both calls run on the search's thread, with the search's opts (its cache
+ * handle and cancel flag).  fetch is called on a local miss: 0 when it
+ * stored a validated entry for key into o->cache (the search then looks the
+ * cache up again and checks the entry like any other), anything else when
+ * the search should run (the remote may now hold a claim on key that done
+ * releases).  done is called once after every fetch that did not return 0,
+ * when the search ended: stored is true when its result is in o->cache
+ * under key (to be shared).  Neither may fail the search.
+ */
+typedef struct kex_beam_remote {
+  int (*fetch)(void *arg, const struct kex_beam_opts *o, const kex_cache_beam_key *key);
+  void (*done)(void *arg, const struct kex_beam_opts *o, const kex_cache_beam_key *key, bool stored);
+  void *arg;
+} kex_beam_remote;
+
 typedef struct kex_beam_opts {
   int width;                 /* beam width N (>= 1) */
   int upcast_max, local_max, uops_max;
@@ -155,6 +173,7 @@ typedef struct kex_beam_opts {
   kex_beam_progress_fn progress;
   void *progress_arg;
   kex_cache *cache;          /* NULL = no cache */
+  const kex_beam_remote *remote; /* asked on a cache miss, told when the search ends; NULL = none (needs cache) */
   /* Checked between candidates (and before the buffers and the final comparison): true stops the
      search, which frees what it holds and returns KEX_ECANCELLED.  NULL = never.  Any thread. */
   bool (*cancelled)(void *arg);

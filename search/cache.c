@@ -64,6 +64,8 @@
                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)")                                      \
   XX(BEAM_GET, "SELECT " BEAM_COLS BEAM_FROM " WHERE b.ast_key = ?1 AND " DEV_MATCH                              \
                " AND b.search_opts = ?7 AND b.codegen_version = ?8")                                              \
+  XX(BEAM_LINE, "SELECT " BEAM_COLS ", b.ast_text" BEAM_FROM " WHERE b.ast_key = ?1 AND " DEV_MATCH                \
+                " AND b.search_opts = ?7 AND b.codegen_version = ?8")                                             \
   XX(BEAM_DROP, "DELETE FROM beam_results WHERE rowid = ?1")                                                      \
   XX(BEAM_DROP_KEY, "DELETE FROM beam_results WHERE ast_key = ?1 AND device_id IN (SELECT d.id FROM devices d "   \
                     "WHERE " DEV_MATCH ") AND search_opts = ?7 AND codegen_version = ?8 AND opts = ?9")           \
@@ -840,6 +842,15 @@ static int drop_damaged_beam(kex_cache *c, int64_t bad_row, const char *why, kex
   return kex_err_set(err, KEX_ECORRUPT, "cache %s: dropped a damaged beam result: %s", c->path, why);
 }
 
+/* Binds key as ?1 (AST key), ?2..?6 (identity), ?7 (search options), ?8 (codegen version). */
+static int bind_beam_key(sqlite3_stmt *s, const kex_cache_beam_key *key) {
+  int src = sqlite3_bind_blob(s, 1, key->ast_key, KEX_AST_KEY_BYTES, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = bind_identity(s, 2, key->device);
+  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 7, key->search_opts, -1, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 8, key->codegen_version, -1, SQLITE_STATIC);
+  return src;
+}
+
 int kex_cache_beam_get(kex_cache *c, const kex_cache_beam_key *key, kex_cache_beam_value *out, kex_error *err) {
   sqlite3_stmt *s = NULL;
   kex_cache_entry *e = NULL;
@@ -851,10 +862,7 @@ int kex_cache_beam_get(kex_cache *c, const kex_cache_beam_key *key, kex_cache_be
   if ((rc = check_beam_key(key, err))) return rc;
   if (!(e = kex_malloc(sizeof *e))) return kex_err_set(err, KEX_ENOMEM, "cache: out of memory");
   if ((rc = get_stmt(c, STMT_BEAM_GET, &s, err))) goto out;
-  src = sqlite3_bind_blob(s, 1, key->ast_key, KEX_AST_KEY_BYTES, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = bind_identity(s, 2, key->device);
-  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 7, key->search_opts, -1, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 8, key->codegen_version, -1, SQLITE_STATIC);
+  src = bind_beam_key(s, key);
   rc = step_beam_row(c, s, src, e, "find beam result", why, sizeof why, &bad_row, err);
   if (rc == KEX_ENOTFOUND) {
     c->stats.beam_misses++;
@@ -882,10 +890,7 @@ int kex_cache_beam_drop(kex_cache *c, const kex_cache_beam_key *key, const kex_c
   kex_hex(key->ast_key, KEX_AST_KEY_BYTES, hex);
   if ((rc = tx_begin(c, err))) goto out;
   if ((rc = get_stmt(c, STMT_BEAM_DROP_KEY, &s, err))) goto out;
-  src = sqlite3_bind_blob(s, 1, key->ast_key, KEX_AST_KEY_BYTES, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = bind_identity(s, 2, key->device);
-  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 7, key->search_opts, -1, SQLITE_STATIC);
-  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 8, key->codegen_version, -1, SQLITE_STATIC);
+  src = bind_beam_key(s, key);
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 9, opts, -1, SQLITE_STATIC);
   if (src == SQLITE_OK) src = sqlite3_step(s);
   if (src != SQLITE_DONE) {
@@ -1052,11 +1057,13 @@ static json_t *identity_json(const kex_device_identity *d) {
                    "driver_version", d->driver_version, "compiler_version", d->compiler_version);
 }
 
+#define EXPORT_JSON_FLAGS (JSON_COMPACT | JSON_ENSURE_ASCII)
+
 /* Write one object as a line; steals obj. */
 static int write_line(FILE *f, json_t *obj, kex_error *err) {
   int rc = 0;
   if (!obj) return kex_err_set(err, KEX_ENOMEM, "cache export: out of memory");
-  if (json_dumpf(obj, f, JSON_COMPACT | JSON_ENSURE_ASCII) != 0 || fputc('\n', f) == EOF)
+  if (json_dumpf(obj, f, EXPORT_JSON_FLAGS) != 0 || fputc('\n', f) == EOF)
     rc = kex_err_set(err, KEX_EIO, "cache export: write failed: %s", strerror(errno));
   json_decref(obj);
   return rc;
@@ -1071,6 +1078,38 @@ static json_t *beam_json(const kex_cache_entry *e, const char *ast_text) {
                    e->value.hand_time_s, "search_time_s", e->value.search_time_s, "candidates",
                    (json_int_t)e->value.candidates, "kernel_name", e->value.kernel_name, "created_at",
                    (json_int_t)e->value.created_at, "ast_text", ast_text ? json_string(ast_text) : json_null());
+}
+
+int kex_cache_beam_line(kex_cache *c, const kex_cache_beam_key *key, char **line, kex_error *err) {
+  sqlite3_stmt *s = NULL;
+  kex_cache_entry *e = NULL;
+  int64_t bad_row = -1;
+  char why[KEX_ERROR_MSG_MAX / 2] = "";
+  int rc, src;
+
+  *line = NULL;
+  if ((rc = check_beam_key(key, err))) return rc;
+  if (!(e = kex_malloc(sizeof *e))) return kex_err_set(err, KEX_ENOMEM, "cache: out of memory");
+  if ((rc = get_stmt(c, STMT_BEAM_LINE, &s, err))) goto out;
+  src = bind_beam_key(s, key);
+  rc = step_beam_row(c, s, src, e, "encode beam result", why, sizeof why, &bad_row, err);
+  if (rc == KEX_ENOTFOUND) rc = kex_err_set(err, KEX_ENOTFOUND, "cache: no beam result to encode for this key");
+  if (rc) goto out;
+  const char *ast_text = sqlite3_column_type(s, BC_AST_TEXT) == SQLITE_TEXT ? (const char *)sqlite3_column_text(s, BC_AST_TEXT) : NULL;
+  json_t *o = beam_json(e, ast_text);
+  size_t n = o ? json_dumpb(o, NULL, 0, EXPORT_JSON_FLAGS) : 0; /* sized first: jansson's allocator may be kex's or libc's */
+  if (n && (*line = kex_malloc(n + 1)) && json_dumpb(o, *line, n, EXPORT_JSON_FLAGS) == n) (*line)[n] = '\0';
+  else {
+    kex_free(*line);
+    *line = NULL;
+    rc = kex_err_set(err, KEX_ENOMEM, "cache: out of memory encoding a beam result");
+  }
+  json_decref(o);
+out:
+  stmt_done(s);
+  kex_free(e);
+  if (bad_row >= 0) rc = drop_damaged_beam(c, bad_row, why, err);
+  return rc;
 }
 
 int kex_cache_export(kex_cache *c, FILE *f, const kex_cache_filter *filter, uint64_t *count, kex_error *err) {
@@ -1194,7 +1233,15 @@ static int json_hex32(json_t *o, const char *name, uint8_t *out, kex_error *err)
  * line (a compiled binary, as exports of schema 1 and 2 carried) is
  * refused before any of its fields is read.
  */
-static int import_entry(kex_cache *c, json_t *o, kex_error *err) {
+static bool same_key(const kex_cache_beam_key *a, const kex_cache_beam_key *b) {
+  const kex_device_identity *x = a->device, *y = b->device;
+  return !memcmp(a->ast_key, b->ast_key, KEX_AST_KEY_BYTES) && !strcmp(x->kind, y->kind) &&
+         !strcmp(x->vendor, y->vendor) && !strcmp(x->name, y->name) && !strcmp(x->driver_version, y->driver_version) &&
+         !strcmp(x->compiler_version, y->compiler_version) && !strcmp(a->search_opts, b->search_opts) &&
+         !strcmp(a->codegen_version, b->codegen_version);
+}
+
+static int import_entry(kex_cache *c, json_t *o, const kex_cache_beam_key *expect, kex_error *err) {
   kex_device_identity *dev = NULL;
   kex_cache_beam_value *v = NULL;
   char *search = NULL, *codegen = NULL, *opts = NULL;
@@ -1229,6 +1276,11 @@ static int import_entry(kex_cache *c, json_t *o, kex_error *err) {
       (rc = json_field_string(o, "kernel_name", KEX_CACHE_KERNEL_NAME_MAX, v->kernel_name, err)) ||
       (rc = json_field_int(o, "created_at", &v->created_at, err)))
     goto out;
+  if (expect && !same_key(&key, expect)) {
+    rc = kex_err_set(err, KEX_EPARSE, "the entry is not for the key asked for (AST key, device identity, search "
+                     "options or codegen version differ)");
+    goto out;
+  }
   if (json_is_string(at)) {
     ast_text = json_string_value(at);
     if (strncmp(ast_text, KEX_AST_KEY_VERSION "\n", sizeof KEX_AST_KEY_VERSION)) {
@@ -1257,6 +1309,27 @@ out:
   return rc;
 }
 
+static json_t *load_line(const char *line, size_t len, json_error_t *jerr) {
+  return json_loadb(line, len, JSON_REJECT_DUPLICATES, jerr);
+}
+
+int kex_cache_import_line(kex_cache *c, const char *line, size_t len, const kex_cache_beam_key *expect, kex_error *err) {
+  json_error_t jerr;
+  int rc;
+  if (len > KEX_CACHE_IMPORT_LINE_MAX) return kex_err_set(err, KEX_ELIMIT, "cache: a line of %zu bytes (limit %zu)", len, (size_t)KEX_CACHE_IMPORT_LINE_MAX);
+  json_t *o = load_line(line, len, &jerr);
+  if (!o || !json_is_object(o)) {
+    rc = kex_err_set(err, KEX_EPARSE, "not a JSON object: %s", o ? "" : jerr.text);
+    goto out;
+  }
+  if ((rc = tx_begin(c, err))) goto out;
+  if ((rc = import_entry(c, o, expect, err)) == 0) rc = tx_commit(c, err);
+  if (rc) tx_rollback(c);
+out:
+  json_decref(o);
+  return rc;
+}
+
 static void report_error(kex_cache_import_report *rep, const char *msg) {
   if (rep->nerrors < KEX_CACHE_IMPORT_ERRORS) copy_cut(rep->errors[rep->nerrors++], sizeof rep->errors[0], msg);
 }
@@ -1276,7 +1349,7 @@ int kex_cache_import(kex_cache *c, FILE *f, kex_cache_import_report *rep_out, ke
     kex_error lerr = {0};
     char msg[KEX_ERROR_MSG_MAX];
     lineno++;
-    o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    o = load_line(line, len, &jerr);
     if (lineno == 1) {
       json_t *fmt = o ? json_object_get(o, "format") : NULL, *schema = o ? json_object_get(o, "schema") : NULL;
       if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "kex.cache.export.v1") || !json_is_integer(schema) ||
@@ -1289,7 +1362,7 @@ int kex_cache_import(kex_cache *c, FILE *f, kex_cache_import_report *rep_out, ke
       rep.rejected++;
       report_error(&rep, msg);
       if (!first_bad[0]) copy_cut(first_bad, sizeof first_bad, msg);
-    } else if ((rc = import_entry(c, o, &lerr))) {
+    } else if ((rc = import_entry(c, o, NULL, &lerr))) {
       if (rc != KEX_EPARSE && rc != KEX_EINVAL && rc != KEX_ELIMIT) {
         rc = kex_err_set(err, rc, "cache import: line %llu: %s", (unsigned long long)lineno, lerr.msg);
         goto out;

@@ -301,6 +301,27 @@ typedef struct kex_cache_import_report {
  */
 int kex_cache_import(kex_cache *c, FILE *f, kex_cache_import_report *rep, kex_error *err);
 
+/*
+ * One beam result as its export line (the format above, one object, no
+ * newline): the row of key, in *line (kex_malloc'd, the caller frees).
+ * What kexd's fleet cache publishes (daemon/fleet.h): the same codec as
+ * export/import, so every field a beam result carries travels.  Errors:
+ * KEX_ENOTFOUND, KEX_ECORRUPT (a damaged row, dropped), KEX_ENOMEM, SQLite.
+ */
+int kex_cache_beam_line(kex_cache *c, const kex_cache_beam_key *key, char **line, kex_error *err);
+/*
+ * Validate one export line (line[len], no newline) exactly as
+ * kex_cache_import validates each line, and store it in its own
+ * transaction.  When expect is not NULL the line must be for that key --
+ * AST key, the five identity fields, search options and codegen version
+ * byte-equal -- or it is refused and nothing is stored (an entry made on
+ * another device is never taken for this one).  Errors: KEX_EPARSE (a bad
+ * line, or another key; err says which field), KEX_EINVAL, KEX_ELIMIT
+ * (over KEX_CACHE_IMPORT_LINE_MAX or a field's limit), KEX_ENOMEM, SQLite.
+ */
+int kex_cache_import_line(kex_cache *c, const char *line, size_t len, const kex_cache_beam_key *expect,
+                          kex_error *err);
+
 /* ---- helpers ---- */
 
 /*

@@ -83,6 +83,17 @@ PYEOF
   fi
 }
 
+# check_logs_clean: one check that no kexd log in $tmp holds a sanitizer report or a crash (the reports shown).
+check_logs_clean() {
+  local pat='AddressSanitizer|LeakSanitizer|runtime error|Segmentation|Aborted'
+  if grep -qiE "$pat" "$tmp"/kexd*.log 2>/dev/null; then
+    bad "kexd logs are free of sanitizer reports and crashes"
+    grep -iE -B2 -A20 "$pat" "$tmp"/kexd*.log | head -80
+  else
+    ok "kexd logs are free of sanitizer reports and crashes"
+  fi
+}
+
 # run_py SCRIPT [VAR=VALUE...]: run tests/integration/SCRIPT with the Debian python and
 # the given environment (KEX_STUBS=$tmp is always set), show its lines, and add its
 # closing "N passed, N failed" to the counts (a missing closing line is one failure).

@@ -42,10 +42,5 @@ else
   wait "$pid"
   pid=""
 fi
-if grep -qiE 'AddressSanitizer|LeakSanitizer|runtime error|Segmentation|Aborted' "$tmp"/kexd*.log; then
-  bad "kexd logs are free of sanitizer reports and crashes"
-  grep -iE -B2 -A20 'AddressSanitizer|LeakSanitizer|runtime error|Segmentation|Aborted' "$tmp"/kexd*.log | head -80
-else
-  ok "kexd logs are free of sanitizer reports and crashes"
-fi
+check_logs_clean
 finish

@@ -1109,6 +1109,50 @@ static void test_import_old_export_program_refused(void **state) {
 }
 
 /* kex_cache_beam_drop deletes the row only while it still has the unusable opts, and counts it. */
+/* One entry as its export line, validated and stored elsewhere only for the key asked for (the fleet cache's codec). */
+static void test_beam_line(void **state) {
+  (void)state;
+  char p1[512], p2[512];
+  fresh_path(p1, sizeof p1, "line-a");
+  fresh_path(p2, sizeof p2, "line-b");
+  kex_cache *a = open_ok(p1), *b = open_ok(p2);
+  kex_device_identity d = this_dev(), other = identity("opencl", "another gpu", "6.0", "OpenCL C 1.2 PoCL 6.0");
+  kex_cache_beam_key k = {.device = &d, .search_opts = "beam=2", .codegen_version = "g1"};
+  kex_cache_beam_value v;
+  kex_error err = {0};
+  char *line = NULL;
+  key_of(5, k.ast_key);
+  assert_int_equal(kex_cache_beam_line(a, &k, &line, &err), KEX_ENOTFOUND);
+  assert_null(line);
+  beam_put_ok(a, 5, &d, "beam=2", "g1");
+  assert_int_equal(kex_cache_beam_line(a, &k, &line, &err), 0);
+  assert_non_null(strstr(line, "\"type\":\"beam\""));
+  assert_null(strchr(line, '\n'));
+  /* another device, search options or codegen asked for: refused, nothing stored */
+  kex_cache_beam_key ko = k, ks = k, kc = k;
+  ko.device = &other;
+  ks.search_opts = "beam=4";
+  kc.codegen_version = "g2";
+  assert_int_equal(kex_cache_import_line(b, line, strlen(line), &ko, &err), KEX_EPARSE);
+  assert_non_null(strstr(err.msg, "not for the key"));
+  assert_int_equal(kex_cache_import_line(b, line, strlen(line), &ks, &err), KEX_EPARSE);
+  assert_int_equal(kex_cache_import_line(b, line, strlen(line), &kc, &err), KEX_EPARSE);
+  assert_int_equal(beam_get(b, 5, &d, "beam=2", "g1", &v, &err), KEX_ENOTFOUND);
+  assert_int_equal(beam_get(b, 5, &other, "beam=2", "g1", &v, &err), KEX_ENOTFOUND);
+  /* a damaged line is refused as import refuses it */
+  assert_int_equal(kex_cache_import_line(b, line, strlen(line) - 1, &k, &err), KEX_EPARSE);
+  assert_int_equal(kex_cache_import_line(b, "{\"type\":\"program\"}", 19, &k, &err), KEX_EPARSE);
+  /* the right key: stored, the same value */
+  assert_int_equal(kex_cache_import_line(b, line, strlen(line), &k, &err), 0);
+  assert_int_equal(beam_get(b, 5, &d, "beam=2", "g1", &v, &err), 0);
+  expect_beam_value(&v, 5);
+  kex_free(line);
+  kex_cache_close(a);
+  kex_cache_close(b);
+  remove_db(p1);
+  remove_db(p2);
+}
+
 static void test_beam_drop(void **state) {
   (void)state;
   char path[512];
@@ -1265,6 +1309,7 @@ int main(void) {
       cmocka_unit_test(test_import_foreign_identity),
       cmocka_unit_test(test_import_malformed_lines),
       cmocka_unit_test(test_import_old_export_program_refused),
+      cmocka_unit_test(test_beam_line),
       cmocka_unit_test(test_beam_drop),
       cmocka_unit_test(test_list_filters_paging_delete),
   };
