@@ -96,9 +96,9 @@ kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token) {
   if (job && ci->tenant && strcmp(job->use->name, ci->tenant->name) != 0) job = NULL; /* another tenant's */
   if (!job && (owner = kexd_jobs_token_owner(&d->jobs, token))) {
     kexd_call_failf(c, GRPC_STATUS_FAILED_PRECONDITION,
-                    "%s: the job belongs to node %.*s (its token says so); this is node %s at %s: send the job's "
-                    "calls to its node", kexd_call_method(c), KEXD_NODE_SUFFIX_MAX, owner, d->jobs.node,
-                    d->jobs.advertise);
+                    "%s: the job belongs to node %.*s at %.*s (its token says so); this is node %s at %s: send the "
+                    "job's calls to its node", kexd_call_method(c), (int)strcspn(owner, "@"), owner,
+                    KEXD_ADVERTISE_MAX, owner + strcspn(owner, "@") + 1, d->jobs.node, d->jobs.advertise);
     return NULL;
   }
   if (!job) {
