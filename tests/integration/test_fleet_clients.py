@@ -162,6 +162,20 @@ def fleet_run(target, addr, procs, ports):
     check("kex upload --job TOKEN goes to the token's node", all(u.returncode == 0 for u in ups),
           [u.stderr for u in ups if u.returncode])
 
+    p = cli("--server", f"kexd.invalid:1,{addr['node-a']}", "health")
+    check("kex: a list with a host name is refused, pointing at dns:///", p.returncode != 0 and "dns:///" in p.stderr,
+          p.stderr)
+    p = cli("--server", "127.0.0.1,kexd.invalid", "health")  # refused before dialing: names the list it got
+    check("kex: list items without a port get :50051 each", "127.0.0.1:50051,kexd.invalid:50051" in p.stderr,
+          p.stderr)
+    try:
+        kex.Client(f"kexd.invalid:1,{addr['node-a']}")
+        e = None
+    except ValueError as x:
+        e = x
+    check("python: a list with a host name is refused, pointing at dns:///", e is not None and "dns:///" in str(e),
+          repr(e))
+
     # ---- node B dies ----
     procs["node-b"].kill()
     procs["node-b"].wait()
