@@ -15,16 +15,22 @@ its node; then node B is killed (SIGKILL): B's jobs fail UNAVAILABLE naming
 node-b and its address in all three clients, new jobs land on A and C only,
 and A's and C's jobs keep working.  Prints "N passed, N failed" last.
 """
+import hashlib
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
-from kexdtest import check, desc, rpc_error, run, start_kexd, stop  # noqa: E402
+from kexdtest import check, desc, free_port, rpc_error, run, start_kexd, stop  # noqa: E402
 import grpc  # noqa: E402
+import health_pb2  # noqa: E402
+import health_pb2_grpc  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 FLEET_TEST = os.environ["FLEET_TEST"]
@@ -36,6 +42,7 @@ import kex  # noqa: E402
 from kex._client import pb as kex_pb2, pb_grpc as kex_pb2_grpc  # noqa: E402
 
 NAMES = ("node-a", "node-b", "node-c")
+NPY = None  # a float32[4] .npy file the CLI uploads (main writes it)
 TOKEN = re.compile(r"^[0-9a-f]{32}\.([A-Za-z0-9._:/\[\]-]+)@(\S+)$")
 
 
@@ -69,7 +76,10 @@ def cli(*args):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="kex-fleet-")
+    tmp = os.environ.get("KEX_FLEET_TMP") or tempfile.mkdtemp(prefix="kex-fleet-")
+    global NPY
+    NPY = os.path.join(tmp, "a.npy")
+    np.save(NPY, np.arange(4, dtype=np.float32))
     procs, ports = {}, {}
     for name in NAMES:
         proc, port, healthy = start_kexd(KEXD, tmp, "--device", "cpu", "--metrics", "off", "--grace", "1",
@@ -85,6 +95,71 @@ def main():
         for name, proc in procs.items():
             if proc.poll() is None:
                 check(f"{name} exits 0 at SIGTERM", stop(proc) == 0)
+    tls_fleet(tmp)
+
+
+def tls_fleet(tmp):
+    """Two kexds with TLS and --auth: the list works with --root-certs and a bearer token (kex and Python)."""
+    cert, key, auth, secret = (os.path.join(tmp, "node.pem"), os.path.join(tmp, "node.key"),
+                               os.path.join(tmp, "auth.json"), "fleet-secret")
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                           "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+                           "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert], capture_output=True)
+    if not check("openssl makes the nodes' self-signed certificate", made.returncode == 0, made.stderr[-300:]):
+        return
+    with open(auth, "w") as f:
+        json.dump({"tenants": [{"name": "fleet", "role": "user",
+                                "token_sha256": hashlib.sha256(secret.encode()).hexdigest()}]}, f)
+    procs, addrs = [], []
+    creds = grpc.ssl_channel_credentials(open(cert, "rb").read())
+    try:
+        for name in ("node-t1", "node-t2"):
+            port = free_port()
+            with open(os.path.join(tmp, f"{name}.log"), "w") as log:
+                procs.append(subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--metrics",
+                                               "off", "--grace", "1", "--cache", os.path.join(tmp, f"{name}.db"),
+                                               "--node-name", name, "--tls-cert", cert, "--tls-key", key, "--auth",
+                                               auth], stdout=log, stderr=subprocess.STDOUT))
+            addrs.append(f"127.0.0.1:{port}")
+            check(f"{name} answers health over TLS", tls_healthy(addrs[-1], creds, procs[-1]))
+        target = ",".join(addrs)
+        sec = ["--server", target, "--root-certs", cert, "--token", secret]
+        jobs = [cli(*sec, "job", "open").stdout.strip() for _ in range(4)]
+        check("kex --root-certs --token with a list: jobs open on the TLS nodes", all(node_of(t) for t in jobs), jobs)
+        ups = [cli(*sec, "upload", "--job", t, NPY) for t in jobs if node_of(t)]
+        check("kex: each job's upload reaches its node over TLS with the token", ups and
+              all(u.returncode == 0 for u in ups), [u.stderr for u in ups if u.returncode])
+        pcs = [kex.Client(target, root_certs=cert, token=secret) for _ in range(4)]
+        check("python: Clients with root_certs and token spread over both TLS nodes",
+              {node_of(pc.job) for pc in pcs} == {"node-t1", "node-t2"}, [pc.node for pc in pcs])
+        check("python: their calls reach their nodes over TLS",
+              all(pc.download(pc.upload(np.ones(4, np.float32)))[1] == (4,) for pc in pcs))
+        for pc in pcs:
+            pc.close()
+    finally:
+        for i, proc in enumerate(procs):
+            check(f"node-t{i + 1} exits 0 at SIGTERM", stop(proc) == 0)
+
+
+def tls_healthy(addr, creds, proc, timeout=20.0):
+    """True once addr answers health SERVING over TLS (the port first, as kexdtest.wait_healthy)."""
+    end = time.time() + timeout
+    while time.time() < end and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.01)
+    with grpc.secure_channel(addr, creds) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.time() < end and proc.poll() is None:
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError as e:
+                time.sleep(0.1)
+    return False
 
 
 def server_side(addr):
@@ -153,12 +228,10 @@ def fleet_run(target, addr, procs, ports):
     check("python: every Client's Upload/Submit/Download runs on its node", all(py_round(pc) for pc in pcs))
 
     # ---- the kex CLI ----
-    npy = os.path.join(tempfile.mkdtemp(prefix="kex-fleet-npy-"), "a.npy")
-    np.save(npy, np.arange(4, dtype=np.float32))
     cli_jobs = [cli("--server", target, "job", "open").stdout.strip() for _ in range(6)]
     check("kex --server LIST job open: tokens naming a node of the list", all(node_of(t) in NAMES for t in cli_jobs),
           cli_jobs)
-    ups = [cli("--server", target, "upload", "--job", t, npy) for t in cli_jobs]
+    ups = [cli("--server", target, "upload", "--job", t, NPY) for t in cli_jobs]
     check("kex upload --job TOKEN goes to the token's node", all(u.returncode == 0 for u in ups),
           [u.stderr for u in ups if u.returncode])
 
@@ -217,7 +290,7 @@ def fleet_run(target, addr, procs, ports):
 
     b_cli = [t for t in cli_jobs if node_of(t) == "node-b"]
     if b_cli:
-        p = cli("--server", target, "upload", "--job", b_cli[0], npy)
+        p = cli("--server", target, "upload", "--job", b_cli[0], NPY)
         check("kex: a job on node-b fails UNAVAILABLE naming node-b and its address",
               p.returncode == 1 and "UNAVAILABLE" in p.stderr and f"node node-b at {b_addr}" in p.stderr, p.stderr)
     else:

@@ -13,6 +13,7 @@ fleet_test=$build/client/fleet_test
 cli=$build/kex
 [ -x "$fleet_test" ] || { bad "fleet_test is built ($fleet_test not found)"; finish; }
 [ -x "$cli" ] || { bad "kex is built ($cli not found)"; finish; }
-run_py test_fleet_clients.py KEXD="$kexd" FLEET_TEST="$fleet_test" KEX_CLI="$cli" \
+command -v openssl >/dev/null || { bad "openssl is installed"; finish; }
+run_py test_fleet_clients.py KEX_FLEET_TMP="$tmp" KEXD="$kexd" FLEET_TEST="$fleet_test" KEX_CLI="$cli" \
   KEX_PYTHON_DIR="$root/client/python" PYTHONPATH="$root/tests/integration"
 finish
