@@ -81,10 +81,12 @@ const char *kex_grpc_status_name(int grpc_status);
  * one of its items (else KEX_EINVAL before anything is sent).  When that
  * node is gone the call is KEX_EUNAVAILABLE with "node NAME at ADDR is
  * unavailable" in the message.  TLS and the token apply to every channel
- * (a list's round-robin channel checks the first item's host).  On success *out is a client the caller
- * owns (kex_client_close); on error *out is NULL.  Returns 0, KEX_EINVAL (bad
- * address; unreadable root_certs, client_cert or client_key; only one of
- * client_cert and client_key; a server list that is not IP:PORT items), KEX_ENOMEM.
+ * (a list's round-robin channel checks the first item's host).
+ *
+ * On success *out is a client the caller owns (kex_client_close); on error
+ * *out is NULL.  Returns 0, KEX_EINVAL (bad address, or a list that is not
+ * IP:PORT items; unreadable root_certs, client_cert or client_key; only
+ * one of client_cert and client_key), KEX_ENOMEM.
  */
 int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client **out, kex_status *st);
 

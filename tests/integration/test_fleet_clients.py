@@ -89,7 +89,7 @@ def main():
     addr = {n: f"127.0.0.1:{ports[n]}" for n in NAMES}
     target = ",".join(addr[n] for n in NAMES)
     try:
-        server_side(addr)
+        server_side(addr, tmp)
         fleet_run(target, addr, procs, ports)
     finally:
         for name, proc in procs.items():
@@ -164,7 +164,7 @@ def tls_healthy(addr, creds, proc, timeout=20.0):
     return False
 
 
-def server_side(addr):
+def server_side(addr, tmp):
     """OpenJob names its node; another node's token is FAILED_PRECONDITION naming it; bad flags stop kexd."""
     with grpc.insecure_channel(addr["node-a"]) as ca, grpc.insecure_channel(addr["node-b"]) as cb:
         sa, sb = kex_pb2_grpc.KexStub(ca), kex_pb2_grpc.KexStub(cb)
@@ -187,6 +187,14 @@ def server_side(addr):
         check("the right HEX with another advertised address: FAILED_PRECONDITION (it names another node)",
               e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION, desc(e))
         sa.CloseJob(kex_pb2.CloseJobRequest(job=r.job), timeout=5)
+    with_max = start_kexd(KEXD, tmp, "--device", "cpu", "--metrics", "off", "--cache", "", "--node-name", "n" * 31,
+                          "--advertise", "a" * 56 + ":50051")
+    if check("kexd takes a 31-character --node-name and a 62-character --advertise", with_max[2]):
+        p = cli("--server", f"127.0.0.1:{with_max[1]}", "job", "open")
+        t = p.stdout.strip()
+        check("... and its 127-character token fits libkex's KEX_TOKEN_MAX intact (kex job open)",
+              len(t) == 127 and t.endswith(".%s@%s:50051" % ("n" * 31, "a" * 56)), t)
+    stop(with_max[0])
     for flag, value in (("--node-name", "bad name"), ("--node-name", "n" * 32), ("--advertise", "a@b:1"),
                         ("--advertise", "h" * 63)):
         p = subprocess.run([KEXD, "--listen", "127.0.0.1:1", "--metrics", "off", flag, value], capture_output=True,
@@ -254,6 +262,12 @@ def fleet_run(target, addr, procs, ports):
         e = x
     check("python: a list with a host name is refused, pointing at dns:///", e is not None and "dns:///" in str(e),
           repr(e))
+
+    for n, good in ((64, True), (65, False)):  # libkex's limit on a list, both sides (nothing is dialed)
+        p = subprocess.run([FLEET_TEST, ",".join(f"127.0.0.1:{i}" for i in range(1, n + 1))], input="quit\n",
+                           capture_output=True, text=True, timeout=30)
+        check(f"libkex: a list of {n} servers is {'taken' if good else 'refused, naming the limit'}",
+              (p.returncode == 0) if good else (p.returncode == 1 and "at most 64" in p.stderr), p.stderr[-300:])
 
     # ---- node B dies ----
     procs["node-b"].kill()

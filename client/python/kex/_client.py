@@ -72,6 +72,7 @@ def _call(fn, *args, node=None, **kwargs):
 # ---- fleets: a target of several kexds ----
 
 _ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+_SERVERS_MAX = 64  # items of a server list (as libkex)
 _fleets = {}  # (target, credentials' files) -> the channel every Client of this process opens its jobs on
 
 
@@ -102,6 +103,8 @@ def _fleet(addr):
     if "," not in addr:
         return None
     items = addr.split(",")
+    if len(items) > _SERVERS_MAX:
+        raise ValueError(f"kex: a server list takes at most {_SERVERS_MAX} addresses, not {len(items)}")
     hosts = [_list_host(i) for i in items]
     if len({f for _, f in hosts}) != 1:
         raise ValueError(f"kex: {addr!r}: a server list is all IPv4 or all IPv6")

@@ -33,3 +33,10 @@ def test_token_node():
     assert _client._token_node(f"{hexpart}.node-a@127.0.0.1:50051") == ("node-a", "127.0.0.1:50051")
     assert _client._token_node(hexpart) is None
     assert _client._token_node(f"{hexpart}.node-a") is None
+
+
+def test_list_limit_both_sides():
+    ok = ",".join(f"127.0.0.1:{p}" for p in range(1, 65))
+    assert _client._fleet(ok)[1] == ok.split(",")
+    with pytest.raises(ValueError, match="at most 64"):
+        kex.Client(ok + ",127.0.0.1:65")
