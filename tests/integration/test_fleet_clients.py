@@ -245,6 +245,11 @@ def fleet_run(target, addr, procs, ports):
     cli_jobs = [cli("--server", target, "job", "open").stdout.strip() for _ in range(6)]
     check("kex --server LIST job open: tokens naming a node of the list", all(node_of(t) in NAMES for t in cli_jobs),
           cli_jobs)
+    p = cli("--server", target, "job", "open", "--json")
+    j = json.loads(p.stdout or "{}")
+    check("kex job open --json: node and advertise of the job's node", j.get("node") in NAMES and
+          j.get("advertise") == addr.get(j.get("node")) and node_of(j.get("job")) == j.get("node"), p.stdout)
+    cli_jobs.append(j.get("job", ""))
     ups = [cli("--server", target, "upload", "--job", t, NPY) for t in cli_jobs]
     check("kex upload --job TOKEN goes to the token's node", all(u.returncode == 0 for u in ups),
           [u.stderr for u in ups if u.returncode])
