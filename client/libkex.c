@@ -15,6 +15,7 @@
  */
 #include "client/libkex.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -24,11 +25,11 @@
 #include <grpc/status.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
-#include <arpa/inet.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
@@ -219,6 +220,7 @@ static int list_host(const char *p, size_t len, char *host, size_t cap) {
   if (hn == 0 || hn >= cap || colon + 1 >= end || (size_t)(end - colon - 1) > 5) return -1;
   for (const char *q = colon + 1; q < end; q++)
     if (*q < '0' || *q > '9') return -1;
+  if (atoi(colon + 1) > 65535) return -1;
   memcpy(host, p, hn);
   host[hn] = 0;
   if (inet_pton(AF_INET, host, bin) == 1) return AF_INET;
@@ -231,8 +233,8 @@ static int list_host(const char *p, size_t len, char *host, size_t cap) {
  * all IPv6) is a fleet: it becomes "ipv4:a:1,b:2" (or "ipv6:"), rotated to
  * start at a random address so that separate processes do not all open
  * their first job on the first node, and c->servers keeps the list (the
- * only addresses job calls may go to).  "dns:..." and lists already in
- * "ipv4:"/"ipv6:" form are fleets as they are.  *first (cap bytes)
+ * only addresses job calls may go to); a list already in "ipv4:"/"ipv6:"
+ * form is taken the same way.  "dns:..." is a fleet as it is.  *first (cap bytes)
  * receives the list's first host (the name TLS checks).  0 or KEX_EINVAL.
  */
 static int fleet_target(kex_client *c, const char *addr, char *target, size_t tcap, char *first, size_t fcap,
@@ -242,16 +244,18 @@ static int fleet_target(kex_client *c, const char *addr, char *target, size_t tc
   unsigned rot = 0;
   int family = 0;
   first[0] = 0;
-  if (!strncmp(addr, "dns:", 4) || ((!strncmp(addr, "ipv4:", 5) || !strncmp(addr, "ipv6:", 5)) && strchr(addr, ','))) {
+  const char *list = addr;
+  if (!strncmp(addr, "dns:", 4)) {
     c->fleet = true;
     snprintf(target, tcap, "%s", addr);
     return 0;
   }
-  if (!strchr(addr, ',')) {
+  if ((!strncmp(addr, "ipv4:", 5) || !strncmp(addr, "ipv6:", 5)) && strchr(addr, ',')) list = addr + 5;
+  if (!strchr(list, ',')) {
     snprintf(target, tcap, "%s", addr);
     return 0;
   }
-  for (const char *p = addr; ; p++) {
+  for (const char *p = list; ; p++) {
     const char *comma = strchr(p, ',');
     size_t l = comma ? (size_t)(comma - p) : strlen(p);
     char host[64];
@@ -268,7 +272,7 @@ static int fleet_target(kex_client *c, const char *addr, char *target, size_t tc
     if (!comma) break;
     p = comma;
   }
-  if (!(c->servers = kex_strdup(addr))) return status_set(st, KEX_ENOMEM, 0, "connect: out of memory");
+  if (!(c->servers = kex_strdup(list))) return status_set(st, KEX_ENOMEM, 0, "connect: out of memory");
   if (getrandom(&rot, sizeof rot, GRND_NONBLOCK) != (ssize_t)sizeof rot) rot = 0;
   len = (size_t)snprintf(target, tcap, "%s", family == AF_INET ? "ipv4:" : "ipv6:");
   for (size_t i = 0; i < n && len < tcap; i++) {

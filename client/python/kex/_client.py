@@ -81,7 +81,7 @@ def _list_host(item):
     host, sep, port = item.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port.isdigit() or len(port) > 5:
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"kex: {item!r}: a server list takes IP:PORT items ([v6]:PORT); for names use "
                          f"dns:///NAME:PORT")
     for family in (socket.AF_INET, socket.AF_INET6):
@@ -96,13 +96,13 @@ def _list_host(item):
 def _fleet(addr):
     """(gRPC target, the list's items or None, the name TLS checks) when addr names a fleet, else None.
 
-    "a:1,b:2" (IP literals, all IPv4 or all IPv6) becomes "ipv4:a:1,b:2"; "dns:..." and "ipv4:"/"ipv6:" lists
-    are fleets as they are."""
-    if addr.startswith("dns:") or (addr.startswith(("ipv4:", "ipv6:")) and "," in addr):
+    "a:1,b:2" (IP literals, all IPv4 or all IPv6; also in "ipv4:"/"ipv6:" form) becomes "ipv4:a:1,b:2";
+    "dns:..." is a fleet as it is."""
+    if addr.startswith("dns:"):
         return addr, None, None
-    if "," not in addr:
+    items = (addr[5:] if addr.startswith(("ipv4:", "ipv6:")) else addr).split(",")
+    if len(items) == 1:
         return None
-    items = addr.split(",")
     if len(items) > _SERVERS_MAX:
         raise ValueError(f"kex: a server list takes at most {_SERVERS_MAX} addresses, not {len(items)}")
     hosts = [_list_host(i) for i in items]

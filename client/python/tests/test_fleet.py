@@ -18,11 +18,13 @@ def test_lists_become_ip_targets():
                                                         "127.0.0.1")
     assert _client._fleet("[::1]:1,[fe80::2]:2")[0] == "ipv6:[::1]:1,[fe80::2]:2"
     assert _client._fleet("dns:///kexd.example:50051") == ("dns:///kexd.example:50051", None, None)
-    assert _client._fleet("ipv4:127.0.0.1:1,127.0.0.1:2")[0] == "ipv4:127.0.0.1:1,127.0.0.1:2"
+    assert _client._fleet("ipv4:127.0.0.1:1,127.0.0.1:2")[:2] == ("ipv4:127.0.0.1:1,127.0.0.1:2",
+                                                                  ["127.0.0.1:1", "127.0.0.1:2"])
 
 
 @pytest.mark.parametrize("addr", ["kexd-a:1,kexd-b:2", "127.0.0.1:1,[::1]:2", "127.0.0.1,127.0.0.2:2",
-                                  "127.0.0.1:1,", "127.0.0.1:x,127.0.0.1:2"])
+                                  "127.0.0.1:1,", "127.0.0.1:x,127.0.0.1:2",
+                                  "127.0.0.1:65536,127.0.0.1:2"])
 def test_bad_lists_are_refused(addr):
     with pytest.raises(ValueError, match="dns:///|IPv4 or all IPv6"):
         kex.Client(addr)
