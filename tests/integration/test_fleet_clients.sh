@@ -6,11 +6,12 @@
 # each job's calls go to its node, and after node B is killed its jobs fail
 # UNAVAILABLE naming it while new jobs land on A and C.
 #
-# Env: KEX_BUILD_DIR (default build: daemon/kexd, client/fleet_test, kex).
+# Env: KEX_BUILD_DIR (default build: daemon/kexd, client/fleet_test, kex); FLEET_TEST and KEX_CLI
+# override the last two (e.g. from an ASan build).
 # The last line of the output is "N passed, N failed"; exit 1 on any failure.
 . "$(dirname "$0")/lib.bash"
-fleet_test=$build/client/fleet_test
-cli=$build/kex
+fleet_test=${FLEET_TEST:-$build/client/fleet_test}
+cli=${KEX_CLI:-$build/kex}
 [ -x "$fleet_test" ] || { bad "fleet_test is built ($fleet_test not found)"; finish; }
 [ -x "$cli" ] || { bad "kex is built ($cli not found)"; finish; }
 command -v openssl >/dev/null || { bad "openssl is installed"; finish; }
