@@ -861,7 +861,8 @@ static int cmd_job(remote *r, int argc, char **argv) {
     uint32_t lease = 0;
     if (kex_job_open(r->client, name, (uint32_t)weight, (uint64_t)mem, r->job, &lease, &st)) return fail("job open", &st);
     if (as_json) { /* a fleet's token "HEX.NAME@ADDR" names the node that holds the job: "node", "advertise" */
-      const char *dot = strlen(r->job) > 32 && r->job[32] == '.' ? r->job + 33 : NULL, *at = dot ? strchr(dot, '@') : NULL;
+      const char *dot = strlen(r->job) > 32 && r->job[32] == '.' ? r->job + 33 : NULL;
+      const char *at = dot ? strchr(dot, '@') : NULL;
       json_t *o = json_pack("{s:s, s:I, s:s%, s:s}", "job", r->job, "lease_seconds", (json_int_t)lease, "node",
                             at ? dot : "", at ? (size_t)(at - dot) : (size_t)0, "advertise", at ? at + 1 : "");
       char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;

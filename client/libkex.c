@@ -234,17 +234,19 @@ static int list_host(const char *p, size_t len, char *host, size_t cap) {
  * start at a random address so that separate processes do not all open
  * their first job on the first node, and c->servers keeps the list (the
  * only addresses job calls may go to); a list already in "ipv4:"/"ipv6:"
- * form is taken the same way.  "dns:..." is a fleet as it is.  *first (cap bytes)
- * receives the list's first host (the name TLS checks).  0 or KEX_EINVAL.
+ * form is taken the same way.  "dns:..." is a fleet as it is.  *first
+ * (fcap bytes) receives the list's first host (the name TLS checks).  0,
+ * KEX_EINVAL (an item that is not IP:PORT, mixed families, over
+ * CLIENT_SERVERS_MAX items) or KEX_ENOMEM, with *st set.
  */
 static int fleet_target(kex_client *c, const char *addr, char *target, size_t tcap, char *first, size_t fcap,
                         kex_status *st) {
   const char *items[CLIENT_SERVERS_MAX];
   size_t lens[CLIENT_SERVERS_MAX], n = 0, len = 0;
+  const char *list = addr;
   unsigned rot = 0;
   int family = 0;
   first[0] = 0;
-  const char *list = addr;
   if (!strncmp(addr, "dns:", 4)) {
     c->fleet = true;
     snprintf(target, tcap, "%s", addr);
@@ -284,7 +286,11 @@ static int fleet_target(kex_client *c, const char *addr, char *target, size_t tc
   return 0;
 }
 
-/* The max-message arguments of every channel, and (fleet) the round_robin service config and TLS name. */
+/*
+ * Fill args (room for 4) and chargs with the max-message arguments of every
+ * channel, and (a fleet's round-robin channel) the service config and the
+ * name TLS checks when they are not NULL.  Returns chargs.
+ */
 static grpc_channel_args *channel_args(grpc_arg *args, grpc_channel_args *chargs, int max_message,
                                        const char *service_config, const char *tls_name) {
   size_t n = 0;
@@ -1004,7 +1010,8 @@ int kex_free_buffers(kex_client *c, const char *job, const char *const *handles,
   req.job = (char *)(job ? job : "");
   req.n_handles = n;
   req.handles = (char **)handles;
-  if ((rc = unary(c, M_FREE, req.job, &req.base, &kex__v1__free_reply__descriptor, (ProtobufCMessage **)&rep, st))) return rc;
+  if ((rc = unary(c, M_FREE, req.job, &req.base,
+                  &kex__v1__free_reply__descriptor, (ProtobufCMessage **)&rep, st))) return rc;
   if (freed) *freed = rep->freed;
   free_msg(rep);
   return 0;
@@ -1320,7 +1327,8 @@ int kex_plan_graph(kex_client *c, const char *job, const char *graph_json, kex_p
   if ((rc = graph_from_json(graph_json, &arena, &g, st))) goto out;
   req.job = (char *)(job ? job : "");
   req.graph = &g;
-  if ((rc = unary(c, M_PLAN, req.job, &req.base, &kex__v1__plan_reply__descriptor, (ProtobufCMessage **)&rep, st))) goto out;
+  if ((rc = unary(c, M_PLAN, req.job, &req.base,
+                  &kex__v1__plan_reply__descriptor, (ProtobufCMessage **)&rep, st))) goto out;
   if ((rc = plan_copy(rep, out))) status_set(st, rc, 0, "Plan: out of memory copying the reply");
 out:
   free_msg(rep);
@@ -1479,7 +1487,8 @@ int kex_list_devices(kex_client *c, kex_remote_device **out, size_t *n, kex_stat
   int rc;
   *out = NULL;
   *n = 0;
-  if ((rc = unary(c, M_LIST_DEVICES, NULL, &req.base, &kex__v1__list_devices_reply__descriptor, (ProtobufCMessage **)&rep,
+  if ((rc = unary(c, M_LIST_DEVICES, NULL, &req.base,
+                  &kex__v1__list_devices_reply__descriptor, (ProtobufCMessage **)&rep,
                   st)))
     return rc;
   if (!(d = kex_calloc(rep->n_devices ? rep->n_devices : 1, sizeof *d))) goto nomem;
@@ -1540,7 +1549,8 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
   int rc;
   *out = NULL;
   req.job = (char *)(job ? job : "");
-  if ((rc = unary(c, M_GET_STATS, req.job, &req.base, &kex__v1__stats_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+  if ((rc = unary(c, M_GET_STATS, req.job, &req.base,
+                  &kex__v1__stats_reply__descriptor, (ProtobufCMessage **)&rep, st)))
     return rc;
   if (!(s = kex_calloc(1, sizeof *s)) || !(s->jobs = kex_calloc(rep->n_job_stats ? rep->n_job_stats : 1, sizeof *s->jobs))) {
     kex_free(s);
@@ -1825,7 +1835,8 @@ int kex_client_cache_list(kex_client *c, const char *job, const kex_remote_cache
   req.filter = &f;
   req.limit = limit;
   req.page_token = (char *)(page_token ? page_token : "");
-  if ((rc = unary(c, M_LIST_CACHE, req.job, &req.base, &kex__v1__list_cache_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+  if ((rc = unary(c, M_LIST_CACHE, req.job, &req.base,
+                  &kex__v1__list_cache_reply__descriptor, (ProtobufCMessage **)&rep, st)))
     return rc;
   if (!(p = kex_calloc(1, sizeof *p)) || !(p->next_page_token = dupstr(rep->next_page_token)) ||
       !(p->entries = kex_calloc(rep->n_entries ? rep->n_entries : 1, sizeof *p->entries)))
@@ -1853,7 +1864,8 @@ int kex_client_cache_get(kex_client *c, const char *job, const char *key, const 
   req.job = (char *)(job ? job : "");
   req.key = (char *)(key ? key : "");
   req.device = (char *)(device ? device : "");
-  if ((rc = unary(c, M_GET_CACHE_ENTRY, req.job, &req.base, &kex__v1__cache_entry__descriptor, (ProtobufCMessage **)&rep, st)))
+  if ((rc = unary(c, M_GET_CACHE_ENTRY, req.job, &req.base,
+                  &kex__v1__cache_entry__descriptor, (ProtobufCMessage **)&rep, st)))
     return rc;
   if (!(e = kex_calloc(1, sizeof *e)) || cache_entry_copy(rep, e)) {
     kex_free(e);
@@ -1967,7 +1979,8 @@ int kex_client_cache_delete(kex_client *c, const char *job, const kex_remote_cac
   filter_to_pb(filter, &f);
   req.job = (char *)(job ? job : "");
   req.filter = &f;
-  if ((rc = unary(c, M_DELETE_CACHE, req.job, &req.base, &kex__v1__delete_cache_reply__descriptor, (ProtobufCMessage **)&rep,
+  if ((rc = unary(c, M_DELETE_CACHE, req.job, &req.base,
+                  &kex__v1__delete_cache_reply__descriptor, (ProtobufCMessage **)&rep,
                   st)))
     return rc;
   if (deleted) *deleted = rep->deleted;

@@ -477,7 +477,8 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
   }
   if (!cfg->node_name) cfg->node_name = cfg->listen;
   if (!cfg->advertise) cfg->advertise = cfg->listen;
-  if (!kexd_node_field_ok(cfg->node_name, KEXD_NODE_NAME_MAX) || !kexd_node_field_ok(cfg->advertise, KEXD_ADVERTISE_MAX)) {
+  if (!kexd_node_field_ok(cfg->node_name, KEXD_NODE_NAME_MAX) ||
+      !kexd_node_field_ok(cfg->advertise, KEXD_ADVERTISE_MAX)) {
     bool name_bad = !kexd_node_field_ok(cfg->node_name, KEXD_NODE_NAME_MAX);
     fprintf(stderr, "kexd: --%s \"%s\" (default: --listen) must be 1-%d characters of A-Z a-z 0-9 . _ : / [ ] -\n",
             name_bad ? "node-name" : "advertise", name_bad ? cfg->node_name : cfg->advertise,

@@ -3,8 +3,9 @@
  *
  * A job is opened with a name, a weight and a memory limit and is named in
  * every later call by an unguessable token (128 bits from getrandom(2), as
- * 32 hex characters, followed on the wire by the node that holds it).  Any call that names a job renews its lease; a uv timer
- * closes jobs idle past their lease.
+ * 32 hex characters, followed on the wire by the node that holds it).
+ * Any call that names a job renews its lease; a uv timer closes jobs idle
+ * past their lease.
  *
  * A job holds buffers (device memory), each named by a handle that is just
  * as unguessable and means nothing in another job.  Every byte a job's
