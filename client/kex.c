@@ -161,6 +161,21 @@ const char *kex_cli_one_operand(const char *cmd, const char *what, int argc, cha
 int kex_cli_server_addr(const char *in, char *out, size_t cap) {
   const char *colon = strrchr(in, ':'), *bracket = strrchr(in, ']');
   int n;
+  if (strchr(in, ',') && !strchr(in, '/') && strncmp(in, "ipv4:", 5) && strncmp(in, "ipv6:", 5)) {
+    /* a fleet "a,b:2": each server as one address (libkex makes the list a round_robin target) */
+    size_t len = 0;
+    for (const char *p = in; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+      char one[KEX_CLI_ADDR_MAX];
+      size_t l = strchr(p, ',') ? (size_t)(strchr(p, ',') - p) : strlen(p);
+      if (l == 0 || l >= sizeof one) return -1;
+      memcpy(one, p, l);
+      one[l] = 0;
+      if (len >= cap || kex_cli_server_addr(one, out + len + (len ? 1 : 0), cap - len - (len ? 1 : 0))) return -1;
+      if (len) out[len] = ',';
+      len += strlen(out + len);
+    }
+    return 0;
+  }
   if (strstr(in, ":/") || !strncmp(in, "unix:", 5) || !strncmp(in, "unix-abstract:", 14) ||
       !strncmp(in, "ipv4:", 5) || !strncmp(in, "ipv6:", 5) || !strncmp(in, "dns:", 4) || !strncmp(in, "vsock:", 6))
     n = snprintf(out, cap, "%s", in);                                  /* a gRPC target scheme */
@@ -184,7 +199,11 @@ void kex_cli_print_values(int dt, const void *data, size_t nbytes) {
 }
 
 void kex_cli_start_hint(FILE *f, const char *addr) {
-  if (!strcmp(addr, KEX_CLI_DEFAULT_SERVER))
+  if (strchr(addr, ',') || !strncmp(addr, "dns:", 4))
+    fprintf(f, "kex: is kexd running on every node of %s? start each with build/daemon/kexd --listen HOST:PORT "
+               "--node-name NAME (a job's calls go to the node that opened it; new jobs go to the live nodes)\n",
+            addr);
+  else if (!strcmp(addr, KEX_CLI_DEFAULT_SERVER))
     fprintf(f, "kex: is kexd running at %s? start one with scripts/run.sh (it builds kexd and listens there), or "
                "with build/daemon/kexd --listen %s\n", addr, addr);
   else

@@ -39,8 +39,9 @@ double kex_cli_now_s(void);
 /*
  * The address to dial for a --server/KEX_SERVER value: "HOST" becomes
  * "HOST:50051" ("[::1]" and a bare IPv6 literal "::1" become "[::1]:50051");
- * "HOST:PORT", "unix:PATH" and other gRPC target schemes are kept.  0, or
- * -1 when it does not fit in cap bytes.
+ * "HOST:PORT", "unix:PATH" and other gRPC target schemes are kept; a list
+ * "a,b:2" (a fleet) gets each item's port the same way.  0, or -1 when it
+ * does not fit in cap bytes.
  */
 int kex_cli_server_addr(const char *in, char *out, size_t cap);
 

@@ -11,7 +11,8 @@
  * kex_tune.c and kex_cache.c, which print both modes with one printer;
  * doctor: kex_doctor.c), and devices, stats, top (kex_top.c), upload,
  * download and job open|close exist only here.  ADDR without a port means
- * port 50051.  Commands that need a job take --job TOKEN or KEX_JOB; without
+ * port 50051; a list "a,b:2" or dns:///NAME:PORT is a fleet (libkex sends a
+ * job's calls to the node its token names).  Commands that need a job take --job TOKEN or KEX_JOB; without
  * one they open a temporary job for the call and close it after
  * (kex_cli_remote_open).  A server that does not answer (UNAVAILABLE) gets
  * a second line saying how to start kexd.
@@ -53,7 +54,9 @@ static void remote_usage(FILE *f) {
         "           [--client-cert PEM --client-key PEM] <command> [options]\n"
         "       (--client-cert/--client-key: mutual TLS, for a kexd started with --tls-client-ca)\n"
         "       (KEX_SERVER, KEX_TOKEN and KEX_JOB work as --server, --token and --job;\n"
-        "        ADDR without a port means port " KEX_CLI_DEFAULT_PORT ")\n"
+        "        ADDR without a port means port " KEX_CLI_DEFAULT_PORT ";\n"
+        "        a fleet: ADDR,ADDR,... (IP addresses) or dns:///NAME:PORT -- new jobs go to the\n"
+        "        live nodes, a job's calls to the node its token names)\n"
         "\n"
         "commands against kexd (the flags of the in-process commands work here too):\n"
         "  plan [--device D] [--json] [--job T] FILE.json\n"
@@ -784,8 +787,18 @@ static int cmd_job(remote *r, int argc, char **argv) {
   if (open) {
     uint32_t lease = 0;
     if (kex_job_open(r->client, name, (uint32_t)weight, (uint64_t)mem, r->job, &lease, &st)) return fail("job open", &st);
-    if (as_json) printf("{\"job\":\"%s\",\"lease_seconds\":%u}\n", r->job, lease);
-    else printf("%s\n", r->job);
+    if (as_json) { /* a fleet's token "HEX.NAME@ADDR" names the node that holds the job: "node", "advertise" */
+      const char *dot = strlen(r->job) > 32 && r->job[32] == '.' ? r->job + 33 : NULL;
+      const char *at = dot ? strchr(dot, '@') : NULL;
+      json_t *o = json_pack("{s:s, s:I, s:s%, s:s}", "job", r->job, "lease_seconds", (json_int_t)lease, "node",
+                            at ? dot : "", at ? (size_t)(at - dot) : (size_t)0, "advertise", at ? at + 1 : "");
+      char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+      printf("%s\n", text ? text : "{}");
+      free(text);
+      json_decref(o);
+    } else {
+      printf("%s\n", r->job);
+    }
     return 0;
   }
   if (kex_job_close(r->client, job, &st)) return fail("job close", &st);

@@ -15,6 +15,7 @@
  */
 #include "client/libkex.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -25,9 +26,12 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "core/alloc.h"
 #include "core/codec.h"
@@ -41,6 +45,9 @@
 #define CLIENT_DEFAULT_TIMEOUT_S 60.0
 #define CLIENT_DEFAULT_MAX_MESSAGE (64 << 20)
 #define CLIENT_CERTS_MAX (4 << 20) /* bytes of a root certificate file */
+#define CLIENT_NODES_MAX 64        /* nodes of a fleet one client sends job calls to */
+#define CLIENT_SERVERS_MAX 64      /* addresses in a "a:1,b:2" list */
+#define CLIENT_ROUND_ROBIN "{\"loadBalancingConfig\":[{\"round_robin\":{}}]}"
 
 /* The methods, in the order of the handle table. */
 enum {
@@ -70,12 +77,27 @@ static const char *const method_paths[M_COUNT] = {
     "/kex.v1.Kex/ExportCache", "/kex.v1.Kex/ImportCache", "/kex.v1.Kex/DeleteCache", "/grpc.health.v1.Health/Check",
 };
 
-struct kex_client {
+/* A channel to one node of a fleet (the advertised address in its jobs' tokens), made at a job's first call. */
+typedef struct node_channel {
+  char addr[KEX_TOKEN_MAX];
   grpc_channel *channel;
+  void *methods[M_COUNT];
+} node_channel;
+
+struct kex_client {
+  grpc_channel *channel; /* every call of a single server; a fleet's job-less calls (round_robin) */
   void *methods[M_COUNT];
   grpc_metadata auth;  /* "authorization: Bearer ..." when has_auth */
   bool has_auth;
   double timeout_s;
+  /* a fleet (several servers): each job's calls go to the node its token names */
+  bool fleet;
+  grpc_channel_credentials *creds; /* for the node channels */
+  int max_message;
+  char *servers;                   /* a list target's "a:1,b:2": the addresses node channels may dial */
+  pthread_mutex_t lock;            /* nodes */
+  node_channel nodes[CLIENT_NODES_MAX];
+  size_t nnodes;
 };
 
 /* ---- status ---- */
@@ -160,18 +182,204 @@ out:
   return buf;
 }
 
+/* ---- fleets ---- */
+
+/*
+ * Split "host:port" or "[v6]:port" (len bytes at p) into host (cap bytes);
+ * the address family of an IP literal host (AF_INET, AF_INET6), or -1.
+ */
+static int list_host(const char *p, size_t len, char *host, size_t cap) {
+  const char *colon = NULL, *end = p + len;
+  unsigned char bin[16];
+  size_t hn;
+  if (len && p[0] == '[') {
+    const char *rb = memchr(p, ']', len);
+    if (!rb || rb + 1 >= end || rb[1] != ':') return -1;
+    colon = rb + 1;
+    p++;
+    hn = (size_t)(rb - p);
+  } else {
+    for (const char *q = p; q < end; q++)
+      if (*q == ':') colon = q;
+    if (!colon) return -1;
+    hn = (size_t)(colon - p);
+  }
+  if (hn == 0 || hn >= cap || colon + 1 >= end || (size_t)(end - colon - 1) > 5) return -1;
+  for (const char *q = colon + 1; q < end; q++)
+    if (*q < '0' || *q > '9') return -1;
+  if (atoi(colon + 1) > 65535) return -1;
+  memcpy(host, p, hn);
+  host[hn] = 0;
+  if (inet_pton(AF_INET, host, bin) == 1) return AF_INET;
+  if (inet_pton(AF_INET6, host, bin) == 1) return AF_INET6;
+  return -1;
+}
+
+/*
+ * The gRPC target of addr.  A list "a:1,b:2" of IP literals (all IPv4 or
+ * all IPv6) is a fleet: it becomes "ipv4:a:1,b:2" (or "ipv6:"), rotated to
+ * start at a random address so that separate processes do not all open
+ * their first job on the first node, and c->servers keeps the list (the
+ * only addresses job calls may go to); a list already in "ipv4:"/"ipv6:"
+ * form is taken the same way.  "dns:..." is a fleet as it is.  *first
+ * (fcap bytes) receives the list's first host (the name TLS checks).  0,
+ * KEX_EINVAL (an item that is not IP:PORT, mixed families, over
+ * CLIENT_SERVERS_MAX items) or KEX_ENOMEM, with *st set.
+ */
+static int fleet_target(kex_client *c, const char *addr, char *target, size_t tcap, char *first, size_t fcap,
+                        kex_status *st) {
+  const char *items[CLIENT_SERVERS_MAX];
+  size_t lens[CLIENT_SERVERS_MAX], n = 0, len = 0;
+  const char *list = addr;
+  unsigned rot = 0;
+  int family = 0;
+  first[0] = 0;
+  if (!strncmp(addr, "dns:", 4)) {
+    c->fleet = true;
+    snprintf(target, tcap, "%s", addr);
+    return 0;
+  }
+  if ((!strncmp(addr, "ipv4:", 5) || !strncmp(addr, "ipv6:", 5)) && strchr(addr, ',')) list = addr + 5;
+  if (!strchr(list, ',')) {
+    snprintf(target, tcap, "%s", addr);
+    return 0;
+  }
+  for (const char *p = list; ; p++) {
+    const char *comma = strchr(p, ',');
+    size_t l = comma ? (size_t)(comma - p) : strlen(p);
+    char host[64];
+    int fam = list_host(p, l, host, sizeof host);
+    if (fam < 0 || (family && fam != family) || n == CLIENT_SERVERS_MAX)
+      return status_set(st, KEX_EINVAL, 0,
+                        "connect: \"%.*s\" in the server list \"%.200s\": a list takes at most %d IP:PORT "
+                        "addresses, all IPv4 or all IPv6 ([v6]:PORT); for names use dns:///NAME:PORT",
+                        (int)(l < 100 ? l : 100), p, addr, CLIENT_SERVERS_MAX);
+    if (!n) snprintf(first, fcap, "%s", host);
+    family = fam;
+    items[n] = p;
+    lens[n++] = l;
+    if (!comma) break;
+    p = comma;
+  }
+  if (!(c->servers = kex_strdup(list))) return status_set(st, KEX_ENOMEM, 0, "connect: out of memory");
+  if (getrandom(&rot, sizeof rot, GRND_NONBLOCK) != (ssize_t)sizeof rot) rot = 0;
+  len = (size_t)snprintf(target, tcap, "%s", family == AF_INET ? "ipv4:" : "ipv6:");
+  for (size_t i = 0; i < n && len < tcap; i++) {
+    size_t k = (i + rot) % n;
+    len += (size_t)snprintf(target + len, tcap - len, "%s%.*s", i ? "," : "", (int)lens[k], items[k]);
+  }
+  if (len >= tcap) return status_set(st, KEX_EINVAL, 0, "connect: the server list is too long");
+  c->fleet = true;
+  return 0;
+}
+
+/*
+ * Fill args (room for 4) and chargs with the max-message arguments of every
+ * channel, and (a fleet's round-robin channel) the service config and the
+ * name TLS checks when they are not NULL.  Returns chargs.
+ */
+static grpc_channel_args *channel_args(grpc_arg *args, grpc_channel_args *chargs, int max_message,
+                                       const char *service_config, const char *tls_name) {
+  size_t n = 0;
+  memset(args, 0, 4 * sizeof *args);
+  args[n].type = GRPC_ARG_INTEGER;
+  args[n].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  args[n++].value.integer = max_message;
+  args[n].type = GRPC_ARG_INTEGER;
+  args[n].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  args[n++].value.integer = max_message;
+  if (service_config) {
+    args[n].type = GRPC_ARG_STRING;
+    args[n].key = GRPC_ARG_SERVICE_CONFIG;
+    args[n++].value.string = (char *)service_config;
+  }
+  if (tls_name && *tls_name) {
+    args[n].type = GRPC_ARG_STRING;
+    args[n].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+    args[n++].value.string = (char *)tls_name;
+  }
+  chargs->num_args = n;
+  chargs->args = args;
+  return chargs;
+}
+
+/* True when addr is one of the comma-separated list's items (exactly). */
+static bool in_list(const char *list, const char *addr) {
+  size_t n = strlen(addr);
+  for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+    if (!strncmp(p, addr, n) && (p[n] == ',' || p[n] == 0)) return true;
+  return false;
+}
+
+/*
+ * Where a job's calls go.  In a fleet a token "HEX.NAME@ADDR" names the
+ * node that holds the job: its calls go to a channel to ADDR (made at the
+ * first, kept until kex_client_close) and node receives "NAME at ADDR"
+ * for messages; otherwise (one server, or a token that names no node) the
+ * client's channel, node "".  0, or KEX_EINVAL (ADDR is not in the
+ * client's server list), KEX_ELIMIT (CLIENT_NODES_MAX nodes already),
+ * KEX_ENOMEM.
+ */
+static int job_channel(kex_client *c, const char *job, grpc_channel **ch, void ***methods, char *node, size_t ncap,
+                       kex_status *st) {
+  const char *at, *addr;
+  node_channel *nd = NULL;
+  int rc = 0;
+  *ch = c->channel;
+  *methods = c->methods;
+  node[0] = 0;
+  if (!c->fleet || !job || strlen(job) <= 33 || job[32] != '.' || !(at = strchr(job + 33, '@')) || !at[1] ||
+      strlen(at + 1) >= KEX_TOKEN_MAX)
+    return 0;
+  addr = at + 1;
+  snprintf(node, ncap, "%.*s at %s", (int)(at - job - 33), job + 33, addr);
+  if (c->servers && !in_list(c->servers, addr))
+    return status_set(st, KEX_EINVAL, 0,
+                      "the job's token names node %s, which is not one of this client's servers (%.200s): its calls "
+                      "go nowhere else", node, c->servers);
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < c->nnodes && !nd; i++)
+    if (!strcmp(c->nodes[i].addr, addr)) nd = &c->nodes[i];
+  if (!nd && c->nnodes == CLIENT_NODES_MAX) {
+    rc = status_set(st, KEX_ELIMIT, 0, "node %s: this client already talks to %d nodes, its limit", node,
+                    CLIENT_NODES_MAX);
+  } else if (!nd) {
+    grpc_arg args[4];
+    grpc_channel_args chargs;
+    nd = &c->nodes[c->nnodes];
+    snprintf(nd->addr, sizeof nd->addr, "%s", addr);
+    if (!(nd->channel = grpc_channel_create(addr, c->creds, channel_args(args, &chargs, c->max_message, NULL, NULL)))) {
+      rc = status_set(st, KEX_ENOMEM, 0, "node %s: cannot create a channel", node);
+      nd = NULL;
+    } else {
+      for (int i = 0; i < M_COUNT; i++)
+        nd->methods[i] = grpc_channel_register_call(nd->channel, method_paths[i], NULL, NULL);
+      c->nnodes++;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (nd) {
+    *ch = nd->channel;
+    *methods = nd->methods;
+  }
+  return rc;
+}
+
 int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client **out, kex_status *st) {
   kex_client_opts o = {0};
   grpc_channel_credentials *creds = NULL;
   char *pem = NULL, *cert = NULL, *key = NULL;
   grpc_ssl_pem_key_cert_pair pair;
   kex_client *c = NULL;
+  char target[CLIENT_SERVERS_MAX * 64], first[64];
   int rc = 0;
   *out = NULL;
   if (opts) o = *opts;
   if (!addr || !*addr) return status_set(st, KEX_EINVAL, 0, "connect: empty server address");
   if (!(c = kex_calloc(1, sizeof *c))) return status_set(st, KEX_ENOMEM, 0, "connect: out of memory");
+  pthread_mutex_init(&c->lock, NULL);
   grpc_init();
+  if ((rc = fleet_target(c, addr, target, sizeof target, first, sizeof first, st))) goto out;
   c->timeout_s = o.timeout_s > 0 ? o.timeout_s : CLIENT_DEFAULT_TIMEOUT_S;
   if (o.token && *o.token) {
     size_t n = strlen(o.token);
@@ -223,17 +431,18 @@ int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client
     goto out;
   }
   {
-    int max_message = o.max_message > 0 ? o.max_message : CLIENT_DEFAULT_MAX_MESSAGE;
-    grpc_arg args[2];
-    memset(args, 0, sizeof args);
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = max_message;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = max_message;
-    grpc_channel_args chargs = {2, args};
-    c->channel = grpc_channel_create(addr, creds, &chargs);
+    grpc_arg args[4];
+    grpc_channel_args chargs;
+    bool tls = o.root_certs || o.tls || o.client_cert;
+    c->max_message = o.max_message > 0 ? o.max_message : CLIENT_DEFAULT_MAX_MESSAGE;
+    /* a fleet's job-less calls spread over its nodes (round_robin); a list's TLS name is its first host */
+    c->channel = grpc_channel_create(target, creds, channel_args(args, &chargs, c->max_message,
+                                                                 c->fleet ? CLIENT_ROUND_ROBIN : NULL,
+                                                                 c->fleet && tls ? first : NULL));
+  }
+  if (c->fleet) { /* the node channels use them too */
+    c->creds = creds;
+    creds = NULL;
   }
   if (!c->channel) {
     rc = status_set(st, KEX_EINVAL, 0, "connect: cannot create a channel to \"%s\"", addr);
@@ -254,6 +463,10 @@ out:
 void kex_client_close(kex_client *c) {
   if (!c) return;
   if (c->channel) grpc_channel_destroy(c->channel);
+  for (size_t i = 0; i < c->nnodes; i++) grpc_channel_destroy(c->nodes[i].channel);
+  if (c->creds) grpc_channel_credentials_release(c->creds);
+  kex_free(c->servers);
+  pthread_mutex_destroy(&c->lock);
   if (c->has_auth) {
     grpc_slice_unref(c->auth.key);
     grpc_slice_unref(c->auth.value);
@@ -271,6 +484,7 @@ typedef struct rpc {
   grpc_completion_queue *cq;
   grpc_metadata_array initial_md, trailing_md;
   bool got_initial_md;
+  char node[KEX_TOKEN_MAX + 8]; /* "NAME at ADDR": the node the job's call went to (fleet), else "" */
 } rpc;
 
 static int rpc_end(rpc *r, kex_status *st);
@@ -281,14 +495,19 @@ static gpr_timespec deadline_after(double seconds) {
                       gpr_time_from_micros((int64_t)(seconds * 1e6), GPR_TIMESPAN));
 }
 
-static int rpc_begin(kex_client *c, int method, double timeout_s, rpc *r, kex_status *st) {
+/* Start a call of method; job (NULL: none) picks the channel (job_channel). */
+static int rpc_begin(kex_client *c, int method, const char *job, double timeout_s, rpc *r, kex_status *st) {
+  grpc_channel *ch;
+  void **methods;
+  int rc;
   memset(r, 0, sizeof *r);
   r->client = c;
   r->name = method_paths[method] + strlen("/kex.v1.Kex/");
+  if ((rc = job_channel(c, job, &ch, &methods, r->node, sizeof r->node, st))) return rc;
   grpc_metadata_array_init(&r->initial_md);
   grpc_metadata_array_init(&r->trailing_md);
   r->cq = grpc_completion_queue_create_for_next(NULL);
-  r->call = grpc_channel_create_registered_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq, c->methods[method],
+  r->call = grpc_channel_create_registered_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq, methods[method],
                                                 deadline_after(timeout_s), NULL);
   if (!r->call) {
     kex_status ignored;
@@ -328,7 +547,10 @@ static int rpc_end(rpc *r, kex_status *st) {
     } else if (status != GRPC_STATUS_OK) {
       size_t n = GRPC_SLICE_LENGTH(details);
       rc = kex_code_from_grpc(status);
-      if (n) {
+      if (status == GRPC_STATUS_UNAVAILABLE && r->node[0]) {
+        status_set(st, rc, status, "%s: node %s is unavailable; the job lives there, so its calls go nowhere else "
+                   "(%.*s)", r->name, r->node, (int)(n < 200 ? n : 200), (const char *)GRPC_SLICE_START_PTR(details));
+      } else if (n) {
         status_set(st, rc, status, "%.*s", (int)(n < KEX_ERROR_MSG_MAX - 1 ? n : KEX_ERROR_MSG_MAX - 1),
                    (const char *)GRPC_SLICE_START_PTR(details));
       } else {
@@ -443,12 +665,12 @@ static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMes
 }
 
 /* A unary call: request out, one reply in (*reply owned by the caller, free_msg). */
-static int unary(kex_client *c, int method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *reply_desc,
-                 ProtobufCMessage **reply, kex_status *st) {
+static int unary(kex_client *c, int method, const char *job, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **reply, kex_status *st) {
   rpc r;
   int rc, got = 0;
   *reply = NULL;
-  if ((rc = rpc_begin(c, method, c->timeout_s, &r, st))) return rc;
+  if ((rc = rpc_begin(c, method, job, c->timeout_s, &r, st))) return rc;
   if (rpc_send_request(&r, req)) got = rpc_recv(&r, reply_desc, reply, st);
   if (got < 0) {
     kex_status ignored;
@@ -484,7 +706,7 @@ int kex_job_open(kex_client *c, const char *name, uint32_t weight, uint64_t memo
   req.weight = weight;
   req.memory_limit = memory_limit;
   job[0] = 0;
-  if ((rc = unary(c, M_OPEN_JOB, &req.base, &kex__v1__open_job_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+  if ((rc = unary(c, M_OPEN_JOB, NULL, &req.base, &kex__v1__open_job_reply__descriptor, (ProtobufCMessage **)&rep, st)))
     return rc;
   copy_token(job, rep->job);
   if (lease_s) *lease_s = rep->lease_seconds;
@@ -497,7 +719,7 @@ int kex_job_close(kex_client *c, const char *job, kex_status *st) {
   ProtobufCMessage *rep = NULL;
   int rc;
   req.job = (char *)(job ? job : "");
-  rc = unary(c, M_CLOSE_JOB, &req.base, &kex__v1__close_job_reply__descriptor, &rep, st);
+  rc = unary(c, M_CLOSE_JOB, req.job, &req.base, &kex__v1__close_job_reply__descriptor, &rep, st);
   free_msg(rep);
   return rc;
 }
@@ -569,7 +791,7 @@ static int upload_stream(kex_client *c, const char *job, const char *dtype, int 
   int rc;
   handle[0] = 0;
   if (ndim < 0 || ndim > KEX_CLIENT_DIMS_MAX) return status_set(st, KEX_EINVAL, 0, "Upload: %d dims", ndim);
-  if ((rc = rpc_begin(c, M_UPLOAD, 0, &r, st))) return rc;
+  if ((rc = rpc_begin(c, M_UPLOAD, job, 0, &r, st))) return rc;
   if (!(chunk = kex_malloc(KEX_UPLOAD_CHUNK))) {
     client_failed = true;
     status_set(&local_err, KEX_ENOMEM, 0, "Upload: out of memory");
@@ -730,7 +952,7 @@ int kex_download(kex_client *c, const char *job, const char *handle, kex_array *
   memset(out, 0, sizeof *out);
   req.job = (char *)(job ? job : "");
   req.handle = (char *)(handle ? handle : "");
-  if ((rc = rpc_begin(c, M_DOWNLOAD, 0, &r, st))) return rc;
+  if ((rc = rpc_begin(c, M_DOWNLOAD, job, 0, &r, st))) return rc;
   if (!rpc_send_request(&r, &req.base)) goto finish;
   while ((got = rpc_recv(&r, &kex__v1__download_chunk__descriptor, (ProtobufCMessage **)&ch, &local_err)) == 1) {
     if (first) {
@@ -775,7 +997,8 @@ int kex_free_buffers(kex_client *c, const char *job, const char *const *handles,
   req.job = (char *)(job ? job : "");
   req.n_handles = n;
   req.handles = (char **)handles;
-  if ((rc = unary(c, M_FREE, &req.base, &kex__v1__free_reply__descriptor, (ProtobufCMessage **)&rep, st))) return rc;
+  if ((rc = unary(c, M_FREE, req.job, &req.base,
+                  &kex__v1__free_reply__descriptor, (ProtobufCMessage **)&rep, st))) return rc;
   if (freed) *freed = rep->freed;
   free_msg(rep);
   return 0;
@@ -1065,7 +1288,8 @@ int kex_plan_graph(kex_client *c, const char *job, const char *graph_json, kex_p
   if ((rc = graph_from_json(graph_json, &arena, &g, st))) goto out;
   req.job = (char *)(job ? job : "");
   req.graph = &g;
-  if ((rc = unary(c, M_PLAN, &req.base, &kex__v1__plan_reply__descriptor, (ProtobufCMessage **)&rep, st))) goto out;
+  if ((rc = unary(c, M_PLAN, req.job, &req.base, &kex__v1__plan_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+    goto out;
   if ((rc = plan_take(rep, out))) status_set(st, rc, 0, "Plan: out of memory");
   else rep = NULL;
 out:
@@ -1150,7 +1374,7 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
     beam.beam_width = o.beam_width;
     req.beam = &beam;
   }
-  if ((rc = rpc_begin(c, M_SUBMIT, o.timeout_s, &r, st))) goto out;
+  if ((rc = rpc_begin(c, M_SUBMIT, job, o.timeout_s, &r, st))) goto out;
   if (!rpc_send_request(&r, &req.base)) goto finish;
   while ((got = rpc_recv(&r, &kex__v1__submit_event__descriptor, (ProtobufCMessage **)&ev, &local_err)) == 1) {
     kex_submit_event e;
@@ -1226,7 +1450,8 @@ int kex_list_devices(kex_client *c, kex_remote_device **out, size_t *n, kex_stat
   int rc;
   *out = NULL;
   *n = 0;
-  if ((rc = unary(c, M_LIST_DEVICES, &req.base, &kex__v1__list_devices_reply__descriptor, (ProtobufCMessage **)&rep,
+  if ((rc = unary(c, M_LIST_DEVICES, NULL, &req.base,
+                  &kex__v1__list_devices_reply__descriptor, (ProtobufCMessage **)&rep,
                   st)))
     return rc;
   if (!(d = kex_calloc(rep->n_devices ? rep->n_devices : 1, sizeof *d))) goto nomem;
@@ -1272,7 +1497,7 @@ int kex_client_health(kex_client *c, const char *service, bool *serving, kex_sta
   int rc;
   *serving = false;
   req.service = (char *)(service ? service : "");
-  if ((rc = unary(c, M_HEALTH, &req.base, &grpc__health__v1__health_check_response__descriptor,
+  if ((rc = unary(c, M_HEALTH, NULL, &req.base, &grpc__health__v1__health_check_response__descriptor,
                   (ProtobufCMessage **)&rep, st)))
     return rc;
   *serving = rep->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
@@ -1287,7 +1512,8 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
   int rc;
   *out = NULL;
   req.job = (char *)(job ? job : "");
-  if ((rc = unary(c, M_GET_STATS, &req.base, &kex__v1__stats_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+  if ((rc = unary(c, M_GET_STATS, req.job, &req.base,
+                  &kex__v1__stats_reply__descriptor, (ProtobufCMessage **)&rep, st)))
     return rc;
   if (!(s = kex_calloc(1, sizeof *s)) || !(s->jobs = kex_calloc(rep->n_job_stats ? rep->n_job_stats : 1, sizeof *s->jobs))) {
     kex_free(s);
@@ -1508,7 +1734,7 @@ int kex_client_tune(kex_client *c, const char *job, const char *graph_json, cons
   req.job = (char *)(job ? job : "");
   req.graph = &g;
   req.beam = &beam;
-  if ((rc = rpc_begin(c, M_TUNE, o.timeout_s, &r, st))) goto out;
+  if ((rc = rpc_begin(c, M_TUNE, job, o.timeout_s, &r, st))) goto out;
   if (!rpc_send_request(&r, &req.base)) goto finish;
   while ((got = rpc_recv(&r, &kex__v1__tune_event__descriptor, (ProtobufCMessage **)&ev, &local_err)) == 1) {
     if (tune_take(ev, res, &finished, &local_err)) {
@@ -1572,7 +1798,8 @@ int kex_client_cache_list(kex_client *c, const char *job, const kex_remote_cache
   req.filter = &f;
   req.limit = limit;
   req.page_token = (char *)(page_token ? page_token : "");
-  if ((rc = unary(c, M_LIST_CACHE, &req.base, &kex__v1__list_cache_reply__descriptor, (ProtobufCMessage **)&rep, st)))
+  if ((rc = unary(c, M_LIST_CACHE, req.job, &req.base,
+                  &kex__v1__list_cache_reply__descriptor, (ProtobufCMessage **)&rep, st)))
     return rc;
   if (!(p = kex_calloc(1, sizeof *p)) || !(p->next_page_token = dupstr(rep->next_page_token)) ||
       !(p->entries = kex_calloc(rep->n_entries ? rep->n_entries : 1, sizeof *p->entries)))
@@ -1600,7 +1827,8 @@ int kex_client_cache_get(kex_client *c, const char *job, const char *key, const 
   req.job = (char *)(job ? job : "");
   req.key = (char *)(key ? key : "");
   req.device = (char *)(device ? device : "");
-  if ((rc = unary(c, M_GET_CACHE_ENTRY, &req.base, &kex__v1__cache_entry__descriptor, (ProtobufCMessage **)&rep, st)))
+  if ((rc = unary(c, M_GET_CACHE_ENTRY, req.job, &req.base,
+                  &kex__v1__cache_entry__descriptor, (ProtobufCMessage **)&rep, st)))
     return rc;
   if (!(e = kex_calloc(1, sizeof *e)) || cache_entry_copy(rep, e)) {
     kex_free(e);
@@ -1626,7 +1854,7 @@ int kex_client_cache_export(kex_client *c, const char *job, const kex_remote_cac
   filter_to_pb(filter, &pf);
   req.job = (char *)(job ? job : "");
   req.filter = &pf;
-  if ((rc = rpc_begin(c, M_EXPORT_CACHE, 0, &r, st))) return rc;
+  if ((rc = rpc_begin(c, M_EXPORT_CACHE, job, 0, &r, st))) return rc;
   if (!rpc_send_request(&r, &req.base)) goto finish;
   while ((got = rpc_recv(&r, &kex__v1__export_cache_chunk__descriptor, (ProtobufCMessage **)&ch, &local_err)) == 1) {
     if (ch->entries) n = ch->entries;
@@ -1666,7 +1894,7 @@ int kex_client_cache_import(kex_client *c, const char *job, FILE *f, kex_import_
   if (rep) memset(rep, 0, sizeof *rep);
   if (!f) return status_set(st, KEX_EINVAL, 0, "ImportCache: no file");
   if (!(chunk = kex_malloc(KEX_UPLOAD_CHUNK))) return status_set(st, KEX_ENOMEM, 0, "ImportCache: out of memory");
-  if ((rc = rpc_begin(c, M_IMPORT_CACHE, 0, &r, st))) goto out;
+  if ((rc = rpc_begin(c, M_IMPORT_CACHE, job, 0, &r, st))) goto out;
   req.job = (char *)(job ? job : "");
   for (bool first = true;; first = false) {
     size_t n = fread(chunk, 1, KEX_UPLOAD_CHUNK, f);
@@ -1714,7 +1942,8 @@ int kex_client_cache_delete(kex_client *c, const char *job, const kex_remote_cac
   filter_to_pb(filter, &f);
   req.job = (char *)(job ? job : "");
   req.filter = &f;
-  if ((rc = unary(c, M_DELETE_CACHE, &req.base, &kex__v1__delete_cache_reply__descriptor, (ProtobufCMessage **)&rep,
+  if ((rc = unary(c, M_DELETE_CACHE, req.job, &req.base,
+                  &kex__v1__delete_cache_reply__descriptor, (ProtobufCMessage **)&rep,
                   st)))
     return rc;
   if (deleted) *deleted = rep->deleted;

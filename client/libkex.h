@@ -1,9 +1,10 @@
 /*
  * libkex.h - the C client library of kexd.
  *
- * One kex_client is one gRPC channel to one kexd.  Every call is
- * synchronous, takes its own completion queue and may run on any thread at
- * the same time as the others (the channel is shared, calls are not).
+ * One kex_client is one gRPC channel to one kexd, or to a fleet of kexds
+ * (kex_client_connect).  Every call is synchronous, takes its own
+ * completion queue and may run on any thread at the same time as the
+ * others (the channels are shared, calls are not).
  *
  * Errors: every fallible function returns 0 or a negative KEX_E* code
  * (core/errors.h) and, when `st` is not NULL, fills *st with the code, the
@@ -68,10 +69,24 @@ const char *kex_grpc_status_name(int grpc_status);
 /*
  * Connect to kexd at addr ("host:port" or "unix:/path").  opts may be NULL.
  * The channel connects lazily: an unreachable server shows up as
- * KEX_EUNAVAILABLE on the first call.  On success *out is a client the caller
- * owns (kex_client_close); on error *out is NULL.  Returns 0, KEX_EINVAL (bad
- * address; unreadable root_certs, client_cert or client_key; only one of
- * client_cert and client_key), KEX_ENOMEM.
+ * KEX_EUNAVAILABLE on the first call.
+ *
+ * A fleet: addr "ip:port,ip:port,..." (at most 64, all IPv4 or all IPv6 as
+ * "[v6]:port") or "dns:///name:port".  Calls without a job (kex_job_open,
+ * health, devices, stats and cache calls with no job) go through one
+ * channel with gRPC's round_robin policy, so new jobs spread over the live
+ * nodes (a list starts at a random item).  Every call of a job goes to the
+ * node its token names ("HEX.NAME@ADDR", kexd --node-name/--advertise),
+ * over a channel made at the job's first call; with a list, ADDR must be
+ * one of its items (else KEX_EINVAL before anything is sent).  When that
+ * node is gone the call is KEX_EUNAVAILABLE with "node NAME at ADDR is
+ * unavailable" in the message.  TLS and the token apply to every channel
+ * (a list's round-robin channel checks the first item's host).
+ *
+ * On success *out is a client the caller owns (kex_client_close); on error
+ * *out is NULL.  Returns 0, KEX_EINVAL (bad address, or a list that is not
+ * IP:PORT items; unreadable root_certs, client_cert or client_key; only
+ * one of client_cert and client_key), KEX_ENOMEM.
  */
 int kex_client_connect(const char *addr, const kex_client_opts *opts, kex_client **out, kex_status *st);
 

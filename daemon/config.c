@@ -68,6 +68,12 @@ static const flag flags[] = {
   /* the server */
   {"listen", "ADDR", FLAG_STRING, F(listen), 0, 0, 0, 0, false, "server",
    "gRPC address (host:port, or unix:/path)"},
+  {"node-name", "NAME", FLAG_STRING, F(node_name), 0, 0, 0, 0, false, NULL,
+   "this node's name in a fleet: in every job token and in errors that name the node (1-31 of A-Z a-z 0-9 "
+   "._:/[]-; default: the --listen address)"},
+  {"advertise", "ADDR", FLAG_STRING, F(advertise), 0, 0, 0, 0, false, NULL,
+   "the address clients reach this node at; a job's token carries it and clients send the job's calls there "
+   "(host:port, 1-62 characters; default: the --listen address)"},
   {"tls-cert", "FILE", FLAG_STRING, F(tls_cert), 0, 0, 0, 0, false, NULL,
    "serve TLS only, with this PEM certificate chain (needs --tls-key; default: plaintext)"},
   {"tls-key", "FILE", FLAG_STRING, F(tls_key), 0, 0, 0, 0, false, NULL,
@@ -489,6 +495,16 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
             "--insecure to accept the risk\n",
             cfg->listen, !cfg->auth && !cfg->tls_cert ? "--auth and TLS" : !cfg->auth ? "--auth" : "TLS",
             !cfg->auth ? "open jobs, run kernels and delete the beam cache" : "read the tokens off the wire");
+    return -1;
+  }
+  if (!cfg->node_name) cfg->node_name = cfg->listen;
+  if (!cfg->advertise) cfg->advertise = cfg->listen;
+  if (!kexd_node_field_ok(cfg->node_name, KEXD_NODE_NAME_MAX) ||
+      !kexd_node_field_ok(cfg->advertise, KEXD_ADVERTISE_MAX)) {
+    bool name_bad = !kexd_node_field_ok(cfg->node_name, KEXD_NODE_NAME_MAX);
+    fprintf(stderr, "kexd: --%s \"%s\" (default: --listen) must be 1-%d characters of A-Z a-z 0-9 . _ : / [ ] -\n",
+            name_bad ? "node-name" : "advertise", name_bad ? cfg->node_name : cfg->advertise,
+            name_bad ? KEXD_NODE_NAME_MAX : KEXD_ADVERTISE_MAX);
     return -1;
   }
   if (cfg->beam > cfg->max_beam) {

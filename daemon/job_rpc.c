@@ -33,7 +33,7 @@ void kexd_rpc_open_job(kexd *d, kexd_call *c, kexd_req *rq) {
   Kex__V1__OpenJobReply r = KEX__V1__OPEN_JOB_REPLY__INIT;
   kexd_job *job;
   kex_error err = {0};
-  char peer[KEXD_PEER_MAX];
+  char peer[KEXD_PEER_MAX], token[KEXD_WIRE_TOKEN_MAX + 1];
   uint64_t memory;
   const kexd_tenant *t = kexd_rpc_tenant(c);
   kexd_tenant_use *use;
@@ -71,7 +71,10 @@ void kexd_rpc_open_job(kexd *d, kexd_call *c, kexd_req *rq) {
     kex_log(KEX_LOG_INFO, job->log_id, 0,
             "job \"%s\" opened by %s for tenant %s (weight %u, memory limit %" PRIu64 " bytes)", job->name, peer,
             use->name, job->weight, job->memory_limit);
-    r.job = job->token;
+    kexd_job_wire_token(&d->jobs, job, token);
+    r.job = token;
+    r.node = d->jobs.node;
+    r.advertise = d->jobs.advertise;
     r.lease_seconds = (uint32_t)ceil(d->cfg.lease_s);
     kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
   }

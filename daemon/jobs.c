@@ -4,7 +4,9 @@
  *
  * Jobs are few (at most max_jobs), so the table is an unordered array and a
  * lookup compares the token with every job's in constant time per entry (no
- * early exit on the first differing byte).  The lease sweep runs on a uv
+ * early exit on the first differing byte).  A token on the wire carries the
+ * node that holds the job after its secret ("HEX.NAME@ADVERTISE", the
+ * fleet's routing key); only the HEX part is secret.  The lease sweep runs on a uv
  * timer a few times per lease (at least every second) and closes every job
  * whose last call is older than the lease.  Closing a job cancels its
  * queued device work and drops its buffers (the device memory is freed by
@@ -156,8 +158,47 @@ static int find_secret(const char *want, size_t want_len, const void *arr, uint3
 
 static const char *job_token(const void *arr, uint32_t i) { return ((kexd_job *const *)arr)[i]->token; }
 
+/*
+ * The index of the job with this token ("HEX", or "HEX" plus this node's
+ * suffix), or -1.  The suffix names the node (public); only the HEX part is
+ * secret and compared in constant time.
+ */
 static int find_index(const kexd_jobs *j, const char *token) {
-  return find_secret(token, KEXD_TOKEN_LEN, j->jobs, j->njobs, job_token);
+  char hex[KEXD_TOKEN_LEN + 1];
+  size_t n = token ? strlen(token) : 0;
+  if (n < KEXD_TOKEN_LEN || (n > KEXD_TOKEN_LEN && strcmp(token + KEXD_TOKEN_LEN, j->suffix) != 0)) return -1;
+  memcpy(hex, token, KEXD_TOKEN_LEN);
+  hex[KEXD_TOKEN_LEN] = '\0';
+  return find_secret(hex, KEXD_TOKEN_LEN, j->jobs, j->njobs, job_token);
+}
+
+bool kexd_node_field_ok(const char *s, size_t max) {
+  size_t n = s ? strlen(s) : 0;
+  return n >= 1 && n <= max && strspn(s, KEXD_NODE_CHARS) == n;
+}
+
+void kexd_jobs_set_node(kexd_jobs *j, const char *name, const char *advertise) {
+  snprintf(j->node, sizeof j->node, "%s", name);
+  snprintf(j->advertise, sizeof j->advertise, "%s", advertise);
+  snprintf(j->suffix, sizeof j->suffix, ".%s@%s", j->node, j->advertise);
+}
+
+void kexd_job_wire_token(const kexd_jobs *j, const kexd_job *job, char out[KEXD_WIRE_TOKEN_MAX + 1]) {
+  snprintf(out, KEXD_WIRE_TOKEN_MAX + 1, "%s%s", job->token, j->suffix);
+}
+
+const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token) {
+  const char *owner, *at;
+  char name[KEXD_NODE_NAME_MAX + 1];
+  if (!token || strlen(token) <= KEXD_TOKEN_LEN + 1 || token[KEXD_TOKEN_LEN] != '.') return NULL;
+  if (strspn(token, "0123456789abcdef") != KEXD_TOKEN_LEN || strcmp(token + KEXD_TOKEN_LEN, j->suffix) == 0)
+    return NULL;
+  owner = token + KEXD_TOKEN_LEN + 1;
+  if (!(at = strchr(owner, '@')) || (size_t)(at - owner) > KEXD_NODE_NAME_MAX) return NULL;
+  memcpy(name, owner, (size_t)(at - owner));
+  name[at - owner] = '\0';
+  return kexd_node_field_ok(name, KEXD_NODE_NAME_MAX) && kexd_node_field_ok(at + 1, KEXD_ADVERTISE_MAX) ? owner
+                                                                                                         : NULL;
 }
 
 /*

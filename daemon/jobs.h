@@ -3,8 +3,9 @@
  *
  * A job is opened with a name, a weight and a memory limit and is named in
  * every later call by an unguessable token (128 bits from getrandom(2), as
- * 32 hex characters).  Any call that names a job renews its lease; a uv timer
- * closes jobs idle past their lease.
+ * 32 hex characters, followed on the wire by the node that holds it).
+ * Any call that names a job renews its lease; a uv timer closes jobs idle
+ * past their lease.
  *
  * A job holds buffers (device memory), each named by a handle that is just
  * as unguessable and means nothing in another job.  Every byte a job's
@@ -34,6 +35,17 @@
 #define KEXD_LIMIT_BUFFERS_PER_JOB 65536         /* default: buffers one job may hold (--max-buffers-per-job) */
 #define KEXD_DEFAULT_JOB_EVICT_IDLE_S 10.0       /* a full table closes the job idle longest, if idle at least this */
 #define KEXD_ANONYMOUS_TENANT "anonymous"        /* the tenant of every job when kexd runs without --auth */
+/*
+ * A fleet: each kexd is a node with a name (--node-name) and the address
+ * clients reach it at (--advertise).  A token on the wire is
+ * "HEX.NAME@ADVERTISE" (job->token is the HEX part, the secret), at most
+ * KEXD_WIRE_TOKEN_MAX characters: it fits libkex's KEX_TOKEN_MAX buffers.
+ */
+#define KEXD_NODE_NAME_MAX 31                    /* characters of a node name */
+#define KEXD_ADVERTISE_MAX 62                    /* characters of an advertised address */
+#define KEXD_NODE_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/[]-" /* of both */
+#define KEXD_NODE_SUFFIX_MAX (2 + KEXD_NODE_NAME_MAX + KEXD_ADVERTISE_MAX) /* ".NAME@ADVERTISE" */
+#define KEXD_WIRE_TOKEN_MAX (KEXD_TOKEN_LEN + KEXD_NODE_SUFFIX_MAX)
 
 /*
  * What one tenant uses now, over all its jobs (created at its first job,
@@ -112,6 +124,9 @@ typedef struct kexd_jobs {
   kexd_tenant_use **uses; /* every tenant that opened a job, in first-open order */
   uint32_t nuses, capuses;
   uint64_t held_by_device[KEXD_MAX_DEVICES]; /* bytes every job's buffers hold, by device index (metrics) */
+  char node[KEXD_NODE_NAME_MAX + 1];          /* this node's name (kexd_jobs_set_node) */
+  char advertise[KEXD_ADVERTISE_MAX + 1];     /* and its address for clients */
+  char suffix[KEXD_NODE_SUFFIX_MAX + 1];      /* ".NAME@ADVERTISE", every wire token's tail ("" before set_node) */
 } kexd_jobs;
 
 /* Set up (and start the lease timer); buffers are freed through disp.  0 or a negative code. */
@@ -136,8 +151,23 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
  * --auth), made at first use; NULL when out of memory.
  */
 kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name);
-/* The job with this token, its lease renewed; NULL when unknown. */
+/* True when s is 1..max characters, each one of KEXD_NODE_CHARS (a node name or an advertised address). */
+bool kexd_node_field_ok(const char *s, size_t max);
+/* Name this node (both pass kexd_node_field_ok: config.c checks them).  Tokens opened after carry them. */
+void kexd_jobs_set_node(kexd_jobs *j, const char *name, const char *advertise);
+/* The token a client gets for job: "HEX.NAME@ADVERTISE" ("HEX" before set_node). */
+void kexd_job_wire_token(const kexd_jobs *j, const kexd_job *job, char out[KEXD_WIRE_TOKEN_MAX + 1]);
+/*
+ * The job with this token, its lease renewed; NULL when unknown.  token is
+ * a wire token of this node or its bare HEX part; the HEX is compared in
+ * constant time.
+ */
 kexd_job *kexd_jobs_find(kexd_jobs *j, const char *token);
+/*
+ * When token is a well-formed wire token of another node: that node's
+ * "NAME@ADVERTISE" (a pointer into token); else NULL.
+ */
+const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token);
 /* Close the job with this token (its on_close hook runs first).  0 or KEX_ENOTFOUND. */
 int kexd_jobs_close_job(kexd_jobs *j, const char *token);
 /* The open job with this id (lease not renewed); NULL when it is gone. */

@@ -57,6 +57,8 @@
 
 typedef struct kexd_config {
   const char *listen;
+  const char *node_name;         /* --node-name: this node's name in a fleet (default: listen) */
+  const char *advertise;         /* --advertise: the address clients reach this node at (default: listen) */
   const char *tls_cert, *tls_key; /* PEM files: serve TLS (both or neither) */
   const char *tls_client_ca;     /* PEM file: require client certificates it verifies (needs tls_cert) */
   const char *metrics;           /* --metrics / KEX_METRICS: the Prometheus endpoint's HOST:PORT, or "off" */

@@ -298,6 +298,9 @@ int main(int argc, char **argv) {
     goto out_handles;
   }
   d->jobs.max_per_peer = d->cfg.max_jobs_per_peer;
+  kexd_jobs_set_node(&d->jobs, d->cfg.node_name, d->cfg.advertise);
+  KEX_INFO("node %s, advertised at %s: its job tokens name both, and clients of a fleet send a job's calls there",
+           d->cfg.node_name, d->cfg.advertise);
   d->jobs.evict_idle_ms = (uint64_t)(d->cfg.job_evict_idle_s * 1000);
   d->jobs.max_buffers = d->cfg.max_buffers_per_job;
   uv_signal_init(&loop, &st.sigterm);

@@ -70,6 +70,7 @@ void kexd_rpc_free_msg(ProtobufCMessage *m) {
 kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token) {
   kexd_call_info *ci = kexd_call_ext(c);
   kexd_job *job;
+  const char *owner;
   if (!token || !*token) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: missing job token (field `job`; OpenJob returns one)",
                     kexd_call_method(c));
@@ -77,6 +78,13 @@ kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token) {
   }
   job = kexd_jobs_find(&d->jobs, token);
   if (job && ci->tenant && strcmp(job->use->name, ci->tenant->name) != 0) job = NULL; /* another tenant's */
+  if (!job && (owner = kexd_jobs_token_owner(&d->jobs, token))) {
+    kexd_call_failf(c, GRPC_STATUS_FAILED_PRECONDITION,
+                    "%s: the job belongs to node %.*s at %.*s (its token says so); this is node %s at %s: send the "
+                    "job's calls to its node", kexd_call_method(c), (int)strcspn(owner, "@"), owner,
+                    KEXD_ADVERTISE_MAX, owner + strcspn(owner, "@") + 1, d->jobs.node, d->jobs.advertise);
+    return NULL;
+  }
   if (!job) {
     kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "%s: unknown job token (never opened, closed, or expired after its lease)",
                     kexd_call_method(c));

@@ -137,7 +137,7 @@ if [ "$rc" = 0 ] && grep -q "^uptime: " "$tmp/out" && grep -q "^calls: " "$tmp/o
 # ---- jobs and buffers ----
 run "$kex" "${S[@]}" job open --name cli-test --weight 3
 job=$(cat "$tmp/out")
-if [ "$rc" = 0 ] && [[ "$job" =~ ^[0-9a-f]{32,}$ ]]; then ok "job open prints a token"; else bad "job open prints a token"; fi
+if [ "$rc" = 0 ] && [[ "$job" =~ ^[0-9a-f]{32}\.[^@]+@[^[:space:]]+$ ]]; then ok "job open prints a token"; else bad "job open prints a token"; fi
 $PY -c 'import numpy as np, sys; np.save(sys.argv[1], (np.arange(3*5*7, dtype=np.float32).reshape(3, 5, 7) - 50) / 3)' "$tmp/a.npy"
 run "$kex" "${S[@]}" upload --job "$job" "$tmp/a.npy"
 handle=$(cat "$tmp/out")

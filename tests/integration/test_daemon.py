@@ -124,8 +124,9 @@ def main():
     # jobs
     tokens = [kex.OpenJob(kex_pb2.OpenJobRequest(name=f"t{i}", weight=1), timeout=5).job for i in range(8)]
     check("OpenJob: 8 tokens are distinct", len(set(tokens)) == 8, str(tokens))
-    check("OpenJob: tokens are >= 32 hex characters",
-          all(len(t) >= 32 and all(c in "0123456789abcdef" for c in t) for t in tokens), str(tokens))
+    check("OpenJob: tokens are >= 32 hex characters, then \".NODE@ADVERTISE\" (the node that holds the job)",
+          all(all(c in "0123456789abcdef" for c in t[:32]) and t[32:] == f".127.0.0.1:{PORT}@127.0.0.1:{PORT}"
+              for t in tokens), str(tokens))
     job = tokens[0]
     small = graph_pb({"nodes": [{"op": "EMPTY", "dtype": "float32", "shape": [10]},
                                 {"op": "EMPTY", "dtype": "float32", "shape": [10]},

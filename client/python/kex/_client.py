@@ -6,7 +6,9 @@ could not make them) they are generated into kex/_pb/ on first import, with
 grpc_tools (Debian: python3-grpc-tools), and again when the tree's .proto is
 newer than them.
 """
+import json
 import os
+import socket
 import warnings
 import weakref
 
@@ -52,16 +54,70 @@ class Error(Exception):
         self.details = details
 
     @classmethod
-    def from_rpc(cls, e):
-        """The kex.Error of a grpc.RpcError."""
+    def from_rpc(cls, e, node=None):
+        """The kex.Error of a grpc.RpcError; node ("NAME at ADDR") is named when it is unavailable."""
+        if node and e.code() == grpc.StatusCode.UNAVAILABLE:
+            return cls(e.code(), f"node {node} is unavailable; the job lives there, so its calls go nowhere else "
+                                 f"({e.details()})")
         return cls(e.code(), e.details())
 
 
-def _call(fn, *args, **kwargs):
+def _call(fn, *args, node=None, **kwargs):
     try:
         return fn(*args, **kwargs)
     except grpc.RpcError as e:
-        raise Error.from_rpc(e) from None
+        raise Error.from_rpc(e, node) from None
+
+
+# ---- fleets: a target of several kexds ----
+
+_ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+_SERVERS_MAX = 64  # items of a server list (as libkex)
+_fleets = {}  # (target, credentials' files) -> the channel every Client of this process opens its jobs on
+
+
+def _list_host(item):
+    """(host, family) of an "IP:PORT" or "[IPv6]:PORT" item of a server list; ValueError for anything else."""
+    host, sep, port = item.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"kex: {item!r}: a server list takes IP:PORT items ([v6]:PORT); for names use "
+                         f"dns:///NAME:PORT")
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return host, family
+        except OSError:
+            pass
+    raise ValueError(f"kex: {item!r}: a server list takes IP addresses; for names use dns:///NAME:PORT")
+
+
+def _fleet(addr):
+    """(gRPC target, the list's items or None, the name TLS checks) when addr names a fleet, else None.
+
+    "a:1,b:2" (IP literals, all IPv4 or all IPv6; also in "ipv4:"/"ipv6:" form) becomes "ipv4:a:1,b:2";
+    "dns:..." is a fleet as it is."""
+    if addr.startswith("dns:"):
+        return addr, None, None
+    items = (addr[5:] if addr.startswith(("ipv4:", "ipv6:")) else addr).split(",")
+    if len(items) == 1:
+        return None
+    if len(items) > _SERVERS_MAX:
+        raise ValueError(f"kex: a server list takes at most {_SERVERS_MAX} addresses, not {len(items)}")
+    hosts = [_list_host(i) for i in items]
+    if len({f for _, f in hosts}) != 1:
+        raise ValueError(f"kex: {addr!r}: a server list is all IPv4 or all IPv6")
+    scheme = "ipv4:" if hosts[0][1] == socket.AF_INET else "ipv6:"
+    return scheme + ",".join(items), items, hosts[0][0]
+
+
+def _token_node(job):
+    """("NAME", "ADDR") of a kexd token "HEX.NAME@ADDR", or None when it names no node."""
+    if len(job) <= 33 or job[32] != ".":
+        return None
+    name, at, addr = job[33:].partition("@")
+    return (name, addr) if at and addr else None
 
 
 def _shutdown(channel, stub, job, owns_job, timeout, metadata, hold=None):
@@ -110,7 +166,12 @@ class Client:
     job as soon as the connection breaks.  A given job token is used as is and
     left open.
 
-    addr: "host:port"; weight and memory_limit: the job's share and byte limit
+    addr: "host:port", or a fleet of kexds: "ip:port,ip:port,..." or
+    "dns:///name:port".  A fleet's jobs are opened through one channel per
+    process with gRPC's round_robin policy (so new jobs spread over the live
+    nodes), and every call of the job goes to the node that opened it (the
+    address in its token): if that node dies they fail UNAVAILABLE naming
+    it.  weight and memory_limit: the job's share and byte limit
     (OpenJob); name: the job's name in kexd's stats; token: a bearer token sent
     as `authorization`; root_certs: a PEM file for TLS; client_cert and
     client_key: PEM files of this client's certificate and key, for a kexd
@@ -122,6 +183,7 @@ class Client:
                  root_certs=None, timeout=60.0, client_cert=None, client_key=None):
         if bool(client_cert) != bool(client_key):
             raise ValueError("client_cert and client_key go together")
+        creds = None
         if root_certs or client_cert:
             def read(path):
                 if not path:
@@ -129,19 +191,45 @@ class Client:
                 with open(path, "rb") as f:
                     return f.read()
             creds = grpc.ssl_channel_credentials(read(root_certs), read(client_key), read(client_cert))
-            self.channel = grpc.secure_channel(addr, creds)
-        else:
-            self.channel = grpc.insecure_channel(addr)
+
+        def channel(target, options=()):
+            return grpc.secure_channel(target, creds, options) if creds else grpc.insecure_channel(target, options)
+
+        fleet = _fleet(addr)
         self.addr = addr
-        self.stub = pb_grpc.KexStub(self.channel)
+        self.node = None  # a fleet's job: "NAME at ADDR" of the node that holds it
         self.timeout = timeout
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.owns_job = job is None
         self._devices = None
+        if fleet:
+            target, items, tls_name = fleet
+            key = (target, root_certs, client_cert, client_key)
+            if key not in _fleets:  # one per process: round_robin spreads the jobs of all its Clients
+                opts = [("grpc.service_config", _ROUND_ROBIN)]
+                if creds and tls_name:
+                    opts.append(("grpc.ssl_target_name_override", tls_name))
+                _fleets[key] = channel(target, opts)
+            if job is None:
+                r = _call(pb_grpc.KexStub(_fleets[key]).OpenJob,
+                          pb.OpenJobRequest(name=name, weight=weight, memory_limit=memory_limit), timeout=timeout,
+                          metadata=self.metadata)
+                job = r.job
+            node = _token_node(job)
+            if node is None:
+                raise ValueError(f"kex: job token {job[:8]}... names no node, so a fleet cannot route its calls")
+            if items is not None and node[1] not in items:
+                raise ValueError(f"kex: the job's token names node {node[0]} at {node[1]}, which is not one of "
+                                 f"{addr}: its calls go nowhere else")
+            self.node = f"{node[0]} at {node[1]}"
+            self.channel = channel(node[1])  # the job's calls: pinned to its node
+        else:
+            self.channel = channel(addr)
+        self.stub = pb_grpc.KexStub(self.channel)
         if job is None:
             try:
                 r = _call(self.stub.OpenJob, pb.OpenJobRequest(name=name, weight=weight, memory_limit=memory_limit),
-                          timeout=timeout, metadata=self.metadata)
+                          timeout=timeout, metadata=self.metadata, node=self.node)
             except BaseException:
                 self.channel.close()
                 raise
@@ -180,7 +268,7 @@ class Client:
     def plan(self, graph):
         """Schedule a kex.v1.Graph on kexd without running it: the PlanReply (.kernels, .items)."""
         return _call(self.stub.Plan, pb.PlanRequest(job=self.job, graph=graph), timeout=self.timeout,
-                     metadata=self.metadata)
+                     metadata=self.metadata, node=self.node)
 
     def submit(self, graph, return_bytes=True, timeout=None, on_event=None, trace=False):
         """Run a graph; returns the Done event.  on_event(event) sees every event.
@@ -197,7 +285,7 @@ class Client:
                 if ev.WhichOneof("event") == "done":
                     done = ev.done
         except grpc.RpcError as e:
-            raise Error.from_rpc(e) from None
+            raise Error.from_rpc(e, self.node) from None
         if done is None:
             raise Error(grpc.StatusCode.INTERNAL, "Submit ended without a done event")
         return done
@@ -219,7 +307,7 @@ class Client:
             for i in range(0, len(data), chunk):
                 yield pb.UploadRequest(job=self.job, chunk=data[i:i + chunk])
 
-        return _call(self.stub.Upload, parts(), timeout=self.timeout, metadata=self.metadata).handle
+        return _call(self.stub.Upload, parts(), timeout=self.timeout, metadata=self.metadata, node=self.node).handle
 
     def download(self, handle):
         """(dtype name, shape, bytes) of a buffer the job holds."""
@@ -231,18 +319,18 @@ class Client:
                     dtype, shape = ch.dtype, tuple(ch.shape)
                 buf += ch.data
         except grpc.RpcError as e:
-            raise Error.from_rpc(e) from None
+            raise Error.from_rpc(e, self.node) from None
         return dtype, shape, bytes(buf)
 
     def free(self, handles):
         """Free buffers the job holds; the number freed."""
         return _call(self.stub.Free, pb.FreeRequest(job=self.job, handles=list(handles)), timeout=self.timeout,
-                     metadata=self.metadata).freed
+                     metadata=self.metadata, node=self.node).freed
 
     def devices(self):
         """The server's devices (kex.v1.Device messages: name, kind, is_default, available, ...)."""
         return list(_call(self.stub.ListDevices, pb.ListDevicesRequest(job=self.job), timeout=self.timeout,
-                          metadata=self.metadata).devices)
+                          metadata=self.metadata, node=self.node).devices)
 
     def default_device(self):
         """The name of the server's default device (the one graphs without a device run on); asked once."""
@@ -256,7 +344,7 @@ class Client:
     def stats(self):
         """GetStats for this job: the server's counters (jobs_open, calls, ...)."""
         return _call(self.stub.GetStats, pb.GetStatsRequest(job=self.job), timeout=self.timeout,
-                     metadata=self.metadata)
+                     metadata=self.metadata, node=self.node)
 
     def tune(self, tensor_or_graph, beam=2, progress=None, device=None, timeout=None):
         """Beam-search every kernel of a graph on kexd (results go to the server's cache).
@@ -278,7 +366,7 @@ class Client:
                 if ev.finished:
                     results[ev.i] = TuneResult.from_event(ev)
         except grpc.RpcError as e:
-            raise Error.from_rpc(e) from None
+            raise Error.from_rpc(e, self.node) from None
         return [results[i] for i in sorted(results)]
 
     def tensor(self, data, dtype=None, upload=False, device=None):

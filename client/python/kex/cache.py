@@ -51,7 +51,7 @@ def list(client=None, device=None, kernel=None, key_prefix=None, max_age_s=None,
     out, token = [], ""
     while True:
         r = _call(c.stub.ListCache, pb.ListCacheRequest(job=c.job, filter=f, limit=page_size, page_token=token),
-                  timeout=c.timeout, metadata=c.metadata)
+                  timeout=c.timeout, metadata=c.metadata, node=c.node)
         out.extend(r.entries)
         if not r.next_page_token:
             return out
@@ -64,7 +64,7 @@ def get(client, key, device=None):
     """The newest entry for key (64 hex) on device (the rendered identity; None = any), with ast_text and source."""
     c = _client(client)
     return _call(c.stub.GetCacheEntry, pb.GetCacheEntryRequest(job=c.job, key=key, device=device or ""),
-                 timeout=c.timeout, metadata=c.metadata)
+                 timeout=c.timeout, metadata=c.metadata, node=c.node)
 
 
 def _open(path_or_file, mode):
@@ -88,7 +88,7 @@ def export(client, path_or_file, device=None, kernel=None, key_prefix=None, max_
             if ch.entries:
                 n = ch.entries
     except grpc.RpcError as e:
-        raise Error.from_rpc(e) from None
+        raise Error.from_rpc(e, c.node) from None
     finally:
         if owned:
             f.close()
@@ -118,7 +118,7 @@ def import_file(client, path_or_file, timeout=None):
                 return
 
     try:
-        return _call(c.stub.ImportCache, messages(), timeout=timeout, metadata=c.metadata)
+        return _call(c.stub.ImportCache, messages(), timeout=timeout, metadata=c.metadata, node=c.node)
     finally:
         if owned:
             f.close()
@@ -131,4 +131,4 @@ def delete(client=None, device=None, kernel=None, key_prefix=None, max_age_s=Non
         raise ValueError("kex.cache.delete: give a filter (device, kernel, key_prefix, max_age_s) or all=True")
     return _call(c.stub.DeleteCache, pb.DeleteCacheRequest(job=c.job, filter=_filter(device, kernel, key_prefix,
                                                                                        max_age_s)),
-                 timeout=c.timeout, metadata=c.metadata).deleted
+                 timeout=c.timeout, metadata=c.metadata, node=c.node).deleted
