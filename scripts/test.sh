@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - THE test command: every test kex has, one summary, one closing line.
 #
-#  1. scripts/setup.sh (installs missing Debian packages).
+#  1. scripts/setup.sh --test (installs missing Debian packages, clang-15 for libFuzzer too).
 #  2. build/ (normal) and build-asan/ (-Dsanitize=true: ASan + UBSan), each
 #     configured (or reconfigured) and built with `ninja -k 0`.
 #  3. meson test -C build (every suite); meson test -C build-asan --suite unit;
@@ -24,7 +24,7 @@ summary_args=()
 fail() { summary_args+=(--fail "$1" "$2"); echo "FAILED: $1 ($2)"; }
 skip() { summary_args+=(--skip "$1" "$2"); echo "skipped: $1 ($2)"; }
 
-if ! scripts/setup.sh; then
+if ! scripts/setup.sh --test; then
   fail "setup" "scripts/setup.sh failed"
 fi
 
