@@ -5,13 +5,13 @@
 #  2. build/ (normal) and build-asan/ (-Dsanitize=true: ASan + UBSan), each
 #     configured (or reconfigured) and built with `ninja -k 0`.
 #  3. meson test -C build (every suite); meson test -C build-asan --suite unit;
-#     tests/fuzz/libfuzzer.sh: build-fuzz (clang, libFuzzer) and its suite fuzz.
 #     When a build fails, the tests whose executables are up to date still run;
 #     the others count as failed ("did not build"), never as stale passes.
 #  4. every tests/integration/*.sh (each prints its own "N passed, N failed"),
-#     test_hostile.sh and test_faults.sh once more with build-asan's kexd, and pytest on
+#     test_hostile.sh and test_faults.sh once more with build-asan's kexd, pytest on
 #     client/python/tests with /usr/bin/python3 (the Debian python, which has
-#     grpc and numpy) -- in two lanes at once (KEX_TEST_LANES=1: in turn).
+#     grpc and numpy), and tests/fuzz/libfuzzer.sh (build-fuzz: clang,
+#     libFuzzer, its suite fuzz) -- in two lanes at once (KEX_TEST_LANES=1: in turn).
 #  5. scripts/summarize.py: a per-suite table, then as the very last line
 #     "N passed, N failed".  Exits non-zero if anything failed.
 set -uo pipefail
@@ -84,15 +84,6 @@ build_and_test() {
 build_and_test build ""
 build_and_test build-asan unit -Dsanitize=true
 
-# the fuzz targets as libFuzzer binaries (clang), a few seconds each; skipped without a suitable clang
-rm -f build-fuzz/meson-logs/testlog.json
-bash tests/fuzz/libfuzzer.sh build-fuzz
-case $? in
-  0 | 1) summary_args+=(--meson build-fuzz) ;;
-  77) skip "libFuzzer runs (build-fuzz)" "no clang that builds kex for libFuzzer" ;;
-  *) fail "build-fuzz" "did not configure or build (clang, -Dfuzzer=true)" ;;
-esac
-
 shopt -s nullglob
 scripts_found=(tests/integration/*.sh)
 shopt -u nullglob
@@ -139,6 +130,10 @@ run_heavy_lane() {
   fi
 }
 run_light_lane() {
+  # the fuzz targets as libFuzzer binaries (clang), a few seconds each; skipped without a suitable clang.  In
+  # this lane: its clang build overlaps the heavy lane's waits instead of adding to the run
+  rm -f build-fuzz/meson-logs/testlog.json
+  run_one "tests/fuzz/libfuzzer.sh" build/integration-logs/libfuzzer.log bash tests/fuzz/libfuzzer.sh build-fuzz
   run_lane "${lane_light[@]}"
   # the hostile inputs again under ASan+UBSan (the kexd of build-asan)
   if [ -x build-asan/daemon/kexd ]; then
@@ -162,6 +157,13 @@ for script in "${scripts_found[@]}"; do
   cat "$log"
   summary_args+=(--script "$script" "$log" "$(cat "$log.rc" 2>/dev/null || echo 1)")
 done
+echo "== tests/fuzz/libfuzzer.sh (build-fuzz) =="
+cat build/integration-logs/libfuzzer.log
+case $(cat build/integration-logs/libfuzzer.log.rc 2>/dev/null || echo 2) in
+  0 | 1) summary_args+=(--meson build-fuzz) ;;
+  77) skip "libFuzzer runs (build-fuzz)" "$(grep -m1 '^skipped:' build/integration-logs/libfuzzer.log | sed 's/^skipped: //')" ;;
+  *) fail "build-fuzz" "did not configure or build (clang, -Dfuzzer=true)" ;;
+esac
 log=build/integration-logs/test_hostile-asan.log
 if [ -x build-asan/daemon/kexd ]; then
   echo "== tests/integration/test_hostile.sh (build-asan) =="
