@@ -203,13 +203,89 @@ out:
   return rc;
 }
 
+/* The PEM texts of --tls-cert, --tls-key and --tls-client-ca (NULL when not given). */
+typedef struct tls_pems {
+  char *cert, *key, *client_ca;
+} tls_pems;
+
+static void tls_pems_free(tls_pems *p) {
+  kex_free(p->cert);
+  kex_free(p->key);
+  kex_free(p->client_ca);
+  *p = (tls_pems){0};
+}
+
+/* Read the TLS files the flags name.  0, or -1 (said why; nothing kept). */
+static int tls_pems_read(const kexd_config *cfg, tls_pems *p) {
+  *p = (tls_pems){0};
+  if (cfg->tls_cert && (read_pem("--tls-cert", cfg->tls_cert, "CERTIFICATE", &p->cert) < 0 ||
+                        read_pem("--tls-key", cfg->tls_key, "PRIVATE KEY", &p->key) < 0 ||
+                        (cfg->tls_client_ca &&
+                         read_pem("--tls-client-ca", cfg->tls_client_ca, "CERTIFICATE", &p->client_ca) < 0))) {
+    tls_pems_free(p);
+    return -1;
+  }
+  return 0;
+}
+
+/* The gRPC server's options from kexd's flags, the TLS texts and the per-call hooks of request.c. */
+static void server_opts(daemon_state *st, const tls_pems *pems, kexd_server_opts *so) {
+  const kexd_config *cfg = &st->d.cfg;
+  memset(so, 0, sizeof *so);
+  so->listen = cfg->listen;
+  so->max_message = cfg->max_message;
+  so->grace_s = cfg->grace_s;
+  so->idle_timeout_s = cfg->idle_timeout_s;
+  so->handshake_timeout_s = cfg->handshake_timeout_s;
+  so->keepalive_s = cfg->keepalive_s;
+  so->max_streams = (int)cfg->max_streams;
+  so->tls_cert_pem = pems->cert;
+  so->tls_key_pem = pems->key;
+  so->tls_client_ca_pem = pems->client_ca;
+  so->tls_cert_file = cfg->tls_cert;
+  so->tls_key_file = cfg->tls_key;
+  so->on_stopped = on_stopped;
+  so->ud = st;
+  so->gate = kexd_rpc_gate;
+  so->on_end = kexd_rpc_call_end;
+  so->call_ud = &st->d;
+  so->call_ext_size = sizeof(kexd_call_info);
+}
+
+/* SIGTERM and SIGINT stop kexd gracefully, SIGHUP reloads --auth. */
+static void start_signals(daemon_state *st, uv_loop_t *loop) {
+  uv_signal_init(loop, &st->sigterm);
+  uv_signal_init(loop, &st->sigint);
+  uv_signal_init(loop, &st->sighup);
+  st->sigterm.data = st->sigint.data = st->sighup.data = st;
+  st->signals_open = true;
+  uv_signal_start(&st->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&st->sigint, on_signal, SIGINT);
+  uv_signal_start(&st->sighup, on_sighup, SIGHUP);
+}
+
+/* The one line that says kexd is up and how it is configured. */
+static void log_listening(const kexd *d) {
+  char devs[KEXD_MAX_DEVICES * (KEXD_DEVICE_NAME_MAX + 1)] = "";
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
+    if (i) strcat(devs, ",");
+    strcat(devs, d->cfg.devices[i]);
+  }
+  KEX_INFO("kexd listening on %s (port %d); devices %s; lease %.1f s; grace %.1f s; max message %d bytes; cache %s; "
+           "beam %u; max connections %u; max jobs %u (%u per peer); %s; metrics %s; %s",
+           d->cfg.listen, kexd_server_port(d->server), devs, d->cfg.lease_s, d->cfg.grace_s, d->cfg.max_message,
+           d->cfg.cache_path, d->cfg.beam, d->cfg.max_connections, d->cfg.max_jobs, d->cfg.max_jobs_per_peer,
+           !d->cfg.tls_cert ? "plaintext" : d->cfg.tls_client_ca ? "TLS, client certificates required" : "TLS",
+           d->cfg.metrics, d->auth ? "tokens required (--auth)" : "no tokens (no --auth)");
+}
+
 int main(int argc, char **argv) {
   static daemon_state st;
   kexd *d = &st.d;
   uv_loop_t loop;
   kexd_server_opts so;
   char workers[16];
-  char *tls_cert = NULL, *tls_key = NULL, *tls_client_ca = NULL;
+  tls_pems pems;
   int rc, ret = 0;
   rc = kexd_config_parse(&d->cfg, argc, argv);
   if (rc) return rc > 0 ? 0 : 2;
@@ -222,12 +298,7 @@ int main(int argc, char **argv) {
     }
     KEX_INFO("--auth %s: %u tenants", d->cfg.auth, d->auth->n);
   }
-  if (d->cfg.tls_cert && (read_pem("--tls-cert", d->cfg.tls_cert, "CERTIFICATE", &tls_cert) < 0 ||
-                          read_pem("--tls-key", d->cfg.tls_key, "PRIVATE KEY", &tls_key) < 0 ||
-                          (d->cfg.tls_client_ca &&
-                           read_pem("--tls-client-ca", d->cfg.tls_client_ca, "CERTIFICATE", &tls_client_ca) < 0))) {
-    kex_free(tls_cert);
-    kex_free(tls_key);
+  if (tls_pems_read(&d->cfg, &pems) < 0) {
     kex_free(d->cfg.cache_path);
     return 1;
   }
@@ -241,29 +312,12 @@ int main(int argc, char **argv) {
   if (uv_loop_init(&loop) < 0) {
     KEX_ERROR("cannot create the event loop");
     grpc_shutdown();
+    tls_pems_free(&pems);
     return 1;
   }
   d->loop = &loop;
   d->started_ms = uv_now(&loop);
-  memset(&so, 0, sizeof so);
-  so.listen = d->cfg.listen;
-  so.max_message = d->cfg.max_message;
-  so.grace_s = d->cfg.grace_s;
-  so.idle_timeout_s = d->cfg.idle_timeout_s;
-  so.handshake_timeout_s = d->cfg.handshake_timeout_s;
-  so.keepalive_s = d->cfg.keepalive_s;
-  so.max_streams = (int)d->cfg.max_streams;
-  so.tls_cert_pem = tls_cert;
-  so.tls_key_pem = tls_key;
-  so.tls_client_ca_pem = tls_client_ca;
-  so.tls_cert_file = d->cfg.tls_cert;
-  so.tls_key_file = d->cfg.tls_key;
-  so.on_stopped = on_stopped;
-  so.ud = &st;
-  so.gate = kexd_rpc_gate;
-  so.on_end = kexd_rpc_call_end;
-  so.call_ud = d;
-  so.call_ext_size = sizeof(kexd_call_info);
+  server_opts(&st, &pems, &so);
   if ((rc = kexd_server_new(&loop, &so, &d->server)) < 0) {
     KEX_ERROR("cannot create the gRPC server: %s", kex_strerror(rc));
     ret = 1;
@@ -303,42 +357,20 @@ int main(int argc, char **argv) {
            d->cfg.node_name, d->cfg.advertise);
   d->jobs.evict_idle_ms = (uint64_t)(d->cfg.job_evict_idle_s * 1000);
   d->jobs.max_buffers = d->cfg.max_buffers_per_job;
-  uv_signal_init(&loop, &st.sigterm);
-  uv_signal_init(&loop, &st.sigint);
-  uv_signal_init(&loop, &st.sighup);
-  st.sigterm.data = st.sigint.data = st.sighup.data = &st;
-  st.signals_open = true;
-  uv_signal_start(&st.sigterm, on_signal, SIGTERM);
-  uv_signal_start(&st.sigint, on_signal, SIGINT);
-  uv_signal_start(&st.sighup, on_sighup, SIGHUP);
+  start_signals(&st, &loop);
   if (strcmp(d->cfg.metrics, "off") != 0 && kexd_metrics_start(d, d->cfg.metrics, &d->metrics) < 0) {
     ret = 1;
     goto out_handles;
   }
   rc = kexd_server_start(d->server);
-  kex_free(tls_cert); /* gRPC holds its own copies */
-  kex_free(tls_key);
-  kex_free(tls_client_ca);
-  tls_cert = tls_key = tls_client_ca = NULL;
+  tls_pems_free(&pems); /* gRPC holds its own copies */
   if (rc < 0) {
     ret = 1;
     if (kexd_server_port(d->server) == 0) goto out_handles; /* never listened: nothing is running */
     uv_run(&loop, UV_RUN_DEFAULT); /* started, then failed: kexd_server_start stopped it */
     goto out_server;
   }
-  {
-    char devs[KEXD_MAX_DEVICES * (KEXD_DEVICE_NAME_MAX + 1)] = "";
-    for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
-      if (i) strcat(devs, ",");
-      strcat(devs, d->cfg.devices[i]);
-    }
-    KEX_INFO("kexd listening on %s (port %d); devices %s; lease %.1f s; grace %.1f s; max message %d bytes; cache %s; "
-             "beam %u; max connections %u; max jobs %u (%u per peer); %s; metrics %s; %s",
-             d->cfg.listen, kexd_server_port(d->server), devs, d->cfg.lease_s, d->cfg.grace_s, d->cfg.max_message,
-             d->cfg.cache_path, d->cfg.beam, d->cfg.max_connections, d->cfg.max_jobs, d->cfg.max_jobs_per_peer,
-             !d->cfg.tls_cert ? "plaintext" : d->cfg.tls_client_ca ? "TLS, client certificates required" : "TLS",
-             d->cfg.metrics, d->auth ? "tokens required (--auth)" : "no tokens (no --auth)");
-  }
+  log_listening(d);
   uv_run(&loop, UV_RUN_DEFAULT);
   KEX_INFO("kexd stopped");
   goto out_server;
@@ -361,8 +393,6 @@ out_loop:
   kex_free(d->cfg.cache_path);
   kex_free(d->device_descs);
   kexd_auth_unref(d->auth);
-  kex_free(tls_cert);
-  kex_free(tls_key);
-  kex_free(tls_client_ca);
+  tls_pems_free(&pems);
   return ret;
 }
