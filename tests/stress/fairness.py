@@ -159,8 +159,8 @@ def shares(dm, weights, rnd, a):
             "background_device_s": everyone - pair, "saturated": saturated}
 
 
-def isolation(dm, a, device):
-    """A tiny job's Submit latencies on `device` while a heavy job floods it with items of heavy_ms."""
+def isolation(dm, a, device, n):
+    """n tiny Submits' latencies on `device` while a heavy job floods it with items of heavy_ms."""
     tiny, heavy = f"tiny-{device}", f"heavy-{device}"
     jt, jh = dm.open(tiny, 1), dm.open(heavy, 1)
     rng = np.random.default_rng(7)
@@ -177,12 +177,12 @@ def isolation(dm, a, device):
         return ok, d.total_us / 1e3, wall
     for _ in range(5):  # compiled and structure-cached before the flood
         submit()
-    items = int(min(100000, 2 * a.tiny + 100))  # each Submit lets about one through: never drained
+    items = int(min(100000, 2 * n + 100))  # each Submit lets about one through: never drained
     dm.flood(jh, items, a.heavy_ms, device)
     time.sleep(2 * a.heavy_ms / 1e3)
     s0 = dm.stats()
     server, client, wrong = [], [], 0
-    for _ in range(a.tiny):
+    for _ in range(n):
         ok, srv, wall = submit()
         wrong += not ok
         server.append(srv)
@@ -190,15 +190,15 @@ def isolation(dm, a, device):
     s1 = dm.stats()
     dm.close(jh)
     dm.close(jt)
-    own_ms = (s1[tiny].device_time_s - s0[tiny].device_time_s) / a.tiny * 1e3
-    return {"device": device, "heavy_item_ms": a.heavy_ms, "heavy_items_queued": items, "tiny_submits": a.tiny,
+    own_ms = (s1[tiny].device_time_s - s0[tiny].device_time_s) / n * 1e3
+    return {"device": device, "heavy_item_ms": a.heavy_ms, "heavy_items_queued": items, "tiny_submits": n,
             "tiny_wrong": wrong, "tiny_own_device_ms": own_ms, "allowance_ms": a.allowance_ms,
             "bound_ms": a.heavy_ms + own_ms + a.allowance_ms,
             "tiny_p50_ms": pctl(server, 0.5), "tiny_p99_ms": pctl(server, 0.99), "tiny_max_ms": max(server),
             "tiny_worst_ms": [round(v, 1) for v in sorted(server)[-5:]],
             "tiny_client_p50_ms": pctl(client, 0.5), "tiny_client_p99_ms": pctl(client, 0.99),
             "heavy_device_s": s1[heavy].device_time_s - s0[heavy].device_time_s,
-            "heavy_items_per_tiny_submit": (s1[heavy].items_done - s0[heavy].items_done) / a.tiny,
+            "heavy_items_per_tiny_submit": (s1[heavy].items_done - s0[heavy].items_done) / n,
             "heavy_still_queued": s1[heavy].queued, "fifo_wait_ms": s0[heavy].queued * a.heavy_ms}
 
 
@@ -252,9 +252,9 @@ def main():
                 print(f"# round {r} weights {w[0]}:{w[1]}: share {x['share'] * 100:.1f}% of the pair's "
                       f"{x['pair_device_s']:.2f} s device time in {x['wall_s']:.2f} s; background load "
                       f"{x['background_device_s']:.2f} s; saturated {x['saturated']}", flush=True)
-        iso = isolation(dm, a, a.iso_device)
+        iso = isolation(dm, a, a.iso_device, a.tiny)
         say_isolation(iso)
-        shared = isolation(dm, a, "cpu") if a.shared_isolation else None
+        shared = isolation(dm, a, "cpu", min(a.tiny, 100)) if a.shared_isolation else None
         if shared:
             say_isolation(shared)
         load.stdin.close()
