@@ -222,7 +222,7 @@ def main():
     ap.add_argument("--iso-device", default="opencl", help="the tiny and heavy jobs' device (not the load's)")
     ap.add_argument("--shared-isolation", action="store_true",
                     help="measure the tiny job on the load's device (cpu) too: figures, not a check")
-    ap.add_argument("--tiny", type=int, default=50, help="the tiny job's Submits")
+    ap.add_argument("--tiny", type=int, default=40, help="the tiny job's Submits")
     ap.add_argument("--allowance-ms", type=float, default=150.0)
     ap.add_argument("--json", default="")
     ap.add_argument("--load", type=int, default=0, help=argparse.SUPPRESS)
