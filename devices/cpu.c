@@ -616,9 +616,12 @@ static const kex_device_ops kex_cpu_ops = {
     .set_kernel_time_limit = kex_cpu_set_kernel_time_limit,
 };
 
-/* The value of "key" in /proc/cpuinfo (first occurrence) into out[KEX_DEVICE_FIELD_MAX]; "" if absent. */
-static void kex_cpu_cpuinfo(const char *key, char *out) {
-  char line[512];
+/*
+ * The value of "key" in /proc/cpuinfo (first occurrence) into out[len]; ""
+ * if absent.  A value longer than the line buffer is cut.
+ */
+static void kex_cpu_cpuinfo(const char *key, char *out, size_t len) {
+  char line[8192];
   size_t n = strlen(key);
   FILE *f = fopen("/proc/cpuinfo", "re");
   out[0] = 0;
@@ -629,7 +632,7 @@ static void kex_cpu_cpuinfo(const char *key, char *out) {
     char *v = colon + 1;
     while (*v == ' ' || *v == '\t') v++;
     v[strcspn(v, "\n")] = 0;
-    snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", v);
+    snprintf(out, len, "%s", v);
     break;
   }
   fclose(f);
@@ -663,19 +666,11 @@ static const char *kex_cpu_isa_flags(void) {
   static const char v2[] = "cx16 lahf_lm popcnt pni sse4_1 sse4_2 ssse3",
                     v3[] = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave",
                     v4[] = "avx512f avx512bw avx512cd avx512dq avx512vl";
-  char line[8192]; /* a longer flags line is cut: fewer features seen, a lower level, still a safe one */
-  const char *isa = "";
-  FILE *f = fopen("/proc/cpuinfo", "re");
-  while (f && fgets(line, sizeof line, f)) {
-    if (strncmp(line, "flags", 5) != 0 || !strchr(line, ':')) continue;
-    const char *have = strchr(line, ':') + 1;
-    if (!kex_cpu_has_all(have, v2)) isa = kex_cpu_has_all(have, "fma") ? "-mfma" : "";
-    else if (!kex_cpu_has_all(have, v3)) isa = kex_cpu_has_all(have, "fma") ? "-march=x86-64-v2 -mfma" : "-march=x86-64-v2";
-    else isa = kex_cpu_has_all(have, v4) ? "-march=x86-64-v4" : "-march=x86-64-v3";
-    break;
-  }
-  if (f) fclose(f);
-  return isa;
+  char have[8192]; /* a longer flags line is cut: fewer features seen, a lower level, still a safe one */
+  kex_cpu_cpuinfo("flags", have, sizeof have);
+  if (!kex_cpu_has_all(have, v2)) return kex_cpu_has_all(have, "fma") ? "-mfma" : "";
+  if (!kex_cpu_has_all(have, v3)) return kex_cpu_has_all(have, "fma") ? "-march=x86-64-v2 -mfma" : "-march=x86-64-v2";
+  return kex_cpu_has_all(have, v4) ? "-march=x86-64-v4" : "-march=x86-64-v3";
 #else
   return "";
 #endif
@@ -743,9 +738,9 @@ int kex_cpu_open(kex_device **out, kex_error *err) {
   const char *isa = kex_cpu_isa_flags();
   snprintf(cpu->flags, sizeof cpu->flags, "%s%s%s", KEX_CPU_FLAGS, *isa ? " " : "", isa);
   kex_device_set_field(id->kind, "cpu");
-  kex_cpu_cpuinfo("vendor_id", tmp);
+  kex_cpu_cpuinfo("vendor_id", tmp, sizeof tmp);
   kex_device_set_field(id->vendor, tmp);
-  kex_cpu_cpuinfo("model name", tmp);
+  kex_cpu_cpuinfo("model name", tmp, sizeof tmp);
   kex_device_set_field(id->name, tmp);
   if (uname(&un) == 0)
     snprintf(tmp, sizeof tmp, "%s glibc %s", un.machine, gnu_get_libc_version());
