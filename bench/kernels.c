@@ -14,8 +14,11 @@
  * with tinygrad 0.9.0's BEAM=0 times on PoCL here (spec 16.4) beside ours.
  *
  * usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N] [--only SUBSTR] [--device NAME]
+ *                      [--beam N]
  * (--only: graphs whose file name contains SUBSTR; --device: only opencl,
- * cpu or cpu_1thread; both for quick checks, the results file wants all)
+ * cpu or cpu_1thread; both for quick checks, the results file wants all;
+ * --beam N: each kernel's opts from a BEAM search of width N, with no cache
+ * file, so every run searches afresh; the rows then say "beam": N)
  */
 #include <cblas.h>
 #include <jansson.h>
@@ -93,8 +96,9 @@ typedef struct devrun {
 } devrun;
 
 /* Run g on dev; sum of kernel medians; check a matmul output against ref (NULL: no check). */
-static int run_on(kex_device *dev, const kex_graph *g, int reps, const float *ref, size_t nref, devrun *out) {
-  kex_run_opts ro = {reps, false};
+static int run_on(kex_device *dev, const kex_graph *g, int reps, int beam, const float *ref, size_t nref,
+                  devrun *out) {
+  kex_run_opts ro = {.repeat = reps, .beam = beam, .cache_path = ""};
   kex_run_result res;
   kex_error err = {0};
   out->us = 0;
@@ -128,7 +132,7 @@ static int run_on(kex_device *dev, const kex_graph *g, int reps, const float *re
 int main(int argc, char **argv) {
   const char *outpath = "bench/results/kernels.json";
   const char *dir = getenv("KEX_BENCH_GRAPHS_DIR") ? getenv("KEX_BENCH_GRAPHS_DIR") : "../shared/bench-graphs";
-  int reps = 10;
+  int reps = 10, beam = 0;
   const char *only = NULL, *only_dev = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) outpath = argv[++i];
@@ -136,8 +140,10 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
     else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) only_dev = argv[++i];
+    else if (strcmp(argv[i], "--beam") == 0 && i + 1 < argc) beam = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N] [--only SUBSTR] [--device NAME]\n");
+      fprintf(stderr, "usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N] [--only SUBSTR] [--device NAME] "
+                      "[--beam N]\n");
       return 2;
     }
   }
@@ -189,14 +195,15 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "%.*s", (int)(strlen(graphs[gi].file) - 5), graphs[gi].file);
     for (int d = 0; d < 3; d++) {
       if (only_dev && strcmp(only_dev, runs[d].label) != 0) continue;
-      if (!devs[d] || run_on(devs[d], g, reps, ref, n ? (size_t)n * (size_t)n : 0, &runs[d])) continue;
-      double tg = graphs[gi].tinygrad_us;
+      if (!devs[d] || run_on(devs[d], g, reps, beam, ref, n ? (size_t)n * (size_t)n : 0, &runs[d])) continue;
+      double tg = beam ? -1 : graphs[gi].tinygrad_us; /* tinygrad's times are BEAM=0 */
       printf("%-18s %-12s %11.1f %11.1f %9.2f %12s %9s %9s\n", name, runs[d].label, runs[d].us, base_us,
              runs[d].us / base_us, d == 0 && tg > 0 ? "" : "-", "", runs[d].ok ? "yes" : "NO");
       if (d == 0 && tg > 0) printf("%-18s %-12s %11s %11s %9s %12.1f %8.2fx\n", "", "", "", "", "", tg, tg / runs[d].us);
       json_t *o = json_pack("{s:s, s:s, s:f, s:s, s:f, s:f, s:s, s:b}", "graph", name, "device", runs[d].label,
                             "kex_us", runs[d].us, "baseline", base_name, "baseline_us", base_us, "ratio_to_baseline",
                             runs[d].us / base_us, "kernels", runs[d].kernels, "output_checked", runs[d].ok);
+      if (beam > 0) json_object_set_new(o, "beam", json_integer(beam));
       if (d == 0 && tg > 0) {
         json_object_set_new(o, "tinygrad_beam0_pocl_us", json_real(tg));
         json_object_set_new(o, "speedup_vs_tinygrad", json_real(tg / runs[d].us));
@@ -215,11 +222,13 @@ int main(int argc, char **argv) {
   }
   loadavg(load_end, sizeof load_end);
   char notes[512];
+  char optsnote[64] = "hand-coded opts (BEAM=0)";
+  if (beam > 0) snprintf(optsnote, sizeof optsnote, "opts from a BEAM=%d search (no cache)", beam);
   snprintf(notes, sizeof notes,
-           "hand-coded opts (BEAM=0); kex_us = sum of the graph's kernels, each the median of `repeat` device-timed "
+           "%s; kex_us = sum of the graph's kernels, each the median of `repeat` device-timed "
            "runs after a warm-up; baselines measured in the same run; shared 2-vCPU VM, load average (1/5/15 min) %s "
            "at the start, %s at the end",
-           load_start, load_end);
+           optsnote, load_start, load_end);
   json_t *doc = json_pack("{s:s, s:i, s:s, s:o}", "benchmark", "kernels", "repeat", reps, "notes", notes, "results",
                           arr);
   if (json_dump_file(doc, outpath, JSON_INDENT(2))) fprintf(stderr, "cannot write %s\n", outpath);

@@ -426,13 +426,9 @@ int kex_render_cstyle(int dialect, const char *name, const kex_uop_graph *g, cha
     }
     kex_strbuf_printf(&out, ") {\n");
   } else {
+    /* no target pragma: the cpu device compiles for its CPU's ISA level (FMA included where it has one, as
+       tinygrad's CLANG does with -march=native), so the source does not depend on the machine rendering it */
     kex_strbuf_printf(&out, "#include <math.h>\n");
-    /* tinygrad compiles CLANG kernels with -march=native, so a*b+c contracts to an FMA where the host has one;
-       the cpu device compiles with plain -O2: ask gcc for FMA code on this host to get the same numbers. */
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("fma"))
-      kex_strbuf_printf(&out, "#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC target(\"fma\")\n#endif\n");
-#endif
     kex_strbuf_printf(&out, "void %s(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n", name);
     int np = 0;
     for (uint32_t i = 0; i < g->nlinear; i++) {

@@ -3,7 +3,7 @@
  * object -> dlopen, run on a thread pool.
  *
  * compile() writes the source to a file in the device's own mkdtemp
- * directory and runs `cc -O2 -shared -fPIC -x c - -o <unique>.so -lm` with
+ * directory and runs `cc <flags> -x c - -o <unique>.so -lm` with
  * posix_spawnp, the source on its stdin and its stdout+stderr in a log file
  * that becomes the error message when the compiler fails; the .so bytes are
  * the binary.  load() writes a binary to a new, never reused file name
@@ -20,6 +20,14 @@
  * ranges ran; its event holds the wall time.  With KEX_CPU_THREADS=1 (or one
  * CPU) there are no workers and the launching thread runs the kernel.
  * Buffers are ordinary host memory, 64-byte aligned.
+ *
+ * The flags (cpu->flags, made once at open) are KEX_CPU_FLAGS and the
+ * instruction-set level of this CPU (kex_cpu_isa_flags: on x86-64 the
+ * highest of -march=x86-64-v2/v3/v4 whose features /proc/cpuinfo lists),
+ * so gcc vectorizes kernels with the widest vectors and FMA the CPU has.  A
+ * binary built so runs only on a CPU with that level: the flags are part of
+ * the device identity (compiler_version), which keys the program and beam
+ * caches, so a cache file taken to another machine never loads one there.
  *
  * The kernel time limit (kex_device_set_kernel_time_limit): whoever claims a
  * range first reads the clock, and past the launch's deadline nobody claims
@@ -53,7 +61,9 @@
 extern char **environ;
 
 #define KEX_CPU_CC "cc"
-#define KEX_CPU_FLAGS "-O2 -shared -fPIC"
+#define KEX_CPU_FLAGS "-O2 -shared -fPIC" /* then the ISA flags (kex_cpu_isa_flags) */
+#define KEX_CPU_FLAGS_MAX 128                /* bytes of cpu->flags */
+#define KEX_CPU_ARGV_MAX 24                  /* words of the compiler's command line */
 #define KEX_CPU_MAX_THREADS 256
 #define KEX_CPU_LOG_MAX (64 << 10) /* bytes of compiler output kept */
 #define KEX_CPU_ALIGN 64
@@ -94,6 +104,7 @@ typedef struct kex_cpu_worker_arg {
 
 typedef struct kex_cpu_device {
   char dir[KEX_CPU_DIR_MAX];
+  char flags[KEX_CPU_FLAGS_MAX]; /* the compiler flags: KEX_CPU_FLAGS and the ISA's */
   atomic_ulong counter; /* makes every temporary file name unique (compile runs on any thread) */
   kex_cpu_pool pool;
   kex_cpu_worker_arg args[KEX_CPU_MAX_THREADS];
@@ -415,9 +426,15 @@ static int kex_cpu_compile(void *impl, const char *source, const char *name, uns
   unsigned long id = atomic_fetch_add(&cpu->counter, 1) + 1;
   unsigned char *log = NULL;
   size_t log_n = 0;
-  int status = 0, rc;
-  char *argv[] = {KEX_CPU_CC, "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", so_path, "-lm", NULL};
+  int status = 0, rc, argc = 0;
+  char words[KEX_CPU_FLAGS_MAX], *argv[KEX_CPU_ARGV_MAX], *save = NULL;
 
+  snprintf(words, sizeof words, "%s", cpu->flags);
+  argv[argc++] = KEX_CPU_CC;
+  for (char *w = strtok_r(words, " ", &save); w && argc < KEX_CPU_ARGV_MAX - 8; w = strtok_r(NULL, " ", &save))
+    argv[argc++] = w;
+  char *tail[] = {"-x", "c", "-", "-o", so_path, "-lm", NULL};
+  memcpy(argv + argc, tail, sizeof tail);
   kex_cpu_path(cpu, src_path, "k", id, "c");
   kex_cpu_path(cpu, so_path, "k", id, "so");
   kex_cpu_path(cpu, log_path, "k", id, "log");
@@ -599,9 +616,12 @@ static const kex_device_ops kex_cpu_ops = {
     .set_kernel_time_limit = kex_cpu_set_kernel_time_limit,
 };
 
-/* The value of "key" in /proc/cpuinfo (first occurrence) into out[KEX_DEVICE_FIELD_MAX]; "" if absent. */
-static void kex_cpu_cpuinfo(const char *key, char *out) {
-  char line[512];
+/*
+ * The value of "key" in /proc/cpuinfo (first occurrence) into out[len]; ""
+ * if absent.  A value longer than the line buffer is cut.
+ */
+static void kex_cpu_cpuinfo(const char *key, char *out, size_t len) {
+  char line[8192];
   size_t n = strlen(key);
   FILE *f = fopen("/proc/cpuinfo", "re");
   out[0] = 0;
@@ -612,10 +632,48 @@ static void kex_cpu_cpuinfo(const char *key, char *out) {
     char *v = colon + 1;
     while (*v == ' ' || *v == '\t') v++;
     v[strcspn(v, "\n")] = 0;
-    snprintf(out, KEX_DEVICE_FIELD_MAX, "%s", v);
+    snprintf(out, len, "%s", v);
     break;
   }
   fclose(f);
+}
+
+/* Whether every name of the space-separated list `want` is a word of `have` (the cpuinfo flags line). */
+static int kex_cpu_has_all(const char *have, const char *want) {
+  char words[256], *save = NULL;
+  snprintf(words, sizeof words, "%s", want);
+  for (char *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+    size_t n = strlen(w);
+    const char *p = have;
+    while ((p = strstr(p, w)) && !((p == have || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\n' || !p[n]))) p += n;
+    if (!p) return 0;
+  }
+  return 1;
+}
+
+/*
+ * The flags that target this CPU's instruction-set level: on x86-64 the
+ * highest x86-64 microarchitecture level (gcc/clang -march=x86-64-vN, the
+ * psABI's feature sets, named here as Linux's /proc/cpuinfo flags) the CPU
+ * has, with -mfma on a CPU that has FMA below v3 (kernels' a*b+c contracts
+ * to an FMA wherever the CPU has one: the cases' numbers are tinygrad's,
+ * whose CLANG device compiles with -march=native); "" elsewhere (arm64 has
+ * FMA in its base ISA).  A level, not -march=native: two CPUs with the same
+ * level run each other's binaries, and the flags say exactly what is needed.
+ */
+static const char *kex_cpu_isa_flags(void) {
+#if defined(__x86_64__)
+  static const char v2[] = "cx16 lahf_lm popcnt pni sse4_1 sse4_2 ssse3",
+                    v3[] = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave",
+                    v4[] = "avx512f avx512bw avx512cd avx512dq avx512vl";
+  char have[8192]; /* a longer flags line is cut: fewer features seen, a lower level, still a safe one */
+  kex_cpu_cpuinfo("flags", have, sizeof have);
+  if (!kex_cpu_has_all(have, v2)) return kex_cpu_has_all(have, "fma") ? "-mfma" : "";
+  if (!kex_cpu_has_all(have, v3)) return kex_cpu_has_all(have, "fma") ? "-march=x86-64-v2 -mfma" : "-march=x86-64-v2";
+  return kex_cpu_has_all(have, v4) ? "-march=x86-64-v4" : "-march=x86-64-v3";
+#else
+  return "";
+#endif
 }
 
 /*
@@ -640,7 +698,7 @@ static int kex_cpu_compiler_version(kex_cpu_device *cpu, char *out, kex_error *e
   rc = kex_cpu_read_file(log_path, 4096, 1, &text, &n, err);
   if (rc < 0) goto out;
   text[strcspn((char *)text, "\n")] = 0;
-  snprintf(out, KEX_DEVICE_FIELD_MAX, "%s [%s]", text[0] ? (char *)text : KEX_CPU_CC, KEX_CPU_FLAGS);
+  snprintf(out, KEX_DEVICE_FIELD_MAX, "%s [%s]", text[0] ? (char *)text : KEX_CPU_CC, cpu->flags);
 out:
   kex_free(text);
   unlink(log_path);
@@ -677,10 +735,12 @@ int kex_cpu_open(kex_device **out, kex_error *err) {
     cpu->dir[0] = 0;
     goto out;
   }
+  const char *isa = kex_cpu_isa_flags();
+  snprintf(cpu->flags, sizeof cpu->flags, "%s%s%s", KEX_CPU_FLAGS, *isa ? " " : "", isa);
   kex_device_set_field(id->kind, "cpu");
-  kex_cpu_cpuinfo("vendor_id", tmp);
+  kex_cpu_cpuinfo("vendor_id", tmp, sizeof tmp);
   kex_device_set_field(id->vendor, tmp);
-  kex_cpu_cpuinfo("model name", tmp);
+  kex_cpu_cpuinfo("model name", tmp, sizeof tmp);
   kex_device_set_field(id->name, tmp);
   if (uname(&un) == 0)
     snprintf(tmp, sizeof tmp, "%s glibc %s", un.machine, gnu_get_libc_version());

@@ -51,7 +51,8 @@
  *           disjoint and cover [0, global[0]) exactly; a range is never
  *           empty.  The launch runs to completion before it returns; its
  *           event carries the wall time.  The source is compiled with
- *           `cc -O2 -shared -fPIC -x c - -lm`.
+ *           `cc -O2 -shared -fPIC -march=<its ISA level> -x c - -lm`
+ *           (devices/cpu.c: the flags are in its compiler_version).
  */
 #ifndef KEX_DEVICES_DEVICE_H
 #define KEX_DEVICES_DEVICE_H

@@ -322,6 +322,12 @@ static void test_identity_cpu(void **state) {
   (void)state;
   check_identity(g.cpu, "cpu");
   assert_non_null(strstr(info->identity.compiler_version, "-O2 -shared -fPIC"));
+#if defined(__x86_64__) && defined(__GNUC__)
+  /* the ISA level kernels are built for is part of the identity: at least v3 where the CPU has AVX2 and FMA */
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
+    assert_true(strstr(info->identity.compiler_version, "-march=x86-64-v3]") ||
+                strstr(info->identity.compiler_version, "-march=x86-64-v4]"));
+#endif
   assert_false(info->has_local);
   assert_false(info->has_shared);
   assert_true(info->max_alloc > 0 && info->max_alloc <= info->global_mem);
