@@ -118,7 +118,7 @@
 #define KEX_BEAM_NACTIONS 141
 #define KEX_BEAM_MAX_WIDTH 64
 #define KEX_BEAM_MAX_RUNS 1000
-#define KEX_BEAM_MAX_TIE 0.10 /* measured noise above this is not treated as a tie */
+#define KEX_BEAM_MAX_TIE 0.50 /* the noise threshold never exceeds this */
 
 /* The action list, tinygrad's order (index i is action id i+1). */
 const kex_opt *kex_beam_actions(void);
@@ -184,7 +184,10 @@ typedef struct kex_beam_result {
   uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
-  double tie_used;                      /* the largest tie tolerance a round used (tie_tolerance or the measured noise) */
+  double tie_used;                      /* the largest noise threshold a decision used (tie_tolerance .. KEX_BEAM_MAX_TIE) */
+  uint32_t decision_samples;            /* paired rounds of the final (full-size) comparison */
+  double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */
+  bool decision_tie;                    /* the final pick was not separated from its rival by more than the noise: the tie rule chose */
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 
