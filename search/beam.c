@@ -9,9 +9,9 @@
  *   the pool (the caller's, or one made here) + per-worker replicas ->
  *   rounds: actions of every beam entry (apply_opt on copies, limits) ->
  *   lowered on the pool -> in order: uop limit, source dedup, compile (timed),
- *   binary dedup, load, reduced-grid timing -> leaders chosen with the tie
- *   rule, re-timed -> progress or stop -> beam best vs hand-coded at full
- *   size -> cache put.
+ *   binary dedup, load, reduced-grid screening -> the round decided by
+ *   paired timing and the tie rule -> progress or stop -> beam best (and
+ *   runner-up) vs hand-coded at full size, paired -> cache put.
  *
  * The calling thread owns the kernel's main shape context (the schedule's);
  * workers own their replicas.  Every device call goes through dev_exec.
@@ -247,7 +247,7 @@ typedef struct time_job {
 } time_job;
 
 /*
- * One warm-up launch, then up to `runs` timed launches; median (or min) x
+ * One warm-up launch, then up to `runs` timed launches; median x
  * factor.  What keeps slow candidates cheap (a 1024² matmul candidate runs
  * 50-500 ms at full size, and tinygrad's 3 runs cost the same):
  *   - a warm-up already past early_stop ends the timing with the warm-up's
@@ -1099,12 +1099,6 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
       order[nord++] = pick;
     }
     if (best_at >= 0) pc = pair_cmp(p, order[0], best_at, theta, NULL);
-    for (int i = 0; i < p->n - 1; i++) {
-      char ot[256];
-      kex_cache_opts_format(lc[i]->opts, lc[i]->nopts, ot, sizeof ot);
-      KEX_DEBUG("beam:   %c%c %-50s uops %u screen? score %.3f median %.2f us", i == best_at ? 'B' : ' ',
-                nord && i == order[0] ? '*' : nord > 1 && i == order[1] ? '+' : ' ', ot, lc[i]->ps.nuops, score[i], lc[i]->us);
-    }
     KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds, noise %.3f, threshold %.3f", s->prog.round, nset,
               p->rounds, pair_spread(p), theta);
   } else if (nset > 0 || m > 0) {

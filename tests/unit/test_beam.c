@@ -497,7 +497,6 @@ int main(void) {
     }
   tests[nt++] = (struct CMUnitTest){"corrupt_entry", test_corrupt_entry, NULL, NULL, NULL};
   tests[nt++] = (struct CMUnitTest){"import_other_device", test_import_other_device, NULL, NULL, NULL};
-  if (getenv("KEXDBG_FILTER")) cmocka_set_test_filter(getenv("KEXDBG_FILTER")); /* TEMP */
   int fails = _cmocka_run_group_tests("beam", tests, (size_t)nt, NULL, NULL);
   kex_device_unref(devs[0]);
   kex_device_unref(devs[1]);
