@@ -421,19 +421,57 @@ static int pair_cmp(paired *p, int i, int j, double theta, bool *decided) {
 }
 
 /*
- * The noise threshold: KEX_BEAM_NOISE_MULT x the measured noise
- * (pair_spread), at least floor (tie_tolerance) and at least what the
- * search's earlier decisions used (so one search decides with one
- * threshold as it learns the noise), at most KEX_BEAM_MAX_TIE.  The
- * multiple is wide because the noise a decision can see (its own runs) is
- * not all there is: on the 2-vCPU VM the median ratio of the same two
- * kernels moved by up to 8% between two searches (fresh compiles, loads
- * and buffers) while each search's own interval was 2-3% wide.
+ * The noise threshold's start: KEX_BEAM_NOISE_MULT x the measured noise
+ * (pair_spread), at least floor (tie_tolerance), at most
+ * KEX_BEAM_NOISE_CAP.  The multiple is wide because the noise a decision
+ * can see (its own runs) is not all there is: on the 2-vCPU VM the median
+ * ratio of the same two kernels moved by up to 8% (27% for a memory-bound
+ * pair) between two searches (fresh compiles, loads and buffers, and the
+ * other processes' load) while each search's own interval was 2-3% wide.
  */
 #define KEX_BEAM_NOISE_MULT 16.0
+#define KEX_BEAM_NOISE_CAP 0.35
 static double pair_spread(paired *p);
-static double pair_threshold(paired *p, double floor, double before) {
-  return fmin(KEX_BEAM_MAX_TIE, fmax(before, fmax(floor, KEX_BEAM_NOISE_MULT * pair_spread(p))));
+static double pair_median(paired *p, int i, int ref);
+static double pair_threshold(paired *p, double floor) {
+  return fmin(KEX_BEAM_NOISE_CAP, fmax(floor, KEX_BEAM_NOISE_MULT * pair_spread(p)));
+}
+
+/*
+ * Where the threshold goes: the first value of the ladder at or above
+ * theta0 at which no relevant pair of members [0, n) -- both within 2.5x
+ * of the fastest -- has its interval, widened by KEX_BEAM_EDGE_MARGIN, on
+ * an edge of the band (1 +- threshold), else the value with the fewest
+ * such pairs.  A pair's ratio barely moves between two searches compared
+ * with the ladder's steps, so two searches skip the same values and
+ * decide every pair the same way, where a threshold fixed at one value
+ * had a pair sitting on it now and then (GROUP(0,4) vs GROUP(0,8) of a
+ * 64K sum: 1.46-1.54 against a 50% threshold).
+ */
+#define KEX_BEAM_EDGE_MARGIN 0.05
+static double place_threshold(paired *p, int n, double theta0) {
+  static const double ladder[] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, KEX_BEAM_MAX_TIE};
+  enum { NL = sizeof ladder / sizeof *ladder, NP = KEX_BEAM_SET_MAX * (KEX_BEAM_SET_MAX - 1) / 2 };
+  double sc[KEX_BEAM_SET_MAX], smin = INFINITY, lo[NP], hi[NP], med, best = KEX_BEAM_MAX_TIE;
+  int np = 0, fewest = NP + 1;
+  for (int i = 0; i < n; i++) smin = fmin(smin, sc[i] = pair_median(p, i, 0));
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++)
+      if (sc[i] <= 2.5 * smin && sc[j] <= 2.5 * smin) {
+        pair_log_ratio(p, i, j, &med, &lo[np], &hi[np]);
+        np++;
+      }
+  double m = log1p(KEX_BEAM_EDGE_MARGIN);
+  for (int l = 0; l < NL; l++) {
+    if (ladder[l] < theta0 && l + 1 < NL && ladder[l + 1] <= theta0) continue;
+    double t = fmax(ladder[l], theta0), b = log1p(t);
+    int edge = 0;
+    for (int k = 0; k < np; k++)
+      edge += !(hi[k] < -b - m || lo[k] > b + m || (lo[k] > -b + m && hi[k] < b - m));
+    if (edge < fewest) fewest = edge, best = t;
+    if (!edge) break;
+  }
+  return best;
 }
 
 /* Median over p's rounds of us[i][k] (ref < 0) or of us[i][k] / us[ref][k]. */
@@ -1008,11 +1046,14 @@ static int run_paired(search *s, paired *p, int ndecide, double budget_s, double
     int rc = s->exec(o->exec_ctx, s->dev, job_paired, p, err);
     s->res->time_s += now_s() - tt;
     if (rc) return rc;
-    *theta = pair_threshold(p, o->tie_tolerance, s->res->tie_used);
+    double t0 = pair_threshold(p, o->tie_tolerance);
     bool all = true;
     for (int i = 0; i < ndecide && all; i++)
-      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, *theta, &all);
-    if ((all && p->spent_s >= KEX_BEAM_DECIDE_MIN_S) || p->rounds >= KEX_BEAM_PAIR_MAX || p->spent_s >= budget_s) return 0;
+      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, t0, &all);
+    if ((all && p->spent_s >= KEX_BEAM_DECIDE_MIN_S) || p->rounds >= KEX_BEAM_PAIR_MAX || p->spent_s >= budget_s) {
+      *theta = place_threshold(p, ndecide, t0);
+      return 0;
+    }
     p->target = 2 * p->rounds < KEX_BEAM_PAIR_MAX ? 2 * p->rounds : KEX_BEAM_PAIR_MAX;
   }
 }

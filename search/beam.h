@@ -67,15 +67,22 @@
  *       * a pair is compared by the median of its per-round ratios and the
  *         sign test's interval for it (99%): separated only when the whole
  *         interval lies beyond 1 +- the noise threshold, else a tie.  The
- *         threshold is 16 x the measured noise, at least tie_tolerance
- *         (5%), never lower than what the search's earlier decisions used,
- *         at most KEX_BEAM_MAX_TIE (50%).  The multiple is wide on purpose:
- *         on this 2-vCPU VM the median ratio of the same two kernels moved
- *         by 8-27% between two searches (fresh compiles, buffers, and the
- *         other processes' load), while each search's own interval was 2-3%
- *         wide, so a threshold near the within-search noise flipped picks;
- *         for µs-scale kernels here (noise 3-25%) the threshold is 50%, for
- *         ms-scale kernels (noise ~0.5%) about 8%;
+ *         threshold starts at 16 x the measured noise, at least
+ *         tie_tolerance (5%), at most 35%, and is then placed on a ladder
+ *         (.., 0.3, 0.35, 0.4, 0.45, KEX_BEAM_MAX_TIE = 0.5): the first
+ *         step at or above the start where no pair of the leading members
+ *         (within 2.5x of the fastest) has its interval, widened by 5%, on
+ *         an edge of the band, else the step with the fewest such pairs.
+ *         The multiple is wide on purpose: on this 2-vCPU VM the median
+ *         ratio of the same two kernels moved by 8% (27% for a
+ *         memory-bound pair) between two searches (fresh compiles,
+ *         buffers, the other processes' load), while each search's own
+ *         interval was 2-3% wide, so a threshold near the within-search
+ *         noise flipped picks; and the ladder keeps the threshold off the
+ *         pairs that sit near it (GROUP(0,4) vs GROUP(0,8) of a 64K sum
+ *         measured 1.46-1.54 against a fixed 50%).  µs-scale kernels here
+ *         (noise 3-25%) decide at 35-50%, ms-scale ones (noise ~0.5%) at
+ *         about 8%;
  *       * the tie rule, in which no timing enters: more uops first, then
  *         fewer opts, then the smaller opts text.  More uops (more work
  *         upcast and unrolled per thread) is the fast end of a tie group in
@@ -143,7 +150,7 @@
 #define KEX_BEAM_NACTIONS 141
 #define KEX_BEAM_MAX_WIDTH 64
 #define KEX_BEAM_MAX_RUNS 1000
-#define KEX_BEAM_MAX_TIE 0.50 /* the noise threshold never exceeds this */
+#define KEX_BEAM_MAX_TIE 0.5 /* the noise threshold never exceeds this (the last step of its ladder) */
 
 /* The action list, tinygrad's order (index i is action id i+1). */
 const kex_opt *kex_beam_actions(void);
