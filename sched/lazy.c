@@ -84,7 +84,7 @@ static bool lb_entry_matches(const void *entry, const void *probe) {
   return key_matches(probe, *(kex_lb *const *)entry);
 }
 
-static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 256};
+static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 64};
 
 static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
   kex_lb **e = kex_dict_find(&c->lbs, h, k);
@@ -135,7 +135,7 @@ static bool const_memo_matches(const void *entry, const void *probe) {
          kex_i64_eq(kex_lb_shape(e->lb), k->shape, k->ndim) && const_eq(e->arg, k->arg);
 }
 
-static const kex_dict_type const_memo_type = {sizeof(const_memo), const_memo_matches, 64};
+static const kex_dict_type const_memo_type = {sizeof(const_memo), const_memo_matches, 16};
 
 /* ---- replay state ---- */
 
@@ -663,10 +663,13 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
   if (!r->opts.device_name) r->opts.device_name = "opencl";
   r->own_shape = !opts->shape;
   r->shape = opts->shape ? opts->shape : kex_shape_ctx_new(arena);
+  if (r->own_shape && r->shape) kex_shape_ctx_reserve(r->shape, g->nnodes);
   r->cache = kex_calloc(1, sizeof *r->cache);
   if (r->cache) {
     r->cache->lbs = kex_dict_make(&lazycache_type);
     r->cache->consts = kex_dict_make(&const_memo_type);
+    /* sized to the graph (about one entry per node), so a replay does not rehash as it goes */
+    (void)kex_dict_reserve(&r->cache->lbs, g->nnodes);
   }
   r->node_lb = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
