@@ -11,7 +11,11 @@ graph in this process, also after warm-up.  Both medians, their ratio, and
 the machine's load go to bench/results/plan.json.  With --cli, also the old
 way of calling kexd: one `kex plan --json` process (a new connection) per
 call, whose schedule_us is higher because the process start and the new
-connection leave kexd's caches cold (the `kex_cli_*` fields).
+connection leave kexd's caches cold (the `kex_cli_*` fields).  With
+--before KEXD, a second kexd (an earlier build) is timed the same way in the
+same run, against the same tinygrad medians (the `kex_before_*` fields and
+`ratio_before`): tinygrad's own time swings 2-3x with the machine's load
+between runs, so before/after ratios from separate runs do not compare.
 
 Like for like: tinygrad's timed span is the replay and create_schedule only
 (not memory_planner), each build starting from no live LazyBuffers of an
@@ -28,7 +32,7 @@ then three more cases (resnet_block_eval, sgd_4convs_fuse,
 extra_layernorm_affine).  `six_min_ratio` is over the six.
 
 Usage: /usr/bin/python3 bench/plan.py [--kexd build/daemon/kexd] [--libkex build/client/libkex.so] [--kex build/kex]
-                                      [--reps 30] [--warmup 5] [--cli]
+                                      [--reps 30] [--warmup 5] [--cli] [--before OLD_KEXD]
 Needs python3-numpy and python3-tqdm (tinygrad's imports).
 """
 import argparse
@@ -147,6 +151,17 @@ def tinygrad_side(graph, reps, warmup):
     return statistics.median(out), counts.pop()
 
 
+def start_kexd(path, tmp, name):
+    """A kexd on a free port with its own cache file: (process, address)."""
+    addr = f"127.0.0.1:{free_port()}"
+    log = open(os.path.join(tmp, name + ".log"), "w")
+    proc = subprocess.Popen([path, "--listen", addr, "--device", "opencl", "--cache", os.path.join(tmp, name + ".db"),
+                             "--metrics", "off",
+                             "--max-kernel-depth", "2048"],  # the 1,000-ADD chain: one kernel 1,001 levels deep
+                            stdout=log, stderr=subprocess.STDOUT)
+    return proc, addr
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kexd", default=os.path.join(ROOT, "build", "daemon", "kexd"))
@@ -155,44 +170,51 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--cli", action="store_true", help="also time one `kex plan` process per call")
+    ap.add_argument("--before", metavar="KEXD", help="also time this kexd (an earlier build) in the same run: the "
+                    "kex_before_* fields")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "plan.json"))
     a = ap.parse_args()
     sys.path[:0] = [ANCHORS, os.path.join(ANCHORS, "tinygrad-0.9.0")]
     os.environ.setdefault("GPU", "1")  # tinygrad's GPU device rules, as kexd's opencl target
     tmp = tempfile.mkdtemp(prefix="kex-bench-plan-")
-    port = free_port()
-    addr = f"127.0.0.1:{port}"
-    log = open(os.path.join(tmp, "kexd.log"), "w")
-    kexd = subprocess.Popen([a.kexd, "--listen", addr, "--device", "opencl", "--cache",
-                             os.path.join(tmp, "cache.db"), "--metrics", "off",
-                             "--max-kernel-depth", "2048"],  # the 1,000-ADD chain: one kernel 1,001 levels deep
-                            stdout=log, stderr=subprocess.STDOUT)
+    servers = [start_kexd(a.kexd, tmp, "kexd")] + ([start_kexd(a.before, tmp, "before")] if a.before else [])
     rows = []
     load_before = os.getloadavg()
     try:
         time.sleep(1.0)
-        client = Libkex(a.libkex, addr)
+        client = Libkex(a.libkex, servers[0][1])
+        addr = servers[0][1]
+        before = Libkex(a.libkex, servers[1][1]) if a.before else None
         for name, where in SIX + MORE:
             g = load(name, where)
             kex_us, kex_k = kex_side(client, g, a.reps, a.warmup)
+            if before:
+                b_us, b_k = kex_side(before, g, a.reps, a.warmup)
+                assert b_k == kex_k, f"{name}: kernels {kex_k}, before {b_k}"
             tg_us, tg_k = tinygrad_side(g, a.reps, a.warmup)
             row = {"graph": name, "six": (name, where) in SIX, "nodes": len(g["nodes"]),
                    "kex_plan_schedule_us": round(kex_us, 2), "tinygrad_replay_schedule_us": round(tg_us, 2),
                    "ratio": round(tg_us / kex_us, 1), "kernels_kex": kex_k, "kernels_tinygrad": tg_k}
             cli = ""
+            if before:
+                row.update(kex_before_schedule_us=round(b_us, 2), ratio_before=round(tg_us / b_us, 1))
+                cli += f"  (before {b_us:8.1f} us {tg_us / b_us:6.1f}x)"
             if a.cli:
                 path = os.path.join(tmp, name + ".json")
                 json.dump(g, open(path, "w"))
                 cli_us = kex_cli_side(a.kex, addr, path, a.reps, a.warmup)
                 row.update(kex_cli_schedule_us=round(cli_us, 2), kex_cli_ratio=round(tg_us / cli_us, 1))
-                cli = f"  (kex plan CLI {cli_us:8.1f} us {tg_us / cli_us:6.1f}x)"
+                cli += f"  (kex plan CLI {cli_us:8.1f} us {tg_us / cli_us:6.1f}x)"
             rows.append(row)
             print(f"{name:34s} {len(g['nodes']):6d} nodes  kex {kex_us:9.1f} us  tinygrad {tg_us:11.1f} us  "
                   f"{tg_us / kex_us:7.1f}x  kernels {kex_k}/{tg_k}{cli}", flush=True)
         client.close()
+        if before:
+            before.close()
     finally:
-        kexd.terminate()
-        kexd.wait()
+        for proc, _ in servers:
+            proc.terminate()
+            proc.wait()
     ratios = [r["ratio"] for r in rows]
     six = [r["ratio"] for r in rows if r["six"]]
     doc = {"what": "kexd Plan schedule_us (warm server, opencl target rules, one libkex connection) vs tinygrad 0.9.0 "
@@ -205,6 +227,9 @@ def main():
            "reps": a.reps, "warmup": a.warmup, "load_avg": os.getloadavg(), "load_avg_before": load_before,
            "machine": platform.platform(), "cpus": os.cpu_count(), "rows": rows,
            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "six_min_ratio": min(six)}
+    if a.before:
+        doc["before"] = {"kexd": a.before, "six_min_ratio": min(r["ratio_before"] for r in rows if r["six"]),
+                         "median_ratio": statistics.median(r["ratio_before"] for r in rows)}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     json.dump(doc, open(a.out, "w"), indent=1)
     print(f"six graphs: min {doc['six_min_ratio']:.1f}x; all: median {doc['median_ratio']:.1f}x, "
