@@ -23,8 +23,9 @@
     memcpy(ne + (size_t)j * (N), d->entries + (size_t)i * (N), N); \
   }
 
-int kex__dict_grow(kex_dict *d) {
-  uint32_t ncap = d->cap ? d->cap * 2 : d->type->min_cap ? d->type->min_cap : DICT_MIN_CAP, mask = ncap - 1;
+/* Move the entries into ncap (a power of two, above len / 0.7) new slots.  0 or KEX_ENOMEM (d unchanged). */
+static int dict_resize(kex_dict *d, uint32_t ncap) {
+  uint32_t mask = ncap - 1;
   size_t esz = d->type->entry_size;
   uint64_t *nh = kex_calloc(ncap, sizeof *nh);
   unsigned char *ne = kex_malloc(ncap * esz);
@@ -47,6 +48,17 @@ int kex__dict_grow(kex_dict *d) {
   d->entries = ne;
   d->cap = ncap;
   return 0;
+}
+
+int kex__dict_grow(kex_dict *d) {
+  return dict_resize(d, d->cap ? d->cap * 2 : d->type->min_cap ? d->type->min_cap : DICT_MIN_CAP);
+}
+
+int kex_dict_reserve(kex_dict *d, uint32_t n) {
+  uint64_t cap = 16;
+  if (d->len || n > (UINT32_MAX / 2) / 10) return 0;
+  while (cap * 7 < ((uint64_t)n + 1) * 10) cap *= 2; /* an insert grows at (len + 1) * 10 > cap * 7 */
+  return cap > d->cap ? dict_resize(d, (uint32_t)cap) : 0;
 }
 
 void kex_dict_cancel(kex_dict *d, void *entry) {

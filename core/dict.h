@@ -68,6 +68,9 @@ void *kex_dict_next(const kex_dict *d, uint32_t *pos);
 
 /* Forget every entry, keeping the memory. */
 void kex_dict_clear(kex_dict *d);
+/* Make room for n entries without growing (a no-op when there already is, or d holds entries).  0 or KEX_ENOMEM;
+   the dict is usable either way. */
+int kex_dict_reserve(kex_dict *d, uint32_t n);
 /* Release the memory; the dict is empty and reusable (its type stays). */
 void kex_dict_free(kex_dict *d);
 

@@ -24,6 +24,7 @@
 
 struct kex_lazycache {
   kex_dict lbs;
+  kex_dict consts; /* of const_memo: lb_const_of's results */
 };
 
 typedef struct lb_key {
@@ -83,7 +84,7 @@ static bool lb_entry_matches(const void *entry, const void *probe) {
   return key_matches(probe, *(kex_lb *const *)entry);
 }
 
-static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 256};
+static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 64};
 
 static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
   kex_lb **e = kex_dict_find(&c->lbs, h, k);
@@ -98,6 +99,43 @@ static int cache_put(struct kex_lazycache *c, const lb_key *k, kex_lb *lb, uint6
   *e = lb;
   return 0;
 }
+
+/*
+ * The const memo: LazyBuffer.const(val, shape) (lb_const_of) is a 0-d
+ * CONST loadop, a reshape to all-1 dims and an expand, each a lazycache hit
+ * once made, so its result is a function of (dtype, device, as_const(val),
+ * shape) under the lazycache's equality (const_eq: NaN never equal).  The
+ * memo answers repeats with one probe instead of three view operations and
+ * three lazycache probes; results are the same objects.
+ */
+typedef struct const_memo {
+  kex_lb *lb; /* dtype, device and shape are its own */
+  kex_const arg;
+} const_memo;
+
+typedef struct const_probe {
+  kex_dtype dtype;
+  const char *device;
+  kex_const arg;
+  int ndim;
+  const int64_t *shape;
+} const_probe;
+
+static uint64_t const_probe_hash(const const_probe *k) {
+  uint64_t h = kex_hash_u64((uintptr_t)k->device, ((uint64_t)k->dtype << 8) | (uint64_t)k->ndim);
+  h = kex_hash_u64(h, const_hash(k->arg));
+  for (int i = 0; i < k->ndim; i++) h = kex_hash_u64(h, (uint64_t)k->shape[i]);
+  return h;
+}
+
+static bool const_memo_matches(const void *entry, const void *probe) {
+  const const_memo *e = entry;
+  const const_probe *k = probe;
+  return e->lb->dtype == k->dtype && e->lb->device == k->device && kex_lb_ndim(e->lb) == k->ndim &&
+         kex_i64_eq(kex_lb_shape(e->lb), k->shape, k->ndim) && const_eq(e->arg, k->arg);
+}
+
+static const kex_dict_type const_memo_type = {sizeof(const_memo), const_memo_matches, 16};
 
 /* ---- replay state ---- */
 
@@ -251,16 +289,27 @@ static kex_lb *lb_expand(replay_ctx *c, kex_lb *lb, const int64_t *shape) {
   return lb_view(c, lb, kex_st_expand(c->r->shape, lb->st, shape));
 }
 
-/* LazyBuffer.loadop(CONST, (), ...).reshape((1,)*n).expand(shape) */
+/* LazyBuffer.loadop(CONST, (), ...).reshape((1,)*n).expand(shape), through the const memo */
 static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, kex_const val, int ndim,
                            const int64_t *shape) {
+  if (c->rc) return NULL;
+  const_probe k = {dtype, device, kex_const_as(val, dtype), ndim, shape};
+  uint64_t h = const_probe_hash(&k);
+  const const_memo *hit = kex_dict_find(&c->r->cache->consts, h, &k);
+  if (hit) return hit->lb;
   kex_lb *s = loadop(c, KEX_OP_CONST, 0, NULL, dtype, device, val, 0, NULL);
   if (!s) return NULL;
   int64_t ones[KEX_MAX_DIMS];
   for (int i = 0; i < ndim; i++) ones[i] = 1;
   s = lb_reshape(c, s, ndim, ones);
   if (!s) return NULL;
-  return lb_expand(c, s, shape);
+  s = lb_expand(c, s, shape);
+  if (!s) return NULL;
+  bool found;
+  const_memo *e = kex_dict_insert(&c->r->cache->consts, h, &k, &found);
+  if (!e) return fail_view(c);
+  *e = (const_memo){s, k.arg};
+  return s;
 }
 
 static kex_lb *lb_const(replay_ctx *c, kex_lb *like, kex_const val) {
@@ -614,8 +663,14 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
   if (!r->opts.device_name) r->opts.device_name = "opencl";
   r->own_shape = !opts->shape;
   r->shape = opts->shape ? opts->shape : kex_shape_ctx_new(arena);
+  if (r->own_shape && r->shape) kex_shape_ctx_reserve(r->shape, g->nnodes);
   r->cache = kex_calloc(1, sizeof *r->cache);
-  if (r->cache) r->cache->lbs = kex_dict_make(&lazycache_type);
+  if (r->cache) {
+    r->cache->lbs = kex_dict_make(&lazycache_type);
+    r->cache->consts = kex_dict_make(&const_memo_type);
+    /* sized to the graph (about one entry per node), so a replay does not rehash as it goes */
+    (void)kex_dict_reserve(&r->cache->lbs, g->nnodes);
+  }
   r->node_lb = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
   if (!r->shape || !r->cache || !r->node_lb || !r->default_device) {
@@ -656,6 +711,7 @@ void kex_replay_free(kex_replay *r) {
   if (!r) return;
   if (r->cache) {
     kex_dict_free(&r->cache->lbs);
+    kex_dict_free(&r->cache->consts);
     kex_free(r->cache);
   }
   if (r->own_shape) kex_shape_ctx_free(r->shape);

@@ -25,35 +25,36 @@
 typedef struct kex_lb kex_lb;
 
 struct kex_lb {
+  /* fields ordered so that none pads (200 bytes on LP64) */
   uint32_t id;          /* creation order */
+  kex_dtype dtype;
   kex_lb *base;         /* == self for a base */
   const kex_st *st;
-  kex_dtype dtype;
   const char *device;   /* interned: compare by pointer */
   /* ---- base only ---- */
   kex_op op;
-  uint8_t nsrc;
-  kex_lb *srcs[3];
-  kex_const arg;              /* CONST value */
   uint32_t axis_mask;         /* SUM/RMAX: reduced axes */
-  const kex_st *assign_st;    /* ASSIGN: target view when not contiguous (arg=(st,)), else NULL */
-  int64_t nbytes;             /* COPY arg */
+  uint8_t nsrc;
   bool realized;              /* holds data (BUFFER input, or scheduled) */
   bool forced_realize;
-  kex_lb *contiguous_child;   /* contiguous copy made by contiguous() ... */
-  const kex_st *contiguous_child_st; /* ... and the view that reads this base through it */
   uint32_t buffer;            /* buffer id (ASSIGN shares its target's, VIEW is a sub-buffer) */
   int32_t graph_node;         /* graph node that created it, -1 for internal nodes */
+  kex_lb *srcs[3];
+  kex_const arg;              /* CONST value */
+  const kex_st *assign_st;    /* ASSIGN: target view when not contiguous (arg=(st,)), else NULL */
+  int64_t nbytes;             /* COPY arg */
+  kex_lb *contiguous_child;   /* contiguous copy made by contiguous() ... */
+  const kex_st *contiguous_child_st; /* ... and the view that reads this base through it */
   /* ---- scheduler scratch (sched/schedule.c) ---- */
   uint32_t flags;
   uint32_t nchildren, capchildren;
-  kex_lb **children;
-  kex_lb *reduce_for_op;
-  kex_lb *assign_of;          /* for an assign target: the ASSIGN in this schedule */
   uint32_t mark, mark2;       /* visit epochs */
   int32_t group_slot;         /* output group / schedule target index, -1 when none */
   int32_t input_slot;         /* index among the current kernel's inputs */
   uint32_t memo_epoch;        /* one-entry memo of _recursive_lazyop: (this, memo_st) -> memo_lop */
+  kex_lb **children;
+  kex_lb *reduce_for_op;
+  kex_lb *assign_of;          /* for an assign target: the ASSIGN in this schedule */
   const void *memo_st, *memo_lop;
 };
 

@@ -83,7 +83,7 @@ static bool lop_eq(const kex_lop *a, const kex_lop *b) {
 
 static bool lop_entry_eq(const void *entry, const void *probe) { return lop_eq(*(const kex_lop *const *)entry, probe); }
 
-static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq, 256};
+static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq, 64};
 
 /* Return the interned copy of *tmpl (allocating it in the arena when new). NULL on OOM. */
 static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {
@@ -905,7 +905,10 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
   kex_schedule *sc = kex_calloc(1, sizeof *sc);
   struct kex_sched_tables *lops = kex_calloc(1, sizeof *lops);
-  if (lops) lops->lops = kex_dict_make(&lop_table_type);
+  if (lops) {
+    lops->lops = kex_dict_make(&lop_table_type);
+    (void)kex_dict_reserve(&lops->lops, r->nlbs / 4); /* about one leaf LazyOp per four LazyBuffers */
+  }
   kex_sched_item *pre = NULL;
   uint32_t npre = 0;
   if (!sc || !lops) {

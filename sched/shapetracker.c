@@ -54,7 +54,7 @@ static bool st_eq(const void *entry, const void *probe) {
   return s->nviews == p->n && memcmp(s->views, p->views, p->n * sizeof *p->views) == 0;
 }
 
-const kex_dict_type kex__st_type = {sizeof(const kex_st *), st_eq, 256};
+const kex_dict_type kex__st_type = {sizeof(const kex_st *), st_eq, 64};
 
 /* The interned ShapeTracker of views[0..n-1] (n >= 1).  NULL on OOM. */
 const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *const *views) {

@@ -64,6 +64,8 @@ typedef struct kex_shape_ctx kex_shape_ctx;
 kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena);
 /* Frees the context's hash tables (the arena keeps the objects until it is destroyed). */
 void kex_shape_ctx_free(kex_shape_ctx *ctx);
+/* Size a new context's tables for the replay of a graph of nnodes nodes (they still grow past it). */
+void kex_shape_ctx_reserve(kex_shape_ctx *ctx, uint32_t nnodes);
 /* Symbolic context sharing the same arena. */
 kex_sym_ctx *kex_shape_sym(kex_shape_ctx *ctx);
 /*

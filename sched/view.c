@@ -133,7 +133,7 @@ static bool memo_eq(const void *entry, const void *probe) {
   return e->op == k->op && e->a == k->a && e->b == k->b;
 }
 
-static const kex_dict_type memo_type = {sizeof(kex__memo_ent), memo_eq, 256};
+static const kex_dict_type memo_type = {sizeof(kex__memo_ent), memo_eq, 64};
 
 bool kex__memo_get(const kex_dict *m, uint32_t op, const void *a, const void *b, const void **val) {
   kex__memo_ent k = {.a = a, .b = b, .op = op};
@@ -152,7 +152,7 @@ int kex__memo_put(kex_dict *m, uint32_t op, const void *a, const void *b, const 
 }
 
 static bool view_eq(const void *entry, const void *probe);
-static const kex_dict_type view_type = {sizeof(const kex_view *), view_eq, 256};
+static const kex_dict_type view_type = {sizeof(const kex_view *), view_eq, 64};
 
 /* ---- context ---- */
 
@@ -165,6 +165,13 @@ kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena) {
   ctx->memo = kex_dict_make(&memo_type);
   kex_sym_ctx_init(&ctx->sym, arena);
   return ctx;
+}
+
+void kex_shape_ctx_reserve(kex_shape_ctx *ctx, uint32_t nnodes) {
+  /* a graph's replay interns about one view and one ShapeTracker per two nodes and memoises one result per four */
+  (void)kex_dict_reserve(&ctx->views, nnodes / 2);
+  (void)kex_dict_reserve(&ctx->sts, nnodes / 2);
+  (void)kex_dict_reserve(&ctx->memo, nnodes / 4);
 }
 
 void kex_shape_ctx_free(kex_shape_ctx *ctx) {

@@ -17,6 +17,7 @@ packages=(
   python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-pytest python3-venv
   libopenblas-dev libssl-dev pkg-config gcc
   libmicrohttpd-dev python3-prometheus-client
+  python3-tqdm  # tinygrad 0.9.0 (../shared/anchors) imports it: bench/plan.py, bench/tg_graphs.py
   libhiredis-dev redis-server
 )
 

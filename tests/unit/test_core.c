@@ -798,6 +798,37 @@ static void test_dict_remove(void **state) {
   kex_dict_free(&d);
 }
 
+/* kex_dict_reserve: n entries fit without growing; a table that holds entries is left alone; OOM leaves it usable. */
+static void test_dict_reserve(void **state) {
+  (void)state;
+  kex_dict d = kex_dict_make(&dict_ent_type);
+  assert_int_equal(kex_dict_reserve(&d, 0), 0);
+  assert_int_equal(d.cap, 16);
+  kex_dict_free(&d);
+  assert_int_equal(kex_dict_reserve(&d, 300), 0);
+  uint32_t cap = d.cap;
+  assert_true(cap >= 300 && (cap & (cap - 1)) == 0);
+  bool found;
+  for (uint64_t k = 0; k < 300; k++) {
+    dict_ent *e = kex_dict_insert(&d, k * 0x9e3779b97f4a7c15ull, &k, &found);
+    assert_non_null(e);
+    *e = (dict_ent){k, k};
+  }
+  assert_int_equal(d.cap, cap); /* no growth */
+  assert_int_equal(kex_dict_reserve(&d, 5000), 0);
+  assert_int_equal(d.cap, cap); /* it holds entries: unchanged */
+  for (uint64_t k = 0; k < 300; k++) assert_non_null(kex_dict_find(&d, k * 0x9e3779b97f4a7c15ull, &k));
+  kex_dict_free(&d);
+  kex_alloc_fail_at(1, 1);
+  int rc = kex_dict_reserve(&d, 100);
+  kex_alloc_fail_at(0, 0);
+  assert_int_equal(rc, KEX_ENOMEM);
+  assert_int_equal(d.cap, 0);
+  uint64_t k = 7;
+  assert_non_null(kex_dict_insert(&d, 7, &k, &found)); /* still usable */
+  kex_dict_free(&d);
+}
+
 /* base64: round trips of every length around a chunk edge; strict decoding refuses at the first wrong character. */
 static void test_base64(void **state) {
   (void)state;
@@ -922,6 +953,7 @@ int main(void) {
       cmocka_unit_test(test_limits_defaults),
       cmocka_unit_test(test_ptrmap),
       cmocka_unit_test(test_dict_remove),
+      cmocka_unit_test(test_dict_reserve),
       cmocka_unit_test(test_base64),
       cmocka_unit_test(test_sha256_hex),
       cmocka_unit_test(test_npy_round_trip),
