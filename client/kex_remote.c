@@ -652,6 +652,13 @@ static int cmd_stats(remote *r, int argc, char **argv) {
         "connections_open", (json_int_t)s->connections_open, "connections_refused",
         (json_int_t)s->connections_refused, "jobs_evicted", (json_int_t)s->jobs_evicted, "started", started);
     if (more) json_object_set_new(more, "tenant", json_string(s->tenant));
+    if (more)
+      json_object_set_new(more, "fleet",
+                          json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "state", s->fleet.state, "hits",
+                                    (json_int_t)s->fleet.hits, "published", (json_int_t)s->fleet.published,
+                                    "lease_waits", (json_int_t)s->fleet.lease_waits, "takeovers",
+                                    (json_int_t)s->fleet.takeovers, "rejected", (json_int_t)s->fleet.rejected,
+                                    "errors", (json_int_t)s->fleet.errors, "outages", (json_int_t)s->fleet.outages));
     if (more) json_object_set_new(more, "tenant_stats", tenants);
     else json_decref(tenants);
     if (!o || !more || json_object_update(o, more)) {
@@ -679,6 +686,11 @@ static int cmd_stats(remote *r, int argc, char **argv) {
     printf("beam cache: %llu hits, %llu misses; searches: %llu run, %llu cancelled\n", U(s->beam_cache_hits),
            U(s->beam_cache_misses), U(s->searches_run), U(s->searches_cancelled));
     printf("bytes held: %llu\nbuffers freed: %llu\n", U(s->bytes_held), U(s->buffers_freed));
+    if (strcmp(s->fleet.state, "off") != 0)
+      printf("fleet cache: %s; %llu hits, %llu published, %llu lease waits (%llu taken over), %llu rejected, %llu "
+             "errors, %llu outages\n",
+             s->fleet.state, U(s->fleet.hits), U(s->fleet.published), U(s->fleet.lease_waits), U(s->fleet.takeovers),
+             U(s->fleet.rejected), U(s->fleet.errors), U(s->fleet.outages));
     for (size_t i = 0; i < s->ntenants; i++) /* kexd --auth: a user sees its own tenant */
       printf("tenant %s: %u jobs open (%llu opened), %llu bytes held (%llu reserved), %llu submissions, %llu refused\n",
              s->tenants[i].name, s->tenants[i].jobs_open, U(s->tenants[i].jobs_opened), U(s->tenants[i].bytes_held),

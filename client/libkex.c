@@ -1566,6 +1566,15 @@ int kex_get_stats(kex_client *c, const char *job, kex_stats **out, kex_status *s
     d->device_time_s = j->device_time_s;
     d->bytes_reserved = j->bytes_reserved;
   }
+  if (rep->fleet) {
+    const Kex__V1__FleetStats *f = rep->fleet;
+    s->fleet = (kex_fleet_stats){.hits = f->hits, .published = f->published, .lease_waits = f->lease_waits,
+                                 .takeovers = f->takeovers, .rejected = f->rejected, .errors = f->errors,
+                                 .outages = f->outages};
+    snprintf(s->fleet.state, sizeof s->fleet.state, "%s", f->state);
+  } else {
+    snprintf(s->fleet.state, sizeof s->fleet.state, "off");
+  }
   bool ok = (s->tenant = dupstr(rep->tenant)) &&
             (s->tenants = kex_calloc(rep->n_tenant_stats ? rep->n_tenant_stats : 1, sizeof *s->tenants));
   for (size_t i = 0; ok && i < rep->n_tenant_stats; i++) {

@@ -253,6 +253,12 @@ typedef struct kex_tenant_stats {
   uint64_t bytes_held, bytes_reserved, jobs_opened, submissions, refused;
 } kex_tenant_stats;
 
+/* StatsReply.fleet: the fleet cache (kexd --fleet-cache; docs/fleet.md). */
+typedef struct kex_fleet_stats {
+  char state[16];               /* "off", "up", "connecting", "down" */
+  uint64_t hits, published, lease_waits, takeovers, rejected, errors, outages;
+} kex_fleet_stats;
+
 /* StatsReply: counters since the daemon started (proto/kex/v1/kex.proto says what each counts). */
 typedef struct kex_stats {
   uint32_t jobs_open;
@@ -271,6 +277,7 @@ typedef struct kex_stats {
   char *tenant;              /* the caller's tenant (kexd --auth) */
   kex_tenant_stats *tenants; /* a user sees its own; an admin (or no --auth) every tenant */
   size_t ntenants;
+  kex_fleet_stats fleet;     /* state "off" without --fleet-cache */
 } kex_stats;
 
 /* Server counters; job NULL or "" = every open job, else that job only.  Free with kex_stats_free. */
