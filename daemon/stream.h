@@ -12,8 +12,8 @@
  * it with kexd_stream_write, or drops it); when nothing is queued and the
  * owner holds no work in flight (kexd_stream_hold/unhold), it calls
  * ops->drained, which writes one more message, starts more work (a hold),
- * ends the call (kexd_stream_finish / _failf / _finish_last), or does nothing (the owner
- * pumps again when it has more: kexd_stream_pump).  A write that fails, or
+ * ends the call (kexd_stream_finish / _failf / _finish_last), or does
+ * nothing (the owner pumps again when it has more: kexd_stream_pump).  A write that fails, or
  * a client cancel (the stream installs the call's cancel hook), makes the
  * stream dead: ops->cancelled tells the owner to stop its work, a broken
  * write ends the call CANCELLED ("<name>: the stream broke").  Work that

@@ -502,8 +502,11 @@ static void sub_planned(submission *s) {
     s->need[k] = true;
     ev_push(s, EV_COMPILING, k), any = true;
   }
-  kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
-  if (!any) return sub_post(s);
+  if (!any) { /* every program loaded: the device items first, so the runner starts while the events are written */
+    sub_post(s);
+    return kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
+  }
+  kexd_stream_pump(&s->st);
   s->work.data = s;
   kexd_stream_ref(&s->st); /* the lookup's, dropped by lookup_after */
   if (uv_queue_work(d->loop, &s->work, lookup_work, lookup_after) < 0) {
