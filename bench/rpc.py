@@ -1,13 +1,19 @@
 """bench/rpc.py - kexd RPC latency and throughput from a Python grpcio client.
 
 Starts its own kexd (--device cpu, a fresh --cache in a temporary directory)
-and measures, each for `--seconds` after a warm-up, at 1 and 8 calls in
-flight (8 client threads on one channel):
+and measures, for `--seconds` each after a warm-up, at 1 and 8 calls in
+flight (8 client threads on one channel).  The seconds are split in
+`--rounds` rounds that take turns over the kinds, so a change of the
+machine's load weighs on every kind alike; ratio_to_health_rounds is the
+median over rounds of a round's p50 over that round's health p50.
 
   health         grpc.health.v1.Health/Check                the RPC floor
-  submit         a tiny cached Submit (16-element add,      the whole Submit path with
-                 inline output, same structure every call,  both caches hit: two RPCs
-                 every event) + a Free of its output
+  submit         a tiny cached Submit with default options  one RPC, every event; freeing the
+                 (16-element add, same structure every      buffers is the client's own later
+                 call, every event, the output kept as a    call: each thread frees 64 handles
+                 job buffer with its bytes inline)          with one Free, outside the latency
+  submit_free    the same + a Free of its output after      the whole Submit path with
+                 each: two RPCs                             both caches hit: two RPCs
   submit_inline  the same with free_outputs: the output     one RPC, every event
                  comes inline and is not kept, no Free
   submit_min     free_outputs + only_done: the stream is    one RPC, one message
@@ -24,6 +30,7 @@ to the health check of the same run).  Client and server share this
 machine's cores.
 
 Usage: /usr/bin/python3 bench/rpc.py [--kexd build/daemon/kexd] [--bench-rpc build/bench_rpc] [--seconds 2]
+                                    [--rounds 10] [--out bench/results/rpc.json]
 """
 import argparse
 import json
@@ -57,10 +64,43 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
 
+def cpu_s(pid):
+    """CPU seconds (user + system) process pid has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def summary(r):
+    """The issue's numbers: health and default-Submit p50 at 1 in flight, their ratio, submissions/s at 8 in
+    flight, for the C client and this Python one (and the same of r["before"] when present)."""
+    def one(x):
+        out = {}
+        for who, d in (("python", x), ("c", x.get("c", {}))):
+            if "submit_inflight1" not in d:
+                continue
+            out[who] = {"load_average_before": d.get("load_average_before"),
+                        "health_p50_us": round(d["health_inflight1"]["p50_us"], 1),
+                        "submit_p50_us": round(d["submit_inflight1"]["p50_us"], 1),
+                        "submit_ratio_to_health": round(d["submit_inflight1"]["ratio_to_health_rounds"], 2),
+                        "submit_per_s_inflight8": round(d["submit_inflight8"]["calls_per_s"])}
+            if "kexd_cpu_us_per_call" in d["submit_inflight8"]:
+                out[who]["kexd_cpu_us_per_submit_inflight8"] = round(d["submit_inflight8"]["kexd_cpu_us_per_call"])
+                out[who]["kexd_cpu_us_per_health_inflight8"] = round(d["health_inflight8"]["kexd_cpu_us_per_call"])
+        return out
+    s = {"after": one(r)} if "before" in r else one(r)
+    if "before" in r:
+        s["before"] = one(r["before"])
+    return s
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kexd", default=os.path.join(ROOT, "build/daemon/kexd"))
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--before", default="", help="an earlier run's JSON (another kexd): kept under \"before\" and "
+                    "compared in a summary")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/rpc.json"))
     ap.add_argument("--bench-rpc", default=os.path.join(ROOT, "build/bench_rpc"), help="the C half ('' to skip)")
     args = ap.parse_args()
@@ -98,13 +138,38 @@ def main():
             nodes.append(N(op="CONST", dtype="float32", shape=[], value=kex_pb2.Scalar(float_value=dummy)))
         return kex_pb2.Graph(device="cpu", nodes=nodes, outputs=[4])
 
+    def default_submit(kex, job, g):
+        """One Submit with default options; its Done (every event read, checked)."""
+        evs = list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=g), timeout=60))
+        kinds = [e.WhichOneof("event") for e in evs]
+        if kinds[:2] != ["accepted", "scheduled"] or "running" not in kinds or kinds[-1] != "done":
+            raise SystemExit(f"bench/rpc.py: unexpected Submit stream: {kinds}")
+        d = evs[-1].done
+        if not d.outputs[0].handle or not d.outputs[0].has_data:
+            raise SystemExit("bench/rpc.py: the default Submit's output is not a buffer with inline bytes")
+        return d
+
     def timed_submit(kex, job, g):
         t0 = time.perf_counter()
-        evs = list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=g), timeout=60))
+        d = default_submit(kex, job, g)
         us = (time.perf_counter() - t0) * 1e6
-        d = evs[-1].done
         kex.Free(kex_pb2.FreeRequest(job=job, handles=[o.handle for o in d.outputs]), timeout=5)
         return us, d
+
+    local = threading.local()
+
+    def kept_submit(kex, job, g):
+        """A default Submit whose output handle this thread frees later, 64 with one Free (untimed)."""
+        kept = getattr(local, "kept", None)
+        if kept is None:
+            kept = local.kept = []
+        kept.append(default_submit(kex, job, g).outputs[0].handle)
+
+    def flush_kept(kex, job):
+        kept = getattr(local, "kept", None)
+        if kept:
+            kex.Free(kex_pb2.FreeRequest(job=job, handles=kept), timeout=5)
+            local.kept = []
 
     def submit_one_rpc(kex, job, g, only_done):
         evs = list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=g, free_outputs=True, only_done=only_done),
@@ -117,10 +182,17 @@ def main():
     results = {"benchmark": "rpc", "client": "python grpcio (sync stubs, threads)", "seconds": args.seconds,
                "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, {platform.system()} {platform.release()}); "
                           f"load average before the run {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+               "load_average_before": [round(x, 2) for x in load], "rounds": args.rounds,
                "notes": "kexd --device cpu; client and server share the machine's cores; latencies in us; "
-                        "submit = Submit (all events) + Free of its output (two RPCs); submit_inline = Submit with "
+                        "submit = Submit with default options (one RPC, all events, the output a job buffer with "
+                        "inline bytes; its thread frees 64 handles with one Free outside the timed call); "
+                        "submit_free = Submit + Free of its output (two RPCs); submit_inline = Submit with "
                         "free_outputs (one RPC, all events); submit_min = free_outputs + only_done (one RPC, one "
-                        "message); ratio_to_health = p50 / the health p50 at the same in-flight count"}
+                        "message); ratio_to_health = p50 / the health p50 at the same in-flight count; "
+                        "ratio_to_health_rounds = the median over the interleaved rounds of that ratio; "
+                        "kexd_cpu_us_per_call / client_cpu_us_per_call = CPU time (user + system, all threads) "
+                        "of kexd / of this Python client per call: with 2 cores, calls/s can never pass "
+                        "2e6 / (their sum)"}
     proc, ch = start()
     kex = kex_pb2_grpc.KexStub(ch)
     health = health_pb2_grpc.HealthStub(ch)
@@ -135,39 +207,61 @@ def main():
                                                    for i in range(20)], 0.5)
     calls = {
         "health": lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5),
-        "submit": lambda: timed_submit(kex, job, graph()),
+        "submit": lambda: kept_submit(kex, job, graph()),
+        "submit_free": lambda: timed_submit(kex, job, graph()),
         "submit_inline": lambda: submit_one_rpc(kex, job, graph(), False),
         "submit_min": lambda: submit_one_rpc(kex, job, graph(), True),
     }
-    for name, fn in calls.items():
-        for inflight in (1, 8):
-            lat = []
-            lock = threading.Lock()
-            stop_at = [0.0]
+    for inflight in (1, 8):
+        lat = {name: [] for name in calls}
+        wall = {name: 0.0 for name in calls}
+        server_cpu = {name: 0.0 for name in calls}
+        client_cpu = {name: 0.0 for name in calls}
+        rounds = {name: [] for name in calls}
+        lock = threading.Lock()
+        for r in range(args.rounds):  # the kinds take turns: health, submit, ..., health, submit, ...
+            for name, fn in calls.items():
+                mine_all = []
+                stop_at = [0.0]
 
-            def worker():
-                mine = []
-                while time.perf_counter() < stop_at[0]:
-                    t0 = time.perf_counter()
-                    fn()
-                    mine.append((time.perf_counter() - t0) * 1e6)
-                with lock:
-                    lat.extend(mine)
-            for _ in range(50):
-                fn()  # warm-up
-            stop_at[0] = time.perf_counter() + args.seconds
-            ts = [threading.Thread(target=worker) for _ in range(inflight)]
-            t0 = time.perf_counter()
-            [t.start() for t in ts]
-            [t.join() for t in ts]
-            el = time.perf_counter() - t0
-            results[f"{name}_inflight{inflight}"] = {"p50_us": pct(lat, 0.5), "p99_us": pct(lat, 0.99),
-                                                     "calls_per_s": len(lat) / el, "calls": len(lat)}
+                def worker():
+                    mine = []
+                    while time.perf_counter() < stop_at[0]:
+                        t0 = time.perf_counter()
+                        fn()
+                        mine.append((time.perf_counter() - t0) * 1e6)
+                        if len(getattr(local, "kept", None) or []) >= 64:
+                            flush_kept(kex, job)
+                    flush_kept(kex, job)
+                    with lock:
+                        mine_all.extend(mine)
+                for _ in range(50 if r == 0 else 5):
+                    fn()  # warm-up
+                flush_kept(kex, job)
+                stop_at[0] = time.perf_counter() + args.seconds / args.rounds
+                ts = [threading.Thread(target=worker) for _ in range(inflight)]
+                t0, s0, c0 = time.perf_counter(), cpu_s(proc.pid), sum(os.times()[:2])
+                [t.start() for t in ts]
+                [t.join() for t in ts]
+                wall[name] += time.perf_counter() - t0
+                server_cpu[name] += cpu_s(proc.pid) - s0
+                client_cpu[name] += sum(os.times()[:2]) - c0
+                lat[name].extend(mine_all)
+                rounds[name].append(pct(mine_all, 0.5))
+        for name in calls:
+            xs = lat[name]
+            row = {"p50_us": pct(xs, 0.5), "p99_us": pct(xs, 0.99), "calls_per_s": len(xs) / wall[name],
+                   "calls": len(xs), "kexd_cpu_us_per_call": server_cpu[name] / max(len(xs), 1) * 1e6,
+                   "client_cpu_us_per_call": client_cpu[name] / max(len(xs), 1) * 1e6}
+            line = f"{name:13s} {inflight} in flight: p50 {row['p50_us']:8.0f} us  p99 {row['p99_us']:8.0f} us  " \
+                   f"{row['calls_per_s']:8.0f} calls/s"
             if name != "health":
-                results[f"{name}_inflight{inflight}"]["ratio_to_health"] = \
-                    pct(lat, 0.5) / results[f"health_inflight{inflight}"]["p50_us"]
-            print(f"{name:7s} {inflight} in flight: p50 {pct(lat, 0.5):8.0f} us  p99 {pct(lat, 0.99):8.0f} us  "
-                  f"{len(lat) / el:8.0f} calls/s", flush=True)
+                row["ratio_to_health"] = row["p50_us"] / results[f"health_inflight{inflight}"]["p50_us"]
+                row["ratio_to_health_rounds"] = pct([a / h for a, h in zip(rounds[name], rounds["health"]) if h],
+                                                    0.5)
+                line += f"  {row['ratio_to_health_rounds']:.2f}x health (median of {args.rounds} rounds)"
+            results[f"{name}_inflight{inflight}"] = row
+            print(line, flush=True)
     stats = kex.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
     results["server_stats"] = {"schedule_cache_hits": stats.schedule_cache_hits,
                                "schedule_cache_misses": stats.schedule_cache_misses,
@@ -190,13 +284,20 @@ def main():
     print(json.dumps(single, indent=1))
     if args.bench_rpc:  # the C half: its own kexd, the same calls from gRPC C core and libkex
         cj = os.path.join(tmp, "c.json")
-        subprocess.check_call([args.bench_rpc, "--kexd", args.kexd, "--seconds", str(args.seconds), "--json", cj])
+        subprocess.check_call([args.bench_rpc, "--kexd", args.kexd, "--seconds", str(args.seconds), "--rounds",
+                               str(args.rounds), "--json", cj])
         with open(cj) as f:
             c = json.load(f)
         for k, v in c.items():
             if isinstance(v, dict) and not k.startswith("health"):
                 v["ratio_to_health"] = v["p50_us"] / c["health_inflight" + k.rsplit("inflight", 1)[1]]["p50_us"]
         results["c"] = c
+    if args.before:
+        with open(args.before) as f:
+            results["before"] = json.load(f)
+        results["before"].pop("before", None)
+    results["summary"] = summary(results)
+    print(json.dumps(results["summary"], indent=1))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

@@ -5,14 +5,22 @@
  *
  * Starts its own kexd (--device cpu, a fresh --cache in a temporary
  * directory, 127.0.0.1 on a free port) unless --server names one, and
- * measures, each for --seconds after a warm-up, at 1 and 8 calls in flight
+ * measures, for --seconds each after a warm-up, at 1 and 8 calls in flight
  * (8 threads on one channel, each with its own completion queue and call
- * loop):
+ * loop).  The seconds are split in --rounds rounds that take turns over the
+ * kinds (health, submit, ... , health, submit, ...), so a machine whose load
+ * changes during the run (shared cores) weighs on every kind alike; each
+ * ratio is a p50 over the health p50 of the same rounds.
  *
  *   health          grpc.health.v1.Health/Check: the cheapest call kexd serves, the baseline
- *   submit_free     a tiny cached Submit (16-element add, output inline, same structure
- *                   every call; every event read and checked) + a Free of its output: two
- *                   RPCs, what bench/rpc.py's Python client does
+ *   submit          a tiny cached Submit with default options (16-element add, same
+ *                   structure every call): one RPC, every event streamed, read and checked
+ *                   (accepted, scheduled, running, done), the output kept as a job buffer
+ *                   with its bytes inline.  Freeing those buffers is the client's own later
+ *                   call: each thread frees its handles 64 at a time with one Free, outside
+ *                   the per-call latency (inside the calls/s wall time)
+ *   submit_free     the same Submit + a Free of its output after each: two RPCs, what
+ *                   bench/rpc.py's Python client's "submit_free" does
  *   submit_inline   the same Submit with free_outputs set: the output comes back inline
  *                   and is not kept, so one RPC
  *   submit_min      the same Submit with free_outputs and only_done: one RPC whose
@@ -24,8 +32,8 @@
  * Every Submit's output bytes are checked (arange + 1).  Prints a table and,
  * with --json FILE, writes the numbers (p50/p99 in us, calls/s).
  *
- * Usage: build/bench_rpc [--kexd build/daemon/kexd | --server ADDR] [--seconds 2] [--json FILE]
- *                        [--only health,submit_free,submit_inline,submit_min,libkex] [--inflight 1,8]
+ * Usage: build/bench_rpc [--kexd build/daemon/kexd | --server ADDR] [--seconds 2] [--rounds 10] [--json FILE]
+ *                        [--only health,submit,submit_free,submit_inline,submit_min,libkex] [--inflight 1,8]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -58,6 +66,7 @@
 #define N_ELEMS 16
 #define MAX_THREADS 64
 #define CALL_TIMEOUT_S 30
+#define FREE_BATCH 64 /* "submit": output handles one Free releases */
 
 static double now_s(void) {
   struct timespec ts;
@@ -69,6 +78,21 @@ static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noret
 
 static pid_t g_kexd = -1;
 static char g_tmp[256];
+
+/* CPU seconds (user + system) the kexd this bench started has used so far; 0 with --server. */
+static double kexd_cpu_s(void) {
+  char path[64], buf[1024], *p;
+  unsigned long ut = 0, st = 0;
+  FILE *f;
+  if (g_kexd <= 0) return 0;
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)g_kexd);
+  if (!(f = fopen(path, "r"))) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  if (!(p = strrchr(buf, ')')) || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
+  return (double)(ut + st) / sysconf(_SC_CLK_TCK);
+}
 
 static void die(const char *fmt, ...) {
   va_list ap;
@@ -182,11 +206,29 @@ static void check_output(const Kex__V1__Output *o) {
   }
 }
 
+/* Free the job buffers handles[0..n) with one Free. */
+static void free_handles(bench *b, grpc_completion_queue *cq, char **handles, size_t n) {
+  Kex__V1__FreeRequest fr = KEX__V1__FREE_REQUEST__INIT;
+  grpc_slice reply, fs;
+  char msg[256];
+  fr.job = b->job;
+  fr.n_handles = n;
+  fr.handles = handles;
+  fs = pack(&fr.base);
+  int st = unary(b, cq, b->m_free, fs, &reply, msg, sizeof msg);
+  grpc_slice_unref(fs);
+  if (st != GRPC_STATUS_OK) die("Free: status %d: %s", st, msg);
+  grpc_slice_unref(reply);
+}
+
+/* What becomes of a Submit's output: freed at once, kept (its handle returned), or never a buffer (free_outputs). */
+typedef enum out_mode { OUT_FREE, OUT_KEEP, OUT_NONE } out_mode;
+
 /*
  * One Submit: every event read and checked (accepted, scheduled, running...,
- * done; only done when only_done); Free its output when free_after.
+ * done; only done when only_done); its output's handle into keep[128] (OUT_KEEP).
  */
-static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, bool free_after, bool only_done) {
+static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, out_mode mode, bool only_done, char *keep) {
   grpc_call *call =
       grpc_channel_create_registered_call(b->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, b->m_submit, deadline(), NULL);
   grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&req, 1), *in = NULL;
@@ -243,20 +285,12 @@ static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, bool fre
   grpc_metadata_array_destroy(&imd);
   grpc_metadata_array_destroy(&tmd);
   grpc_call_unref(call);
-  if (free_after) {
-    Kex__V1__FreeRequest fr = KEX__V1__FREE_REQUEST__INIT;
+  if (mode != OUT_NONE && !handle[0]) die("Submit: no output handle");
+  if (mode == OUT_FREE) {
     char *hs[1] = {handle};
-    grpc_slice reply, fs;
-    char msg[256];
-    if (!handle[0]) die("Submit: no output handle to free");
-    fr.job = b->job;
-    fr.n_handles = 1;
-    fr.handles = hs;
-    fs = pack(&fr.base);
-    int st = unary(b, cq, b->m_free, fs, &reply, msg, sizeof msg);
-    grpc_slice_unref(fs);
-    if (st != GRPC_STATUS_OK) die("Free: status %d: %s", st, msg);
-    grpc_slice_unref(reply);
+    free_handles(b, cq, hs, 1);
+  } else if (mode == OUT_KEEP) {
+    memcpy(keep, handle, sizeof handle);
   } else if (handle[0]) {
     die("Submit with free_outputs: the output still has a handle (%s)", handle);
   }
@@ -276,8 +310,43 @@ static void submit_libkex(bench *b) {
 
 /* ---- the measurement ---- */
 
-typedef enum kind { K_HEALTH, K_SUBMIT_FREE, K_SUBMIT_INLINE, K_SUBMIT_MIN, K_LIBKEX, K_COUNT } kind;
-static const char *kind_names[K_COUNT] = {"health", "submit_free", "submit_inline", "submit_min", "libkex"};
+typedef enum kind { K_HEALTH, K_SUBMIT, K_SUBMIT_FREE, K_SUBMIT_INLINE, K_SUBMIT_MIN, K_LIBKEX, K_COUNT } kind;
+static const char *kind_names[K_COUNT] = {"health", "submit", "submit_free", "submit_inline", "submit_min", "libkex"};
+
+/* A thread's output handles not freed yet ("submit"). */
+typedef struct kept {
+  char h[FREE_BATCH][128];
+  char *p[FREE_BATCH];
+  size_t n;
+} kept;
+
+static void kept_flush(bench *b, grpc_completion_queue *cq, kept *kp) {
+  for (size_t i = 0; i < kp->n; i++) kp->p[i] = kp->h[i];
+  if (kp->n) free_handles(b, cq, kp->p, kp->n);
+  kp->n = 0;
+}
+
+/* One call of kind k; "submit" keeps its output in kp (flushed by the caller when full). */
+static void one_call(bench *b, grpc_completion_queue *cq, kind k, kept *kp) {
+  switch (k) {
+  case K_HEALTH: health(b, cq); break;
+  case K_SUBMIT: submit(b, cq, b->submit_req, OUT_KEEP, false, kp->h[kp->n++]); break;
+  case K_SUBMIT_FREE: submit(b, cq, b->submit_req, OUT_FREE, false, NULL); break;
+  case K_SUBMIT_INLINE: submit(b, cq, b->inline_req, OUT_NONE, false, NULL); break;
+  case K_SUBMIT_MIN: submit(b, cq, b->min_req, OUT_NONE, true, NULL); break;
+  case K_LIBKEX: submit_libkex(b); break;
+  default: break;
+  }
+}
+
+/* Latencies (us) of one kind at one in-flight count, over all rounds, and the wall seconds they took. */
+typedef struct acc {
+  double *lat;
+  size_t n, cap;
+  double wall_s, kexd_cpu_s; /* kexd's CPU seconds during the rounds (0 with --server) */
+  double round_p50[256];
+  int rounds;
+} acc;
 
 typedef struct worker {
   bench *b;
@@ -288,29 +357,23 @@ typedef struct worker {
   pthread_t th;
 } worker;
 
-static void one_call(bench *b, grpc_completion_queue *cq, kind k) {
-  switch (k) {
-  case K_HEALTH: health(b, cq); break;
-  case K_SUBMIT_FREE: submit(b, cq, b->submit_req, true, false); break;
-  case K_SUBMIT_INLINE: submit(b, cq, b->inline_req, false, false); break;
-  case K_SUBMIT_MIN: submit(b, cq, b->min_req, false, true); break;
-  case K_LIBKEX: submit_libkex(b); break;
-  default: break;
-  }
-}
-
 static void *worker_main(void *arg) {
   worker *w = arg;
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  kept *kp = calloc(1, sizeof *kp);
+  if (!kp) die("out of memory");
   while (now_s() < w->stop_at) {
     double t0 = now_s();
-    one_call(w->b, cq, w->k);
+    one_call(w->b, cq, w->k, kp);
     if (w->n == w->cap) {
       w->cap = w->cap ? 2 * w->cap : 4096;
       if (!(w->lat = realloc(w->lat, w->cap * sizeof *w->lat))) die("out of memory");
     }
     w->lat[w->n++] = (now_s() - t0) * 1e6;
+    if (kp->n == FREE_BATCH) kept_flush(w->b, cq, kp);
   }
+  kept_flush(w->b, cq, kp);
+  free(kp);
   grpc_completion_queue_shutdown(cq);
   while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
   }
@@ -318,42 +381,47 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-typedef struct result {
-  double p50, p99, per_s;
-  size_t calls;
-} result;
+static double pctl(const double *sorted, size_t n, double q) {
+  size_t i = (size_t)(q * n);
+  return n ? sorted[i < n ? i : n - 1] : 0;
+}
 
-static result measure(bench *b, kind k, int inflight, double seconds) {
+/* One round: kind k at `inflight` for `seconds`, its latencies appended to a (after a warm-up in the first round). */
+static void measure(bench *b, kind k, int inflight, double seconds, acc *a) {
   worker ws[MAX_THREADS];
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-  result r = {0};
-  size_t total = 0;
-  double *all, t0;
-  for (int i = 0; i < 50; i++) one_call(b, cq, k); /* warm-up */
+  kept *kp = calloc(1, sizeof *kp);
+  size_t total = 0, first = a->n;
+  double t0;
+  if (!kp) die("out of memory");
+  for (int i = 0; i < (a->rounds ? 5 : 50); i++) { /* warm-up */
+    one_call(b, cq, k, kp);
+    if (kp->n == FREE_BATCH) kept_flush(b, cq, kp);
+  }
+  kept_flush(b, cq, kp);
+  free(kp);
   grpc_completion_queue_shutdown(cq);
   while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
   }
   grpc_completion_queue_destroy(cq);
   memset(ws, 0, sizeof ws);
+  double c0 = kexd_cpu_s();
   t0 = now_s();
   for (int i = 0; i < inflight; i++) {
     ws[i].b = b, ws[i].k = k, ws[i].stop_at = t0 + seconds;
     if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0) die("pthread_create");
   }
   for (int i = 0; i < inflight; i++) pthread_join(ws[i].th, NULL), total += ws[i].n;
-  double el = now_s() - t0;
-  if (!(all = malloc((total ? total : 1) * sizeof *all))) die("out of memory");
-  total = 0;
-  for (int i = 0; i < inflight; i++) memcpy(all + total, ws[i].lat, ws[i].n * sizeof *all), total += ws[i].n, free(ws[i].lat);
-  qsort(all, total, sizeof *all, cmp_double);
-  if (total) {
-    r.p50 = all[(size_t)(0.5 * total) < total ? (size_t)(0.5 * total) : total - 1];
-    r.p99 = all[(size_t)(0.99 * total) < total ? (size_t)(0.99 * total) : total - 1];
+  a->wall_s += now_s() - t0;
+  a->kexd_cpu_s += kexd_cpu_s() - c0;
+  if (a->n + total > a->cap) {
+    a->cap = 2 * (a->n + total) + 4096;
+    if (!(a->lat = realloc(a->lat, a->cap * sizeof *a->lat))) die("out of memory");
   }
-  r.calls = total;
-  r.per_s = total / el;
-  free(all);
-  return r;
+  for (int i = 0; i < inflight; i++) memcpy(a->lat + a->n, ws[i].lat, ws[i].n * sizeof *a->lat), a->n += ws[i].n, free(ws[i].lat);
+  qsort(a->lat + first, a->n - first, sizeof *a->lat, cmp_double);
+  if (a->rounds < (int)(sizeof a->round_p50 / sizeof a->round_p50[0]))
+    a->round_p50[a->rounds++] = pctl(a->lat + first, a->n - first, 0.5);
 }
 
 /* ---- kexd ---- */
@@ -458,9 +526,10 @@ static bool listed(const char *list, const char *name) {
 
 int main(int argc, char **argv) {
   const char *kexd = "build/daemon/kexd", *server = NULL, *json = NULL;
-  const char *only = "health,submit_free,submit_inline,submit_min,libkex";
+  const char *only = "health,submit,submit_free,submit_inline,submit_min,libkex";
   const char *inflights = "1,8";
   double seconds = 2.0;
+  int rounds = 10;
   bench b;
   memset(&b, 0, sizeof b);
   for (int i = 1; i < argc; i++) {
@@ -469,14 +538,16 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--server") && v) server = v, i++;
     else if (!strcmp(a, "--seconds") && v) seconds = atof(v), i++;
     else if (!strcmp(a, "--json") && v) json = v, i++;
+    else if (!strcmp(a, "--rounds") && v) rounds = atoi(v), i++;
     else if (!strcmp(a, "--only") && v) only = v, i++;
     else if (!strcmp(a, "--inflight") && v) inflights = v, i++;
     else {
-      fprintf(stderr, "usage: %s [--kexd PATH | --server ADDR] [--seconds S] [--json FILE] [--only LIST] [--inflight 1,8]\n",
-              argv[0]);
+      fprintf(stderr, "usage: %s [--kexd PATH | --server ADDR] [--seconds S] [--rounds N] [--json FILE] [--only LIST] "
+              "[--inflight 1,8]\n", argv[0]);
       return 2;
     }
   }
+  if (rounds < 1 || rounds > 256) rounds = 10;
   signal(SIGPIPE, SIG_IGN);
   if (server) snprintf(b.addr, sizeof b.addr, "%s", server);
   else start_kexd(kexd, b.addr, sizeof b.addr);
@@ -508,7 +579,7 @@ int main(int argc, char **argv) {
     b.submit_req = submit_request(b.job, false, false);
     b.inline_req = submit_request(b.job, true, false);
     b.min_req = submit_request(b.job, true, true);
-    submit(&b, cq, b.submit_req, true, false); /* first: compiles */
+    submit(&b, cq, b.submit_req, OUT_FREE, false, NULL); /* first: compiles */
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
     }
@@ -529,21 +600,44 @@ int main(int argc, char **argv) {
   }
   FILE *jf = json ? fopen(json, "w") : NULL;
   if (json && !jf) die("cannot write %s: %s", json, strerror(errno));
-  if (jf) fprintf(jf, "{\n  \"client\": \"C (gRPC C core, one channel, a thread per call in flight)\",\n  \"seconds\": %g", seconds);
-  for (int k = 0; k < K_COUNT; k++) {
-    if (!listed(only, kind_names[k])) continue;
-    for (const char *p = inflights; p && *p;) {
-      int inflight = atoi(p);
-      p = strchr(p, ',');
-      if (p) p++;
-      if (inflight < 1 || inflight > MAX_THREADS) die("--inflight: 1..%d", MAX_THREADS);
-      result r = measure(&b, (kind)k, inflight, seconds);
-      printf("%-14s %d in flight: p50 %8.0f us  p99 %8.0f us  %8.0f calls/s\n", kind_names[k], inflight, r.p50, r.p99,
-             r.per_s);
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) < 3) load[0] = load[1] = load[2] = -1;
+  if (jf)
+    fprintf(jf, "{\n  \"client\": \"C (gRPC C core, one channel, a thread per call in flight)\",\n  \"seconds\": %g,\n"
+            "  \"rounds\": %d,\n  \"load_average_before\": [%.2f, %.2f, %.2f]", seconds, rounds, load[0], load[1], load[2]);
+  for (const char *p = inflights; p && *p;) {
+    int inflight = atoi(p);
+    acc accs[K_COUNT];
+    p = strchr(p, ',');
+    if (p) p++;
+    if (inflight < 1 || inflight > MAX_THREADS) die("--inflight: 1..%d", MAX_THREADS);
+    memset(accs, 0, sizeof accs);
+    for (int r = 0; r < rounds; r++) /* the kinds take turns: health, submit, ..., health, submit, ... */
+      for (int k = 0; k < K_COUNT; k++)
+        if (listed(only, kind_names[k])) measure(&b, (kind)k, inflight, seconds / rounds, &accs[k]);
+    for (int k = 0; k < K_COUNT; k++) {
+      acc *a = &accs[k], *h = &accs[K_HEALTH];
+      if (!a->rounds) continue;
+      qsort(a->lat, a->n, sizeof *a->lat, cmp_double);
+      double p50 = pctl(a->lat, a->n, 0.5), p99 = pctl(a->lat, a->n, 0.99), per_s = a->wall_s > 0 ? a->n / a->wall_s : 0;
+      double ratio = 0, rr[256];
+      if (k != K_HEALTH && h->rounds == a->rounds) { /* the median over rounds of each round's ratio */
+        for (int r = 0; r < a->rounds; r++) rr[r] = h->round_p50[r] > 0 ? a->round_p50[r] / h->round_p50[r] : 0;
+        qsort(rr, a->rounds, sizeof *rr, cmp_double);
+        ratio = rr[a->rounds / 2];
+      }
+      printf("%-14s %d in flight: p50 %8.0f us  p99 %8.0f us  %8.0f calls/s", kind_names[k], inflight, p50, p99, per_s);
+      if (ratio > 0) printf("  %.2fx health (median of %d rounds)", ratio, a->rounds);
+      printf("\n");
       fflush(stdout);
-      if (jf)
-        fprintf(jf, ",\n  \"%s_inflight%d\": {\"p50_us\": %.1f, \"p99_us\": %.1f, \"calls_per_s\": %.1f, \"calls\": %zu}",
-                kind_names[k], inflight, r.p50, r.p99, r.per_s, r.calls);
+      if (jf) {
+        fprintf(jf, ",\n  \"%s_inflight%d\": {\"p50_us\": %.1f, \"p99_us\": %.1f, \"calls_per_s\": %.1f, \"calls\": %zu",
+                kind_names[k], inflight, p50, p99, per_s, a->n);
+        if (ratio > 0) fprintf(jf, ", \"ratio_to_health_rounds\": %.3f", ratio);
+        if (a->kexd_cpu_s > 0) fprintf(jf, ", \"kexd_cpu_us_per_call\": %.1f", a->kexd_cpu_s / (a->n ? a->n : 1) * 1e6);
+        fprintf(jf, "}");
+      }
+      free(a->lat);
     }
   }
   if (jf) fprintf(jf, "\n}\n"), fclose(jf);

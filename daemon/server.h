@@ -153,6 +153,14 @@ bool kexd_call_writing(const kexd_call *c);
  * is replaced by RESOURCE_EXHAUSTED naming its size.
  */
 int kexd_call_finish(kexd_call *c, int status, const char *details, const ProtobufCMessage *msg);
+/*
+ * kexd_call_finish that tells when the final batch completed: done(call,
+ * ok, ud) runs on the loop then, ok 1 when the last message (msg) and the
+ * status went out, 0 when the call died first or msg was replaced by an
+ * error status.  done does not run when this returns non-zero.
+ */
+int kexd_call_finish_notify(kexd_call *c, int status, const char *details, const ProtobufCMessage *msg,
+                            void (*done)(kexd_call *, int ok, void *ud), void *ud);
 /* kexd_call_finish with a printf-style details message and no message. */
 int kexd_call_failf(kexd_call *c, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

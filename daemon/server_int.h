@@ -48,6 +48,8 @@ struct kexd_call {
   bool finished, cancelled, initial_md_sent, writing, reading;
   void (*write_done)(kexd_call *, int, void *);
   void *write_ud;
+  void (*finish_done)(kexd_call *, int, void *);
+  void *finish_ud;
   kexd_read_cb read_done;
   void *read_ud;
   void (*on_cancel)(kexd_call *, void *);
@@ -69,6 +71,7 @@ struct kexd_server {
   int port;
   /* cq thread <-> loop */
   uv_async_t async;
+  uv_prepare_t harvest; /* before the loop sleeps: completions the cq thread has not taken yet run at once */
   pthread_t cq_thread;
   bool thread_started, thread_joined;
   pthread_mutex_t lock; /* protects head, tail and cq_done: all the cq thread touches */

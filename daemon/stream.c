@@ -215,6 +215,26 @@ void kexd_stream_finish(kexd_stream *st, int status, const char *details, const 
   maybe_release(st);
 }
 
+static void on_finished(kexd_call *c, int ok, void *ud) {
+  kexd_stream *st = ud;
+  (void)c;
+  st->writing = false;
+  st->delivered = ok;
+  maybe_release(st);
+}
+
+void kexd_stream_finish_last(kexd_stream *st, const ProtobufCMessage *msg) {
+  if (st->ended) return;
+  st->ended = true;
+  st->acts++;
+  st->refs++; /* a done that ran at once must not release st under this function */
+  st->writing = true;
+  if (kexd_call_finish_notify(st->call, GRPC_STATUS_OK, NULL, msg, on_finished, st) != 0) st->writing = false;
+  kexd_stream_unref(st);
+}
+
+bool kexd_stream_delivered(const kexd_stream *st) { return st->delivered; }
+
 void kexd_stream_ended(kexd_stream *st) {
   if (st->ended) return;
   st->ended = true;

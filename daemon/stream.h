@@ -12,8 +12,8 @@
  * it with kexd_stream_write, or drops it); when nothing is queued and the
  * owner holds no work in flight (kexd_stream_hold/unhold), it calls
  * ops->drained, which writes one more message, starts more work (a hold),
- * ends the call (kexd_stream_finish / _failf), or does nothing (the owner
- * pumps again when it has more: kexd_stream_pump).  A write that fails, or
+ * ends the call (kexd_stream_finish / _failf / _finish_last), or does
+ * nothing (the owner pumps again when it has more: kexd_stream_pump).  A write that fails, or
  * a client cancel (the stream installs the call's cancel hook), makes the
  * stream dead: ops->cancelled tells the owner to stop its work, a broken
  * write ends the call CANCELLED ("<name>: the stream broke").  Work that
@@ -81,6 +81,7 @@ typedef struct kexd_stream {
   uint32_t refs;              /* owner work in flight that only keeps the owner alive */
   uint32_t acts;              /* writes, holds, finishes and pushes so far (a drained that did none waits) */
   bool writing, dead, ended, pumping, repump;
+  bool delivered;             /* kexd_stream_finish_last: its batch (the last message and the status) went out */
   /* hub lock */
   kexd_stream_ev *head, *tail;
   bool dirty;                 /* on the hub's list of streams with events to write */
@@ -116,6 +117,14 @@ int kexd_stream_write(kexd_stream *st, const ProtobufCMessage *msg);
 /* End the call (kexd_call_finish: status, details, an optional last message).  Idempotent. */
 void kexd_stream_finish(kexd_stream *st, int status, const char *details, const ProtobufCMessage *msg);
 void kexd_stream_failf(kexd_stream *st, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/*
+ * End the call OK with msg as its last message, in one batch with the
+ * status (no hop between them).  The owner is released once that batch
+ * completed; kexd_stream_delivered then tells whether it went out (the
+ * client has msg).  Idempotent with the other finishes.
+ */
+void kexd_stream_finish_last(kexd_stream *st, const ProtobufCMessage *msg);
+bool kexd_stream_delivered(const kexd_stream *st);
 /* The owner ended the call itself (kexd_rpc_decode or kexd_rpc_need_job failed it): the stream is over too. */
 void kexd_stream_ended(kexd_stream *st);
 /* The call is over for the owner: cancelled, or a write broke. */

@@ -37,10 +37,10 @@
  *      the inline bytes).
  *   5. loop: outputs become job buffers (kexd_job_add_buffer), the memory
  *      reservation is returned, the programs are unpinned, and the done
- *      event is written; only once that write went out does the status end
- *      the stream.  A call that dies first (the write fails, or the client
- *      cancels or vanishes) takes its outputs with it: the job never learnt
- *      their handles, so they are freed at once, not at the lease's end.
+ *      event is written in one batch with the status.  A call that dies
+ *      before that batch went out (a write fails, or the client cancels or
+ *      vanishes) takes its outputs with it: the job never learnt their
+ *      handles, so they are freed at once, not at the lease's end.
  *
  * Threads.  The worker pool gets the plan (immutable) and writes only its
  * own result fields of the submission; the runner's closures touch only the
@@ -268,7 +268,7 @@ void sub_drop_outputs(submission *s) {
   kexd *d = s->d;
   kexd_job *job;
   uint32_t n = 0;
-  if (s->outputs_dropped || !s->final_ev || s->done_delivered || !s->handle_str) return;
+  if (s->outputs_dropped || !s->final_ev || kexd_stream_delivered(&s->st) || !s->handle_str) return;
   s->outputs_dropped = true;
   if (!(job = kexd_jobs_find_id(&d->jobs, s->job))) return; /* closed: its buffers went with it */
   for (uint32_t j = 0; j < s->p->rp.noutputs; j++)
@@ -363,37 +363,28 @@ static void ev_write(void *owner, kexd_stream_ev *link) {
 
 /*
  * The queued events are out (kexd_stream_ops.drained): nothing until the
- * end is known; then the done event first (a success), and once its write
- * completed (the client has the output handles) the status.
+ * end is known; then the done event (a success) in one batch with the
+ * status.  Only when that batch went out does the client have the output
+ * handles (kexd_stream_delivered; else the release frees the outputs).
  */
 static void sub_drained(void *owner) {
   submission *s = owner;
+  int max = s->d->cfg.max_message;
   if (!s->final_ready) return;
-  if (s->final_status == GRPC_STATUS_OK && !s->done_started) {
-    int rc = kexd_stream_write(&s->st, &s->final_ev->base);
-    if (rc == 0) {
-      s->done_started = true;
-      return;
-    }
-    if (kexd_stream_dead(&s->st)) return; /* cancelled: the release frees the outputs */
-    sub_drop_outputs(s);
-    s->d->submissions_done--;
-    s->d->submissions_failed++;
-    if (rc == KEX_ELIMIT) {
-      size_t size = protobuf_c_message_get_packed_size(&s->final_ev->base);
+  if (s->final_status == GRPC_STATUS_OK) {
+    size_t size = protobuf_c_message_get_packed_size(&s->final_ev->base);
+    if (max > 0 && size > (size_t)max) {
+      sub_drop_outputs(s);
+      s->d->submissions_done--;
+      s->d->submissions_failed++;
       s->final_status = GRPC_STATUS_RESOURCE_EXHAUSTED;
       snprintf(s->final_msg, sizeof s->final_msg, "Submit: the done event is %zu bytes, more than the server's "
-               "limit of %d bytes (--max-message): ask for fewer inline bytes (inline_output_max_bytes)", size,
-               s->d->cfg.max_message);
-    } else {
-      s->final_status = GRPC_STATUS_INTERNAL;
-      snprintf(s->final_msg, sizeof s->final_msg, "Submit: the done event cannot be written: %s", kex_strerror(rc));
+               "limit of %d bytes (--max-message): ask for fewer inline bytes (inline_output_max_bytes)", size, max);
     }
   }
   if (s->final_status != GRPC_STATUS_OK) return kexd_stream_failf(&s->st, s->final_status, "%s", s->final_msg);
-  s->done_delivered = true;
   kexd_histogram_observe(&s->d->submit_seconds, (kexd_now_us() - s->t0) / 1e6);
-  kexd_stream_finish(&s->st, GRPC_STATUS_OK, NULL, NULL);
+  kexd_stream_finish_last(&s->st, &s->final_ev->base);
 }
 
 /* Give the job back the bytes the submission reserved (when the job is still open). */
@@ -511,8 +502,11 @@ static void sub_planned(submission *s) {
     s->need[k] = true;
     ev_push(s, EV_COMPILING, k), any = true;
   }
-  kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
-  if (!any) return sub_post(s);
+  if (!any) { /* every program loaded: the device items first, so the runner starts while the events are written */
+    sub_post(s);
+    return kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
+  }
+  kexd_stream_pump(&s->st);
   s->work.data = s;
   kexd_stream_ref(&s->st); /* the lookup's, dropped by lookup_after */
   if (uv_queue_work(d->loop, &s->work, lookup_work, lookup_after) < 0) {

@@ -158,9 +158,7 @@ struct submission {
   kexd_buffer **handles;     /* [p->rp.nbufs]: the job buffers the graph names, referenced */
   /* the end of the call */
   bool final_ready;          /* final_status (and final_ev when OK) is set: the stream ends once the events are out */
-  bool done_started;         /* the done event's write was started */
-  bool done_delivered;       /* the done event's write completed: the client has the output handles */
-  bool outputs_dropped;      /* the call died before that: the outputs were freed */
+  bool outputs_dropped;      /* the call died before the done event went out: the outputs were freed */
   int final_status;
   char final_msg[KEX_ERROR_MSG_MAX];
   Kex__V1__SubmitEvent *final_ev; /* the done event, when final_status is OK */

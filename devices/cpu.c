@@ -17,8 +17,10 @@
  * its CPU; a launch splits [0, global[0]) into contiguous ranges, about
  * KEX_CPU_CHUNKS_PER_THREAD per worker, that the workers claim from an
  * atomic counter while the launching thread sleeps, and returns when all
- * ranges ran; its event holds the wall time.  With KEX_CPU_THREADS=1 (or one
- * CPU) there are no workers and the launching thread runs the kernel.
+ * ranges ran; its event holds the wall time.  The launching thread runs the
+ * first range itself, and the rest too when they would all take less than
+ * waking a worker (a tiny kernel).  With KEX_CPU_THREADS=1 (or one CPU)
+ * there are no workers and the launching thread runs the kernel.
  * Buffers are ordinary host memory, 64-byte aligned.
  *
  * The flags (cpu->flags, made once at open) are KEX_CPU_FLAGS and the
@@ -70,6 +72,7 @@ extern char **environ;
 #define KEX_CPU_WORKER_SPIN_S 100e-6  /* a worker spins this long for the next launch before sleeping */
 #define KEX_CPU_LAUNCHER_SPIN_S 20e-6 /* the launching thread spins this long for the end before sleeping */
 #define KEX_CPU_CHUNKS_PER_THREAD 16 /* a launch is split into this many pieces per worker */
+#define KEX_CPU_INLINE_S 20e-6        /* a launch whose ranges take less than this in all runs on the launching thread */
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
 
@@ -134,13 +137,13 @@ static double kex_cpu_now(void) {
 /* ---- thread pool ---- */
 
 /*
- * Claim chunks of the current launch until none is left (or, with a
- * deadline, until it has passed).  The index space is
+ * Claim chunks of the current launch until none is left, `max` of them
+ * at most (or, with a deadline, until it has passed).  The index space is
  * handed out in `chunk`-sized pieces from an atomic counter, so a thread that
  * wakes late or shares its core with another process simply claims fewer.
  */
-static void kex_cpu_run_chunks(kex_cpu_pool *pool, const kex_cpu_job *j) {
-  for (;;) {
+static void kex_cpu_run_chunks(kex_cpu_pool *pool, const kex_cpu_job *j, int max) {
+  for (int n = 0; n < max; n++) {
     if (j->deadline > 0 && kex_cpu_now() > j->deadline) break;
     int start = atomic_fetch_add_explicit(&pool->next, j->chunk, memory_order_relaxed);
     if (start >= j->total) break;
@@ -202,7 +205,7 @@ static void *kex_cpu_worker(void *a) {
     seen = pool->generation;
     kex_cpu_job job = pool->job;
     pthread_mutex_unlock(&pool->mu);
-    kex_cpu_run_chunks(pool, &job);
+    kex_cpu_run_chunks(pool, &job, INT_MAX);
     pthread_mutex_lock(&pool->mu);
     if (--pool->remaining == 0) pthread_cond_signal(&pool->done);
   }
@@ -265,7 +268,10 @@ static void kex_cpu_pool_stop(kex_cpu_device *cpu) {
  * Run fn over [0, total) on the workers, KEX_CPU_CHUNKS_PER_THREAD chunks per
  * worker, while the launching thread sleeps; with no workers, or one item,
  * the launching thread runs it all (in KEX_CPU_CHUNKS_PER_THREAD pieces when
- * there is a deadline).  With a deadline (monotonic seconds, 0: none) no
+ * there is a deadline).  The launching thread runs the first range itself
+ * and, when that range times the number of ranges is under
+ * KEX_CPU_INLINE_S (a tiny kernel: less than the 10-30 us, far more on a
+ * busy machine, that waking a worker costs), the others too.  With a deadline (monotonic seconds, 0: none) no
  * range starts after it.  Returns the ranges that ran; *nranges is how many
  * the launch had.
  */
@@ -282,8 +288,11 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
   atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
   atomic_store(&pool->ranges, 0);
   kex_cpu_job job = {fn, bufs, ints, total, chunk, deadline};
-  if (pool->nthreads == 0) {
-    kex_cpu_run_chunks(pool, &job);
+  /* the first range here: when all of them would take less than waking the workers, the rest runs here too */
+  double t0 = kex_cpu_now();
+  kex_cpu_run_chunks(pool, &job, 1);
+  if (pool->nthreads == 0 || (kex_cpu_now() - t0) * *nranges < KEX_CPU_INLINE_S) {
+    kex_cpu_run_chunks(pool, &job, INT_MAX);
     return atomic_load(&pool->ranges);
   }
   pthread_mutex_lock(&pool->mu);

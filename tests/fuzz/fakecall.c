@@ -98,6 +98,14 @@ int kexd_call_finish(kexd_call *c, int status, const char *details, const Protob
   return 0;
 }
 
+/* As kexd_call_finish; done runs at once (ok: the message was part of an OK finish). */
+int kexd_call_finish_notify(kexd_call *c, int status, const char *details, const ProtobufCMessage *msg,
+                            void (*done)(kexd_call *, int ok, void *ud), void *ud) {
+  int rc = kexd_call_finish(c, status, details, msg);
+  if (rc == 0 && done) done(c, msg && status == 0, ud);
+  return rc;
+}
+
 int kexd_call_failf(kexd_call *c, int status, const char *fmt, ...) {
   char msg[512];
   va_list ap;

@@ -85,10 +85,9 @@ static const char *const CPU_RANGES =
     "#include <sched.h>\n"
     "void ranges(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
     "  int *start = bufs[0]; int *end = bufs[1]; unsigned long *tid = bufs[2]; int *cpu = bufs[3];\n"
-    "  (void)ints;\n"
     "  for (int i = gidx_start; i < gidx_end; i++) {\n"
     "    volatile int spin = 0;\n"
-    "    while (spin < 20000) spin++;\n"
+    "    while (spin < ints[0]) spin++;\n"
     "    start[i] += gidx_start + 1; end[i] = gidx_end; tid[i] = (unsigned long)pthread_self();\n"
     "    cpu[i] = sched_getcpu();\n"
     "  }\n"
@@ -829,7 +828,8 @@ static void test_cpu_threads(void **state) {
   kex_buffer *bufs[4] = {buffer_with(g.cpu, start, sizeof start), buffer_with(g.cpu, NULL, sizeof end),
                          buffer_with(g.cpu, NULL, sizeof tid), buffer_with(g.cpu, NULL, sizeof cpu)};
   size_t global[3] = {N, 1, 1};
-  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, NULL, 0, &ev, &err), 0);
+  int32_t spin = 20000; /* per item: far from a tiny kernel */
+  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, &spin, 1, &ev, &err), 0);
   assert_int_equal(kex_event_wait(ev, &err), 0);
   kex_event_free(ev);
   assert_int_equal(kex_buffer_copy_out(bufs[0], 0, start, sizeof start, &err), 0);
@@ -856,25 +856,47 @@ static void test_cpu_threads(void **state) {
     assert_int_equal(nranges, 1);
     assert_int_equal(range_tid[0], (unsigned long)pthread_self());
   } else {
-    /* ceil(N / (16 cores)) items per range (KEX_CPU_CHUNKS_PER_THREAD), each worker ran some, none ran on the launching thread */
+    /* ceil(N / (16 cores)) items per range (KEX_CPU_CHUNKS_PER_THREAD): the launching thread ran the first,
+       each worker some of the others */
     int chunk = (N + 16 * cores - 1) / (16 * cores);
     assert_int_equal(nranges, (N + chunk - 1) / chunk);
-    assert_int_equal(count_distinct_ul(range_tid, nranges), cores);
-    for (int r = 0; r < nranges; r++) assert_true(range_tid[r] != (unsigned long)pthread_self());
+    assert_int_equal(range_tid[0], (unsigned long)pthread_self());
+    assert_int_equal(count_distinct_ul(range_tid + 1, nranges - 1), cores);
+    for (int r = 1; r < nranges; r++) assert_true(range_tid[r] != (unsigned long)pthread_self());
     /* each worker stays on its own CPU (pinned), one worker per CPU when there are enough CPUs */
     unsigned long worker_cpu[KEX_DEVICE_MAX_BUFS];
     int nworkers = 0;
-    for (int r = 0; r < nranges; r++) {
+    for (int r = 1; r < nranges; r++) {
       int known = 0;
       for (int i = 0; i < N; i++)
         if (tid[i] == range_tid[r]) assert_int_equal(cpu[i], range_cpu[r]);
-      for (int w = 0; w < r && !known; w++) known = range_tid[w] == range_tid[r];
+      for (int w = 1; w < r && !known; w++) known = range_tid[w] == range_tid[r];
       if (!known) worker_cpu[nworkers++] = (unsigned long)range_cpu[r];
     }
     if (cores <= sysconf(_SC_NPROCESSORS_ONLN) && getenv("KEX_CPU_THREADS") == NULL)
       assert_int_equal(count_distinct_ul(worker_cpu, nworkers), nworkers);
   }
   print_message("cpu: %d ranges on %d threads\n", nranges, count_distinct_ul(range_tid, nranges));
+
+  /* a tiny launch (64 items, no spin) costs less than waking a worker: every range runs on the launching thread
+     (three tries: a preempted first range looks slow) */
+  size_t small[3] = {64, 1, 1};
+  int32_t nospin = 0;
+  bool inline_ok = false;
+  for (int t = 0; t < 3 && !inline_ok; t++) {
+    memset(start, 0, sizeof start);
+    assert_int_equal(kex_buffer_copy_in(bufs[0], 0, start, sizeof start, &err), 0);
+    assert_int_equal(kex_program_launch(prog, small, NULL, bufs, 4, &nospin, 1, &ev, &err), 0);
+    kex_event_free(ev);
+    assert_int_equal(kex_buffer_copy_out(bufs[0], 0, start, sizeof start, &err), 0);
+    assert_int_equal(kex_buffer_copy_out(bufs[2], 0, tid, sizeof tid, &err), 0);
+    inline_ok = true;
+    for (int i = 0; i < 64; i++) {
+      assert_true(start[i] >= 1); /* ran once */
+      inline_ok = inline_ok && tid[i] == (unsigned long)pthread_self();
+    }
+  }
+  assert_true(inline_ok);
 
   /* one item is one range */
   size_t one[3] = {1, 1, 1};
