@@ -412,6 +412,16 @@ void sub_fail(submission *s, int status, const char *fmt, ...) {
   kexd_stream_pump(&s->st);
 }
 
+/* Run work on the worker pool, holding a reference on the stream that `after` drops; the Submit fails when the pool cannot take it. */
+static void sub_queue_work(submission *s, uv_work_cb work, uv_after_work_cb after) {
+  s->work.data = s;
+  kexd_stream_ref(&s->st);
+  if (uv_queue_work(s->d->loop, &s->work, work, after) < 0) {
+    kexd_stream_unref(&s->st);
+    sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
+  }
+}
+
 /* A failure code as the call's status: the deadline and a gone job win over what the items said. */
 void sub_fail_rc(submission *s, int rc, const kex_error *err) {
   kexd *d = s->d;
@@ -507,12 +517,7 @@ static void sub_planned(submission *s) {
     return kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
   }
   kexd_stream_pump(&s->st);
-  s->work.data = s;
-  kexd_stream_ref(&s->st); /* the lookup's, dropped by lookup_after */
-  if (uv_queue_work(d->loop, &s->work, lookup_work, lookup_after) < 0) {
-    kexd_stream_unref(&s->st);
-    sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
-  }
+  sub_queue_work(s, lookup_work, lookup_after); /* the SQLite program lookup */
 }
 
 static void build_work(uv_work_t *req) {
@@ -653,12 +658,7 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
     p->build_us = kexd_now_us() - ts;
   }
   kexd_stream_pump(&s->st);
-  s->work.data = s;
-  kexd_stream_ref(&s->st); /* the build's, dropped by build_after */
-  if (uv_queue_work(d->loop, &s->work, build_work, build_after) < 0) {
-    kexd_stream_unref(&s->st);
-    sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
-  }
+  sub_queue_work(s, build_work, build_after);
 out:
   if (s) kexd_stream_unref(&s->st); /* may free s */
 }
