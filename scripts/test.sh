@@ -19,6 +19,7 @@ cd "$(dirname "$0")/.."
 exec 2>&1 # one stream, so the closing line really is last
 export KEX_SOURCE_ROOT=$PWD
 export KEX_METRICS=off # kexds started by tests serve no metrics (the default port is one for all); test_metrics asks
+export GRPC_ENABLE_FORK_SUPPORT=0 # pytest too: see tests/integration/lib.bash
 
 summary_args=()
 fail() { summary_args+=(--fail "$1" "$2"); echo "FAILED: $1 ($2)"; }
@@ -105,8 +106,10 @@ done
 run_one() {
   local name=$1 log=$2 t0=$SECONDS
   shift 2
-  "$@" >"$log" 2>&1
+  # a hung script fails (124) instead of holding the run: none takes more than 3 minutes here
+  timeout --kill-after=10 "${KEX_SCRIPT_TIMEOUT:-600}" "$@" >"$log" 2>&1
   local rc=$?
+  [ "$rc" = 124 ] && echo "FAILED: $name did not finish in ${KEX_SCRIPT_TIMEOUT:-600} s" >>"$log"
   echo "$rc" >"$log.rc"
   echo "-- done: $name (exit $rc, $((SECONDS - t0)) s): $(tail -n 1 "$log")"
 }

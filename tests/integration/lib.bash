@@ -19,6 +19,11 @@ export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0${LS
 export ASAN_OPTIONS="use_sigaltstack=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 # every kexd a test starts serves no metrics unless it asks (the default 127.0.0.1:9464 is one port for all)
 export KEX_METRICS=off
+# grpcio's fork support makes every fork (each kexd, redis-server or kex a Python test starts) wait for
+# gRPC's thread pool to go idle; a pool thread still busy with a closed channel's call then blocks the fork
+# for ever ("Waiting for thread pool to idle before forking", seen once in test_hostile).  The children exec
+# at once and use no gRPC state, so the tests need no fork support.
+export GRPC_ENABLE_FORK_SUPPORT=0
 
 passed=0
 failed=0
