@@ -96,7 +96,7 @@ fi
 # (the longest, compile-bound scripts in one lane, everything else in the other).  Each writes its own log; a
 # line says when each ends, and the logs are printed whole, in order, once both lanes are done.
 mkdir -p build/integration-logs
-heavy_scripts=" test_submit test_sources test_stress test_trace test_faults "
+heavy_scripts=" test_submit test_sources test_stress test_trace test_faults test_tune "
 lane_heavy=() lane_light=()
 for script in "${scripts_found[@]}"; do
   if [[ "$heavy_scripts" == *" $(basename "$script" .sh) "* ]]; then lane_heavy+=("$script"); else lane_light+=("$script"); fi
