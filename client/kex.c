@@ -83,6 +83,7 @@ static const kex_cli_opt *opt_of(const kex_cli_opt *opts, size_t n, int c) {
 /* Store optarg as o says.  0, or -1 after saying why the value is refused. */
 static int opt_store(const char *cmd, const kex_cli_opt *o) {
   char *end = NULL;
+  long long i = 0;
   double v;
   switch (o->kind) {
   case KEX_CLI_FLAG: *(bool *)o->dst = true; return 0;
@@ -92,13 +93,14 @@ static int opt_store(const char *cmd, const kex_cli_opt *o) {
   case KEX_CLI_INT:
   case KEX_CLI_NUM:
     errno = 0;
-    v = o->kind == KEX_CLI_INT ? (double)strtoll(optarg, &end, 10) : strtod(optarg, &end);
+    if (o->kind == KEX_CLI_INT) i = strtoll(optarg, &end, 10), v = (double)i; /* i exact: v only for the range */
+    else v = strtod(optarg, &end);
     if (end == optarg || *end || errno || !(v >= o->min && v <= o->max)) {
       fprintf(stderr, "kex %s: --%s must be %s in [%.15g, %.15g], not '%s'\n", cmd, o->name,
               o->kind == KEX_CLI_INT ? "a whole number" : "a number", o->min, o->max, optarg);
       return -1;
     }
-    if (o->kind == KEX_CLI_INT) *(long long *)o->dst = (long long)v;
+    if (o->kind == KEX_CLI_INT) *(long long *)o->dst = i;
     else *(double *)o->dst = v;
     return 0;
   }
