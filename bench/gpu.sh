@@ -138,7 +138,7 @@ run() {
   : >"$work/steps.tsv"
   local sample=1 repeat=20 beam_args=() tg_repeat=20 only=()
   if [ "$quick" = 1 ]; then
-    sample=24 repeat=3 tg_repeat=3 only=(--only matmul512) beam_args=(--only matmul512 --max-candidates 4 --max-rounds 1)
+    sample=48 repeat=3 tg_repeat=3 only=(--only matmul512) beam_args=(--only matmul512 --max-candidates 4 --max-rounds 1)
   fi
   step doctor 30 "$k/bin/kex" doctor --json
   step test_devices 60 "$k/bin/test_devices"
