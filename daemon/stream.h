@@ -70,6 +70,9 @@ typedef struct kexd_stream_ops {
   void (*release)(void *owner);
   /* kexd is stopping (optional: the call's stop hook; without it the call gets the grace period to end). */
   void (*stopping)(void *owner);
+  /* Nothing is queued: true when the owner will write again (or end the call) as soon as the current write
+     completes, so that write may wait in gRPC's buffer and go out with the next (optional). */
+  bool (*more)(void *owner);
 } kexd_stream_ops;
 
 typedef struct kexd_stream {
@@ -81,6 +84,7 @@ typedef struct kexd_stream {
   uint32_t refs;              /* owner work in flight that only keeps the owner alive */
   uint32_t acts;              /* writes, holds, finishes and pushes so far (a drained that did none waits) */
   bool writing, dead, ended, pumping, repump;
+  bool more;                  /* the event being handed to ops->event has a next one: its write may be buffered */
   bool delivered;             /* kexd_stream_finish_last: its batch (the last message and the status) went out */
   /* hub lock */
   kexd_stream_ev *head, *tail;

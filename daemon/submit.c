@@ -445,7 +445,11 @@ static void sub_cancelled(void *owner) {
   }
 }
 
-static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release};
+/* The end is known (kexd_stream_ops.more): once the queued events are out, sub_drained writes the done event or the
+   status at once. */
+static bool sub_more(void *owner) { return ((submission *)owner)->final_ready; }
+
+static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release, NULL, sub_more};
 
 /* The plan is known: reserve memory, resolve the handles and the loaded programs, go on. */
 static void sub_planned(submission *s) {
