@@ -445,9 +445,19 @@ static void sub_cancelled(void *owner) {
   }
 }
 
-/* The end is known (kexd_stream_ops.more): once the queued events are out, sub_drained writes the done event or the
-   status at once. */
-static bool sub_more(void *owner) { return ((submission *)owner)->final_ready; }
+/*
+ * A write after this one is coming (kexd_stream_ops.more): the end is known
+ * (once the queued events are out, sub_drained writes the done event or the
+ * status at once), or the device items are out with defer_done (sub_post):
+ * the loop hears of them only when the chain is back, and the events written
+ * meanwhile would arrive together with the next anyway (submit.h,
+ * SUB_DEFER_KERNEL_US), so they wait in gRPC's buffer and go out in one TCP
+ * write with it.  The first done back before the end ends that (item_done).
+ */
+static bool sub_more(void *owner) {
+  const submission *s = owner;
+  return s->final_ready || (s->cork && s->items_out > 0);
+}
 
 static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release, NULL, sub_more};
 
