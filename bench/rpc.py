@@ -107,6 +107,7 @@ def main():
     tmp = tempfile.mkdtemp()
     stubs(tmp)
     import grpc
+    import grpc.experimental
     import health_pb2
     import health_pb2_grpc
     from kex.v1 import kex_pb2, kex_pb2_grpc

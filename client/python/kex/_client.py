@@ -13,6 +13,7 @@ import warnings
 import weakref
 
 import grpc
+import grpc.experimental
 
 from . import _buildtools
 
