@@ -24,6 +24,13 @@
  * referenced and no pump is running, ops->release frees the owner: exactly
  * once.
  *
+ * Buffered writes: an event written while another is queued behind it, or
+ * while ops->more says the owner writes again soon (its end is known, or a
+ * Submit's quick device chain is out), goes with kexd_call_write_more: gRPC
+ * keeps it and sends it in one TCP write with the next (server.h).  Events
+ * still leave in order, one message each, and the last write before a wait
+ * is never buffered, so nothing waits on an event that may never come.
+ *
  * Threads: kexd_stream_push may be called from any thread (it wakes the
  * loop through the hub's async handle when called off the loop); every
  * other function, and every callback, runs on the loop thread.  Work that

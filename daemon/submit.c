@@ -37,7 +37,11 @@
  *      the inline bytes).
  *   5. loop: outputs become job buffers (kexd_job_add_buffer), the memory
  *      reservation is returned, the programs are unpinned, and the done
- *      event is written in one batch with the status.  A call that dies
+ *      event is written in one batch with the status.  A chain of quick items
+ *      (defer_done) posted to an idle runner corks the progress events
+ *      written meanwhile (sub_more): they wait in gRPC's buffer and leave in
+ *      one TCP write with the done event, so a tiny cached Submit costs the
+ *      client two wake-ups (accepted; the rest), not four.  A call that dies
  *      before that batch went out (a write fails, or the client cancels or
  *      vanishes) takes its outputs with it: the job never learnt their
  *      handles, so they are freed at once, not at the lease's end.
