@@ -28,8 +28,9 @@
  * while ops->more says the owner writes again soon (its end is known, or a
  * Submit's quick device chain is out), goes with kexd_call_write_more: gRPC
  * keeps it and sends it in one TCP write with the next (server.h).  Events
- * still leave in order, one message each, and the last write before a wait
- * is never buffered, so nothing waits on an event that may never come.
+ * still leave in order, one message each, and a write is buffered only
+ * when a next one is sure to follow (a queued event, or the owner's promise
+ * through ops->more), so no event waits for one that never comes.
  *
  * Threads: kexd_stream_push may be called from any thread (it wakes the
  * loop through the hub's async handle when called off the loop); every
