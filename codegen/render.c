@@ -3,7 +3,9 @@
  * with two dialects: OpenCL C (tinygrad's OpenCLRenderer) and C for the
  * cpu device (tinygrad's ClangRenderer, adapted to devices/device.h: the
  * buffers come in `void **bufs` and the outermost global loop runs over
- * [gidx_start, gidx_end), the range this thread of the pool owns).
+ * [gidx_start, gidx_end), the range this thread of the pool owns; in a
+ * reduction kernel the second global loop is opened around that one, see
+ * swap_loops).
  *
  * The walk is linear over g->linear; r[u] is the expression of each uop.
  * ALUs and CASTs with one user are inlined into it (MAX never is), as in
