@@ -530,8 +530,12 @@ def main():
         submit(kex, jq, tiny, free_outputs=True)
     gaps = []
     for attempt in range(3):
-        long = kex.Submit(kex_pb2.SubmitRequest(job=jbusy, graph=pbg(g_matmul_chain(1024, 3, seed=20 + attempt))),
-                          timeout=300)
+        # one kernel long enough to wait behind on any machine (a 1600^2 matmul, 8 GFLOP; 2048 is over the
+        # element limit of one view), summed to one number so that its output stays small
+        glong = g_matmul_chain(1600, 1, seed=20 + attempt)
+        glong["nodes"].append({"op": "REDUCE_SUM", "src": [glong["outputs"][0]], "axis": [0, 1]})
+        glong["outputs"] = [len(glong["nodes"]) - 1]
+        long = kex.Submit(kex_pb2.SubmitRequest(job=jbusy, graph=pbg(glong)), timeout=300)
         end = time.time() + 120
         while time.time() < end and stats(kex, jbusy).job_stats[0].running == 0:
             time.sleep(0.01)
