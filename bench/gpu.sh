@@ -154,7 +154,7 @@ run() {
   local nv=""
   command -v nvidia-smi >/dev/null && nv=$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
     --format=csv,noheader 2>/dev/null || true)
-  "${KEX_GPU_PYTHON:-python3}" - "$work" "$out" "$nv" "$quick" "$k/COMMIT" <<'PY'
+  "$py" - "$work" "$out" "$nv" "$quick" "$k/COMMIT" <<'PY'
 import json, os, re, sys, platform
 work, out, nv, quick, commit_file = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5]
 def text(name):

@@ -229,7 +229,7 @@ void kexd_stream_finish_last(kexd_stream *st, const ProtobufCMessage *msg) {
   if (st->ended) return;
   st->ended = true;
   st->acts++;
-  st->refs++; /* a done that ran at once must not release st under this function */
+  kexd_stream_ref(st); /* a done that ran at once must not release st under this function */
   st->writing = true;
   if (kexd_call_finish_notify(st->call, GRPC_STATUS_OK, NULL, msg, on_finished, st) != 0) st->writing = false;
   kexd_stream_unref(st);

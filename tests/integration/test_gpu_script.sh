@@ -29,8 +29,8 @@ interp=$(patchelf --print-interpreter "$tmp/bundle/kex/bin/test_run")
 
 # the stand-in driver folder
 pocl=$(sed -n 1p /etc/OpenCL/vendors/pocl.icd)
-case "$pocl" in /*) ;; *) pocl=$($PY -c 'import ctypes.util, sys; print(ctypes.util.find_library("pocl"))') ;; esac
-[ -f "$pocl" ] || pocl=$(ldconfig -p | awk '/libpocl.so.2 / {print $NF; exit}')
+# a bare file name (Debian's pocl.icd): the folder the loader finds PoCL in
+case "$pocl" in /*) ;; *) pocl=$(dirname "$(ldconfig -p | awk '/libpocl/ {print $NF; exit}')")/$pocl ;; esac
 # PoCL finds its device drivers (pocl/ beside it) and headers (../../share/pocl) from the path it was
 # opened by: the stand-in mirrors that layout
 pocl_dir=$(dirname "$(readlink -f "$pocl")")
