@@ -224,6 +224,24 @@ def main():
     check("Submit: the stream ends with done", e is None and evs and evs[-1].WhichOneof("event") == "done",
           repr(e) if e is not None else str(evs[-1:])[:200])
 
+    # a done event over --max-message (its inline bytes): RESOURCE_EXHAUSTED naming the limit, after the progress
+    # events -- also when they are batched (they would have gone out with the done event)
+    n = MAX_MESSAGE // 4 + 1024
+    huge = graph_pb({"nodes": [{"op": "EMPTY", "dtype": "float32", "shape": [n]},
+                               {"op": "EMPTY", "dtype": "float32", "shape": [n]},
+                               {"op": "ADD", "src": [0, 1]}], "outputs": [2]})
+    for batched in (False, True):
+        for _ in range(2):  # the second: structure cached and the kernel quick last time (a batched stream holds)
+            evs = []
+            e = rpc_error(lambda: evs.extend(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=huge, free_outputs=True,
+                                                                              batched_events=batched), timeout=60)))
+        kinds = [x.WhichOneof("event") for m in evs for x in (m, *m.following)]
+        check(f"a {4 * n}-byte done event (limit {MAX_MESSAGE}){' batched' if batched else ''}: RESOURCE_EXHAUSTED "
+              "naming --max-message, after accepted, scheduled and running",
+              e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-message" in e.details() and
+              kinds[:2] == ["accepted", "scheduled"] and "running" in kinds and "done" not in kinds,
+              f"{kinds} {e!r}"[:300])
+
     # Tune and the cache RPCs are served (test_tune.sh checks them in depth; this kexd has no --cache of its own,
     # so only requests that are refused before any cache access)
     e = rpc_error(lambda: next(kex.Tune(kex_pb2.TuneRequest(job=job), timeout=5)))
