@@ -611,16 +611,21 @@ static ProtobufCMessage *unpack(rpc *r, grpc_byte_buffer *bb, const ProtobufCMes
   return m;
 }
 
+/* ops[0..3): send the one request (bb) of a unary or server-streaming call and close the sending side. */
+static void request_ops(rpc *r, grpc_op *ops, grpc_byte_buffer *bb) {
+  memset(ops, 0, 3 * sizeof *ops);
+  op_send_initial(r, &ops[0]);
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+}
+
 /* Send the one request of a unary or server-streaming call and close the sending side. */
 static int rpc_send_request(rpc *r, const ProtobufCMessage *req) {
   grpc_op ops[3];
   grpc_byte_buffer *bb = pack(req);
   int ok;
-  memset(ops, 0, sizeof ops);
-  op_send_initial(r, &ops[0]);
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = bb;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  request_ops(r, ops, bb);
   ok = rpc_batch(r, ops, 3);
   grpc_byte_buffer_destroy(bb);
   return ok;
@@ -639,16 +644,20 @@ static int rpc_end_local(rpc *r, const kex_status *local, kex_status *st) {
 }
 
 /*
- * Receive the next message as desc into *out: 1 with a message, 0 at the end
- * of the stream (or when the call failed: rpc_end says why), -1 with *st set
- * when the bytes are not a desc.
+ * Receive the next message as desc into *out, after sending req first in
+ * the same batch (one wait) when req is not NULL: 1 with a message, 0 at the
+ * end of the stream (or when the call failed: rpc_end says why), -1 with *st
+ * set when the bytes are not a desc.
  */
-static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, kex_status *st) {
-  grpc_op ops[2];
-  grpc_byte_buffer *bb = NULL;
+static int rpc_send_recv(rpc *r, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
+                         ProtobufCMessage **out, kex_status *st) {
+  grpc_op ops[5];
+  grpc_byte_buffer *out_bb = req ? pack(req) : NULL, *bb = NULL;
   size_t n = 0;
+  int ok;
   *out = NULL;
   memset(ops, 0, sizeof ops);
+  if (req) request_ops(r, ops, out_bb), n = 3;
   if (!r->got_initial_md) {
     ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
     ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
@@ -656,7 +665,9 @@ static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMes
   }
   ops[n].op = GRPC_OP_RECV_MESSAGE;
   ops[n++].data.recv_message.recv_message = &bb;
-  if (!rpc_batch(r, ops, n) || !bb) {
+  ok = rpc_batch(r, ops, n);
+  if (out_bb) grpc_byte_buffer_destroy(out_bb);
+  if (!ok || !bb) {
     if (bb) grpc_byte_buffer_destroy(bb);
     return 0;
   }
@@ -664,35 +675,9 @@ static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMes
   return 1;
 }
 
-/*
- * Send the one request of a unary or server-streaming call, close the
- * sending side and receive the first message, in one batch (one wait):
- * rpc_recv's results.
- */
-static int rpc_send_recv(rpc *r, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
-                         ProtobufCMessage **out, kex_status *st) {
-  grpc_op ops[5];
-  grpc_byte_buffer *bb = pack(req), *in = NULL;
-  int ok;
-  *out = NULL;
-  memset(ops, 0, sizeof ops);
-  op_send_initial(r, &ops[0]);
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = bb;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &in;
-  r->got_initial_md = true;
-  ok = rpc_batch(r, ops, 5);
-  grpc_byte_buffer_destroy(bb);
-  if (!ok || !in) {
-    if (in) grpc_byte_buffer_destroy(in);
-    return 0;
-  }
-  if (!(*out = unpack(r, in, desc, st))) return -1;
-  return 1;
+/* Receive the next message as desc into *out (rpc_send_recv without a request). */
+static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, kex_status *st) {
+  return rpc_send_recv(r, NULL, desc, out, st);
 }
 
 /* A unary call: request out, one reply in (*reply owned by the caller, free_msg). */
