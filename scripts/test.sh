@@ -44,12 +44,15 @@ for t in json.load(sys.stdin):
 ' "$1" "${2:-}"
 }
 
-# build_and_test DIR SUITE [MESON_OPTION...]: configure, build, run the tests.
+# build_and_test DIR SUITE [MESON_OPTION...]: configure, build, run the tests (a -Dsanitize=true build's under
+# scripts/lsan_retry.sh: a LeakSanitizer that fails itself on a loaded machine gets one more run).
 build_and_test() {
   local dir=$1 suite=$2
   shift 2
   local suite_args=()
   [ -n "$suite" ] && suite_args=(--suite "$suite")
+  local wrap_args=()
+  case " $* " in *" -Dsanitize=true "*) wrap_args=(--wrapper "$PWD/scripts/lsan_retry.sh") ;; esac
   mkdir -p "$dir"
   rm -f "$dir/meson-logs/testlog.json"
   echo "== $dir: configure =="
@@ -61,7 +64,7 @@ build_and_test() {
   echo "== $dir: build =="
   if ninja -C "$dir" -k 0 >"$dir/build-output.txt" 2>&1; then
     echo "== $dir: meson test${suite:+ --suite $suite} =="
-    meson test -C "$dir" --no-rebuild --print-errorlogs "${suite_args[@]}"
+    meson test -C "$dir" --no-rebuild --print-errorlogs "${wrap_args[@]}" "${suite_args[@]}"
     summary_args+=(--meson "$dir")
     return
   fi
@@ -77,7 +80,7 @@ build_and_test() {
   done < <(test_freshness "$dir" "$suite")
   if [ ${#fresh[@]} -gt 0 ]; then
     echo "== $dir: meson test (the ${#fresh[@]} tests that built) =="
-    meson test -C "$dir" --no-rebuild --print-errorlogs "${fresh[@]}"
+    meson test -C "$dir" --no-rebuild --print-errorlogs "${wrap_args[@]}" "${fresh[@]}"
     summary_args+=(--meson "$dir")
   fi
 }
