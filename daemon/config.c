@@ -149,7 +149,7 @@ static const flag flags[] = {
   {"max-weight", "N", FLAG_U32, F(max_weight), 1, 1 << 20, 0, 0, false, NULL,
    "the largest weight (fair-queueing share) an OpenJob may ask for"},
   {"max-buffers-per-job", "N", FLAG_U32, F(max_buffers_per_job), 1, 1 << 24, 0, 0, false, NULL,
-   "buffers one job may hold (uploads and outputs)"},
+   "buffers one job may hold (uploads and outputs), and so the handles one Free may name"},
   {"max-submits-per-job", "N", FLAG_U32, F(max_submits_per_job), 1, 1 << 20, 0, 0, false, NULL,
    "Submit calls one job may have in flight"},
   {"max-beam", "N", FLAG_U32, F(max_beam), 1, KEX_BEAM_MAX_WIDTH, 0, 0, false, NULL,
