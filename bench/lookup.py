@@ -1,7 +1,7 @@
 """bench/lookup.py - what looking up buffer handles costs kexd's loop thread when a job holds many buffers.
 
 A kexd of its own (KEXD, the first argument); a job uploads N 16-byte buffers (default 8192), then: the p50 of
-Frees of 256 held handles each, and one Free of the remaining N - 2048, timed while another thread's GetStats
+Frees of 256 held handles each, and one Free of the rest (N - 2048, or N/2 when N < 4096), timed while another thread's GetStats
 calls measure how long the loop is held.  Run it with two kexds to compare (before/after a change).
 
 usage: /usr/bin/python3 bench/lookup.py KEXD [N]"""
@@ -26,11 +26,12 @@ def up():
 hs = [up() for _ in range(N)]
 # Free 256 at a time from a job still holding most: time each
 ts = []
-for i in range(0, 2048, 256):
+first = min(2048, N // 2) // 256 * 256  # freed 256 at a time; the rest in one Free
+for i in range(0, first, 256):
     t0 = time.perf_counter(); k.Free(kex_pb2.FreeRequest(job=job, handles=hs[i:i + 256]), timeout=60); ts.append(time.perf_counter() - t0)
 print(f"{sys.argv[1]}: N={N}: Free of 256 handles p50 {statistics.median(ts)*1e3:.2f} ms")
 # one Free of all the rest, with GetStats probes meanwhile
-rest = hs[2048:]
+rest = hs[first:]
 lat = []
 stop = [False]
 def probe():
