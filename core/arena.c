@@ -50,6 +50,13 @@ void kex_arena_reset(kex_arena *a) {
   a->total = 0;
 }
 
+size_t kex_arena_held(const kex_arena *a) {
+  size_t n = 0;
+  for (const kex_arena_block *b = a->head; b; b = b->prev) n += b->size;
+  for (const kex_arena_block *b = a->spare; b; b = b->prev) n += b->size;
+  return n;
+}
+
 void *kex_arena_alloc(kex_arena *a, size_t size) {
   /* rounding up to 16 and adding the block header must not wrap around */
   if (size > SIZE_MAX - 15 - sizeof(kex_arena_block)) return NULL;

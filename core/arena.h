@@ -31,6 +31,8 @@ void kex_arena_destroy(kex_arena *a);
  * for page faults).  Pointers from before the reset are invalid after it.
  */
 void kex_arena_reset(kex_arena *a);
+/* Bytes of every block the arena holds: those in use and the spare ones a reset kept. */
+size_t kex_arena_held(const kex_arena *a);
 /* Aligned (16 bytes) allocation; NULL when out of memory. */
 void *kex_arena_alloc(kex_arena *a, size_t size);
 /* Zeroed allocation; NULL when out of memory. */
