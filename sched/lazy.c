@@ -172,7 +172,7 @@ static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
 }
 
 static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
-  if (kex_grow(&r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
+  if (kex_arena_grow(r->arena, &r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
   r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
   return (int)r->nbuffers++;
 }
@@ -655,7 +655,7 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
                      kex_error *err) {
   int rc = 0;
   *out = NULL;
-  kex_replay *r = kex_calloc(1, sizeof *r);
+  kex_replay *r = kex_arena_calloc(arena, 1, sizeof *r);
   if (!r) return kex_err_set(err, KEX_ENOMEM, "out of memory");
   r->arena = arena;
   r->graph = g;
@@ -664,14 +664,15 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
   r->own_shape = !opts->shape;
   r->shape = opts->shape ? opts->shape : kex_shape_ctx_new(arena);
   if (r->own_shape && r->shape) kex_shape_ctx_reserve(r->shape, g->nnodes);
-  r->cache = kex_calloc(1, sizeof *r->cache);
+  r->cache = kex_arena_calloc(arena, 1, sizeof *r->cache);
   if (r->cache) {
-    r->cache->lbs = kex_dict_make(&lazycache_type);
-    r->cache->consts = kex_dict_make(&const_memo_type);
+    kex_replay_tables *t = opts->tables;
+    r->cache->lbs = t ? kex_replay_tables_take(&t->lbs, &lazycache_type) : kex_dict_make(&lazycache_type);
+    r->cache->consts = t ? kex_replay_tables_take(&t->consts, &const_memo_type) : kex_dict_make(&const_memo_type);
     /* sized to the graph (about one entry per node), so a replay does not rehash as it goes */
     (void)kex_dict_reserve(&r->cache->lbs, g->nnodes);
   }
-  r->node_lb = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
+  r->node_lb = kex_arena_calloc(arena, g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
   if (!r->shape || !r->cache || !r->node_lb || !r->default_device) {
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
@@ -709,17 +710,16 @@ out:
 
 void kex_replay_free(kex_replay *r) {
   if (!r) return;
-  if (r->cache) {
+  if (r->cache && r->opts.tables) {
+    kex_replay_tables_give(&r->opts.tables->lbs, &r->cache->lbs);
+    kex_replay_tables_give(&r->opts.tables->consts, &r->cache->consts);
+  } else if (r->cache) {
     kex_dict_free(&r->cache->lbs);
     kex_dict_free(&r->cache->consts);
-    kex_free(r->cache);
   }
   if (r->own_shape) kex_shape_ctx_free(r->shape);
-  kex_free(r->node_lb);
-  kex_free(r->buffers);
-  kex_free(r);
 }
 
 kex_replay_opts kex_replay_opts_for(bool clang_rules) {
-  return (kex_replay_opts){clang_rules, clang_rules ? "cpu" : "opencl", NULL};
+  return (kex_replay_opts){clang_rules, clang_rules ? "cpu" : "opencl", NULL, NULL};
 }

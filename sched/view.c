@@ -185,11 +185,9 @@ void kex_shape_ctx_free(kex_shape_ctx *ctx) {
   kex_free(ctx);
 }
 
-static size_t dict_bytes(const kex_dict *d) { return (size_t)d->cap * (sizeof *d->hashes + d->type->entry_size); }
-
 size_t kex_shape_ctx_bytes(const kex_shape_ctx *ctx) {
-  return sizeof *ctx + dict_bytes(&ctx->views) + dict_bytes(&ctx->sts) + dict_bytes(&ctx->memo) +
-         dict_bytes(&ctx->moves);
+  return sizeof *ctx + kex_dict_bytes(&ctx->views) + kex_dict_bytes(&ctx->sts) + kex_dict_bytes(&ctx->memo) +
+         kex_dict_bytes(&ctx->moves);
 }
 
 kex_sym_ctx *kex_shape_sym(kex_shape_ctx *ctx) { return &ctx->sym; }

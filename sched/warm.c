@@ -1,7 +1,9 @@
 /*
  * warm.c - one thread's warm replay state (see warm.h): a long-lived
- * ShapeTracker context in an arena of its own, and a replay arena reset
- * after each graph; both dropped together when they pass the caller's limit.
+ * ShapeTracker context in an arena of its own, a replay arena reset after
+ * each graph, and the replay's and schedule's hash tables handed from one
+ * graph to the next (kex_replay_tables); all dropped together when they
+ * pass the caller's limit.
  */
 #include "sched/warm.h"
 
@@ -11,6 +13,7 @@ struct kex_sched_warm {
   kex_arena shape_arena; /* the interned views and ShapeTrackers (and their memo's results) */
   kex_shape_ctx *shape;  /* NULL until the first begin after a reset */
   kex_arena arena;       /* one replay's objects: reset at each end */
+  kex_replay_tables tables; /* the replay's and its schedule's hash tables, between graphs */
   bool busy;             /* between a begin and its end */
   uint64_t replays, resets;
 };
@@ -29,6 +32,10 @@ static void warm_empty(kex_sched_warm *w) {
   w->shape = NULL;
   kex_arena_destroy(&w->shape_arena);
   kex_arena_destroy(&w->arena);
+  kex_dict_free(&w->tables.lbs);
+  kex_dict_free(&w->tables.consts);
+  kex_dict_free(&w->tables.lops);
+  kex_dict_free(&w->tables.visit);
 }
 
 void kex_sched_warm_free(kex_sched_warm *w) {
@@ -44,6 +51,7 @@ kex_arena *kex_sched_warm_begin(kex_sched_warm *w, uint32_t nnodes, kex_replay_o
   w->busy = true;
   w->replays++;
   opts->shape = w->shape;
+  opts->tables = &w->tables;
   return &w->arena;
 }
 
@@ -57,7 +65,9 @@ bool kex_sched_warm_end(kex_sched_warm *w, size_t limit) {
 }
 
 size_t kex_sched_warm_bytes(const kex_sched_warm *w) {
-  return kex_arena_held(&w->shape_arena) + kex_arena_held(&w->arena) + (w->shape ? kex_shape_ctx_bytes(w->shape) : 0);
+  const kex_replay_tables *t = &w->tables;
+  return kex_arena_held(&w->shape_arena) + kex_arena_held(&w->arena) + (w->shape ? kex_shape_ctx_bytes(w->shape) : 0) +
+         kex_dict_bytes(&t->lbs) + kex_dict_bytes(&t->consts) + kex_dict_bytes(&t->lops) + kex_dict_bytes(&t->visit);
 }
 
 uint64_t kex_sched_warm_replays(const kex_sched_warm *w) { return w->replays; }
