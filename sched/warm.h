@@ -8,9 +8,11 @@
  * View caches do: they are immutable values keyed by their content, so a
  * replay that meets a view an earlier graph made gets the same object and
  * the same results (the memo table maps interned objects to interned
- * results, nothing else).  And it holds the arena one replay and its
- * schedule allocate from, reset (not freed) after each, so the next one
- * reuses the same memory while it is still in cache.
+ * results, nothing else).  It holds the arena one replay and its schedule
+ * allocate from (every per-graph temporary included), reset (not freed)
+ * after each, and their hash tables (kex_replay_tables: the lazycache, the
+ * const memo, the LazyOp table, the visited set), emptied (not freed), so
+ * the next graph reuses the same memory while it is still in cache.
  *
  * Bounded: kex_sched_warm_end drops everything (a fresh, empty state) when
  * the state holds more than the caller's limit in bytes, so it never keeps
