@@ -146,6 +146,13 @@ def plan_warm_checks():
                             out.append(f"{e.code()} {e.details()}".encode())
             replies[label] = out
             ch.close()
+            proc.terminate()
+            try:
+                rc = proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                rc = None
+            check(f"kexd --plan-warm-bytes ({label}) exits 0 at SIGTERM (under ASan: nothing leaked)", rc == 0,
+                  f"rc {rc}")
         finally:
             stop(proc)
     ref = replies["off"]
