@@ -86,20 +86,6 @@ static bool lb_entry_matches(const void *entry, const void *probe) {
 
 static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 64};
 
-static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
-  kex_lb **e = kex_dict_find(&c->lbs, h, k);
-  return e ? *e : NULL;
-}
-
-/* Add lb (absent, keyed by k with hash h).  0 or KEX_ENOMEM. */
-static int cache_put(struct kex_lazycache *c, const lb_key *k, kex_lb *lb, uint64_t h) {
-  bool found;
-  kex_lb **e = kex_dict_insert(&c->lbs, h, k, &found);
-  if (!e) return KEX_ENOMEM;
-  *e = lb;
-  return 0;
-}
-
 /*
  * The const memo: LazyBuffer.const(val, shape) (lb_const_of) is a 0-d
  * CONST loadop, a reshape to all-1 dims and an expand, each a lazycache hit
@@ -212,14 +198,14 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     enable_cache = true;
   }
   lb_key k = {base, device, st, dtype, op, arg, axis_mask, (uint8_t)nsrc, srcs};
-  uint64_t h = 0;
+  kex_lb **slot = NULL; /* the lazycache's new entry, filled at the end (one probe finds or makes it) */
   if (enable_cache) {
-    h = key_hash(&k);
-    kex_lb *hit = cache_get(r->cache, &k, h);
-    if (hit) return hit;
+    bool found;
+    if (!(slot = kex_dict_insert(&r->cache->lbs, key_hash(&k), &k, &found))) return fail_view(c);
+    if (found) return *slot;
   }
   kex_lb *lb = kex_arena_calloc(r->arena, 1, sizeof *lb);
-  if (!lb) return fail_view(c);
+  if (!lb) goto fail;
   lb->id = r->nlbs++;
   lb->st = st;
   lb->dtype = dtype;
@@ -241,16 +227,22 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     } else if (op == KEX_OP_VIEW) {
       const kex_lb *s = srcs[0];
       int64_t off;
-      if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) return NULL;
+      if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) {
+        if (slot) kex_dict_cancel(&r->cache->lbs, slot);
+        return NULL;
+      }
       b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer, off);
     } else {
       b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
     }
-    if (b < 0) return fail_view(c);
+    if (b < 0) goto fail;
     lb->buffer = (uint32_t)b;
   }
-  if (enable_cache && cache_put(r->cache, &k, lb, h) < 0) return fail_view(c);
+  if (slot) *slot = lb;
   return lb;
+fail:
+  if (slot) kex_dict_cancel(&r->cache->lbs, slot);
+  return fail_view(c);
 }
 
 static kex_lb *loadop(replay_ctx *c, kex_op op, int ndim, const int64_t *shape, kex_dtype dtype, const char *device,

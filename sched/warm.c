@@ -9,6 +9,10 @@
 
 #include "core/alloc.h"
 
+/* The replay arena's block size: big enough that a large graph's arrays (buffers, stacks) fit in reused blocks
+   instead of blocks of their own, which a reset frees. */
+#define KEX_SCHED_WARM_BLOCK (256u << 10)
+
 struct kex_sched_warm {
   kex_arena shape_arena; /* the interned views and ShapeTrackers (and their memo's results) */
   kex_shape_ctx *shape;  /* NULL until the first begin after a reset */
@@ -22,7 +26,7 @@ kex_sched_warm *kex_sched_warm_new(void) {
   kex_sched_warm *w = kex_calloc(1, sizeof *w);
   if (!w) return NULL;
   kex_arena_init(&w->shape_arena, 0);
-  kex_arena_init(&w->arena, 0);
+  kex_arena_init(&w->arena, KEX_SCHED_WARM_BLOCK);
   return w;
 }
 
