@@ -158,7 +158,8 @@ static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
 }
 
 static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
-  if (kex_arena_grow(r->arena, &r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
+  /* on the heap: a large graph's copies, as the table doubles, would stay in the arena as long as the plan */
+  if (kex_grow(&r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
   r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
   return (int)r->nbuffers++;
 }
@@ -710,6 +711,7 @@ void kex_replay_free(kex_replay *r) {
     kex_dict_free(&r->cache->consts);
   }
   if (r->own_shape) kex_shape_ctx_free(r->shape);
+  kex_free(r->buffers);
 }
 
 kex_replay_opts kex_replay_opts_for(bool clang_rules) {

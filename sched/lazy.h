@@ -78,13 +78,15 @@ typedef struct kex_buffer_info {
 
 /*
  * Hash tables a replay and its schedule take instead of making their own,
- * and give back emptied (their memory kept) when they are freed: how a
- * long-lived caller (sched/warm.c) stops allocating them for every graph.
+ * and give back emptied (their memory kept) when they are freed, and an
+ * arena for the schedule's temporaries: how a long-lived caller
+ * (sched/warm.c) stops allocating them for every graph.
  * A zeroed one holds none yet.  One replay (and its schedule) at a time.
  */
 typedef struct kex_replay_tables {
   kex_dict lbs, consts; /* the lazycache and the const memo (lazy.c) */
   kex_dict lops, visit; /* the LazyOp table and the visited set (schedule.c) */
+  kex_arena scratch;    /* the schedule's temporaries, reset when it is made (zeroed: set up on first use) */
 } kex_replay_tables;
 
 /* Take the table kept in *slot (an empty one of type when it holds none), leaving *slot empty. */

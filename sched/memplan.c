@@ -14,7 +14,8 @@
 #include "core/alloc.h"
 #include "sched/schedule.h"
 
-int kex_memplan(kex_schedule *sc, kex_error *err);
+/* Plan sc's buffers; its temporaries in scratch.  0 or KEX_ENOMEM with *err. */
+int kex_memplan(kex_schedule *sc, kex_arena *scratch, kex_error *err);
 
 typedef struct pool {
   const char *device;
@@ -43,12 +44,12 @@ static int pool_push(kex_arena *a, pool *p, uint32_t id) {
   return 0;
 }
 
-int kex_memplan(kex_schedule *sc, kex_error *err) {
+int kex_memplan(kex_schedule *sc, kex_arena *scratch, kex_error *err) {
   kex_replay *r = sc->replay;
   int rc = 0;
   uint32_t nb = r->nbuffers;
-  int32_t *last = kex_arena_alloc(r->arena, sizeof *last * (nb ? nb : 1));
-  int64_t *assigned = kex_arena_alloc(r->arena, sizeof *assigned * (nb ? nb : 1));
+  int32_t *last = kex_arena_alloc(scratch, sizeof *last * (nb ? nb : 1));
+  int64_t *assigned = kex_arena_alloc(scratch, sizeof *assigned * (nb ? nb : 1));
   pool *pools = NULL;
   uint32_t npools = 0, cap = 0;
   if (!last || !assigned) goto nomem;
@@ -76,7 +77,7 @@ int kex_memplan(kex_schedule *sc, kex_error *err) {
         it->planned[j] = b;
         continue;
       }
-      pool *p = find_pool(r->arena, &pools, &npools, &cap, bi);
+      pool *p = find_pool(scratch, &pools, &npools, &cap, bi);
       if (!p) goto nomem;
       if (assigned[b] < 0) {
         nbefore++;
@@ -90,7 +91,7 @@ int kex_memplan(kex_schedule *sc, kex_error *err) {
         }
       }
       it->planned[j] = (uint32_t)assigned[b];
-      if ((int32_t)i == last[b] && pool_push(r->arena, p, (uint32_t)assigned[b])) goto nomem;
+      if ((int32_t)i == last[b] && pool_push(scratch, p, (uint32_t)assigned[b])) goto nomem;
     }
   }
   sc->nplanned_buffers = nbefore;

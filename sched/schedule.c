@@ -33,7 +33,7 @@ enum {
   F_ASSIGN_TARGET = 1u << 3,
 };
 
-/* ---- small growable arrays of pointers (in the replay's arena, like every per-schedule temporary) ---- */
+/* ---- small growable arrays of pointers (in the scratch arena, like every temporary of kex_schedule_create) ---- */
 
 typedef struct ptrvec {
   uint32_t len, cap;
@@ -113,7 +113,8 @@ static const kex_lop *lop_new(kex_arena *arena, kex_lop *tmpl) {
 typedef struct sched {
   kex_replay *r;
   kex_shape_ctx *sh;
-  kex_arena *arena;
+  kex_arena *arena;     /* the replay's: what the schedule keeps */
+  kex_arena *scratch;   /* what only kex_schedule_create uses: reset (or destroyed) when it returns */
   kex_error *err;
   ptrvec realizes, allbufs, simple_pads, stack, stack2, group, tmp;
   ptrvec inputs;        /* schedule_group's inputs, kept between groups for its room */
@@ -538,7 +539,7 @@ static int recursive_lazyop(sched *s, group_ctx *g, uint32_t outi, const kex_st 
   const kex_lop *ret = NULL;
 #define PUSH(b, t)                                                   \
   do {                                                               \
-    if (kex_arena_grow(s->arena, &fr, n, &s->capframes, sizeof *fr, 64)) { \
+    if (kex_arena_grow(s->scratch, &fr, n, &s->capframes, sizeof *fr, 64)) { \
       rc = oom(s);                                                   \
       goto out;                                                      \
     }                                                                \
@@ -723,7 +724,7 @@ out:
 
 /* ---- the whole schedule ---- */
 
-int kex_memplan(kex_schedule *sc, kex_error *err); /* memplan.c */
+int kex_memplan(kex_schedule *sc, kex_arena *scratch, kex_error *err); /* memplan.c */
 
 /*
  * Which buffers are realized (tinygrad's realizes): the outputs' bases and
@@ -766,10 +767,10 @@ static int find_realizes(sched *s) {
 /*
  * The prescheduled items (tinygrad's prescheduled): the realized buffers
  * grouped by the reduce they belong to, each group scheduled into one item.
- * *pre (in the arena) gets *npre items.  0, or an error.
+ * *pre (in the scratch arena) gets *npre items.  0, or an error.
  */
 static int preschedule(sched *s, kex_sched_item **pre, uint32_t *npre) {
-  ptrvec keys = {.a = s->arena};
+  ptrvec keys = {.a = s->scratch};
   ptrvec *members = NULL;
   uint32_t capm = 0;
   int rc = 0;
@@ -779,14 +780,14 @@ static int preschedule(sched *s, kex_sched_item **pre, uint32_t *npre) {
     kex_lb *key = b->reduce_for_op ? b->reduce_for_op : b;
     if (key->group_slot < 0 || key->group_slot >= (int32_t)keys.len || keys.v[key->group_slot] != key) {
       key->group_slot = (int32_t)keys.len;
-      if (pv_push(&keys, key) || kex_arena_grow(s->arena, &members, keys.len - 1, &capm, sizeof *members, 16))
+      if (pv_push(&keys, key) || kex_arena_grow(s->scratch, &members, keys.len - 1, &capm, sizeof *members, 16))
         goto nomem;
-      members[keys.len - 1] = (ptrvec){.a = s->arena};
+      members[keys.len - 1] = (ptrvec){.a = s->scratch};
     }
     if (pv_push(&members[key->group_slot], b)) goto nomem;
   }
   *npre = keys.len;
-  *pre = kex_arena_calloc(s->arena, *npre ? *npre : 1, sizeof **pre);
+  *pre = kex_arena_calloc(s->scratch, *npre ? *npre : 1, sizeof **pre);
   if (!*pre) goto nomem;
   for (uint32_t k = 0; k < *npre; k++) {
     kex_lb **outs = kex_arena_memdup(s->arena, members[k].v, sizeof(kex_lb *) * members[k].len);
@@ -809,12 +810,12 @@ out:
  */
 static int order_items(sched *s, kex_schedule *sc, kex_sched_item *pre, uint32_t npre) {
   const kex_replay *r = s->r;
-  uint32_t *in_degree = kex_arena_calloc(s->arena, npre ? npre : 1, sizeof *in_degree);
-  uint32_t *queue = kex_arena_alloc(s->arena, sizeof *queue * (npre ? npre : 1));
-  ptrvec *edges = kex_arena_alloc(s->arena, sizeof *edges * (npre ? npre : 1));
+  uint32_t *in_degree = kex_arena_calloc(s->scratch, npre ? npre : 1, sizeof *in_degree);
+  uint32_t *queue = kex_arena_alloc(s->scratch, sizeof *queue * (npre ? npre : 1));
+  ptrvec *edges = kex_arena_alloc(s->scratch, sizeof *edges * (npre ? npre : 1));
   int rc = 0;
   if (!in_degree || !edges || !queue) goto nomem;
-  for (uint32_t k = 0; k < npre; k++) edges[k] = (ptrvec){.a = s->arena};
+  for (uint32_t k = 0; k < npre; k++) edges[k] = (ptrvec){.a = s->scratch};
   /* schedule_targets: output base -> prescheduled index (in group_slot, reset by preschedule) */
   for (uint32_t k = 0; k < npre; k++)
     for (uint32_t j = 0; j < pre[k].nout; j++) pre[k].outs[j]->group_slot = (int32_t)k;
@@ -885,7 +886,12 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   s.sh = r->shape;
   s.arena = r->arena;
   s.err = err;
-  s.realizes.a = s.allbufs.a = s.simple_pads.a = s.stack.a = s.stack2.a = s.group.a = s.tmp.a = s.inputs.a = r->arena;
+  kex_arena own_scratch;
+  kex_replay_tables *keep = r->opts.tables;
+  if (keep && !keep->scratch.block_size) kex_arena_init(&keep->scratch, 0);
+  if (!keep) kex_arena_init(&own_scratch, 0);
+  s.scratch = keep ? &keep->scratch : &own_scratch;
+  s.realizes.a = s.allbufs.a = s.simple_pads.a = s.stack.a = s.stack2.a = s.group.a = s.tmp.a = s.inputs.a = s.scratch;
   (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
   kex_schedule *sc = kex_arena_calloc(r->arena, 1, sizeof *sc);
   struct kex_sched_tables *lops = kex_arena_calloc(r->arena, 1, sizeof *lops);
@@ -903,10 +909,12 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   sc->tables = lops;
   s.lops = lops;
   if (!(rc = find_realizes(&s)) && !(rc = preschedule(&s, &pre, &npre)) && !(rc = order_items(&s, sc, pre, npre)))
-    rc = kex_memplan(sc, err);
+    rc = kex_memplan(sc, s.scratch, err);
 out:
   if (lops && lops->keep) kex_replay_tables_give(&lops->keep->visit, &s.visit);
   else kex_ptrmap_free(&s.visit);
+  if (keep) kex_arena_reset(s.scratch);
+  else kex_arena_destroy(s.scratch);
   if (rc) {
     kex_schedule_free(sc);
     sc = NULL;

@@ -27,6 +27,7 @@ kex_sched_warm *kex_sched_warm_new(void) {
   if (!w) return NULL;
   kex_arena_init(&w->shape_arena, 0);
   kex_arena_init(&w->arena, KEX_SCHED_WARM_BLOCK);
+  kex_arena_init(&w->tables.scratch, KEX_SCHED_WARM_BLOCK);
   return w;
 }
 
@@ -40,6 +41,7 @@ static void warm_empty(kex_sched_warm *w) {
   kex_dict_free(&w->tables.consts);
   kex_dict_free(&w->tables.lops);
   kex_dict_free(&w->tables.visit);
+  kex_arena_destroy(&w->tables.scratch);
 }
 
 void kex_sched_warm_free(kex_sched_warm *w) {
@@ -71,7 +73,8 @@ bool kex_sched_warm_end(kex_sched_warm *w, size_t limit) {
 size_t kex_sched_warm_bytes(const kex_sched_warm *w) {
   const kex_replay_tables *t = &w->tables;
   return kex_arena_held(&w->shape_arena) + kex_arena_held(&w->arena) + (w->shape ? kex_shape_ctx_bytes(w->shape) : 0) +
-         kex_dict_bytes(&t->lbs) + kex_dict_bytes(&t->consts) + kex_dict_bytes(&t->lops) + kex_dict_bytes(&t->visit);
+         kex_dict_bytes(&t->lbs) + kex_dict_bytes(&t->consts) + kex_dict_bytes(&t->lops) + kex_dict_bytes(&t->visit) +
+         kex_arena_held(&t->scratch);
 }
 
 uint64_t kex_sched_warm_replays(const kex_sched_warm *w) { return w->replays; }
