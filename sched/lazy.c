@@ -14,6 +14,7 @@
 #include "sched/lazy.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -205,13 +206,27 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     if (!(slot = kex_dict_insert(&r->cache->lbs, key_hash(&k), &k, &found))) return fail_view(c);
     if (found) return *slot;
   }
-  kex_lb *lb = kex_arena_calloc(r->arena, 1, sizeof *lb);
+  kex_lb *lb = kex_arena_alloc(r->arena, sizeof *lb);
   if (!lb) goto fail;
   lb->id = r->nlbs++;
-  lb->st = st;
   lb->dtype = dtype;
+  lb->st = st;
   lb->device = device;
+  /* every other field zero, set one by one and the scheduler's scratch cleared as one stretch: the compiler makes
+     vector stores of these, where it clears a whole kex_lb with a `rep stos` (slow to start for 200 bytes) */
+  lb->op = 0;
+  lb->axis_mask = 0;
+  lb->nsrc = 0;
+  lb->realized = lb->forced_realize = false;
+  lb->buffer = 0;
   lb->graph_node = -1;
+  lb->srcs[0] = lb->srcs[1] = lb->srcs[2] = NULL;
+  lb->arg = (kex_const){0};
+  lb->assign_st = NULL;
+  lb->nbytes = 0;
+  lb->contiguous_child = NULL;
+  lb->contiguous_child_st = NULL;
+  memset(&lb->flags, 0, sizeof *lb - offsetof(kex_lb, flags));
   lb->group_slot = -1;
   if (base) {
     lb->base = base;

@@ -101,10 +101,10 @@ static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, k
 /*
  * A new inner AST node.  Inner nodes are not interned: the (buf, st) memo of
  * _recursive_lazyop already makes each distinct sub-AST one node; only the
- * leaves (LOAD/CONST), which recur across buffers, go through lop_intern.
+ * leaves (LOAD/CONST), which recur across buffers, go through lop_intern
+ * (and only they need a hash: an inner node's stays 0).
  */
-static const kex_lop *lop_new(kex_arena *arena, kex_lop *tmpl) {
-  tmpl->hash = lop_hash(tmpl);
+static const kex_lop *lop_new(kex_arena *arena, const kex_lop *tmpl) {
   return kex_arena_memdup(arena, tmpl, sizeof *tmpl);
 }
 
