@@ -158,7 +158,7 @@ static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
   return false;
 }
 
-static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
+static inline int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
   /* on the heap: a large graph's copies, as the table doubles, would stay in the arena as long as the plan */
   if (kex_grow(&r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
   r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
@@ -178,6 +178,36 @@ static bool st_has_mask(const kex_st *st) {
 
 static bool is_unrealized_const(const kex_lb *lb) { return !lb->base->realized && lb->base->op == KEX_OP_CONST; }
 static bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealized_const(lb) && !st_has_mask(lb->st); }
+
+/*
+ * A new LazyBuffer of r (arena memory): the fields every one has, the rest
+ * zero (base, op, arg, srcs and buffer are the caller's).  NULL on OOM.
+ */
+static kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st, kex_dtype dtype) {
+  kex_lb *lb = kex_arena_alloc(r->arena, sizeof *lb);
+  if (!lb) return NULL;
+  lb->id = r->nlbs++;
+  lb->dtype = dtype;
+  lb->st = st;
+  lb->device = device;
+  /* every other field zero, set one by one and the scheduler's scratch cleared as one stretch: the compiler makes
+     vector stores of these, where it clears a whole kex_lb with a `rep stos` (slow to start for 200 bytes) */
+  lb->op = 0;
+  lb->axis_mask = 0;
+  lb->nsrc = 0;
+  lb->realized = lb->forced_realize = false;
+  lb->buffer = 0;
+  lb->graph_node = -1;
+  lb->srcs[0] = lb->srcs[1] = lb->srcs[2] = NULL;
+  lb->arg = (kex_const){0};
+  lb->assign_st = NULL;
+  lb->nbytes = 0;
+  lb->contiguous_child = NULL;
+  lb->contiguous_child_st = NULL;
+  memset(&lb->flags, 0, sizeof *lb - offsetof(kex_lb, flags));
+  lb->group_slot = -1;
+  return lb;
+}
 
 /*
  * create_lazybuffer: size-0 -> CONST 0; CONST args through as_const with the
@@ -203,31 +233,11 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
   kex_lb **slot = NULL; /* the lazycache's new entry, filled at the end (one probe finds or makes it) */
   if (enable_cache) {
     bool found;
-    if (!(slot = kex_dict_insert(&r->cache->lbs, key_hash(&k), &k, &found))) return fail_view(c);
+    if (!(slot = kex_dict_insert_with(&r->cache->lbs, key_hash(&k), &k, &found, &lazycache_type))) return fail_view(c);
     if (found) return *slot;
   }
-  kex_lb *lb = kex_arena_alloc(r->arena, sizeof *lb);
+  kex_lb *lb = lb_alloc(r, device, st, dtype);
   if (!lb) goto fail;
-  lb->id = r->nlbs++;
-  lb->dtype = dtype;
-  lb->st = st;
-  lb->device = device;
-  /* every other field zero, set one by one and the scheduler's scratch cleared as one stretch: the compiler makes
-     vector stores of these, where it clears a whole kex_lb with a `rep stos` (slow to start for 200 bytes) */
-  lb->op = 0;
-  lb->axis_mask = 0;
-  lb->nsrc = 0;
-  lb->realized = lb->forced_realize = false;
-  lb->buffer = 0;
-  lb->graph_node = -1;
-  lb->srcs[0] = lb->srcs[1] = lb->srcs[2] = NULL;
-  lb->arg = (kex_const){0};
-  lb->assign_st = NULL;
-  lb->nbytes = 0;
-  lb->contiguous_child = NULL;
-  lb->contiguous_child_st = NULL;
-  memset(&lb->flags, 0, sizeof *lb - offsetof(kex_lb, flags));
-  lb->group_slot = -1;
   if (base) {
     lb->base = base;
   } else {
@@ -261,6 +271,29 @@ fail:
   return fail_view(c);
 }
 
+/*
+ * create_lb for a view (base non-NULL) of a non-empty st: the lazycache's
+ * (st, base) key alone, without the base key's fields and rules.
+ */
+static kex_lb *create_view(replay_ctx *c, const char *device, const kex_st *st, kex_dtype dtype, kex_lb *base) {
+  kex_replay *r = c->r;
+  lb_key k; /* a view key: key_hash and key_matches read base and st only */
+  k.base = base;
+  k.st = st;
+  bool found;
+  kex_lb **slot = kex_dict_insert_with(&r->cache->lbs, key_hash(&k), &k, &found, &lazycache_type);
+  if (!slot) return fail_view(c);
+  if (found) return *slot;
+  kex_lb *lb = lb_alloc(r, device, st, dtype);
+  if (!lb) {
+    kex_dict_cancel(&r->cache->lbs, slot);
+    return fail_view(c);
+  }
+  lb->base = base;
+  *slot = lb;
+  return lb;
+}
+
 static kex_lb *loadop(replay_ctx *c, kex_op op, int ndim, const int64_t *shape, kex_dtype dtype, const char *device,
                       kex_const arg, int nsrc, kex_lb *const *srcs) {
   if (c->rc) return NULL;
@@ -284,7 +317,9 @@ static kex_lb *lb_view(replay_ctx *c, kex_lb *lb, const kex_st *new_st) {
   if (kex_st_size(lb->st) == 0 || empty_mask)
     return lb_const_of(c, lb->dtype, lb->device, kex_const_int(0), kex_st_ndim(new_st), kex_st_shape(new_st));
   if (kex_st_contiguous(new_st) && same_shape(lb->base->st, new_st)) return lb->base;
-  return create_lb(c, lb->device, new_st, lb->dtype, KEX_OP_CONST, kex_const_int(0), 0, 0, NULL, lb->base, true);
+  if (kex_st_size(new_st) == 0) /* create_lazybuffer's size-0 rule: a CONST 0 base, not a view */
+    return create_lb(c, lb->device, new_st, lb->dtype, KEX_OP_CONST, kex_const_int(0), 0, 0, NULL, lb->base, true);
+  return create_view(c, lb->device, new_st, lb->dtype, lb->base);
 }
 
 static kex_lb *lb_reshape(replay_ctx *c, kex_lb *lb, int ndim, const int64_t *shape) {
@@ -303,7 +338,7 @@ static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, k
   if (c->rc) return NULL;
   const_probe k = {dtype, device, kex_const_as(val, dtype), ndim, shape};
   uint64_t h = const_probe_hash(&k);
-  const const_memo *hit = kex_dict_find(&c->r->cache->consts, h, &k);
+  const const_memo *hit = kex_dict_find_with(&c->r->cache->consts, h, &k, &const_memo_type);
   if (hit) return hit->lb;
   kex_lb *s = loadop(c, KEX_OP_CONST, 0, NULL, dtype, device, val, 0, NULL);
   if (!s) return NULL;
@@ -587,10 +622,10 @@ static kex_lb *lb_assign(replay_ctx *c, kex_lb *target, kex_lb *value) {
   return a;
 }
 
-static const char *intern_device(kex_replay *r, const char *name) {
+static const char *intern_device(kex_replay *r, uint32_t node, const char *name) {
   if (!name || strcmp(name, "default") == 0 || strcmp(name, r->opts.device_name) == 0) return r->default_device;
   /* other device names: one interned copy each, found by a scan of earlier nodes' devices */
-  for (uint32_t i = 0; i < r->nlbs && i < r->graph->nnodes; i++) {
+  for (uint32_t i = 0; i < node; i++) {
     const kex_lb *lb = r->node_lb[i];
     if (lb && strcmp(lb->device, name) == 0) return lb->device;
   }
@@ -605,14 +640,14 @@ static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
   for (int i = 0; i < n->nsrc; i++) s[i] = r->node_lb[n->src[i]];
   switch (n->op) {
   case KEX_GOP_BUFFER: case KEX_GOP_EMPTY: {
-    const char *dev = intern_device(r, n->device);
+    const char *dev = intern_device(r, (uint32_t)c->node, n->device);
     if (!dev) return fail_view(c);
     kex_lb *lb = loadop(c, KEX_OP_EMPTY, n->ndim, n->shape, n->dtype, dev, kex_const_int(0), 0, NULL);
     if (lb && n->op == KEX_GOP_BUFFER && lb->op == KEX_OP_EMPTY) lb->realized = true;
     return lb;
   }
   case KEX_GOP_CONST: {
-    const char *dev = intern_device(r, n->device);
+    const char *dev = intern_device(r, (uint32_t)c->node, n->device);
     if (!dev) return fail_view(c);
     return lb_const_of(c, n->dtype, dev, n->value, n->ndim, n->shape);
   }
@@ -649,7 +684,7 @@ static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
   case KEX_GOP_CONTIGUOUS: return lb_contiguous(c, s[0]);
   case KEX_GOP_ASSIGN: return lb_assign(c, s[1], s[0]);
   case KEX_GOP_COPY: {
-    const char *dev = intern_device(r, n->device);
+    const char *dev = intern_device(r, (uint32_t)c->node, n->device);
     if (!dev) return fail_view(c);
     return lb_copy_to(c, s[0], dev);
   }
@@ -680,7 +715,8 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
     /* sized to the graph (about one entry per node), so a replay does not rehash as it goes */
     (void)kex_dict_reserve(&r->cache->lbs, g->nnodes);
   }
-  r->node_lb = kex_arena_calloc(arena, g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
+  /* not zeroed: node i's entry is set before any later node reads it */
+  r->node_lb = kex_arena_alloc(arena, sizeof *r->node_lb * (g->nnodes ? g->nnodes : 1));
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
   if (!r->shape || !r->cache || !r->node_lb || !r->default_device) {
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory");

@@ -47,6 +47,12 @@ static int pv_push(ptrvec *p, void *x) {
   return 0;
 }
 
+/* Room for n pointers up front (best effort: pv_push still grows past it). */
+static void pv_reserve(ptrvec *p, uint32_t n) {
+  void **v = n > p->cap ? kex_arena_alloc(p->a, sizeof *v * n) : NULL;
+  if (v) p->v = v, p->cap = n;
+}
+
 /* ---- hash-consed LazyOps ---- */
 
 struct kex_sched_tables {
@@ -86,7 +92,7 @@ static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_
 static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {
   tmpl->hash = lop_hash(tmpl);
   bool found;
-  const kex_lop **slot = kex_dict_insert(&t->lops, tmpl->hash, tmpl, &found);
+  const kex_lop **slot = kex_dict_insert_with(&t->lops, tmpl->hash, tmpl, &found, &lop_table_type);
   if (!slot) return NULL;
   if (found) return *slot;
   kex_lop *l = kex_arena_memdup(arena, tmpl, sizeof *tmpl);
@@ -892,6 +898,11 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   if (!keep) kex_arena_init(&own_scratch, 0);
   s.scratch = keep ? &keep->scratch : &own_scratch;
   s.realizes.a = s.allbufs.a = s.simple_pads.a = s.stack.a = s.stack2.a = s.group.a = s.tmp.a = s.inputs.a = s.scratch;
+  /* the walks' lists, sized to the graph once instead of doubling from 16 (each holds at most one entry per
+     LazyBuffer, the stack a frame of two or three per LazyBuffer on the path; past that they grow) */
+  pv_reserve(&s.realizes, r->nlbs);
+  pv_reserve(&s.allbufs, r->nlbs);
+  pv_reserve(&s.stack, 3 * r->nlbs);
   (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
   kex_schedule *sc = kex_arena_calloc(r->arena, 1, sizeof *sc);
   struct kex_sched_tables *lops = kex_arena_calloc(r->arena, 1, sizeof *lops);

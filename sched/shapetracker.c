@@ -67,7 +67,7 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *
   uint64_t h = st_hash(n, views);
   st_probe p = {n, views};
   bool found;
-  const kex_st **slot = kex_dict_insert(&ctx->sts, h, &p, &found);
+  const kex_st **slot = kex_dict_insert_with(&ctx->sts, h, &p, &found, &kex__st_type);
   if (!slot) return NULL;
   if (found) return *slot;
   kex_st *s = kex_arena_alloc(ctx->arena, sizeof *s + n * sizeof *views);
@@ -111,7 +111,7 @@ static uint64_t move_hash(const move_ent *k) {
 /* The memoised result of k, or NULL (and *h, k's hash). */
 static const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k, uint64_t *h) {
   *h = move_hash(k);
-  const move_ent *e = kex_dict_find(&ctx->moves, *h, k);
+  const move_ent *e = kex_dict_find_with(&ctx->moves, *h, k, &kex__move_type);
   return e ? e->res : NULL;
 }
 
