@@ -80,6 +80,9 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *
   s->hash = h;
   s->nviews = n;
   s->views = vs;
+  s->moved_next = 0;
+  memset(s->moved, 0, sizeof s->moved);
+  s->simplified = s->add_b = s->add_res = NULL;
   *slot = s;
   return s;
 }
@@ -108,11 +111,29 @@ static uint64_t move_hash(const move_ent *k) {
   return h;
 }
 
-/* The memoised result of k, or NULL (and *h, k's hash). */
+/* Remember e (whose args are the context's) in its ShapeTracker's own slots. */
+static void move_remember(const move_ent *e) {
+  kex_st *st = (kex_st *)e->st; /* the cache fields are the one mutable part of a ShapeTracker */
+  st->moved[st->moved_next] = (kex_st_move){e->op, e->n, e->args, e->res};
+  st->moved_next = (st->moved_next + 1) % KEX_ST_MOVES;
+}
+
+/*
+ * The memoised result of k, or NULL (and *h, k's hash): first the slots of
+ * k's ShapeTracker (a graph moves most ShapeTrackers one or two ways, and a
+ * warm context meets the same ones again), then the table.
+ */
 static const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k, uint64_t *h) {
+  if (k->st)
+    for (int i = 0; i < KEX_ST_MOVES; i++) {
+      const kex_st_move *m = &k->st->moved[i];
+      if (m->res && m->op == k->op && m->n == k->n && kex_i64_eq(m->args, k->args, (int)k->n)) return m->res;
+    }
   *h = move_hash(k);
   const move_ent *e = kex_dict_find_with(&ctx->moves, *h, k, &kex__move_type);
-  return e ? e->res : NULL;
+  if (!e) return NULL;
+  if (e->st) move_remember(e);
+  return e->res;
 }
 
 /* Remember res (a success) for k, hash h: best effort, the memo is only a cache.  Returns res. */
@@ -126,6 +147,7 @@ static const kex_st *move_put(kex_shape_ctx *ctx, move_ent k, uint64_t h, const 
   k.args = args;
   k.res = res;
   *e = k;
+  if (k.st) move_remember(e);
   return res;
 }
 
@@ -165,10 +187,6 @@ static const kex_st *append_view(kex_shape_ctx *ctx, const kex_st *st, const kex
 }
 
 /* ---- properties ---- */
-
-int64_t kex_st_size(const kex_st *st) { return kex_view_size(kex_st_last(st)); }
-
-bool kex_st_contiguous(const kex_st *st) { return st->nviews == 1 && st->views[0]->contiguous; }
 
 bool kex_st_consecutive(const kex_st *st) {
   if (st->nviews != 1 || st->views[0]->mask) return false;
@@ -233,8 +251,7 @@ const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t 
 const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
   if (!st) return NULL;
   if (st->nviews < 2) return st;
-  const void *val;
-  if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_SIMPLIFY, st, NULL, &val)) return val;
+  if (st->simplified) return st->simplified;
   const kex_view *vs[st->nviews];
   memcpy(vs, st->views, st->nviews * sizeof *vs);
   uint32_t n = st->nviews;
@@ -247,7 +264,7 @@ const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
     n--;
   }
   const kex_st *ret = n == st->nviews ? st : kex_st_from_views(ctx, n, vs);
-  if (ret) (void)kex__memo_put(&ctx->memo, KEX__MEMO_ST_SIMPLIFY, st, NULL, ret);
+  if (ret) ((kex_st *)st)->simplified = ret; /* the cache field is the one mutable part of a ShapeTracker */
   return ret;
 }
 
@@ -263,11 +280,16 @@ const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
     if (la->ndim == v->ndim && kex_i64_eq(la->shape, v->shape, v->ndim))
       return kex_st_simplify(ctx, a);
   }
+  if (a->add_b == b) return a->add_res;
   const void *val;
-  if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_ADD, a, b, &val)) return val;
   const kex_st *ret = a;
-  for (uint32_t i = 0; i < b->nviews && ret; i++) ret = kex_st_simplify(ctx, append_view(ctx, ret, b->views[i]));
-  if (ret) (void)kex__memo_put(&ctx->memo, KEX__MEMO_ST_ADD, a, b, ret);
+  if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_ADD, a, b, &val)) {
+    ret = val;
+  } else {
+    for (uint32_t i = 0; i < b->nviews && ret; i++) ret = kex_st_simplify(ctx, append_view(ctx, ret, b->views[i]));
+    if (ret) (void)kex__memo_put(&ctx->memo, KEX__MEMO_ST_ADD, a, b, ret);
+  }
+  if (ret) ((kex_st *)a)->add_b = b, ((kex_st *)a)->add_res = ret; /* the cache fields: see kex_st */
   return ret;
 }
 

@@ -52,10 +52,26 @@ static inline bool kex_i64_eq(const int64_t *a, const int64_t *b, int n) {
 }
 
 typedef struct kex_st kex_st;
+/* One movement op memoised on the ShapeTracker it applies to (see sched/shapetracker.c's move memo). */
+typedef struct kex_st_move {
+  uint32_t op, n;
+  const int64_t *args; /* n entries, in the context's arena */
+  const struct kex_st *res;
+} kex_st_move;
+
+#define KEX_ST_MOVES 2
+
 struct kex_st {
   uint64_t hash;
   uint32_t nviews;
+  uint32_t moved_next; /* cache: the moved[] slot the next memoised op replaces */
   const kex_view *const *views;
+  /* caches (the one mutable part of an interned ShapeTracker, like a view's shape_st), of results in the context
+     that made it, answered without the memo table's hash and probe: the last movement ops applied to it, its
+     simplify() (NULL until asked) and its last `self + add_b` */
+  kex_st_move moved[KEX_ST_MOVES];
+  const struct kex_st *simplified;
+  const struct kex_st *add_b, *add_res;
 };
 
 typedef struct kex_shape_ctx kex_shape_ctx;
@@ -108,8 +124,9 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t nviews, const kex_v
 static inline const kex_view *kex_st_last(const kex_st *st) { return st->views[st->nviews - 1]; }
 static inline int kex_st_ndim(const kex_st *st) { return kex_st_last(st)->ndim; }
 static inline const int64_t *kex_st_shape(const kex_st *st) { return kex_st_last(st)->shape; }
-int64_t kex_st_size(const kex_st *st);                /* prod(shape) */
-bool kex_st_contiguous(const kex_st *st);             /* 1 view and contiguous */
+static inline int64_t kex_st_size(const kex_st *st) { return kex_view_size(kex_st_last(st)); } /* prod(shape) */
+/* 1 view and contiguous */
+static inline bool kex_st_contiguous(const kex_st *st) { return st->nviews == 1 && st->views[0]->contiguous; }
 bool kex_st_consecutive(const kex_st *st);            /* 1 view, no mask, row-major strides (any offset) */
 /* The element of the base buffer that logical index idx (st's shape) reads, or -1 where the view masks it out. */
 int64_t kex_st_address(const kex_st *st, const int64_t *idx);
