@@ -731,13 +731,12 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
       rc = c.rc ? c.rc : kex_err_set(err, KEX_EINTERNAL, "node %u: replay failed", i);
       goto out;
     }
+    kex_lb *b = lb->base;
     if (lb->graph_node < 0) lb->graph_node = (int32_t)i;
-    if (lb->base->graph_node < 0) lb->base->graph_node = (int32_t)i;
+    if (b->graph_node < 0) b->graph_node = (int32_t)i;
     r->node_lb[i] = lb;
-  }
-  /* buffers the client holds: inputs, outputs and assign targets are never planned away */
-  for (uint32_t i = 0; i < g->nnodes; i++) {
-    kex_lb *b = r->node_lb[i]->base;
+    /* the buffer's graph node: the first node (in order) whose base owns it; buffers the client holds (inputs,
+       outputs, assign targets) are never planned away */
     kex_buffer_info *bi = &r->buffers[b->buffer];
     if (bi->graph_node < 0) bi->graph_node = b->graph_node;
     if (g->nodes[i].op == KEX_GOP_BUFFER || g->nodes[i].op == KEX_GOP_EMPTY) bi->held = true;

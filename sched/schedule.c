@@ -88,6 +88,25 @@ static bool lop_entry_eq(const void *entry, const void *probe) { return lop_eq(*
 
 static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq, 64};
 
+/*
+ * Set every field of *t: op, dtype and nsrc, the rest empty (field by field:
+ * the compiler clears a whole kex_lop with a `rep stos`, slow to start for
+ * so few bytes).
+ */
+static inline void lop_set(kex_lop *t, kex_op op, kex_dtype dt, uint8_t nsrc) {
+  t->op = op;
+  t->nsrc = nsrc;
+  t->dtype = dt;
+  t->src[0] = t->src[1] = t->src[2] = NULL;
+  t->idx = 0;
+  t->st = NULL;
+  t->val = kex_const_int(0);
+  t->cast_to = 0;
+  t->axis_mask = 0;
+  t->depth = 0;
+  t->hash = 0;
+}
+
 /* Return the interned copy of *tmpl (allocating it in the arena when new). NULL on OOM. */
 static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {
   tmpl->hash = lop_hash(tmpl);
@@ -481,9 +500,8 @@ static int out_index(const group_ctx *g, const kex_lb *lb) {
 }
 
 static const kex_lop *make_leaf(sched *s, kex_op op, kex_dtype dt, int idx, const kex_st *st, kex_const val) {
-  kex_lop t = {0};
-  t.op = op;
-  t.dtype = dt;
+  kex_lop t;
+  lop_set(&t, op, dt, 0);
   t.idx = idx;
   t.st = st;
   t.val = val;
@@ -617,15 +635,13 @@ static int recursive_lazyop(sched *s, group_ctx *g, uint32_t outi, const kex_st 
         continue;
       }
       kex_lb *buf = f->buf;
-      kex_lop t = {0};
-      t.op = buf->op;
-      t.nsrc = buf->nsrc;
+      kex_lop t;
+      lop_set(&t, buf->op, buf->dtype, buf->nsrc);
       for (int i = 0; i < buf->nsrc; i++) {
         t.src[i] = f->res[i];
         if (f->res[i]->depth > t.depth) t.depth = f->res[i]->depth;
       }
       t.depth++;
-      t.dtype = buf->dtype;
       if (buf->op == KEX_OP_CAST || buf->op == KEX_OP_BITCAST) t.cast_to = buf->dtype;
       if (KEX_OP_IS_REDUCE(buf->op)) t.axis_mask = buf->axis_mask;
       if ((rc = kernel_limits(s, g, outi, buf, t.depth, false))) goto out;
@@ -703,11 +719,9 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
       if ((rc = recursive_lazyop(s, &g, i, ost, &lop))) goto out;
       const kex_st *view = (o->op == KEX_OP_ASSIGN && o->assign_st) ? o->assign_st : ost;
       view = kex_st_simplify(s->sh, view);
-      kex_lop t = {0};
-      t.op = KEX_OP_STORE;
-      t.nsrc = 1;
+      kex_lop t;
+      lop_set(&t, KEX_OP_STORE, o->dtype, 1);
       t.src[0] = lop;
-      t.dtype = o->dtype;
       t.idx = (int32_t)i;
       t.st = view;
       t.depth = lop->depth + 1;

@@ -39,6 +39,7 @@ struct kex_shape_ctx {
   kex_dict sts;   /* of const kex_st * */
   kex_dict memo;  /* of kex__memo_ent */
   kex_dict moves; /* of movement-op results (shapetracker.c) */
+  const kex_st *scalar; /* from_shape(()), the 0-d ShapeTracker every constant starts from (NULL until asked) */
   int rc;        /* why the last failed call failed when not OOM (kex_shape_error), else 0 */
   char msg[256]; /* its message */
 };

@@ -158,13 +158,16 @@ const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
 }
 
 const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape) {
+  if (ndim == 0 && ctx->scalar) return ctx->scalar;
   move_ent k = {.op = MOVE_FROM_SHAPE, .n = (uint32_t)ndim, .args = shape};
   uint64_t h;
   const kex_st *r = move_get(ctx, &k, &h);
   if (r) return r;
   const kex_view *v = kex_view_create(ctx, ndim, shape, NULL, 0, NULL);
   if (!v) return NULL;
-  return move_put(ctx, k, h, kex_st_from_views(ctx, 1, &v));
+  r = move_put(ctx, k, h, kex_st_from_views(ctx, 1, &v));
+  if (ndim == 0) ctx->scalar = r;
+  return r;
 }
 
 /* st with its last view replaced by v (NULL v = OOM passes through). */
