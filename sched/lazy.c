@@ -46,7 +46,8 @@ static uint64_t const_hash(kex_const c) {
   case KEX_CONST_BOOL: return c.b;
   default: {
     double f = c.f == 0.0 ? 0.0 : c.f; /* 0.0 == -0.0 in Python, same hash */
-    if (f == floor(f) && fabs(f) < 9e18) return (uint64_t)(int64_t)f; /* 1.0 == 1 */
+    /* 1.0 == 1: an integral f (in int64's range, where the conversion is exact; NaN fails the range test) */
+    if (fabs(f) < 9e18 && (double)(int64_t)f == f) return (uint64_t)(int64_t)f;
     uint64_t u;
     memcpy(&u, &f, 8);
     return u;

@@ -467,29 +467,35 @@ static const char *lb_where(const kex_lb *lb, char *buf, size_t len) {
   return buf;
 }
 
-/*
- * The kernel limits (the graph's max_kernel_depth and max_kernel_ops) for a
- * new inner AST node of depth `depth` made for `at` in the kernel that
- * stores g->outs[out]: 0, or KEX_ELIMIT naming the kernel, the value and the
- * limit.  `store` is true for the STORE itself (depth is then the kernel's).
- */
-static int kernel_limits(sched *s, group_ctx *g, uint32_t out, const kex_lb *at, uint32_t depth, bool store) {
+/* kernel_limits' refusal (out of line: the check itself is on the path of every AST node). */
+static __attribute__((noinline, cold)) int kernel_limit_error(sched *s, group_ctx *g, uint32_t out, const kex_lb *at,
+                                                              uint32_t kdepth) {
   const kex_limits *lim = &s->r->graph->limits;
-  uint32_t kdepth = store ? depth : depth + 1; /* the STORE above adds a level */
   char ob[64], ab[64];
-  g->nops++;
   if (kdepth > lim->max_kernel_depth)
     return kex_err_set(s->err, KEX_ELIMIT,
                        "%s: the kernel storing it has an AST %u levels deep (reached at %s, %s), more than the limit "
                        "of %u (max_kernel_depth); realize an intermediate (CONTIGUOUS) to split it",
                        lb_where(g->outs[out], ob, sizeof ob), kdepth, lb_where(at, ab, sizeof ab), kex_op_short(at->op),
                        lim->max_kernel_depth);
-  if (g->nops > lim->max_kernel_ops)
-    return kex_err_set(s->err, KEX_ELIMIT,
-                       "%s: the kernel storing it reaches %u operations (at %s, %s), more than the limit of %u "
-                       "(max_kernel_ops); realize an intermediate (CONTIGUOUS) to split it",
-                       lb_where(g->outs[out], ob, sizeof ob), g->nops, lb_where(at, ab, sizeof ab),
-                       kex_op_short(at->op), lim->max_kernel_ops);
+  return kex_err_set(s->err, KEX_ELIMIT,
+                     "%s: the kernel storing it reaches %u operations (at %s, %s), more than the limit of %u "
+                     "(max_kernel_ops); realize an intermediate (CONTIGUOUS) to split it",
+                     lb_where(g->outs[out], ob, sizeof ob), g->nops, lb_where(at, ab, sizeof ab), kex_op_short(at->op),
+                     lim->max_kernel_ops);
+}
+
+/*
+ * The kernel limits (the graph's max_kernel_depth and max_kernel_ops) for a
+ * new inner AST node of depth `depth` made for `at` in the kernel that
+ * stores g->outs[out]: 0, or KEX_ELIMIT naming the kernel, the value and the
+ * limit.  `store` is true for the STORE itself (depth is then the kernel's).
+ */
+static inline int kernel_limits(sched *s, group_ctx *g, uint32_t out, const kex_lb *at, uint32_t depth, bool store) {
+  const kex_limits *lim = &s->r->graph->limits;
+  uint32_t kdepth = store ? depth : depth + 1; /* the STORE above adds a level */
+  g->nops++;
+  if (kdepth > lim->max_kernel_depth || g->nops > lim->max_kernel_ops) return kernel_limit_error(s, g, out, at, kdepth);
   return 0;
 }
 
