@@ -54,7 +54,8 @@ struct kex_lb {
   uint32_t mark, mark2;       /* visit epochs */
   int32_t group_slot;         /* output group / schedule target index, -1 when none */
   int32_t input_slot;         /* index among the current kernel's inputs */
-  uint32_t memo_epoch;        /* one-entry memo of _recursive_lazyop: (this, memo_st) -> memo_lop */
+  uint32_t memo_epoch;        /* one-entry memo of _recursive_lazyop: (this, memo_st) -> memo_lop; before it,
+                                 _recursive_group's first visit of this (memo_st) */
   kex_lb **children;
   kex_lb *reduce_for_op;
   kex_lb *assign_of;          /* for an assign target: the ASSIGN in this schedule */

@@ -290,11 +290,14 @@ static int group_add(sched *s, kex_lb *lb, uint32_t gep) {
 }
 
 /*
- * _recursive_group(r, r.st, r) with a (tr, st) visited set.  Frames on
+ * _recursive_group(r, r.st, r) with a (tr, st) visited set: each tr's first
+ * st in its memo fields (memo_epoch == vep, memo_st; recursive_lazyop's
+ * one-entry memo, free until then), any further ones in s->visit.  Frames on
  * s->stack: tr, st, next child.
  */
 static int recursive_group(sched *s, kex_lb *r, uint32_t gep) {
   ptrvec *st = &s->stack;
+  uint32_t vep = ++s->epoch;
   st->len = 0;
   kex_ptrmap_clear(&s->visit);
   if (pv_push(st, r) || pv_push(st, (void *)r->st) || pv_push(st, (void *)(intptr_t)-1)) return KEX_ENOMEM;
@@ -303,11 +306,15 @@ static int recursive_group(sched *s, kex_lb *r, uint32_t gep) {
     const kex_st *tst = st->v[st->len - 2];
     intptr_t next = (intptr_t)st->v[st->len - 1];
     if (next == -1) {
-      if (kex_ptrmap_find(&s->visit, tr, tst)) {
+      if (tr->memo_epoch != vep) { /* tr's first visit */
+        tr->memo_epoch = vep;
+        tr->memo_st = tst;
+      } else if (tr->memo_st == tst || kex_ptrmap_find(&s->visit, tr, tst)) {
         st->len -= 3;
         continue;
+      } else if (kex_ptrmap_put(&s->visit, tr, tst, (void *)1)) {
+        return KEX_ENOMEM;
       }
-      if (kex_ptrmap_put(&s->visit, tr, tst, (void *)1)) return KEX_ENOMEM;
       if (in_realizes(tr)) {
         if (!kex_st_contiguous(tst) || kex_st_size(tst) != kex_st_size(r->st) || tr->reduce_for_op)
           if (group_add(s, r, gep)) return KEX_ENOMEM;

@@ -251,7 +251,7 @@ const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t 
  * simplify(): while the last two views merge (views[-2] + views[-1] is not
  * None), replace them by the merged view.  Memoised.  NULL on OOM.
  */
-const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
+const kex_st *kex__st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
   if (!st) return NULL;
   if (st->nviews < 2) return st;
   if (st->simplified) return st->simplified;
@@ -276,17 +276,14 @@ const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
  * `st + contiguous st of the same shape` is answered without memo traffic
  * beyond simplify's.  Memoised.  NULL on OOM.
  */
-const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
+const kex_st *kex__st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
   if (!a || !b) return NULL;
-  if (b->nviews == 1 && b->views[0]->contiguous) {
-    const kex_view *la = kex_st_last(a), *v = b->views[0];
-    if (la->ndim == v->ndim && kex_i64_eq(la->shape, v->shape, v->ndim))
-      return kex_st_simplify(ctx, a);
-  }
-  if (a->add_b == b) return a->add_res;
   const void *val;
   const kex_st *ret = a;
-  if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_ADD, a, b, &val)) {
+  const kex_view *la = kex_st_last(a), *v = b->views[0];
+  if (b->nviews == 1 && v->contiguous && la->ndim == v->ndim && kex_i64_eq(la->shape, v->shape, v->ndim)) {
+    ret = kex_st_simplify(ctx, a);
+  } else if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_ADD, a, b, &val)) {
     ret = val;
   } else {
     for (uint32_t i = 0; i < b->nviews && ret; i++) ret = kex_st_simplify(ctx, append_view(ctx, ret, b->views[i]));

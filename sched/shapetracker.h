@@ -145,8 +145,15 @@ const kex_st *kex_st_permute(kex_shape_ctx *ctx, const kex_st *st, const int *or
 const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t *mul);
 
 /* st1 + st2 (ShapeTracker.__add__): append st2's views one at a time, simplifying after each. */
-const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b);
-const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st);
+const kex_st *kex__st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b); /* kex_st_add's whole path */
+static inline const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
+  return a && b && a->add_b == b ? a->add_res : kex__st_add(ctx, a, b); /* its last add: the cache field's answer */
+}
+const kex_st *kex__st_simplify(kex_shape_ctx *ctx, const kex_st *st); /* kex_st_simplify's whole path */
+static inline const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
+  if (!st || st->nviews < 2) return st; /* one view: nothing to merge */
+  return st->simplified ? st->simplified : kex__st_simplify(ctx, st);
+}
 /* ShapeTracker.invert(out_shape): 0 with *out, 1 for None, or a negative code. */
 int kex_st_invert(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *out_shape, const kex_st **out);
 
