@@ -171,14 +171,14 @@ static bool same_shape(const kex_st *a, const kex_st *b) {
   return n == kex_st_ndim(b) && kex_i64_eq(kex_st_shape(a), kex_st_shape(b), n);
 }
 
-static bool st_has_mask(const kex_st *st) {
+static inline bool st_has_mask(const kex_st *st) {
   for (uint32_t i = 0; i < st->nviews; i++)
     if (st->views[i]->mask) return true;
   return false;
 }
 
-static bool is_unrealized_const(const kex_lb *lb) { return !lb->base->realized && lb->base->op == KEX_OP_CONST; }
-static bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealized_const(lb) && !st_has_mask(lb->st); }
+static inline bool is_unrealized_const(const kex_lb *lb) { return !lb->base->realized && lb->base->op == KEX_OP_CONST; }
+static inline bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealized_const(lb) && !st_has_mask(lb->st); }
 
 /*
  * A new LazyBuffer of r (arena memory): the fields every one has, the rest

@@ -61,10 +61,10 @@ struct kex_sched_tables {
 };
 
 static uint64_t lop_hash(const kex_lop *l) {
-  uint64_t h = kex_hash_u64(l->op, l->dtype);
+  /* op, dtype and idx in one word (each fits its bits), cast_to and axis_mask in another */
+  uint64_t h = kex_hash_u64((uint64_t)l->op | (uint64_t)l->dtype << 16 | (uint64_t)(uint32_t)l->idx << 32,
+                            (uintptr_t)l->st);
   for (int i = 0; i < l->nsrc; i++) h = kex_hash_u64(h, (uintptr_t)l->src[i]);
-  h = kex_hash_u64(h, (uint64_t)(uint32_t)l->idx);
-  h = kex_hash_u64(h, (uintptr_t)l->st);
   h = kex_hash_u64(h, l->cast_to | (uint64_t)l->axis_mask << 8);
   if (l->op == KEX_OP_BCONST) {
     uint64_t bits;
@@ -930,6 +930,11 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   pv_reserve(&s.realizes, r->nlbs);
   pv_reserve(&s.allbufs, r->nlbs);
   pv_reserve(&s.stack, 3 * r->nlbs);
+  pv_reserve(&s.stack2, r->nlbs);
+  pv_reserve(&s.group, r->nlbs);
+  pv_reserve(&s.tmp, r->nlbs);
+  pv_reserve(&s.inputs, r->nlbs);
+  pv_reserve(&s.simple_pads, r->nlbs);
   (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
   kex_schedule *sc = kex_arena_calloc(r->arena, 1, sizeof *sc);
   struct kex_sched_tables *lops = kex_arena_calloc(r->arena, 1, sizeof *lops);

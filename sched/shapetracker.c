@@ -120,7 +120,7 @@ static void move_remember(const move_ent *e) {
 
 /*
  * The memoised result of k, or NULL (and *h, k's hash): first the slots of
- * k's ShapeTracker (a graph moves most ShapeTrackers one or two ways, and a
+ * k's ShapeTracker (a graph moves most ShapeTrackers a few ways at most, and a
  * warm context meets the same ones again), then the table.
  */
 static const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k, uint64_t *h) {
@@ -151,7 +151,7 @@ static const kex_st *move_put(kex_shape_ctx *ctx, move_ent k, uint64_t h, const 
   return res;
 }
 
-const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
+const kex_st *kex__st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
   kex_view *last = (kex_view *)kex_st_last(st); /* the cache field is the one mutable part of a view */
   if (!last->shape_st) last->shape_st = kex_st_from_shape(ctx, last->ndim, last->shape);
   return last->shape_st;

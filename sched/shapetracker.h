@@ -59,7 +59,7 @@ typedef struct kex_st_move {
   const struct kex_st *res;
 } kex_st_move;
 
-#define KEX_ST_MOVES 2
+#define KEX_ST_MOVES 4
 
 struct kex_st {
   uint64_t hash;
@@ -119,7 +119,11 @@ const kex_view *kex_view_minify(kex_shape_ctx *ctx, const kex_view *v);
 
 const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape);
 /* from_shape(shape of st): the contiguous ShapeTracker of st's visible shape, cached on the view. */
-const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st);
+const kex_st *kex__st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st); /* its path when the view has none yet */
+static inline const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
+  const struct kex_st *c = st->views[st->nviews - 1]->shape_st;
+  return c ? c : kex__st_from_shape_of(ctx, st);
+}
 const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t nviews, const kex_view *const *views);
 static inline const kex_view *kex_st_last(const kex_st *st) { return st->views[st->nviews - 1]; }
 static inline int kex_st_ndim(const kex_st *st) { return kex_st_last(st)->ndim; }
