@@ -202,7 +202,6 @@ static kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st, kex
   lb->srcs[0] = lb->srcs[1] = lb->srcs[2] = NULL;
   lb->arg = (kex_const){0};
   lb->assign_st = NULL;
-  lb->nbytes = 0;
   lb->contiguous_child = NULL;
   lb->contiguous_child_st = NULL;
   memset(&lb->flags, 0, sizeof *lb - offsetof(kex_lb, flags));
@@ -596,7 +595,8 @@ static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
     const kex_st *st = kex_st_from_shape_of(c->r->shape, s->st);
     if (!st) return fail_view(c);
     kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, NULL, false);
-    if (cp && !bytes_of(c, kex_lb_size(s), s->dtype, &cp->nbytes)) return NULL;
+    int64_t nbytes; /* COPY's arg: only its int64 bound matters here */
+    if (cp && !bytes_of(c, kex_lb_size(s), s->dtype, &nbytes)) return NULL;
     return cp;
   }
   kex_lb *b = lb->base;
@@ -604,7 +604,8 @@ static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
   if (!st) return fail_view(c);
   kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, NULL, false);
   if (!cp) return NULL;
-  if (!bytes_of(c, kex_lb_size(b), b->dtype, &cp->nbytes)) return NULL;
+  int64_t nbytes;
+  if (!bytes_of(c, kex_lb_size(b), b->dtype, &nbytes)) return NULL;
   return lb_view(c, cp, lb->st);
 }
 

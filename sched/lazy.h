@@ -27,7 +27,7 @@
 typedef struct kex_lb kex_lb;
 
 struct kex_lb {
-  /* fields ordered so that none pads (200 bytes on LP64); create_lb (lazy.c) sets each field above `flags` one by
+  /* fields ordered so that none pads (192 bytes on LP64); create_lb (lazy.c) sets each field above `flags` one by
      one and clears from `flags` to the end as one stretch: a new field needs its line there */
   uint32_t id;          /* creation order */
   kex_dtype dtype;
@@ -45,7 +45,6 @@ struct kex_lb {
   kex_lb *srcs[3];
   kex_const arg;              /* CONST value */
   const kex_st *assign_st;    /* ASSIGN: target view when not contiguous (arg=(st,)), else NULL */
-  int64_t nbytes;             /* COPY arg */
   kex_lb *contiguous_child;   /* contiguous copy made by contiguous() ... */
   const kex_st *contiguous_child_st; /* ... and the view that reads this base through it */
   /* ---- scheduler scratch (sched/schedule.c) ---- */
