@@ -756,6 +756,10 @@ out:
 void kex_replay_free(kex_replay *r) {
   if (!r) return;
   if (r->cache && r->opts.tables) {
+    /* a lazycache far larger than this graph filled (grown by an earlier, bigger graph) is freed, not emptied:
+       emptying costs its whole capacity, and the next graph's reserve makes one of its own size */
+    kex_dict *lbs = &r->cache->lbs;
+    if (lbs->cap > 4 * ((uint64_t)lbs->len + 64)) kex_dict_free(lbs);
     kex_replay_tables_give(&r->opts.tables->lbs, &r->cache->lbs);
     kex_replay_tables_give(&r->opts.tables->consts, &r->cache->consts);
   } else if (r->cache) {
