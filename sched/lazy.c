@@ -63,10 +63,11 @@ static bool const_eq(kex_const a, kex_const b) {
 }
 
 static uint64_t key_hash(const lb_key *k) {
-  if (k->base) return kex_hash_mix(kex_hash_u64(1, (uintptr_t)k->st), (uintptr_t)k->base);
+  if (k->base) return kex_hash_u64((uintptr_t)k->st, (uintptr_t)k->base);
   uint64_t h = kex_hash_u64((uintptr_t)k->device, (uintptr_t)k->st);
-  h = kex_hash_u64(h, ((uint64_t)k->dtype << 8) | k->op);
-  h = kex_hash_u64(h, k->op == KEX_OP_CONST ? const_hash(k->arg) : k->axis_mask);
+  uint64_t tag = (uint64_t)k->dtype << 8 | k->op; /* with axis_mask above them: one word */
+  h = k->op == KEX_OP_CONST ? kex_hash_u64(kex_hash_u64(h, tag), const_hash(k->arg))
+                            : kex_hash_u64(h, tag | (uint64_t)k->axis_mask << 32);
   for (int i = 0; i < k->nsrc; i++) h = kex_hash_u64(h, (uintptr_t)k->srcs[i]);
   return h;
 }
@@ -181,8 +182,9 @@ static inline bool is_unrealized_const(const kex_lb *lb) { return !lb->base->rea
 static inline bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealized_const(lb) && !st_has_mask(lb->st); }
 
 /*
- * A new LazyBuffer of r (arena memory): the fields every one has, the rest
- * zero (base, op, arg, srcs and buffer are the caller's).  NULL on OOM.
+ * A new LazyBuffer of r (arena memory): the fields every one has and the
+ * scheduler's (zero); the base fields are the caller's (lb_set_base).  NULL
+ * on OOM.
  */
 static kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st, kex_dtype dtype) {
   kex_lb *lb = kex_arena_alloc(r->arena, sizeof *lb);
@@ -191,22 +193,28 @@ static kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st, kex
   lb->dtype = dtype;
   lb->st = st;
   lb->device = device;
-  /* every other field zero, set one by one and the scheduler's scratch cleared as one stretch: the compiler makes
-     vector stores of these, where it clears a whole kex_lb with a `rep stos` (slow to start for 200 bytes) */
-  lb->op = 0;
-  lb->axis_mask = 0;
-  lb->nsrc = 0;
-  lb->realized = lb->forced_realize = false;
-  lb->buffer = 0;
   lb->graph_node = -1;
-  lb->srcs[0] = lb->srcs[1] = lb->srcs[2] = NULL;
-  lb->arg = (kex_const){0};
-  lb->assign_st = NULL;
-  lb->contiguous_child = NULL;
-  lb->contiguous_child_st = NULL;
+  /* the scheduler's scratch cleared as one stretch, the base fields set by the caller one by one: the compiler
+     makes vector stores of these, where it clears a whole kex_lb with a `rep stos` (slow to start for 192 bytes) */
   memset(&lb->flags, 0, sizeof *lb - offsetof(kex_lb, flags));
   lb->group_slot = -1;
   return lb;
+}
+
+/* Set the base fields of a new lb (lb_alloc's): a base of op over srcs[0, nsrc), with no buffer yet. */
+static inline void lb_set_base(kex_lb *lb, kex_lb *base, kex_op op, kex_const arg, uint32_t axis_mask, int nsrc,
+                               kex_lb *const *srcs) {
+  lb->base = base;
+  lb->op = op;
+  lb->axis_mask = axis_mask;
+  lb->nsrc = (uint8_t)nsrc;
+  lb->realized = lb->forced_realize = false;
+  lb->buffer = 0;
+  for (int i = 0; i < 3; i++) lb->srcs[i] = i < nsrc ? srcs[i] : NULL;
+  lb->arg = arg;
+  lb->assign_st = NULL;
+  lb->contiguous_child = NULL;
+  lb->contiguous_child_st = NULL;
 }
 
 /*
@@ -215,21 +223,20 @@ static kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st, kex
  * creation: ASSIGN shares its target's, VIEW is a sub-buffer).
  */
 static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, kex_dtype dtype, kex_op op, kex_const arg,
-                         uint32_t axis_mask, int nsrc, kex_lb *const *srcs, kex_lb *base, bool enable_cache) {
+                         uint32_t axis_mask, int nsrc, kex_lb *const *srcs, bool enable_cache) {
   if (c->rc) return NULL;
   kex_replay *r = c->r;
   if (kex_st_size(st) == 0) {
     op = KEX_OP_CONST;
     arg = kex_const_int(0);
     nsrc = 0;
-    base = NULL;
     axis_mask = 0;
   }
-  if (!base && op == KEX_OP_CONST) {
+  if (op == KEX_OP_CONST) {
     arg = kex_const_as(arg, dtype);
     enable_cache = true;
   }
-  lb_key k = {base, device, st, dtype, op, arg, axis_mask, (uint8_t)nsrc, srcs};
+  lb_key k = {NULL, device, st, dtype, op, arg, axis_mask, (uint8_t)nsrc, srcs};
   kex_lb **slot = NULL; /* the lazycache's new entry, filled at the end (one probe finds or makes it) */
   if (enable_cache) {
     bool found;
@@ -238,32 +245,23 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
   }
   kex_lb *lb = lb_alloc(r, device, st, dtype);
   if (!lb) goto fail;
-  if (base) {
-    lb->base = base;
-  } else {
-    lb->base = lb;
-    lb->op = op;
-    lb->arg = arg;
-    lb->axis_mask = axis_mask;
-    lb->nsrc = (uint8_t)nsrc;
-    for (int i = 0; i < nsrc; i++) lb->srcs[i] = srcs[i];
-    int b;
-    if (op == KEX_OP_ASSIGN) {
-      b = (int)srcs[1]->base->buffer;
-    } else if (op == KEX_OP_VIEW) {
-      const kex_lb *s = srcs[0];
-      int64_t off;
-      if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) {
-        if (slot) kex_dict_cancel(&r->cache->lbs, slot);
-        return NULL;
-      }
-      b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer, off);
-    } else {
-      b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
+  lb_set_base(lb, lb, op, arg, axis_mask, nsrc, srcs);
+  int b;
+  if (op == KEX_OP_ASSIGN) {
+    b = (int)srcs[1]->base->buffer;
+  } else if (op == KEX_OP_VIEW) {
+    const kex_lb *s = srcs[0];
+    int64_t off;
+    if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) {
+      if (slot) kex_dict_cancel(&r->cache->lbs, slot);
+      return NULL;
     }
-    if (b < 0) goto fail;
-    lb->buffer = (uint32_t)b;
+    b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer, off);
+  } else {
+    b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
   }
+  if (b < 0) goto fail;
+  lb->buffer = (uint32_t)b;
   if (slot) *slot = lb;
   return lb;
 fail:
@@ -289,7 +287,7 @@ static kex_lb *create_view(replay_ctx *c, const char *device, const kex_st *st, 
     kex_dict_cancel(&r->cache->lbs, slot);
     return fail_view(c);
   }
-  lb->base = base;
+  lb_set_base(lb, base, 0, (kex_const){0}, 0, 0, NULL); /* a view: the base fields empty */
   *slot = lb;
   return lb;
 }
@@ -299,7 +297,7 @@ static kex_lb *loadop(replay_ctx *c, kex_op op, int ndim, const int64_t *shape, 
   if (c->rc) return NULL;
   const kex_st *st = kex_st_from_shape(c->r->shape, ndim, shape);
   if (!st) return fail_view(c);
-  return create_lb(c, device, st, dtype, op, arg, 0, nsrc, srcs, NULL, false);
+  return create_lb(c, device, st, dtype, op, arg, 0, nsrc, srcs, false);
 }
 
 static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, kex_const val, int ndim,
@@ -318,7 +316,7 @@ static kex_lb *lb_view(replay_ctx *c, kex_lb *lb, const kex_st *new_st) {
     return lb_const_of(c, lb->dtype, lb->device, kex_const_int(0), kex_st_ndim(new_st), kex_st_shape(new_st));
   if (kex_st_contiguous(new_st) && same_shape(lb->base->st, new_st)) return lb->base;
   if (kex_st_size(new_st) == 0) /* create_lazybuffer's size-0 rule: a CONST 0 base, not a view */
-    return create_lb(c, lb->device, new_st, lb->dtype, KEX_OP_CONST, kex_const_int(0), 0, 0, NULL, lb->base, true);
+    return create_lb(c, lb->device, new_st, lb->dtype, KEX_OP_CONST, kex_const_int(0), 0, 0, NULL, true);
   return create_view(c, lb->device, new_st, lb->dtype, lb->base);
 }
 
@@ -371,7 +369,7 @@ static kex_lb *lb_cast(replay_ctx *c, kex_lb *lb, kex_dtype dtype, bool bitcast)
   if (c->rc) return NULL;
   if (lb->dtype == dtype) return lb;
   if (!bitcast && is_unrealized_unmasked_const(lb))
-    return create_lb(c, lb->device, lb->st, dtype, KEX_OP_CONST, kex_const_as(lb->base->arg, dtype), 0, 0, NULL, NULL,
+    return create_lb(c, lb->device, lb->st, dtype, KEX_OP_CONST, kex_const_as(lb->base->arg, dtype), 0, 0, NULL,
                      true);
   if (kex_dtype_size(dtype) <= kex_dtype_size(lb->dtype) && lb != lb->base) {
     kex_lb *b = lb_cast(c, lb->base, dtype, bitcast);
@@ -382,7 +380,7 @@ static kex_lb *lb_cast(replay_ctx *c, kex_lb *lb, kex_dtype dtype, bool bitcast)
   const kex_st *st = kex_st_from_shape_of(c->r->shape, lb->st);
   if (!st) return fail_view(c);
   kex_lb *srcs[1] = {lb};
-  return create_lb(c, lb->device, st, dtype, cop, kex_const_int(0), 0, 1, srcs, NULL, true);
+  return create_lb(c, lb->device, st, dtype, cop, kex_const_int(0), 0, 1, srcs, true);
 }
 
 static bool arg_is(const kex_lb *lb, double v) { return kex_const_as_double(lb->base->arg) == v; }
@@ -454,7 +452,7 @@ static kex_lb *lb_e(replay_ctx *c, kex_op op, int n, kex_lb *const *in) {
   }
   const kex_st *st = kex_st_from_shape_of(c->r->shape, x->st);
   if (!st) return fail_view(c);
-  return create_lb(c, x->device, st, out, op, kex_const_int(0), 0, n, srcs, NULL, true);
+  return create_lb(c, x->device, st, out, op, kex_const_int(0), 0, n, srcs, true);
 }
 
 /* LazyBuffer._reduce_op: drop size-1 axes; none left -> self. */
@@ -472,7 +470,7 @@ static kex_lb *lb_reduce_op(replay_ctx *c, kex_lb *lb, kex_op op, uint32_t axis_
   const kex_st *st = kex_st_from_shape(c->r->shape, nd, ns);
   if (!st) return fail_view(c);
   kex_lb *srcs[1] = {lb};
-  return create_lb(c, lb->device, st, lb->dtype, op, kex_const_int(0), mask, 1, srcs, NULL, true);
+  return create_lb(c, lb->device, st, lb->dtype, op, kex_const_int(0), mask, 1, srcs, true);
 }
 
 #define REDUCEOP_SPLIT_THRESHOLD 32768
@@ -594,7 +592,7 @@ static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
     if (!s) return NULL;
     const kex_st *st = kex_st_from_shape_of(c->r->shape, s->st);
     if (!st) return fail_view(c);
-    kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, NULL, false);
+    kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, false);
     int64_t nbytes; /* COPY's arg: only its int64 bound matters here */
     if (cp && !bytes_of(c, kex_lb_size(s), s->dtype, &nbytes)) return NULL;
     return cp;
@@ -602,7 +600,7 @@ static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
   kex_lb *b = lb->base;
   const kex_st *st = kex_st_from_shape_of(c->r->shape, b->st);
   if (!st) return fail_view(c);
-  kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, NULL, false);
+  kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, false);
   if (!cp) return NULL;
   int64_t nbytes;
   if (!bytes_of(c, kex_lb_size(b), b->dtype, &nbytes)) return NULL;

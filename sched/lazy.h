@@ -27,8 +27,8 @@
 typedef struct kex_lb kex_lb;
 
 struct kex_lb {
-  /* fields ordered so that none pads (192 bytes on LP64); create_lb (lazy.c) sets each field above `flags` one by
-     one and clears from `flags` to the end as one stretch: a new field needs its line there */
+  /* fields ordered so that none pads (192 bytes on LP64); lb_alloc and lb_set_base (lazy.c) set each field above
+     `flags` one by one and clear from `flags` to the end as one stretch: a new field needs its line there */
   uint32_t id;          /* creation order */
   kex_dtype dtype;
   kex_lb *base;         /* == self for a base */
