@@ -39,6 +39,7 @@ typedef struct kex_dict {
   uint64_t *hashes;       /* cap slot hashes, 0 = empty */
   unsigned char *entries; /* cap entries of type->entry_size bytes */
   uint32_t cap, len;
+  uint32_t grow_at;       /* len at which an insert grows the table: the 0.7 load, floor(cap * 7 / 10) */
 } kex_dict;
 
 /* An empty dict of that type (no memory until the first insert). */
@@ -115,7 +116,7 @@ static inline void *kex_dict_find(const kex_dict *d, uint64_t h, const void *pro
 
 static inline void *kex_dict_insert_with(kex_dict *d, uint64_t h, const void *probe, bool *found,
                                          const kex_dict_type *type) {
-  if ((d->len + 1) * 10 > d->cap * 7 && kex__dict_grow(d)) return NULL;
+  if (d->len >= d->grow_at && kex__dict_grow(d)) return NULL;
   h = kex__dict_hash(h);
   uint32_t mask = d->cap - 1;
   for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
