@@ -62,8 +62,13 @@ static bool const_eq(kex_const a, kex_const b) {
   return x == y;
 }
 
-static uint64_t key_hash(const lb_key *k) {
-  if (k->base) return kex_hash_u64((uintptr_t)k->st, (uintptr_t)k->base);
+/* A view key's hash: its ShapeTracker and base. */
+static inline uint64_t view_key_hash(const kex_st *st, const kex_lb *base) {
+  return kex_hash_u64((uintptr_t)st, (uintptr_t)base);
+}
+
+static inline __attribute__((always_inline)) uint64_t key_hash(const lb_key *k) {
+  if (k->base) return view_key_hash(k->st, k->base);
   uint64_t h = kex_hash_u64((uintptr_t)k->device, (uintptr_t)k->st);
   uint64_t tag = (uint64_t)k->dtype << 8 | k->op; /* with axis_mask above them: one word */
   h = k->op == KEX_OP_CONST ? kex_hash_u64(kex_hash_u64(h, tag), const_hash(k->arg))
@@ -184,9 +189,10 @@ static inline bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_un
 /*
  * A new LazyBuffer of r (arena memory): the fields every one has and the
  * scheduler's (zero); the base fields are the caller's (lb_set_base).  NULL
- * on OOM.
+ * on OOM.  Inlined into its two callers (a call per LazyBuffer showed).
  */
-static kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st, kex_dtype dtype) {
+static inline __attribute__((always_inline)) kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st,
+                                                               kex_dtype dtype) {
   kex_lb *lb = kex_arena_alloc(r->arena, sizeof *lb);
   if (!lb) return NULL;
   lb->id = r->nlbs++;
@@ -275,11 +281,11 @@ fail:
  */
 static kex_lb *create_view(replay_ctx *c, const char *device, const kex_st *st, kex_dtype dtype, kex_lb *base) {
   kex_replay *r = c->r;
-  lb_key k; /* a view key: key_hash and key_matches read base and st only */
+  lb_key k; /* a view key: key_matches reads base and st only */
   k.base = base;
   k.st = st;
   bool found;
-  kex_lb **slot = kex_dict_insert_with(&r->cache->lbs, key_hash(&k), &k, &found, &lazycache_type);
+  kex_lb **slot = kex_dict_insert_with(&r->cache->lbs, view_key_hash(st, base), &k, &found, &lazycache_type);
   if (!slot) return fail_view(c);
   if (found) return *slot;
   kex_lb *lb = lb_alloc(r, device, st, dtype);
@@ -637,7 +643,12 @@ static const char *intern_device(kex_replay *r, uint32_t node, const char *name)
 static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
   kex_replay *r = c->r;
   kex_lb *s[3] = {0};
-  for (int i = 0; i < n->nsrc; i++) s[i] = r->node_lb[n->src[i]];
+  switch (n->nsrc) { /* unrolled: most nodes have one or two */
+  case 3: s[2] = r->node_lb[n->src[2]]; /* fall through */
+  case 2: s[1] = r->node_lb[n->src[1]]; /* fall through */
+  case 1: s[0] = r->node_lb[n->src[0]]; /* fall through */
+  default: break;
+  }
   switch (n->op) {
   case KEX_GOP_BUFFER: case KEX_GOP_EMPTY: {
     const char *dev = intern_device(r, (uint32_t)c->node, n->device);

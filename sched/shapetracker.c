@@ -121,13 +121,17 @@ static void move_remember(const move_ent *e) {
 /*
  * The memoised result of k, or NULL (and *h, k's hash): first the slots of
  * k's ShapeTracker (a graph moves most ShapeTrackers a few ways at most, and a
- * warm context meets the same ones again), then the table.
+ * warm context meets the same ones again), then the table.  Inlined into
+ * each movement op (a call per op showed).
  */
-static const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k, uint64_t *h) {
+static inline __attribute__((always_inline)) const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k,
+                                                                    uint64_t *h) {
+  *h = 0; /* set below when the table is probed (a slot's answer is never NULL, so callers do not read it then) */
   if (k->st)
     for (int i = 0; i < KEX_ST_MOVES; i++) {
       const kex_st_move *m = &k->st->moved[i];
-      if (m->res && m->op == k->op && m->n == k->n && kex_i64_eq(m->args, k->args, (int)k->n)) return m->res;
+      /* an empty slot has op 0, no movement op's */
+      if (m->op == k->op && m->n == k->n && kex_i64_eq(m->args, k->args, (int)k->n)) return m->res;
     }
   *h = move_hash(k);
   const move_ent *e = kex_dict_find_with(&ctx->moves, *h, k, &kex__move_type);
