@@ -108,7 +108,8 @@ static inline void lop_set(kex_lop *t, kex_op op, kex_dtype dt, uint8_t nsrc) {
 }
 
 /* Return the interned copy of *tmpl (allocating it in the arena when new). NULL on OOM. */
-static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {
+static inline __attribute__((always_inline)) const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena,
+                                                                      kex_lop *tmpl) {
   tmpl->hash = lop_hash(tmpl);
   bool found;
   const kex_lop **slot = kex_dict_insert_with(&t->lops, tmpl->hash, tmpl, &found, &lop_table_type);
@@ -268,7 +269,7 @@ static int padding_okay(sched *s, kex_lb *p) {
 }
 
 /* dedup(s for s in nxt.srcs if s.base is tr): count and first. */
-static int srcs_of(const kex_lb *nxt, const kex_lb *tr, kex_lb **first) {
+static inline __attribute__((always_inline)) int srcs_of(const kex_lb *nxt, const kex_lb *tr, kex_lb **first) {
   int n = 0;
   *first = NULL;
   for (int i = 0; i < nxt->nsrc; i++) {
