@@ -165,7 +165,8 @@ static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
   return false;
 }
 
-static inline int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
+static inline int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of,
+                             int64_t offset) {
   /* on the heap: a large graph's copies, as the table doubles, would stay in the arena as long as the plan */
   if (kex_grow(&r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
   r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
@@ -184,7 +185,9 @@ static inline bool st_has_mask(const kex_st *st) {
 }
 
 static inline bool is_unrealized_const(const kex_lb *lb) { return !lb->base->realized && lb->base->op == KEX_OP_CONST; }
-static inline bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealized_const(lb) && !st_has_mask(lb->st); }
+static inline bool is_unrealized_unmasked_const(const kex_lb *lb) {
+  return is_unrealized_const(lb) && !st_has_mask(lb->st);
+}
 
 /*
  * A new LazyBuffer of r (arena memory): the fields every one has and the
