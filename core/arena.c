@@ -57,7 +57,7 @@ size_t kex_arena_held(const kex_arena *a) {
   return n;
 }
 
-void *kex_arena_alloc(kex_arena *a, size_t size) {
+void *kex_arena_alloc_slow(kex_arena *a, size_t size) {
   /* rounding up to 16 and adding the block header must not wrap around */
   if (size > SIZE_MAX - 15 - sizeof(kex_arena_block)) return NULL;
   size = (size + 15) & ~(size_t)15;
@@ -95,12 +95,6 @@ void *kex_arena_calloc(kex_arena *a, size_t n, size_t size) {
   if (size && n > SIZE_MAX / size) return NULL;
   void *p = kex_arena_alloc(a, n * size);
   if (p) memset(p, 0, n * size);
-  return p;
-}
-
-void *kex_arena_memdup(kex_arena *a, const void *src, size_t size) {
-  void *p = kex_arena_alloc(a, size);
-  if (p && size) memcpy(p, src, size);
   return p;
 }
 

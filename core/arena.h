@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct kex_arena_block kex_arena_block;
 
@@ -33,12 +34,30 @@ void kex_arena_destroy(kex_arena *a);
 void kex_arena_reset(kex_arena *a);
 /* Bytes of every block the arena holds: those in use and the spare ones a reset kept. */
 size_t kex_arena_held(const kex_arena *a);
-/* Aligned (16 bytes) allocation; NULL when out of memory. */
-void *kex_arena_alloc(kex_arena *a, size_t size);
+/* kex_arena_alloc's whole path (a new block when the current one lacks room): called by it, not directly. */
+void *kex_arena_alloc_slow(kex_arena *a, size_t size);
+/*
+ * Aligned (16 bytes) allocation; NULL when out of memory.  Inline: a request
+ * the current block has room for is a bump of cur (the hot path of the
+ * scheduler, which allocates a few hundred small objects per graph).
+ */
+static inline void *kex_arena_alloc(kex_arena *a, size_t size) {
+  size_t avail = (size_t)(a->end - a->cur), rounded = (size + 15) & ~(size_t)15;
+  if (size - 1 < avail && rounded <= avail) { /* 0 < size <= avail: rounding cannot wrap */
+    void *p = a->cur;
+    a->cur += rounded;
+    return p;
+  }
+  return kex_arena_alloc_slow(a, size);
+}
 /* Zeroed allocation; NULL when out of memory. */
 void *kex_arena_calloc(kex_arena *a, size_t n, size_t size);
 /* Copy of `size` bytes of src; NULL when out of memory. */
-void *kex_arena_memdup(kex_arena *a, const void *src, size_t size);
+static inline void *kex_arena_memdup(kex_arena *a, const void *src, size_t size) {
+  void *p = kex_arena_alloc(a, size);
+  if (p && size) memcpy(p, src, size);
+  return p;
+}
 char *kex_arena_strdup(kex_arena *a, const char *s);
 /*
  * kex_grow (core/alloc.h) for an array in arena a: *(T **)pv holds *cap

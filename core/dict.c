@@ -47,6 +47,7 @@ static int dict_resize(kex_dict *d, uint32_t ncap) {
   d->hashes = nh;
   d->entries = ne;
   d->cap = ncap;
+  d->grow_at = (uint32_t)((uint64_t)ncap * 7 / 10); /* (len + 1) * 10 > cap * 7 exactly when len >= this */
   return 0;
 }
 
@@ -57,7 +58,7 @@ int kex__dict_grow(kex_dict *d) {
 int kex_dict_reserve(kex_dict *d, uint32_t n) {
   uint64_t cap = 16;
   if (d->len || n > (UINT32_MAX / 2) / 10) return 0;
-  while (cap * 7 < ((uint64_t)n + 1) * 10) cap *= 2; /* an insert grows at (len + 1) * 10 > cap * 7 */
+  while (cap * 7 < ((uint64_t)n + 1) * 10) cap *= 2; /* an insert grows at (len + 1) * 10 > cap * 7 (grow_at) */
   return cap > d->cap ? dict_resize(d, (uint32_t)cap) : 0;
 }
 

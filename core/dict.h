@@ -39,6 +39,7 @@ typedef struct kex_dict {
   uint64_t *hashes;       /* cap slot hashes, 0 = empty */
   unsigned char *entries; /* cap entries of type->entry_size bytes */
   uint32_t cap, len;
+  uint32_t grow_at;       /* len at which an insert grows the table: the 0.7 load, floor(cap * 7 / 10) */
 } kex_dict;
 
 /* An empty dict of that type (no memory until the first insert). */
@@ -55,6 +56,17 @@ static inline void *kex_dict_find(const kex_dict *d, uint64_t h, const void *pro
  * valid until the next insert.
  */
 static inline void *kex_dict_insert(kex_dict *d, uint64_t h, const void *probe, bool *found);
+
+/*
+ * kex_dict_find and kex_dict_insert with the table's type passed in (it must
+ * be d->type): called with a constant type defined in the same file, the
+ * compiler inlines its eq into the probe loop and folds its entry size,
+ * instead of calling through d->type.  For the hottest tables (the
+ * scheduler's interning).
+ */
+static inline void *kex_dict_find_with(const kex_dict *d, uint64_t h, const void *probe, const kex_dict_type *type);
+static inline void *kex_dict_insert_with(kex_dict *d, uint64_t h, const void *probe, bool *found,
+                                         const kex_dict_type *type);
 
 /* Give back the entry the last kex_dict_insert just made (when filling it failed). */
 void kex_dict_cancel(kex_dict *d, void *entry);
@@ -86,36 +98,45 @@ int kex__dict_grow(kex_dict *d);
 /* 0 marks an empty slot, so a key whose hash is 0 is stored under 1. */
 static inline uint64_t kex__dict_hash(uint64_t h) { return h ? h : 1; }
 
-static inline void *kex_dict_find(const kex_dict *d, uint64_t h, const void *probe) {
+static inline void *kex_dict_find_with(const kex_dict *d, uint64_t h, const void *probe, const kex_dict_type *type) {
   if (!d->len) return NULL;
   h = kex__dict_hash(h);
   uint32_t mask = d->cap - 1;
   for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
     uint64_t s = d->hashes[i];
     if (!s) return NULL;
-    unsigned char *e = d->entries + i * d->type->entry_size;
-    if (s == h && d->type->eq(e, probe)) return e;
+    unsigned char *e = d->entries + i * type->entry_size;
+    if (s == h && type->eq(e, probe)) return e;
   }
 }
 
-static inline void *kex_dict_insert(kex_dict *d, uint64_t h, const void *probe, bool *found) {
-  if ((d->len + 1) * 10 > d->cap * 7 && kex__dict_grow(d)) return NULL;
+static inline void *kex_dict_find(const kex_dict *d, uint64_t h, const void *probe) {
+  return kex_dict_find_with(d, h, probe, d->type);
+}
+
+static inline void *kex_dict_insert_with(kex_dict *d, uint64_t h, const void *probe, bool *found,
+                                         const kex_dict_type *type) {
+  if (d->len >= d->grow_at && kex__dict_grow(d)) return NULL;
   h = kex__dict_hash(h);
   uint32_t mask = d->cap - 1;
   for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
     uint64_t s = d->hashes[i];
-    unsigned char *e = d->entries + i * d->type->entry_size;
+    unsigned char *e = d->entries + i * type->entry_size;
     if (!s) {
       d->hashes[i] = h;
       d->len++;
       *found = false;
       return e;
     }
-    if (s == h && d->type->eq(e, probe)) {
+    if (s == h && type->eq(e, probe)) {
       *found = true;
       return e;
     }
   }
+}
+
+static inline void *kex_dict_insert(kex_dict *d, uint64_t h, const void *probe, bool *found) {
+  return kex_dict_insert_with(d, h, probe, found, d->type);
 }
 
 #endif

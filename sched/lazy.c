@@ -14,6 +14,7 @@
 #include "sched/lazy.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -45,7 +46,8 @@ static uint64_t const_hash(kex_const c) {
   case KEX_CONST_BOOL: return c.b;
   default: {
     double f = c.f == 0.0 ? 0.0 : c.f; /* 0.0 == -0.0 in Python, same hash */
-    if (f == floor(f) && fabs(f) < 9e18) return (uint64_t)(int64_t)f; /* 1.0 == 1 */
+    /* 1.0 == 1: an integral f (in int64's range, where the conversion is exact; NaN fails the range test) */
+    if (fabs(f) < 9e18 && (double)(int64_t)f == f) return (uint64_t)(int64_t)f;
     uint64_t u;
     memcpy(&u, &f, 8);
     return u;
@@ -60,11 +62,17 @@ static bool const_eq(kex_const a, kex_const b) {
   return x == y;
 }
 
-static uint64_t key_hash(const lb_key *k) {
-  if (k->base) return kex_hash_mix(kex_hash_u64(1, (uintptr_t)k->st), (uintptr_t)k->base);
+/* A view key's hash: its ShapeTracker and base. */
+static inline uint64_t view_key_hash(const kex_st *st, const kex_lb *base) {
+  return kex_hash_u64((uintptr_t)st, (uintptr_t)base);
+}
+
+static inline __attribute__((always_inline)) uint64_t key_hash(const lb_key *k) {
+  if (k->base) return view_key_hash(k->st, k->base);
   uint64_t h = kex_hash_u64((uintptr_t)k->device, (uintptr_t)k->st);
-  h = kex_hash_u64(h, ((uint64_t)k->dtype << 8) | k->op);
-  h = kex_hash_u64(h, k->op == KEX_OP_CONST ? const_hash(k->arg) : k->axis_mask);
+  uint64_t tag = (uint64_t)k->dtype << 8 | k->op; /* with axis_mask above them: one word */
+  h = k->op == KEX_OP_CONST ? kex_hash_u64(kex_hash_u64(h, tag), const_hash(k->arg))
+                            : kex_hash_u64(h, tag | (uint64_t)k->axis_mask << 32);
   for (int i = 0; i < k->nsrc; i++) h = kex_hash_u64(h, (uintptr_t)k->srcs[i]);
   return h;
 }
@@ -157,7 +165,8 @@ static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
   return false;
 }
 
-static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
+static inline int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of,
+                             int64_t offset) {
   /* on the heap: a large graph's copies, as the table doubles, would stay in the arena as long as the plan */
   if (kex_grow(&r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
   r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
@@ -169,14 +178,53 @@ static bool same_shape(const kex_st *a, const kex_st *b) {
   return n == kex_st_ndim(b) && kex_i64_eq(kex_st_shape(a), kex_st_shape(b), n);
 }
 
-static bool st_has_mask(const kex_st *st) {
+static inline bool st_has_mask(const kex_st *st) {
   for (uint32_t i = 0; i < st->nviews; i++)
     if (st->views[i]->mask) return true;
   return false;
 }
 
-static bool is_unrealized_const(const kex_lb *lb) { return !lb->base->realized && lb->base->op == KEX_OP_CONST; }
-static bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealized_const(lb) && !st_has_mask(lb->st); }
+static inline bool is_unrealized_const(const kex_lb *lb) { return !lb->base->realized && lb->base->op == KEX_OP_CONST; }
+static inline bool is_unrealized_unmasked_const(const kex_lb *lb) {
+  return is_unrealized_const(lb) && !st_has_mask(lb->st);
+}
+
+/*
+ * A new LazyBuffer of r (arena memory): the fields every one has and the
+ * scheduler's (zero); the base fields are the caller's (lb_set_base).  NULL
+ * on OOM.  Inlined into its two callers (a call per LazyBuffer showed).
+ */
+static inline __attribute__((always_inline)) kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st,
+                                                               kex_dtype dtype) {
+  kex_lb *lb = kex_arena_alloc(r->arena, sizeof *lb);
+  if (!lb) return NULL;
+  lb->id = r->nlbs++;
+  lb->dtype = dtype;
+  lb->st = st;
+  lb->device = device;
+  lb->graph_node = -1;
+  /* the scheduler's scratch cleared as one stretch, the base fields set by the caller one by one: the compiler
+     makes vector stores of these, where it clears a whole kex_lb with a `rep stos` (slow to start for 192 bytes) */
+  memset(&lb->flags, 0, sizeof *lb - offsetof(kex_lb, flags));
+  lb->group_slot = -1;
+  return lb;
+}
+
+/* Set the base fields of a new lb (lb_alloc's): a base of op over srcs[0, nsrc), with no buffer yet. */
+static inline void lb_set_base(kex_lb *lb, kex_lb *base, kex_op op, kex_const arg, uint32_t axis_mask, int nsrc,
+                               kex_lb *const *srcs) {
+  lb->base = base;
+  lb->op = op;
+  lb->axis_mask = axis_mask;
+  lb->nsrc = (uint8_t)nsrc;
+  lb->realized = lb->forced_realize = false;
+  lb->buffer = 0;
+  for (int i = 0; i < 3; i++) lb->srcs[i] = i < nsrc ? srcs[i] : NULL;
+  lb->arg = arg;
+  lb->assign_st = NULL;
+  lb->contiguous_child = NULL;
+  lb->contiguous_child_st = NULL;
+}
 
 /*
  * create_lazybuffer: size-0 -> CONST 0; CONST args through as_const with the
@@ -184,61 +232,45 @@ static bool is_unrealized_unmasked_const(const kex_lb *lb) { return is_unrealize
  * creation: ASSIGN shares its target's, VIEW is a sub-buffer).
  */
 static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, kex_dtype dtype, kex_op op, kex_const arg,
-                         uint32_t axis_mask, int nsrc, kex_lb *const *srcs, kex_lb *base, bool enable_cache) {
+                         uint32_t axis_mask, int nsrc, kex_lb *const *srcs, bool enable_cache) {
   if (c->rc) return NULL;
   kex_replay *r = c->r;
   if (kex_st_size(st) == 0) {
     op = KEX_OP_CONST;
     arg = kex_const_int(0);
     nsrc = 0;
-    base = NULL;
     axis_mask = 0;
   }
-  if (!base && op == KEX_OP_CONST) {
+  if (op == KEX_OP_CONST) {
     arg = kex_const_as(arg, dtype);
     enable_cache = true;
   }
-  lb_key k = {base, device, st, dtype, op, arg, axis_mask, (uint8_t)nsrc, srcs};
+  lb_key k = {NULL, device, st, dtype, op, arg, axis_mask, (uint8_t)nsrc, srcs};
   kex_lb **slot = NULL; /* the lazycache's new entry, filled at the end (one probe finds or makes it) */
   if (enable_cache) {
     bool found;
-    if (!(slot = kex_dict_insert(&r->cache->lbs, key_hash(&k), &k, &found))) return fail_view(c);
+    if (!(slot = kex_dict_insert_with(&r->cache->lbs, key_hash(&k), &k, &found, &lazycache_type))) return fail_view(c);
     if (found) return *slot;
   }
-  kex_lb *lb = kex_arena_calloc(r->arena, 1, sizeof *lb);
+  kex_lb *lb = lb_alloc(r, device, st, dtype);
   if (!lb) goto fail;
-  lb->id = r->nlbs++;
-  lb->st = st;
-  lb->dtype = dtype;
-  lb->device = device;
-  lb->graph_node = -1;
-  lb->group_slot = -1;
-  if (base) {
-    lb->base = base;
-  } else {
-    lb->base = lb;
-    lb->op = op;
-    lb->arg = arg;
-    lb->axis_mask = axis_mask;
-    lb->nsrc = (uint8_t)nsrc;
-    for (int i = 0; i < nsrc; i++) lb->srcs[i] = srcs[i];
-    int b;
-    if (op == KEX_OP_ASSIGN) {
-      b = (int)srcs[1]->base->buffer;
-    } else if (op == KEX_OP_VIEW) {
-      const kex_lb *s = srcs[0];
-      int64_t off;
-      if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) {
-        if (slot) kex_dict_cancel(&r->cache->lbs, slot);
-        return NULL;
-      }
-      b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer, off);
-    } else {
-      b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
+  lb_set_base(lb, lb, op, arg, axis_mask, nsrc, srcs);
+  int b;
+  if (op == KEX_OP_ASSIGN) {
+    b = (int)srcs[1]->base->buffer;
+  } else if (op == KEX_OP_VIEW) {
+    const kex_lb *s = srcs[0];
+    int64_t off;
+    if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) {
+      if (slot) kex_dict_cancel(&r->cache->lbs, slot);
+      return NULL;
     }
-    if (b < 0) goto fail;
-    lb->buffer = (uint32_t)b;
+    b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer, off);
+  } else {
+    b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
   }
+  if (b < 0) goto fail;
+  lb->buffer = (uint32_t)b;
   if (slot) *slot = lb;
   return lb;
 fail:
@@ -246,12 +278,35 @@ fail:
   return fail_view(c);
 }
 
+/*
+ * create_lb for a view (base non-NULL) of a non-empty st: the lazycache's
+ * (st, base) key alone, without the base key's fields and rules.
+ */
+static kex_lb *create_view(replay_ctx *c, const char *device, const kex_st *st, kex_dtype dtype, kex_lb *base) {
+  kex_replay *r = c->r;
+  lb_key k; /* a view key: key_matches reads base and st only */
+  k.base = base;
+  k.st = st;
+  bool found;
+  kex_lb **slot = kex_dict_insert_with(&r->cache->lbs, view_key_hash(st, base), &k, &found, &lazycache_type);
+  if (!slot) return fail_view(c);
+  if (found) return *slot;
+  kex_lb *lb = lb_alloc(r, device, st, dtype);
+  if (!lb) {
+    kex_dict_cancel(&r->cache->lbs, slot);
+    return fail_view(c);
+  }
+  lb_set_base(lb, base, 0, (kex_const){0}, 0, 0, NULL); /* a view: the base fields empty */
+  *slot = lb;
+  return lb;
+}
+
 static kex_lb *loadop(replay_ctx *c, kex_op op, int ndim, const int64_t *shape, kex_dtype dtype, const char *device,
                       kex_const arg, int nsrc, kex_lb *const *srcs) {
   if (c->rc) return NULL;
   const kex_st *st = kex_st_from_shape(c->r->shape, ndim, shape);
   if (!st) return fail_view(c);
-  return create_lb(c, device, st, dtype, op, arg, 0, nsrc, srcs, NULL, false);
+  return create_lb(c, device, st, dtype, op, arg, 0, nsrc, srcs, false);
 }
 
 static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, kex_const val, int ndim,
@@ -269,7 +324,9 @@ static kex_lb *lb_view(replay_ctx *c, kex_lb *lb, const kex_st *new_st) {
   if (kex_st_size(lb->st) == 0 || empty_mask)
     return lb_const_of(c, lb->dtype, lb->device, kex_const_int(0), kex_st_ndim(new_st), kex_st_shape(new_st));
   if (kex_st_contiguous(new_st) && same_shape(lb->base->st, new_st)) return lb->base;
-  return create_lb(c, lb->device, new_st, lb->dtype, KEX_OP_CONST, kex_const_int(0), 0, 0, NULL, lb->base, true);
+  if (kex_st_size(new_st) == 0) /* create_lazybuffer's size-0 rule: a CONST 0 base, not a view */
+    return create_lb(c, lb->device, new_st, lb->dtype, KEX_OP_CONST, kex_const_int(0), 0, 0, NULL, true);
+  return create_view(c, lb->device, new_st, lb->dtype, lb->base);
 }
 
 static kex_lb *lb_reshape(replay_ctx *c, kex_lb *lb, int ndim, const int64_t *shape) {
@@ -288,7 +345,7 @@ static kex_lb *lb_const_of(replay_ctx *c, kex_dtype dtype, const char *device, k
   if (c->rc) return NULL;
   const_probe k = {dtype, device, kex_const_as(val, dtype), ndim, shape};
   uint64_t h = const_probe_hash(&k);
-  const const_memo *hit = kex_dict_find(&c->r->cache->consts, h, &k);
+  const const_memo *hit = kex_dict_find_with(&c->r->cache->consts, h, &k, &const_memo_type);
   if (hit) return hit->lb;
   kex_lb *s = loadop(c, KEX_OP_CONST, 0, NULL, dtype, device, val, 0, NULL);
   if (!s) return NULL;
@@ -321,7 +378,7 @@ static kex_lb *lb_cast(replay_ctx *c, kex_lb *lb, kex_dtype dtype, bool bitcast)
   if (c->rc) return NULL;
   if (lb->dtype == dtype) return lb;
   if (!bitcast && is_unrealized_unmasked_const(lb))
-    return create_lb(c, lb->device, lb->st, dtype, KEX_OP_CONST, kex_const_as(lb->base->arg, dtype), 0, 0, NULL, NULL,
+    return create_lb(c, lb->device, lb->st, dtype, KEX_OP_CONST, kex_const_as(lb->base->arg, dtype), 0, 0, NULL,
                      true);
   if (kex_dtype_size(dtype) <= kex_dtype_size(lb->dtype) && lb != lb->base) {
     kex_lb *b = lb_cast(c, lb->base, dtype, bitcast);
@@ -332,7 +389,7 @@ static kex_lb *lb_cast(replay_ctx *c, kex_lb *lb, kex_dtype dtype, bool bitcast)
   const kex_st *st = kex_st_from_shape_of(c->r->shape, lb->st);
   if (!st) return fail_view(c);
   kex_lb *srcs[1] = {lb};
-  return create_lb(c, lb->device, st, dtype, cop, kex_const_int(0), 0, 1, srcs, NULL, true);
+  return create_lb(c, lb->device, st, dtype, cop, kex_const_int(0), 0, 1, srcs, true);
 }
 
 static bool arg_is(const kex_lb *lb, double v) { return kex_const_as_double(lb->base->arg) == v; }
@@ -404,7 +461,7 @@ static kex_lb *lb_e(replay_ctx *c, kex_op op, int n, kex_lb *const *in) {
   }
   const kex_st *st = kex_st_from_shape_of(c->r->shape, x->st);
   if (!st) return fail_view(c);
-  return create_lb(c, x->device, st, out, op, kex_const_int(0), 0, n, srcs, NULL, true);
+  return create_lb(c, x->device, st, out, op, kex_const_int(0), 0, n, srcs, true);
 }
 
 /* LazyBuffer._reduce_op: drop size-1 axes; none left -> self. */
@@ -422,7 +479,7 @@ static kex_lb *lb_reduce_op(replay_ctx *c, kex_lb *lb, kex_op op, uint32_t axis_
   const kex_st *st = kex_st_from_shape(c->r->shape, nd, ns);
   if (!st) return fail_view(c);
   kex_lb *srcs[1] = {lb};
-  return create_lb(c, lb->device, st, lb->dtype, op, kex_const_int(0), mask, 1, srcs, NULL, true);
+  return create_lb(c, lb->device, st, lb->dtype, op, kex_const_int(0), mask, 1, srcs, true);
 }
 
 #define REDUCEOP_SPLIT_THRESHOLD 32768
@@ -544,16 +601,18 @@ static kex_lb *lb_copy_to(replay_ctx *c, kex_lb *lb, const char *device) {
     if (!s) return NULL;
     const kex_st *st = kex_st_from_shape_of(c->r->shape, s->st);
     if (!st) return fail_view(c);
-    kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, NULL, false);
-    if (cp && !bytes_of(c, kex_lb_size(s), s->dtype, &cp->nbytes)) return NULL;
+    kex_lb *cp = create_lb(c, device, st, s->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &s, false);
+    int64_t nbytes; /* COPY's arg: only its int64 bound matters here */
+    if (cp && !bytes_of(c, kex_lb_size(s), s->dtype, &nbytes)) return NULL;
     return cp;
   }
   kex_lb *b = lb->base;
   const kex_st *st = kex_st_from_shape_of(c->r->shape, b->st);
   if (!st) return fail_view(c);
-  kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, NULL, false);
+  kex_lb *cp = create_lb(c, device, st, b->dtype, KEX_OP_COPY, kex_const_int(0), 0, 1, &b, false);
   if (!cp) return NULL;
-  if (!bytes_of(c, kex_lb_size(b), b->dtype, &cp->nbytes)) return NULL;
+  int64_t nbytes;
+  if (!bytes_of(c, kex_lb_size(b), b->dtype, &nbytes)) return NULL;
   return lb_view(c, cp, lb->st);
 }
 
@@ -572,10 +631,10 @@ static kex_lb *lb_assign(replay_ctx *c, kex_lb *target, kex_lb *value) {
   return a;
 }
 
-static const char *intern_device(kex_replay *r, const char *name) {
+static const char *intern_device(kex_replay *r, uint32_t node, const char *name) {
   if (!name || strcmp(name, "default") == 0 || strcmp(name, r->opts.device_name) == 0) return r->default_device;
   /* other device names: one interned copy each, found by a scan of earlier nodes' devices */
-  for (uint32_t i = 0; i < r->nlbs && i < r->graph->nnodes; i++) {
+  for (uint32_t i = 0; i < node; i++) {
     const kex_lb *lb = r->node_lb[i];
     if (lb && strcmp(lb->device, name) == 0) return lb->device;
   }
@@ -587,17 +646,22 @@ static const char *intern_device(kex_replay *r, const char *name) {
 static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
   kex_replay *r = c->r;
   kex_lb *s[3] = {0};
-  for (int i = 0; i < n->nsrc; i++) s[i] = r->node_lb[n->src[i]];
+  switch (n->nsrc) { /* unrolled: most nodes have one or two */
+  case 3: s[2] = r->node_lb[n->src[2]]; /* fall through */
+  case 2: s[1] = r->node_lb[n->src[1]]; /* fall through */
+  case 1: s[0] = r->node_lb[n->src[0]]; /* fall through */
+  default: break;
+  }
   switch (n->op) {
   case KEX_GOP_BUFFER: case KEX_GOP_EMPTY: {
-    const char *dev = intern_device(r, n->device);
+    const char *dev = intern_device(r, (uint32_t)c->node, n->device);
     if (!dev) return fail_view(c);
     kex_lb *lb = loadop(c, KEX_OP_EMPTY, n->ndim, n->shape, n->dtype, dev, kex_const_int(0), 0, NULL);
     if (lb && n->op == KEX_GOP_BUFFER && lb->op == KEX_OP_EMPTY) lb->realized = true;
     return lb;
   }
   case KEX_GOP_CONST: {
-    const char *dev = intern_device(r, n->device);
+    const char *dev = intern_device(r, (uint32_t)c->node, n->device);
     if (!dev) return fail_view(c);
     return lb_const_of(c, n->dtype, dev, n->value, n->ndim, n->shape);
   }
@@ -634,7 +698,7 @@ static kex_lb *replay_node(replay_ctx *c, const kex_gnode *n) {
   case KEX_GOP_CONTIGUOUS: return lb_contiguous(c, s[0]);
   case KEX_GOP_ASSIGN: return lb_assign(c, s[1], s[0]);
   case KEX_GOP_COPY: {
-    const char *dev = intern_device(r, n->device);
+    const char *dev = intern_device(r, (uint32_t)c->node, n->device);
     if (!dev) return fail_view(c);
     return lb_copy_to(c, s[0], dev);
   }
@@ -665,7 +729,8 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
     /* sized to the graph (about one entry per node), so a replay does not rehash as it goes */
     (void)kex_dict_reserve(&r->cache->lbs, g->nnodes);
   }
-  r->node_lb = kex_arena_calloc(arena, g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
+  /* not zeroed: node i's entry is set before any later node reads it */
+  r->node_lb = kex_arena_alloc(arena, sizeof *r->node_lb * (g->nnodes ? g->nnodes : 1));
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
   if (!r->shape || !r->cache || !r->node_lb || !r->default_device) {
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
@@ -680,13 +745,12 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
       rc = c.rc ? c.rc : kex_err_set(err, KEX_EINTERNAL, "node %u: replay failed", i);
       goto out;
     }
+    kex_lb *b = lb->base;
     if (lb->graph_node < 0) lb->graph_node = (int32_t)i;
-    if (lb->base->graph_node < 0) lb->base->graph_node = (int32_t)i;
+    if (b->graph_node < 0) b->graph_node = (int32_t)i;
     r->node_lb[i] = lb;
-  }
-  /* buffers the client holds: inputs, outputs and assign targets are never planned away */
-  for (uint32_t i = 0; i < g->nnodes; i++) {
-    kex_lb *b = r->node_lb[i]->base;
+    /* the buffer's graph node: the first node (in order) whose base owns it; buffers the client holds (inputs,
+       outputs, assign targets) are never planned away */
     kex_buffer_info *bi = &r->buffers[b->buffer];
     if (bi->graph_node < 0) bi->graph_node = b->graph_node;
     if (g->nodes[i].op == KEX_GOP_BUFFER || g->nodes[i].op == KEX_GOP_EMPTY) bi->held = true;
@@ -704,6 +768,10 @@ out:
 void kex_replay_free(kex_replay *r) {
   if (!r) return;
   if (r->cache && r->opts.tables) {
+    /* a lazycache far larger than this graph filled (grown by an earlier, bigger graph) is freed, not emptied:
+       emptying costs its whole capacity, and the next graph's reserve makes one of its own size */
+    kex_dict *lbs = &r->cache->lbs;
+    if (lbs->cap > 4 * ((uint64_t)lbs->len + 64)) kex_dict_free(lbs);
     kex_replay_tables_give(&r->opts.tables->lbs, &r->cache->lbs);
     kex_replay_tables_give(&r->opts.tables->consts, &r->cache->consts);
   } else if (r->cache) {

@@ -27,7 +27,8 @@
 typedef struct kex_lb kex_lb;
 
 struct kex_lb {
-  /* fields ordered so that none pads (200 bytes on LP64) */
+  /* fields ordered so that none pads (192 bytes on LP64); lb_alloc and lb_set_base (lazy.c) set each field above
+     `flags` one by one and clear from `flags` to the end as one stretch: a new field needs its line there */
   uint32_t id;          /* creation order */
   kex_dtype dtype;
   kex_lb *base;         /* == self for a base */
@@ -44,7 +45,6 @@ struct kex_lb {
   kex_lb *srcs[3];
   kex_const arg;              /* CONST value */
   const kex_st *assign_st;    /* ASSIGN: target view when not contiguous (arg=(st,)), else NULL */
-  int64_t nbytes;             /* COPY arg */
   kex_lb *contiguous_child;   /* contiguous copy made by contiguous() ... */
   const kex_st *contiguous_child_st; /* ... and the view that reads this base through it */
   /* ---- scheduler scratch (sched/schedule.c) ---- */
@@ -53,7 +53,8 @@ struct kex_lb {
   uint32_t mark, mark2;       /* visit epochs */
   int32_t group_slot;         /* output group / schedule target index, -1 when none */
   int32_t input_slot;         /* index among the current kernel's inputs */
-  uint32_t memo_epoch;        /* one-entry memo of _recursive_lazyop: (this, memo_st) -> memo_lop */
+  uint32_t memo_epoch;        /* one-entry memo of _recursive_lazyop: (this, memo_st) -> memo_lop; before it,
+                                 _recursive_group's first visit of this (memo_st) */
   kex_lb **children;
   kex_lb *reduce_for_op;
   kex_lb *assign_of;          /* for an assign target: the ASSIGN in this schedule */

@@ -47,6 +47,12 @@ static int pv_push(ptrvec *p, void *x) {
   return 0;
 }
 
+/* Room for n pointers up front (best effort: pv_push still grows past it). */
+static void pv_reserve(ptrvec *p, uint32_t n) {
+  void **v = n > p->cap ? kex_arena_alloc(p->a, sizeof *v * n) : NULL;
+  if (v) p->v = v, p->cap = n;
+}
+
 /* ---- hash-consed LazyOps ---- */
 
 struct kex_sched_tables {
@@ -55,10 +61,10 @@ struct kex_sched_tables {
 };
 
 static uint64_t lop_hash(const kex_lop *l) {
-  uint64_t h = kex_hash_u64(l->op, l->dtype);
+  /* op, dtype and idx in one word (each fits its bits), cast_to and axis_mask in another */
+  uint64_t h = kex_hash_u64((uint64_t)l->op | (uint64_t)l->dtype << 16 | (uint64_t)(uint32_t)l->idx << 32,
+                            (uintptr_t)l->st);
   for (int i = 0; i < l->nsrc; i++) h = kex_hash_u64(h, (uintptr_t)l->src[i]);
-  h = kex_hash_u64(h, (uint64_t)(uint32_t)l->idx);
-  h = kex_hash_u64(h, (uintptr_t)l->st);
   h = kex_hash_u64(h, l->cast_to | (uint64_t)l->axis_mask << 8);
   if (l->op == KEX_OP_BCONST) {
     uint64_t bits;
@@ -82,11 +88,31 @@ static bool lop_entry_eq(const void *entry, const void *probe) { return lop_eq(*
 
 static const kex_dict_type lop_table_type = {sizeof(const kex_lop *), lop_entry_eq, 64};
 
+/*
+ * Set every field of *t: op, dtype and nsrc, the rest empty (field by field:
+ * the compiler clears a whole kex_lop with a `rep stos`, slow to start for
+ * so few bytes).
+ */
+static inline void lop_set(kex_lop *t, kex_op op, kex_dtype dt, uint8_t nsrc) {
+  t->op = op;
+  t->nsrc = nsrc;
+  t->dtype = dt;
+  t->src[0] = t->src[1] = t->src[2] = NULL;
+  t->idx = 0;
+  t->st = NULL;
+  t->val = kex_const_int(0);
+  t->cast_to = 0;
+  t->axis_mask = 0;
+  t->depth = 0;
+  t->hash = 0;
+}
+
 /* Return the interned copy of *tmpl (allocating it in the arena when new). NULL on OOM. */
-static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, kex_lop *tmpl) {
+static inline __attribute__((always_inline)) const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena,
+                                                                      kex_lop *tmpl) {
   tmpl->hash = lop_hash(tmpl);
   bool found;
-  const kex_lop **slot = kex_dict_insert(&t->lops, tmpl->hash, tmpl, &found);
+  const kex_lop **slot = kex_dict_insert_with(&t->lops, tmpl->hash, tmpl, &found, &lop_table_type);
   if (!slot) return NULL;
   if (found) return *slot;
   kex_lop *l = kex_arena_memdup(arena, tmpl, sizeof *tmpl);
@@ -101,10 +127,10 @@ static const kex_lop *lop_intern(struct kex_sched_tables *t, kex_arena *arena, k
 /*
  * A new inner AST node.  Inner nodes are not interned: the (buf, st) memo of
  * _recursive_lazyop already makes each distinct sub-AST one node; only the
- * leaves (LOAD/CONST), which recur across buffers, go through lop_intern.
+ * leaves (LOAD/CONST), which recur across buffers, go through lop_intern
+ * (and only they need a hash: an inner node's stays 0).
  */
-static const kex_lop *lop_new(kex_arena *arena, kex_lop *tmpl) {
-  tmpl->hash = lop_hash(tmpl);
+static const kex_lop *lop_new(kex_arena *arena, const kex_lop *tmpl) {
   return kex_arena_memdup(arena, tmpl, sizeof *tmpl);
 }
 
@@ -243,7 +269,7 @@ static int padding_okay(sched *s, kex_lb *p) {
 }
 
 /* dedup(s for s in nxt.srcs if s.base is tr): count and first. */
-static int srcs_of(const kex_lb *nxt, const kex_lb *tr, kex_lb **first) {
+static inline __attribute__((always_inline)) int srcs_of(const kex_lb *nxt, const kex_lb *tr, kex_lb **first) {
   int n = 0;
   *first = NULL;
   for (int i = 0; i < nxt->nsrc; i++) {
@@ -265,11 +291,14 @@ static int group_add(sched *s, kex_lb *lb, uint32_t gep) {
 }
 
 /*
- * _recursive_group(r, r.st, r) with a (tr, st) visited set.  Frames on
+ * _recursive_group(r, r.st, r) with a (tr, st) visited set: each tr's first
+ * st in its memo fields (memo_epoch == vep, memo_st; recursive_lazyop's
+ * one-entry memo, free until then), any further ones in s->visit.  Frames on
  * s->stack: tr, st, next child.
  */
 static int recursive_group(sched *s, kex_lb *r, uint32_t gep) {
   ptrvec *st = &s->stack;
+  uint32_t vep = ++s->epoch;
   st->len = 0;
   kex_ptrmap_clear(&s->visit);
   if (pv_push(st, r) || pv_push(st, (void *)r->st) || pv_push(st, (void *)(intptr_t)-1)) return KEX_ENOMEM;
@@ -278,11 +307,15 @@ static int recursive_group(sched *s, kex_lb *r, uint32_t gep) {
     const kex_st *tst = st->v[st->len - 2];
     intptr_t next = (intptr_t)st->v[st->len - 1];
     if (next == -1) {
-      if (kex_ptrmap_find(&s->visit, tr, tst)) {
+      if (tr->memo_epoch != vep) { /* tr's first visit */
+        tr->memo_epoch = vep;
+        tr->memo_st = tst;
+      } else if (tr->memo_st == tst || kex_ptrmap_find(&s->visit, tr, tst)) {
         st->len -= 3;
         continue;
+      } else if (kex_ptrmap_put(&s->visit, tr, tst, (void *)1)) {
+        return KEX_ENOMEM;
       }
-      if (kex_ptrmap_put(&s->visit, tr, tst, (void *)1)) return KEX_ENOMEM;
       if (in_realizes(tr)) {
         if (!kex_st_contiguous(tst) || kex_st_size(tst) != kex_st_size(r->st) || tr->reduce_for_op)
           if (group_add(s, r, gep)) return KEX_ENOMEM;
@@ -442,29 +475,35 @@ static const char *lb_where(const kex_lb *lb, char *buf, size_t len) {
   return buf;
 }
 
-/*
- * The kernel limits (the graph's max_kernel_depth and max_kernel_ops) for a
- * new inner AST node of depth `depth` made for `at` in the kernel that
- * stores g->outs[out]: 0, or KEX_ELIMIT naming the kernel, the value and the
- * limit.  `store` is true for the STORE itself (depth is then the kernel's).
- */
-static int kernel_limits(sched *s, group_ctx *g, uint32_t out, const kex_lb *at, uint32_t depth, bool store) {
+/* kernel_limits' refusal (out of line: the check itself is on the path of every AST node). */
+static __attribute__((noinline, cold)) int kernel_limit_error(sched *s, group_ctx *g, uint32_t out, const kex_lb *at,
+                                                              uint32_t kdepth) {
   const kex_limits *lim = &s->r->graph->limits;
-  uint32_t kdepth = store ? depth : depth + 1; /* the STORE above adds a level */
   char ob[64], ab[64];
-  g->nops++;
   if (kdepth > lim->max_kernel_depth)
     return kex_err_set(s->err, KEX_ELIMIT,
                        "%s: the kernel storing it has an AST %u levels deep (reached at %s, %s), more than the limit "
                        "of %u (max_kernel_depth); realize an intermediate (CONTIGUOUS) to split it",
                        lb_where(g->outs[out], ob, sizeof ob), kdepth, lb_where(at, ab, sizeof ab), kex_op_short(at->op),
                        lim->max_kernel_depth);
-  if (g->nops > lim->max_kernel_ops)
-    return kex_err_set(s->err, KEX_ELIMIT,
-                       "%s: the kernel storing it reaches %u operations (at %s, %s), more than the limit of %u "
-                       "(max_kernel_ops); realize an intermediate (CONTIGUOUS) to split it",
-                       lb_where(g->outs[out], ob, sizeof ob), g->nops, lb_where(at, ab, sizeof ab),
-                       kex_op_short(at->op), lim->max_kernel_ops);
+  return kex_err_set(s->err, KEX_ELIMIT,
+                     "%s: the kernel storing it reaches %u operations (at %s, %s), more than the limit of %u "
+                     "(max_kernel_ops); realize an intermediate (CONTIGUOUS) to split it",
+                     lb_where(g->outs[out], ob, sizeof ob), g->nops, lb_where(at, ab, sizeof ab), kex_op_short(at->op),
+                     lim->max_kernel_ops);
+}
+
+/*
+ * The kernel limits (the graph's max_kernel_depth and max_kernel_ops) for a
+ * new inner AST node of depth `depth` made for `at` in the kernel that
+ * stores g->outs[out]: 0, or KEX_ELIMIT naming the kernel, the value and the
+ * limit.  `store` is true for the STORE itself (depth is then the kernel's).
+ */
+static inline int kernel_limits(sched *s, group_ctx *g, uint32_t out, const kex_lb *at, uint32_t depth, bool store) {
+  const kex_limits *lim = &s->r->graph->limits;
+  uint32_t kdepth = store ? depth : depth + 1; /* the STORE above adds a level */
+  g->nops++;
+  if (kdepth > lim->max_kernel_depth || g->nops > lim->max_kernel_ops) return kernel_limit_error(s, g, out, at, kdepth);
   return 0;
 }
 
@@ -475,9 +514,8 @@ static int out_index(const group_ctx *g, const kex_lb *lb) {
 }
 
 static const kex_lop *make_leaf(sched *s, kex_op op, kex_dtype dt, int idx, const kex_st *st, kex_const val) {
-  kex_lop t = {0};
-  t.op = op;
-  t.dtype = dt;
+  kex_lop t;
+  lop_set(&t, op, dt, 0);
   t.idx = idx;
   t.st = st;
   t.val = val;
@@ -611,15 +649,13 @@ static int recursive_lazyop(sched *s, group_ctx *g, uint32_t outi, const kex_st 
         continue;
       }
       kex_lb *buf = f->buf;
-      kex_lop t = {0};
-      t.op = buf->op;
-      t.nsrc = buf->nsrc;
+      kex_lop t;
+      lop_set(&t, buf->op, buf->dtype, buf->nsrc);
       for (int i = 0; i < buf->nsrc; i++) {
         t.src[i] = f->res[i];
         if (f->res[i]->depth > t.depth) t.depth = f->res[i]->depth;
       }
       t.depth++;
-      t.dtype = buf->dtype;
       if (buf->op == KEX_OP_CAST || buf->op == KEX_OP_BITCAST) t.cast_to = buf->dtype;
       if (KEX_OP_IS_REDUCE(buf->op)) t.axis_mask = buf->axis_mask;
       if ((rc = kernel_limits(s, g, outi, buf, t.depth, false))) goto out;
@@ -697,11 +733,9 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
       if ((rc = recursive_lazyop(s, &g, i, ost, &lop))) goto out;
       const kex_st *view = (o->op == KEX_OP_ASSIGN && o->assign_st) ? o->assign_st : ost;
       view = kex_st_simplify(s->sh, view);
-      kex_lop t = {0};
-      t.op = KEX_OP_STORE;
-      t.nsrc = 1;
+      kex_lop t;
+      lop_set(&t, KEX_OP_STORE, o->dtype, 1);
       t.src[0] = lop;
-      t.dtype = o->dtype;
       t.idx = (int32_t)i;
       t.st = view;
       t.depth = lop->depth + 1;
@@ -892,6 +926,16 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   if (!keep) kex_arena_init(&own_scratch, 0);
   s.scratch = keep ? &keep->scratch : &own_scratch;
   s.realizes.a = s.allbufs.a = s.simple_pads.a = s.stack.a = s.stack2.a = s.group.a = s.tmp.a = s.inputs.a = s.scratch;
+  /* the walks' lists, sized to the graph once instead of doubling from 16 (each holds at most one entry per
+     LazyBuffer, the stack a frame of two or three per LazyBuffer on the path; past that they grow) */
+  pv_reserve(&s.realizes, r->nlbs);
+  pv_reserve(&s.allbufs, r->nlbs);
+  pv_reserve(&s.stack, 3 * r->nlbs);
+  pv_reserve(&s.stack2, r->nlbs);
+  pv_reserve(&s.group, r->nlbs);
+  pv_reserve(&s.tmp, r->nlbs);
+  pv_reserve(&s.inputs, r->nlbs);
+  pv_reserve(&s.simple_pads, r->nlbs);
   (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
   kex_schedule *sc = kex_arena_calloc(r->arena, 1, sizeof *sc);
   struct kex_sched_tables *lops = kex_arena_calloc(r->arena, 1, sizeof *lops);

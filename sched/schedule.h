@@ -33,7 +33,7 @@ struct kex_lop {
   kex_dtype cast_to;         /* CAST/BITCAST */
   uint32_t axis_mask;        /* SUM/MAX */
   uint32_t depth;            /* 1 for a leaf, else 1 + the deepest src (not part of equality) */
-  uint64_t hash;
+  uint64_t hash;             /* leaves (LOAD/CONST, interned): the LazyOp table's hash; inner nodes: 0 */
 };
 
 typedef enum kex_item_kind {

@@ -22,7 +22,6 @@ enum kex__memo_op {
   KEX__MEMO_VIEW_ADD = 1,
   KEX__MEMO_VIEW_RESHAPE,
   KEX__MEMO_ST_ADD,
-  KEX__MEMO_ST_SIMPLIFY,
   KEX__MEMO_ST_EXPR,
   KEX__MEMO_ST_STRIDES,
 };
@@ -40,6 +39,7 @@ struct kex_shape_ctx {
   kex_dict sts;   /* of const kex_st * */
   kex_dict memo;  /* of kex__memo_ent */
   kex_dict moves; /* of movement-op results (shapetracker.c) */
+  const kex_st *scalar; /* from_shape(()), the 0-d ShapeTracker every constant starts from (NULL until asked) */
   int rc;        /* why the last failed call failed when not OOM (kex_shape_error), else 0 */
   char msg[256]; /* its message */
 };

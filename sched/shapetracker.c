@@ -67,7 +67,7 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *
   uint64_t h = st_hash(n, views);
   st_probe p = {n, views};
   bool found;
-  const kex_st **slot = kex_dict_insert(&ctx->sts, h, &p, &found);
+  const kex_st **slot = kex_dict_insert_with(&ctx->sts, h, &p, &found, &kex__st_type);
   if (!slot) return NULL;
   if (found) return *slot;
   kex_st *s = kex_arena_alloc(ctx->arena, sizeof *s + n * sizeof *views);
@@ -80,6 +80,9 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *
   s->hash = h;
   s->nviews = n;
   s->views = vs;
+  s->moved_next = 0;
+  memset(s->moved, 0, sizeof s->moved);
+  s->simplified = s->add_b = s->add_res = NULL;
   *slot = s;
   return s;
 }
@@ -108,11 +111,33 @@ static uint64_t move_hash(const move_ent *k) {
   return h;
 }
 
-/* The memoised result of k, or NULL (and *h, k's hash). */
-static const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k, uint64_t *h) {
+/* Remember e (whose args are the context's) in its ShapeTracker's own slots. */
+static void move_remember(const move_ent *e) {
+  kex_st *st = (kex_st *)e->st; /* the cache fields are the one mutable part of a ShapeTracker */
+  st->moved[st->moved_next] = (kex_st_move){e->op, e->n, e->args, e->res};
+  st->moved_next = (st->moved_next + 1) % KEX_ST_MOVES;
+}
+
+/*
+ * The memoised result of k, or NULL (and *h, k's hash): first the slots of
+ * k's ShapeTracker (a graph moves most ShapeTrackers a few ways at most, and a
+ * warm context meets the same ones again), then the table.  Inlined into
+ * each movement op (a call per op showed).
+ */
+static inline __attribute__((always_inline)) const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k,
+                                                                    uint64_t *h) {
+  *h = 0; /* set below when the table is probed (a slot's answer is never NULL, so callers do not read it then) */
+  if (k->st)
+    for (int i = 0; i < KEX_ST_MOVES; i++) {
+      const kex_st_move *m = &k->st->moved[i];
+      /* an empty slot has op 0, no movement op's */
+      if (m->op == k->op && m->n == k->n && kex_i64_eq(m->args, k->args, (int)k->n)) return m->res;
+    }
   *h = move_hash(k);
-  const move_ent *e = kex_dict_find(&ctx->moves, *h, k);
-  return e ? e->res : NULL;
+  const move_ent *e = kex_dict_find_with(&ctx->moves, *h, k, &kex__move_type);
+  if (!e) return NULL;
+  if (e->st) move_remember(e);
+  return e->res;
 }
 
 /* Remember res (a success) for k, hash h: best effort, the memo is only a cache.  Returns res. */
@@ -126,23 +151,27 @@ static const kex_st *move_put(kex_shape_ctx *ctx, move_ent k, uint64_t h, const 
   k.args = args;
   k.res = res;
   *e = k;
+  if (k.st) move_remember(e);
   return res;
 }
 
-const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
+const kex_st *kex__st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
   kex_view *last = (kex_view *)kex_st_last(st); /* the cache field is the one mutable part of a view */
   if (!last->shape_st) last->shape_st = kex_st_from_shape(ctx, last->ndim, last->shape);
   return last->shape_st;
 }
 
 const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape) {
+  if (ndim == 0 && ctx->scalar) return ctx->scalar;
   move_ent k = {.op = MOVE_FROM_SHAPE, .n = (uint32_t)ndim, .args = shape};
   uint64_t h;
   const kex_st *r = move_get(ctx, &k, &h);
   if (r) return r;
   const kex_view *v = kex_view_create(ctx, ndim, shape, NULL, 0, NULL);
   if (!v) return NULL;
-  return move_put(ctx, k, h, kex_st_from_views(ctx, 1, &v));
+  r = move_put(ctx, k, h, kex_st_from_views(ctx, 1, &v));
+  if (ndim == 0) ctx->scalar = r;
+  return r;
 }
 
 /* st with its last view replaced by v (NULL v = OOM passes through). */
@@ -165,10 +194,6 @@ static const kex_st *append_view(kex_shape_ctx *ctx, const kex_st *st, const kex
 }
 
 /* ---- properties ---- */
-
-int64_t kex_st_size(const kex_st *st) { return kex_view_size(kex_st_last(st)); }
-
-bool kex_st_contiguous(const kex_st *st) { return st->nviews == 1 && st->views[0]->contiguous; }
 
 bool kex_st_consecutive(const kex_st *st) {
   if (st->nviews != 1 || st->views[0]->mask) return false;
@@ -230,11 +255,10 @@ const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t 
  * simplify(): while the last two views merge (views[-2] + views[-1] is not
  * None), replace them by the merged view.  Memoised.  NULL on OOM.
  */
-const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
+const kex_st *kex__st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
   if (!st) return NULL;
   if (st->nviews < 2) return st;
-  const void *val;
-  if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_SIMPLIFY, st, NULL, &val)) return val;
+  if (st->simplified) return st->simplified;
   const kex_view *vs[st->nviews];
   memcpy(vs, st->views, st->nviews * sizeof *vs);
   uint32_t n = st->nviews;
@@ -247,7 +271,7 @@ const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
     n--;
   }
   const kex_st *ret = n == st->nviews ? st : kex_st_from_views(ctx, n, vs);
-  if (ret) (void)kex__memo_put(&ctx->memo, KEX__MEMO_ST_SIMPLIFY, st, NULL, ret);
+  if (ret) ((kex_st *)st)->simplified = ret; /* the cache field is the one mutable part of a ShapeTracker */
   return ret;
 }
 
@@ -256,18 +280,20 @@ const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
  * `st + contiguous st of the same shape` is answered without memo traffic
  * beyond simplify's.  Memoised.  NULL on OOM.
  */
-const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
+const kex_st *kex__st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
   if (!a || !b) return NULL;
-  if (b->nviews == 1 && b->views[0]->contiguous) {
-    const kex_view *la = kex_st_last(a), *v = b->views[0];
-    if (la->ndim == v->ndim && kex_i64_eq(la->shape, v->shape, v->ndim))
-      return kex_st_simplify(ctx, a);
-  }
   const void *val;
-  if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_ADD, a, b, &val)) return val;
   const kex_st *ret = a;
-  for (uint32_t i = 0; i < b->nviews && ret; i++) ret = kex_st_simplify(ctx, append_view(ctx, ret, b->views[i]));
-  if (ret) (void)kex__memo_put(&ctx->memo, KEX__MEMO_ST_ADD, a, b, ret);
+  const kex_view *la = kex_st_last(a), *v = b->views[0];
+  if (b->nviews == 1 && v->contiguous && la->ndim == v->ndim && kex_i64_eq(la->shape, v->shape, v->ndim)) {
+    ret = kex_st_simplify(ctx, a);
+  } else if (kex__memo_get(&ctx->memo, KEX__MEMO_ST_ADD, a, b, &val)) {
+    ret = val;
+  } else {
+    for (uint32_t i = 0; i < b->nviews && ret; i++) ret = kex_st_simplify(ctx, append_view(ctx, ret, b->views[i]));
+    if (ret) (void)kex__memo_put(&ctx->memo, KEX__MEMO_ST_ADD, a, b, ret);
+  }
+  if (ret) ((kex_st *)a)->add_b = b, ((kex_st *)a)->add_res = ret; /* the cache fields: see kex_st */
   return ret;
 }
 

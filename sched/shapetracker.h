@@ -52,10 +52,26 @@ static inline bool kex_i64_eq(const int64_t *a, const int64_t *b, int n) {
 }
 
 typedef struct kex_st kex_st;
+/* One movement op memoised on the ShapeTracker it applies to (see sched/shapetracker.c's move memo). */
+typedef struct kex_st_move {
+  uint32_t op, n;
+  const int64_t *args; /* n entries, in the context's arena */
+  const struct kex_st *res;
+} kex_st_move;
+
+#define KEX_ST_MOVES 4
+
 struct kex_st {
   uint64_t hash;
   uint32_t nviews;
+  uint32_t moved_next; /* cache: the moved[] slot the next memoised op replaces */
   const kex_view *const *views;
+  /* caches (the one mutable part of an interned ShapeTracker, like a view's shape_st), of results in the context
+     that made it, answered without the memo table's hash and probe: the last movement ops applied to it, its
+     simplify() (NULL until asked) and its last `self + add_b` */
+  kex_st_move moved[KEX_ST_MOVES];
+  const struct kex_st *simplified;
+  const struct kex_st *add_b, *add_res;
 };
 
 typedef struct kex_shape_ctx kex_shape_ctx;
@@ -103,13 +119,18 @@ const kex_view *kex_view_minify(kex_shape_ctx *ctx, const kex_view *v);
 
 const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape);
 /* from_shape(shape of st): the contiguous ShapeTracker of st's visible shape, cached on the view. */
-const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st);
+const kex_st *kex__st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st); /* its path when the view has none yet */
+static inline const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
+  const struct kex_st *c = st->views[st->nviews - 1]->shape_st;
+  return c ? c : kex__st_from_shape_of(ctx, st);
+}
 const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t nviews, const kex_view *const *views);
 static inline const kex_view *kex_st_last(const kex_st *st) { return st->views[st->nviews - 1]; }
 static inline int kex_st_ndim(const kex_st *st) { return kex_st_last(st)->ndim; }
 static inline const int64_t *kex_st_shape(const kex_st *st) { return kex_st_last(st)->shape; }
-int64_t kex_st_size(const kex_st *st);                /* prod(shape) */
-bool kex_st_contiguous(const kex_st *st);             /* 1 view and contiguous */
+static inline int64_t kex_st_size(const kex_st *st) { return kex_view_size(kex_st_last(st)); } /* prod(shape) */
+/* 1 view and contiguous */
+static inline bool kex_st_contiguous(const kex_st *st) { return st->nviews == 1 && st->views[0]->contiguous; }
 bool kex_st_consecutive(const kex_st *st);            /* 1 view, no mask, row-major strides (any offset) */
 /* The element of the base buffer that logical index idx (st's shape) reads, or -1 where the view masks it out. */
 int64_t kex_st_address(const kex_st *st, const int64_t *idx);
@@ -128,8 +149,15 @@ const kex_st *kex_st_permute(kex_shape_ctx *ctx, const kex_st *st, const int *or
 const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t *mul);
 
 /* st1 + st2 (ShapeTracker.__add__): append st2's views one at a time, simplifying after each. */
-const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b);
-const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st);
+const kex_st *kex__st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b); /* kex_st_add's whole path */
+static inline const kex_st *kex_st_add(kex_shape_ctx *ctx, const kex_st *a, const kex_st *b) {
+  return a && b && a->add_b == b ? a->add_res : kex__st_add(ctx, a, b); /* its last add: the cache field's answer */
+}
+const kex_st *kex__st_simplify(kex_shape_ctx *ctx, const kex_st *st); /* kex_st_simplify's whole path */
+static inline const kex_st *kex_st_simplify(kex_shape_ctx *ctx, const kex_st *st) {
+  if (!st || st->nviews < 2) return st; /* one view: nothing to merge */
+  return st->simplified ? st->simplified : kex__st_simplify(ctx, st);
+}
 /* ShapeTracker.invert(out_shape): 0 with *out, 1 for None, or a negative code. */
 int kex_st_invert(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *out_shape, const kex_st **out);
 

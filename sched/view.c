@@ -137,7 +137,7 @@ static const kex_dict_type memo_type = {sizeof(kex__memo_ent), memo_eq, 64};
 
 bool kex__memo_get(const kex_dict *m, uint32_t op, const void *a, const void *b, const void **val) {
   kex__memo_ent k = {.a = a, .b = b, .op = op};
-  const kex__memo_ent *e = kex_dict_find(m, memo_hash(op, a, b), &k);
+  const kex__memo_ent *e = kex_dict_find_with(m, memo_hash(op, a, b), &k, &memo_type);
   if (e) *val = e->val;
   return e != NULL;
 }
@@ -145,7 +145,7 @@ bool kex__memo_get(const kex_dict *m, uint32_t op, const void *a, const void *b,
 int kex__memo_put(kex_dict *m, uint32_t op, const void *a, const void *b, const void *val) {
   kex__memo_ent k = {.a = a, .b = b, .op = op, .val = val};
   bool found;
-  kex__memo_ent *e = kex_dict_insert(m, memo_hash(op, a, b), &k, &found);
+  kex__memo_ent *e = kex_dict_insert_with(m, memo_hash(op, a, b), &k, &found, &memo_type);
   if (!e) return KEX_ENOMEM;
   *e = k;
   return 0;
@@ -237,7 +237,7 @@ static const kex_view *intern_view(kex_shape_ctx *ctx, const view_buf *b, bool c
   }
   uint64_t h = view_buf_hash(b);
   bool found;
-  const kex_view **slot = kex_dict_insert(&ctx->views, h, b, &found);
+  const kex_view **slot = kex_dict_insert_with(&ctx->views, h, b, &found, &view_type);
   if (!slot) return NULL;
   if (found) return *slot;
   size_t n = (size_t)b->ndim;
