@@ -9,9 +9,9 @@
  *   the pool (the caller's, or one made here) + per-worker replicas ->
  *   rounds: actions of every beam entry (apply_opt on copies, limits) ->
  *   lowered on the pool -> in order: uop limit, source dedup, compile (timed),
- *   binary dedup, load, reduced-grid timing -> leaders chosen with the tie
- *   rule, re-timed -> progress or stop -> beam best vs hand-coded at full
- *   size -> cache put.
+ *   binary dedup, load, reduced-grid screening -> the round decided by
+ *   paired timing and the tie rule -> progress or stop -> beam best (and
+ *   runner-up) vs hand-coded at full size, paired -> cache put.
  *
  * The calling thread owns the kernel's main shape context (the schedule's);
  * workers own their replicas.  Every device call goes through dev_exec.
@@ -89,7 +89,7 @@ void kex_beam_opts_init(kex_beam_opts *o, int width) {
   o->local_max = 1024;
   o->uops_max = 3000;
   o->min_progress_us = 0.01;
-  o->tie_tolerance = 0.02;
+  o->tie_tolerance = 0.05;
   o->timing_runs = 5;
   o->retime_runs = 9;
   o->max_candidates = 96;
@@ -243,13 +243,11 @@ typedef struct time_job {
   double factor;
   double early_stop_us; /* INFINITY: none */
   double shrink_to_s;   /* > 0: shrink the grid after the warm-up until a run takes about this long (search timing) */
-  bool use_min;         /* report the fastest run instead of the median */
-  bool skip_warmup;     /* the program ran just before: no warm-up launch */
-  double us;            /* median (or min) x factor */
+  double us;            /* median x factor */
 } time_job;
 
 /*
- * One warm-up launch, then up to `runs` timed launches; median (or min) x
+ * One warm-up launch, then up to `runs` timed launches; median x
  * factor.  What keeps slow candidates cheap (a 1024² matmul candidate runs
  * 50-500 ms at full size, and tinygrad's 3 runs cost the same):
  *   - a warm-up already past early_stop ends the timing with the warm-up's
@@ -290,18 +288,24 @@ static bool shrink_grid(time_job *t, double secs) {
   return changed;
 }
 
+/* One launch of t's program on t's grid; its device time in *secs. */
+static int launch_once(const time_job *t, double *secs, kex_error *err) {
+  kex_event *ev = NULL;
+  *secs = 0;
+  int rc = kex_program_launch(t->prog, t->global, t->local, t->args, t->nargs, NULL, 0, &ev, err);
+  if (!rc) rc = kex_event_elapsed(ev, secs, err);
+  kex_event_free(ev);
+  return rc;
+}
+
 static int job_time(kex_device *dev, void *arg, kex_error *err) {
   (void)dev;
   time_job *t = arg;
   double samples[KEX_BEAM_MAX_RUNS + 1], total = 0;
   int n = 0, rc = 0;
-  for (int i = t->skip_warmup ? 0 : -1; i < t->runs && !rc; i++) {
-    kex_event *ev = NULL;
+  for (int i = -1; i < t->runs && !rc; i++) {
     double secs = 0;
-    rc = kex_program_launch(t->prog, t->global, t->local, t->args, t->nargs, NULL, 0, &ev, err);
-    if (!rc) rc = kex_event_elapsed(ev, &secs, err);
-    kex_event_free(ev);
-    if (rc) continue;
+    if ((rc = launch_once(t, &secs, err))) continue;
     double us = secs * 1e6 * t->factor;
     if (i < 0) {
       if (us > t->early_stop_us) {
@@ -318,7 +322,7 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
   }
   if (rc) return rc;
   qsort(samples, (size_t)n, sizeof *samples, cmp_double);
-  t->us = t->use_min ? samples[0] : samples[n / 2];
+  t->us = samples[n / 2];
   return 0;
 }
 
@@ -328,6 +332,167 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
  * matmul at full size, 50-500 ms a run.
  */
 #define KEX_BEAM_RUN_TARGET_S 0.005
+
+/* ---- paired, interleaved timing: the decisions ---- */
+
+/*
+ * A decision times its members interleaved, one run each per paired round
+ * (forward, then backward, so no member always follows the same one), on
+ * the search's buffers after one warm-up launch each; member n-1 is a twin
+ * of member 0 (the same program again): the spread of their per-round
+ * ratios is the measured noise.  Rounds grow from the minimum, doubling,
+ * until every pair is decided, KEX_BEAM_PAIR_MAX rounds were run, or the
+ * runs add up to the decision's budget.
+ */
+#define KEX_BEAM_PAIR_MAX 256      /* paired rounds of one decision */
+#define KEX_BEAM_SET_MAX 24        /* members of one decision, the twin and the current best included */
+#define KEX_BEAM_PAIR_MIN 9        /* paired rounds at least (the sign test needs 6 for any interval at 95%) */
+#define KEX_BEAM_ROUND_BUDGET_S 0.5 /* a round's decision stops growing once its runs add up to this */
+#define KEX_BEAM_SET_COST_S 0.1    /* beyond the 2N+1 fastest, candidates join a decision while its minimum rounds cost this */
+#define KEX_BEAM_ALPHA 0.01        /* the medians' intervals cover at least 1 - KEX_BEAM_ALPHA */
+#define KEX_BEAM_DECIDE_MIN_S 0.05 /* a decision's runs span at least this much device time before it may stop early */
+
+typedef struct paired {
+  int n;                      /* members, the twin (last) included */
+  time_job t[KEX_BEAM_SET_MAX];
+  int rounds, target;         /* rounds done; job_paired runs up to target */
+  double spent_s;             /* device time of the timed runs */
+  double us[KEX_BEAM_SET_MAX][KEX_BEAM_PAIR_MAX]; /* x factor */
+  double scratch[KEX_BEAM_PAIR_MAX];
+} paired;
+
+static int job_paired(kex_device *dev, void *arg, kex_error *err) {
+  (void)dev;
+  paired *p = arg;
+  double secs;
+  int rc = 0;
+  if (p->rounds == 0)
+    for (int i = 0; i < p->n && !rc; i++) rc = launch_once(&p->t[i], &secs, err); /* warm-up */
+  for (int r = p->rounds; r < p->target && !rc; r++) {
+    for (int j = 0; j < p->n && !rc; j++) {
+      int i = r & 1 ? p->n - 1 - j : j;
+      if ((rc = launch_once(&p->t[i], &secs, err))) break;
+      p->us[i][r] = secs * 1e6 * p->t[i].factor;
+      p->spent_s += secs;
+    }
+    if (!rc) p->rounds = r + 1;
+  }
+  return rc;
+}
+
+/* The sign test's rank: the largest a with P(Bin(n, 1/2) < a) <= KEX_BEAM_ALPHA / 2; 0 when there is none. */
+static int sign_rank(int n) {
+  double pmf = ldexp(1.0, -n), cdf = pmf;
+  int a = 0;
+  for (int k = 0; k < n && cdf <= KEX_BEAM_ALPHA / 2; k++) {
+    a = k + 1;
+    pmf *= (double)(n - k) / (double)(k + 1);
+    cdf += pmf;
+  }
+  return a;
+}
+
+/*
+ * Per-round log(us_i / us_j) over p's rounds: the median and the sign
+ * test's interval for it (lo = -inf, hi = inf when the rounds are too few
+ * for one).
+ */
+static void pair_log_ratio(paired *p, int i, int j, double *med, double *lo, double *hi) {
+  int n = p->rounds, a = sign_rank(n);
+  double *l = p->scratch;
+  for (int k = 0; k < n; k++) l[k] = log(p->us[i][k] / p->us[j][k]);
+  qsort(l, (size_t)n, sizeof *l, cmp_double);
+  *med = n ? (n & 1 ? l[n / 2] : 0.5 * (l[n / 2 - 1] + l[n / 2])) : 0;
+  *lo = a ? l[a - 1] : -INFINITY;
+  *hi = a ? l[n - a] : INFINITY;
+}
+
+/*
+ * Member i against member j: -1 when i is faster by more than theta over
+ * its whole interval, 1 when slower, 0 a tie.  *decided (may be NULL):
+ * the interval lies wholly outside or wholly inside 1 +- theta (more
+ * rounds would not change the answer).
+ */
+static int pair_cmp(paired *p, int i, int j, double theta, bool *decided) {
+  double med, lo, hi, band = log1p(theta);
+  pair_log_ratio(p, i, j, &med, &lo, &hi);
+  if (decided) *decided = hi < -band || lo > band || (lo >= -band && hi <= band);
+  return hi < -band ? -1 : lo > band ? 1 : 0;
+}
+
+/*
+ * The noise threshold's start: KEX_BEAM_NOISE_MULT x the measured noise
+ * (pair_spread), at least floor (tie_tolerance), at most
+ * KEX_BEAM_NOISE_CAP.  The multiple is wide because the noise a decision
+ * can see (its own runs) is not all there is: on the 2-vCPU VM the median
+ * ratio of the same two kernels moved by up to 8% (27% for a memory-bound
+ * pair) between two searches (fresh compiles, loads and buffers, and the
+ * other processes' load) while each search's own interval was 2-3% wide.
+ */
+#define KEX_BEAM_NOISE_MULT 16.0
+#define KEX_BEAM_NOISE_CAP 0.35
+static double pair_spread(paired *p);
+static double pair_median(paired *p, int i, int ref);
+static double pair_threshold(paired *p, double floor) {
+  return fmin(KEX_BEAM_NOISE_CAP, fmax(floor, KEX_BEAM_NOISE_MULT * pair_spread(p)));
+}
+
+/*
+ * Where the threshold goes: the first value of the ladder at or above
+ * theta0 at which no relevant pair of members [0, n) -- both within 2.5x
+ * of the fastest -- has its interval, widened by KEX_BEAM_EDGE_MARGIN, on
+ * an edge of the band (1 +- threshold), else the value with the fewest
+ * such pairs.  A pair's ratio barely moves between two searches compared
+ * with the ladder's steps, so two searches skip the same values and
+ * decide every pair the same way, where a threshold fixed at one value
+ * had a pair sitting on it now and then (GROUP(0,4) vs GROUP(0,8) of a
+ * 64K sum: 1.46-1.54 against a 50% threshold).
+ */
+#define KEX_BEAM_EDGE_MARGIN 0.05
+static double place_threshold(paired *p, int n, double theta0) {
+  static const double ladder[] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, KEX_BEAM_MAX_TIE};
+  enum { NL = sizeof ladder / sizeof *ladder, NP = KEX_BEAM_SET_MAX * (KEX_BEAM_SET_MAX - 1) / 2 };
+  double sc[KEX_BEAM_SET_MAX], smin = INFINITY, lo[NP], hi[NP], med, best = KEX_BEAM_MAX_TIE;
+  int np = 0, fewest = NP + 1;
+  for (int i = 0; i < n; i++) smin = fmin(smin, sc[i] = pair_median(p, i, 0));
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++)
+      if (sc[i] <= 2.5 * smin && sc[j] <= 2.5 * smin) {
+        pair_log_ratio(p, i, j, &med, &lo[np], &hi[np]);
+        np++;
+      }
+  double m = log1p(KEX_BEAM_EDGE_MARGIN);
+  for (int l = 0; l < NL; l++) {
+    if (ladder[l] < theta0 && l + 1 < NL && ladder[l + 1] <= theta0) continue;
+    double t = fmax(ladder[l], theta0), b = log1p(t);
+    int edge = 0;
+    for (int k = 0; k < np; k++)
+      edge += !(hi[k] < -b - m || lo[k] > b + m || (lo[k] > -b + m && hi[k] < b - m));
+    if (edge < fewest) fewest = edge, best = t;
+    if (!edge) break;
+  }
+  return best;
+}
+
+/* Median over p's rounds of us[i][k] (ref < 0) or of us[i][k] / us[ref][k]. */
+static double pair_median(paired *p, int i, int ref) {
+  int n = p->rounds;
+  for (int k = 0; k < n; k++) p->scratch[k] = ref < 0 ? p->us[i][k] : p->us[i][k] / p->us[ref][k];
+  qsort(p->scratch, (size_t)n, sizeof *p->scratch, cmp_double);
+  return n ? p->scratch[n / 2] : INFINITY;
+}
+
+/*
+ * The measured noise: the median of |us_0 / us_twin - 1| over the rounds
+ * (member 0 and its twin are one program, so this is what pairing alone
+ * leaves of run-to-run variation).
+ */
+static double pair_spread(paired *p) {
+  int n = p->rounds, t = p->n - 1;
+  for (int k = 0; k < n; k++) p->scratch[k] = fabs(expm1(log(p->us[0][k] / p->us[t][k])));
+  qsort(p->scratch, (size_t)n, sizeof *p->scratch, cmp_double);
+  return n ? p->scratch[n / 2] : INFINITY;
+}
 
 /* ---- per-worker replicas: each lowers in its own replay of the graph ---- */
 
@@ -456,18 +621,34 @@ static int digest_add(digest_set *s, const void *data, size_t len) {
 
 /* ---- ranking ---- */
 
-/* a before b in the deterministic order: fewer opts, then smaller action ids. */
+/*
+ * The fixed tie rule, which no timing enters: the kernel with more uops,
+ * then fewer opts, then the smaller opts text (kex_cache_opts_format,
+ * strcmp) comes first.  <0: a first.  More uops (more work upcast and
+ * unrolled per thread) first, because that end of a tie group is its fast
+ * end in the search's measurements: with "fewer uops first" the rule's
+ * favourite was usually the group's slowest member, the one whose
+ * membership (within the threshold of the fastest or just beyond it) is
+ * least certain, and two searches picked differently whenever it fell
+ * on either side.
+ */
+static int tie_order(uint32_t auops, const kex_opt *ao, uint32_t an, uint32_t buops, const kex_opt *bo, uint32_t bn) {
+  char at[KEX_CACHE_OPTS_TEXT_MAX], bt[KEX_CACHE_OPTS_TEXT_MAX];
+  if (auops != buops) return auops > buops ? -1 : 1;
+  if (an != bn) return an < bn ? -1 : 1;
+  if (kex_cache_opts_format(ao, an, at, sizeof at) || kex_cache_opts_format(bo, bn, bt, sizeof bt)) return 0;
+  return strcmp(at, bt);
+}
+
 static int cand_order(const candidate *a, const candidate *b) {
-  if (a->nopts != b->nopts) return a->nopts < b->nopts ? -1 : 1;
-  for (uint32_t i = 0; i < a->nopts; i++)
-    if (a->seq[i] != b->seq[i]) return a->seq[i] < b->seq[i] ? -1 : 1;
-  return 0;
+  return tie_order(a->ps.nuops, a->opts, a->nopts, b->ps.nuops, b->opts, b->nopts);
 }
 
 /*
- * Pick up to k leaders from the timed candidates: repeatedly the fastest
- * remaining time t, and among the remaining within t x (1 + tol) the first
- * in cand_order.  out[] gets their indices; returns how many.
+ * Pick up to k leaders from the timed candidates by their screening times
+ * alone (the fallback when a paired decision cannot run): repeatedly the
+ * fastest remaining time t, and among the remaining within t x (1 + tol)
+ * the first in the tie rule.  out[] gets their indices; returns how many.
  */
 static int pick_leaders(candidate **c, int n, int k, double tol, int *out) {
   bool *taken = kex_calloc((size_t)(n ? n : 1), 1);
@@ -476,11 +657,11 @@ static int pick_leaders(candidate **c, int n, int k, double tol, int *out) {
   while (m < k) {
     double tmin = INFINITY;
     for (int i = 0; i < n; i++)
-      if (!taken[i] && c[i]->timed && c[i]->us < tmin) tmin = c[i]->us;
+      if (c[i] && !taken[i] && c[i]->timed && c[i]->us < tmin) tmin = c[i]->us;
     if (!isfinite(tmin)) break;
     int pick = -1;
     for (int i = 0; i < n; i++)
-      if (!taken[i] && c[i]->timed && c[i]->us <= tmin * (1 + tol) && (pick < 0 || cand_order(c[i], c[pick]) < 0))
+      if (c[i] && !taken[i] && c[i]->timed && c[i]->us <= tmin * (1 + tol) && (pick < 0 || cand_order(c[i], c[pick]) < 0))
         pick = i;
     taken[pick] = true;
     out[m++] = pick;
@@ -848,48 +1029,134 @@ static void take_candidate(round_set *r, const candidate *c) {
 }
 
 /*
- * Leaders: the best 2N+1 by the tie rule are re-timed together with the
- * current best.  The relative change between a candidate's first and
- * second timing measures this round's noise; differences below it (and
- * below tie_tolerance) are ties, decided by the opts order.  Then the next
- * beam when the round made progress (true), else *runner (when the
- * round's fastest beat the best within the tolerance) and false: the
- * search ends.
+ * Run decision p (members and twin set up) on the device: KEX_BEAM_PAIR_MIN
+ * (or retime_runs, when more) rounds, then doubling while a pair among
+ * members [0, ndecide) is undecided at the noise threshold, under
+ * KEX_BEAM_PAIR_MAX rounds and until the runs add up to budget_s.
+ * *theta gets the threshold: the measured noise (pair_spread), at least
+ * tie_tolerance and at most KEX_BEAM_MAX_TIE.
+ */
+static int run_paired(search *s, paired *p, int ndecide, double budget_s, double *theta, kex_error *err) {
+  const kex_beam_opts *o = s->o;
+  int min = o->retime_runs > KEX_BEAM_PAIR_MIN ? o->retime_runs : KEX_BEAM_PAIR_MIN;
+  p->target = min < KEX_BEAM_PAIR_MAX ? min : KEX_BEAM_PAIR_MAX;
+  for (;;) {
+    if (stop_requested(s)) return kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
+    double tt = now_s();
+    int rc = s->exec(o->exec_ctx, s->dev, job_paired, p, err);
+    s->res->time_s += now_s() - tt;
+    if (rc) return rc;
+    double t0 = pair_threshold(p, o->tie_tolerance);
+    bool all = true;
+    for (int i = 0; i < ndecide && all; i++)
+      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, t0, &all);
+    if ((all && p->spent_s >= KEX_BEAM_DECIDE_MIN_S) || p->rounds >= KEX_BEAM_PAIR_MAX || p->spent_s >= budget_s) {
+      *theta = place_threshold(p, ndecide, t0);
+      return 0;
+    }
+    p->target = 2 * p->rounds < KEX_BEAM_PAIR_MAX ? 2 * p->rounds : KEX_BEAM_PAIR_MAX;
+  }
+}
+
+static int cmp_screen(const void *a, const void *b) {
+  const candidate *x = *(candidate *const *)a, *y = *(candidate *const *)b;
+  if (x->us != y->us) return x->us < y->us ? -1 : 1;
+  return cand_order(x, y);
+}
+
+/*
+ * The round's decision.  Screening (the median of a few runs per
+ * candidate) only chooses the set: every timed candidate (up to the set's
+ * room, in screening order) when the leader's run x the candidates x the
+ * minimum rounds costs at most KEX_BEAM_SET_COST_S -- µs-scale kernels,
+ * whose screening runs are the least trustworthy (one preempted warm-up
+ * made a round's best kernel look 3x slower) -- else the 2N+1 fastest,
+ * then the next ones in screening order while the set's minimum rounds
+ * cost at most KEX_BEAM_SET_COST_S.  The set
+ * and the current best are timed paired (run_paired); then, N times, the
+ * fastest remaining member by its median ratio and every remaining member
+ * not slower than it by more than the noise threshold form a tie, and the
+ * first of them in the tie rule joins the next beam.  The round makes
+ * progress when the first pick is faster than the current best beyond the
+ * threshold (true); otherwise the search ends, and a first pick that tied
+ * with the best becomes *runner (the final comparison decides between
+ * them, by time or by the tie rule).  A decision that cannot run falls
+ * back to the screening times with the tie rule at tie_tolerance.
  */
 static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, candidate **runner) {
   const kex_beam_opts *o = s->o;
   kex_beam_result *res = s->res;
-  int width = o->width;
-  int lead[2 * KEX_BEAM_MAX_WIDTH + 1];
-  int nlead = pick_leaders(r->cands, r->n, 2 * width + 1, o->tie_tolerance, lead);
-  double noise = 0;
-  for (int j = -1; j < nlead; j++) {
-    candidate *c = j < 0 ? beam[0] : r->cands[lead[j]];
-    if (!c->prog) continue;
-    time_job tj;
-    fill_time_job(s, &c->ps, c->prog, true, &tj);
-    tj.runs = o->retime_runs;
-    tj.use_min = true;
-    if (isfinite(c->us)) shrink_grid(&tj, c->us * 1e-6 / tj.factor);
-    kex_error te = {0};
-    double tt = now_s();
-    int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
-    res->time_s += now_s() - tt;
-    if (trc) continue;
-    double lo = fmin(c->us, tj.us);
-    if (lo > 0 && isfinite(c->us)) noise = fmax(noise, fabs(c->us - tj.us) / lo);
-    c->us = tj.us;
+  int width = o->width, nset = 0, order[KEX_BEAM_MAX_WIDTH], nord = 0;
+  candidate *set[KEX_BEAM_SET_MAX], *lc[KEX_BEAM_SET_MAX];
+  candidate **sorted = kex_malloc(sizeof *sorted * (size_t)(r->n ? r->n : 1));
+  paired *p = kex_calloc(1, sizeof *p);
+  int m = 0, best_at = -1, pc = 1;
+  double theta = o->tie_tolerance, cost = 0;
+  bool ok = sorted && p;
+  for (int i = 0; i < r->n && ok; i++)
+    if (r->cands[i]->timed && r->cands[i]->prog) sorted[m++] = r->cands[i];
+  if (ok) qsort(sorted, (size_t)m, sizeof *sorted, cmp_screen);
+  bool has_best = beam[0]->prog && isfinite(beam[0]->us);
+  int room = KEX_BEAM_SET_MAX - 1 - (has_best ? 1 : 0);
+  /* judged by the leader's run: one spike in a candidate's screening must not keep it out */
+  bool all = m && sorted[0]->us * 1e-6 / sorted[0]->factor * KEX_BEAM_PAIR_MIN * m <= KEX_BEAM_SET_COST_S;
+  for (int i = 0; ok && i < m && nset < room; i++) {
+    double run_s = sorted[i]->us * 1e-6 / sorted[i]->factor * KEX_BEAM_PAIR_MIN;
+    if (!all && nset >= 2 * width + 1 && cost + run_s > KEX_BEAM_SET_COST_S) break;
+    set[nset++] = sorted[i];
+    cost += run_s;
   }
-  double tol = fmin(KEX_BEAM_MAX_TIE, fmax(o->tie_tolerance, noise));
-  if (tol > res->tie_used) res->tie_used = tol;
-  candidate *lc[2 * KEX_BEAM_MAX_WIDTH + 1];
-  for (int j = 0; j < nlead; j++) lc[j] = r->cands[lead[j]];
-  int order[2 * KEX_BEAM_MAX_WIDTH + 1];
-  int nord = pick_leaders(lc, nlead, width, tol, order);
+  if (ok && nset > 0) {
+    int nm = 0;
+    for (int i = 0; i < nset; i++) lc[nm++] = set[i];
+    if (has_best) lc[best_at = nm++] = beam[0];
+    lc[nm] = lc[0]; /* the twin */
+    p->n = nm + 1;
+    for (int i = 0; i < p->n; i++) {
+      fill_time_job(s, &lc[i]->ps, lc[i]->prog, true, &p->t[i]);
+      shrink_grid(&p->t[i], lc[i]->us * 1e-6 / p->t[i].factor);
+    }
+    kex_error pe = {0};
+    if (run_paired(s, p, nm, KEX_BEAM_ROUND_BUDGET_S, &theta, &pe)) {
+      KEX_WARN("beam: round %u: paired timing failed (%s); deciding by screening times", s->prog.round, pe.msg);
+      ok = false;
+    }
+  }
+  if (ok && nset > 0) {
+    double score[KEX_BEAM_SET_MAX];
+    bool taken[KEX_BEAM_SET_MAX] = {0};
+    for (int i = 0; i < p->n - 1; i++) {
+      score[i] = pair_median(p, i, 0);
+      lc[i]->us = pair_median(p, i, -1);
+    }
+    while (nord < width) {
+      int f = -1, pick = -1;
+      for (int i = 0; i < nset; i++)
+        if (!taken[i] && (f < 0 || score[i] < score[f])) f = i;
+      if (f < 0) break;
+      for (int i = 0; i < nset; i++)
+        if (!taken[i] && pair_cmp(p, i, f, theta, NULL) <= 0 && (pick < 0 || cand_order(lc[i], lc[pick]) < 0)) pick = i;
+      taken[pick] = true;
+      order[nord++] = pick;
+    }
+    if (best_at >= 0) pc = pair_cmp(p, order[0], best_at, theta, NULL);
+    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds, noise %.3f, threshold %.3f", s->prog.round, nset,
+              p->rounds, pair_spread(p), theta);
+  } else if (nset > 0 || m > 0) {
+    nord = pick_leaders(r->cands, r->n, width, o->tie_tolerance, order);
+    for (int j = 0; j < nord; j++) lc[j] = r->cands[order[j]], order[j] = j;
+    if (has_best && nord) {
+      double d = beam[0]->us - lc[0]->us;
+      pc = d > o->tie_tolerance * beam[0]->us ? -1 : d < -o->tie_tolerance * beam[0]->us ? 1 : 0;
+    }
+  }
+  kex_free(sorted);
+  kex_free(p);
+  if (theta > res->tie_used) res->tie_used = theta;
   double prev = beam[0]->us, bestt = nord ? lc[order[0]]->us : INFINITY;
-  double threshold = isfinite(prev) ? fmax(o->min_progress_us, tol * prev) : o->min_progress_us;
-  bool exiting = nord == 0 || bestt < o->min_progress_us || !(prev - bestt > threshold);
-  if (!exiting) {
+  bool progress = nord > 0 && bestt >= o->min_progress_us &&
+                  (!has_best || (pc < 0 && prev - bestt > o->min_progress_us));
+  if (progress) {
     for (int j = 0; j < *nbeam; j++) free_candidate(s, beam[j]);
     for (int j = 0; j < nord; j++) {
       beam[j] = lc[order[j]];
@@ -897,11 +1164,11 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
     }
     *nbeam = nord;
     s->prog.best_us = beam[0]->us;
-  } else if (nord > 0 && lc[order[0]]->us < prev && lc[order[0]]->prog) {
+  } else if (nord > 0 && has_best && pc == 0) {
     *runner = lc[order[0]];
     take_candidate(r, *runner);
   }
-  return !exiting;
+  return progress;
 }
 
 /*
@@ -1045,6 +1312,9 @@ static int lookup_cache(const kex_beam_opts *o, const kex_cache_beam_key *key, c
   memcpy(res->opts, v.opts, sizeof(kex_opt) * v.nopts);
   res->best_us = v.best_time_s * 1e6;
   res->hand_us = v.hand_time_s * 1e6;
+  res->decision_samples = (uint32_t)(v.decision_samples < UINT32_MAX ? v.decision_samples : UINT32_MAX);
+  res->decision_spread = v.decision_spread;
+  res->decision_tie = v.decision_tie;
   res->from_cache = true;
   return 0;
 }
@@ -1065,60 +1335,48 @@ static int alloc_bufs(search *s, const kex_beam_target *t, kex_error *err) {
   return s->exec(s->o->exec_ctx, s->dev, job_alloc, &s->bufs, err);
 }
 
-/* The three kernels of the final comparison and the fastest full-size run of each (runner: may be absent). */
+/* The final comparison's kernels (runner: may be absent) and its outcome at full size. */
 typedef struct compare_set {
   const kex_program_src *hand_ps, *beam_ps, *runner_ps;
   kex_program *hand, *beam, *runner;
-  double hand_us, beam_us, runner_us;
+  double hand_us, beam_us, runner_us; /* medians of the paired runs */
+  int beam_vs_hand, runner_vs_beam, runner_vs_hand; /* pair_cmp at the threshold */
+  int rounds;                         /* paired rounds */
+  double spread, theta;               /* measured noise, the threshold it gave */
 } compare_set;
 
 /*
- * The beam's best (and the runner-up, when there is one) against
- * hand-coded, full size, alternating: up to 2 x retime_runs rounds; the
- * first warms up, and after KEX_BEAM_MIN_RUNS the comparison stops once
- * the runs add up to KEX_BEAM_COMPARE_BUDGET_S (a 1024² matmul pair costs
- * ~150 ms).  Each kernel's time is its fastest run.
+ * The beam's best, hand-coded and the runner-up, full size, paired
+ * (run_paired, members beam, hand, runner, the beam's twin) within
+ * KEX_BEAM_COMPARE_BUDGET_S once the minimum rounds are done.
  */
 static int compare_full_size(search *s, compare_set *c, kex_error *err) {
-  double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS], tr[2 * KEX_BEAM_MAX_RUNS];
-  int nr = 2 * s->o->retime_runs, rc;
-  double spent = 0;
-  for (int r = 0; r < nr; r++) {
-    time_job a, b;
-    fill_time_job(s, c->hand_ps, c->hand, false, &a);
-    fill_time_job(s, c->beam_ps, c->beam, false, &b);
-    a.runs = b.runs = 1;
-    a.use_min = b.use_min = true; /* a long warm-up counts as a run (job_time) */
-    a.skip_warmup = b.skip_warmup = r > 0;
-    if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &a, err))) return rc;
-    if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &b, err))) return rc;
-    th[r] = a.us;
-    tb[r] = b.us;
-    spent += (a.us + b.us) * 1e-6;
+  paired *p = kex_calloc(1, sizeof *p);
+  if (!p) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  const kex_program_src *ps[3] = {c->beam_ps, c->hand_ps, c->runner_ps};
+  kex_program *pr[3] = {c->beam, c->hand, c->runner};
+  int nm = c->runner ? 3 : 2;
+  for (int i = 0; i < nm; i++) fill_time_job(s, ps[i], pr[i], false, &p->t[i]);
+  p->t[nm] = p->t[0];
+  p->n = nm + 1;
+  int rc = run_paired(s, p, nm, KEX_BEAM_COMPARE_BUDGET_S, &c->theta, err);
+  if (!rc) {
+    c->beam_us = pair_median(p, 0, -1);
+    c->hand_us = pair_median(p, 1, -1);
+    c->beam_vs_hand = pair_cmp(p, 0, 1, c->theta, NULL);
     if (c->runner) {
-      time_job t;
-      fill_time_job(s, c->runner_ps, c->runner, false, &t);
-      t.runs = 1;
-      t.use_min = true;
-      t.skip_warmup = r > 0;
-      if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &t, err))) return rc;
-      tr[r] = t.us;
-      spent += t.us * 1e-6;
+      c->runner_us = pair_median(p, 2, -1);
+      c->runner_vs_beam = pair_cmp(p, 2, 0, c->theta, NULL);
+      c->runner_vs_hand = pair_cmp(p, 2, 1, c->theta, NULL);
     }
-    if (r + 1 >= KEX_BEAM_MIN_RUNS && spent >= KEX_BEAM_COMPARE_BUDGET_S) {
-      nr = r + 1;
-      break;
-    }
+    c->rounds = p->rounds;
+    c->spread = pair_spread(p);
+    KEX_DEBUG("beam: final: beam %.2f us, hand %.2f us (%d), runner %.2f us (%d vs beam, %d vs hand); %d rounds, "
+              "threshold %.3f", c->beam_us, c->hand_us, c->beam_vs_hand, c->runner ? c->runner_us : 0,
+              c->runner_vs_beam, c->runner_vs_hand, p->rounds, c->theta);
   }
-  qsort(th, (size_t)nr, sizeof *th, cmp_double);
-  qsort(tb, (size_t)nr, sizeof *tb, cmp_double);
-  c->hand_us = th[0];
-  c->beam_us = tb[0];
-  if (c->runner) {
-    qsort(tr, (size_t)nr, sizeof *tr, cmp_double);
-    c->runner_us = tr[0];
-  }
-  return 0;
+  kex_free(p);
+  return rc;
 }
 
 /* Store the result under key (with the kernel's AST text). */
@@ -1134,6 +1392,9 @@ static int store_result(const kex_beam_opts *o, const kex_cache_beam_key *key, c
   v.hand_time_s = res->hand_us * 1e-6;
   v.search_time_s = res->search_s;
   v.candidates = res->timed;
+  v.decision_samples = res->decision_samples;
+  v.decision_spread = res->decision_spread;
+  v.decision_tie = res->decision_tie;
   snprintf(v.kernel_name, sizeof v.kernel_name, "%s", res->name);
   if (kex_ast_text(it->ast, it->nout, &ast_text, NULL, &ce)) ast_text = NULL;
   if ((rc = kex_cache_beam_put(o->cache, key, &v, ast_text, &ce))) kex_err_set(err, rc, "beam cache put: %s", ce.msg);
@@ -1235,19 +1496,32 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     goto out;
   }
   report(&s, "compare");
-  compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL, 0, 0, 0};
+  compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL};
   if ((rc = compare_full_size(&s, &cmp, err))) goto out;
   res->hand_us = cmp.hand_us;
   double beam_full = cmp.beam_us;
   const kex_kernel *beam_k = kw;
-  if (runner && cmp.runner_us < beam_full * (1 - opts->tie_tolerance)) { /* the last round's fastest, confirmed at full size */
-    beam_full = cmp.runner_us;
-    beam_k = kr;
-    res->beam_us = runner->us;
-    res->factor = runner->factor;
-    res->runner_up_won = true;
+  int vs_hand = cmp.beam_vs_hand;
+  bool tie = false;
+  if (runner) { /* the last round's first pick, which tied with the best there: faster at full size, or the tie rule */
+    tie = cmp.runner_vs_beam == 0;
+    if (cmp.runner_vs_beam < 0 ||
+        (tie && tie_order(runner->ps.nuops, runner->opts, runner->nopts, bps->nuops, best->opts, best->nopts) < 0)) {
+      beam_full = cmp.runner_us;
+      beam_k = kr;
+      vs_hand = cmp.runner_vs_hand;
+      res->beam_us = runner->us;
+      res->factor = runner->factor;
+      res->runner_up_won = true;
+    }
   }
-  res->hand_won = !(beam_full < res->hand_us * (1 - opts->tie_tolerance));
+  /* a tie with hand-coded keeps hand-coded: the fixed rule of the last step (never a kernel measured within the
+     noise of hand-coded, maybe slower, for one that needs no search) */
+  res->hand_won = vs_hand >= 0;
+  res->decision_tie = tie || vs_hand == 0;
+  res->decision_samples = (uint32_t)cmp.rounds;
+  res->decision_spread = cmp.spread;
+  if (cmp.theta > res->tie_used) res->tie_used = cmp.theta;
   const kex_kernel *chosen = res->hand_won ? kh : beam_k;
   res->best_us = res->hand_won ? res->hand_us : beam_full;
   res->nopts = chosen->napplied;

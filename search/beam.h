@@ -36,45 +36,77 @@
  *     there a round's batch goes to kex_device_prewarm first (helper
  *     processes build it in parallel into PoCL's kernel cache) and the
  *     device's own builds, one by one on its thread, then hit that cache;
- *   - each candidate is the median of `timing_runs` runs after a warm-up,
- *     cut short for slow kernels: a warm-up already past the early stop
- *     (3x the best) is the candidate's only run, a warm-up of 2 ms or more
- *     counts as a run, and after 3 runs the timing stops once the runs add
- *     up to 0.25 s (before this, timing was 90% of a 1024² matmul search:
- *     285 of 315 s);
- *     search timings also shrink the grid below tinygrad's 65536 groups
- *     (halving the same dims, never below 64 groups) until one run takes
- *     about 5 ms, judged from the best time so far before the warm-up and
- *     from the warm-up after it (a slow candidate's full-size warm-up was
- *     most of what timing still cost); the round's leaders and the current
- *     best are re-timed with up to `retime_runs` runs before the beam keeps
- *     them, and the beam's best and hand-coded are compared at full size
- *     with up to 2 x retime_runs alternating runs (at least 3 pairs, then
- *     until the runs add up to 1 s);
- *     re-timings and the comparison use the fastest run (interference on
- *     a shared machine only adds time, so the minimum is the statistic
- *     that repeats best; the median of the first pass screens);
- *   - ties are broken deterministically: candidates whose times are within
- *     a tolerance of the fastest count as equal and the one with fewer
- *     opts, then the lexicographically smaller action ids, wins.  The
- *     tolerance is max(tie_tolerance (2%), the round's measured noise: the
- *     largest relative change between a leader's first timing and its
- *     re-timing), capped at KEX_BEAM_MAX_TIE; the best 2N+1 are re-timed.
- *     A fixed 2% was not enough on a shared 2-core VM (two µs-scale
- *     elementwise kernels 3% apart swapped places run to run).  A round
- *     only counts as progress when it beats the current best by more
- *     than max(min_progress_us, tolerance x best), and when it does not
- *     the beam keeps its (shorter) best instead of tinygrad's "take the
- *     marginally faster one" -- unless the final comparison, which times
- *     that faster one too, finds it faster by more than tie_tolerance at
- *     full size (min of alternating runs: a 512² matmul's last round found
- *     kernels 5-10% faster than the best, within the round's measured
- *     noise, and tinygrad's rule would have taken them); the final
- *     comparison keeps the beam's kernel only when it is faster than
- *     hand-coded by more than tie_tolerance.
- *     Together these make the same device and kernel give the same opts
- *     unless two kernels differ by more than 2% in one run and less in
- *     another;
+ *   - screening: each candidate is the median of `timing_runs` runs after
+ *     a warm-up, cut short for slow kernels: a warm-up already past the
+ *     early stop (3x the best) is the candidate's only run, a warm-up of
+ *     2 ms or more counts as a run, and after 3 runs the timing stops once
+ *     the runs add up to 0.25 s (before this, timing was 90% of a 1024²
+ *     matmul search: 285 of 315 s); search timings also shrink the grid
+ *     below tinygrad's 65536 groups (halving the same dims, never below 64
+ *     groups) until one run takes about 5 ms.  Screening only chooses which
+ *     candidates a round decides between; it never decides;
+ *   - decisions (kex's own method, not tinygrad's: tinygrad keeps the
+ *     fastest single timing, so two fresh searches pick different kernels
+ *     whenever candidates are within the machine's noise).  A search is
+ *     repeatable when its decisions are functions of what does not vary
+ *     from run to run:
+ *       * the set: every timed candidate of the round when they are cheap
+ *         to time (µs-scale kernels, whose screening is least reliable),
+ *         else the 2N+1 fastest by screening plus the next ones while the
+ *         decision's minimum rounds stay within 0.1 s; the current best
+ *         joins it;
+ *       * paired, interleaved timing: one run of each member per paired
+ *         round (forward, then backward), on the same buffers after a
+ *         warm-up, so that load changes hit every member alike; member 0
+ *         runs twice per round (a twin), and the median |ratio - 1| of the
+ *         twin's pairs is the measured noise (the spread).  The rounds
+ *         grow (9 or retime_runs, doubling, at most 256) until every pair
+ *         is decided (and the runs span 50 ms: load comes in bursts), at
+ *         most until the runs add up to 0.5 s (1 s for the final
+ *         comparison);
+ *       * a pair is compared by the median of its per-round ratios and the
+ *         sign test's interval for it (99%): separated only when the whole
+ *         interval lies beyond 1 +- the noise threshold, else a tie.  The
+ *         threshold starts at 16 x the measured noise, at least
+ *         tie_tolerance (5%), at most 35%, and is then placed on a ladder
+ *         (.., 0.3, 0.35, 0.4, 0.45, KEX_BEAM_MAX_TIE = 0.5): the first
+ *         step at or above the start where no pair of the leading members
+ *         (within 2.5x of the fastest) has its interval, widened by 5%, on
+ *         an edge of the band, else the step with the fewest such pairs.
+ *         The multiple is wide on purpose: on this 2-vCPU VM the median
+ *         ratio of the same two kernels moved by 8% (27% for a
+ *         memory-bound pair) between two searches (fresh compiles,
+ *         buffers, the other processes' load), while each search's own
+ *         interval was 2-3% wide, so a threshold near the within-search
+ *         noise flipped picks; and the ladder keeps the threshold off the
+ *         pairs that sit near it (GROUP(0,4) vs GROUP(0,8) of a 64K sum
+ *         measured 1.46-1.54 against a fixed 50%).  µs-scale kernels here
+ *         (noise 3-25%) decide at 35-50%, ms-scale ones (noise ~0.5%) at
+ *         about 8%;
+ *       * the tie rule, in which no timing enters: more uops first, then
+ *         fewer opts, then the smaller opts text.  More uops (more work
+ *         upcast and unrolled per thread) is the fast end of a tie group in
+ *         the measurements; with "fewer uops first" the favourite was
+ *         usually the group's slowest member, the one whose place inside
+ *         or just beyond the threshold is least certain;
+ *       * pruning: N times, the fastest remaining member (median ratio)
+ *         and every remaining member not separated from it form a tie, and
+ *         the tie rule's first joins the next beam; a round makes progress
+ *         only when its first pick is separated from (faster than) the
+ *         current best; when it ties, the search ends and that pick is the
+ *         runner-up;
+ *       * the final comparison, at full size, paired: hand-coded, the
+ *         beam's best and the runner-up.  The runner-up replaces the best
+ *         when it is separated and faster, or ties and comes first in the
+ *         tie rule; the beam's kernel replaces hand-coded only when it is
+ *         separated and faster (a tie keeps hand-coded).  The result (and
+ *         the cache row: decision_samples, decision_spread, decision_tie)
+ *         records the final comparison's paired rounds, its measured noise
+ *         and whether a tie decided it.
+ *     What remains: a pair whose true gap sits at the threshold can fall
+ *     on either side in two searches; widening the threshold moves that
+ *     edge to gaps that are rarer among the leading candidates, and the
+ *     tie rule keeps every other decision out of timing altogether;
  *   - a candidate that fails to lower or compile is skipped and counted
  *     (tinygrad 0.9.0 aborts the whole search on a CompileError);
  *   - compile time is measured; a compile longer than compile_timeout_s is
@@ -118,7 +150,7 @@
 #define KEX_BEAM_NACTIONS 141
 #define KEX_BEAM_MAX_WIDTH 64
 #define KEX_BEAM_MAX_RUNS 1000
-#define KEX_BEAM_MAX_TIE 0.10 /* measured noise above this is not treated as a tie */
+#define KEX_BEAM_MAX_TIE 0.5 /* the noise threshold never exceeds this (the last step of its ladder) */
 
 /* The action list, tinygrad's order (index i is action id i+1). */
 const kex_opt *kex_beam_actions(void);
@@ -158,9 +190,9 @@ typedef struct kex_beam_opts {
   int width;                 /* beam width N (>= 1) */
   int upcast_max, local_max, uops_max;
   double min_progress_us;
-  double tie_tolerance;      /* relative, 0.02 */
+  double tie_tolerance;      /* the noise threshold's floor, relative, 0.05 */
   int timing_runs;           /* per candidate, median, after one warm-up */
-  int retime_runs;           /* leaders and the final comparison */
+  int retime_runs;           /* paired rounds a decision runs at least (9 when less) */
   int max_candidates;        /* compiled per round; 0 = no cap */
   int max_rounds;            /* 0 = until no progress */
   double compile_timeout_s;
@@ -180,7 +212,7 @@ typedef struct kex_beam_opts {
   void *cancel_arg;
 } kex_beam_opts;
 
-/* Defaults: width, 256, 1024, 3000, 0.01 us, 2%, 5 runs, 9 re-time runs, 96 per round, 10 s, 65536. */
+/* Defaults: width, 256, 1024, 3000, 0.01 us, 5%, 5 runs, 9 paired rounds at least, 96 per round, 10 s, 65536. */
 void kex_beam_opts_init(kex_beam_opts *o, int width);
 /* The cache's search options string ("beam=2;upcast_max=256;local_max=1024;uops_max=3000;cap=96"). */
 int kex_beam_search_opts_string(const kex_beam_opts *o, char *buf, size_t len);
@@ -192,18 +224,21 @@ typedef struct kex_beam_result {
   char ast_hex[KEX_AST_KEY_HEX];
   uint32_t nopts;
   kex_opt opts[KEX_CACHE_MAX_OPTS];     /* the chosen opts (applied to a fresh kernel) */
-  double best_us, hand_us;              /* full-size times (fastest of the comparison runs) of the chosen and the hand-coded kernel */
+  double best_us, hand_us;              /* full-size times (medians of the paired comparison runs) of the chosen and the hand-coded kernel */
   double search_s;                      /* wall time of this call */
   double beam_us;                       /* the beam's best, reduced-grid extrapolated */
   double factor;                        /* the reduced-grid factor the beam's best was timed with */
   bool from_cache, hand_won;
-  bool runner_up_won;                   /* the last round's fastest beat the beam's best at full size (see run_search) */
+  bool runner_up_won;                   /* the last round's first pick (tied with the best) won the final comparison */
   uint32_t rounds, compiled, timed;
   uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
   uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
-  double tie_used;                      /* the largest tie tolerance a round used (tie_tolerance or the measured noise) */
+  double tie_used;                      /* the largest noise threshold a decision used (tie_tolerance .. KEX_BEAM_MAX_TIE) */
+  uint32_t decision_samples;            /* paired rounds of the final (full-size) comparison */
+  double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */
+  bool decision_tie;                    /* the final pick was not separated from its rival by more than the noise: the tie rule chose */
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 
