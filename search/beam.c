@@ -89,7 +89,7 @@ void kex_beam_opts_init(kex_beam_opts *o, int width) {
   o->local_max = 1024;
   o->uops_max = 3000;
   o->min_progress_us = 0.01;
-  o->tie_tolerance = 0.05;
+  o->tie_tolerance = 0.25;
   o->timing_runs = 5;
   o->retime_runs = 9;
   o->max_candidates = 96;
@@ -308,10 +308,7 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
     if ((rc = launch_once(t, &secs, err))) continue;
     double us = secs * 1e6 * t->factor;
     if (i < 0) {
-      if (us > t->early_stop_us) {
-        samples[n++] = us;
-        break;
-      }
+      if (us > t->early_stop_us) continue; /* one timed run must confirm it (a preempted warm-up is common) */
       if (shrink_grid(t, secs)) continue; /* the timed runs use the smaller grid */
       if (secs < KEX_BEAM_LONG_RUN_S) continue;
     }
@@ -344,13 +341,13 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
  * until every pair is decided, KEX_BEAM_PAIR_MAX rounds were run, or the
  * runs add up to the decision's budget.
  */
-#define KEX_BEAM_PAIR_MAX 256      /* paired rounds of one decision */
+#define KEX_BEAM_PAIR_MAX 512      /* paired rounds of one decision */
 #define KEX_BEAM_SET_MAX 24        /* members of one decision, the twin and the current best included */
 #define KEX_BEAM_PAIR_MIN 9        /* paired rounds at least (the sign test needs 6 for any interval at 95%) */
 #define KEX_BEAM_ROUND_BUDGET_S 0.5 /* a round's decision stops growing once its runs add up to this */
 #define KEX_BEAM_SET_COST_S 0.1    /* beyond the 2N+1 fastest, candidates join a decision while its minimum rounds cost this */
 #define KEX_BEAM_ALPHA 0.01        /* the medians' intervals cover at least 1 - KEX_BEAM_ALPHA */
-#define KEX_BEAM_DECIDE_MIN_S 0.05 /* a decision's runs span at least this much device time before it may stop early */
+#define KEX_BEAM_DECIDE_MIN_S 0.1  /* a decision's runs span at least this much device time before it may stop early */
 
 typedef struct paired {
   int n;                      /* members, the twin (last) included */
@@ -420,59 +417,8 @@ static int pair_cmp(paired *p, int i, int j, double theta, bool *decided) {
   return hi < -band ? -1 : lo > band ? 1 : 0;
 }
 
-/*
- * The noise threshold's start: KEX_BEAM_NOISE_MULT x the measured noise
- * (pair_spread), at least floor (tie_tolerance), at most
- * KEX_BEAM_NOISE_CAP.  The multiple is wide because the noise a decision
- * can see (its own runs) is not all there is: on the 2-vCPU VM the median
- * ratio of the same two kernels moved by up to 8% (27% for a memory-bound
- * pair) between two searches (fresh compiles, loads and buffers, and the
- * other processes' load) while each search's own interval was 2-3% wide.
- */
-#define KEX_BEAM_NOISE_MULT 16.0
-#define KEX_BEAM_NOISE_CAP 0.35
-static double pair_spread(paired *p);
 static double pair_median(paired *p, int i, int ref);
-static double pair_threshold(paired *p, double floor) {
-  return fmin(KEX_BEAM_NOISE_CAP, fmax(floor, KEX_BEAM_NOISE_MULT * pair_spread(p)));
-}
-
-/*
- * Where the threshold goes: the first value of the ladder at or above
- * theta0 at which no relevant pair of members [0, n) -- both within 2.5x
- * of the fastest -- has its interval, widened by KEX_BEAM_EDGE_MARGIN, on
- * an edge of the band (1 +- threshold), else the value with the fewest
- * such pairs.  A pair's ratio barely moves between two searches compared
- * with the ladder's steps, so two searches skip the same values and
- * decide every pair the same way, where a threshold fixed at one value
- * had a pair sitting on it now and then (GROUP(0,4) vs GROUP(0,8) of a
- * 64K sum: 1.46-1.54 against a 50% threshold).
- */
-#define KEX_BEAM_EDGE_MARGIN 0.05
-static double place_threshold(paired *p, int n, double theta0) {
-  static const double ladder[] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, KEX_BEAM_MAX_TIE};
-  enum { NL = sizeof ladder / sizeof *ladder, NP = KEX_BEAM_SET_MAX * (KEX_BEAM_SET_MAX - 1) / 2 };
-  double sc[KEX_BEAM_SET_MAX], smin = INFINITY, lo[NP], hi[NP], med, best = KEX_BEAM_MAX_TIE;
-  int np = 0, fewest = NP + 1;
-  for (int i = 0; i < n; i++) smin = fmin(smin, sc[i] = pair_median(p, i, 0));
-  for (int i = 0; i < n; i++)
-    for (int j = i + 1; j < n; j++)
-      if (sc[i] <= 2.5 * smin && sc[j] <= 2.5 * smin) {
-        pair_log_ratio(p, i, j, &med, &lo[np], &hi[np]);
-        np++;
-      }
-  double m = log1p(KEX_BEAM_EDGE_MARGIN);
-  for (int l = 0; l < NL; l++) {
-    if (ladder[l] < theta0 && l + 1 < NL && ladder[l + 1] <= theta0) continue;
-    double t = fmax(ladder[l], theta0), b = log1p(t);
-    int edge = 0;
-    for (int k = 0; k < np; k++)
-      edge += !(hi[k] < -b - m || lo[k] > b + m || (lo[k] > -b + m && hi[k] < b - m));
-    if (edge < fewest) fewest = edge, best = t;
-    if (!edge) break;
-  }
-  return best;
-}
+static double pair_spread(paired *p);
 
 /* Median over p's rounds of us[i][k] (ref < 0) or of us[i][k] / us[ref][k]. */
 static double pair_median(paired *p, int i, int ref) {
@@ -680,6 +626,7 @@ typedef struct search {
   const kex_sched_item *item;
   kex_beam_result *res;
   kex_beam_progress prog;
+  int tie_rounds; /* consecutive rounds that moved the beam on a tie (KEX_BEAM_TIE_ROUNDS) */
 } search;
 
 static bool stop_requested(const search *s) { return s->o->cancelled && s->o->cancelled(s->o->cancel_arg); }
@@ -1031,12 +978,14 @@ static void take_candidate(round_set *r, const candidate *c) {
 /*
  * Run decision p (members and twin set up) on the device: KEX_BEAM_PAIR_MIN
  * (or retime_runs, when more) rounds, then doubling while a pair among
- * members [0, ndecide) is undecided at the noise threshold, under
- * KEX_BEAM_PAIR_MAX rounds and until the runs add up to budget_s.
- * *theta gets the threshold: the measured noise (pair_spread), at least
- * tie_tolerance and at most KEX_BEAM_MAX_TIE.
+ * members [0, ndecide) is undecided at the tie threshold (its interval
+ * straddles an edge of the band), under KEX_BEAM_PAIR_MAX rounds and until
+ * the runs add up to budget_s.  The threshold is o->tie_tolerance, fixed
+ * for the whole search: it does not move with the noise a decision
+ * measures (beam.h says why); the noise shows in the intervals, and more
+ * noise buys more rounds, not a wider band.
  */
-static int run_paired(search *s, paired *p, int ndecide, double budget_s, double *theta, kex_error *err) {
+static int run_paired(search *s, paired *p, int ndecide, double budget_s, kex_error *err) {
   const kex_beam_opts *o = s->o;
   int min = o->retime_runs > KEX_BEAM_PAIR_MIN ? o->retime_runs : KEX_BEAM_PAIR_MIN;
   p->target = min < KEX_BEAM_PAIR_MAX ? min : KEX_BEAM_PAIR_MAX;
@@ -1046,16 +995,27 @@ static int run_paired(search *s, paired *p, int ndecide, double budget_s, double
     int rc = s->exec(o->exec_ctx, s->dev, job_paired, p, err);
     s->res->time_s += now_s() - tt;
     if (rc) return rc;
-    double t0 = pair_threshold(p, o->tie_tolerance);
     bool all = true;
     for (int i = 0; i < ndecide && all; i++)
-      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, t0, &all);
-    if ((all && p->spent_s >= KEX_BEAM_DECIDE_MIN_S) || p->rounds >= KEX_BEAM_PAIR_MAX || p->spent_s >= budget_s) {
-      *theta = place_threshold(p, ndecide, t0);
+      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, o->tie_tolerance, &all);
+    if ((all && p->spent_s >= KEX_BEAM_DECIDE_MIN_S) || p->rounds >= KEX_BEAM_PAIR_MAX || p->spent_s >= budget_s)
       return 0;
-    }
     p->target = 2 * p->rounds < KEX_BEAM_PAIR_MAX ? 2 * p->rounds : KEX_BEAM_PAIR_MAX;
   }
+}
+
+/*
+ * Member i of p (among the first n, skipping those with gone[]) is
+ * dominated when some other such member is faster than it beyond the
+ * threshold over its whole interval.  The non-dominated members are the
+ * round's tie group; which member happens to measure fastest does not
+ * change it (a member just beyond the threshold of one leader but within
+ * that of a near-equal other is out when any member beats it).
+ */
+static bool dominated(paired *p, int i, int n, const bool *gone, double theta) {
+  for (int j = 0; j < n; j++)
+    if (j != i && !(gone && gone[j]) && pair_cmp(p, j, i, theta, NULL) < 0) return true;
+  return false;
 }
 
 static int cmp_screen(const void *a, const void *b) {
@@ -1066,23 +1026,31 @@ static int cmp_screen(const void *a, const void *b) {
 
 /*
  * The round's decision.  Screening (the median of a few runs per
- * candidate) only chooses the set: every timed candidate (up to the set's
+ * candidate) only chooses the set, and never leaves out a candidate a
+ * paired decision could keep: every timed candidate (up to the set's
  * room, in screening order) when the leader's run x the candidates x the
  * minimum rounds costs at most KEX_BEAM_SET_COST_S -- µs-scale kernels,
- * whose screening runs are the least trustworthy (one preempted warm-up
- * made a round's best kernel look 3x slower) -- else the 2N+1 fastest,
- * then the next ones in screening order while the set's minimum rounds
- * cost at most KEX_BEAM_SET_COST_S.  The set
- * and the current best are timed paired (run_paired); then, N times, the
- * fastest remaining member by its median ratio and every remaining member
- * not slower than it by more than the noise threshold form a tie, and the
- * first of them in the tie rule joins the next beam.  The round makes
- * progress when the first pick is faster than the current best beyond the
- * threshold (true); otherwise the search ends, and a first pick that tied
- * with the best becomes *runner (the final comparison decides between
- * them, by time or by the tie rule).  A decision that cannot run falls
- * back to the screening times with the tie rule at tie_tolerance.
+ * whose screening runs are the least trustworthy -- else the 2N+1
+ * fastest, every candidate screened within KEX_BEAM_SCREEN_SLACK x the
+ * N-th fastest (a load burst over all of a candidate's screening runs
+ * must not cost it its place), then the next ones in screening order
+ * while the set's minimum rounds cost at most KEX_BEAM_SET_COST_S.  The
+ * set and the current best are timed paired (run_paired) at the fixed
+ * threshold theta (tie_tolerance).  Then every decision is a function of
+ * which pairs are separated, not of which member measured fastest:
+ *   - progress: the current best is dominated (some member is faster
+ *     than it beyond theta over its whole interval);
+ *   - the next beam, N times: among the round's members not yet taken
+ *     and not dominated by another such member (the tie group), the first
+ *     in the tie rule;
+ *   - no progress: the search ends, and the tie rule's first of the
+ *     round's members that the best does not dominate becomes *runner
+ *     (the final comparison decides between the two).
+ * A decision that cannot run falls back to the screening times with the
+ * tie rule at tie_tolerance.
  */
+#define KEX_BEAM_SCREEN_SLACK 2.0
+#define KEX_BEAM_TIE_ROUNDS 2 /* rounds in a row the beam may move on a tie (to the tie rule's first) */
 static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, candidate **runner) {
   const kex_beam_opts *o = s->o;
   kex_beam_result *res = s->res;
@@ -1090,9 +1058,9 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
   candidate *set[KEX_BEAM_SET_MAX], *lc[KEX_BEAM_SET_MAX];
   candidate **sorted = kex_malloc(sizeof *sorted * (size_t)(r->n ? r->n : 1));
   paired *p = kex_calloc(1, sizeof *p);
-  int m = 0, best_at = -1, pc = 1;
+  int m = 0, best_at = -1;
   double theta = o->tie_tolerance, cost = 0;
-  bool ok = sorted && p;
+  bool ok = sorted && p, best_beaten = false, have_runner = false, tie_move = false;
   for (int i = 0; i < r->n && ok; i++)
     if (r->cands[i]->timed && r->cands[i]->prog) sorted[m++] = r->cands[i];
   if (ok) qsort(sorted, (size_t)m, sizeof *sorted, cmp_screen);
@@ -1100,12 +1068,16 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
   int room = KEX_BEAM_SET_MAX - 1 - (has_best ? 1 : 0);
   /* judged by the leader's run: one spike in a candidate's screening must not keep it out */
   bool all = m && sorted[0]->us * 1e-6 / sorted[0]->factor * KEX_BEAM_PAIR_MIN * m <= KEX_BEAM_SET_COST_S;
+  double near = m ? KEX_BEAM_SCREEN_SLACK * sorted[(m < width ? m : width) - 1]->us : 0;
   for (int i = 0; ok && i < m && nset < room; i++) {
     double run_s = sorted[i]->us * 1e-6 / sorted[i]->factor * KEX_BEAM_PAIR_MIN;
-    if (!all && nset >= 2 * width + 1 && cost + run_s > KEX_BEAM_SET_COST_S) break;
+    if (!all && nset >= 2 * width + 1 && sorted[i]->us > near && cost + run_s > KEX_BEAM_SET_COST_S) break;
     set[nset++] = sorted[i];
     cost += run_s;
   }
+  if (ok && nset < m && sorted[nset]->us <= near)
+    KEX_WARN("beam: round %u: %d candidates screened within %.1fx of the %d-th fastest; the decision's room (%d) "
+             "left out the slowest of them", s->prog.round, m - nset, KEX_BEAM_SCREEN_SLACK, width, room);
   if (ok && nset > 0) {
     int nm = 0;
     for (int i = 0; i < nset; i++) lc[nm++] = set[i];
@@ -1117,45 +1089,49 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
       shrink_grid(&p->t[i], lc[i]->us * 1e-6 / p->t[i].factor);
     }
     kex_error pe = {0};
-    if (run_paired(s, p, nm, KEX_BEAM_ROUND_BUDGET_S, &theta, &pe)) {
+    if (run_paired(s, p, nm, KEX_BEAM_ROUND_BUDGET_S, &pe)) {
       KEX_WARN("beam: round %u: paired timing failed (%s); deciding by screening times", s->prog.round, pe.msg);
       ok = false;
     }
   }
   if (ok && nset > 0) {
-    double score[KEX_BEAM_SET_MAX];
-    bool taken[KEX_BEAM_SET_MAX] = {0};
-    for (int i = 0; i < p->n - 1; i++) {
-      score[i] = pair_median(p, i, 0);
-      lc[i]->us = pair_median(p, i, -1);
-    }
-    while (nord < width) {
-      int f = -1, pick = -1;
+    int nm = p->n - 1;
+    bool gone[KEX_BEAM_SET_MAX] = {0};
+    for (int i = 0; i < nm; i++) lc[i]->us = pair_median(p, i, -1);
+    if (has_best) best_beaten = dominated(p, best_at, nm, NULL, theta);
+    while (nord < width) { /* picks come from the round's members; the best only dominates */
+      bool nd[KEX_BEAM_SET_MAX];
+      int pick = -1;
+      for (int i = 0; i < nset; i++) nd[i] = !gone[i] && !dominated(p, i, nm, gone, theta);
       for (int i = 0; i < nset; i++)
-        if (!taken[i] && (f < 0 || score[i] < score[f])) f = i;
-      if (f < 0) break;
-      for (int i = 0; i < nset; i++)
-        if (!taken[i] && pair_cmp(p, i, f, theta, NULL) <= 0 && (pick < 0 || cand_order(lc[i], lc[pick]) < 0)) pick = i;
-      taken[pick] = true;
+        if (nd[i] && (pick < 0 || cand_order(lc[i], lc[pick]) < 0)) pick = i;
+      if (pick < 0) break;
+      gone[pick] = true;
       order[nord++] = pick;
     }
-    if (best_at >= 0) pc = pair_cmp(p, order[0], best_at, theta, NULL);
-    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds, noise %.3f, threshold %.3f", s->prog.round, nset,
-              p->rounds, pair_spread(p), theta);
+    /* not beaten: the first pick ties with the best (the best dominates no pick); the beam moves on to it when it
+       comes first in the tie rule, for at most KEX_BEAM_TIE_ROUNDS rounds in a row, else it is the runner-up */
+    if (has_best && !best_beaten && nord > 0) {
+      tie_move = cand_order(lc[order[0]], beam[0]) < 0 && s->tie_rounds < KEX_BEAM_TIE_ROUNDS;
+      have_runner = !tie_move;
+    }
+    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds, noise %.3f, threshold %.3f, best %s", s->prog.round,
+              nset, p->rounds, pair_spread(p), theta, !has_best ? "none" : best_beaten ? "beaten" : "kept");
   } else if (nset > 0 || m > 0) {
     nord = pick_leaders(r->cands, r->n, width, o->tie_tolerance, order);
     for (int j = 0; j < nord; j++) lc[j] = r->cands[order[j]], order[j] = j;
     if (has_best && nord) {
       double d = beam[0]->us - lc[0]->us;
-      pc = d > o->tie_tolerance * beam[0]->us ? -1 : d < -o->tie_tolerance * beam[0]->us ? 1 : 0;
+      best_beaten = d > o->tie_tolerance * beam[0]->us;
+      have_runner = !best_beaten && d >= -o->tie_tolerance * beam[0]->us;
     }
   }
   kex_free(sorted);
   kex_free(p);
   if (theta > res->tie_used) res->tie_used = theta;
-  double prev = beam[0]->us, bestt = nord ? lc[order[0]]->us : INFINITY;
-  bool progress = nord > 0 && bestt >= o->min_progress_us &&
-                  (!has_best || (pc < 0 && prev - bestt > o->min_progress_us));
+  double bestt = nord ? lc[order[0]]->us : INFINITY;
+  bool progress = nord > 0 && bestt >= o->min_progress_us && (!has_best || best_beaten || tie_move);
+  s->tie_rounds = progress && tie_move ? s->tie_rounds + 1 : 0;
   if (progress) {
     for (int j = 0; j < *nbeam; j++) free_candidate(s, beam[j]);
     for (int j = 0; j < nord; j++) {
@@ -1164,7 +1140,7 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
     }
     *nbeam = nord;
     s->prog.best_us = beam[0]->us;
-  } else if (nord > 0 && has_best && pc == 0) {
+  } else if (have_runner) {
     *runner = lc[order[0]];
     take_candidate(r, *runner);
   }
@@ -1339,10 +1315,10 @@ static int alloc_bufs(search *s, const kex_beam_target *t, kex_error *err) {
 typedef struct compare_set {
   const kex_program_src *hand_ps, *beam_ps, *runner_ps;
   kex_program *hand, *beam, *runner;
-  double hand_us, beam_us, runner_us; /* medians of the paired runs */
-  int beam_vs_hand, runner_vs_beam, runner_vs_hand; /* pair_cmp at the threshold */
+  double us[3];                       /* medians of the paired runs: beam, hand, runner */
+  int vs[3][3];                       /* pair_cmp(i, j) at the threshold */
   int rounds;                         /* paired rounds */
-  double spread, theta;               /* measured noise, the threshold it gave */
+  double spread, theta;               /* measured noise, the threshold (tie_tolerance) */
 } compare_set;
 
 /*
@@ -1359,21 +1335,18 @@ static int compare_full_size(search *s, compare_set *c, kex_error *err) {
   for (int i = 0; i < nm; i++) fill_time_job(s, ps[i], pr[i], false, &p->t[i]);
   p->t[nm] = p->t[0];
   p->n = nm + 1;
-  int rc = run_paired(s, p, nm, KEX_BEAM_COMPARE_BUDGET_S, &c->theta, err);
+  c->theta = s->o->tie_tolerance;
+  int rc = run_paired(s, p, nm, KEX_BEAM_COMPARE_BUDGET_S, err);
   if (!rc) {
-    c->beam_us = pair_median(p, 0, -1);
-    c->hand_us = pair_median(p, 1, -1);
-    c->beam_vs_hand = pair_cmp(p, 0, 1, c->theta, NULL);
-    if (c->runner) {
-      c->runner_us = pair_median(p, 2, -1);
-      c->runner_vs_beam = pair_cmp(p, 2, 0, c->theta, NULL);
-      c->runner_vs_hand = pair_cmp(p, 2, 1, c->theta, NULL);
+    for (int i = 0; i < nm; i++) {
+      c->us[i] = pair_median(p, i, -1);
+      for (int j = 0; j < nm; j++) c->vs[i][j] = i == j ? 0 : pair_cmp(p, i, j, c->theta, NULL);
     }
     c->rounds = p->rounds;
     c->spread = pair_spread(p);
     KEX_DEBUG("beam: final: beam %.2f us, hand %.2f us (%d), runner %.2f us (%d vs beam, %d vs hand); %d rounds, "
-              "threshold %.3f", c->beam_us, c->hand_us, c->beam_vs_hand, c->runner ? c->runner_us : 0,
-              c->runner_vs_beam, c->runner_vs_hand, p->rounds, c->theta);
+              "threshold %.3f", c->us[0], c->us[1], c->vs[0][1], c->runner ? c->us[2] : 0, c->vs[2][0], c->vs[2][1],
+              p->rounds, c->theta);
   }
   kex_free(p);
   return rc;
@@ -1498,32 +1471,34 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   report(&s, "compare");
   compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL};
   if ((rc = compare_full_size(&s, &cmp, err))) goto out;
-  res->hand_us = cmp.hand_us;
-  double beam_full = cmp.beam_us;
-  const kex_kernel *beam_k = kw;
-  int vs_hand = cmp.beam_vs_hand;
-  bool tie = false;
-  if (runner) { /* the last round's first pick, which tied with the best there: faster at full size, or the tie rule */
-    tie = cmp.runner_vs_beam == 0;
-    if (cmp.runner_vs_beam < 0 ||
-        (tie && tie_order(runner->ps.nuops, runner->opts, runner->nopts, bps->nuops, best->opts, best->nopts) < 0)) {
-      beam_full = cmp.runner_us;
-      beam_k = kr;
-      vs_hand = cmp.runner_vs_hand;
-      res->beam_us = runner->us;
-      res->factor = runner->factor;
-      res->runner_up_won = true;
-    }
+  /* the final pick, by the rule of every round: among the kernels no other one is faster than beyond the threshold
+     (the tie group), the first in the tie rule; hand-coded is one of them like any other */
+  const kex_kernel *fk[3] = {kw, kh, kr};
+  uint32_t fu[3] = {bps->nuops, hand_ps.nuops, runner ? runner->ps.nuops : 0};
+  int nf = runner ? 3 : 2, pick = -1, ntie = 0;
+  for (int i = 0; i < nf; i++) {
+    bool beaten = false;
+    for (int j = 0; j < nf; j++) beaten |= cmp.vs[j][i] < 0;
+    if (beaten) continue;
+    ntie++;
+    if (pick < 0 || tie_order(fu[i], fk[i]->applied_opts, fk[i]->napplied, fu[pick], fk[pick]->applied_opts,
+                              fk[pick]->napplied) < 0)
+      pick = i;
   }
-  /* a tie with hand-coded keeps hand-coded: the fixed rule of the last step (never a kernel measured within the
-     noise of hand-coded, maybe slower, for one that needs no search) */
-  res->hand_won = vs_hand >= 0;
-  res->decision_tie = tie || vs_hand == 0;
+  if (pick < 0) pick = 1; /* every kernel beaten by another: a cycle no consistent timing makes; keep hand-coded */
+  res->hand_us = cmp.us[1];
+  res->hand_won = pick == 1;
+  res->runner_up_won = pick == 2;
+  if (pick == 2) {
+    res->beam_us = runner->us;
+    res->factor = runner->factor;
+  }
+  res->decision_tie = ntie > 1;
   res->decision_samples = (uint32_t)cmp.rounds;
   res->decision_spread = cmp.spread;
   if (cmp.theta > res->tie_used) res->tie_used = cmp.theta;
-  const kex_kernel *chosen = res->hand_won ? kh : beam_k;
-  res->best_us = res->hand_won ? res->hand_us : beam_full;
+  const kex_kernel *chosen = fk[pick];
+  res->best_us = cmp.us[pick];
   res->nopts = chosen->napplied;
   if (chosen->napplied) memcpy(res->opts, chosen->applied_opts, sizeof(kex_opt) * chosen->napplied); /* NULL when none */
   kex_kernel_name(chosen, res->name, sizeof res->name);

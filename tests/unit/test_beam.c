@@ -181,7 +181,8 @@ static void test_search_and_cache(void **state) {
          r1.search_s);
   assert_false(r1.from_cache);
   assert_true(r1.compiled > 1 && r1.timed > 0);
-  assert_true(r1.best_us > 0 && r1.hand_us > 0 && r1.best_us <= r1.hand_us);
+  /* the pick is hand-coded, faster than it beyond the threshold, or tied with it (then at most the threshold slower) */
+  assert_true(r1.best_us > 0 && r1.hand_us > 0 && r1.best_us <= r1.hand_us * (1 + r1.tie_used));
   assert_true(r1.decision_samples >= 9 && r1.decision_spread >= 0 && r1.tie_used >= o.tie_tolerance);
 
   /* the chosen opts apply to a fresh kernel and name it */
@@ -497,6 +498,9 @@ int main(void) {
     }
   tests[nt++] = (struct CMUnitTest){"corrupt_entry", test_corrupt_entry, NULL, NULL, NULL};
   tests[nt++] = (struct CMUnitTest){"import_other_device", test_import_other_device, NULL, NULL, NULL};
+  /* KEX_TEST_FILTER=repeatable_* runs only the tests whose names match (cmocka's glob) */
+  const char *filter = getenv("KEX_TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
   int fails = _cmocka_run_group_tests("beam", tests, (size_t)nt, NULL, NULL);
   kex_device_unref(devs[0]);
   kex_device_unref(devs[1]);
