@@ -1115,8 +1115,18 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
       tie_move = cand_order(lc[order[0]], beam[0]) < 0 && s->tie_rounds < KEX_BEAM_TIE_ROUNDS;
       have_runner = !tie_move;
     }
-    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds, noise %.3f, threshold %.3f, best %s", s->prog.round,
-              nset, p->rounds, pair_spread(p), theta, !has_best ? "none" : best_beaten ? "beaten" : "kept");
+    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds, noise %.3f, threshold %.3f, best %s%s",
+              s->prog.round, nset, p->rounds, pair_spread(p), theta, !has_best ? "none" : best_beaten ? "beaten" : "kept",
+              tie_move ? ", moved on a tie" : "");
+    if (kex_log_get_level() <= KEX_LOG_DEBUG)
+      for (int i = 0; i < nm; i++) {
+        char ot[KEX_CACHE_OPTS_TEXT_MAX];
+        int k = 0;
+        while (k < nord && order[k] != i) k++;
+        kex_cache_opts_format(lc[i]->opts, lc[i]->nopts, ot, sizeof ot);
+        KEX_DEBUG("beam:   %s%-3s %8.2f us  uops %4u  [%s]%s", i == best_at ? "best" : "", k < nord ? "pick" : "",
+                  lc[i]->us, lc[i]->ps.nuops, ot, dominated(p, i, nm, NULL, theta) ? "  dominated" : "");
+      }
   } else if (nset > 0 || m > 0) {
     nord = pick_leaders(r->cands, r->n, width, o->tie_tolerance, order);
     for (int j = 0; j < nord; j++) lc[j] = r->cands[order[j]], order[j] = j;

@@ -52,61 +52,66 @@
  *     from run to run:
  *       * the set: every timed candidate of the round when they are cheap
  *         to time (µs-scale kernels, whose screening is least reliable),
- *         else the 2N+1 fastest by screening plus the next ones while the
+ *         else the 2N+1 fastest by screening, every candidate screened
+ *         within 2x of the N-th fastest (screening must not drop what a
+ *         paired decision would keep: a load burst can slow all of one
+ *         candidate's few screening runs), then the next ones while the
  *         decision's minimum rounds stay within 0.1 s; the current best
  *         joins it;
  *       * paired, interleaved timing: one run of each member per paired
  *         round (forward, then backward), on the same buffers after a
  *         warm-up, so that load changes hit every member alike; member 0
  *         runs twice per round (a twin), and the median |ratio - 1| of the
- *         twin's pairs is the measured noise (the spread).  The rounds
- *         grow (9 or retime_runs, doubling, at most 256) until every pair
- *         is decided (and the runs span 50 ms: load comes in bursts), at
- *         most until the runs add up to 0.5 s (1 s for the final
- *         comparison);
+ *         twin's pairs is the measured noise (the spread, recorded).  The
+ *         rounds grow (9 or retime_runs, doubling, at most 512) until
+ *         every pair is decided and the runs span 0.1 s (load comes in
+ *         bursts), at most until the runs add up to 0.5 s (1 s for the
+ *         final comparison): more noise buys more samples, never a wider
+ *         band;
  *       * a pair is compared by the median of its per-round ratios and the
- *         sign test's interval for it (99%): separated only when the whole
- *         interval lies beyond 1 +- the noise threshold, else a tie.  The
- *         threshold starts at 16 x the measured noise, at least
- *         tie_tolerance (5%), at most 35%, and is then placed on a ladder
- *         (.., 0.3, 0.35, 0.4, 0.45, KEX_BEAM_MAX_TIE = 0.5): the first
- *         step at or above the start where no pair of the leading members
- *         (within 2.5x of the fastest) has its interval, widened by 5%, on
- *         an edge of the band, else the step with the fewest such pairs.
- *         The multiple is wide on purpose: on this 2-vCPU VM the median
- *         ratio of the same two kernels moved by 8% (27% for a
- *         memory-bound pair) between two searches (fresh compiles,
- *         buffers, the other processes' load), while each search's own
- *         interval was 2-3% wide, so a threshold near the within-search
- *         noise flipped picks; and the ladder keeps the threshold off the
- *         pairs that sit near it (GROUP(0,4) vs GROUP(0,8) of a 64K sum
- *         measured 1.46-1.54 against a fixed 50%).  µs-scale kernels here
- *         (noise 3-25%) decide at 35-50%, ms-scale ones (noise ~0.5%) at
- *         about 8%;
+ *         sign test's interval for it (99%): one is faster only when the
+ *         whole interval lies beyond 1 +- tie_tolerance (25%, fixed for
+ *         the search), else they tie.  The threshold does not follow the
+ *         noise a decision measures: that measurement itself varied 10x
+ *         between two searches of one kernel (0.005 .. 0.08), and a
+ *         threshold derived from it (16 x noise, 8% .. 50%) flipped picks
+ *         (a 34% faster sum kernel was a tie in one search, a win in the
+ *         other); 25% covers the drift pairing cannot see (the same pair's
+ *         median ratio moved 8% between two searches, more for µs-scale
+ *         memory-bound kernels) while a kernel 34% faster stays separated;
+ *       * dominance instead of "the fastest": a member is dominated when
+ *         any other member is faster than it (as above); the tie group is
+ *         the members nobody dominates, so which of two near-equal leaders
+ *         happened to measure fastest changes nothing;
  *       * the tie rule, in which no timing enters: more uops first, then
  *         fewer opts, then the smaller opts text.  More uops (more work
  *         upcast and unrolled per thread) is the fast end of a tie group in
- *         the measurements; with "fewer uops first" the favourite was
- *         usually the group's slowest member, the one whose place inside
- *         or just beyond the threshold is least certain;
- *       * pruning: N times, the fastest remaining member (median ratio)
- *         and every remaining member not separated from it form a tie, and
- *         the tie rule's first joins the next beam; a round makes progress
- *         only when its first pick is separated from (faster than) the
- *         current best; when it ties, the search ends and that pick is the
+ *         the measurements;
+ *       * pruning: N times, the tie rule's first of the round's members
+ *         not taken and not dominated by another (the current best counts
+ *         as a dominator, never as a pick) joins the next beam.  The round
+ *         makes progress when the current best is dominated; when it is
+ *         not, the first pick ties with it, and the beam moves on to it
+ *         anyway when it comes first in the tie rule (at most
+ *         KEX_BEAM_TIE_ROUNDS = 2 rounds in a row: two searches must not
+ *         stop at different depths because a gap near the threshold fell
+ *         on either side); otherwise the search ends and the pick is the
  *         runner-up;
  *       * the final comparison, at full size, paired: hand-coded, the
- *         beam's best and the runner-up.  The runner-up replaces the best
- *         when it is separated and faster, or ties and comes first in the
- *         tie rule; the beam's kernel replaces hand-coded only when it is
- *         separated and faster (a tie keeps hand-coded).  The result (and
- *         the cache row: decision_samples, decision_spread, decision_tie)
- *         records the final comparison's paired rounds, its measured noise
- *         and whether a tie decided it.
- *     What remains: a pair whose true gap sits at the threshold can fall
- *     on either side in two searches; widening the threshold moves that
- *     edge to gaps that are rarer among the leading candidates, and the
- *     tie rule keeps every other decision out of timing altogether;
+ *         beam's best and the runner-up, decided by the same rule: the
+ *         tie rule's first among those no other one dominates.  Hand-coded
+ *         is a member like any other (a special "a tie keeps hand-coded"
+ *         rule made hand-vs-beam an edge of its own: one search measured
+ *         the two equal, the next 39% apart).  So the result is
+ *         hand-coded, a kernel faster than it beyond the threshold, or
+ *         one tied with it (at most the threshold slower).  The result
+ *         (and the cache row: decision_samples, decision_spread,
+ *         decision_tie) records the final comparison's paired rounds, its
+ *         measured noise and whether more than one kernel was in its tie
+ *         group.
+ *     What remains: a pair whose median ratio sits at the threshold
+ *     (within the drift between two searches) can fall on either side;
+ *     the tie rule keeps every other decision out of timing altogether;
  *   - a candidate that fails to lower or compile is skipped and counted
  *     (tinygrad 0.9.0 aborts the whole search on a CompileError);
  *   - compile time is measured; a compile longer than compile_timeout_s is
@@ -150,7 +155,6 @@
 #define KEX_BEAM_NACTIONS 141
 #define KEX_BEAM_MAX_WIDTH 64
 #define KEX_BEAM_MAX_RUNS 1000
-#define KEX_BEAM_MAX_TIE 0.5 /* the noise threshold never exceeds this (the last step of its ladder) */
 
 /* The action list, tinygrad's order (index i is action id i+1). */
 const kex_opt *kex_beam_actions(void);
@@ -190,7 +194,7 @@ typedef struct kex_beam_opts {
   int width;                 /* beam width N (>= 1) */
   int upcast_max, local_max, uops_max;
   double min_progress_us;
-  double tie_tolerance;      /* the noise threshold's floor, relative, 0.05 */
+  double tie_tolerance;      /* the tie threshold, relative, 0.25: a kernel is faster than another only beyond it */
   int timing_runs;           /* per candidate, median, after one warm-up */
   int retime_runs;           /* paired rounds a decision runs at least (9 when less) */
   int max_candidates;        /* compiled per round; 0 = no cap */
@@ -212,7 +216,7 @@ typedef struct kex_beam_opts {
   void *cancel_arg;
 } kex_beam_opts;
 
-/* Defaults: width, 256, 1024, 3000, 0.01 us, 5%, 5 runs, 9 paired rounds at least, 96 per round, 10 s, 65536. */
+/* Defaults: width, 256, 1024, 3000, 0.01 us, 25%, 5 runs, 9 paired rounds at least, 96 per round, 10 s, 65536. */
 void kex_beam_opts_init(kex_beam_opts *o, int width);
 /* The cache's search options string ("beam=2;upcast_max=256;local_max=1024;uops_max=3000;cap=96"). */
 int kex_beam_search_opts_string(const kex_beam_opts *o, char *buf, size_t len);
@@ -235,10 +239,10 @@ typedef struct kex_beam_result {
   uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
-  double tie_used;                      /* the largest noise threshold a decision used (tie_tolerance .. KEX_BEAM_MAX_TIE) */
+  double tie_used;                      /* the tie threshold the decisions used (tie_tolerance) */
   uint32_t decision_samples;            /* paired rounds of the final (full-size) comparison */
   double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */
-  bool decision_tie;                    /* the final pick was not separated from its rival by more than the noise: the tie rule chose */
+  bool decision_tie;                    /* the final comparison's tie group had more than one kernel: the tie rule chose */
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 
