@@ -63,7 +63,7 @@
  *         warm-up, so that load changes hit every member alike; member 0
  *         runs twice per round (a twin), and the median |ratio - 1| of the
  *         twin's pairs is the measured noise (the spread, recorded).  The
- *         rounds grow (9 or retime_runs, doubling, at most 512) until
+ *         rounds grow (9 or retime_runs, doubling, at most 2048) until
  *         every pair is decided and the runs span 0.1 s (load comes in
  *         bursts), at most until the runs add up to 0.5 s (1 s for the
  *         final comparison): more noise buys more samples, never a wider
