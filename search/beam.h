@@ -102,9 +102,12 @@
  *         tie rule's first among those no other one dominates.  Hand-coded
  *         is a member like any other (a special "a tie keeps hand-coded"
  *         rule made hand-vs-beam an edge of its own: one search measured
- *         the two equal, the next 39% apart).  So the result is
- *         hand-coded, a kernel faster than it beyond the threshold, or
- *         one tied with it (at most the threshold slower).  The result
+ *         the two equal, the next 39% apart), except that a tie with it
+ *         the runs could not settle (the interval reaches past the band:
+ *         a busy machine leaves few rounds in the budget) keeps
+ *         hand-coded.  So the result is hand-coded, a kernel faster than
+ *         it beyond the threshold, or one measured within the threshold
+ *         of it.  The result
  *         (and the cache row: decision_samples, decision_spread,
  *         decision_tie) records the final comparison's paired rounds, its
  *         measured noise and whether more than one kernel was in its tie
