@@ -107,6 +107,7 @@ def main():
     tmp = tempfile.mkdtemp()
     stubs(tmp)
     import grpc
+    import grpc.experimental
     import health_pb2
     import health_pb2_grpc
     from kex.v1 import kex_pb2, kex_pb2_grpc
@@ -117,7 +118,10 @@ def main():
         port = free_port()
         proc = subprocess.Popen([args.kexd, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--cache", cache,
                                  "--log", "warn", "--metrics", "off"])
-        ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+        # the channel option kex.Client uses (client/python/kex/_client.py, _CHANNEL_OPTIONS): the thread that
+        # iterates a server stream reads it, instead of getting each event handed over by gRPC's channel thread
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}",
+                                   [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
         h = health_pb2_grpc.HealthStub(ch)
         for _ in range(200):
             try:

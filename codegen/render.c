@@ -3,7 +3,9 @@
  * with two dialects: OpenCL C (tinygrad's OpenCLRenderer) and C for the
  * cpu device (tinygrad's ClangRenderer, adapted to devices/device.h: the
  * buffers come in `void **bufs` and the outermost global loop runs over
- * [gidx_start, gidx_end), the range this thread of the pool owns).
+ * [gidx_start, gidx_end), the range this thread of the pool owns; in a
+ * reduction kernel the second global loop is opened around that one, see
+ * swap_loops).
  *
  * The walk is linear over g->linear; r[u] is the expression of each uop.
  * ALUs and CASTs with one user are inlined into it (MAX never is), as in
@@ -35,6 +37,8 @@ typedef struct rctx {
   int depth;
   int cnt_alu, cnt_val, cnt_acc, cnt_ridx, cnt_cast, cnt_precast;
   bool uses_half, oom;
+  /* the C dialect's loop interchange (swap_loops): the second global loop, opened around the first */
+  const kex_uop *swap_outer, *swap_inner;
 } rctx;
 
 static char *fmt(rctx *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
@@ -253,6 +257,54 @@ static const char *inline_or_var(rctx *c, const kex_uop *u, const char *val, boo
   return nm;
 }
 
+/* What stands for a CONST uop: its value, in parens when negative. */
+static const char *const_expr(rctx *c, const kex_uop *u) {
+  const char *v = render_const(c, u->arg.c, u->dtype);
+  return const_negative(kex_const_as(u->arg.c, u->dtype.dt)) ? fmt(c, "(%s)", v) : v;
+}
+
+/*
+ * The C dialect's traversal of the output tiles: in a reduction kernel
+ * whose first global loop (the pool's range) holds the second one and
+ * nothing else but index arithmetic, the second is opened around the
+ * first, so a thread walks its range of the first dimension for each value
+ * of the second.  Global iterations are independent (each writes its own
+ * outputs, from a whole reduction of its own), so the order changes no
+ * number; what it changes is reuse: consecutive tiles of a matmul share a
+ * column strip of B, which then stays in L2 across the range instead of
+ * being read again from L3 for every row block (bench/results/cpu-kernels.md).
+ * Kernels without a reduction loop keep the row-major walk (they stream).
+ * Sets c->swap_outer / c->swap_inner, or leaves them NULL.
+ */
+static void swap_loops(rctx *c) {
+  const kex_uop *const *lin = (const kex_uop *const *)c->g->linear;
+  uint32_t n = c->g->nlinear, ia = n, ib, ea = n, eb = n;
+  bool reduce = false;
+  if (c->dialect != KEX_DIALECT_CPU) return;
+  for (uint32_t i = 0; i < n; i++) {
+    kex_uop_kind k = lin[i]->uop;
+    if (k == KEX_UOP_IF || k == KEX_UOP_BARRIER) return;
+    if (k == KEX_UOP_RANGE && ia == n) ia = i;
+  }
+  if (ia == n || lin[ia]->arg.i[0] != 1 || lin[ia]->arg.i[1] != 0) return;
+  for (ib = ia + 1; ib < n; ib++) {
+    kex_uop_kind k = lin[ib]->uop;
+    if (k != KEX_UOP_ALU && k != KEX_UOP_CONST && k != KEX_UOP_CAST) break;
+  }
+  if (ib == n || lin[ib]->uop != KEX_UOP_RANGE || lin[ib]->arg.i[0] != 1) return;
+  if (lin[ib]->vin[0]->uop != KEX_UOP_CONST || lin[ib]->vin[1]->uop != KEX_UOP_CONST) return;
+  for (uint32_t i = ib + 1; i < n; i++) {
+    const kex_uop *u = lin[i];
+    if (u->uop == KEX_UOP_RANGE && u->arg.i[0] != 1 && eb == n) reduce = true;
+    if (u->uop == KEX_UOP_ENDRANGE && u->vin[0] == lin[ib]) eb = i;
+    if (u->uop == KEX_UOP_ENDRANGE && u->vin[0] == lin[ia]) ea = i;
+  }
+  if (!reduce || eb == n || ea != eb + 1) return;
+  c->swap_outer = lin[ia];
+  c->swap_inner = lin[ib];
+  for (int i = 0; i < 2; i++) c->r[lin[ib]->vin[i]->id] = const_expr(c, lin[ib]->vin[i]);
+}
+
 static int emit(rctx *c, const kex_uop *u, kex_error *err) {
   const char **r = c->r;
   const kex_uop *const *vin = u->vin;
@@ -266,6 +318,14 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
     kk(c, "barrier(CLK_LOCAL_MEM_FENCE);");
     break;
   case KEX_UOP_ENDRANGE:
+    if (u->vin[0] == c->swap_inner) break; /* closed with the first global loop */
+    if (c->swap_inner && u->vin[0] == c->swap_outer) {
+      c->depth--;
+      kk(c, "}");
+    }
+    c->depth--;
+    kk(c, "}");
+    break;
   case KEX_UOP_ENDIF:
     c->depth--;
     kk(c, "}");
@@ -288,11 +348,19 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
     break;
   }
   case KEX_UOP_RANGE: {
+    if (u == c->swap_inner) break; /* opened with the first global loop, around it */
     const char *nm = fmt(c, "ridx%d", c->cnt_ridx++);
     r[u->id] = nm;
     if (c->dialect == KEX_DIALECT_CPU && u->arg.i[0] == 1 && u->arg.i[1] == 0) {
       if (c->depth != 1)
         return kex_err_set(err, KEX_EINTERNAL, "render: the outer global loop is not the outermost statement");
+      if (c->swap_inner) {
+        const kex_uop *in = c->swap_inner;
+        const char *n2 = fmt(c, "ridx%d", c->cnt_ridx++);
+        r[in->id] = n2;
+        kk(c, "for (int %s = %s; %s < %s; %s++) {", n2, r[in->vin[0]->id], n2, r[in->vin[1]->id], n2);
+        c->depth++;
+      }
       kk(c, "for (int %s = gidx_start; %s < gidx_end; %s++) {", nm, nm, nm);
     } else {
       kk(c, "for (int %s = %s; %s < %s; %s++) {", nm, r[vin[0]->id], nm, r[vin[1]->id], nm);
@@ -367,11 +435,9 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
     r[u->id] = nm;
     break;
   }
-  case KEX_UOP_CONST: {
-    const char *v = render_const(c, u->arg.c, u->dtype);
-    r[u->id] = const_negative(kex_const_as(u->arg.c, u->dtype.dt)) ? fmt(c, "(%s)", v) : v;
+  case KEX_UOP_CONST:
+    r[u->id] = const_expr(c, u);
     break;
-  }
   case KEX_UOP_GEP: {
     static const char xyzw[] = "xyzw";
     if (vin[0]->dtype.vec > 4)
@@ -403,6 +469,8 @@ int kex_render_cstyle(int dialect, const char *name, const kex_uop_graph *g, cha
     for (uint32_t j = 0; j < g->linear[i]->nvin; j++) c.children[g->linear[i]->vin[j]->id]++;
     if (g->linear[i]->dtype.vec && g->linear[i]->dtype.dt == KEX_DT_FLOAT16) c.uses_half = true;
   }
+  swap_loops(&c);
+  if (c.oom) goto oom;
   for (uint32_t i = 0; i < g->nlinear && !rc; i++) {
     if (g->linear[i]->uop == KEX_UOP_UNMUL) {
       rc = kex_err_set(err, KEX_EINTERNAL, "render: UNMUL left after folding");

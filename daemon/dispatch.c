@@ -283,6 +283,7 @@ static void *runner_main(void *arg) {
     done_push(r, w);
     /* a deferred done rides with the next item's when that item is the flow's and runs now */
     bool wake = !(w->defer_done && flow_pick(r) == f);
+    w->woke = wake; /* still under the lock the loop takes the done list with */
     if (f->cancelled && !flow_active(f)) flow_remove(r, f);
     pthread_mutex_unlock(&r->lock);
     if (wake) uv_async_send(&r->async);
@@ -409,39 +410,55 @@ void kexd_dispatch_set_test_fault(kexd_dispatch *d, int kind, unsigned long n) {
 }
 
 int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {
+  return kexd_dispatch_post_chain(d, device_index, w, 1, NULL);
+}
+
+int kexd_dispatch_post_chain(kexd_dispatch *d, uint32_t device_index, kexd_work *works, uint32_t n, bool *idle) {
   runner *r;
   flow *f;
-  if (device_index >= d->nrunners || !w->done || (w->kind == KEXD_WORK_RUN && !w->fn) ||
-      ((w->kind == KEXD_WORK_COPY_OUT || w->kind == KEXD_WORK_FREE) && !w->buf))
-    return KEX_EINVAL;
+  bool none = true;
+  if (device_index >= d->nrunners || !n) return KEX_EINVAL;
+  for (uint32_t i = 0; i < n; i++) {
+    kexd_work *w = &works[i];
+    if (!w->done || (w->kind == KEXD_WORK_RUN && !w->fn) ||
+        ((w->kind == KEXD_WORK_COPY_OUT || w->kind == KEXD_WORK_FREE) && !w->buf) || w->job != works[0].job)
+      return KEX_EINVAL;
+  }
   if (d->stopping) return KEX_EUNAVAILABLE;
   if (d->runners[device_index] && !d->runners[device_index]->thread_started) return KEX_EINTERNAL;
   if (!(r = runner_get(d, device_index))) return KEX_EINTERNAL;
-  w->next = NULL;
-  w->rc = 0;
-  w->out_buf = NULL;
-  w->device_s = 0;
-  w->posted_s = now_s();
-  w->err.code = 0;
-  w->err.msg[0] = '\0';
+  double posted = now_s();
+  for (uint32_t i = 0; i < n; i++) {
+    kexd_work *w = &works[i];
+    w->next = i + 1 < n ? &works[i + 1] : NULL;
+    w->rc = 0;
+    w->out_buf = NULL;
+    w->device_s = 0;
+    w->woke = false;
+    w->posted_s = posted;
+    w->err.code = 0;
+    w->err.msg[0] = '\0';
+  }
   pthread_mutex_lock(&r->lock);
-  if (!(f = flow_find(r, w->job))) {
+  for (flow *g = r->flows; g && none; g = g->next) none = !flow_active(g);
+  if (!(f = flow_find(r, works[0].job))) {
     if (!(f = kex_calloc(1, sizeof *f))) {
       pthread_mutex_unlock(&r->lock);
       return KEX_ENOMEM;
     }
-    f->job = w->job;
+    f->job = works[0].job;
     f->next = r->flows;
     r->flows = f;
   }
-  f->weight = w->weight ? w->weight : 1; /* a cancelled flow stays cancelled: job ids are never reused */
+  f->weight = works[0].weight ? works[0].weight : 1; /* a cancelled flow stays cancelled: job ids are never reused */
   if (!flow_active(f)) flow_activate(r, f);
-  if (f->tail) f->tail->next = w;
-  else f->head = w;
-  f->tail = w;
-  f->queued++;
-  pthread_cond_signal(&r->wake);
+  if (f->tail) f->tail->next = &works[0];
+  else f->head = &works[0];
+  f->tail = &works[n - 1];
+  f->queued += n;
+  pthread_cond_signal(&r->wake); /* once for the chain: the runner finds every item of it queued */
   pthread_mutex_unlock(&r->lock);
+  if (idle) *idle = none;
   return 0;
 }
 

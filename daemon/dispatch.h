@@ -80,6 +80,7 @@ struct kexd_work {
   kex_error err;
   kex_buffer *out_buf; /* UPLOAD: the new buffer, owned by the poster from done on */
   double device_s;     /* measured time of the item */
+  bool woke;           /* the runner woke the loop right after it (false: its done waited for a later item's) */
   double posted_s;     /* when it was posted (its queue wait starts; metrics) */
   /* dispatcher links */
   kexd_work *next;
@@ -121,6 +122,15 @@ void kexd_dispatch_set_test_fault(kexd_dispatch *d, int kind, unsigned long n);
  * kind), KEX_EUNAVAILABLE (stopping), KEX_EINTERNAL (no thread).
  */
 int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w);
+/*
+ * kexd_dispatch_post of works[0..n-1], one job's items in this order, all
+ * queued at once under one lock and one wake of the runner (which then sees
+ * the whole chain: a defer_done item's successor is already there).  All or
+ * none: the same errors, KEX_EINVAL also for items of different jobs.
+ * *idle (may be NULL): the runner had nothing else queued or running, so
+ * the chain starts at once.
+ */
+int kexd_dispatch_post_chain(kexd_dispatch *d, uint32_t device_index, kexd_work *works, uint32_t n, bool *idle);
 
 /*
  * The job is gone: its queued items that are not must_run finish with

@@ -414,6 +414,11 @@ static grpc_byte_buffer *pack_message(const kexd_server *s, const ProtobufCMessa
 }
 
 int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd_call *, int, void *), void *ud) {
+  return kexd_call_write_more(c, msg, false, done, ud);
+}
+
+int kexd_call_write_more(kexd_call *c, const ProtobufCMessage *msg, bool more, void (*done)(kexd_call *, int, void *),
+                         void *ud) {
   grpc_op ops[2];
   size_t n = 0, size;
   grpc_byte_buffer *bb;
@@ -427,6 +432,8 @@ int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd
   if (!c->initial_md_sent) {
     ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
     c->initial_md_sent = true;
+  } else if (more) { /* see server.h: with the initial metadata the completion would wait for the flush */
+    ops[n].flags = GRPC_WRITE_BUFFER_HINT;
   }
   ops[n].op = GRPC_OP_SEND_MESSAGE;
   ops[n++].data.send_message.send_message = bb;

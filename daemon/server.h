@@ -132,6 +132,16 @@ void kexd_call_unref(kexd_call *c);
  */
 int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd_call *, int ok, void *ud), void *ud);
 /*
+ * kexd_call_write with `more` true: the caller promises another write (or
+ * the status) right after this one completes, so gRPC may keep the message
+ * in its buffer (GRPC_WRITE_BUFFER_HINT) and send it in one TCP write with
+ * the next; the write then completes at once.  The first write of a call
+ * (the one carrying the initial metadata) is never buffered: its completion
+ * would wait for the flush.
+ */
+int kexd_call_write_more(kexd_call *c, const ProtobufCMessage *msg, bool more,
+                         void (*done)(kexd_call *, int ok, void *ud), void *ud);
+/*
  * Read the next message of a client stream (KEXD_PAYLOAD_STREAM methods).
  * Only one read may be outstanding; `done(call, msg, len, ok, ud)` runs on
  * the loop thread when it completes: ok 1 with msg != NULL is a message (the

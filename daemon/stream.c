@@ -177,11 +177,13 @@ void kexd_stream_push(kexd_stream *st, kexd_stream_ev *ev) {
   else st->acts++; /* the loop's own push: a drained that pushed made progress */
 }
 
-static kexd_stream_ev *pop(kexd_stream *st) {
+/* The next queued event (NULL: none); *more: another one is queued behind it. */
+static kexd_stream_ev *pop(kexd_stream *st, bool *more) {
   kexd_streams *h = st->hub;
   kexd_stream_ev *e;
   pthread_mutex_lock(&h->lock);
   if ((e = st->head) && !(st->head = e->next)) st->tail = NULL;
+  *more = st->head != NULL;
   pthread_mutex_unlock(&h->lock);
   return e;
 }
@@ -202,7 +204,7 @@ int kexd_stream_write(kexd_stream *st, const ProtobufCMessage *msg) {
   int rc;
   if (st->writing || st->ended || st->dead) return KEX_EINVAL;
   st->acts++;
-  if ((rc = kexd_call_write(st->call, msg, on_written, st)) == 0) st->writing = true;
+  if ((rc = kexd_call_write_more(st->call, msg, st->more, on_written, st)) == 0) st->writing = true;
   else if (kexd_call_cancelled(st->call)) mark_dead(st);
   return rc;
 }
@@ -227,7 +229,7 @@ void kexd_stream_finish_last(kexd_stream *st, const ProtobufCMessage *msg) {
   if (st->ended) return;
   st->ended = true;
   st->acts++;
-  st->refs++; /* a done that ran at once must not release st under this function */
+  kexd_stream_ref(st); /* a done that ran at once must not release st under this function */
   st->writing = true;
   if (kexd_call_finish_notify(st->call, GRPC_STATUS_OK, NULL, msg, on_finished, st) != 0) st->writing = false;
   kexd_stream_unref(st);
@@ -259,9 +261,14 @@ void kexd_stream_pump(kexd_stream *st) {
   do {
     st->repump = false;
     while (!st->writing && !st->dead && !st->ended) {
-      kexd_stream_ev *e = pop(st);
+      bool more;
+      kexd_stream_ev *e = pop(st, &more);
       if (e) {
+        /* a write with a next one behind it (an event, or the owner's end) may wait in gRPC's buffer for it:
+           the two go out in one TCP write, and the client wakes once for both */
+        st->more = more || (st->ops->more && st->ops->more(st->owner));
         st->ops->event(st->owner, e);
+        st->more = false;
         kex_free(e);
         continue;
       }

@@ -24,6 +24,14 @@
  * referenced and no pump is running, ops->release frees the owner: exactly
  * once.
  *
+ * Buffered writes: an event written while another is queued behind it, or
+ * while ops->more says the owner writes again soon (its end is known, or a
+ * Submit's quick device chain is out), goes with kexd_call_write_more: gRPC
+ * keeps it and sends it in one TCP write with the next (server.h).  Events
+ * still leave in order, one message each, and a write is buffered only
+ * when a next one is sure to follow (a queued event, or the owner's promise
+ * through ops->more), so no event waits for one that never comes.
+ *
  * Threads: kexd_stream_push may be called from any thread (it wakes the
  * loop through the hub's async handle when called off the loop); every
  * other function, and every callback, runs on the loop thread.  Work that
@@ -70,6 +78,9 @@ typedef struct kexd_stream_ops {
   void (*release)(void *owner);
   /* kexd is stopping (optional: the call's stop hook; without it the call gets the grace period to end). */
   void (*stopping)(void *owner);
+  /* Nothing is queued: true when the owner will write again (or end the call) as soon as the current write
+     completes, so that write may wait in gRPC's buffer and go out with the next (optional). */
+  bool (*more)(void *owner);
 } kexd_stream_ops;
 
 typedef struct kexd_stream {
@@ -81,6 +92,7 @@ typedef struct kexd_stream {
   uint32_t refs;              /* owner work in flight that only keeps the owner alive */
   uint32_t acts;              /* writes, holds, finishes and pushes so far (a drained that did none waits) */
   bool writing, dead, ended, pumping, repump;
+  bool more;                  /* the event being handed to ops->event has a next one: its write may be buffered */
   bool delivered;             /* kexd_stream_finish_last: its batch (the last message and the status) went out */
   /* hub lock */
   kexd_stream_ev *head, *tail;

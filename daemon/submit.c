@@ -37,7 +37,11 @@
  *      the inline bytes).
  *   5. loop: outputs become job buffers (kexd_job_add_buffer), the memory
  *      reservation is returned, the programs are unpinned, and the done
- *      event is written in one batch with the status.  A call that dies
+ *      event is written in one batch with the status.  A chain of quick items
+ *      (defer_done) posted to an idle runner corks the progress events
+ *      written meanwhile (sub_more): they wait in gRPC's buffer and leave in
+ *      one TCP write with the done event, so a tiny cached Submit costs the
+ *      client two wake-ups (accepted; the rest), not four.  A call that dies
  *      before that batch went out (a write fails, or the client cancels or
  *      vanishes) takes its outputs with it: the job never learnt their
  *      handles, so they are freed at once, not at the lease's end.
@@ -445,7 +449,21 @@ static void sub_cancelled(void *owner) {
   }
 }
 
-static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release};
+/*
+ * A write after this one is coming (kexd_stream_ops.more): the end is known
+ * (once the queued events are out, sub_drained writes the done event or the
+ * status at once), or the device items are out with defer_done (sub_post):
+ * the loop hears of them only when the chain is back, and the events written
+ * meanwhile would arrive together with the next anyway (submit.h,
+ * SUB_DEFER_KERNEL_US), so they wait in gRPC's buffer and go out in one TCP
+ * write with it.  The first done back before the end ends that (item_done).
+ */
+static bool sub_more(void *owner) {
+  const submission *s = owner;
+  return s->final_ready || (s->cork && s->items_out > 0);
+}
+
+static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release, NULL, sub_more};
 
 /* The plan is known: reserve memory, resolve the handles and the loaded programs, go on. */
 static void sub_planned(submission *s) {

@@ -194,6 +194,8 @@ struct submission {
   kexd_work *works;          /* [nsteps + 2]: setup, the steps, finish */
   step_arg *stepargs;
   uint32_t items_out;        /* items posted and not back (each also holds a stream reference) */
+  bool cork;                 /* the items went out with defer_done: the progress events written before the chain is
+                                back may wait in gRPC's buffer for it (sub_more) */
   int rc;
   kex_error err;
   char (*handle_str)[KEXD_HANDLE_LEN + 1]; /* [noutputs] */

@@ -308,6 +308,8 @@ static void item_done(kexd_work *w) {
     s->err = w->err;
   }
   if (idx == 0) sub_adopt_programs(s); /* whatever SETUP loaded, even when it failed later */
+  /* the chain woke the loop before its end (another job's item came between): events go out as they come */
+  if (s->items_out && w->woke) s->cork = false;
   if (w->rc == 0 && idx >= 1 && idx <= s->p->rp.nsteps && s->p->rp.steps[idx - 1].kind == KEX_PLAN_STEP_KERNEL)
     s->d->kernel_seconds += w->device_s;
   if (w->rc == 0 && idx == 0) {
@@ -350,17 +352,11 @@ void sub_post(submission *s) {
     }
   }
   s->posted_us = SUB_TRACE_NOW(s);
-  for (uint32_t i = 0; i < n; i++) {
-    int rc = kexd_dispatch_post(d->disp, s->device, &s->works[i]);
-    if (rc < 0) {
-      if (i == 0) return sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the device runner is not available: %s",
-                                  kex_strerror(rc));
-      /* only while stopping: what was posted skips its work; the memory goes with the process */
-      atomic_store(&s->cancelled, true);
-      if (!s->rc) s->rc = kex_err_set(&s->err, KEX_EUNAVAILABLE, "the device runner is not available");
-      break;
-    }
-    s->items_out++;
-    kexd_stream_ref(&s->st); /* the item's, dropped by item_done */
-  }
+  bool idle = false;
+  int rc = kexd_dispatch_post_chain(d->disp, s->device, s->works, n, &idle); /* one wake of the runner for the chain */
+  if (rc < 0)
+    return sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the device runner is not available: %s", kex_strerror(rc));
+  s->items_out = n;
+  for (uint32_t i = 0; i < n; i++) kexd_stream_ref(&s->st); /* the items', each dropped by item_done */
+  s->cork = defer && idle; /* sub_more: the chain runs now and is quick, so its end is near */
 }

@@ -21,7 +21,9 @@
  * first range itself, and the rest too when they would all take less than
  * waking a worker (a tiny kernel).  With KEX_CPU_THREADS=1 (or one CPU)
  * there are no workers and the launching thread runs the kernel.
- * Buffers are ordinary host memory, 64-byte aligned.
+ * Buffers are ordinary host memory, 64-byte aligned; from 2 MiB on they
+ * start on a 2 MiB boundary and ask for transparent huge pages
+ * (kex_cpu_alloc).
  *
  * The flags (cpu->flags, made once at open) are KEX_CPU_FLAGS and the
  * instruction-set level of this CPU (kex_cpu_isa_flags: on x86-64 the
@@ -50,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -69,6 +72,7 @@ extern char **environ;
 #define KEX_CPU_MAX_THREADS 256
 #define KEX_CPU_LOG_MAX (64 << 10) /* bytes of compiler output kept */
 #define KEX_CPU_ALIGN 64
+#define KEX_CPU_HUGE_PAGE ((size_t)2 << 20) /* buffers this large start on a (transparent) huge page */
 #define KEX_CPU_WORKER_SPIN_S 100e-6  /* a worker spins this long for the next launch before sleeping */
 #define KEX_CPU_LAUNCHER_SPIN_S 20e-6 /* the launching thread spins this long for the end before sleeping */
 #define KEX_CPU_CHUNKS_PER_THREAD 16 /* a launch is split into this many pieces per worker */
@@ -481,16 +485,28 @@ static void kex_cpu_destroy(void *impl) {
   kex_free(cpu);
 }
 
+/*
+ * A buffer of at least KEX_CPU_HUGE_PAGE bytes starts on a 2 MiB boundary and
+ * its whole 2 MiB pages are madvise(MADV_HUGEPAGE)'d (Linux's transparent
+ * huge pages, where the system allows them): a kernel that walks a matrix
+ * down its columns (a matmul's B, one row pitch per reduction step) then
+ * touches one TLB entry per 2 MiB instead of one per row (10% on the
+ * beam's matmul 1024 kernel, bench/results/cpu-kernels.md).  The bytes
+ * before the boundary are never touched, so they cost address space only.
+ */
 static int kex_cpu_alloc(void *impl, size_t size, void **out, kex_error *err) {
   kex_cpu_buffer *buf;
   uintptr_t p;
+  size_t align = size >= KEX_CPU_HUGE_PAGE ? KEX_CPU_HUGE_PAGE : KEX_CPU_ALIGN;
   (void)impl;
-  if (size > SIZE_MAX - sizeof *buf - KEX_CPU_ALIGN)
+  if (size > SIZE_MAX - sizeof *buf - align)
     return kex_err_set(err, KEX_ELIMIT, "cpu: buffer of %zu bytes is too large", size);
-  buf = kex_malloc(sizeof *buf + KEX_CPU_ALIGN + size);
+  buf = kex_malloc(sizeof *buf + align + size);
   if (!buf) return kex_err_set(err, KEX_ENOMEM, "cpu: out of memory allocating a buffer of %zu bytes", size);
-  p = ((uintptr_t)(buf + 1) + KEX_CPU_ALIGN - 1) & ~(uintptr_t)(KEX_CPU_ALIGN - 1);
+  p = ((uintptr_t)(buf + 1) + align - 1) & ~(uintptr_t)(align - 1);
   buf->data = (unsigned char *)p;
+  if (align == KEX_CPU_HUGE_PAGE && madvise(buf->data, size & ~(size_t)(KEX_CPU_HUGE_PAGE - 1), MADV_HUGEPAGE) < 0)
+    KEX_DEBUG("cpu: no huge pages for a buffer of %zu bytes: %s", size, strerror(errno)); /* still a valid buffer */
   *out = buf;
   return 0;
 }

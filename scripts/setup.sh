@@ -7,7 +7,8 @@
 # --test (scripts/test.sh) adds what only the tests need: clang-15, whose
 # libFuzzer builds the fuzz targets (tests/fuzz/libfuzzer.sh; Debian 12's
 # default clang 14 cannot compile _Float16 on x86-64), installed without its
-# recommends (PoCL already brings the LLVM 15 libraries it uses).
+# recommends (PoCL already brings the LLVM 15 libraries it uses), and patchelf
+# (bench/gpu.sh pack, which the test command checks with its selftest).
 set -euo pipefail
 
 packages=(
@@ -21,7 +22,7 @@ packages=(
   libhiredis-dev redis-server
 )
 
-test_packages=(clang-15)
+test_packages=(clang-15 patchelf)
 
 # The packages of "$@" that dpkg does not list as installed.
 missing_of() {

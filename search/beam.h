@@ -154,7 +154,7 @@
 #include "codegen/target.h"
 
 /* Bumped whenever kernel.c/heuristic.c/lower.c/uops.c/render.c change the code an opts list produces. */
-#define KEX_CODEGEN_VERSION "kex.codegen.v1"
+#define KEX_CODEGEN_VERSION "kex.codegen.v2" /* v2: the C dialect walks a reduction kernel's tiles column-block-major */
 #define KEX_BEAM_NACTIONS 141
 #define KEX_BEAM_MAX_WIDTH 64
 #define KEX_BEAM_MAX_RUNS 1000

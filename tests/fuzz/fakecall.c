@@ -70,6 +70,12 @@ int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd
   return KEX_EINVAL;
 }
 
+int kexd_call_write_more(kexd_call *c, const ProtobufCMessage *msg, bool more,
+                         void (*done)(kexd_call *, int ok, void *ud), void *ud) {
+  (void)more;
+  return kexd_call_write(c, msg, done, ud);
+}
+
 int kexd_call_read(kexd_call *c, kexd_read_cb done, void *ud) {
   if (c->finished || c->reading || !done) return KEX_EINVAL;
   c->reading = true;

@@ -520,6 +520,39 @@ def main():
     check("failed submissions are counted", after.submissions_failed >= before.submissions_failed + 2,
           f"{before.submissions_failed} -> {after.submissions_failed}")
 
+    # ---- a quick cached Submit's progress events wait in gRPC's buffer only on an idle device ----
+    # (submit.c, sub_more: they may travel with the done event when the chain starts at once; behind another
+    # job's long kernel "scheduled" must leave at once, not when the device is free)
+    jq, jbusy = open_job(kex, "quick"), open_job(kex, "busy")
+    tiny = pbg(g_add_const("float32", [16], {"op": "BUFFER", "dtype": "float32", "shape": [16],
+                                             "fill": {"value": 1.0}}))
+    for _ in range(2):  # structure and programs cached, and its kernel quick last time
+        submit(kex, jq, tiny, free_outputs=True)
+    gaps = []
+    for attempt in range(3):
+        # one kernel long enough to wait behind on any machine (a 1600^2 matmul, 8 GFLOP; 2048 is over the
+        # element limit of one view), summed to one number so that its output stays small
+        glong = g_matmul_chain(1600, 1, seed=20 + attempt)
+        glong["nodes"].append({"op": "REDUCE_SUM", "src": [glong["outputs"][0]], "axis": [0, 1]})
+        glong["outputs"] = [len(glong["nodes"]) - 1]
+        long = kex.Submit(kex_pb2.SubmitRequest(job=jbusy, graph=pbg(glong)), timeout=300)
+        end = time.time() + 120
+        while time.time() < end and stats(kex, jbusy).job_stats[0].running == 0:
+            time.sleep(0.01)
+        t0 = time.time()
+        seen = {}
+        for ev in kex.Submit(kex_pb2.SubmitRequest(job=jq, graph=tiny, free_outputs=True), timeout=300):
+            seen.setdefault(ev.WhichOneof("event"), time.time() - t0)
+        for _ in long:
+            pass
+        if "scheduled" in seen and "done" in seen:
+            gaps.append((seen["scheduled"], seen["done"]))
+            if seen["done"] > 0.05:  # it waited behind the long kernel: long enough to tell
+                break
+    sched_t, done_t = max(gaps, key=lambda g: g[1]) if gaps else (1.0, 0.0)
+    check("a quick Submit behind another job's long kernel: 'scheduled' leaves at once, not with 'done'",
+          done_t > 0.05 and sched_t < done_t / 2, f"(scheduled s, done s) per attempt: {gaps}")
+
     # ---- a client that vanishes before its done event went out: its outputs do not stay held ----
     # (a kexd of its own: the done event must be larger than the stream's flow-control window, so that a client
     # that reads nothing holds it up -- 32 MB inline, over test_submit.sh's --max-message)

@@ -7,6 +7,10 @@
  * suite past its time budget.  meson sets KEX_TEST_SAMPLE=N for the sanitize
  * build: entry i runs when i % N == 0 (deterministic, so a failure replays).
  * Unset or 1: everything runs.
+ *
+ * KEX_TEST_DEVICES (a comma-separated list of device kinds, e.g. "opencl")
+ * leaves the other devices' entries out: bench/gpu.sh sets it on a GPU
+ * machine, where the cpu entries would only test that machine's compiler.
  */
 #ifndef KEX_TESTS_SAMPLE_H
 #define KEX_TESTS_SAMPLE_H
@@ -15,6 +19,10 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "core/errors.h"
+#include "devices/device.h"
 
 static inline size_t kex_test_sample_stride(void) {
   const char *s = getenv("KEX_TEST_SAMPLE");
@@ -31,6 +39,28 @@ static inline bool kex_test_sampled(size_t i) {
     printf("KEX_TEST_SAMPLE=%zu: 1 in %zu table entries runs in this build (the normal build runs all)\n", n, n);
   }
   return i % n == 0;
+}
+
+/* Does KEX_TEST_DEVICES (unset: every device) list device kind KIND? */
+static inline bool kex_test_device_wanted(const char *kind) {
+  const char *want = getenv("KEX_TEST_DEVICES");
+  if (!want || !*want) return true;
+  size_t len = strlen(kind);
+  for (const char *p = want; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ','))
+    if (strcspn(p, ",") == len && !strncmp(p, kind, len)) return true;
+  return false;
+}
+
+/* Open device KIND (a test's devs[] slot) unless KEX_TEST_DEVICES leaves it
+ * out.  On failure or when left out, *dev is NULL and why (size n) says so. */
+static inline void kex_test_device_open(const char *kind, kex_device **dev, char *why, size_t n) {
+  *dev = NULL;
+  if (!kex_test_device_wanted(kind)) {
+    snprintf(why, n, "%s: not in KEX_TEST_DEVICES=%s", kind, getenv("KEX_TEST_DEVICES"));
+    return;
+  }
+  kex_error err = {0};
+  if (kex_device_open(kind, dev, &err)) snprintf(why, n, "%s: %s", kind, err.msg);
 }
 
 #endif

@@ -748,6 +748,57 @@ static void test_render_clang_example(void **state) {
   done(&p);
 }
 
+/* Where needle starts in src, failing when it is absent. */
+static size_t pos_of(const char *src, const char *needle) {
+  const char *at = strstr(src, needle);
+  if (!at) fail_msg("source lacks \"%s\":\n%s", needle, src);
+  return (size_t)(at - src);
+}
+
+/*
+ * The C dialect's tile order (render.c swap_loops): a reduction kernel with
+ * two global loops walks the pool's range of the first inside the second
+ * (a matmul's thread keeps a column strip of B for its row blocks); a kernel
+ * without a reduction keeps the row-major walk.  The numbers are the same
+ * either way (test_matmul runs the cpu device against the reference).
+ */
+static void test_render_clang_tile_order(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 14);
+  output(&b, matmul(&b, 64, 64, 64, 0));
+  int x = input(&b, KEX_DT_FLOAT32, 2, S(64, 48), -1, 1), y = input(&b, KEX_DT_FLOAT32, 2, S(48, 64), -1, 1);
+  output(&b, op2(&b, KEX_GOP_ADD, x, mov(&b, KEX_GOP_PERMUTE, y, 2, S(1, 0))));
+  planned p;
+  kex_error err = {0};
+  assert_int_equal(plan(&p, b.g, &err), 0);
+  int seen = 0;
+  for (uint32_t i = 0; i < p.s->nitems; i++) {
+    const kex_sched_item *it = &p.s->items[i];
+    if (it->kind != KEX_ITEM_KERNEL) continue;
+    kex_program_src ps;
+    if (lower_item(&p, it, &kex_renderer_cpu, KEX_DIALECT_CPU, true, NULL, &ps, &err)) fail_msg("%s", err.msg);
+    if (ps.name[0] == 'r') { /* the matmul: ridx1 (column blocks) outermost, the pool's range inside it */
+      seen |= 1;
+      size_t outer = pos_of(ps.src, "\n  for (int ridx1 = 0; ridx1 < "),
+             inner = pos_of(ps.src, "\n    for (int ridx0 = gidx_start; ridx0 < gidx_end; ridx0++) {");
+      assert_true(outer < inner);
+      assert_true(pos_of(ps.src, "for (int ridx2 = 0; ridx2 < ") > inner);
+    } else { /* elementwise: the pool's range stays the outermost loop */
+      seen |= 2;
+      size_t outer = pos_of(ps.src, "\n  for (int ridx0 = gidx_start; ridx0 < gidx_end; ridx0++) {");
+      assert_true(pos_of(ps.src, "for (int ridx1 = 0; ridx1 < ") > outer);
+    }
+    kex_program_src_free(&ps);
+    /* OpenCL has no loops over globals to reorder */
+    if (lower_item(&p, it, &kex_renderer_opencl, KEX_DIALECT_OPENCL, true, NULL, &ps, &err)) fail_msg("%s", err.msg);
+    assert_null(strstr(ps.src, "gidx_start"));
+    kex_program_src_free(&ps);
+  }
+  assert_int_equal(seen, 3);
+  done(&p);
+}
+
 static void test_render_matmul_float4(void **state) {
   (void)state;
   gb b;
@@ -974,6 +1025,7 @@ static int teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_render_clang_example),
+      cmocka_unit_test(test_render_clang_tile_order),
       cmocka_unit_test(test_render_matmul_float4),
       cmocka_unit_test(test_render_group_reduce),
       cmocka_unit_test(test_elementwise_broadcast),

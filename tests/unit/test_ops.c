@@ -830,9 +830,8 @@ static bool op_allows(const char *op, kex_dtype dt) {
 }
 
 int main(void) {
-  kex_error err;
-  if (kex_device_open("opencl", &devs[0], &err)) snprintf(dev_skip[0], sizeof dev_skip[0], "opencl: %s", err.msg);
-  if (kex_device_open("cpu", &devs[1], &err)) snprintf(dev_skip[1], sizeof dev_skip[1], "cpu: %s", err.msg);
+  kex_test_device_open("opencl", &devs[0], dev_skip[0], sizeof dev_skip[0]);
+  kex_test_device_open("cpu", &devs[1], dev_skip[1], sizeof dev_skip[1]);
   static const char *unary[] = {"EXP2", "LOG2", "SIN", "SQRT", "NEG"};
   static const char *binary[] = {"ADD", "SUB", "MUL", "DIV", "MAX", "MOD", "CMPLT", "CMPEQ", "XOR"};
   static const char *reduce[] = {"REDUCE_SUM", "REDUCE_MAX"};
