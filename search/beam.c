@@ -344,10 +344,12 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
 #define KEX_BEAM_PAIR_MAX 2048     /* paired rounds of one decision */
 #define KEX_BEAM_SET_MAX 24        /* members of one decision, the twin and the current best included */
 #define KEX_BEAM_PAIR_MIN 9        /* paired rounds at least (the sign test needs 6 for any interval at 95%) */
-#define KEX_BEAM_ROUND_BUDGET_S 0.5 /* a round's decision stops growing once its runs add up to this */
+#define KEX_BEAM_ROUND_BUDGET_S 0.5 /* a decision stops growing once its runs add up to this at most */
+#define KEX_BEAM_BUDGET_SCALE 1.0  /* ... or to this x the round's screening time, when more than the floor below */
 #define KEX_BEAM_SET_COST_S 0.1    /* beyond the 2N+1 fastest, candidates join a decision while its minimum rounds cost this */
 #define KEX_BEAM_ALPHA 0.01        /* the medians' intervals cover at least 1 - KEX_BEAM_ALPHA */
-#define KEX_BEAM_DECIDE_MIN_S 0.1  /* a decision's runs span at least this much device time before it may stop early */
+#define KEX_BEAM_DECIDE_MIN_S 0.1  /* a decision's budget at least; its runs span this much (or the whole budget) before
+                                      it may stop early */
 
 typedef struct paired {
   int n;                      /* members, the twin (last) included */
@@ -634,7 +636,7 @@ typedef struct search {
   const kex_sched_item *item;
   kex_beam_result *res;
   kex_beam_progress prog;
-  int tie_rounds; /* consecutive rounds that moved the beam on a tie (KEX_BEAM_TIE_ROUNDS) */
+  double screen_s; /* the last round's screening time (round_set.screen_s): the final comparison's budget */
 } search;
 
 static bool stop_requested(const search *s) { return s->o->cancelled && s->o->cancelled(s->o->cancel_arg); }
@@ -811,6 +813,7 @@ typedef struct round_set {
   int ntodo;
   bool parallel;  /* pass 2 compiled them on the pool */
   double best;    /* the round's fastest time so far */
+  double screen_s; /* wall time of the round's screening runs: what its decision may spend (next_beam) */
 } round_set;
 
 /* The round's candidates: every beam entry's actions, beam order then action order. */
@@ -960,6 +963,7 @@ static int time_round(search *s, const candidate *best, round_set *r, digest_set
     kex_error te = {0};
     double tt = now_s();
     int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
+    r->screen_s += now_s() - tt;
     res->time_s += now_s() - tt;
     if (trc) {
       KEX_WARN("beam: %s does not run: %.200s", c->ps.name, te.msg);
@@ -1011,10 +1015,22 @@ static int run_paired(search *s, paired *p, int ndecide, double budget_s, kex_er
     bool all = true;
     for (int i = 0; i < ndecide && all; i++)
       for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, o->tie_tolerance, &all);
-    if ((all && p->spent_s >= KEX_BEAM_DECIDE_MIN_S) || p->rounds >= KEX_BEAM_PAIR_MAX || p->spent_s >= budget_s)
+    if ((all && p->spent_s >= fmin(KEX_BEAM_DECIDE_MIN_S, budget_s)) || p->rounds >= KEX_BEAM_PAIR_MAX ||
+        p->spent_s >= budget_s)
       return 0;
     p->target = 2 * p->rounds < KEX_BEAM_PAIR_MAX ? 2 * p->rounds : KEX_BEAM_PAIR_MAX;
   }
+}
+
+/*
+ * A decision's budget: its runs may add up to what the round's screening
+ * cost (KEX_BEAM_BUDGET_SCALE x screen_s), at least KEX_BEAM_DECIDE_MIN_S
+ * and at most max_s.  It scales with the kernels' cost instead of a fixed
+ * 0.5 s per round: ms-scale kernels stop at their minimum rounds, µs-scale
+ * ones get the floor.
+ */
+static double decide_budget(double screen_s, double max_s) {
+  return fmin(max_s, fmax(KEX_BEAM_DECIDE_MIN_S, KEX_BEAM_BUDGET_SCALE * screen_s));
 }
 
 /*
@@ -1063,7 +1079,6 @@ static int cmp_screen(const void *a, const void *b) {
  * tie rule at tie_tolerance.
  */
 #define KEX_BEAM_SCREEN_SLACK 2.0
-#define KEX_BEAM_TIE_ROUNDS 2 /* rounds in a row the beam may move on a tie (to the tie rule's first) */
 static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, candidate **runner) {
   const kex_beam_opts *o = s->o;
   kex_beam_result *res = s->res;
@@ -1073,7 +1088,7 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
   paired *p = kex_calloc(1, sizeof *p);
   int m = 0, best_at = -1;
   double theta = o->tie_tolerance, cost = 0;
-  bool ok = sorted && p, best_beaten = false, have_runner = false, tie_move = false;
+  bool ok = sorted && p, best_beaten = false, have_runner = false;
   for (int i = 0; i < r->n && ok; i++)
     if (r->cands[i]->timed && r->cands[i]->prog) sorted[m++] = r->cands[i];
   if (ok) qsort(sorted, (size_t)m, sizeof *sorted, cmp_screen);
@@ -1102,7 +1117,7 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
       shrink_grid(&p->t[i], lc[i]->us * 1e-6 / p->t[i].factor);
     }
     kex_error pe = {0};
-    if (run_paired(s, p, nm, KEX_BEAM_ROUND_BUDGET_S, &pe)) {
+    if (run_paired(s, p, nm, decide_budget(r->screen_s, KEX_BEAM_ROUND_BUDGET_S), &pe)) {
       KEX_WARN("beam: round %u: paired timing failed (%s); deciding by screening times", s->prog.round, pe.msg);
       ok = false;
     }
@@ -1122,15 +1137,12 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
       gone[pick] = true;
       order[nord++] = pick;
     }
-    /* not beaten: the first pick ties with the best (the best dominates no pick); the beam moves on to it when it
-       comes first in the tie rule, for at most KEX_BEAM_TIE_ROUNDS rounds in a row, else it is the runner-up */
-    if (has_best && !best_beaten && nord > 0) {
-      tie_move = cand_order(lc[order[0]], beam[0]) < 0 && s->tie_rounds < KEX_BEAM_TIE_ROUNDS;
-      have_runner = !tie_move;
-    }
-    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds, noise %.3f, threshold %.3f, best %s%s",
-              s->prog.round, nset, p->rounds, pair_spread(p), theta, !has_best ? "none" : best_beaten ? "beaten" : "kept",
-              tie_move ? ", moved on a tie" : "");
+    /* not beaten: the search keeps what it has (a tie never moves the beam) and the first pick, which ties with the
+       best, is the runner-up */
+    have_runner = has_best && !best_beaten && nord > 0;
+    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds (%.3f s of runs), noise %.3f, threshold %.3f, "
+              "best %s", s->prog.round, nset, p->rounds, p->spent_s, pair_spread(p), theta,
+              !has_best ? "none" : best_beaten ? "beaten" : "kept");
     if (kex_log_get_level() <= KEX_LOG_DEBUG)
       for (int i = 0; i < nm; i++) {
         char ot[KEX_CACHE_OPTS_TEXT_MAX];
@@ -1153,8 +1165,8 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
   kex_free(p);
   if (theta > res->tie_used) res->tie_used = theta;
   double bestt = nord ? lc[order[0]]->us : INFINITY;
-  bool progress = nord > 0 && bestt >= o->min_progress_us && (!has_best || best_beaten || tie_move);
-  s->tie_rounds = progress && tie_move ? s->tie_rounds + 1 : 0;
+  bool progress = nord > 0 && bestt >= o->min_progress_us && (!has_best || best_beaten);
+  s->screen_s = r->screen_s;
   if (progress) {
     for (int j = 0; j < *nbeam; j++) free_candidate(s, beam[j]);
     for (int j = 0; j < nord; j++) {
@@ -1197,6 +1209,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
     s->prog.round_candidates = (uint32_t)r.n;
     for (int i = 0; i < r.n; i++) kex_pool_submit(pool, &r.cands[i]->job, lower_candidate);
     r.best = INFINITY;
+    r.screen_s = 0;
     rc = pick_to_compile(s, pool, nbeam, &r, &seen_src, err);
     if (!rc) prebuild(s, sc, pool, &r);
     if (!rc) rc = time_round(s, beam[0], &r, &seen_bin, err);
@@ -1340,7 +1353,6 @@ typedef struct compare_set {
   kex_program *hand, *beam, *runner;
   double us[3];                       /* medians of the paired runs: beam, hand, runner */
   int vs[3][3];                       /* pair_cmp(i, j) at the threshold */
-  bool decided[3][3];                 /* ... and whether its interval settled it (a tie: wholly inside the band) */
   int rounds;                         /* paired rounds */
   double spread, theta;               /* measured noise, the threshold (tie_tolerance) */
 } compare_set;
@@ -1360,11 +1372,11 @@ static int compare_full_size(search *s, compare_set *c, kex_error *err) {
   p->t[nm] = p->t[0];
   p->n = nm + 1;
   c->theta = s->o->tie_tolerance;
-  int rc = run_paired(s, p, nm, KEX_BEAM_COMPARE_BUDGET_S, err);
+  int rc = run_paired(s, p, nm, decide_budget(s->screen_s, KEX_BEAM_COMPARE_BUDGET_S), err);
   if (!rc) {
     for (int i = 0; i < nm; i++) {
       c->us[i] = pair_median(p, i, -1);
-      for (int j = 0; j < nm; j++) c->vs[i][j] = i == j ? 0 : pair_cmp(p, i, j, c->theta, &c->decided[i][j]);
+      for (int j = 0; j < nm; j++) c->vs[i][j] = i == j ? 0 : pair_cmp(p, i, j, c->theta, NULL);
     }
     c->rounds = p->rounds;
     c->spread = pair_spread(p);
@@ -1495,25 +1507,19 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   report(&s, "compare");
   compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL};
   if ((rc = compare_full_size(&s, &cmp, err))) goto out;
-  /* the final pick, by the rule of every round: among the kernels no other one is faster than beyond the threshold
-     (the tie group), the first in the tie rule; hand-coded is one of them like any other */
+  /* the final pick keeps what the search has (hysteresis, no timing in the order): the beam's best unless another
+     kernel is faster than it beyond the threshold, then hand-coded unless that one is beaten too, then the
+     runner-up.  The tie group (the kernels nobody beats) is recorded */
   const kex_kernel *fk[3] = {kw, kh, kr};
-  uint32_t fu[3] = {bps->nuops, hand_ps.nuops, runner ? runner->ps.nuops : 0};
   int nf = runner ? 3 : 2, pick = -1, ntie = 0;
   for (int i = 0; i < nf; i++) {
     bool beaten = false;
     for (int j = 0; j < nf; j++) beaten |= cmp.vs[j][i] < 0;
     if (beaten) continue;
     ntie++;
-    if (pick < 0 || tie_order(fu[i], fk[i]->applied_opts, fk[i]->napplied, fu[pick], fk[pick]->applied_opts,
-                              fk[pick]->napplied) < 0)
-      pick = i;
+    if (pick < 0) pick = i;
   }
   if (pick < 0) pick = 1; /* every kernel beaten by another: a cycle no consistent timing makes; keep hand-coded */
-  /* a tie the runs could not settle (the interval reaches past the band: a busy machine, few rounds in the budget)
-     keeps hand-coded: only a measured tie (wholly inside the band) goes by the tie rule, so the pick is never more
-     than the threshold slower than hand-coded */
-  if (pick != 1 && cmp.vs[pick][1] == 0 && !cmp.decided[pick][1]) pick = 1;
   res->hand_us = cmp.us[1];
   res->hand_won = pick == 1;
   res->runner_up_won = pick == 2;
