@@ -992,12 +992,12 @@ static void take_candidate(round_set *r, const candidate *c) {
  * (or retime_runs, when more) rounds, then doubling while a pair among
  * members [0, ndecide) is undecided at the tie threshold (its interval
  * straddles an edge of the band), under KEX_BEAM_PAIR_MAX rounds and until
- * the runs add up to budget_s.  The threshold is o->tie_tolerance, fixed
- * for the whole search: it does not move with the noise a decision
- * measures (beam.h says why); the noise shows in the intervals, and more
- * noise buys more rounds, not a wider band.
+ * the runs add up to budget_s.  The threshold theta (decision_theta) does
+ * not move with the noise a decision measures (beam.h says why); the noise
+ * shows in the intervals, and more noise buys more rounds, not a wider
+ * band.
  */
-static int run_paired(search *s, paired *p, int ndecide, double budget_s, kex_error *err) {
+static int run_paired(search *s, paired *p, int ndecide, double theta, double budget_s, kex_error *err) {
   const kex_beam_opts *o = s->o;
   int min = o->retime_runs > KEX_BEAM_PAIR_MIN ? o->retime_runs : KEX_BEAM_PAIR_MIN;
   p->target = min < KEX_BEAM_PAIR_MAX ? min : KEX_BEAM_PAIR_MAX;
@@ -1014,12 +1014,37 @@ static int run_paired(search *s, paired *p, int ndecide, double budget_s, kex_er
     if (rc) return rc;
     bool all = true;
     for (int i = 0; i < ndecide && all; i++)
-      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, o->tie_tolerance, &all);
+      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, theta, &all);
     if ((all && p->spent_s >= fmin(KEX_BEAM_DECIDE_MIN_S, budget_s)) || p->rounds >= KEX_BEAM_PAIR_MAX ||
         p->spent_s >= budget_s)
       return 0;
     p->target = 2 * p->rounds < KEX_BEAM_PAIR_MAX ? 2 * p->rounds : KEX_BEAM_PAIR_MAX;
   }
+}
+
+/*
+ * A decision's threshold, from the length of one timed run of its fastest
+ * member (run_s, screening): o->tie_tolerance for runs up to
+ * KEX_BEAM_TIE_SHORT_S, KEX_BEAM_TIE_FLOOR (when smaller) from
+ * KEX_BEAM_TIE_LONG_S on, log-linear between.  The band covers the drift
+ * between two searches that pairing cannot see, and that drift is a matter
+ * of the run's length: µs runs that live in the caches moved 10-40%
+ * between two searches of one kernel (buffer placement, co-runners'
+ * cache and memory traffic, the cpu launch mode), runs of milliseconds a
+ * few per cent; a flat 25% stopped searches of ms-scale kernels at the
+ * first round that gained less (opencl matmul512: 8.2 ms, as slow as
+ * hand-coded, where 4.8 ms was found before).  The run's length, unlike
+ * the measured noise, moves little between searches, and the threshold
+ * follows it continuously.
+ */
+#define KEX_BEAM_TIE_FLOOR 0.05
+#define KEX_BEAM_TIE_SHORT_S 100e-6
+#define KEX_BEAM_TIE_LONG_S 2e-3
+static double decision_theta(const kex_beam_opts *o, double run_s) {
+  double hi = o->tie_tolerance, lo = fmin(KEX_BEAM_TIE_FLOOR, hi);
+  if (!(run_s > KEX_BEAM_TIE_SHORT_S)) return hi; /* also NaN: no run to go by */
+  if (run_s >= KEX_BEAM_TIE_LONG_S) return lo;
+  return hi + (lo - hi) * log(run_s / KEX_BEAM_TIE_SHORT_S) / log(KEX_BEAM_TIE_LONG_S / KEX_BEAM_TIE_SHORT_S);
 }
 
 /*
@@ -1087,7 +1112,7 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
   candidate **sorted = kex_malloc(sizeof *sorted * (size_t)(r->n ? r->n : 1));
   paired *p = kex_calloc(1, sizeof *p);
   int m = 0, best_at = -1;
-  double theta = o->tie_tolerance, cost = 0;
+  double theta = o->tie_tolerance, cost = 0, run_s = INFINITY;
   bool ok = sorted && p, best_beaten = false, have_runner = false;
   for (int i = 0; i < r->n && ok; i++)
     if (r->cands[i]->timed && r->cands[i]->prog) sorted[m++] = r->cands[i];
@@ -1111,13 +1136,15 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
     for (int i = 0; i < nset; i++) lc[nm++] = set[i];
     if (has_best) lc[best_at = nm++] = beam[0];
     lc[nm] = lc[0]; /* the twin */
+    for (int i = 0; i < nm; i++) run_s = fmin(run_s, lc[i]->us * 1e-6 / lc[i]->factor);
+    theta = decision_theta(o, run_s);
     p->n = nm + 1;
     for (int i = 0; i < p->n; i++) {
       fill_time_job(s, &lc[i]->ps, lc[i]->prog, true, &p->t[i]);
       shrink_grid(&p->t[i], lc[i]->us * 1e-6 / p->t[i].factor);
     }
     kex_error pe = {0};
-    if (run_paired(s, p, nm, decide_budget(r->screen_s, KEX_BEAM_ROUND_BUDGET_S), &pe)) {
+    if (run_paired(s, p, nm, theta, decide_budget(r->screen_s, KEX_BEAM_ROUND_BUDGET_S), &pe)) {
       KEX_WARN("beam: round %u: paired timing failed (%s); deciding by screening times", s->prog.round, pe.msg);
       ok = false;
     }
@@ -1354,7 +1381,7 @@ typedef struct compare_set {
   double us[3];                       /* medians of the paired runs: beam, hand, runner */
   int vs[3][3];                       /* pair_cmp(i, j) at the threshold */
   int rounds;                         /* paired rounds */
-  double spread, theta;               /* measured noise, the threshold (tie_tolerance) */
+  double spread, theta;               /* measured noise; the threshold (decision_theta, set by the caller) */
 } compare_set;
 
 /*
@@ -1371,8 +1398,7 @@ static int compare_full_size(search *s, compare_set *c, kex_error *err) {
   for (int i = 0; i < nm; i++) fill_time_job(s, ps[i], pr[i], false, &p->t[i]);
   p->t[nm] = p->t[0];
   p->n = nm + 1;
-  c->theta = s->o->tie_tolerance;
-  int rc = run_paired(s, p, nm, decide_budget(s->screen_s, KEX_BEAM_COMPARE_BUDGET_S), err);
+  int rc = run_paired(s, p, nm, c->theta, decide_budget(s->screen_s, KEX_BEAM_COMPARE_BUDGET_S), err);
   if (!rc) {
     for (int i = 0; i < nm; i++) {
       c->us[i] = pair_median(p, i, -1);
@@ -1506,6 +1532,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   }
   report(&s, "compare");
   compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL};
+  cmp.theta = decision_theta(opts, best->us * 1e-6); /* a full-size run of the beam's best (extrapolated) */
   if ((rc = compare_full_size(&s, &cmp, err))) goto out;
   /* the final pick keeps what the search has (hysteresis, no timing in the order): the beam's best unless another
      kernel is faster than it beyond the threshold, then hand-coded unless that one is beaten too, then the
@@ -1520,6 +1547,10 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     if (pick < 0) pick = i;
   }
   if (pick < 0) pick = 1; /* every kernel beaten by another: a cycle no consistent timing makes; keep hand-coded */
+  /* a tie the runs could not settle (the interval reaches past the band: a busy machine) whose median is beyond the
+     band keeps hand-coded, so the pick is never more than the threshold slower than hand-coded.  That edge sits
+     where a search's result is rarely: the beam's best is mostly faster than hand-coded */
+  if (pick != 1 && cmp.us[pick] > cmp.us[1] * (1 + cmp.theta)) pick = 1;
   res->hand_us = cmp.us[1];
   res->hand_won = pick == 1;
   res->runner_up_won = pick == 2;

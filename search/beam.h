@@ -64,14 +64,22 @@
  *         runs twice per round (a twin), and the median |ratio - 1| of the
  *         twin's pairs is the measured noise (the spread, recorded).  The
  *         rounds grow (9 or retime_runs, doubling, at most 2048) until
- *         every pair is decided and the runs span 0.1 s (load comes in
- *         bursts), at most until the runs add up to 0.5 s (1 s for the
- *         final comparison): more noise buys more samples, never a wider
- *         band;
+ *         every pair is decided and the runs span 0.1 s (or the whole
+ *         budget, when less: load comes in bursts), at most until the runs
+ *         add up to the decision's budget: what the round's screening runs
+ *         took (the last round's, for the final comparison), at least
+ *         0.1 s, at most 0.5 s (1 s for the final comparison).  More noise
+ *         buys more samples, never a wider band; ms-scale kernels, whose
+ *         screening is reliable, stop at their minimum rounds;
  *       * a pair is compared by the median of its per-round ratios and the
  *         sign test's interval for it (99%): one is faster only when the
- *         whole interval lies beyond 1 +- tie_tolerance (25%, fixed for
- *         the search), else they tie.  The threshold does not follow the
+ *         whole interval lies beyond 1 +- theta, else they tie.  theta is
+ *         tie_tolerance (25%) for decisions whose fastest run is up to
+ *         100 µs, 5% from 2 ms on, log-linear between: a function of the
+ *         run's length (which moves little between searches), because the
+ *         drift pairing cannot see is (µs runs in the caches: 10-40%;
+ *         ms runs: a few per cent; a flat 25% stopped ms-scale searches
+ *         at the first round that gained less).  It does not follow the
  *         noise a decision measures: that measurement itself varied 10x
  *         between two searches of one kernel (0.005 .. 0.08), and a
  *         threshold derived from it (16 x noise, 8% .. 50%) flipped picks
@@ -91,30 +99,27 @@
  *         not taken and not dominated by another (the current best counts
  *         as a dominator, never as a pick) joins the next beam.  The round
  *         makes progress when the current best is dominated; when it is
- *         not, the first pick ties with it, and the beam moves on to it
- *         anyway when it comes first in the tie rule (at most
- *         KEX_BEAM_TIE_ROUNDS = 2 rounds in a row: two searches must not
- *         stop at different depths because a gap near the threshold fell
- *         on either side); otherwise the search ends and the pick is the
- *         runner-up;
- *       * the final comparison, at full size, paired: hand-coded, the
- *         beam's best and the runner-up, decided by the same rule: the
- *         tie rule's first among those no other one dominates.  Hand-coded
- *         is a member like any other (a special "a tie keeps hand-coded"
- *         rule made hand-vs-beam an edge of its own: one search measured
- *         the two equal, the next 39% apart), except that a tie with it
- *         the runs could not settle (the interval reaches past the band:
- *         a busy machine leaves few rounds in the budget) keeps
- *         hand-coded.  So the result is hand-coded, a kernel faster than
- *         it beyond the threshold, or one measured within the threshold
- *         of it.  The result
+ *         not, the search keeps what it has (a tie never moves the beam:
+ *         moving on ties, as beamrep2 did, walked the beam tie after tie
+ *         to the most upcast kernels, each step up to the threshold
+ *         slower), the search ends and the first pick is the runner-up;
+ *       * the final comparison, at full size, paired: the beam's best,
+ *         hand-coded and the runner-up, in that order of preference, no
+ *         timing in the order (hysteresis): the beam's best unless another
+ *         of the three is faster than it beyond the threshold, then
+ *         hand-coded unless it is beaten too, then the runner-up.  A tie
+ *         the runs could not settle whose median is beyond the band keeps
+ *         hand-coded, so the result is never more than the threshold
+ *         slower than hand-coded.  The result
  *         (and the cache row: decision_samples, decision_spread,
  *         decision_tie) records the final comparison's paired rounds, its
  *         measured noise and whether more than one kernel was in its tie
  *         group.
  *     What remains: a pair whose median ratio sits at the threshold
  *     (within the drift between two searches) can fall on either side;
- *     the tie rule keeps every other decision out of timing altogether;
+ *     for µs-scale kernels on a shared machine that drift is 10-40%
+ *     (bench/results/beam-repeatable.md), so a progress decision near the
+ *     edge ends one search a round earlier than the other;
  *   - a candidate that fails to lower or compile is skipped and counted
  *     (tinygrad 0.9.0 aborts the whole search on a CompileError);
  *   - compile time is measured; a compile longer than compile_timeout_s is
@@ -197,7 +202,8 @@ typedef struct kex_beam_opts {
   int width;                 /* beam width N (>= 1) */
   int upcast_max, local_max, uops_max;
   double min_progress_us;
-  double tie_tolerance;      /* the tie threshold, relative, 0.25: a kernel is faster than another only beyond it */
+  double tie_tolerance;      /* the tie threshold of µs-scale runs, relative, 0.25: a kernel is faster than another only
+                                beyond it (longer runs: down to 5%, search/beam.c decision_theta) */
   int timing_runs;           /* per candidate, median, after one warm-up */
   int retime_runs;           /* paired rounds a decision runs at least (9 when less) */
   int max_candidates;        /* compiled per round; 0 = no cap */
@@ -242,7 +248,7 @@ typedef struct kex_beam_result {
   uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
-  double tie_used;                      /* the tie threshold the decisions used (tie_tolerance) */
+  double tie_used;                      /* the largest tie threshold the decisions used (tie_tolerance for µs-scale runs) */
   uint32_t decision_samples;            /* paired rounds of the final (full-size) comparison */
   double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */
   bool decision_tie;                    /* the final comparison's tie group had more than one kernel: the tie rule chose */
