@@ -1069,7 +1069,7 @@ static double decide_budget(double screen_s, double max_s) {
 /*
  * Member i of p (among the first n, skipping those with gone[]) is
  * dominated when some other such member is faster than it beyond the
- * threshold over its whole interval.  The non-dominated members are the
+ * threshold (pair_cmp: by the median ratio).  The non-dominated members are the
  * round's tie group; which member happens to measure fastest does not
  * change it (a member just beyond the threshold of one leader but within
  * that of a near-equal other is out when any member beats it).
@@ -1098,10 +1098,10 @@ static int cmp_screen(const void *a, const void *b) {
  * must not cost it its place), then the next ones in screening order
  * while the set's minimum rounds cost at most KEX_BEAM_SET_COST_S.  The
  * set and the current best are timed paired (run_paired) at the fixed
- * threshold theta (tie_tolerance).  Then every decision is a function of
+ * threshold theta (decision_theta).  Then every decision is a function of
  * which pairs are separated, not of which member measured fastest:
  *   - progress: the current best is dominated (some member is faster
- *     than it beyond theta over its whole interval);
+ *     than it beyond theta, by the median ratio);
  *   - the next beam, N times: among the round's members not yet taken
  *     and not dominated by another such member (the tie group), the first
  *     in the tie rule;

@@ -71,9 +71,15 @@
  *         0.1 s, at most 0.5 s (1 s for the final comparison).  More noise
  *         buys more samples, never a wider band; ms-scale kernels, whose
  *         screening is reliable, stop at their minimum rounds;
- *       * a pair is compared by the median of its per-round ratios and the
- *         sign test's interval for it (99%): one is faster only when the
- *         whole interval lies beyond 1 +- theta, else they tie.  theta is
+ *       * a pair is compared by the median of its per-round ratios: one is
+ *         faster only when the median lies beyond 1 +- theta, else they
+ *         tie; the sign test's interval for it (99%, Bonferroni over the
+ *         decision's pairs) only says when more rounds would change
+ *         nothing (the decision stops growing once every interval is
+ *         wholly inside or outside the band).  An unsettled pair is judged
+ *         by its median, not called a tie: under load (PoCL's twin spread
+ *         0.3-0.7) nearly every pair was unsettled, and the tie rule alone
+ *         picked kernels 1.5-1.8x slower than the round's fastest.  theta is
  *         tie_tolerance (25%) for decisions whose fastest run is up to
  *         100 µs, 5% from 2 ms on, log-linear between: a function of the
  *         run's length (which moves little between searches), because the
@@ -251,7 +257,7 @@ typedef struct kex_beam_result {
   double tie_used;                      /* the largest tie threshold the decisions used (tie_tolerance for µs-scale runs) */
   uint32_t decision_samples;            /* paired rounds of the final (full-size) comparison */
   double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */
-  bool decision_tie;                    /* the final comparison's tie group had more than one kernel: the tie rule chose */
+  bool decision_tie;                    /* the final comparison's tie group had more than one kernel: the preference order chose */
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 
