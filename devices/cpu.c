@@ -283,11 +283,11 @@ static void kex_cpu_pool_stop(kex_cpu_device *cpu) {
  * smallest time per index of the first range over its launches) x total:
  * load only ever lengthens a range, so the smallest is what the kernel
  * costs, and after its first launches a program runs one way only on a
- * given grid.
- * (Per launch, a preempted first range sent a 10 us kernel to the workers,
- * where a worker pinned to a busy CPU made it 2-4 ms: one kernel timed
- * two ways, which the beam search's paired decisions cannot average out.)  With a deadline (monotonic seconds, 0: none) no
- * range starts after it.  Returns the ranges that ran; *nranges is how many
+ * given grid (judged per launch, a preempted first range sent a 10 us
+ * kernel to the workers, where a worker pinned to a busy CPU made it
+ * 2-4 ms: one kernel timed two ways, which the beam search's paired
+ * decisions cannot average out).  With a deadline (monotonic seconds,
+ * 0: none) no range starts after it.  Returns the ranges that ran; *nranges is how many
  * the launch had.
  */
 static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
