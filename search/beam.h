@@ -102,28 +102,21 @@
  *         upcast and unrolled per thread) is the fast end of a tie group in
  *         the measurements;
  *       * pruning: N times, the tie rule's first of the round's members
- *         not taken and not dominated by another (the anchor counts as a
- *         dominator, never as a pick) joins the next beam.  The beam
- *         always moves on to the picks, so the search's depth is not a
- *         decision: it ends at max_rounds, or when every member of a
- *         round is dominated (by the anchor: nothing left within the
- *         threshold of what the search has).  Whether a round beat the
- *         best was the edge that flipped most (the same pair measured
- *         1.15x in one search and 1.36x in the next: one search stopped a
- *         round earlier).  The anchor -- the search's best, the first pick
- *         of the last round that dominated its predecessor -- moves only
- *         then; on a tie the beam moves and the anchor stays, so a chain
- *         of ties cannot drift away from it unseen;
- *       * the final comparison, at full size, paired: the frontier (the
- *         beam's first entry after the last round), the anchor (when it is
- *         another kernel) and hand-coded, in that order of preference, no
- *         timing in the order: the first one no other of them is faster
- *         than beyond the threshold.  With the frontier first, a progress
- *         decision near the edge changes nothing (both searches' frontiers
- *         are the same picks); the anchor catches a chain of ties that
- *         drifted beyond the threshold; hand-coded wins over a pick whose
- *         median is beyond the band of it, so the result is never more
- *         than the threshold slower than hand-coded.  The result
+ *         not taken and not dominated by another (the current best counts
+ *         as a dominator, never as a pick) joins the next beam.  The round
+ *         makes progress when the current best is dominated; when it is
+ *         not, the search keeps what it has (a tie never moves the beam:
+ *         moving on ties, as beamrep2 did, walked the beam tie after tie
+ *         to the most upcast kernels, each step up to the threshold
+ *         slower), the search ends and the first pick is the runner-up;
+ *       * the final comparison, at full size, paired: the beam's best,
+ *         hand-coded and the runner-up, in that order of preference, no
+ *         timing in the order (hysteresis): the beam's best unless another
+ *         of the three is faster than it beyond the threshold, then
+ *         hand-coded unless it is beaten too, then the runner-up.  A tie
+ *         the runs could not settle whose median is beyond the band keeps
+ *         hand-coded, so the result is never more than the threshold
+ *         slower than hand-coded.  The result
  *         (and the cache row: decision_samples, decision_spread,
  *         decision_tie) records the final comparison's paired rounds, its
  *         measured noise and whether more than one kernel was in its tie
@@ -255,8 +248,7 @@ typedef struct kex_beam_result {
   double beam_us;                       /* the beam's best, reduced-grid extrapolated */
   double factor;                        /* the reduced-grid factor the beam's best was timed with */
   bool from_cache, hand_won;
-  bool runner_up_won;                   /* the anchor (the last pick that beat its predecessor; the beam moved on from it
-                                           on ties) won the final comparison over the last round's first pick */
+  bool runner_up_won;                   /* the last round's first pick (tied with the best) won the final comparison */
   uint32_t rounds, compiled, timed;
   uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
   uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
