@@ -5,7 +5,8 @@ For each graph: kexd's Plan (a long-running server, so every cache it keeps
 is warm; `schedule_us` is the server's own replay + schedule + memory plan
 time: protobuf decode, graph validation and building the reply are outside
 it) called --reps times after --warmup untimed calls over one libkex
-connection (build/client/libkex.so through ctypes, one job), and tinygrad's
+connection (build/client/libkex.so through ctypes, one job; the median and
+the minimum), and tinygrad's
 LazyBuffer replay (`replay_graph.build`) + `create_schedule` on the same
 graph in this process, also after warm-up.  Both medians, their ratio, and
 the machine's load go to bench/results/plan.json.  With --cli, also the old
@@ -13,8 +14,8 @@ way of calling kexd: one `kex plan --json` process (a new connection) per
 call, whose schedule_us is higher because the process start and the new
 connection leave kexd's caches cold (the `kex_cli_*` fields).  With
 --before KEXD, a second kexd (an earlier build) is timed the same way in the
-same run, against the same tinygrad medians (the `kex_before_*` fields and
-`ratio_before`): tinygrad's own time swings 2-3x with the machine's load
+same run, its calls interleaved with the first kexd's in blocks, against the
+same tinygrad medians (the `kex_before_*` fields and `ratio_before`): tinygrad's own time swings 2-3x with the machine's load
 between runs, so before/after ratios from separate runs do not compare.
 
 Like for like: tinygrad's time is its thread's CPU time (on a loaded machine
@@ -25,7 +26,12 @@ create_schedule only
 (not memory_planner), each build starting from no live LazyBuffers of an
 earlier build (held ones would be lazycache hits, already scheduled, and the
 build would schedule less); kexd's span also holds its memory planner, so the
-ratio is conservative.
+ratio is conservative.  kexd's side is its wall-clock schedule_us (the
+`ratio`), so a Plan that loses its core to another process counts that time;
+kexd also logs (at debug, read from its log) the thread CPU time of the same
+span, whose median gives `kex_plan_schedule_cpu_us` and `ratio_cpu`, like
+for like with tinygrad's CPU time (absent for an earlier kexd that does not
+log it).
 
 Graphs, the issue's six: elementwise chains of 100 and 1,000 ADDs (the
 `bench_sched` chains), a transformer block and a GELU MLP forward+backward
@@ -45,6 +51,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -121,14 +128,22 @@ class Libkex:
         self.lib.kex_client_close(self.client)
 
 
-def kex_side(client, graph, reps, warmup):
+def kex_sides(clients, graph, reps, warmup, blocks=5):
+    """Each client's (median, min, kernels) of schedule_us: warm-up calls, then reps calls each, in `blocks`
+    interleaved blocks (client 0's block, client 1's, ...), so that load changes during the run hit all alike."""
     text = json.dumps(graph).encode()
-    out = []
-    for i in range(warmup + reps):
-        us, kernels = client.plan(text)
-        if i >= warmup:
-            out.append(us)
-    return statistics.median(out), kernels
+    out = [[] for _ in clients]
+    kernels = [None] * len(clients)
+    for c in clients:
+        for _ in range(warmup):
+            c.plan(text)
+    for b in range(blocks):
+        n = reps // blocks + (1 if b < reps % blocks else 0)
+        for i, c in enumerate(clients):
+            for _ in range(n):
+                us, kernels[i] = c.plan(text)
+                out[i].append(us)
+    return [(statistics.median(o), min(o), k) for o, k in zip(out, kernels)]
 
 
 def kex_cli_side(kex, addr, path, reps, warmup):
@@ -160,12 +175,20 @@ def tinygrad_side(graph, reps, warmup):
     return statistics.median(cpu), statistics.median(wall), counts.pop()
 
 
+def plan_cpu_us(log_path, pos):
+    """The thread CPU times of the Plans kexd logged (at debug) from byte pos of its log on, in order."""
+    with open(log_path, errors="replace") as f:
+        f.seek(pos)
+        text = f.read()
+    return [float(m.group(1)) for m in re.finditer(r"kernels in [0-9.]+ us [(]thread CPU ([0-9.]+) us[)]", text)]
+
+
 def start_kexd(path, tmp, name):
     """A kexd on a free port with its own cache file: (process, address)."""
     addr = f"127.0.0.1:{free_port()}"
     log = open(os.path.join(tmp, name + ".log"), "w")
     proc = subprocess.Popen([path, "--listen", addr, "--device", "opencl", "--cache", os.path.join(tmp, name + ".db"),
-                             "--metrics", "off",
+                             "--metrics", "off", "--log", "debug",  # each Plan logs its thread CPU time
                              "--max-kernel-depth", "2048"],  # the 1,000-ADD chain: one kernel 1,001 levels deep
                             stdout=log, stderr=subprocess.STDOUT)
     return proc, addr
@@ -194,20 +217,30 @@ def main():
         client = Libkex(a.libkex, servers[0][1])
         addr = servers[0][1]
         before = Libkex(a.libkex, servers[1][1]) if a.before else None
+        log_path, log_pos = os.path.join(tmp, "kexd.log"), 0
         for name, where in SIX + MORE:
             g = load(name, where)
-            kex_us, kex_k = kex_side(client, g, a.reps, a.warmup)
+            sides = kex_sides([client] + ([before] if before else []), g, a.reps, a.warmup)
+            cpu = plan_cpu_us(log_path, log_pos)[-a.reps:]
+            log_pos = os.path.getsize(log_path)
+            kex_us, kex_min, kex_k = sides[0]
             if before:
-                b_us, b_k = kex_side(before, g, a.reps, a.warmup)
+                b_us, b_min, b_k = sides[1]
                 assert b_k == kex_k, f"{name}: kernels {kex_k}, before {b_k}"
             tg_us, tg_wall_us, tg_k = tinygrad_side(g, a.reps, a.warmup)
-            row = {"graph": name, "six": (name, where) in SIX, "nodes": len(g["nodes"]),
-                   "kex_plan_schedule_us": round(kex_us, 2), "tinygrad_replay_schedule_us": round(tg_us, 2),
+            extra = {}
+            if len(cpu) == a.reps:  # an earlier kexd does not log it
+                cpu_us = statistics.median(cpu)
+                extra = {"kex_plan_schedule_cpu_us": round(cpu_us, 2), "ratio_cpu": round(tg_us / cpu_us, 1)}
+            row = {"graph": name, "six": (name, where) in SIX, "nodes": len(g["nodes"]), **extra,
+                   "kex_plan_schedule_us": round(kex_us, 2), "kex_plan_schedule_min_us": round(kex_min, 2),
+                   "tinygrad_replay_schedule_us": round(tg_us, 2),
                    "tinygrad_wall_us": round(tg_wall_us, 2), "ratio": round(tg_us / kex_us, 1),
                    "kernels_kex": kex_k, "kernels_tinygrad": tg_k}
             cli = ""
             if before:
-                row.update(kex_before_schedule_us=round(b_us, 2), ratio_before=round(tg_us / b_us, 1))
+                row.update(kex_before_schedule_us=round(b_us, 2), kex_before_schedule_min_us=round(b_min, 2),
+                           ratio_before=round(tg_us / b_us, 1))
                 cli += f"  (before {b_us:8.1f} us {tg_us / b_us:6.1f}x)"
             if a.cli:
                 path = os.path.join(tmp, name + ".json")
@@ -216,6 +249,8 @@ def main():
                 row.update(kex_cli_schedule_us=round(cli_us, 2), kex_cli_ratio=round(tg_us / cli_us, 1))
                 cli += f"  (kex plan CLI {cli_us:8.1f} us {tg_us / cli_us:6.1f}x)"
             rows.append(row)
+            if extra:
+                cli += f"  (kex thread CPU {extra['kex_plan_schedule_cpu_us']:8.1f} us {extra['ratio_cpu']:6.1f}x)"
             print(f"{name:34s} {len(g['nodes']):6d} nodes  kex {kex_us:9.1f} us  tinygrad {tg_us:11.1f} us  "
                   f"{tg_us / kex_us:7.1f}x  kernels {kex_k}/{tg_k}{cli}", flush=True)
         client.close()

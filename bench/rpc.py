@@ -18,6 +18,10 @@ median over rounds of a round's p50 over that round's health p50.
                  comes inline and is not kept, no Free
   submit_min     free_outputs + only_done: the stream is    one RPC, one message
                  the done event alone
+  submit_batched "submit" with batched_events, as kex's     one RPC, every event; a quick
+                 clients send it                            Submit's stream is one message
+  client_submit  kex.Client.submit (client/python), its     what a Python user of kex pays
+                 defaults; handles freed later as "submit"
 
 plus single-shot Submit latencies: first Submit (structure miss + compile),
 repeated Submit (structure hit), a new structure whose programs are already
@@ -49,8 +53,7 @@ from ports import free_port  # noqa: E402
 
 
 def stubs(tmp):
-    subprocess.check_call([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.join(ROOT, "proto"),
-                           f"--python_out={tmp}", f"--grpc_python_out={tmp}", "kex/v1/kex.proto"])
+    """The health stubs (kex's own come with the kex package, client/python)."""
     subprocess.check_call([sys.executable, "-m", "grpc_tools.protoc", "-I",
                            os.path.join(ROOT, "proto/grpc/health/v1"), f"--python_out={tmp}",
                            f"--grpc_python_out={tmp}", "health.proto"])
@@ -84,6 +87,13 @@ def summary(r):
                         "submit_p50_us": round(d["submit_inflight1"]["p50_us"], 1),
                         "submit_ratio_to_health": round(d["submit_inflight1"]["ratio_to_health_rounds"], 2),
                         "submit_per_s_inflight8": round(d["submit_inflight8"]["calls_per_s"])}
+            # the client libraries' Submit (batched events): kex.Client from Python, libkex from C
+            for row in ("submit_batched", "client_submit", "libkex"):
+                if f"{row}_inflight1" in d:
+                    out[who][f"{row}_p50_us"] = round(d[f"{row}_inflight1"]["p50_us"], 1)
+                    out[who][f"{row}_ratio_to_health"] = round(d[f"{row}_inflight1"].get(
+                        "ratio_to_health_rounds", d[f"{row}_inflight1"].get("ratio_to_health", 0)), 2)
+                    out[who][f"{row}_per_s_inflight8"] = round(d[f"{row}_inflight8"]["calls_per_s"])
             if "kexd_cpu_us_per_call" in d["submit_inflight8"]:
                 out[who]["kexd_cpu_us_per_submit_inflight8"] = round(d["submit_inflight8"]["kexd_cpu_us_per_call"])
                 out[who]["kexd_cpu_us_per_health_inflight8"] = round(d["health_inflight8"]["kexd_cpu_us_per_call"])
@@ -110,7 +120,9 @@ def main():
     import grpc.experimental
     import health_pb2
     import health_pb2_grpc
-    from kex.v1 import kex_pb2, kex_pb2_grpc
+    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+    import kex as kexpkg  # the Python client, kex.Client
+    from kex._pb import kex_pb2, kex_pb2_grpc
 
     cache = os.path.join(tmp, "cache.db")
 
@@ -129,7 +141,7 @@ def main():
                 break
             except grpc.RpcError:
                 time.sleep(0.05)
-        return proc, ch
+        return proc, ch, port
 
     def graph(n=16, value=1.0, dummy=None):
         N = kex_pb2.Node
@@ -153,6 +165,17 @@ def main():
             raise SystemExit("bench/rpc.py: the default Submit's output is not a buffer with inline bytes")
         return d
 
+    def batched_submit(kex, job, g):
+        """default_submit with batched_events (as kex's clients send it): its Done, every event checked."""
+        kinds = []
+        for msg in kex.Submit(kex_pb2.SubmitRequest(job=job, graph=g, batched_events=True), timeout=60):
+            kinds.append(msg.WhichOneof("event"))
+            kinds += [e.WhichOneof("event") for e in msg.following]
+            last = (msg.following[-1] if msg.following else msg)
+        if kinds[:2] != ["accepted", "scheduled"] or "running" not in kinds or kinds[-1] != "done":
+            raise SystemExit(f"bench/rpc.py: unexpected batched Submit stream: {kinds}")
+        return last.done
+
     def timed_submit(kex, job, g):
         t0 = time.perf_counter()
         d = default_submit(kex, job, g)
@@ -162,18 +185,32 @@ def main():
 
     local = threading.local()
 
-    def kept_submit(kex, job, g):
+    def kept_submit(kex, job, g, how=None):
         """A default Submit whose output handle this thread frees later, 64 with one Free (untimed)."""
         kept = getattr(local, "kept", None)
         if kept is None:
             kept = local.kept = []
-        kept.append(default_submit(kex, job, g).outputs[0].handle)
+        kept.append((how or default_submit)(kex, job, g).outputs[0].handle)
+
+    def client_submit(g):
+        """kex.Client.submit (the Python package: default options), its output handle freed later as above."""
+        kept = getattr(local, "client_kept", None)
+        if kept is None:
+            kept = local.client_kept = []
+        d = client.submit(g)
+        if not d.outputs[0].handle or not d.outputs[0].has_data:
+            raise SystemExit("bench/rpc.py: kex.Client.submit's output is not a buffer with inline bytes")
+        kept.append(d.outputs[0].handle)
 
     def flush_kept(kex, job):
         kept = getattr(local, "kept", None)
         if kept:
             kex.Free(kex_pb2.FreeRequest(job=job, handles=kept), timeout=5)
             local.kept = []
+        kept = getattr(local, "client_kept", None)
+        if kept:
+            client.free(kept)
+            local.client_kept = []
 
     def submit_one_rpc(kex, job, g, only_done):
         evs = list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=g, free_outputs=True, only_done=only_done),
@@ -192,14 +229,18 @@ def main():
                         "inline bytes; its thread frees 64 handles with one Free outside the timed call); "
                         "submit_free = Submit + Free of its output (two RPCs); submit_inline = Submit with "
                         "free_outputs (one RPC, all events); submit_min = free_outputs + only_done (one RPC, one "
-                        "message); ratio_to_health = p50 / the health p50 at the same in-flight count; "
+                        "message); submit_batched = submit with batched_events (every event; those ready together "
+                        "in one message), as kex's clients send it; client_submit = kex.Client.submit, the Python "
+                        "package, default options (batched), output handles freed 64 at a time outside the timed "
+                        "call; ratio_to_health = p50 / the health p50 at the same in-flight count; "
                         "ratio_to_health_rounds = the median over the interleaved rounds of that ratio; "
                         "kexd_cpu_us_per_call / client_cpu_us_per_call = CPU time (user + system, all threads) "
                         "of kexd / of this Python client per call: with 2 cores, calls/s can never pass "
                         "2e6 / (their sum)"}
-    proc, ch = start()
+    proc, ch, port = start()
     kex = kex_pb2_grpc.KexStub(ch)
     health = health_pb2_grpc.HealthStub(ch)
+    client = kexpkg.Client(f"127.0.0.1:{port}")
     job = kex.OpenJob(kex_pb2.OpenJobRequest(name="bench"), timeout=5).job
     single = {}
     single["first_submit_us"], _ = timed_submit(kex, job, graph())
@@ -215,6 +256,8 @@ def main():
         "submit_free": lambda: timed_submit(kex, job, graph()),
         "submit_inline": lambda: submit_one_rpc(kex, job, graph(), False),
         "submit_min": lambda: submit_one_rpc(kex, job, graph(), True),
+        "submit_batched": lambda: kept_submit(kex, job, graph(), batched_submit),
+        "client_submit": lambda: client_submit(graph()),
     }
     for inflight in (1, 8):
         lat = {name: [] for name in calls}
@@ -234,7 +277,7 @@ def main():
                         t0 = time.perf_counter()
                         fn()
                         mine.append((time.perf_counter() - t0) * 1e6)
-                        if len(getattr(local, "kept", None) or []) >= 64:
+                        if len(getattr(local, "kept", None) or []) + len(getattr(local, "client_kept", None) or []) >= 64:
                             flush_kept(kex, job)
                     flush_kept(kex, job)
                     with lock:
@@ -257,7 +300,7 @@ def main():
             row = {"p50_us": pct(xs, 0.5), "p99_us": pct(xs, 0.99), "calls_per_s": len(xs) / wall[name],
                    "calls": len(xs), "kexd_cpu_us_per_call": server_cpu[name] / max(len(xs), 1) * 1e6,
                    "client_cpu_us_per_call": client_cpu[name] / max(len(xs), 1) * 1e6}
-            line = f"{name:13s} {inflight} in flight: p50 {row['p50_us']:8.0f} us  p99 {row['p99_us']:8.0f} us  " \
+            line = f"{name:14s} {inflight} in flight: p50 {row['p50_us']:8.0f} us  p99 {row['p99_us']:8.0f} us  " \
                    f"{row['calls_per_s']:8.0f} calls/s"
             if name != "health":
                 row["ratio_to_health"] = row["p50_us"] / results[f"health_inflight{inflight}"]["p50_us"]
@@ -272,11 +315,12 @@ def main():
                                "program_cache_memory_hits": stats.program_cache_memory_hits,
                                "program_cache_sqlite_hits": stats.program_cache_sqlite_hits,
                                "program_cache_misses": stats.program_cache_misses}
+    client.close()
     ch.close()
     proc.terminate()
     proc.wait()
     # restart with the same --cache: the program comes from SQLite
-    proc, ch = start()
+    proc, ch, _ = start()
     kex = kex_pb2_grpc.KexStub(ch)
     job = kex.OpenJob(kex_pb2.OpenJobRequest(name="bench"), timeout=5).job
     single["after_restart_submit_us"], d = timed_submit(kex, job, graph())

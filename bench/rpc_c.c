@@ -25,15 +25,19 @@
  *                   and is not kept, so one RPC
  *   submit_min      the same Submit with free_outputs and only_done: one RPC whose
  *                   stream is the done event alone
- *   libkex          kex_submit (graph as JSON) + kex_free_buffers through libkex, the C
- *                   client library, to show what the library itself costs
+ *   submit_batched  "submit" with batched_events, as kex's own clients send it: every
+ *                   event, those ready together in one message (a quick Submit's whole
+ *                   stream is one message and the status); read and checked the same way
+ *   libkex          kex_submit (graph as JSON) through libkex, the C client library (it
+ *                   sets batched_events), the output kept and freed 64 at a time as in
+ *                   "submit": what a C program using kex pays for its Submit
  *
  * The core rows use gRPC C core directly with the request encoded once.
  * Every Submit's output bytes are checked (arange + 1).  Prints a table and,
  * with --json FILE, writes the numbers (p50/p99 in us, calls/s).
  *
  * Usage: build/bench_rpc [--kexd build/daemon/kexd | --server ADDR] [--seconds 2] [--rounds 10] [--json FILE]
- *                        [--only health,submit,submit_free,submit_inline,submit_min,libkex] [--inflight 1,8]
+ *                        [--only health,submit,submit_free,submit_inline,submit_min,submit_batched,libkex] [--inflight 1,8]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -113,7 +117,7 @@ typedef struct bench {
   void *m_check, *m_submit, *m_free, *m_open;
   kex_client *lk; /* libkex client on the same server */
   char job[128];
-  grpc_slice check_req, submit_req, inline_req, min_req;
+  grpc_slice check_req, submit_req, inline_req, min_req, batched_req;
   char graph_json[1024];
 } bench;
 
@@ -224,11 +228,26 @@ static void free_handles(bench *b, grpc_completion_queue *cq, char **handles, si
 /* What becomes of a Submit's output: freed at once, kept (its handle returned), or never a buffer (free_outputs). */
 typedef enum out_mode { OUT_FREE, OUT_KEEP, OUT_NONE } out_mode;
 
+/* Check one event: not after done, the done event's output (its handle into handle[128]); its kind into *seen. */
+static void submit_event(const Kex__V1__SubmitEvent *ev, bool *done, int *seen, char *handle) {
+  if (*done) die("Submit: an event after done");
+  *seen |= 1 << ev->event_case;
+  if (ev->event_case == KEX__V1__SUBMIT_EVENT__EVENT_DONE) {
+    if (ev->done->n_outputs != 1) die("Submit: %zu outputs", ev->done->n_outputs);
+    check_output(ev->done->outputs[0]);
+    snprintf(handle, 128, "%s", ev->done->outputs[0]->handle);
+    *done = true;
+  }
+}
+
 /*
  * One Submit: every event read and checked (accepted, scheduled, running...,
- * done; only done when only_done); its output's handle into keep[128] (OUT_KEEP).
+ * done; only done when only_done); its output's handle into keep[128]
+ * (OUT_KEEP).  A batched request's messages may hold several events; after
+ * its done event the status is read at once (as libkex does).
  */
-static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, out_mode mode, bool only_done, char *keep) {
+static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, out_mode mode, bool only_done, bool batched,
+                   char *keep) {
   grpc_call *call =
       grpc_channel_create_registered_call(b->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, b->m_submit, deadline(), NULL);
   grpc_byte_buffer *out = grpc_raw_byte_buffer_create(&req, 1), *in = NULL;
@@ -256,15 +275,11 @@ static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, out_mode
     Kex__V1__SubmitEvent *ev = kex__v1__submit_event__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
     if (!ev) die("Submit: an event does not decode");
-    if (done) die("Submit: an event after done");
-    seen |= 1 << ev->event_case;
-    if (ev->event_case == KEX__V1__SUBMIT_EVENT__EVENT_DONE) {
-      if (ev->done->n_outputs != 1) die("Submit: %zu outputs", ev->done->n_outputs);
-      check_output(ev->done->outputs[0]);
-      snprintf(handle, sizeof handle, "%s", ev->done->outputs[0]->handle);
-      done = true;
-    }
+    if (ev->n_following && !batched) die("Submit: batched events without batched_events");
+    submit_event(ev, &done, &seen, handle);
+    for (size_t k = 0; k < ev->n_following; k++) submit_event(ev->following[k], &done, &seen, handle);
     kex__v1__submit_event__free_unpacked(ev, NULL);
+    if (done && batched) break;
   }
   grpc_event ev0 = grpc_completion_queue_pluck(cq, &ops[0], gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
   (void)ev0;
@@ -296,22 +311,25 @@ static void submit(bench *b, grpc_completion_queue *cq, grpc_slice req, out_mode
   }
 }
 
-static void submit_libkex(bench *b) {
+/* One kex_submit through libkex, its output checked and its handle into keep[128]. */
+static void submit_libkex(bench *b, char *keep) {
   kex_result *res = NULL;
   kex_status st;
   kex_submit_opts o = {.timeout_s = CALL_TIMEOUT_S};
-  const char *h[1];
   if (kex_submit(b->lk, b->job, b->graph_json, &o, NULL, NULL, &res, &st) < 0) die("libkex submit: %s", st.msg);
-  if (res->noutputs != 1) die("libkex submit: %zu outputs", res->noutputs);
-  h[0] = res->outputs[0].handle;
-  if (kex_free_buffers(b->lk, b->job, h, 1, NULL, &st) < 0) die("libkex free: %s", st.msg);
+  if (res->noutputs != 1 || !res->outputs[0].has_data || res->outputs[0].buf.nbytes != N_ELEMS * sizeof(float))
+    die("libkex submit: %zu outputs, not inline", res->noutputs);
+  for (int i = 0; i < N_ELEMS; i++)
+    if (((const float *)res->outputs[0].buf.data)[i] != (float)i + 1.0f) die("libkex submit: output[%d] is wrong", i);
+  snprintf(keep, 128, "%s", res->outputs[0].handle);
   kex_result_free(res);
 }
 
 /* ---- the measurement ---- */
 
-typedef enum kind { K_HEALTH, K_SUBMIT, K_SUBMIT_FREE, K_SUBMIT_INLINE, K_SUBMIT_MIN, K_LIBKEX, K_COUNT } kind;
-static const char *kind_names[K_COUNT] = {"health", "submit", "submit_free", "submit_inline", "submit_min", "libkex"};
+typedef enum kind { K_HEALTH, K_SUBMIT, K_SUBMIT_FREE, K_SUBMIT_INLINE, K_SUBMIT_MIN, K_SUBMIT_BATCHED, K_LIBKEX, K_COUNT } kind;
+static const char *kind_names[K_COUNT] = {"health", "submit", "submit_free", "submit_inline", "submit_min",
+                                          "submit_batched", "libkex"};
 
 /* A thread's output handles not freed yet ("submit"). */
 typedef struct kept {
@@ -330,11 +348,12 @@ static void kept_flush(bench *b, grpc_completion_queue *cq, kept *kp) {
 static void one_call(bench *b, grpc_completion_queue *cq, kind k, kept *kp) {
   switch (k) {
   case K_HEALTH: health(b, cq); break;
-  case K_SUBMIT: submit(b, cq, b->submit_req, OUT_KEEP, false, kp->h[kp->n++]); break;
-  case K_SUBMIT_FREE: submit(b, cq, b->submit_req, OUT_FREE, false, NULL); break;
-  case K_SUBMIT_INLINE: submit(b, cq, b->inline_req, OUT_NONE, false, NULL); break;
-  case K_SUBMIT_MIN: submit(b, cq, b->min_req, OUT_NONE, true, NULL); break;
-  case K_LIBKEX: submit_libkex(b); break;
+  case K_SUBMIT: submit(b, cq, b->submit_req, OUT_KEEP, false, false, kp->h[kp->n++]); break;
+  case K_SUBMIT_FREE: submit(b, cq, b->submit_req, OUT_FREE, false, false, NULL); break;
+  case K_SUBMIT_INLINE: submit(b, cq, b->inline_req, OUT_NONE, false, false, NULL); break;
+  case K_SUBMIT_MIN: submit(b, cq, b->min_req, OUT_NONE, true, false, NULL); break;
+  case K_SUBMIT_BATCHED: submit(b, cq, b->batched_req, OUT_KEEP, false, true, kp->h[kp->n++]); break;
+  case K_LIBKEX: submit_libkex(b, kp->h[kp->n++]); break;
   default: break;
   }
 }
@@ -484,7 +503,7 @@ static void wait_ready(bench *b) {
 }
 
 /* The tiny graph: BUFFER float32[16] arange, + CONST 1.0 reshaped and expanded, ADD; its one output inline. */
-static grpc_slice submit_request(const char *job, bool free_outputs, bool only_done) {
+static grpc_slice submit_request(const char *job, bool free_outputs, bool only_done, bool batched) {
   Kex__V1__SubmitRequest r = KEX__V1__SUBMIT_REQUEST__INIT;
   Kex__V1__Graph g = KEX__V1__GRAPH__INIT;
   Kex__V1__Node n[5], *np[5];
@@ -509,6 +528,7 @@ static grpc_slice submit_request(const char *job, bool free_outputs, bool only_d
   r.job = (char *)job;
   r.graph = &g;
   r.free_outputs = free_outputs;
+  r.batched_events = batched;
   r.only_done = only_done;
   return pack(&r.base);
 }
@@ -526,7 +546,7 @@ static bool listed(const char *list, const char *name) {
 
 int main(int argc, char **argv) {
   const char *kexd = "build/daemon/kexd", *server = NULL, *json = NULL;
-  const char *only = "health,submit,submit_free,submit_inline,submit_min,libkex";
+  const char *only = "health,submit,submit_free,submit_inline,submit_min,submit_batched,libkex";
   const char *inflights = "1,8";
   double seconds = 2.0;
   int rounds = 10;
@@ -576,10 +596,11 @@ int main(int argc, char **argv) {
     snprintf(b.job, sizeof b.job, "%s", r->job);
     kex__v1__open_job_reply__free_unpacked(r, NULL);
     grpc_slice_unref(req), grpc_slice_unref(reply);
-    b.submit_req = submit_request(b.job, false, false);
-    b.inline_req = submit_request(b.job, true, false);
-    b.min_req = submit_request(b.job, true, true);
-    submit(&b, cq, b.submit_req, OUT_FREE, false, NULL); /* first: compiles */
+    b.submit_req = submit_request(b.job, false, false, false);
+    b.inline_req = submit_request(b.job, true, false, false);
+    b.min_req = submit_request(b.job, true, true, false);
+    b.batched_req = submit_request(b.job, false, false, true);
+    submit(&b, cq, b.submit_req, OUT_FREE, false, false, NULL); /* first: compiles */
     grpc_completion_queue_shutdown(cq);
     while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type != GRPC_QUEUE_SHUTDOWN) {
     }
@@ -643,7 +664,7 @@ int main(int argc, char **argv) {
   if (jf) fprintf(jf, "\n}\n"), fclose(jf);
   if (b.lk) kex_client_close(b.lk);
   grpc_slice_unref(b.check_req), grpc_slice_unref(b.submit_req), grpc_slice_unref(b.inline_req);
-  grpc_slice_unref(b.min_req);
+  grpc_slice_unref(b.min_req), grpc_slice_unref(b.batched_req);
   grpc_channel_destroy(b.ch);
   grpc_shutdown();
   stop_kexd();

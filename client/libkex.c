@@ -611,16 +611,21 @@ static ProtobufCMessage *unpack(rpc *r, grpc_byte_buffer *bb, const ProtobufCMes
   return m;
 }
 
+/* ops[0..3): send the one request (bb) of a unary or server-streaming call and close the sending side. */
+static void request_ops(rpc *r, grpc_op *ops, grpc_byte_buffer *bb) {
+  memset(ops, 0, 3 * sizeof *ops);
+  op_send_initial(r, &ops[0]);
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+}
+
 /* Send the one request of a unary or server-streaming call and close the sending side. */
 static int rpc_send_request(rpc *r, const ProtobufCMessage *req) {
   grpc_op ops[3];
   grpc_byte_buffer *bb = pack(req);
   int ok;
-  memset(ops, 0, sizeof ops);
-  op_send_initial(r, &ops[0]);
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = bb;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  request_ops(r, ops, bb);
   ok = rpc_batch(r, ops, 3);
   grpc_byte_buffer_destroy(bb);
   return ok;
@@ -639,16 +644,20 @@ static int rpc_end_local(rpc *r, const kex_status *local, kex_status *st) {
 }
 
 /*
- * Receive the next message as desc into *out: 1 with a message, 0 at the end
- * of the stream (or when the call failed: rpc_end says why), -1 with *st set
- * when the bytes are not a desc.
+ * Receive the next message as desc into *out, after sending req first in
+ * the same batch (one wait) when req is not NULL: 1 with a message, 0 at the
+ * end of the stream (or when the call failed: rpc_end says why), -1 with *st
+ * set when the bytes are not a desc.
  */
-static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, kex_status *st) {
-  grpc_op ops[2];
-  grpc_byte_buffer *bb = NULL;
+static int rpc_send_recv(rpc *r, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
+                         ProtobufCMessage **out, kex_status *st) {
+  grpc_op ops[5];
+  grpc_byte_buffer *out_bb = req ? pack(req) : NULL, *bb = NULL;
   size_t n = 0;
+  int ok;
   *out = NULL;
   memset(ops, 0, sizeof ops);
+  if (req) request_ops(r, ops, out_bb), n = 3;
   if (!r->got_initial_md) {
     ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
     ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
@@ -656,12 +665,19 @@ static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMes
   }
   ops[n].op = GRPC_OP_RECV_MESSAGE;
   ops[n++].data.recv_message.recv_message = &bb;
-  if (!rpc_batch(r, ops, n) || !bb) {
+  ok = rpc_batch(r, ops, n);
+  if (out_bb) grpc_byte_buffer_destroy(out_bb);
+  if (!ok || !bb) {
     if (bb) grpc_byte_buffer_destroy(bb);
     return 0;
   }
   if (!(*out = unpack(r, bb, desc, st))) return -1;
   return 1;
+}
+
+/* Receive the next message as desc into *out (rpc_send_recv without a request). */
+static int rpc_recv(rpc *r, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, kex_status *st) {
+  return rpc_send_recv(r, NULL, desc, out, st);
 }
 
 /* A unary call: request out, one reply in (*reply owned by the caller, free_msg). */
@@ -671,7 +687,7 @@ static int unary(kex_client *c, int method, const char *job, const ProtobufCMess
   int rc, got = 0;
   *reply = NULL;
   if ((rc = rpc_begin(c, method, job, c->timeout_s, &r, st))) return rc;
-  if (rpc_send_request(&r, req)) got = rpc_recv(&r, reply_desc, reply, st);
+  got = rpc_send_recv(&r, req, reply_desc, reply, st);
   if (got < 0) {
     kex_status ignored;
     rpc_end(&r, &ignored);
@@ -1351,6 +1367,48 @@ nomem:
   return KEX_ENOMEM;
 }
 
+/* Hand one event to cb, or copy the done event into *out; 0, or -1 with *st set (out of memory). */
+static int submit_event(const Kex__V1__SubmitEvent *ev, kex_submit_cb cb, void *ud, kex_result **out, kex_status *st) {
+  kex_submit_event e;
+  memset(&e, 0, sizeof e);
+  switch (ev->event_case) {
+  case KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED:
+    e.kind = KEX_EVENT_ACCEPTED;
+    e.submission = ev->accepted->submission;
+    break;
+  case KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED:
+    e.kind = KEX_EVENT_SCHEDULED;
+    e.kernels = (const char *const *)ev->scheduled->kernels;
+    e.nkernels = ev->scheduled->n_kernels;
+    break;
+  case KEX__V1__SUBMIT_EVENT__EVENT_COMPILING:
+  case KEX__V1__SUBMIT_EVENT__EVENT_RUNNING: {
+    bool comp = ev->event_case == KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
+    const Kex__V1__KernelEvent *k = comp ? ev->compiling : ev->running;
+    e.kind = comp ? KEX_EVENT_COMPILING : KEX_EVENT_RUNNING;
+    e.i = k->i;
+    e.n = k->n;
+    e.kernel = k->kernel;
+    break;
+  }
+  case KEX__V1__SUBMIT_EVENT__EVENT_DONE:
+    if (!*out && result_copy(ev->done, out)) {
+      status_set(st, KEX_ENOMEM, 0, "Submit: out of memory copying the result");
+      return -1;
+    }
+    return 0;
+  default: return 0; /* an event this client does not know: newer server */
+  }
+  if (cb) cb(&e, ud);
+  return 0;
+}
+
+/*
+ * The events come batched (SubmitRequest.batched_events): a message holds
+ * every event that was ready when it was written, so a quick submission is
+ * one message; the request goes out with the first read, and once the done
+ * event is in, the next thing on the stream is the status.
+ */
 int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex_submit_opts *opts, kex_submit_cb cb,
                void *ud, kex_result **out, kex_status *st) {
   Kex__V1__SubmitRequest req = KEX__V1__SUBMIT_REQUEST__INIT;
@@ -1361,7 +1419,7 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
   kex_status local_err = {0};
   kex_arena arena;
   rpc r;
-  int rc, got = 0;
+  int rc, got;
   *out = NULL;
   if (opts) o = *opts;
   kex_arena_init(&arena, 0);
@@ -1370,51 +1428,22 @@ int kex_submit(kex_client *c, const char *job, const char *graph_json, const kex
   req.graph = &g;
   req.return_bytes = o.return_bytes;
   req.trace = o.trace;
+  req.batched_events = true;
   if (o.beam_width) {
     beam.beam_width = o.beam_width;
     req.beam = &beam;
   }
   if ((rc = rpc_begin(c, M_SUBMIT, job, o.timeout_s, &r, st))) goto out;
-  if (!rpc_send_request(&r, &req.base)) goto finish;
-  while ((got = rpc_recv(&r, &kex__v1__submit_event__descriptor, (ProtobufCMessage **)&ev, &local_err)) == 1) {
-    kex_submit_event e;
-    memset(&e, 0, sizeof e);
-    switch (ev->event_case) {
-    case KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED:
-      e.kind = KEX_EVENT_ACCEPTED;
-      e.submission = ev->accepted->submission;
-      if (cb) cb(&e, ud);
-      break;
-    case KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED:
-      e.kind = KEX_EVENT_SCHEDULED;
-      e.kernels = (const char *const *)ev->scheduled->kernels;
-      e.nkernels = ev->scheduled->n_kernels;
-      if (cb) cb(&e, ud);
-      break;
-    case KEX__V1__SUBMIT_EVENT__EVENT_COMPILING:
-    case KEX__V1__SUBMIT_EVENT__EVENT_RUNNING: {
-      bool comp = ev->event_case == KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
-      e.kind = comp ? KEX_EVENT_COMPILING : KEX_EVENT_RUNNING;
-      const Kex__V1__KernelEvent *k = comp ? ev->compiling : ev->running;
-      e.i = k->i;
-      e.n = k->n;
-      e.kernel = k->kernel;
-      if (cb) cb(&e, ud);
-      break;
-    }
-    case KEX__V1__SUBMIT_EVENT__EVENT_DONE:
-      if (!*out && result_copy(ev->done, out)) {
-        status_set(&local_err, KEX_ENOMEM, 0, "Submit: out of memory copying the result");
-        got = -1;
-      }
-      break;
-    default: break; /* an event this client does not know: newer server */
-    }
+  got = rpc_send_recv(&r, &req.base, &kex__v1__submit_event__descriptor, (ProtobufCMessage **)&ev, &local_err);
+  while (got == 1) {
+    if (submit_event(ev, cb, ud, out, &local_err) < 0) got = -1;
+    for (size_t k = 0; got == 1 && k < ev->n_following; k++)
+      if (submit_event(ev->following[k], cb, ud, out, &local_err) < 0) got = -1;
     free_msg(ev);
     ev = NULL;
-    if (got < 0) break;
+    if (got < 0 || *out) break;
+    got = rpc_recv(&r, &kex__v1__submit_event__descriptor, (ProtobufCMessage **)&ev, &local_err);
   }
-finish:
   rc = rpc_end_read(&r, got < 0, &local_err, st);
   if (!rc && !*out) {
     rc = status_set(st, KEX_ECORRUPT, 0, "Submit: the stream ended OK without a done event");

@@ -50,6 +50,13 @@ void kex_arena_reset(kex_arena *a) {
   a->total = 0;
 }
 
+size_t kex_arena_held(const kex_arena *a) {
+  size_t n = 0;
+  for (const kex_arena_block *b = a->head; b; b = b->prev) n += b->size;
+  for (const kex_arena_block *b = a->spare; b; b = b->prev) n += b->size;
+  return n;
+}
+
 void *kex_arena_alloc(kex_arena *a, size_t size) {
   /* rounding up to 16 and adding the block header must not wrap around */
   if (size > SIZE_MAX - 15 - sizeof(kex_arena_block)) return NULL;
@@ -98,3 +105,20 @@ void *kex_arena_memdup(kex_arena *a, const void *src, size_t size) {
 }
 
 char *kex_arena_strdup(kex_arena *a, const char *s) { return kex_arena_memdup(a, s, strlen(s) + 1); }
+
+int kex_arena_grow_slow(kex_arena *a, void *pv, uint32_t *cap, size_t elem, uint32_t first) {
+  char *p, *np;
+  uint64_t ncap = *cap ? (uint64_t)*cap * 2 : first;
+  if (ncap > UINT32_MAX || (elem && ncap > SIZE_MAX / 2 / elem)) return -1;
+  size_t old = (size_t)*cap * elem, size = (size_t)ncap * elem;
+  memcpy(&p, pv, sizeof p);
+  if (p && old && p + ((old + 15) & ~(size_t)15) == a->cur && (size_t)(a->end - p) >= size) {
+    a->cur = p + ((size + 15) & ~(size_t)15); /* the last allocation: it grows where it is */
+  } else {
+    if (!(np = kex_arena_alloc(a, size))) return -1;
+    if (old) memcpy(np, p, old);
+    memcpy(pv, &np, sizeof np);
+  }
+  *cap = (uint32_t)ncap;
+  return 0;
+}

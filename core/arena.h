@@ -31,6 +31,8 @@ void kex_arena_destroy(kex_arena *a);
  * for page faults).  Pointers from before the reset are invalid after it.
  */
 void kex_arena_reset(kex_arena *a);
+/* Bytes of every block the arena holds: those in use and the spare ones a reset kept. */
+size_t kex_arena_held(const kex_arena *a);
 /* Aligned (16 bytes) allocation; NULL when out of memory. */
 void *kex_arena_alloc(kex_arena *a, size_t size);
 /* Zeroed allocation; NULL when out of memory. */
@@ -38,5 +40,17 @@ void *kex_arena_calloc(kex_arena *a, size_t n, size_t size);
 /* Copy of `size` bytes of src; NULL when out of memory. */
 void *kex_arena_memdup(kex_arena *a, const void *src, size_t size);
 char *kex_arena_strdup(kex_arena *a, const char *s);
+/*
+ * kex_grow (core/alloc.h) for an array in arena a: *(T **)pv holds *cap
+ * elements of elem bytes, len used; when len == *cap it grows to first
+ * elements or twice *cap: in place when the array is the arena's last
+ * allocation and its block has room, else copied to a new allocation (the
+ * old copy stays until the arena is reset).  0, or -1 when out of memory
+ * (the array and *cap unchanged).
+ */
+int kex_arena_grow_slow(kex_arena *a, void *pv, uint32_t *cap, size_t elem, uint32_t first);
+static inline int kex_arena_grow(kex_arena *a, void *pv, uint32_t len, uint32_t *cap, size_t elem, uint32_t first) {
+  return len < *cap ? 0 : kex_arena_grow_slow(a, pv, cap, elem, first);
+}
 
 #endif

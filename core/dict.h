@@ -71,6 +71,10 @@ void kex_dict_clear(kex_dict *d);
 /* Make room for n entries without growing (a no-op when there already is, or d holds entries).  0 or KEX_ENOMEM;
    the dict is usable either way. */
 int kex_dict_reserve(kex_dict *d, uint32_t n);
+/* Bytes of the table's memory (0 before its first insert). */
+static inline size_t kex_dict_bytes(const kex_dict *d) {
+  return d->cap ? (size_t)d->cap * (sizeof *d->hashes + d->type->entry_size) : 0;
+}
 /* Release the memory; the dict is empty and reusable (its type stays). */
 void kex_dict_free(kex_dict *d);
 

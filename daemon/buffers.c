@@ -438,6 +438,11 @@ void kexd_rpc_free(kexd *d, kexd_call *c, kexd_req *rq) {
   Kex__V1__FreeRequest *m = rq->msg;
   Kex__V1__FreeReply r = KEX__V1__FREE_REPLY__INIT;
   kexd_job *job = rq->job;
+  if (m->n_handles > job->max_buffers) { /* it cannot hold that many: refused before any lookup */
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Free: %zu handles, more than job '%s' may hold (%u, "
+                    "--max-buffers-per-job); nothing freed", m->n_handles, job->name, job->max_buffers);
+    return;
+  }
   for (size_t i = 0; i < m->n_handles; i++) /* all or nothing: check every handle first */
     if (!kexd_job_find_buffer(job, m->handles[i])) {
       kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "Free: job '%s' holds no buffer \"%.40s\" (handle %zu); nothing freed",

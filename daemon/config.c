@@ -112,6 +112,9 @@ static const flag flags[] = {
    "Submit's beam width when a request asks for none (0: hand-coded opts); Tune's (2 when this is 0)"},
   {"plan-inline-nodes", "N", FLAG_U32, F(plan_inline_nodes), 0, INT_MAX, 0, 0, false, NULL,
    "graphs up to N nodes are planned on the loop thread, larger ones on the worker pool"},
+  {"plan-warm-bytes", "BYTES", FLAG_U64, F(plan_warm_bytes), 0, 1ull << 32, 0, 0, false, NULL,
+   "Plan: each thread keeps the interned views and the replay's memory of its last graphs, up to this many bytes "
+   "(past it, it starts afresh; 0: off)"},
   {"inline-output-max", "BYTES", FLAG_U64, F(inline_output_max), 0, INT64_MAX, 0, 0, false, NULL,
    "Submit: outputs up to this many bytes come back inline in the done event (a request may ask for fewer)"},
   {"schedule-cache", "N", FLAG_U32, F(schedule_cache), 0, 1 << 20, 0, 0, false, NULL,
@@ -149,7 +152,7 @@ static const flag flags[] = {
   {"max-weight", "N", FLAG_U32, F(max_weight), 1, 1 << 20, 0, 0, false, NULL,
    "the largest weight (fair-queueing share) an OpenJob may ask for"},
   {"max-buffers-per-job", "N", FLAG_U32, F(max_buffers_per_job), 1, 1 << 24, 0, 0, false, NULL,
-   "buffers one job may hold (uploads and outputs)"},
+   "buffers one job may hold (uploads and outputs), and so the handles one Free may name"},
   {"max-submits-per-job", "N", FLAG_U32, F(max_submits_per_job), 1, 1 << 20, 0, 0, false, NULL,
    "Submit calls one job may have in flight"},
   {"max-beam", "N", FLAG_U32, F(max_beam), 1, KEX_BEAM_MAX_WIDTH, 0, 0, false, NULL,
@@ -329,6 +332,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->max_weight = KEXD_LIMIT_WEIGHT;
   cfg->max_buffers_per_job = KEXD_LIMIT_BUFFERS_PER_JOB;
   cfg->plan_inline_nodes = KEXD_DEFAULT_PLAN_INLINE_NODES;
+  cfg->plan_warm_bytes = KEXD_DEFAULT_PLAN_WARM_BYTES;
   cfg->inline_output_max = KEXD_DEFAULT_INLINE_OUTPUT;
   cfg->schedule_cache = KEXD_DEFAULT_SCHEDULE_CACHE;
   cfg->idle_timeout_s = KEXD_DEFAULT_IDLE_TIMEOUT_S;

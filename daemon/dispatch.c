@@ -23,7 +23,10 @@
  * that item's (the loop drains the whole done list at each wake).  The
  * poster marks only items whose successor it knows to be short, so a
  * submission of tiny kernels costs one loop wake instead of one per item,
- * and nothing waits behind another job's item.
+ * and nothing waits behind another job's item.  Nor for long: once the
+ * items since the last wake have run DISPATCH_DEFER_MAX_S, the next one to
+ * end wakes the loop, so a chain slower than its poster expected still
+ * reports (Submit holds a quick chain's progress events until it hears).
  *
  * Every device a runner opens gets the dispatcher's kernel time limit
  * (copied into the runner when it starts, so the thread reads its own).
@@ -52,6 +55,7 @@
 #include "core/log.h"
 
 #define DISPATCH_NAME_MAX KEXD_DISPATCH_NAME_MAX
+#define DISPATCH_DEFER_MAX_S 0.002 /* deferred dones wait at most this long (then the next item's end wakes the loop) */
 
 typedef struct flow {
   uint64_t job;
@@ -89,6 +93,8 @@ typedef struct runner {
   kexd_work *done_head, *done_tail;
   bool stopping, exited;
   double busy_s;          /* wall seconds spent running items (metrics) */
+  double quiet_since;     /* runner thread: when the first item since the loop's last wake started */
+  bool quiet;             /* runner thread: the last item's done is waiting (deferred) */
   kexd_histogram wait;    /* items' queue waits (metrics) */
   /* runner thread only (kernel_time_limit_s: written before the thread starts) */
   kex_device *dev;
@@ -270,6 +276,7 @@ static void *runner_main(void *arg) {
     f->last_served = ++r->picks;
     if (f->vtime > r->vclock) r->vclock = f->vtime;
     double t0 = now_s();
+    if (!r->quiet) r->quiet_since = t0;
     kexd_histogram_observe(&r->wait, t0 - w->posted_s);
     pthread_mutex_unlock(&r->lock);
     run_item(r, w);
@@ -281,8 +288,10 @@ static void *runner_main(void *arg) {
     f->device_s += w->device_s;
     f->items_done++;
     done_push(r, w);
-    /* a deferred done rides with the next item's when that item is the flow's and runs now */
-    bool wake = !(w->defer_done && flow_pick(r) == f);
+    /* a deferred done rides with the next item's when that item is the flow's and runs now, unless the loop has
+       not heard from the runner for DISPATCH_DEFER_MAX_S (a chain slower than its poster expected) */
+    bool wake = !(w->defer_done && flow_pick(r) == f && t1 - r->quiet_since < DISPATCH_DEFER_MAX_S);
+    r->quiet = !wake;
     w->woke = wake; /* still under the lock the loop takes the done list with */
     if (f->cancelled && !flow_active(f)) flow_remove(r, f);
     pthread_mutex_unlock(&r->lock);

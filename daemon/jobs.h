@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "core/dict.h"
 #include "core/dtype.h"
 #include "core/limits.h"
 #include "daemon/auth.h"
@@ -80,6 +81,7 @@ typedef struct kexd_buffer {
   uint32_t weight;
   kex_buffer *dev_buf;
   kexd_work free_work;   /* the FREE item posted at the last reference: freeing never allocates */
+  uint32_t slot;         /* its index in its job's bufs while the job holds it */
 } kexd_buffer;
 
 typedef struct kexd_job {
@@ -98,6 +100,9 @@ typedef struct kexd_job {
   uint32_t submits;      /* Submit calls in flight (--max-submits-per-job) */
   kexd_buffer **bufs;    /* unordered */
   uint32_t nbufs, capbufs;
+  kex_dict buf_index;    /* handle -> buffer (jobs.c: a keyed hash, then a constant-time compare) */
+  uint32_t slot;         /* its index in the table's jobs */
+  struct kexd_jobs *table; /* the table it is in (its hash key) */
   uint64_t bytes_held;     /* sum of bufs[i]->bytes */
   uint64_t bytes_reserved; /* uploads accepted but not yet on the device */
   /* HoldJob: while held the lease never ends it; on_close (when set) runs once as the job is closed */
@@ -115,8 +120,11 @@ typedef struct kexd_jobs {
   uint32_t max_per_peer; /* jobs one peer may hold (0: no limit) */
   uint64_t evict_idle_ms; /* a full table closes the job idle longest if idle at least this */
   uint32_t max_buffers;   /* buffers one job may hold */
-  kexd_job **jobs;   /* unordered; small counts, linear lookup */
+  kexd_job **jobs;   /* unordered */
   uint32_t njobs, cap;
+  kex_dict index;    /* token -> job (jobs.c: a keyed hash, then a constant-time compare) */
+  struct evp_mac_ctx_st *sip; /* SipHash-2-4 under sip_key: the indexes' hash */
+  unsigned char sip_key[16];  /* random, this process's */
   uint64_t opened, closed, expired, evicted; /* evicted: expired early to make room in a full table */
   uint64_t next_id;
   kexd_dispatch *disp; /* where buffers are freed */

@@ -25,6 +25,7 @@
 #define KEXD_DEFAULT_GRACE_S 5.0
 #define KEXD_DEFAULT_MAX_MESSAGE (64 << 20)  /* bytes of one gRPC message, either way */
 #define KEXD_DEFAULT_PLAN_INLINE_NODES 1024  /* larger graphs are planned on the worker pool */
+#define KEXD_DEFAULT_PLAN_WARM_BYTES (8u << 20) /* Plan: each thread's warm replay state (0 = off) */
 #define KEXD_DOWNLOAD_CHUNK (1u << 20)       /* bytes per Download chunk unless the client asks for fewer */
 #define KEXD_BUSY_MAX_ITEMS 100000           /* _BusyWork: items per call */
 #define KEXD_BUSY_MAX_MS 1000.0              /* _BusyWork: ms per item */
@@ -97,6 +98,7 @@ typedef struct kexd_config {
   uint32_t compile_slots;        /* Submit: compiles per device at once */
   double kernel_time_limit_s;    /* seconds one kernel may run (0: none) */
   uint32_t plan_inline_nodes;
+  uint64_t plan_warm_bytes;      /* Plan: each thread's warm replay state at most (0 = off) */
   bool test_busy_work;           /* registers /kex.v1.Kex/_BusyWork (tests only) */
   uint64_t inline_output_max;    /* Submit: default inline_output_max_bytes */
   uint32_t schedule_cache;       /* Submit: structure-cache entries (0 = off) */

@@ -4,12 +4,21 @@
  * the loop thread for small graphs (--plan-inline-nodes) and on the worker
  * pool for large ones; the reply lists the schedule items as `kex plan
  * --json` prints them.
+ *
+ * Each thread that plans keeps a warm replay state (sched/warm.h: the
+ * interned views and ShapeTrackers of its earlier graphs, and the replay's
+ * memory), at most --plan-warm-bytes of it between Plans: the state's
+ * objects are immutable values keyed by their content, so the replies are
+ * the same warm or cold, and a Plan is done with it (replay and schedule
+ * freed) before plan_run returns, on the thread that owns it.
  */
 #include <grpc/status.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/alloc.h"
 #include "core/arena.h"
@@ -20,10 +29,32 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
+#include "sched/warm.h"
+
+/* ---- each thread's warm replay state ---- */
+
+static pthread_key_t warm_key; /* a thread's kex_sched_warm, freed when the thread exits */
+static pthread_once_t warm_once = PTHREAD_ONCE_INIT;
+static bool warm_key_ok;
+
+static void warm_key_free(void *w) { kex_sched_warm_free(w); }
+static void warm_key_make(void) { warm_key_ok = pthread_key_create(&warm_key, warm_key_free) == 0; }
+
+/* This thread's warm state, made on first use; NULL when warm states are off (limit 0) or out of memory. */
+static kex_sched_warm *thread_warm(uint64_t limit) {
+  kex_sched_warm *w;
+  if (!limit || pthread_once(&warm_once, warm_key_make) != 0 || !warm_key_ok) return NULL;
+  if ((w = pthread_getspecific(warm_key))) return w;
+  if ((w = kex_sched_warm_new()) && pthread_setspecific(warm_key, w) != 0) {
+    kex_sched_warm_free(w);
+    w = NULL;
+  }
+  return w;
+}
 
 /* ---- Plan ---- */
 
-/* One Plan in progress; owns the graph, the replay's arena and the reply. */
+/* One Plan in progress; owns the graph, the plan (until plan_run is done with it) and the reply. */
 typedef struct plan_work {
   uv_work_t req;
   kexd *d;
@@ -31,14 +62,17 @@ typedef struct plan_work {
   char job[9];
   kex_graph *g;
   const char *device;    /* the configured device "default" means */
-  kex_rplan rp;          /* the replay and the schedule; the reply lives in its arena */
+  kex_rplan rp;          /* the replay and the schedule (cleared at the end of plan_run) */
+  kex_arena reply_arena; /* the reply's strings and arrays */
   Kex__V1__PlanReply reply;
+  double schedule_cpu_us; /* the thread's CPU time in the span reply.schedule_us times (for the debug log) */
   int rc;
   kex_error err;
 } plan_work;
 
 static void plan_work_free(plan_work *w) {
   kex_plan_clear(&w->rp);
+  kex_arena_destroy(&w->reply_arena);
   kex_graph_free(w->g);
   kex_free(w);
 }
@@ -54,7 +88,7 @@ static uint32_t *json_u32s(kex_arena *a, const json_t *arr, size_t *n) {
 
 /* Fill w->reply from the schedule (the `kex plan --json` items).  0 or KEX_ENOMEM. */
 static int plan_reply_build(plan_work *w) {
-  kex_arena *a = &w->rp.arena;
+  kex_arena *a = &w->reply_arena;
   const kex_schedule *sched = w->rp.s;
   Kex__V1__PlanReply *r = &w->reply;
   json_t *items = kex_schedule_to_json(sched);
@@ -93,13 +127,29 @@ out:
   return rc;
 }
 
-/* Replay, schedule and build the reply; safe on a worker thread (touches only w). */
+/*
+ * Replay, schedule and build the reply, then free the replay and the
+ * schedule; safe on a worker thread (touches only w and this thread's warm
+ * state, which it is done with on return).
+ */
 static void plan_run(plan_work *w) {
-  double t0 = kexd_now_us(), t1;
+  uint64_t limit = w->d->cfg.plan_warm_bytes;
+  kex_sched_warm *warm = thread_warm(limit);
+  double t0, t1;
+  struct timespec c0, c1;
+  if (warm) kex_plan_use_warm(&w->rp, warm, (size_t)limit);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+  t0 = kexd_now_us();
   w->rc = kex_plan_schedule(&w->rp, w->device, &w->err);
   t1 = kexd_now_us();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+  w->schedule_cpu_us = (double)(c1.tv_sec - c0.tv_sec) * 1e6 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e3;
   if (!w->rc && (w->rc = plan_reply_build(w)) < 0) kex_err_set(&w->err, w->rc, "Plan: out of memory building the reply");
   w->reply.schedule_us = t1 - t0;
+  kex_plan_clear(&w->rp);
+  if (warm)
+    kex_log(KEX_LOG_DEBUG, w->job, 0, "Plan: warm state %zu bytes after %" PRIu64 " replays, %" PRIu64 " resets",
+            kex_sched_warm_bytes(warm), kex_sched_warm_replays(warm), kex_sched_warm_resets(warm));
 }
 
 /* Reply on the loop thread and free the work. */
@@ -111,8 +161,8 @@ static void plan_done(plan_work *w) {
     kexd_rpc_fail(w->call, w->rc, &w->err);
   } else {
     d->kernels_planned += w->reply.kernels;
-    kex_log(KEX_LOG_DEBUG, w->job, 0, "Plan: %u nodes -> %u kernels in %.0f us", w->g->nnodes, w->reply.kernels,
-            w->reply.schedule_us);
+    kex_log(KEX_LOG_DEBUG, w->job, 0, "Plan: %u nodes -> %u kernels in %.1f us (thread CPU %.1f us)", w->g->nnodes,
+            w->reply.kernels, w->reply.schedule_us, w->schedule_cpu_us);
     kexd_call_finish(w->call, GRPC_STATUS_OK, NULL, &w->reply.base);
   }
   d->plans_in_flight--;
@@ -167,6 +217,7 @@ void kexd_rpc_plan(kexd *d, kexd_call *c, kexd_req *rq) {
   }
   w->d = d;
   w->call = c;
+  kex_arena_init(&w->reply_arena, 0);
   memcpy(w->job, job->log_id, sizeof w->job);
   /* the device's target says which of tinygrad's rules apply (CLANG: buffer views); the graph comes next */
   kex_plan_init(&w->rp, NULL, &d->targets[kexd_rpc_device_index(d, dev)]);

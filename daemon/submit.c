@@ -302,7 +302,7 @@ static void sub_release(void *owner) {
   kex_free(s->handles), kex_free(s->need), kex_free(s->bins), kex_free(s->binlens);
   kex_free(s->compile_us), kex_free(s->from), kex_free(s->bufs), kex_free(s->progs), kex_free(s->out_bufs);
   kex_free(s->out_data), kex_free(s->kernel_us), kex_free(s->works), kex_free(s->stepargs), kex_free(s->handle_str);
-  kex_free(s->misses), kex_free(s->lps), kex_free(s->pinned);
+  kex_free(s->misses), kex_free(s->lps), kex_free(s->pinned), kex_free(s->pend);
   if (!s->p || s->g != s->p->g) kex_graph_free(s->g);
   kex_trace_free(s->trace);
   free(s->trace_json); /* jansson's */
@@ -323,72 +323,159 @@ void ev_push(submission *s, ev_kind kind, uint32_t i) {
   kexd_stream_push(&s->st, &e->link);
 }
 
-/* Write one progress event (kexd_stream_ops.event); one that cannot be written is skipped. */
-static void ev_write(void *owner, kexd_stream_ev *link) {
-  submission *s = owner;
-  const sub_event *e = (const sub_event *)link;
-  Kex__V1__SubmitEvent ev = KEX__V1__SUBMIT_EVENT__INIT;
-  Kex__V1__Accepted acc = KEX__V1__ACCEPTED__INIT;
-  Kex__V1__Scheduled sch = KEX__V1__SCHEDULED__INIT;
-  Kex__V1__KernelEvent kev = KEX__V1__KERNEL_EVENT__INIT;
-  char **names = NULL;
-  switch (e->kind) {
+/* The protobuf-c structs of one progress event. */
+typedef struct ev_parts {
+  Kex__V1__SubmitEvent ev;
+  Kex__V1__Accepted acc;
+  Kex__V1__Scheduled sch;
+  Kex__V1__KernelEvent kev;
+} ev_parts;
+
+/* Fill pt->ev with event (kind, i); names: the kernels' names for a scheduled event (nkernels of them). */
+static void ev_fill(const submission *s, ev_kind kind, uint32_t i, char **names, ev_parts *pt) {
+  kex__v1__submit_event__init(&pt->ev);
+  switch (kind) {
   case EV_ACCEPTED:
-    acc.submission = s->id;
-    acc.schedule_cached = s->schedule_cached;
-    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED;
-    ev.accepted = &acc;
+    kex__v1__accepted__init(&pt->acc);
+    pt->acc.submission = s->id;
+    pt->acc.schedule_cached = s->schedule_cached;
+    pt->ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED;
+    pt->ev.accepted = &pt->acc;
     break;
   case EV_SCHEDULED:
-    if (s->p->rp.nkernels && !(names = kex_calloc(s->p->rp.nkernels, sizeof *names))) return;
-    for (uint32_t k = 0; k < s->p->rp.nkernels; k++) names[k] = s->p->rp.progs[k].name;
-    sch.n_kernels = s->p->rp.nkernels;
-    sch.kernels = names;
-    ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED;
-    ev.scheduled = &sch;
+    kex__v1__scheduled__init(&pt->sch);
+    pt->sch.n_kernels = s->p->rp.nkernels;
+    pt->sch.kernels = names;
+    pt->ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED;
+    pt->ev.scheduled = &pt->sch;
     break;
   case EV_COMPILING:
   case EV_RUNNING:
-    kev.i = e->i;
-    kev.n = s->p->rp.nkernels;
-    kev.kernel = s->p->rp.progs[e->i].name;
-    if (e->kind == EV_COMPILING) {
-      ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
-      ev.compiling = &kev;
+    kex__v1__kernel_event__init(&pt->kev);
+    pt->kev.i = i;
+    pt->kev.n = s->p->rp.nkernels;
+    pt->kev.kernel = s->p->rp.progs[i].name;
+    if (kind == EV_COMPILING) {
+      pt->ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_COMPILING;
+      pt->ev.compiling = &pt->kev;
     } else {
-      ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_RUNNING;
-      ev.running = &kev;
+      pt->ev.event_case = KEX__V1__SUBMIT_EVENT__EVENT_RUNNING;
+      pt->ev.running = &pt->kev;
     }
     break;
   }
-  kexd_stream_write(&s->st, &ev.base);
-  kex_free(names);
+}
+
+/* The kernels' names, for a scheduled event (kex_free; NULL when out of memory, or with no kernels). */
+static char **kernel_names(const submission *s) {
+  char **names = s->p->rp.nkernels ? kex_calloc(s->p->rp.nkernels, sizeof *names) : NULL;
+  for (uint32_t k = 0; names && k < s->p->rp.nkernels; k++) names[k] = s->p->rp.progs[k].name;
+  return names;
 }
 
 /*
- * The queued events are out (kexd_stream_ops.drained): nothing until the
- * end is known; then the done event (a success) in one batch with the
- * status.  Only when that batch went out does the client have the output
- * handles (kexd_stream_delivered; else the release frees the outputs).
+ * Write one progress event (kexd_stream_ops.event); one that cannot be
+ * written is skipped.  Batched, the event joins pend instead: sub_drained
+ * writes the pending ones as one message.
+ */
+static void ev_write(void *owner, kexd_stream_ev *link) {
+  submission *s = owner;
+  const sub_event *e = (const sub_event *)link;
+  ev_parts pt;
+  char **names = NULL;
+  if (s->batched) {
+    if (s->npend == s->pend_cap) {
+      uint32_t cap = s->pend_cap ? 2 * s->pend_cap : 8;
+      sub_pend *np = kex_realloc(s->pend, cap * sizeof *np);
+      if (!np) return; /* best effort, as a write that fails */
+      s->pend = np;
+      s->pend_cap = cap;
+    }
+    s->pend[s->npend++] = (sub_pend){e->kind, e->i};
+    return;
+  }
+  if (e->kind == EV_SCHEDULED && s->p->rp.nkernels && !(names = kernel_names(s))) return;
+  ev_fill(s, e->kind, e->i, names, &pt);
+  kexd_stream_write(&s->st, &pt.ev.base);
+  kex_free(names);
+}
+
+/* The pending events of a batched stream, and after them `last` (the done event, or NULL), as one message. */
+typedef struct ev_batch {
+  ev_parts *parts;                  /* [npend] */
+  Kex__V1__SubmitEvent **following; /* the first event's following: the other pending ones, then last */
+  char **names;
+  Kex__V1__SubmitEvent *msg;        /* the message: the first pending event (last when none is pending) */
+} ev_batch;
+
+static void batch_free(ev_batch *b) {
+  kex_free(b->parts), kex_free(b->following), kex_free(b->names);
+  *b = (ev_batch){0};
+}
+
+/* Build the batch (s->pend stays); 0 or KEX_ENOMEM. */
+static int batch_make(const submission *s, Kex__V1__SubmitEvent *last, ev_batch *b) {
+  uint32_t n = s->npend, nf = n ? n - 1 + (last != NULL) : 0;
+  *b = (ev_batch){.msg = last};
+  if (!n) return 0;
+  if (!(b->parts = kex_calloc(n, sizeof *b->parts)) || (nf && !(b->following = kex_calloc(nf, sizeof *b->following))) ||
+      (s->p->rp.nkernels && !(b->names = kernel_names(s)))) {
+    batch_free(b);
+    return KEX_ENOMEM;
+  }
+  for (uint32_t k = 0; k < n; k++) ev_fill(s, s->pend[k].kind, s->pend[k].i, b->names, &b->parts[k]);
+  for (uint32_t k = 1; k < n; k++) b->following[k - 1] = &b->parts[k].ev;
+  if (last) b->following[nf - 1] = last;
+  b->parts[0].ev.n_following = nf;
+  b->parts[0].ev.following = b->following;
+  b->msg = &b->parts[0].ev;
+  return 0;
+}
+
+/*
+ * The queued events are out (kexd_stream_ops.drained).  Batched, the
+ * pending events go out as one message, except while a quick chain is out
+ * (cork): then they wait for its end and leave with the done event.  Then
+ * nothing until the end is known; then the done event (a success) in one
+ * batch with the status, after the pending events in the same message.
+ * Only when that batch went out does the client have the output handles
+ * (kexd_stream_delivered; else the release frees the outputs).
  */
 static void sub_drained(void *owner) {
   submission *s = owner;
   int max = s->d->cfg.max_message;
+  bool ok_end = s->final_ready && s->final_status == GRPC_STATUS_OK;
+  ev_batch b;
+  if (s->npend && !ok_end && (s->final_ready || !(s->cork && s->items_out > 0))) {
+    int rc = batch_make(s, NULL, &b);
+    s->npend = 0;
+    if (!rc) kexd_stream_write(&s->st, &b.msg->base); /* the pump goes on when it fails: a skipped event */
+    batch_free(&b);
+    return;
+  }
   if (!s->final_ready) return;
   if (s->final_status == GRPC_STATUS_OK) {
-    size_t size = protobuf_c_message_get_packed_size(&s->final_ev->base);
+    if (batch_make(s, s->final_ev, &b) < 0) { /* the progress events are best effort: the done goes alone */
+      s->npend = 0;
+      b = (ev_batch){.msg = s->final_ev};
+    }
+    size_t size = protobuf_c_message_get_packed_size(&b.msg->base);
     if (max > 0 && size > (size_t)max) {
+      batch_free(&b);
       sub_drop_outputs(s);
       s->d->submissions_done--;
       s->d->submissions_failed++;
       s->final_status = GRPC_STATUS_RESOURCE_EXHAUSTED;
       snprintf(s->final_msg, sizeof s->final_msg, "Submit: the done event is %zu bytes, more than the server's "
                "limit of %d bytes (--max-message): ask for fewer inline bytes (inline_output_max_bytes)", size, max);
+      return kexd_stream_pump(&s->st); /* again: the pending events, then the status */
     }
   }
   if (s->final_status != GRPC_STATUS_OK) return kexd_stream_failf(&s->st, s->final_status, "%s", s->final_msg);
   kexd_histogram_observe(&s->d->submit_seconds, (kexd_now_us() - s->t0) / 1e6);
-  kexd_stream_finish_last(&s->st, &s->final_ev->base);
+  s->npend = 0;
+  kexd_stream_finish_last(&s->st, &b.msg->base); /* packs the message at once */
+  batch_free(&b);
 }
 
 /* Give the job back the bytes the submission reserved (when the job is still open). */
@@ -619,6 +706,7 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   s->t0 = t0;
   s->free_outputs = m->free_outputs;
   s->only_done = m->only_done;
+  s->batched = m->batched_events;
   s->inline_max = m->return_bytes || m->free_outputs ? UINT64_MAX
                   : m->inline_output_max_bytes       ? m->inline_output_max_bytes
                                                      : d->cfg.inline_output_max;

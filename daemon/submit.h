@@ -127,6 +127,12 @@ typedef struct sub_event {
   uint32_t i;
 } sub_event;
 
+/* A progress event of a batched stream (SubmitRequest.batched_events) waiting to go out in the next message. */
+typedef struct sub_pend {
+  ev_kind kind;
+  uint32_t i;
+} sub_pend;
+
 typedef struct step_arg {
   submission *s;
   uint32_t i;
@@ -151,6 +157,9 @@ struct submission {
   uint64_t inline_max;
   bool free_outputs;         /* SubmitRequest.free_outputs: bytes only, no job buffers (but ALIAS outputs) */
   bool only_done;            /* SubmitRequest.only_done: no progress events */
+  bool batched;              /* SubmitRequest.batched_events: the events ready together go out in one message */
+  sub_pend *pend;            /* batched: the events written since the last message, npend of them (cap pend_cap) */
+  uint32_t npend, pend_cap;
   kex_graph *g;              /* this request's graph (its input bytes); owned unless it is p->g */
   plan *p;
   bool schedule_cached;
@@ -195,7 +204,7 @@ struct submission {
   step_arg *stepargs;
   uint32_t items_out;        /* items posted and not back (each also holds a stream reference) */
   bool cork;                 /* the items went out with defer_done: the progress events written before the chain is
-                                back may wait in gRPC's buffer for it (sub_more) */
+                                back may wait in gRPC's buffer for it (sub_more), or, batched, in pend */
   int rc;
   kex_error err;
   char (*handle_str)[KEXD_HANDLE_LEN + 1]; /* [noutputs] */

@@ -86,10 +86,18 @@ void kex_plan_init(kex_rplan *p, const kex_graph *g, const kex_target *t) {
   kex_arena_init(&p->arena, 0);
 }
 
+void kex_plan_use_warm(kex_rplan *p, kex_sched_warm *warm, size_t limit) {
+  p->warm = warm;
+  p->warm_limit = limit;
+}
+
 int kex_plan_schedule(kex_rplan *p, const char *device_name, kex_error *err) {
   kex_replay_opts ro = kex_target_replay_opts(&p->target);
+  kex_arena *arena = &p->arena;
+  kex_arena *wa = p->warm && !p->warm_begun ? kex_sched_warm_begin(p->warm, p->g->nnodes, &ro) : NULL;
+  if (wa) arena = wa, p->warm_begun = true;
   if (device_name) ro.device_name = device_name;
-  int rc = kex_replay_graph(p->g, &ro, &p->arena, &p->r, err);
+  int rc = kex_replay_graph(p->g, &ro, arena, &p->r, err);
   if (!rc) rc = kex_schedule_create(p->r, &p->s, err);
   return rc;
 }
@@ -337,6 +345,7 @@ void kex_plan_clear(kex_rplan *p) {
   kex_free(p->buf_bytes), kex_free(p->buf_dtype), kex_free(p->buf_alloc), kex_free(p->buf_handle);
   kex_schedule_free(p->s);
   kex_replay_free(p->r);
+  if (p->warm_begun) (void)kex_sched_warm_end(p->warm, p->warm_limit);
   kex_arena_destroy(&p->arena);
   memset(p, 0, sizeof *p);
 }

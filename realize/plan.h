@@ -45,6 +45,7 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
+#include "sched/warm.h"
 #include "search/beam.h"
 #include "search/cache.h"
 
@@ -160,6 +161,9 @@ typedef struct kex_rplan {
   kex_arena arena;
   kex_replay *r;                 /* kex_plan_schedule */
   kex_schedule *s;
+  kex_sched_warm *warm;          /* kex_plan_use_warm: the replay's state, else NULL (a cold replay in arena) */
+  size_t warm_limit;
+  bool warm_begun;               /* the replay lives in warm until kex_plan_clear */
   /* kex_plan_lower */
   uint32_t nbufs;                /* buffer ids: the replay's */
   size_t *buf_bytes;
@@ -180,6 +184,15 @@ typedef struct kex_rplan {
 
 /* Start a plan of graph g (which must outlive it) for target t. */
 void kex_plan_init(kex_rplan *p, const kex_graph *g, const kex_target *t);
+/*
+ * Replay in warm (a thread's warm state, sched/warm.h) instead of afresh:
+ * call before kex_plan_schedule.  The replay, the schedule and every
+ * object they point to then live in warm until kex_plan_clear, which ends
+ * the replay there (emptying warm when it holds more than limit bytes);
+ * so clear the plan before warm's next plan, on warm's thread.  When warm
+ * is in use already, the replay is a cold one.  Same results either way.
+ */
+void kex_plan_use_warm(kex_rplan *p, kex_sched_warm *warm, size_t limit);
 /*
  * Replay (the target's rules; device_name: what the graph's "default"
  * device means, NULL for the target's) and schedule.  0 or a negative code

@@ -86,20 +86,6 @@ static bool lb_entry_matches(const void *entry, const void *probe) {
 
 static const kex_dict_type lazycache_type = {sizeof(kex_lb *), lb_entry_matches, 64};
 
-static kex_lb *cache_get(struct kex_lazycache *c, const lb_key *k, uint64_t h) {
-  kex_lb **e = kex_dict_find(&c->lbs, h, k);
-  return e ? *e : NULL;
-}
-
-/* Add lb (absent, keyed by k with hash h).  0 or KEX_ENOMEM. */
-static int cache_put(struct kex_lazycache *c, const lb_key *k, kex_lb *lb, uint64_t h) {
-  bool found;
-  kex_lb **e = kex_dict_insert(&c->lbs, h, k, &found);
-  if (!e) return KEX_ENOMEM;
-  *e = lb;
-  return 0;
-}
-
 /*
  * The const memo: LazyBuffer.const(val, shape) (lb_const_of) is a 0-d
  * CONST loadop, a reshape to all-1 dims and an expand, each a lazycache hit
@@ -172,6 +158,7 @@ static bool bytes_of(replay_ctx *c, int64_t n, kex_dtype dt, int64_t *out) {
 }
 
 static int add_buffer(kex_replay *r, const char *device, int64_t size, kex_dtype dt, int32_t view_of, int64_t offset) {
+  /* on the heap: a large graph's copies, as the table doubles, would stay in the arena as long as the plan */
   if (kex_grow(&r->buffers, r->nbuffers, &r->capbuffers, sizeof *r->buffers, 64)) return KEX_ENOMEM;
   r->buffers[r->nbuffers] = (kex_buffer_info){device, size, dt, view_of, offset, -1, false};
   return (int)r->nbuffers++;
@@ -212,14 +199,14 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     enable_cache = true;
   }
   lb_key k = {base, device, st, dtype, op, arg, axis_mask, (uint8_t)nsrc, srcs};
-  uint64_t h = 0;
+  kex_lb **slot = NULL; /* the lazycache's new entry, filled at the end (one probe finds or makes it) */
   if (enable_cache) {
-    h = key_hash(&k);
-    kex_lb *hit = cache_get(r->cache, &k, h);
-    if (hit) return hit;
+    bool found;
+    if (!(slot = kex_dict_insert(&r->cache->lbs, key_hash(&k), &k, &found))) return fail_view(c);
+    if (found) return *slot;
   }
   kex_lb *lb = kex_arena_calloc(r->arena, 1, sizeof *lb);
-  if (!lb) return fail_view(c);
+  if (!lb) goto fail;
   lb->id = r->nlbs++;
   lb->st = st;
   lb->dtype = dtype;
@@ -241,16 +228,22 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     } else if (op == KEX_OP_VIEW) {
       const kex_lb *s = srcs[0];
       int64_t off;
-      if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) return NULL;
+      if (!bytes_of(c, s->st->views[0]->offset, s->dtype, &off)) {
+        if (slot) kex_dict_cancel(&r->cache->lbs, slot);
+        return NULL;
+      }
       b = add_buffer(r, device, kex_st_size(st), dtype, (int32_t)s->base->buffer, off);
     } else {
       b = add_buffer(r, device, kex_st_size(st), dtype, -1, 0);
     }
-    if (b < 0) return fail_view(c);
+    if (b < 0) goto fail;
     lb->buffer = (uint32_t)b;
   }
-  if (enable_cache && cache_put(r->cache, &k, lb, h) < 0) return fail_view(c);
+  if (slot) *slot = lb;
   return lb;
+fail:
+  if (slot) kex_dict_cancel(&r->cache->lbs, slot);
+  return fail_view(c);
 }
 
 static kex_lb *loadop(replay_ctx *c, kex_op op, int ndim, const int64_t *shape, kex_dtype dtype, const char *device,
@@ -655,7 +648,7 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
                      kex_error *err) {
   int rc = 0;
   *out = NULL;
-  kex_replay *r = kex_calloc(1, sizeof *r);
+  kex_replay *r = kex_arena_calloc(arena, 1, sizeof *r);
   if (!r) return kex_err_set(err, KEX_ENOMEM, "out of memory");
   r->arena = arena;
   r->graph = g;
@@ -664,14 +657,15 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
   r->own_shape = !opts->shape;
   r->shape = opts->shape ? opts->shape : kex_shape_ctx_new(arena);
   if (r->own_shape && r->shape) kex_shape_ctx_reserve(r->shape, g->nnodes);
-  r->cache = kex_calloc(1, sizeof *r->cache);
+  r->cache = kex_arena_calloc(arena, 1, sizeof *r->cache);
   if (r->cache) {
-    r->cache->lbs = kex_dict_make(&lazycache_type);
-    r->cache->consts = kex_dict_make(&const_memo_type);
+    kex_replay_tables *t = opts->tables;
+    r->cache->lbs = t ? kex_replay_tables_take(&t->lbs, &lazycache_type) : kex_dict_make(&lazycache_type);
+    r->cache->consts = t ? kex_replay_tables_take(&t->consts, &const_memo_type) : kex_dict_make(&const_memo_type);
     /* sized to the graph (about one entry per node), so a replay does not rehash as it goes */
     (void)kex_dict_reserve(&r->cache->lbs, g->nnodes);
   }
-  r->node_lb = kex_calloc(g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
+  r->node_lb = kex_arena_calloc(arena, g->nnodes ? g->nnodes : 1, sizeof *r->node_lb);
   r->default_device = kex_arena_strdup(arena, r->opts.device_name);
   if (!r->shape || !r->cache || !r->node_lb || !r->default_device) {
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
@@ -709,17 +703,17 @@ out:
 
 void kex_replay_free(kex_replay *r) {
   if (!r) return;
-  if (r->cache) {
+  if (r->cache && r->opts.tables) {
+    kex_replay_tables_give(&r->opts.tables->lbs, &r->cache->lbs);
+    kex_replay_tables_give(&r->opts.tables->consts, &r->cache->consts);
+  } else if (r->cache) {
     kex_dict_free(&r->cache->lbs);
     kex_dict_free(&r->cache->consts);
-    kex_free(r->cache);
   }
   if (r->own_shape) kex_shape_ctx_free(r->shape);
-  kex_free(r->node_lb);
   kex_free(r->buffers);
-  kex_free(r);
 }
 
 kex_replay_opts kex_replay_opts_for(bool clang_rules) {
-  return (kex_replay_opts){clang_rules, clang_rules ? "cpu" : "opencl", NULL};
+  return (kex_replay_opts){clang_rules, clang_rules ? "cpu" : "opencl", NULL, NULL};
 }

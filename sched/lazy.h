@@ -7,7 +7,8 @@
  * (base != self, st maps onto the base's shape).  kex_replay walks a validated
  * kex_graph in order and calls the LazyBuffer method each node names; the
  * result maps every graph node to its LazyBuffer.  Everything lives in the
- * caller's arena; the replay owns only its hash tables (kex_replay_free).
+ * caller's arena, the replay itself included; the replay owns only its hash
+ * tables (kex_replay_free, before the arena is reset or destroyed).
  */
 #ifndef KEX_SCHED_LAZY_H
 #define KEX_SCHED_LAZY_H
@@ -16,6 +17,7 @@
 #include <stdint.h>
 
 #include "core/arena.h"
+#include "core/dict.h"
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/ops.h"
@@ -74,6 +76,32 @@ typedef struct kex_buffer_info {
   bool held;           /* input, output or assign target: the memory planner leaves it alone */
 } kex_buffer_info;
 
+/*
+ * Hash tables a replay and its schedule take instead of making their own,
+ * and give back emptied (their memory kept) when they are freed, and an
+ * arena for the schedule's temporaries: how a long-lived caller
+ * (sched/warm.c) stops allocating them for every graph.
+ * A zeroed one holds none yet.  One replay (and its schedule) at a time.
+ */
+typedef struct kex_replay_tables {
+  kex_dict lbs, consts; /* the lazycache and the const memo (lazy.c) */
+  kex_dict lops, visit; /* the LazyOp table and the visited set (schedule.c) */
+  kex_arena scratch;    /* the schedule's temporaries, reset when it is made (zeroed: set up on first use) */
+} kex_replay_tables;
+
+/* Take the table kept in *slot (an empty one of type when it holds none), leaving *slot empty. */
+static inline kex_dict kex_replay_tables_take(kex_dict *slot, const kex_dict_type *type) {
+  kex_dict d = slot->type ? *slot : kex_dict_make(type);
+  *slot = (kex_dict){0};
+  return d;
+}
+/* Give d back to *slot, emptied; *d is empty afterwards. */
+static inline void kex_replay_tables_give(kex_dict *slot, kex_dict *d) {
+  kex_dict_clear(d);
+  *slot = *d;
+  *d = (kex_dict){0};
+}
+
 typedef struct kex_replay_opts {
   /* tinygrad's view_supported_devices rule (CLANG/LLVM/CUDA/DISK): CONTIGUOUS of a
      consecutive view and BITCAST become LoadOps.VIEW without a kernel. */
@@ -83,6 +111,8 @@ typedef struct kex_replay_opts {
      context can serve many replays, as tinygrad's process-wide View caches do).
      NULL: the replay makes its own in its arena.  Not thread-safe: one per thread. */
   kex_shape_ctx *shape;
+  /* Optional tables to reuse (see kex_replay_tables); NULL: the replay and its schedule allocate their own. */
+  kex_replay_tables *tables;
 } kex_replay_opts;
 
 /* The replay rules of a device: tinygrad's CLANG rules (buffer views, "cpu") or its GPU rules ("opencl"). */

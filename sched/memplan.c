@@ -14,7 +14,8 @@
 #include "core/alloc.h"
 #include "sched/schedule.h"
 
-int kex_memplan(kex_schedule *sc, kex_error *err);
+/* Plan sc's buffers; its temporaries in scratch.  0 or KEX_ENOMEM with *err. */
+int kex_memplan(kex_schedule *sc, kex_arena *scratch, kex_error *err);
 
 typedef struct pool {
   const char *device;
@@ -24,37 +25,31 @@ typedef struct pool {
   uint32_t *free_ids;
 } pool;
 
-static pool *find_pool(pool **pools, uint32_t *npools, uint32_t *cap, const kex_buffer_info *b) {
+static pool *find_pool(kex_arena *a, pool **pools, uint32_t *npools, uint32_t *cap, const kex_buffer_info *b) {
   for (uint32_t i = 0; i < *npools; i++) {
     pool *p = &(*pools)[i];
     if (p->device == b->device && p->size == b->size && p->dtype == b->dtype) return p;
   }
-  if (*npools == *cap) {
-    uint32_t nc = *cap ? *cap * 2 : 16;
-    pool *np = kex_realloc(*pools, sizeof *np * nc);
-    if (!np) return NULL;
-    *pools = np;
-    *cap = nc;
-  }
+  if (kex_arena_grow(a, pools, *npools, cap, sizeof **pools, 16)) return NULL;
   pool *p = &(*pools)[(*npools)++];
   *p = (pool){b->device, b->size, b->dtype, 0, 0, NULL};
   return p;
 }
 
-static int pool_push(pool *p, uint32_t id) {
+static int pool_push(kex_arena *a, pool *p, uint32_t id) {
   for (uint32_t i = 0; i < p->len; i++)
     if (p->free_ids[i] == id) return 0;
-  if (kex_grow(&p->free_ids, p->len, &p->cap, sizeof *p->free_ids, 8)) return KEX_ENOMEM;
+  if (kex_arena_grow(a, &p->free_ids, p->len, &p->cap, sizeof *p->free_ids, 8)) return KEX_ENOMEM;
   p->free_ids[p->len++] = id;
   return 0;
 }
 
-int kex_memplan(kex_schedule *sc, kex_error *err) {
+int kex_memplan(kex_schedule *sc, kex_arena *scratch, kex_error *err) {
   kex_replay *r = sc->replay;
   int rc = 0;
   uint32_t nb = r->nbuffers;
-  int32_t *last = kex_malloc(sizeof *last * (nb ? nb : 1));
-  int64_t *assigned = kex_malloc(sizeof *assigned * (nb ? nb : 1));
+  int32_t *last = kex_arena_alloc(scratch, sizeof *last * (nb ? nb : 1));
+  int64_t *assigned = kex_arena_alloc(scratch, sizeof *assigned * (nb ? nb : 1));
   pool *pools = NULL;
   uint32_t npools = 0, cap = 0;
   if (!last || !assigned) goto nomem;
@@ -82,7 +77,7 @@ int kex_memplan(kex_schedule *sc, kex_error *err) {
         it->planned[j] = b;
         continue;
       }
-      pool *p = find_pool(&pools, &npools, &cap, bi);
+      pool *p = find_pool(scratch, &pools, &npools, &cap, bi);
       if (!p) goto nomem;
       if (assigned[b] < 0) {
         nbefore++;
@@ -96,7 +91,7 @@ int kex_memplan(kex_schedule *sc, kex_error *err) {
         }
       }
       it->planned[j] = (uint32_t)assigned[b];
-      if ((int32_t)i == last[b] && pool_push(p, (uint32_t)assigned[b])) goto nomem;
+      if ((int32_t)i == last[b] && pool_push(scratch, p, (uint32_t)assigned[b])) goto nomem;
     }
   }
   sc->nplanned_buffers = nbefore;
@@ -107,9 +102,5 @@ int kex_memplan(kex_schedule *sc, kex_error *err) {
 nomem:
   rc = kex_err_set(err, KEX_ENOMEM, "out of memory in the memory planner");
 out:
-  for (uint32_t i = 0; i < npools; i++) kex_free(pools[i].free_ids);
-  kex_free(pools);
-  kex_free(last);
-  kex_free(assigned);
   return rc;
 }

@@ -33,28 +33,25 @@ enum {
   F_ASSIGN_TARGET = 1u << 3,
 };
 
-/* ---- small growable arrays of pointers (heap, freed at the end) ---- */
+/* ---- small growable arrays of pointers (in the scratch arena, like every temporary of kex_schedule_create) ---- */
 
 typedef struct ptrvec {
   uint32_t len, cap;
   void **v;
+  kex_arena *a;
 } ptrvec;
 
 static int pv_push(ptrvec *p, void *x) {
-  if (kex_grow(&p->v, p->len, &p->cap, sizeof *p->v, 16)) return KEX_ENOMEM;
+  if (kex_arena_grow(p->a, &p->v, p->len, &p->cap, sizeof *p->v, 16)) return KEX_ENOMEM;
   p->v[p->len++] = x;
   return 0;
-}
-
-static void pv_free(ptrvec *p) {
-  kex_free(p->v);
-  memset(p, 0, sizeof *p);
 }
 
 /* ---- hash-consed LazyOps ---- */
 
 struct kex_sched_tables {
   kex_dict lops; /* of const kex_lop *, probed with a template kex_lop */
+  kex_replay_tables *keep; /* the replay's tables to reuse: lops goes back there, else NULL */
 };
 
 static uint64_t lop_hash(const kex_lop *l) {
@@ -116,9 +113,13 @@ static const kex_lop *lop_new(kex_arena *arena, kex_lop *tmpl) {
 typedef struct sched {
   kex_replay *r;
   kex_shape_ctx *sh;
-  kex_arena *arena;
+  kex_arena *arena;     /* the replay's: what the schedule keeps */
+  kex_arena *scratch;   /* what only kex_schedule_create uses: reset (or destroyed) when it returns */
   kex_error *err;
   ptrvec realizes, allbufs, simple_pads, stack, stack2, group, tmp;
+  ptrvec inputs;        /* schedule_group's inputs, kept between groups for its room */
+  void *frames;         /* recursive_lazyop's frames (lop_frame), kept between calls for their room */
+  uint32_t capframes;
   kex_ptrmap visit;     /* (tr, st) pairs of _recursive_group; (buf, st) memo of _recursive_lazyop */
   uint32_t epoch;    /* for lb->mark */
   struct kex_sched_tables *lops;
@@ -532,22 +533,17 @@ typedef struct lop_frame {
 
 static int recursive_lazyop(sched *s, group_ctx *g, uint32_t outi, const kex_st *out_st, const kex_lop **result) {
   kex_lb *out = g->outs[outi];
-  lop_frame *fr = NULL;
-  uint32_t n = 0, cap = 0;
+  lop_frame *fr = s->frames;
+  uint32_t n = 0;
   int rc = 0;
   const kex_lop *ret = NULL;
 #define PUSH(b, t)                                                   \
   do {                                                               \
-    if (n == cap) {                                                  \
-      uint32_t nc = cap ? cap * 2 : 64;                              \
-      lop_frame *nf = kex_realloc(fr, sizeof *nf * nc);              \
-      if (!nf) {                                                     \
-        rc = oom(s);                                                 \
-        goto out;                                                    \
-      }                                                              \
-      fr = nf;                                                       \
-      cap = nc;                                                      \
+    if (kex_arena_grow(s->scratch, &fr, n, &s->capframes, sizeof *fr, 64)) { \
+      rc = oom(s);                                                   \
+      goto out;                                                      \
     }                                                                \
+    s->frames = fr;                                                  \
     fr[n++] = (lop_frame){(b), (t), NULL, -1, {NULL, NULL, NULL}};   \
   } while (0)
   PUSH(out, out_st);
@@ -651,7 +647,6 @@ static int recursive_lazyop(sched *s, group_ctx *g, uint32_t outi, const kex_st 
   }
 #undef PUSH
 out:
-  kex_free(fr);
   *result = ret;
   return rc;
 }
@@ -669,7 +664,8 @@ static kex_item_kind loadop_kind(kex_op op) {
 /* _schedule_group: one prescheduled item for a group of outputs. */
 static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item *it) {
   int rc = 0;
-  group_ctx g = {outs, nout, {0}, ++s->epoch};
+  group_ctx g = {outs, nout, s->inputs, ++s->epoch};
+  g.inputs.len = 0;
   ++s->epoch; /* gep + 1 marks inputs */
   memset(it, 0, sizeof *it);
   it->kind = loadop_kind(outs[0]->op);
@@ -722,13 +718,13 @@ static int schedule_group(sched *s, kex_lb **outs, uint32_t nout, kex_sched_item
   if (it->ins && g.inputs.len) memcpy(it->ins, g.inputs.v, sizeof(kex_lb *) * g.inputs.len);
   if (!it->ins) rc = oom(s);
 out:
-  pv_free(&g.inputs);
+  s->inputs = g.inputs;
   return rc;
 }
 
 /* ---- the whole schedule ---- */
 
-int kex_memplan(kex_schedule *sc, kex_error *err); /* memplan.c */
+int kex_memplan(kex_schedule *sc, kex_arena *scratch, kex_error *err); /* memplan.c */
 
 /*
  * Which buffers are realized (tinygrad's realizes): the outputs' bases and
@@ -771,10 +767,10 @@ static int find_realizes(sched *s) {
 /*
  * The prescheduled items (tinygrad's prescheduled): the realized buffers
  * grouped by the reduce they belong to, each group scheduled into one item.
- * *pre (kex_calloc'd, the caller frees it) gets *npre items.  0, or an error.
+ * *pre (in the scratch arena) gets *npre items.  0, or an error.
  */
 static int preschedule(sched *s, kex_sched_item **pre, uint32_t *npre) {
-  ptrvec keys = {0};
+  ptrvec keys = {.a = s->scratch};
   ptrvec *members = NULL;
   uint32_t capm = 0;
   int rc = 0;
@@ -784,20 +780,14 @@ static int preschedule(sched *s, kex_sched_item **pre, uint32_t *npre) {
     kex_lb *key = b->reduce_for_op ? b->reduce_for_op : b;
     if (key->group_slot < 0 || key->group_slot >= (int32_t)keys.len || keys.v[key->group_slot] != key) {
       key->group_slot = (int32_t)keys.len;
-      if (pv_push(&keys, key)) goto nomem;
-      if (keys.len > capm) {
-        uint32_t nc = capm ? capm * 2 : 16;
-        ptrvec *nm = kex_realloc(members, sizeof *nm * nc);
-        if (!nm) goto nomem;
-        memset(nm + capm, 0, sizeof *nm * (nc - capm));
-        members = nm;
-        capm = nc;
-      }
+      if (pv_push(&keys, key) || kex_arena_grow(s->scratch, &members, keys.len - 1, &capm, sizeof *members, 16))
+        goto nomem;
+      members[keys.len - 1] = (ptrvec){.a = s->scratch};
     }
     if (pv_push(&members[key->group_slot], b)) goto nomem;
   }
   *npre = keys.len;
-  *pre = kex_calloc(*npre ? *npre : 1, sizeof **pre);
+  *pre = kex_arena_calloc(s->scratch, *npre ? *npre : 1, sizeof **pre);
   if (!*pre) goto nomem;
   for (uint32_t k = 0; k < *npre; k++) {
     kex_lb **outs = kex_arena_memdup(s->arena, members[k].v, sizeof(kex_lb *) * members[k].len);
@@ -808,10 +798,7 @@ static int preschedule(sched *s, kex_sched_item **pre, uint32_t *npre) {
 nomem:
   rc = oom(s);
 out:
-  for (uint32_t k = 0; k < keys.len && members; k++) pv_free(&members[k]);
-  kex_free(members);
   for (uint32_t k = 0; k < keys.len; k++) ((kex_lb *)keys.v[k])->group_slot = -1;
-  pv_free(&keys);
   return rc;
 }
 
@@ -823,10 +810,12 @@ out:
  */
 static int order_items(sched *s, kex_schedule *sc, kex_sched_item *pre, uint32_t npre) {
   const kex_replay *r = s->r;
-  uint32_t *in_degree = kex_calloc(npre ? npre : 1, sizeof *in_degree), *queue = kex_malloc(sizeof *queue * (npre ? npre : 1));
-  ptrvec *edges = kex_calloc(npre ? npre : 1, sizeof *edges);
+  uint32_t *in_degree = kex_arena_calloc(s->scratch, npre ? npre : 1, sizeof *in_degree);
+  uint32_t *queue = kex_arena_alloc(s->scratch, sizeof *queue * (npre ? npre : 1));
+  ptrvec *edges = kex_arena_alloc(s->scratch, sizeof *edges * (npre ? npre : 1));
   int rc = 0;
   if (!in_degree || !edges || !queue) goto nomem;
+  for (uint32_t k = 0; k < npre; k++) edges[k] = (ptrvec){.a = s->scratch};
   /* schedule_targets: output base -> prescheduled index (in group_slot, reset by preschedule) */
   for (uint32_t k = 0; k < npre; k++)
     for (uint32_t j = 0; j < pre[k].nout; j++) pre[k].outs[j]->group_slot = (int32_t)k;
@@ -857,7 +846,7 @@ static int order_items(sched *s, kex_schedule *sc, kex_sched_item *pre, uint32_t
     }
   }
   /* Kahn BFS in prescheduled order */
-  sc->items = kex_calloc(npre ? npre : 1, sizeof *sc->items);
+  sc->items = kex_arena_calloc(s->arena, npre ? npre : 1, sizeof *sc->items);
   if (!sc->items) goto nomem;
   uint32_t qh = 0, qt = 0;
   for (uint32_t k = 0; k < npre; k++)
@@ -886,11 +875,6 @@ static int order_items(sched *s, kex_schedule *sc, kex_sched_item *pre, uint32_t
 nomem:
   rc = oom(s);
 out:
-  if (edges)
-    for (uint32_t k = 0; k < npre; k++) pv_free(&edges[k]);
-  kex_free(edges);
-  kex_free(in_degree);
-  kex_free(queue);
   return rc;
 }
 
@@ -902,35 +886,35 @@ int kex_schedule_create(kex_replay *r, kex_schedule **out, kex_error *err) {
   s.sh = r->shape;
   s.arena = r->arena;
   s.err = err;
+  kex_arena own_scratch;
+  kex_replay_tables *keep = r->opts.tables;
+  if (keep && !keep->scratch.block_size) kex_arena_init(&keep->scratch, 0);
+  if (!keep) kex_arena_init(&own_scratch, 0);
+  s.scratch = keep ? &keep->scratch : &own_scratch;
+  s.realizes.a = s.allbufs.a = s.simple_pads.a = s.stack.a = s.stack2.a = s.group.a = s.tmp.a = s.inputs.a = s.scratch;
   (void)kex_shape_error(s.sh, NULL); /* a long-lived context may hold an earlier graph's refusal */
-  kex_schedule *sc = kex_calloc(1, sizeof *sc);
-  struct kex_sched_tables *lops = kex_calloc(1, sizeof *lops);
-  if (lops) {
-    lops->lops = kex_dict_make(&lop_table_type);
-    (void)kex_dict_reserve(&lops->lops, r->nlbs / 4); /* about one leaf LazyOp per four LazyBuffers */
-  }
+  kex_schedule *sc = kex_arena_calloc(r->arena, 1, sizeof *sc);
+  struct kex_sched_tables *lops = kex_arena_calloc(r->arena, 1, sizeof *lops);
   kex_sched_item *pre = NULL;
   uint32_t npre = 0;
   if (!sc || !lops) {
-    kex_free(lops);
     rc = oom(&s);
     goto out;
   }
+  lops->keep = r->opts.tables;
+  lops->lops = lops->keep ? kex_replay_tables_take(&lops->keep->lops, &lop_table_type) : kex_dict_make(&lop_table_type);
+  if (lops->keep) s.visit = kex_replay_tables_take(&lops->keep->visit, NULL);
+  (void)kex_dict_reserve(&lops->lops, r->nlbs / 4); /* about one leaf LazyOp per four LazyBuffers */
   sc->replay = r;
   sc->tables = lops;
   s.lops = lops;
   if (!(rc = find_realizes(&s)) && !(rc = preschedule(&s, &pre, &npre)) && !(rc = order_items(&s, sc, pre, npre)))
-    rc = kex_memplan(sc, err);
+    rc = kex_memplan(sc, s.scratch, err);
 out:
-  kex_free(pre);
-  pv_free(&s.realizes);
-  pv_free(&s.allbufs);
-  pv_free(&s.simple_pads);
-  pv_free(&s.stack);
-  pv_free(&s.stack2);
-  pv_free(&s.group);
-  pv_free(&s.tmp);
-  kex_ptrmap_free(&s.visit);
+  if (lops && lops->keep) kex_replay_tables_give(&lops->keep->visit, &s.visit);
+  else kex_ptrmap_free(&s.visit);
+  if (keep) kex_arena_reset(s.scratch);
+  else kex_arena_destroy(s.scratch);
   if (rc) {
     kex_schedule_free(sc);
     sc = NULL;
@@ -941,10 +925,6 @@ out:
 
 void kex_schedule_free(kex_schedule *s) {
   if (!s) return;
-  if (s->tables) {
-    kex_dict_free(&s->tables->lops);
-    kex_free(s->tables);
-  }
-  kex_free(s->items);
-  kex_free(s);
+  if (s->tables && s->tables->keep) kex_replay_tables_give(&s->tables->keep->lops, &s->tables->lops);
+  else if (s->tables) kex_dict_free(&s->tables->lops);
 }

@@ -39,12 +39,14 @@ struct kex_shape_ctx {
   kex_dict views; /* of const kex_view * */
   kex_dict sts;   /* of const kex_st * */
   kex_dict memo;  /* of kex__memo_ent */
+  kex_dict moves; /* of movement-op results (shapetracker.c) */
   int rc;        /* why the last failed call failed when not OOM (kex_shape_error), else 0 */
   char msg[256]; /* its message */
 };
 
-/* The sts table's type (shapetracker.c). */
+/* The sts and moves tables' types (shapetracker.c). */
 extern const kex_dict_type kex__st_type;
+extern const kex_dict_type kex__move_type;
 
 /* The result marker for a memoised None. */
 extern const char kex__memo_none;

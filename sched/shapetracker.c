@@ -4,7 +4,11 @@
  * A ShapeTracker is an interned tuple of interned views.  Movement ops
  * replace the last view (reshape may append one, MERGE_VIEW=1); `st + st`
  * and simplify() fold adjacent views with View.__add__ and are memoised per
- * context.  The symbolic analyses (expr_idxs, real_strides, axis_is_masked,
+ * context, and so is every movement op on a ShapeTracker (and
+ * from_shape): a function of the interned ShapeTracker and the op's
+ * integers, so a repeat (within a graph, or a later graph on a long-lived
+ * context) is one probe instead of a view's canonicalisation and interning.
+ * The symbolic analyses (expr_idxs, real_strides, axis_is_masked,
  * real_size) build kex_sym expressions exactly as tinygrad does; the ones
  * over the default index variables are memoised per ShapeTracker.  On the
  * host, kex_st_address evaluates one with integers (where a logical index
@@ -80,6 +84,51 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *
   return s;
 }
 
+/* ---- the movement-op memo ---- */
+
+enum { MOVE_FROM_SHAPE = 1, MOVE_RESHAPE, MOVE_PAD, MOVE_SHRINK, MOVE_EXPAND, MOVE_PERMUTE, MOVE_STRIDE };
+
+/* One memoised movement op: (op, st, args[0..n)) -> res.  args live in the context's arena (a probe's: the caller's). */
+typedef struct move_ent {
+  const kex_st *st, *res;
+  uint32_t op, n;
+  const int64_t *args;
+} move_ent;
+
+static bool move_eq(const void *entry, const void *probe) {
+  const move_ent *e = entry, *k = probe;
+  return e->op == k->op && e->st == k->st && e->n == k->n && kex_i64_eq(e->args, k->args, (int)k->n);
+}
+
+const kex_dict_type kex__move_type = {sizeof(move_ent), move_eq, 64};
+
+static uint64_t move_hash(const move_ent *k) {
+  uint64_t h = kex_hash_u64(kex_hash_u64((uint64_t)(uintptr_t)k->st, k->op), k->n);
+  for (uint32_t i = 0; i < k->n; i++) h = kex_hash_u64(h, (uint64_t)k->args[i]);
+  return h;
+}
+
+/* The memoised result of k, or NULL (and *h, k's hash). */
+static const kex_st *move_get(const kex_shape_ctx *ctx, const move_ent *k, uint64_t *h) {
+  *h = move_hash(k);
+  const move_ent *e = kex_dict_find(&ctx->moves, *h, k);
+  return e ? e->res : NULL;
+}
+
+/* Remember res (a success) for k, hash h: best effort, the memo is only a cache.  Returns res. */
+static const kex_st *move_put(kex_shape_ctx *ctx, move_ent k, uint64_t h, const kex_st *res) {
+  bool found;
+  if (!res) return NULL;
+  int64_t *args = kex_arena_memdup(ctx->arena, k.args, k.n * sizeof *k.args);
+  if (!args && k.n) return res;
+  move_ent *e = kex_dict_insert(&ctx->moves, h, &k, &found);
+  if (!e) return res;
+  k.args = args;
+  k.res = res;
+  *e = k;
+  return res;
+}
+
 const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
   kex_view *last = (kex_view *)kex_st_last(st); /* the cache field is the one mutable part of a view */
   if (!last->shape_st) last->shape_st = kex_st_from_shape(ctx, last->ndim, last->shape);
@@ -87,9 +136,13 @@ const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
 }
 
 const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *shape) {
+  move_ent k = {.op = MOVE_FROM_SHAPE, .n = (uint32_t)ndim, .args = shape};
+  uint64_t h;
+  const kex_st *r = move_get(ctx, &k, &h);
+  if (r) return r;
   const kex_view *v = kex_view_create(ctx, ndim, shape, NULL, 0, NULL);
   if (!v) return NULL;
-  return kex_st_from_views(ctx, 1, &v);
+  return move_put(ctx, k, h, kex_st_from_views(ctx, 1, &v));
 }
 
 /* st with its last view replaced by v (NULL v = OOM passes through). */
@@ -127,31 +180,48 @@ bool kex_st_consecutive(const kex_st *st) {
 /* ---- movement ops ---- */
 
 const kex_st *kex_st_reshape(kex_shape_ctx *ctx, const kex_st *st, int ndim, const int64_t *new_shape) {
+  move_ent k = {.st = st, .op = MOVE_RESHAPE, .n = (uint32_t)ndim, .args = new_shape};
+  uint64_t h;
+  const kex_st *r = move_get(ctx, &k, &h);
   const kex_view *nv = NULL;
+  if (r) return r;
   int rc = kex_view_reshape(ctx, kex_st_last(st), ndim, new_shape, &nv);
   if (rc < 0) return NULL;
-  if (rc == 0) return replace_last(ctx, st, nv);
-  return append_view(ctx, st, kex_view_create(ctx, ndim, new_shape, NULL, 0, NULL));
+  if (rc == 0) return move_put(ctx, k, h, replace_last(ctx, st, nv));
+  return move_put(ctx, k, h, append_view(ctx, st, kex_view_create(ctx, ndim, new_shape, NULL, 0, NULL)));
 }
 
+/* A movement op that replaces the last view: memoised on (op, st, args[0..n)). */
+#define MOVE_LAST(OP, N, ARGS, VIEW_CALL)                                      \
+  do {                                                                         \
+    move_ent k = {.st = st, .op = (OP), .n = (uint32_t)(N), .args = (ARGS)}; \
+    uint64_t h;                                                                \
+    const kex_st *r = move_get(ctx, &k, &h);                                   \
+    if (r) return r;                                                           \
+    return move_put(ctx, k, h, replace_last(ctx, st, VIEW_CALL));              \
+  } while (0)
+
 const kex_st *kex_st_pad(kex_shape_ctx *ctx, const kex_st *st, const int64_t *arg) {
-  return replace_last(ctx, st, kex_view_pad(ctx, kex_st_last(st), arg));
+  MOVE_LAST(MOVE_PAD, 2 * kex_st_ndim(st), arg, kex_view_pad(ctx, kex_st_last(st), arg));
 }
 
 const kex_st *kex_st_shrink(kex_shape_ctx *ctx, const kex_st *st, const int64_t *arg) {
-  return replace_last(ctx, st, kex_view_shrink(ctx, kex_st_last(st), arg));
+  MOVE_LAST(MOVE_SHRINK, 2 * kex_st_ndim(st), arg, kex_view_shrink(ctx, kex_st_last(st), arg));
 }
 
 const kex_st *kex_st_expand(kex_shape_ctx *ctx, const kex_st *st, const int64_t *new_shape) {
-  return replace_last(ctx, st, kex_view_expand(ctx, kex_st_last(st), new_shape));
+  MOVE_LAST(MOVE_EXPAND, kex_st_ndim(st), new_shape, kex_view_expand(ctx, kex_st_last(st), new_shape));
 }
 
 const kex_st *kex_st_permute(kex_shape_ctx *ctx, const kex_st *st, const int *order) {
-  return replace_last(ctx, st, kex_view_permute(ctx, kex_st_last(st), order));
+  int64_t o[KEX_MAX_DIMS];
+  int n = kex_st_ndim(st);
+  for (int i = 0; i < n; i++) o[i] = order[i];
+  MOVE_LAST(MOVE_PERMUTE, n, o, kex_view_permute(ctx, kex_st_last(st), order));
 }
 
 const kex_st *kex_st_stride(kex_shape_ctx *ctx, const kex_st *st, const int64_t *mul) {
-  return replace_last(ctx, st, kex_view_stride(ctx, kex_st_last(st), mul));
+  MOVE_LAST(MOVE_STRIDE, kex_st_ndim(st), mul, kex_view_stride(ctx, kex_st_last(st), mul));
 }
 
 /* ---- simplify and add ---- */

@@ -66,6 +66,8 @@ kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena);
 void kex_shape_ctx_free(kex_shape_ctx *ctx);
 /* Size a new context's tables for the replay of a graph of nnodes nodes (they still grow past it). */
 void kex_shape_ctx_reserve(kex_shape_ctx *ctx, uint32_t nnodes);
+/* Bytes of the context's hash tables (its objects are in the arena). */
+size_t kex_shape_ctx_bytes(const kex_shape_ctx *ctx);
 /* Symbolic context sharing the same arena. */
 kex_sym_ctx *kex_shape_sym(kex_shape_ctx *ctx);
 /*

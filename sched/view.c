@@ -163,6 +163,7 @@ kex_shape_ctx *kex_shape_ctx_new(kex_arena *arena) {
   ctx->views = kex_dict_make(&view_type);
   ctx->sts = kex_dict_make(&kex__st_type);
   ctx->memo = kex_dict_make(&memo_type);
+  ctx->moves = kex_dict_make(&kex__move_type);
   kex_sym_ctx_init(&ctx->sym, arena);
   return ctx;
 }
@@ -172,6 +173,7 @@ void kex_shape_ctx_reserve(kex_shape_ctx *ctx, uint32_t nnodes) {
   (void)kex_dict_reserve(&ctx->views, nnodes / 2);
   (void)kex_dict_reserve(&ctx->sts, nnodes / 2);
   (void)kex_dict_reserve(&ctx->memo, nnodes / 4);
+  (void)kex_dict_reserve(&ctx->moves, nnodes / 2);
 }
 
 void kex_shape_ctx_free(kex_shape_ctx *ctx) {
@@ -179,7 +181,13 @@ void kex_shape_ctx_free(kex_shape_ctx *ctx) {
   kex_dict_free(&ctx->views);
   kex_dict_free(&ctx->sts);
   kex_dict_free(&ctx->memo);
+  kex_dict_free(&ctx->moves);
   kex_free(ctx);
+}
+
+size_t kex_shape_ctx_bytes(const kex_shape_ctx *ctx) {
+  return sizeof *ctx + kex_dict_bytes(&ctx->views) + kex_dict_bytes(&ctx->sts) + kex_dict_bytes(&ctx->memo) +
+         kex_dict_bytes(&ctx->moves);
 }
 
 kex_sym_ctx *kex_shape_sym(kex_shape_ctx *ctx) { return &ctx->sym; }

@@ -44,14 +44,23 @@ for t in json.load(sys.stdin):
 ' "$1" "${2:-}"
 }
 
-# build_and_test DIR SUITE [MESON_OPTION...]: configure, build, run the tests.
+# meson names a wrapped run's log after the wrapper (testlog-lsan_retry.sh.json): give it the name summarize.py reads.
+wrapped_log() {
+  local d=$1/meson-logs
+  if [ -f "$d/testlog-lsan_retry.sh.json" ]; then mv -f "$d/testlog-lsan_retry.sh.json" "$d/testlog.json"; fi
+}
+
+# build_and_test DIR SUITE [MESON_OPTION...]: configure, build, run the tests (a -Dsanitize=true build's under
+# scripts/lsan_retry.sh: a LeakSanitizer that fails itself on a loaded machine gets one more run).
 build_and_test() {
   local dir=$1 suite=$2
   shift 2
   local suite_args=()
   [ -n "$suite" ] && suite_args=(--suite "$suite")
+  local wrap_args=()
+  case " $* " in *" -Dsanitize=true "*) wrap_args=(--wrapper "$PWD/scripts/lsan_retry.sh") ;; esac
   mkdir -p "$dir"
-  rm -f "$dir/meson-logs/testlog.json"
+  rm -f "$dir/meson-logs/testlog.json" "$dir/meson-logs/testlog-lsan_retry.sh.json"
   echo "== $dir: configure =="
   if ! scripts/configure.sh "$dir" "$@" >"$dir/configure-output.txt" 2>&1; then
     tail -n 30 "$dir/configure-output.txt"
@@ -61,7 +70,8 @@ build_and_test() {
   echo "== $dir: build =="
   if ninja -C "$dir" -k 0 >"$dir/build-output.txt" 2>&1; then
     echo "== $dir: meson test${suite:+ --suite $suite} =="
-    meson test -C "$dir" --no-rebuild --print-errorlogs "${suite_args[@]}"
+    meson test -C "$dir" --no-rebuild --print-errorlogs "${wrap_args[@]}" "${suite_args[@]}"
+    wrapped_log "$dir"
     summary_args+=(--meson "$dir")
     return
   fi
@@ -77,7 +87,8 @@ build_and_test() {
   done < <(test_freshness "$dir" "$suite")
   if [ ${#fresh[@]} -gt 0 ]; then
     echo "== $dir: meson test (the ${#fresh[@]} tests that built) =="
-    meson test -C "$dir" --no-rebuild --print-errorlogs "${fresh[@]}"
+    meson test -C "$dir" --no-rebuild --print-errorlogs "${wrap_args[@]}" "${fresh[@]}"
+    wrapped_log "$dir"
     summary_args+=(--meson "$dir")
   fi
 }

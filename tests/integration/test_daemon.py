@@ -11,11 +11,13 @@ Prints one line per check ("ok - ..." / "FAIL - ...") and, last,
 import base64
 import json
 import os
+import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.environ["KEX_STUBS"])
@@ -105,6 +107,77 @@ def node_pb(n):
 def graph_pb(g):
     return kex_pb2.Graph(format=g.get("format", ""), device=g.get("device", ""),
                          nodes=[node_pb(n) for n in g["nodes"]], outputs=g["outputs"])
+
+
+def plan_warm_checks():
+    """--plan-warm-bytes on both sides: every case's Plan reply (both rule sets, twice over, so each graph meets the
+    views the others left) is the same from a kexd with warm states off, one with room to keep them (on the loop
+    thread, and on the worker pool), and one whose 1-byte limit empties its state after every Plan; the debug log
+    says which kept and which reset."""
+    names = json.load(open(os.path.join(CASES_DIR, "INDEX.json")))
+    graphs = [graph_pb(json.load(open(os.path.join(CASES_DIR, n + ".json")))["graph"]) for n in names]
+    variants = [("off", ["--plan-warm-bytes", "0"]), ("64 MiB", ["--plan-warm-bytes", str(64 << 20)]),
+                ("1 byte", ["--plan-warm-bytes", "1"]),
+                ("64 MiB, worker pool", ["--plan-warm-bytes", str(64 << 20), "--plan-inline-nodes", "0"])]
+    tmp = tempfile.mkdtemp(prefix="kex-warm-")
+    replies, logs = {}, {}
+    for label, args in variants:
+        port = free_port()
+        logs[label] = os.path.join(tmp, f"kexd-{port}.log")
+        with open(logs[label], "w") as log:
+            proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", "--log", "debug", "--metrics", "off",
+                                     "--device", "opencl,cpu", *args], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            if not check(f"kexd --plan-warm-bytes ({label}) starts", wait_healthy(port, proc)):
+                return
+            ch = grpc.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTS)
+            k = kex_pb2_grpc.KexStub(ch)
+            job = k.OpenJob(kex_pb2.OpenJobRequest(name="warm"), timeout=5).job
+            out = []
+            for _ in range(2):
+                for g in graphs:
+                    for dev in ("opencl", "cpu"):
+                        g.device = dev
+                        try:
+                            r = k.Plan(kex_pb2.PlanRequest(job=job, graph=g), timeout=60)
+                            r.schedule_us = 0
+                            out.append(r.SerializeToString())
+                        except grpc.RpcError as e:
+                            out.append(f"{e.code()} {e.details()}".encode())
+            replies[label] = out
+            ch.close()
+            proc.terminate()
+            try:
+                rc = proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                rc = None
+            check(f"kexd --plan-warm-bytes ({label}) exits 0 at SIGTERM (under ASan: nothing leaked)", rc == 0,
+                  f"rc {rc}")
+        finally:
+            stop(proc)
+    ref = replies["off"]
+    for label, _ in variants[1:]:
+        same = [i for i, (a, b) in enumerate(zip(ref, replies[label])) if a != b]
+        check(f"--plan-warm-bytes {label}: all {len(ref)} Plan replies are the ones with warm states off",
+              len(replies[label]) == len(ref) and not same, f"first differing Plan: {same[:1]}")
+    nplans = len(ref)
+
+    def warm_lines(label):
+        return [tuple(int(x) for x in m.groups()) for m in
+                re.finditer(r"warm state (\d+) bytes after (\d+) replays, (\d+) resets", open(logs[label]).read())]
+    check("--plan-warm-bytes 0: no Plan keeps a warm state", warm_lines("off") == [] and nplans > 100,
+          str(warm_lines("off")[:1]))
+    w = warm_lines("64 MiB")
+    check(f"--plan-warm-bytes 64 MiB: the loop thread's state served all {nplans} Plans without a reset, under "
+          "the limit", len(w) == nplans and w[-1][1] == nplans and w[-1][2] == 0 and 0 < w[-1][0] <= 64 << 20,
+          str(w[-1:]))
+    w = warm_lines("1 byte")
+    check("--plan-warm-bytes 1: the state is emptied after every Plan (0 bytes kept)",
+          len(w) == nplans and w[-1][1] == nplans and w[-1][2] == nplans and all(b == 0 for b, _, _ in w),
+          str(w[-1:]))
+    w = warm_lines("64 MiB, worker pool")
+    check("--plan-warm-bytes 64 MiB on the worker pool: each thread's state keeps, none resets",
+          len(w) == nplans and all(r == 0 for _, _, r in w) and max(n for _, n, _ in w) > 1, str(w[-1:]))
 
 
 def main():
@@ -224,6 +297,24 @@ def main():
     check("Submit: the stream ends with done", e is None and evs and evs[-1].WhichOneof("event") == "done",
           repr(e) if e is not None else str(evs[-1:])[:200])
 
+    # a done event over --max-message (its inline bytes): RESOURCE_EXHAUSTED naming the limit, after the progress
+    # events -- also when they are batched (they would have gone out with the done event)
+    n = MAX_MESSAGE // 4 + 1024
+    huge = graph_pb({"nodes": [{"op": "EMPTY", "dtype": "float32", "shape": [n]},
+                               {"op": "EMPTY", "dtype": "float32", "shape": [n]},
+                               {"op": "ADD", "src": [0, 1]}], "outputs": [2]})
+    for batched in (False, True):
+        for _ in range(2):  # the second: structure cached and the kernel quick last time (a batched stream holds)
+            evs = []
+            e = rpc_error(lambda: evs.extend(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=huge, free_outputs=True,
+                                                                              batched_events=batched), timeout=60)))
+        kinds = [x.WhichOneof("event") for m in evs for x in (m, *m.following)]
+        check(f"a {4 * n}-byte done event (limit {MAX_MESSAGE}){' batched' if batched else ''}: RESOURCE_EXHAUSTED "
+              "naming --max-message, after accepted, scheduled and running",
+              e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-message" in e.details() and
+              kinds[:2] == ["accepted", "scheduled"] and "running" in kinds and "done" not in kinds,
+              f"{kinds} {e!r}"[:300])
+
     # Tune and the cache RPCs are served (test_tune.sh checks them in depth; this kexd has no --cache of its own,
     # so only requests that are refused before any cache access)
     e = rpc_error(lambda: next(kex.Tune(kex_pb2.TuneRequest(job=job), timeout=5)))
@@ -288,6 +379,8 @@ def main():
               f"rc {rc}")
         ch2.close()
     stop(proc)
+
+    plan_warm_checks()
 
     # SIGTERM with a unary call in flight on the worker pool (large graph, --plan-inline-nodes 0)
     proc, port, ok = start_kexd("--grace", "5", "--plan-inline-nodes", "0")

@@ -134,10 +134,17 @@ def open_job(kex, name):
     return kex.OpenJob(kex_pb2.OpenJobRequest(name=name), timeout=5).job
 
 
+SUBMITS = [0]
+
+
 def submit(kex, job, graph, timeout=60, keep=False, **kw):
-    """All events of a Submit with the outputs' bytes; keep: its outputs stay as buffers of the job too."""
-    return list(kex.Submit(kex_pb2.SubmitRequest(job=job, graph=graph, return_bytes=True, free_outputs=not keep,
-                                                 **kw), timeout=timeout))
+    """All events of a Submit with the outputs' bytes; keep: its outputs stay as buffers of the job too.  Every
+    other Submit asks for batched_events (the events ready together in one message), so that both ways of writing
+    the stream meet every fault; the events come back one per list item either way."""
+    SUBMITS[0] += 1
+    msgs = kex.Submit(kex_pb2.SubmitRequest(job=job, graph=graph, return_bytes=True, free_outputs=not keep,
+                                            batched_events=SUBMITS[0] % 2 == 0, **kw), timeout=timeout)
+    return [e for m in msgs for e in (m, *m.following)]
 
 
 def outputs_right(evs, expect):

@@ -483,7 +483,22 @@ def limits():
     check("--max-buffers-per-job 3: 3 uploads held, the 4th RESOURCE_EXHAUSTED naming the flag",
           len(held) == 3 and code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-buffers-per-job"), desc(e))
     k.kex.Free(kex_pb2.FreeRequest(job=j, handles=held[:1]), timeout=5)
-    check("after one is freed, the next upload is accepted", rpc_error(up16) is None)
+    try:
+        held = held[1:] + [up16().handle]
+    except grpc.RpcError as err:
+        held = held[1:] + [f"upload refused: {desc(err)}"]
+    check("after one is freed, the next upload is accepted", len(held[2]) == 32, held[2])
+    # a Free names at most as many handles as the job may hold (each is a lookup on the loop thread)
+    e = rpc_error(k.kex.Free, kex_pb2.FreeRequest(job=j, handles=held[:2] + ["0" * 32, "1" * 32]), timeout=5)
+    check("--max-buffers-per-job 3: a Free naming 4 handles is RESOURCE_EXHAUSTED naming the flag, nothing freed",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "--max-buffers-per-job") and
+          k.kex.GetStats(kex_pb2.GetStatsRequest(job=j), timeout=5).job_stats[0].buffers == 3, desc(e))
+    e = rpc_error(k.kex.Free, kex_pb2.FreeRequest(job=j, handles=held[:2] + ["0" * 32]), timeout=5)
+    check("... naming 3 (the limit) is looked up: NOT_FOUND for the unknown one, nothing freed",
+          code_and(e, grpc.StatusCode.NOT_FOUND, "handle 2") and
+          k.kex.GetStats(kex_pb2.GetStatsRequest(job=j), timeout=5).job_stats[0].buffers == 3, desc(e))
+    r = k.kex.Free(kex_pb2.FreeRequest(job=j, handles=held[:2] + held[:1]), timeout=5)
+    check("... and 3 handles that it holds (one named twice) are freed", r.freed == 2, str(r))
     k.stop()
 
     # a full job table: the job idle longest makes room, only once it has been idle --job-evict-idle

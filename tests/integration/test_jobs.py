@@ -213,6 +213,38 @@ def buffers(kex):
     kex.Free(kex_pb2.FreeRequest(job=a, handles=[ha]), timeout=5)
     r = upload(kex, a, "uint8", [1], b"x")
     check("after a Free, job A can upload again under its limit", r.bytes == 1)
+    # many buffers and jobs, freed and closed in random order: the handle and token indexes (jobs.c) stay right
+    many = kex.OpenJob(kex_pb2.OpenJobRequest(name="many"), timeout=5).job
+    held = {upload(kex, many, "int32", [1], i.to_bytes(4, "little")).handle: i for i in range(240)}
+    order = list(held)
+    rnd.shuffle(order)
+    gone = order[:160]
+    for k in range(0, len(gone), 16):
+        kex.Free(kex_pb2.FreeRequest(job=many, handles=gone[k:k + 16]), timeout=5)
+    for i in range(240, 280):
+        held[upload(kex, many, "int32", [1], i.to_bytes(4, "little")).handle] = i
+    kept = {h: i for h, i in held.items() if h not in gone[:160]}
+    right = all(int.from_bytes(download(kex, many, h)[0], "little") == i for h, i in kept.items())
+    lost = [h for h in gone if rpc_error(download, kex, many, h) is None]
+    check("240 buffers, 160 freed in shuffled Frees, 40 more uploaded: each of the 120 held downloads its own "
+          "bytes, every freed handle is NOT_FOUND, GetStats counts 120",
+          right and not lost and job_stats(kex, many).buffers == 120, f"{len(lost)} freed handles still found")
+    e = rpc_error(kex.Free, kex_pb2.FreeRequest(job=many, handles=[order[200], gone[0]]), timeout=5)
+    check("a Free naming a held and a freed handle: NOT_FOUND, nothing freed",
+          e is not None and e.code() == grpc.StatusCode.NOT_FOUND and job_stats(kex, many).buffers == 120, desc(e))
+    e = rpc_error(kex.Free, kex_pb2.FreeRequest(job=many, handles=[order[200][:-1] + "x"]), timeout=5)
+    check("a handle one character off: NOT_FOUND", e is not None and e.code() == grpc.StatusCode.NOT_FOUND, desc(e))
+    toks = [kex.OpenJob(kex_pb2.OpenJobRequest(name=f"j{i}"), timeout=5).job for i in range(60)]
+    rnd.shuffle(toks)
+    for t in toks[:40]:
+        kex.CloseJob(kex_pb2.CloseJobRequest(job=t), timeout=5)
+    open_ok = all(job_stats(kex, t).name.startswith("j") for t in toks[40:])
+    closed = [t for t in toks[:40] if rpc_error(job_stats, kex, t) is None]
+    check("60 jobs, 40 closed in shuffled order: the 20 open ones resolve, every closed token is NOT_FOUND",
+          open_ok and not closed, f"{len(closed)} closed tokens still resolve")
+    for t in toks[40:] + [many]:
+        kex.CloseJob(kex_pb2.CloseJobRequest(job=t), timeout=5)
+
     # a concurrent upload stream counts against the limit while in flight
     a2 = kex.OpenJob(kex_pb2.OpenJobRequest(name="a2", memory_limit=MiB), timeout=5).job
     gate = []

@@ -294,6 +294,40 @@ static void test_arena_destroy_and_reuse(void **state) {
   kex_arena_destroy(&a); /* destroying an empty arena is harmless */
 }
 
+/* kex_arena_grow: in place while the array is the last allocation, else a copy; contents kept; held bytes counted. */
+static void test_arena_grow(void **state) {
+  (void)state;
+  kex_arena a;
+  kex_arena_init(&a, 4096);
+  uint32_t *v = NULL, len = 0, cap = 0;
+  for (uint32_t i = 0; i < 200; i++) {
+    uint32_t *before = v, oldcap = cap;
+    assert_int_equal(kex_arena_grow(&a, &v, len, &cap, sizeof *v, 4), 0);
+    if (oldcap && cap != oldcap && cap * sizeof *v <= 4096) assert_ptr_equal(v, before); /* grew where it was */
+    v[len++] = i;
+  }
+  assert_true(cap >= 200);
+  for (uint32_t i = 0; i < 200; i++) assert_int_equal(v[i], i);
+  /* not the last allocation any more: growing copies */
+  uint32_t *w = NULL, wlen = 0, wcap = 0;
+  assert_int_equal(kex_arena_grow(&a, &w, wlen, &wcap, sizeof *w, 4), 0);
+  w[wlen++] = 7;
+  assert_non_null(kex_arena_alloc(&a, 16));
+  uint32_t *wbefore = w;
+  for (uint32_t i = 1; i < 64; i++) {
+    assert_int_equal(kex_arena_grow(&a, &w, wlen, &wcap, sizeof *w, 4), 0);
+    w[wlen++] = 7 + i;
+  }
+  assert_ptr_not_equal(w, wbefore);
+  for (uint32_t i = 0; i < 64; i++) assert_int_equal(w[i], 7 + i);
+  assert_true(kex_arena_held(&a) >= a.total);
+  kex_arena_reset(&a);
+  assert_int_equal(a.total, 0);
+  assert_true(kex_arena_held(&a) > 0); /* the spare blocks */
+  kex_arena_destroy(&a);
+  assert_int_equal(kex_arena_held(&a), 0);
+}
+
 static void test_arena_alloc_hook(void **state) {
   (void)state;
   kex_arena a;
@@ -925,6 +959,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_alloc_fail_every_kind, disarm_alloc_hook),
       cmocka_unit_test(test_arena_alignment),
       cmocka_unit_test(test_arena_big_allocations),
+      cmocka_unit_test(test_arena_grow),
       cmocka_unit_test(test_arena_many_small),
       cmocka_unit_test(test_arena_calloc_zeroes),
       cmocka_unit_test(test_arena_huge_request_fails),

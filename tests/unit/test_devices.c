@@ -875,39 +875,48 @@ static void test_cpu_threads(void **state) {
                          buffer_with(g.cpu, NULL, sizeof tid), buffer_with(g.cpu, NULL, sizeof cpu)};
   size_t global[3] = {N, 1, 1};
   int32_t spin = 20000; /* per item: far from a tiny kernel */
-  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, &spin, 1, &ev, &err), 0);
-  assert_int_equal(kex_event_wait(ev, &err), 0);
-  kex_event_free(ev);
-  assert_int_equal(kex_buffer_copy_out(bufs[0], 0, start, sizeof start, &err), 0);
-  assert_int_equal(kex_buffer_copy_out(bufs[1], 0, end, sizeof end, &err), 0);
-  assert_int_equal(kex_buffer_copy_out(bufs[2], 0, tid, sizeof tid, &err), 0);
-  assert_int_equal(kex_buffer_copy_out(bufs[3], 0, cpu, sizeof cpu, &err), 0);
-  /* each item ran exactly once (start is accumulated), in contiguous ranges */
-  for (int i = 0; i < N; i++) {
-    int s = start[i] - 1;
-    assert_true(s >= 0 && s <= i && i < end[i]);
-    if (i == 0 || s != start[i - 1] - 1) {
-      assert_int_equal(s, i); /* a new range starts where the last ended */
-      if (i > 0) assert_int_equal(end[i - 1], i);
-      assert_true(nranges < KEX_DEVICE_MAX_BUFS);
-      range_cpu[nranges] = cpu[i];
-      range_tid[nranges++] = tid[i];
-    } else {
-      assert_int_equal(tid[i], tid[i - 1]);
+  /* every worker runs some range, unless one was not given a CPU before the others took its share (a busy
+     machine): that check gets three tries; every other check holds on each */
+  bool every_worker = false;
+  for (int t = 0; t < 3 && !every_worker; t++) {
+    memset(start, 0, sizeof start);
+    nranges = 0;
+    assert_int_equal(kex_buffer_copy_in(bufs[0], 0, start, sizeof start, &err), 0);
+    assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, &spin, 1, &ev, &err), 0);
+    assert_int_equal(kex_event_wait(ev, &err), 0);
+    kex_event_free(ev);
+    assert_int_equal(kex_buffer_copy_out(bufs[0], 0, start, sizeof start, &err), 0);
+    assert_int_equal(kex_buffer_copy_out(bufs[1], 0, end, sizeof end, &err), 0);
+    assert_int_equal(kex_buffer_copy_out(bufs[2], 0, tid, sizeof tid, &err), 0);
+    assert_int_equal(kex_buffer_copy_out(bufs[3], 0, cpu, sizeof cpu, &err), 0);
+    /* each item ran exactly once (start is accumulated), in contiguous ranges */
+    for (int i = 0; i < N; i++) {
+      int s = start[i] - 1;
+      assert_true(s >= 0 && s <= i && i < end[i]);
+      if (i == 0 || s != start[i - 1] - 1) {
+        assert_int_equal(s, i); /* a new range starts where the last ended */
+        if (i > 0) assert_int_equal(end[i - 1], i);
+        assert_true(nranges < KEX_DEVICE_MAX_BUFS);
+        range_cpu[nranges] = cpu[i];
+        range_tid[nranges++] = tid[i];
+      } else {
+        assert_int_equal(tid[i], tid[i - 1]);
+      }
     }
-  }
-  assert_int_equal(end[N - 1], N);
-  if (cores == 1) {
-    /* no workers: the launching thread ran everything as one range */
-    assert_int_equal(nranges, 1);
-    assert_int_equal(range_tid[0], (unsigned long)pthread_self());
-  } else {
+    assert_int_equal(end[N - 1], N);
+    if (cores == 1) {
+      /* no workers: the launching thread ran everything as one range */
+      assert_int_equal(nranges, 1);
+      assert_int_equal(range_tid[0], (unsigned long)pthread_self());
+      every_worker = true;
+      continue;
+    }
     /* ceil(N / (16 cores)) items per range (KEX_CPU_CHUNKS_PER_THREAD): the launching thread ran the first,
        each worker some of the others */
     int chunk = (N + 16 * cores - 1) / (16 * cores);
     assert_int_equal(nranges, (N + chunk - 1) / chunk);
     assert_int_equal(range_tid[0], (unsigned long)pthread_self());
-    assert_int_equal(count_distinct_ul(range_tid + 1, nranges - 1), cores);
+    every_worker = count_distinct_ul(range_tid + 1, nranges - 1) == cores;
     for (int r = 1; r < nranges; r++) assert_true(range_tid[r] != (unsigned long)pthread_self());
     /* each worker stays on its own CPU (pinned), one worker per CPU when there are enough CPUs */
     unsigned long worker_cpu[KEX_DEVICE_MAX_BUFS];
@@ -922,6 +931,7 @@ static void test_cpu_threads(void **state) {
     if (cores <= sysconf(_SC_NPROCESSORS_ONLN) && getenv("KEX_CPU_THREADS") == NULL)
       assert_int_equal(count_distinct_ul(worker_cpu, nworkers), nworkers);
   }
+  assert_true(every_worker);
   print_message("cpu: %d ranges on %d threads\n", nranges, count_distinct_ul(range_tid, nranges));
 
   /* a tiny launch (64 items, no spin) costs less than waking a worker: every range runs on the launching thread

@@ -4,7 +4,9 @@
  * text form, out-of-memory at every allocation, the kernel limits
  * (max_kernel_depth, max_kernel_ops) on both sides, refusals of overflowing
  * view arithmetic, and a 100,000-node chain (with limits widened for it)
- * scheduled on a small thread stack (no deep recursion anywhere).
+ * scheduled on a small thread stack (no deep recursion anywhere), and the
+ * warm replay state (sched/warm.h): same schedules warm or cold, its
+ * objects reused across graphs, and its byte limit on both sides.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -22,6 +24,7 @@
 #include "sched/graph.h"
 #include "sched/lazy.h"
 #include "sched/schedule.h"
+#include "sched/warm.h"
 
 typedef struct planned {
   kex_arena arena;
@@ -586,6 +589,105 @@ static void test_chain_100k(void **state) {
   done(&p);
 }
 
+/* The schedule's text (kex_schedule_print); the caller frees it. */
+static char *schedule_text(const kex_schedule *s) {
+  char *text = NULL;
+  size_t len;
+  FILE *f = open_memstream(&text, &len);
+  assert_non_null(f);
+  assert_int_equal(kex_schedule_print(s, f), 0);
+  fclose(f);
+  return text;
+}
+
+/* Replay and schedule g in w (opencl rules) and print it; *last_st: the last node's ShapeTracker.  Ends with limit. */
+static char *warm_plan(kex_sched_warm *w, const kex_graph *g, size_t limit, const kex_st **last_st, bool *reset) {
+  kex_replay_opts ro = kex_replay_opts_for(false), again = ro;
+  kex_arena *a = kex_sched_warm_begin(w, g->nnodes, &ro);
+  kex_replay *r = NULL;
+  kex_schedule *s = NULL;
+  kex_error err = {0};
+  assert_non_null(a);
+  assert_non_null(ro.shape);
+  assert_null(kex_sched_warm_begin(w, g->nnodes, &again)); /* in use: the caller replays cold */
+  assert_int_equal(kex_replay_graph(g, &ro, a, &r, &err), 0);
+  assert_int_equal(kex_schedule_create(r, &s, &err), 0);
+  char *text = schedule_text(s);
+  *last_st = r->node_lb[g->nnodes - 1]->st;
+  kex_schedule_free(s);
+  kex_replay_free(r);
+  *reset = kex_sched_warm_end(w, limit);
+  return text;
+}
+
+static void test_warm_state(void **state) {
+  (void)state;
+  const char *jsons[] = {
+      G(EMPTYF("[4,8]") ",{\"op\":\"REDUCE_MAX\",\"src\":[0],\"axis\":[1]},{\"op\":\"EXPAND\",\"src\":[1],"
+                        "\"arg\":[4,8]},{\"op\":\"SUB\",\"src\":[0,2]},{\"op\":\"EXP2\",\"src\":[3]},"
+                        "{\"op\":\"REDUCE_SUM\",\"src\":[4],\"axis\":[1]},{\"op\":\"EXPAND\",\"src\":[5],"
+                        "\"arg\":[4,8]},{\"op\":\"DIV\",\"src\":[4,6]},{\"op\":\"PERMUTE\",\"src\":[7],"
+                        "\"arg\":[1,0]},{\"op\":\"RESHAPE\",\"src\":[8],\"arg\":[32]}",
+        "9"),
+      G(EMPTYF("[4,8]") "," EMPTYF("[8,4]") ",{\"op\":\"PERMUTE\",\"src\":[1],\"arg\":[1,0]},"
+                        "{\"op\":\"ADD\",\"src\":[0,2]},{\"op\":\"PAD\",\"src\":[3],\"arg\":[[1,1],[0,0]]},"
+                        "{\"op\":\"SHRINK\",\"src\":[4],\"arg\":[[0,4],[2,6]]},{\"op\":\"RESHAPE\",\"src\":[5],"
+                        "\"arg\":[16]}",
+        "6"),
+  };
+  enum { N = sizeof jsons / sizeof *jsons };
+  kex_graph *g[N];
+  char *cold[N];
+  for (int i = 0; i < N; i++) {
+    planned p;
+    plan_text(&p, jsons[i], false);
+    if (p.rc) fail_msg("graph %d: %s", i, p.err.msg);
+    cold[i] = schedule_text(p.s);
+    g[i] = p.g;
+    p.g = NULL;
+    done(&p);
+  }
+  kex_sched_warm *w = kex_sched_warm_new();
+  assert_non_null(w);
+  assert_int_equal(kex_sched_warm_bytes(w), 0);
+  /* under the limit: three rounds over both graphs, each schedule as the cold one, the interned objects kept */
+  const kex_st *first[N] = {NULL}, *st;
+  bool reset;
+  for (int round = 0; round < 3; round++)
+    for (int i = 0; i < N; i++) {
+      char *text = warm_plan(w, g[i], 64u << 20, &st, &reset);
+      assert_string_equal(text, cold[i]);
+      assert_false(reset);
+      if (round == 0) first[i] = st;
+      else assert_ptr_equal(st, first[i]); /* the same interned ShapeTracker, an earlier graph's */
+      free(text);
+    }
+  assert_int_equal(kex_sched_warm_replays(w), 3 * N);
+  assert_int_equal(kex_sched_warm_resets(w), 0);
+  /* the limit, both sides: the same graph again leaves the state the size it was */
+  size_t held = kex_sched_warm_bytes(w);
+  assert_true(held > 0);
+  char *text = warm_plan(w, g[0], held, &st, &reset);
+  assert_false(reset); /* held bytes: at the limit, kept */
+  assert_int_equal(kex_sched_warm_bytes(w), held);
+  free(text);
+  text = warm_plan(w, g[0], held - 1, &st, &reset);
+  assert_true(reset); /* one byte over: emptied */
+  assert_int_equal(kex_sched_warm_bytes(w), 0);
+  assert_int_equal(kex_sched_warm_resets(w), 1);
+  free(text);
+  /* after a reset it starts afresh: same schedule, new objects */
+  text = warm_plan(w, g[0], 64u << 20, &st, &reset);
+  assert_string_equal(text, cold[0]);
+  assert_false(reset);
+  free(text);
+  kex_sched_warm_free(w);
+  for (int i = 0; i < N; i++) {
+    kex_graph_free(g[i]);
+    free(cold[i]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lazycache),      cmocka_unit_test(test_split_reduce),
@@ -597,7 +699,7 @@ int main(void) {
       cmocka_unit_test(test_oom_everywhere), cmocka_unit_test(test_chain_100k),
       cmocka_unit_test(test_copy_rules),     cmocka_unit_test(test_kernel_depth_limit),
       cmocka_unit_test(test_kernel_ops_limit), cmocka_unit_test(test_const_reduce_wraps),
-      cmocka_unit_test(test_replay_refuses_overflow),
+      cmocka_unit_test(test_replay_refuses_overflow), cmocka_unit_test(test_warm_state),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

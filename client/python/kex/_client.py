@@ -63,6 +63,16 @@ class Error(Exception):
         return cls(e.code(), e.details())
 
 
+def _events(msg):
+    """The events of one Submit stream message: msg itself (without its `following`), then those it carries."""
+    if not msg.following:
+        return (msg,)
+    first = pb.SubmitEvent()
+    first.CopyFrom(msg)
+    first.ClearField("following")
+    return (first, *msg.following)
+
+
 def _call(fn, *args, node=None, **kwargs):
     try:
         return fn(*args, **kwargs)
@@ -283,13 +293,16 @@ class Client:
         trace_json holds it as Chrome trace-event JSON (open it in Perfetto)."""
         done = None
         try:
-            for ev in self.stub.Submit(pb.SubmitRequest(job=self.job, graph=graph, return_bytes=return_bytes,
-                                                        trace=bool(trace)),
-                                       timeout=timeout, metadata=self.metadata):
-                if on_event:
-                    on_event(ev)
-                if ev.WhichOneof("event") == "done":
-                    done = ev.done
+            # batched_events: the events ready together come in one message (a quick Submit's whole stream is one
+            # message and the status); on_event still sees each event on its own, in order
+            for msg in self.stub.Submit(pb.SubmitRequest(job=self.job, graph=graph, return_bytes=return_bytes,
+                                                         trace=bool(trace), batched_events=True),
+                                        timeout=timeout, metadata=self.metadata):
+                for ev in _events(msg) if on_event else (msg, *msg.following):
+                    if on_event:
+                        on_event(ev)
+                    if ev.WhichOneof("event") == "done":
+                        done = ev.done
         except grpc.RpcError as e:
             raise Error.from_rpc(e, self.node) from None
         if done is None:

@@ -304,3 +304,20 @@ def test_submit_trace(client, needs_submit):
             and not e["name"].startswith("setup")]
     assert runs == [k.kernel for k in done.kernels]
     assert client.submit(graph_pb([t.node]), timeout=60).trace_json == ""
+
+
+def test_submit_events_one_by_one(client, needs_submit):
+    """Client.submit asks for batched events (a quick cached Submit is one message on the wire); on_event still
+    gets each event on its own, in order, none carrying others."""
+    from kex.tensor import graph_pb
+    t = kex.tensor(np.arange(8, dtype=np.float32), client=client) + 1
+    g = graph_pb([t.node])
+    for i in range(3):  # the first compiles; the later ones are cached and quick
+        evs = []
+        done = client.submit(g, timeout=60, on_event=evs.append)
+        kinds = [e.WhichOneof("event") for e in evs]
+        assert kinds[:2] == ["accepted", "scheduled"] and kinds[-1] == "done", kinds
+        assert kinds.count("running") == len(done.kernels) >= 1, kinds
+        assert all(len(e.following) == 0 for e in evs)
+        assert evs[-1].done == done
+        assert np.array_equal(np.frombuffer(done.outputs[0].data, np.float32), np.arange(8, dtype=np.float32) + 1)
