@@ -17,7 +17,12 @@
  * its CPU; a launch splits [0, global[0]) into contiguous ranges, about
  * KEX_CPU_CHUNKS_PER_THREAD per worker, that the workers claim from an
  * atomic counter while the launching thread sleeps, and returns when all
- * ranges ran; its event holds the wall time.  The launching thread runs the
+ * ranges ran -- not when every worker has been round: a worker whose CPU
+ * is busy with another process may wake a scheduler slice (milliseconds)
+ * late, and then finds nothing left to claim.  The counter carries the
+ * launch's tag beside the next index, so such a late worker can never
+ * claim a range of a later launch with its copy of an earlier one's job
+ * (kex_cpu_claim).  Its event holds the wall time.  The launching thread runs the
  * first range itself, and the rest too when they would all take less than
  * waking a worker (a tiny kernel, judged by the program's smallest time per
  * index so far, so that one program runs one way, whatever the load).  With KEX_CPU_THREADS=1 (or one CPU)
@@ -51,6 +56,7 @@
 #include <sched.h>
 #include <spawn.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,12 +88,13 @@ extern char **environ;
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
 
-/* One launch: fn over indexes 0..total-1 in ranges of chunk. */
+/* One launch: fn over indexes 0..total-1 in nranges ranges of chunk. */
 typedef struct kex_cpu_job {
   kex_cpu_kernel_fn fn;
   void **bufs;
   const int *ints;
-  int total, chunk;
+  int total, chunk, nranges;
+  uint32_t tag;    /* the launch's tag in pool->claim */
   double deadline; /* monotonic seconds; 0: no time limit */
 } kex_cpu_job;
 
@@ -97,11 +104,13 @@ typedef struct kex_cpu_pool {
   pthread_t threads[KEX_CPU_MAX_THREADS];
   int nthreads;            /* workers (0: launches run on the launching thread) */
   atomic_ulong generation; /* bumped (under mu) once per launch that uses the workers */
-  atomic_int remaining;    /* workers that have not finished this generation (changed under mu) */
   int stop;
-  kex_cpu_job job;     /* the job of the current generation */
-  atomic_int next;     /* the first index no thread has claimed yet */
-  atomic_int ranges;   /* ranges run so far */
+  kex_cpu_job job;     /* the job of the current generation (read under mu) */
+  uint32_t tag;        /* the last launch's tag (the launching thread's own) */
+  atomic_ullong claim; /* (tag << 32) | the first index no thread has claimed yet */
+  atomic_int finished; /* ranges of the current launch that ran */
+  atomic_int target;   /* the launching thread is woken when finished reaches it: nranges, or what was claimed
+                          before the deadline closed the launch */
 } kex_cpu_pool;
 
 typedef struct kex_cpu_worker_arg {
@@ -145,18 +154,44 @@ static double kex_cpu_now(void) {
 /* ---- thread pool ---- */
 
 /*
- * Claim chunks of the current launch until none is left, `max` of them
- * at most (or, with a deadline, until it has passed).  The index space is
- * handed out in `chunk`-sized pieces from an atomic counter, so a thread that
- * wakes late or shares its core with another process simply claims fewer.
+ * Claim the next range of launch j: its first index in *start, 1; or 0
+ * when none is left or the counter is no longer j's (j ended, and a later
+ * launch, or none, owns it).  A compare-and-swap, not a fetch-and-add: a
+ * late worker must not move a later launch's counter.
+ */
+static int kex_cpu_claim(kex_cpu_pool *pool, const kex_cpu_job *j, int *start) {
+  unsigned long long v = atomic_load_explicit(&pool->claim, memory_order_acquire);
+  for (;;) {
+    if ((uint32_t)(v >> 32) != j->tag || (uint32_t)v >= (uint32_t)j->total) return 0;
+    if (atomic_compare_exchange_weak_explicit(&pool->claim, &v, v + (uint32_t)j->chunk, memory_order_acq_rel,
+                                              memory_order_acquire)) {
+      *start = (int)(uint32_t)v;
+      return 1;
+    }
+  }
+}
+
+/*
+ * Claim and run ranges of launch j until none is left, `max` of them at
+ * most (or, with a deadline, until it has passed).  The index space is
+ * handed out in `chunk`-sized pieces from the atomic counter, so a thread
+ * that wakes late or shares its core with another process simply claims
+ * fewer.  Whoever finishes the range that brings pool->finished to
+ * pool->target wakes the launching thread (under mu: it checks and sleeps
+ * under mu).  The claim keeps j current until its range is counted, so
+ * j's buffers (the launching thread's) outlive every range of it.
  */
 static void kex_cpu_run_chunks(kex_cpu_pool *pool, const kex_cpu_job *j, int max) {
+  int start;
   for (int n = 0; n < max; n++) {
     if (j->deadline > 0 && kex_cpu_now() > j->deadline) break;
-    int start = atomic_fetch_add_explicit(&pool->next, j->chunk, memory_order_relaxed);
-    if (start >= j->total) break;
+    if (!kex_cpu_claim(pool, j, &start)) break;
     j->fn(j->bufs, j->ints, start, start + j->chunk < j->total ? start + j->chunk : j->total);
-    atomic_fetch_add_explicit(&pool->ranges, 1, memory_order_relaxed);
+    if (atomic_fetch_add(&pool->finished, 1) + 1 >= atomic_load(&pool->target)) {
+      pthread_mutex_lock(&pool->mu);
+      pthread_cond_signal(&pool->done);
+      pthread_mutex_unlock(&pool->mu);
+    }
   }
 }
 
@@ -183,11 +218,11 @@ static int kex_cpu_spin_ulong(atomic_ulong *v, unsigned long from, double second
   }
 }
 
-static int kex_cpu_spin_zero(atomic_int *v, double seconds) {
+static int kex_cpu_spin_reach(atomic_int *v, int to, double seconds) {
   double end = kex_cpu_now() + seconds;
   for (;;) {
     for (int i = 0; i < 64; i++) {
-      if (atomic_load_explicit(v, memory_order_acquire) == 0) return 1;
+      if (atomic_load_explicit(v, memory_order_acquire) >= to) return 1;
       kex_cpu_relax();
     }
     if (kex_cpu_now() > end) return 0;
@@ -215,7 +250,6 @@ static void *kex_cpu_worker(void *a) {
     pthread_mutex_unlock(&pool->mu);
     kex_cpu_run_chunks(pool, &job, INT_MAX);
     pthread_mutex_lock(&pool->mu);
-    if (--pool->remaining == 0) pthread_cond_signal(&pool->done);
   }
   pthread_mutex_unlock(&pool->mu);
   return NULL;
@@ -233,10 +267,15 @@ static void *kex_cpu_worker(void *a) {
 static void kex_cpu_pool_start(kex_cpu_device *cpu, int workers, const int *cpus, int n) {
   kex_cpu_pool *pool = &cpu->pool;
   pthread_mutex_init(&pool->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the launch's deadline is kex_cpu_now()'s */
   pthread_cond_init(&pool->start, NULL);
-  pthread_cond_init(&pool->done, NULL);
-  atomic_init(&pool->next, 0);
-  atomic_init(&pool->ranges, 0);
+  pthread_cond_init(&pool->done, &ca);
+  pthread_condattr_destroy(&ca);
+  atomic_init(&pool->claim, 0);
+  atomic_init(&pool->finished, 0);
+  atomic_init(&pool->target, 0);
   cpu->pool_ready = 1;
   for (int i = 0; i < workers; i++) {
     pthread_attr_t attr;
@@ -273,6 +312,25 @@ static void kex_cpu_pool_stop(kex_cpu_device *cpu) {
 }
 
 /*
+ * Close launch j at its deadline: no range starts from now on.  Returns
+ * the ranges claimed before (the ones the launching thread still waits
+ * for).
+ */
+static int kex_cpu_close(kex_cpu_pool *pool, const kex_cpu_job *j) {
+  unsigned long long v = atomic_load(&pool->claim), shut = ((unsigned long long)j->tag << 32) | UINT32_MAX;
+  while (!atomic_compare_exchange_weak(&pool->claim, &v, shut)) {
+  }
+  uint32_t claimed = (uint32_t)v < (uint32_t)j->total ? (uint32_t)v : (uint32_t)j->total;
+  return (int)((claimed + (uint32_t)j->chunk - 1) / (uint32_t)j->chunk);
+}
+
+static void kex_cpu_deadline_ts(double t, struct timespec *ts) {
+  ts->tv_sec = (time_t)t;
+  ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
+  if (ts->tv_nsec >= 1000000000L) ts->tv_sec++, ts->tv_nsec -= 1000000000L;
+}
+
+/*
  * Run fn over [0, total) on the workers, KEX_CPU_CHUNKS_PER_THREAD chunks per
  * worker, while the launching thread sleeps; with no workers, or one item,
  * the launching thread runs it all (in KEX_CPU_CHUNKS_PER_THREAD pieces when
@@ -284,11 +342,14 @@ static void kex_cpu_pool_stop(kex_cpu_device *cpu) {
  * load only ever lengthens a range, so the smallest is what the kernel
  * costs, and after its first launches a program runs one way only on a
  * given grid (judged per launch, a preempted first range sent a 10 us
- * kernel to the workers, where a worker pinned to a busy CPU made it
- * 2-4 ms: one kernel timed two ways, which the beam search's paired
- * decisions cannot average out).  With a deadline (monotonic seconds,
- * 0: none) no range starts after it.  Returns the ranges that ran; *nranges is how many
- * the launch had.
+ * kernel to the workers: one kernel timed two ways, which the beam
+ * search's paired decisions cannot average out).  It returns when every
+ * range ran, whichever threads ran them; a worker that has not woken by
+ * then finds the launch closed (its tag gone from pool->claim).  With a
+ * deadline (monotonic seconds, 0: none) no range starts after it: the
+ * launching thread wakes at the deadline, closes the launch and waits for
+ * the ranges already running.  Returns the ranges that ran; *nranges is
+ * how many the launch had.
  */
 static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
                             double deadline, double *item_s, int *nranges) {
@@ -300,9 +361,10 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
   long long pieces = (long long)(pool->nthreads ? pool->nthreads : 1) * KEX_CPU_CHUNKS_PER_THREAD;
   int chunk = (int)((total + pieces - 1) / pieces);
   *nranges = (int)(((long long)total + chunk - 1) / chunk);
-  atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
-  atomic_store(&pool->ranges, 0);
-  kex_cpu_job job = {fn, bufs, ints, total, chunk, deadline};
+  kex_cpu_job job = {fn, bufs, ints, total, chunk, *nranges, ++pool->tag, deadline};
+  atomic_store(&pool->finished, 0);
+  atomic_store(&pool->target, *nranges);
+  atomic_store(&pool->claim, (unsigned long long)job.tag << 32); /* earlier launches' late workers: closed */
   /* the first range here: when all of them would take less than waking the workers, the rest runs here too */
   double t0 = kex_cpu_now();
   kex_cpu_run_chunks(pool, &job, 1);
@@ -310,24 +372,30 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
   if (per < *item_s) *item_s = per;
   if (pool->nthreads == 0 || *item_s * total < KEX_CPU_INLINE_S) {
     kex_cpu_run_chunks(pool, &job, INT_MAX);
-    return atomic_load(&pool->ranges);
+    return atomic_load(&pool->finished);
   }
   pthread_mutex_lock(&pool->mu);
   pool->job = job;
-  pool->remaining = pool->nthreads;
   pool->generation++;
   pthread_cond_broadcast(&pool->start);
   pthread_mutex_unlock(&pool->mu);
   /* a short kernel is done before a sleeping launcher could wake up; a long one is not worth a spinning core */
-  if (kex_cpu_spin_zero(&pool->remaining, KEX_CPU_LAUNCHER_SPIN_S)) {
-    pthread_mutex_lock(&pool->mu); /* the last worker signals under mu: let it leave before returning */
-    pthread_mutex_unlock(&pool->mu);
-  } else {
+  if (!kex_cpu_spin_reach(&pool->finished, *nranges, KEX_CPU_LAUNCHER_SPIN_S)) {
+    struct timespec ts;
+    int closed = 0;
+    if (deadline > 0) kex_cpu_deadline_ts(deadline, &ts);
     pthread_mutex_lock(&pool->mu);
-    while (pool->remaining > 0) pthread_cond_wait(&pool->done, &pool->mu);
+    while (atomic_load(&pool->finished) < atomic_load(&pool->target)) {
+      if (deadline <= 0 || closed) {
+        pthread_cond_wait(&pool->done, &pool->mu);
+      } else if (pthread_cond_timedwait(&pool->done, &pool->mu, &ts) == ETIMEDOUT) {
+        atomic_store(&pool->target, kex_cpu_close(pool, &job));
+        closed = 1;
+      }
+    }
     pthread_mutex_unlock(&pool->mu);
   }
-  return atomic_load(&pool->ranges);
+  return atomic_load(&pool->finished);
 }
 
 /* ---- files and the compiler ---- */

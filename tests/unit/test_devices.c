@@ -975,6 +975,62 @@ static void test_cpu_threads(void **state) {
   kex_free(c.bin);
 }
 
+/*
+ * Launches back to back on two sets of buffers, alternating tiny launches
+ * (run on the launching thread) with pooled ones and the grid size, so that
+ * a worker that wakes late for one launch meets the next: each launch runs
+ * every item of its own grid exactly once, in contiguous ranges, writes
+ * nothing past its grid, and nothing lands in the other set's buffers after
+ * their launch returned (a late worker claiming with an earlier launch's
+ * job would write there, or run a range twice).
+ */
+static void test_cpu_back_to_back(void **state) {
+  enum { N = 1001, LAUNCHES = 300 };
+  static const int sizes[] = {2, 64, 257, N, 17, N};
+  static int start[2][N], seen[N];
+  kex_error err = {0};
+  compiled c = {0};
+  kex_event *ev = NULL;
+  kex_buffer *bufs[2][4];
+  (void)state;
+
+  compile_once(g.cpu, &c, CPU_RANGES, "ranges");
+  kex_program *prog = load_or_fail(g.cpu, &c, "ranges");
+  memset(start, 0, sizeof start);
+  for (int s = 0; s < 2; s++) {
+    bufs[s][0] = buffer_with(g.cpu, start[s], sizeof start[s]);
+    bufs[s][1] = buffer_with(g.cpu, NULL, N * sizeof(int));
+    bufs[s][2] = buffer_with(g.cpu, NULL, N * sizeof(unsigned long));
+    bufs[s][3] = buffer_with(g.cpu, NULL, N * sizeof(int));
+  }
+  for (int k = 0; k < LAUNCHES; k++) {
+    int s = k % 2, n = sizes[k % 6];
+    int32_t spin = (k / 2) % 2 ? 0 : 3000; /* pooled and tiny launches on both sets */
+    size_t global[3] = {(size_t)n, 1, 1};
+    memset(start[s], 0, sizeof start[s]);
+    ASSERT_OK(kex_buffer_copy_in(bufs[s][0], 0, start[s], sizeof start[s], &err));
+    ASSERT_OK(kex_program_launch(prog, global, NULL, bufs[s], 4, &spin, 1, &ev, &err));
+    ASSERT_OK(kex_event_wait(ev, &err));
+    kex_event_free(ev);
+    ASSERT_OK(kex_buffer_copy_out(bufs[s][0], 0, start[s], sizeof start[s], &err));
+    for (int i = 0; i < N; i++) {
+      int r = start[s][i] - 1; /* the start of the range that ran item i, once */
+      if (i >= n) {
+        if (start[s][i] != 0) fail_msg("launch %d (%d items): item %d past the grid was written", k, n, i);
+      } else if (r < 0 || r > i || (i > 0 && r != i && r != start[s][i - 1] - 1)) {
+        fail_msg("launch %d (%d items): item %d has range start %d (run twice, or not at all)", k, n, i, r);
+      }
+    }
+    /* the other set: untouched since its own launch returned */
+    ASSERT_OK(kex_buffer_copy_out(bufs[!s][0], 0, seen, sizeof seen, &err));
+    if (memcmp(seen, start[!s], sizeof seen) != 0) fail_msg("launch %d: the previous launch's buffer changed", k);
+  }
+  for (int s = 0; s < 2; s++)
+    for (int i = 0; i < 4; i++) kex_buffer_free(bufs[s][i]);
+  kex_program_free(prog);
+  kex_free(c.bin);
+}
+
 /* Buffers of one device are refused by another's programs. */
 static void test_foreign_buffer(void **state) {
   kex_error err = {0};
@@ -1321,6 +1377,7 @@ int main(void) {
       cmocka_unit_test(test_reload_cpu),
       cmocka_unit_test(test_reload_cl),
       cmocka_unit_test(test_cpu_threads),
+      cmocka_unit_test(test_cpu_back_to_back),
       cmocka_unit_test(test_cpu_buffer_alignment),
       cmocka_unit_test(test_foreign_buffer),
       cmocka_unit_test(test_fault_device),
