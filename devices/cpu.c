@@ -16,8 +16,9 @@
  * The pool has one worker per CPU the process may run on, each pinned to
  * its CPU; a launch splits [0, global[0]) into contiguous ranges, about
  * KEX_CPU_CHUNKS_PER_THREAD per worker, that the workers claim from an
- * atomic counter while the launching thread sleeps, and returns when all
- * ranges ran -- not when every worker has been round: a worker whose CPU
+ * atomic counter (the launching thread too, until they have all joined or
+ * KEX_CPU_HELP_S passed: the wake-up of a sleeping worker is not a wait),
+ * and returns when all ranges ran -- not when every worker has been round: a worker whose CPU
  * is busy with another process may wake a scheduler slice (milliseconds)
  * late, and then finds nothing left to claim.  The counter carries the
  * launch's tag beside the next index, so such a late worker can never
@@ -84,7 +85,8 @@ extern char **environ;
 #define KEX_CPU_WORKER_SPIN_S 100e-6  /* a worker spins this long for the next launch before sleeping */
 #define KEX_CPU_LAUNCHER_SPIN_S 20e-6 /* the launching thread spins this long for the end before sleeping */
 #define KEX_CPU_CHUNKS_PER_THREAD 16 /* a launch is split into this many pieces per worker */
-#define KEX_CPU_INLINE_S 20e-6        /* a launch whose ranges take less than this in all runs on the launching thread */
+#define KEX_CPU_INLINE_S 5e-6 /* a launch whose ranges take less than this in all runs on the launching thread */
+#define KEX_CPU_HELP_S 50e-6  /* the launching thread claims ranges too until every worker has joined, this long at most */
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
 
@@ -111,6 +113,7 @@ typedef struct kex_cpu_pool {
   atomic_int finished; /* ranges of the current launch that ran */
   atomic_int target;   /* the launching thread is woken when finished reaches it: nranges, or what was claimed
                           before the deadline closed the launch */
+  atomic_int joined;   /* workers that took the current generation's job */
 } kex_cpu_pool;
 
 typedef struct kex_cpu_worker_arg {
@@ -181,9 +184,9 @@ static int kex_cpu_claim(kex_cpu_pool *pool, const kex_cpu_job *j, int *start) {
  * under mu).  The claim keeps j current until its range is counted, so
  * j's buffers (the launching thread's) outlive every range of it.
  */
-static void kex_cpu_run_chunks(kex_cpu_pool *pool, const kex_cpu_job *j, int max) {
-  int start;
-  for (int n = 0; n < max; n++) {
+static int kex_cpu_run_chunks(kex_cpu_pool *pool, const kex_cpu_job *j, int max) {
+  int start, n;
+  for (n = 0; n < max; n++) {
     if (j->deadline > 0 && kex_cpu_now() > j->deadline) break;
     if (!kex_cpu_claim(pool, j, &start)) break;
     j->fn(j->bufs, j->ints, start, start + j->chunk < j->total ? start + j->chunk : j->total);
@@ -193,6 +196,7 @@ static void kex_cpu_run_chunks(kex_cpu_pool *pool, const kex_cpu_job *j, int max
       pthread_mutex_unlock(&pool->mu);
     }
   }
+  return n;
 }
 
 static inline void kex_cpu_relax(void) {
@@ -247,6 +251,7 @@ static void *kex_cpu_worker(void *a) {
     if (pool->stop) break;
     seen = pool->generation;
     kex_cpu_job job = pool->job;
+    atomic_fetch_add(&pool->joined, 1);
     pthread_mutex_unlock(&pool->mu);
     kex_cpu_run_chunks(pool, &job, INT_MAX);
     pthread_mutex_lock(&pool->mu);
@@ -276,6 +281,7 @@ static void kex_cpu_pool_start(kex_cpu_device *cpu, int workers, const int *cpus
   atomic_init(&pool->claim, 0);
   atomic_init(&pool->finished, 0);
   atomic_init(&pool->target, 0);
+  atomic_init(&pool->joined, 0);
   cpu->pool_ready = 1;
   for (int i = 0; i < workers; i++) {
     pthread_attr_t attr;
@@ -332,23 +338,26 @@ static void kex_cpu_deadline_ts(double t, struct timespec *ts) {
 
 /*
  * Run fn over [0, total) on the workers, KEX_CPU_CHUNKS_PER_THREAD chunks per
- * worker, while the launching thread sleeps; with no workers, or one item,
+ * worker, the launching thread claiming ranges too until every worker has
+ * joined (KEX_CPU_HELP_S at most), then sleeping; with no workers, or one item,
  * the launching thread runs it all (in KEX_CPU_CHUNKS_PER_THREAD pieces when
  * there is a deadline).  The launching thread runs the first range itself
- * and, when the program's estimate is under KEX_CPU_INLINE_S (a tiny kernel:
- * less than the 10-30 us, far more on a busy machine, that waking a worker
- * costs), the others too.  The estimate is *item_s (the program's: the
- * smallest time per index of the first range over its launches) x total:
- * load only ever lengthens a range, so the smallest is what the kernel
- * costs, and after its first launches a program runs one way only on a
- * given grid (judged per launch, a preempted first range sent a 10 us
- * kernel to the workers: one kernel timed two ways, which the beam
- * search's paired decisions cannot average out).  It returns when every
- * range ran, whichever threads ran them; a worker that has not woken by
- * then finds the launch closed (its tag gone from pool->claim).  With a
- * deadline (monotonic seconds, 0: none) no range starts after it: the
- * launching thread wakes at the deadline, closes the launch and waits for
- * the ranges already running.  Returns the ranges that ran; *nranges is
+ * and, when the program's estimate is under KEX_CPU_INLINE_S (a few
+ * microseconds: not worth the broadcast that wakes the workers), the others
+ * too.  The estimate is *item_s (the program's: the smallest time per index
+ * of the first range over its launches) x total: load only ever lengthens a
+ * range, so the smallest is what the kernel costs, and after its first
+ * launches a program runs one way only on a given grid.  The limit is low
+ * because the two ways must time alike where they meet: a kernel just over
+ * it runs mostly on the launching thread while the workers wake, so it
+ * takes about what it would inline (at 20 us, 10-25 us kernels ran 1.7x
+ * apart one way and the other, and two beam searches of one kernel landed
+ * on either side).  It returns when every range ran, whichever threads ran
+ * them; a worker that has not woken by then finds the launch closed (its
+ * tag gone from pool->claim).  With a deadline (monotonic seconds, 0:
+ * none) no range starts after it: the launching thread wakes at the
+ * deadline, closes the launch and waits for the ranges already running.
+ * Returns the ranges that ran; *nranges is
  * how many the launch had.
  */
 static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
@@ -376,9 +385,14 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
   }
   pthread_mutex_lock(&pool->mu);
   pool->job = job;
+  atomic_store(&pool->joined, 0);
   pool->generation++;
   pthread_cond_broadcast(&pool->start);
   pthread_mutex_unlock(&pool->mu);
+  /* while the workers wake (10-30 us from sleep, far more on a busy CPU), the ranges are not waiting for them */
+  double help_end = kex_cpu_now() + KEX_CPU_HELP_S;
+  while (atomic_load(&pool->joined) < pool->nthreads && kex_cpu_now() < help_end && kex_cpu_run_chunks(pool, &job, 1)) {
+  }
   /* a short kernel is done before a sleeping launcher could wake up; a long one is not worth a spinning core */
   if (!kex_cpu_spin_reach(&pool->finished, *nranges, KEX_CPU_LAUNCHER_SPIN_S)) {
     struct timespec ts;
