@@ -339,11 +339,18 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
  * of member 0 (the same program again): the spread of their per-round
  * ratios is the measured noise.  Rounds grow from the minimum, doubling,
  * until every pair is decided, KEX_BEAM_PAIR_MAX rounds were run, or the
- * runs add up to the decision's budget.
+ * runs add up to the decision's budget.  The minimum is KEX_BEAM_PAIR_MIN
+ * rounds, or as many as the budget allows at what the first
+ * KEX_BEAM_PAIR_FLOOR cost, never fewer than those; and when every
+ * member's warm-up run is long (KEX_BEAM_LONG_RUN_S), the warm-up pass is
+ * the first round.  So µs-scale decisions are unchanged and a decision
+ * between 150 ms runs (cpu matmul 1024², whose grid cannot shrink below
+ * KEX_BEAM_MIN_GROUPS rows) no longer spends 15x its budget.
  */
 #define KEX_BEAM_PAIR_MAX 2048     /* paired rounds of one decision */
 #define KEX_BEAM_SET_MAX 24        /* members of one decision, the twin and the current best included */
-#define KEX_BEAM_PAIR_MIN 9        /* paired rounds at least (the sign test needs 6 for any interval at 95%) */
+#define KEX_BEAM_PAIR_MIN 9        /* paired rounds at least (the sign test needs 6 for any interval at 95%) ... */
+#define KEX_BEAM_PAIR_FLOOR 1      /* ... or as many as the budget allows, this many at least (long runs: the warm-up pass) */
 #define KEX_BEAM_ROUND_BUDGET_S 0.5 /* a decision stops growing once its runs add up to this at most */
 #define KEX_BEAM_BUDGET_SCALE 1.0  /* ... or to this x the round's screening time, when more than the floor below */
 #define KEX_BEAM_SET_COST_S 0.1    /* beyond the 2N+1 fastest, candidates join a decision while its minimum rounds cost this */
@@ -367,8 +374,20 @@ static int job_paired(kex_device *dev, void *arg, kex_error *err) {
   paired *p = arg;
   double secs;
   int rc = 0;
-  if (p->rounds == 0)
-    for (int i = 0; i < p->n && !rc; i++) rc = launch_once(&p->t[i], &secs, err); /* warm-up */
+  if (p->rounds == 0) { /* warm-up; when every run is long, the first round (forward, as round 0 runs) */
+    double warm_s = 0;
+    bool long_runs = true;
+    for (int i = 0; i < p->n && !rc; i++) {
+      rc = launch_once(&p->t[i], &secs, err);
+      p->us[i][0] = secs * 1e6 * p->t[i].factor;
+      warm_s += secs;
+      long_runs = long_runs && secs >= KEX_BEAM_LONG_RUN_S;
+    }
+    if (!rc && long_runs) {
+      p->rounds = 1;
+      p->spent_s += warm_s;
+    }
+  }
   for (int r = p->rounds; r < p->target && !rc; r++) {
     for (int j = 0; j < p->n && !rc; j++) {
       int i = r & 1 ? p->n - 1 - j : j;
@@ -1007,8 +1026,9 @@ static void take_candidate(round_set *r, const candidate *c) {
  */
 static int run_paired(search *s, paired *p, int ndecide, double theta, double budget_s, kex_error *err) {
   const kex_beam_opts *o = s->o;
-  int min = o->retime_runs > KEX_BEAM_PAIR_MIN ? o->retime_runs : KEX_BEAM_PAIR_MIN;
-  p->target = min < KEX_BEAM_PAIR_MAX ? min : KEX_BEAM_PAIR_MAX;
+  bool asked = o->retime_runs > KEX_BEAM_PAIR_MIN; /* the caller's minimum is not cut by the budget */
+  int min = asked ? (o->retime_runs < KEX_BEAM_PAIR_MAX ? o->retime_runs : KEX_BEAM_PAIR_MAX) : KEX_BEAM_PAIR_MIN;
+  p->target = asked ? min : KEX_BEAM_PAIR_FLOOR;
   /* every pair's interval at KEX_BEAM_ALPHA / pairs (Bonferroni): with 16 members a decision makes 120
      comparisons, and at 1% each a chance streak separated some pair in most rounds (under a busy core the same
      kernel measured 10 us and 4 ms; 9 rounds all one way made a member "dominated") */
@@ -1020,6 +1040,16 @@ static int run_paired(search *s, paired *p, int ndecide, double theta, double bu
     int rc = s->exec(o->exec_ctx, s->dev, job_paired, p, err);
     s->res->time_s += now_s() - tt;
     if (rc) return rc;
+    if (p->rounds < min) {
+      /* the minimum: KEX_BEAM_PAIR_MIN rounds, or the budget's worth of rounds as the first ones cost, at least
+         KEX_BEAM_PAIR_FLOOR (a decision between 150 ms runs took 9 rounds, 7.8 s, against a 0.5 s budget) */
+      double per = p->spent_s / p->rounds;
+      int want = asked || !(per > 0) ? min : (int)fmin((double)min, fmax(KEX_BEAM_PAIR_FLOOR, floor(budget_s / per)));
+      if (p->rounds < want) {
+        p->target = want;
+        continue;
+      }
+    }
     bool all = true;
     for (int i = 0; i < ndecide && all; i++)
       for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, theta, &all);
