@@ -25,7 +25,8 @@
  * claim a range of a later launch with its copy of an earlier one's job
  * (kex_cpu_claim).  Its event holds the wall time.  The launching thread runs the
  * first range itself, and the rest too when they would all take less than
- * waking a worker (a tiny kernel).  With KEX_CPU_THREADS=1 (or one CPU)
+ * waking a worker (a tiny kernel, judged by the program's smallest time per
+ * index so far, so that one program runs one way, whatever the load).  With KEX_CPU_THREADS=1 (or one CPU)
  * there are no workers and the launching thread runs the kernel.
  * Buffers are ordinary host memory, 64-byte aligned; from 2 MiB on they
  * start on a 2 MiB boundary and ask for transparent huge pages
@@ -51,6 +52,7 @@
 #include <fcntl.h>
 #include <gnu/libc-version.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <spawn.h>
@@ -138,6 +140,8 @@ typedef struct kex_cpu_buffer {
 typedef struct kex_cpu_program {
   void *handle;
   kex_cpu_kernel_fn fn;
+  double item_s; /* the smallest time per index of a launch's first range so far (INFINITY before any): the
+                    launch mode (kex_cpu_pool_run) */
 } kex_cpu_program;
 
 typedef struct kex_cpu_event {
@@ -338,23 +342,26 @@ static void kex_cpu_deadline_ts(double t, struct timespec *ts) {
  * joined (KEX_CPU_HELP_S at most), then sleeping; with no workers, or one item,
  * the launching thread runs it all (in KEX_CPU_CHUNKS_PER_THREAD pieces when
  * there is a deadline).  The launching thread runs the first range itself
- * and, when that range times the number of ranges is under
- * KEX_CPU_INLINE_S (a few microseconds: not worth the broadcast that
- * wakes the workers), the others too.  The limit is low because the two
- * ways must time alike where they meet: a kernel just over it runs mostly
- * on the launching thread while the workers wake, so it takes about what
- * it would inline (at 20 us, 10-25 us kernels ran 1.7x apart one way and
- * the other, and two beam searches of one kernel landed on either side).
- * It returns
- * when every range ran, whichever threads ran them; a worker that has not
- * woken by then finds the launch closed (its tag gone from pool->claim).
- * With a deadline (monotonic seconds, 0: none) no range starts after it:
- * the launching thread wakes at the deadline, closes the launch and waits
- * for the ranges already running.  Returns the ranges that ran; *nranges is
+ * and, when the program's estimate is under KEX_CPU_INLINE_S (a few
+ * microseconds: not worth the broadcast that wakes the workers), the others
+ * too.  The estimate is *item_s (the program's: the smallest time per index
+ * of the first range over its launches) x total: load only ever lengthens a
+ * range, so the smallest is what the kernel costs, and after its first
+ * launches a program runs one way only on a given grid.  The limit is low
+ * because the two ways must time alike where they meet: a kernel just over
+ * it runs mostly on the launching thread while the workers wake, so it
+ * takes about what it would inline (at 20 us, 10-25 us kernels ran 1.7x
+ * apart one way and the other, and two beam searches of one kernel landed
+ * on either side).  It returns when every range ran, whichever threads ran
+ * them; a worker that has not woken by then finds the launch closed (its
+ * tag gone from pool->claim).  With a deadline (monotonic seconds, 0:
+ * none) no range starts after it: the launching thread wakes at the
+ * deadline, closes the launch and waits for the ranges already running.
+ * Returns the ranges that ran; *nranges is
  * how many the launch had.
  */
 static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
-                            double deadline, int *nranges) {
+                            double deadline, double *item_s, int *nranges) {
   if ((pool->nthreads == 0 && deadline <= 0) || total <= 1) {
     fn(bufs, ints, 0, total);
     *nranges = 1;
@@ -370,7 +377,9 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
   /* the first range here: when all of them would take less than waking the workers, the rest runs here too */
   double t0 = kex_cpu_now();
   kex_cpu_run_chunks(pool, &job, 1);
-  if (pool->nthreads == 0 || (kex_cpu_now() - t0) * *nranges < KEX_CPU_INLINE_S) {
+  double per = (kex_cpu_now() - t0) / (chunk < total ? chunk : total);
+  if (per < *item_s) *item_s = per;
+  if (pool->nthreads == 0 || *item_s * total < KEX_CPU_INLINE_S) {
     kex_cpu_run_chunks(pool, &job, INT_MAX);
     return atomic_load(&pool->finished);
   }
@@ -641,6 +650,7 @@ static int kex_cpu_load(void *impl, const unsigned char *bin, size_t bin_size, c
   }
   dlerror();
   prog->fn = (kex_cpu_kernel_fn)dlsym(handle, name);
+  prog->item_s = INFINITY;
   if (!prog->fn) {
     rc = kex_err_set(err, KEX_ENOTFOUND, "cpu: the binary has no kernel %s", name);
     goto out;
@@ -686,7 +696,8 @@ static int kex_cpu_launch(void *impl, void *p, const char *name, const size_t gl
   for (int i = 0; i < nints; i++) args[i] = ints[i];
   args[nints] = 0;
   t0 = kex_cpu_now();
-  ran = kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0, &nranges);
+  ran = kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0, &prog->item_s,
+                         &nranges);
   ev->seconds = kex_cpu_now() - t0;
   if (ran < nranges) {
     kex_free(ev);

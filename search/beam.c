@@ -9,9 +9,9 @@
  *   the pool (the caller's, or one made here) + per-worker replicas ->
  *   rounds: actions of every beam entry (apply_opt on copies, limits) ->
  *   lowered on the pool -> in order: uop limit, source dedup, compile (timed),
- *   binary dedup, load, reduced-grid timing -> leaders chosen with the tie
- *   rule, re-timed -> progress or stop -> beam best vs hand-coded at full
- *   size -> cache put.
+ *   binary dedup, load, reduced-grid screening -> the round decided by
+ *   paired timing and the tie rule -> progress or stop -> beam best (and
+ *   runner-up) vs hand-coded at full size, paired -> cache put.
  *
  * The calling thread owns the kernel's main shape context (the schedule's);
  * workers own their replicas.  Every device call goes through dev_exec.
@@ -89,7 +89,7 @@ void kex_beam_opts_init(kex_beam_opts *o, int width) {
   o->local_max = 1024;
   o->uops_max = 3000;
   o->min_progress_us = 0.01;
-  o->tie_tolerance = 0.02;
+  o->tie_tolerance = 0.25;
   o->timing_runs = 5;
   o->retime_runs = 9;
   o->max_candidates = 96;
@@ -243,13 +243,11 @@ typedef struct time_job {
   double factor;
   double early_stop_us; /* INFINITY: none */
   double shrink_to_s;   /* > 0: shrink the grid after the warm-up until a run takes about this long (search timing) */
-  bool use_min;         /* report the fastest run instead of the median */
-  bool skip_warmup;     /* the program ran just before: no warm-up launch */
-  double us;            /* median (or min) x factor */
+  double us;            /* median x factor */
 } time_job;
 
 /*
- * One warm-up launch, then up to `runs` timed launches; median (or min) x
+ * One warm-up launch, then up to `runs` timed launches; median x
  * factor.  What keeps slow candidates cheap (a 1024² matmul candidate runs
  * 50-500 ms at full size, and tinygrad's 3 runs cost the same):
  *   - a warm-up already past early_stop ends the timing with the warm-up's
@@ -290,24 +288,27 @@ static bool shrink_grid(time_job *t, double secs) {
   return changed;
 }
 
+/* One launch of t's program on t's grid; its device time in *secs. */
+static int launch_once(const time_job *t, double *secs, kex_error *err) {
+  kex_event *ev = NULL;
+  *secs = 0;
+  int rc = kex_program_launch(t->prog, t->global, t->local, t->args, t->nargs, NULL, 0, &ev, err);
+  if (!rc) rc = kex_event_elapsed(ev, secs, err);
+  kex_event_free(ev);
+  return rc;
+}
+
 static int job_time(kex_device *dev, void *arg, kex_error *err) {
   (void)dev;
   time_job *t = arg;
   double samples[KEX_BEAM_MAX_RUNS + 1], total = 0;
   int n = 0, rc = 0;
-  for (int i = t->skip_warmup ? 0 : -1; i < t->runs && !rc; i++) {
-    kex_event *ev = NULL;
+  for (int i = -1; i < t->runs && !rc; i++) {
     double secs = 0;
-    rc = kex_program_launch(t->prog, t->global, t->local, t->args, t->nargs, NULL, 0, &ev, err);
-    if (!rc) rc = kex_event_elapsed(ev, &secs, err);
-    kex_event_free(ev);
-    if (rc) continue;
+    if ((rc = launch_once(t, &secs, err))) continue;
     double us = secs * 1e6 * t->factor;
     if (i < 0) {
-      if (us > t->early_stop_us) {
-        samples[n++] = us;
-        break;
-      }
+      if (us > t->early_stop_us) continue; /* one timed run must confirm it (a preempted warm-up is common) */
       if (shrink_grid(t, secs)) continue; /* the timed runs use the smaller grid */
       if (secs < KEX_BEAM_LONG_RUN_S) continue;
     }
@@ -318,7 +319,7 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
   }
   if (rc) return rc;
   qsort(samples, (size_t)n, sizeof *samples, cmp_double);
-  t->us = t->use_min ? samples[0] : samples[n / 2];
+  t->us = samples[n / 2];
   return 0;
 }
 
@@ -328,6 +329,153 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
  * matmul at full size, 50-500 ms a run.
  */
 #define KEX_BEAM_RUN_TARGET_S 0.005
+
+/* ---- paired, interleaved timing: the decisions ---- */
+
+/*
+ * A decision times its members interleaved, one run each per paired round
+ * (forward, then backward, so no member always follows the same one), on
+ * the search's buffers after one warm-up launch each; member n-1 is a twin
+ * of member 0 (the same program again): the spread of their per-round
+ * ratios is the measured noise.  Rounds grow from the minimum, doubling,
+ * until every pair is decided, KEX_BEAM_PAIR_MAX rounds were run, or the
+ * runs add up to the decision's budget.  The minimum is KEX_BEAM_PAIR_MIN
+ * rounds, or as many as the budget allows at what the first
+ * KEX_BEAM_PAIR_FLOOR cost, never fewer than those; and when every
+ * member's warm-up run is long (KEX_BEAM_LONG_RUN_S), the warm-up pass is
+ * the first round.  So µs-scale decisions are unchanged and a decision
+ * between 150 ms runs (cpu matmul 1024², whose grid cannot shrink below
+ * KEX_BEAM_MIN_GROUPS rows) no longer spends 15x its budget.
+ */
+#define KEX_BEAM_PAIR_MAX 2048     /* paired rounds of one decision */
+#define KEX_BEAM_SET_MAX 24        /* members of one decision, the twin and the current best included */
+#define KEX_BEAM_PAIR_MIN 9        /* paired rounds at least (the sign test needs 6 for any interval at 95%) ... */
+#define KEX_BEAM_PAIR_FLOOR 1      /* ... or as many as the budget allows, this many at least (long runs: the warm-up pass) */
+#define KEX_BEAM_ROUND_BUDGET_S 0.5 /* a decision stops growing once its runs add up to this at most */
+#define KEX_BEAM_BUDGET_SCALE 1.0  /* ... or to this x the round's screening time, when more than the floor below */
+#define KEX_BEAM_SET_COST_S 0.1    /* beyond the 2N+1 fastest, candidates join a decision while its minimum rounds cost this */
+#define KEX_BEAM_ALPHA 0.01        /* the medians' intervals cover at least 1 - KEX_BEAM_ALPHA */
+#define KEX_BEAM_DECIDE_MIN_S 0.1  /* a decision's budget at least; its runs span this much (or the whole budget) before
+                                      it may stop early */
+
+typedef struct paired {
+  int n;                      /* members, the twin (last) included */
+  time_job t[KEX_BEAM_SET_MAX];
+  int rounds, target;         /* rounds done; job_paired runs up to target */
+  double spent_s;             /* device time of the timed runs */
+  double us[KEX_BEAM_SET_MAX][KEX_BEAM_PAIR_MAX]; /* x factor */
+  double scratch[KEX_BEAM_PAIR_MAX];
+  double alpha;               /* one pair's share of KEX_BEAM_ALPHA (run_paired) */
+  int rank_n, rank_a;         /* sign_rank(rank_n, alpha), kept */
+} paired;
+
+static int job_paired(kex_device *dev, void *arg, kex_error *err) {
+  (void)dev;
+  paired *p = arg;
+  double secs;
+  int rc = 0;
+  if (p->rounds == 0) { /* warm-up; when every run is long, the first round (forward, as round 0 runs) */
+    double warm_s = 0;
+    bool long_runs = true;
+    for (int i = 0; i < p->n && !rc; i++) {
+      rc = launch_once(&p->t[i], &secs, err);
+      p->us[i][0] = secs * 1e6 * p->t[i].factor;
+      warm_s += secs;
+      long_runs = long_runs && secs >= KEX_BEAM_LONG_RUN_S;
+    }
+    if (!rc && long_runs) {
+      p->rounds = 1;
+      p->spent_s += warm_s;
+    }
+  }
+  for (int r = p->rounds; r < p->target && !rc; r++) {
+    for (int j = 0; j < p->n && !rc; j++) {
+      int i = r & 1 ? p->n - 1 - j : j;
+      if ((rc = launch_once(&p->t[i], &secs, err))) break;
+      p->us[i][r] = secs * 1e6 * p->t[i].factor;
+      p->spent_s += secs;
+    }
+    if (!rc) p->rounds = r + 1;
+  }
+  return rc;
+}
+
+/*
+ * The sign test's rank: the largest a with P(Bin(n, 1/2) < a) <= alpha / 2; 0 when there is none.  The
+ * binomial terms are summed from logs (2^-n underflows a double past n = 1074).
+ */
+static int sign_rank(int n, double alpha) {
+  double lpmf = -n * log(2.0), cdf = 0; /* log P(X = k), from k = 0 */
+  int a = 0;
+  for (int k = 0; k < n; k++) {
+    cdf += exp(lpmf);
+    if (cdf > alpha / 2) break;
+    a = k + 1;
+    lpmf += log((double)(n - k) / (double)(k + 1));
+  }
+  return a;
+}
+
+/*
+ * Per-round log(us_i / us_j) over p's rounds: the median and the sign
+ * test's interval for it (lo = -inf, hi = inf when the rounds are too few
+ * for one).
+ */
+static void pair_log_ratio(paired *p, int i, int j, double *med, double *lo, double *hi) {
+  int n = p->rounds;
+  if (p->rank_n != n) p->rank_a = sign_rank(n, p->alpha), p->rank_n = n;
+  int a = p->rank_a;
+  double *l = p->scratch;
+  for (int k = 0; k < n; k++) l[k] = log(p->us[i][k] / p->us[j][k]);
+  qsort(l, (size_t)n, sizeof *l, cmp_double);
+  *med = n ? (n & 1 ? l[n / 2] : 0.5 * (l[n / 2 - 1] + l[n / 2])) : 0;
+  *lo = a ? l[a - 1] : -INFINITY;
+  *hi = a ? l[n - a] : INFINITY;
+}
+
+/*
+ * Member i against member j: -1 when i is faster by more than theta (the
+ * median of the per-round ratios beyond 1 - theta), 1 when slower, 0 a
+ * tie.  *decided (may be NULL): the interval lies wholly outside or wholly
+ * inside 1 +- theta (more rounds would not change the answer; run_paired
+ * adds rounds until every pair is, within its budget).  The median, not
+ * the interval, decides: a pair the budget left unsettled is judged by
+ * its best estimate (beamrep2 called every unsettled pair a tie, so under
+ * load -- PoCL's twin spread reached 0.67 -- nearly every decision was a
+ * tie and the tie rule alone picked, 1.5-1.8x slower than the fastest
+ * members of the round), and the answer does not depend on how many
+ * rounds the budget allowed, only on where the median sits against the
+ * band.
+ */
+static int pair_cmp(paired *p, int i, int j, double theta, bool *decided) {
+  double med, lo, hi, band = log1p(theta);
+  pair_log_ratio(p, i, j, &med, &lo, &hi);
+  if (decided) *decided = hi < -band || lo > band || (lo >= -band && hi <= band);
+  return med < -band ? -1 : med > band ? 1 : 0;
+}
+
+static double pair_median(paired *p, int i, int ref);
+static double pair_spread(paired *p);
+
+/* Median over p's rounds of us[i][k] (ref < 0) or of us[i][k] / us[ref][k]. */
+static double pair_median(paired *p, int i, int ref) {
+  int n = p->rounds;
+  for (int k = 0; k < n; k++) p->scratch[k] = ref < 0 ? p->us[i][k] : p->us[i][k] / p->us[ref][k];
+  qsort(p->scratch, (size_t)n, sizeof *p->scratch, cmp_double);
+  return n ? p->scratch[n / 2] : INFINITY;
+}
+
+/*
+ * The measured noise: the median of |us_0 / us_twin - 1| over the rounds
+ * (member 0 and its twin are one program, so this is what pairing alone
+ * leaves of run-to-run variation).
+ */
+static double pair_spread(paired *p) {
+  int n = p->rounds, t = p->n - 1;
+  for (int k = 0; k < n; k++) p->scratch[k] = fabs(expm1(log(p->us[0][k] / p->us[t][k])));
+  qsort(p->scratch, (size_t)n, sizeof *p->scratch, cmp_double);
+  return n ? p->scratch[n / 2] : INFINITY;
+}
 
 /* ---- per-worker replicas: each lowers in its own replay of the graph ---- */
 
@@ -456,18 +604,34 @@ static int digest_add(digest_set *s, const void *data, size_t len) {
 
 /* ---- ranking ---- */
 
-/* a before b in the deterministic order: fewer opts, then smaller action ids. */
+/*
+ * The fixed tie rule, which no timing enters: the kernel with more uops,
+ * then fewer opts, then the smaller opts text (kex_cache_opts_format,
+ * strcmp) comes first.  <0: a first.  More uops (more work upcast and
+ * unrolled per thread) first, because that end of a tie group is its fast
+ * end in the search's measurements: with "fewer uops first" the rule's
+ * favourite was usually the group's slowest member, the one whose
+ * membership (within the threshold of the fastest or just beyond it) is
+ * least certain, and two searches picked differently whenever it fell
+ * on either side.
+ */
+static int tie_order(uint32_t auops, const kex_opt *ao, uint32_t an, uint32_t buops, const kex_opt *bo, uint32_t bn) {
+  char at[KEX_CACHE_OPTS_TEXT_MAX], bt[KEX_CACHE_OPTS_TEXT_MAX];
+  if (auops != buops) return auops > buops ? -1 : 1;
+  if (an != bn) return an < bn ? -1 : 1;
+  if (kex_cache_opts_format(ao, an, at, sizeof at) || kex_cache_opts_format(bo, bn, bt, sizeof bt)) return 0;
+  return strcmp(at, bt);
+}
+
 static int cand_order(const candidate *a, const candidate *b) {
-  if (a->nopts != b->nopts) return a->nopts < b->nopts ? -1 : 1;
-  for (uint32_t i = 0; i < a->nopts; i++)
-    if (a->seq[i] != b->seq[i]) return a->seq[i] < b->seq[i] ? -1 : 1;
-  return 0;
+  return tie_order(a->ps.nuops, a->opts, a->nopts, b->ps.nuops, b->opts, b->nopts);
 }
 
 /*
- * Pick up to k leaders from the timed candidates: repeatedly the fastest
- * remaining time t, and among the remaining within t x (1 + tol) the first
- * in cand_order.  out[] gets their indices; returns how many.
+ * Pick up to k leaders from the timed candidates by their screening times
+ * alone (the fallback when a paired decision cannot run): repeatedly the
+ * fastest remaining time t, and among the remaining within t x (1 + tol)
+ * the first in the tie rule.  out[] gets their indices; returns how many.
  */
 static int pick_leaders(candidate **c, int n, int k, double tol, int *out) {
   bool *taken = kex_calloc((size_t)(n ? n : 1), 1);
@@ -476,11 +640,11 @@ static int pick_leaders(candidate **c, int n, int k, double tol, int *out) {
   while (m < k) {
     double tmin = INFINITY;
     for (int i = 0; i < n; i++)
-      if (!taken[i] && c[i]->timed && c[i]->us < tmin) tmin = c[i]->us;
+      if (c[i] && !taken[i] && c[i]->timed && c[i]->us < tmin) tmin = c[i]->us;
     if (!isfinite(tmin)) break;
     int pick = -1;
     for (int i = 0; i < n; i++)
-      if (!taken[i] && c[i]->timed && c[i]->us <= tmin * (1 + tol) && (pick < 0 || cand_order(c[i], c[pick]) < 0))
+      if (c[i] && !taken[i] && c[i]->timed && c[i]->us <= tmin * (1 + tol) && (pick < 0 || cand_order(c[i], c[pick]) < 0))
         pick = i;
     taken[pick] = true;
     out[m++] = pick;
@@ -499,6 +663,7 @@ typedef struct search {
   const kex_sched_item *item;
   kex_beam_result *res;
   kex_beam_progress prog;
+  double screen_s; /* the last round's screening time (round_set.screen_s): the final comparison's budget */
 } search;
 
 static bool stop_requested(const search *s) { return s->o->cancelled && s->o->cancelled(s->o->cancel_arg); }
@@ -675,6 +840,7 @@ typedef struct round_set {
   int ntodo;
   bool parallel;  /* pass 2 compiled them on the pool */
   double best;    /* the round's fastest time so far */
+  double screen_s; /* wall time of the round's screening runs: what its decision may spend (next_beam) */
 } round_set;
 
 /* The round's candidates: every beam entry's actions, beam order then action order. */
@@ -824,6 +990,7 @@ static int time_round(search *s, const candidate *best, round_set *r, digest_set
     kex_error te = {0};
     double tt = now_s();
     int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
+    r->screen_s += now_s() - tt;
     res->time_s += now_s() - tt;
     if (trc) {
       KEX_WARN("beam: %s does not run: %.200s", c->ps.name, te.msg);
@@ -848,48 +1015,224 @@ static void take_candidate(round_set *r, const candidate *c) {
 }
 
 /*
- * Leaders: the best 2N+1 by the tie rule are re-timed together with the
- * current best.  The relative change between a candidate's first and
- * second timing measures this round's noise; differences below it (and
- * below tie_tolerance) are ties, decided by the opts order.  Then the next
- * beam when the round made progress (true), else *runner (when the
- * round's fastest beat the best within the tolerance) and false: the
- * search ends.
+ * Run decision p (members and twin set up) on the device: KEX_BEAM_PAIR_MIN
+ * (or retime_runs, when more) rounds, then doubling while a pair among
+ * members [0, ndecide) is undecided at the tie threshold (its interval
+ * straddles an edge of the band), under KEX_BEAM_PAIR_MAX rounds and until
+ * the runs add up to budget_s.  The threshold theta (decision_theta) does
+ * not move with the noise a decision measures (beam.h says why); the noise
+ * shows in the intervals, and more noise buys more rounds, not a wider
+ * band.
  */
+static int run_paired(search *s, paired *p, int ndecide, double theta, double budget_s, kex_error *err) {
+  const kex_beam_opts *o = s->o;
+  bool asked = o->retime_runs > KEX_BEAM_PAIR_MIN; /* the caller's minimum is not cut by the budget */
+  int min = asked ? (o->retime_runs < KEX_BEAM_PAIR_MAX ? o->retime_runs : KEX_BEAM_PAIR_MAX) : KEX_BEAM_PAIR_MIN;
+  p->target = asked ? min : KEX_BEAM_PAIR_FLOOR;
+  /* every pair's interval at KEX_BEAM_ALPHA / pairs (Bonferroni): with 16 members a decision makes 120
+     comparisons, and at 1% each a chance streak separated some pair in most rounds (under a busy core the same
+     kernel measured 10 us and 4 ms; 9 rounds all one way made a member "dominated") */
+  p->alpha = KEX_BEAM_ALPHA / (ndecide > 1 ? ndecide * (ndecide - 1) / 2 : 1);
+  p->rank_n = -1;
+  for (;;) {
+    if (stop_requested(s)) return kex_err_set(err, KEX_ECANCELLED, "beam search cancelled");
+    double tt = now_s();
+    int rc = s->exec(o->exec_ctx, s->dev, job_paired, p, err);
+    s->res->time_s += now_s() - tt;
+    if (rc) return rc;
+    if (p->rounds < min) {
+      /* the minimum: KEX_BEAM_PAIR_MIN rounds, or the budget's worth of rounds as the first ones cost, at least
+         KEX_BEAM_PAIR_FLOOR (a decision between 150 ms runs took 9 rounds, 7.8 s, against a 0.5 s budget) */
+      double per = p->spent_s / p->rounds;
+      int want = asked || !(per > 0) ? min : (int)fmin((double)min, fmax(KEX_BEAM_PAIR_FLOOR, floor(budget_s / per)));
+      if (p->rounds < want) {
+        p->target = want;
+        continue;
+      }
+    }
+    bool all = true;
+    for (int i = 0; i < ndecide && all; i++)
+      for (int j = i + 1; j < ndecide && all; j++) pair_cmp(p, i, j, theta, &all);
+    if ((all && p->spent_s >= fmin(KEX_BEAM_DECIDE_MIN_S, budget_s)) || p->rounds >= KEX_BEAM_PAIR_MAX ||
+        p->spent_s >= budget_s)
+      return 0;
+    p->target = 2 * p->rounds < KEX_BEAM_PAIR_MAX ? 2 * p->rounds : KEX_BEAM_PAIR_MAX;
+  }
+}
+
+/*
+ * A decision's threshold, from the length of one timed run of its fastest
+ * member (run_s, screening): o->tie_tolerance for runs up to
+ * KEX_BEAM_TIE_SHORT_S, KEX_BEAM_TIE_FLOOR (when smaller) from
+ * KEX_BEAM_TIE_LONG_S on, log-linear between.  The band covers the drift
+ * between two searches that pairing cannot see, and that drift is a matter
+ * of the run's length: µs runs that live in the caches moved 10-40%
+ * between two searches of one kernel (buffer placement, co-runners'
+ * cache and memory traffic, the cpu launch mode), runs of milliseconds a
+ * few per cent; a flat 25% stopped searches of ms-scale kernels at the
+ * first round that gained less (opencl matmul512: 8.2 ms, as slow as
+ * hand-coded, where 4.8 ms was found before).  The run's length, unlike
+ * the measured noise, moves little between searches, and the threshold
+ * follows it continuously.
+ */
+#define KEX_BEAM_TIE_FLOOR 0.05
+#define KEX_BEAM_TIE_SHORT_S 100e-6
+#define KEX_BEAM_TIE_LONG_S 2e-3
+static double decision_theta(const kex_beam_opts *o, double run_s) {
+  double hi = o->tie_tolerance, lo = fmin(KEX_BEAM_TIE_FLOOR, hi);
+  if (!(run_s > KEX_BEAM_TIE_SHORT_S)) return hi; /* also NaN: no run to go by */
+  if (run_s >= KEX_BEAM_TIE_LONG_S) return lo;
+  return hi + (lo - hi) * log(run_s / KEX_BEAM_TIE_SHORT_S) / log(KEX_BEAM_TIE_LONG_S / KEX_BEAM_TIE_SHORT_S);
+}
+
+/*
+ * A decision's budget: its runs may add up to what the round's screening
+ * cost (KEX_BEAM_BUDGET_SCALE x screen_s), at least KEX_BEAM_DECIDE_MIN_S
+ * and at most max_s.  It scales with the kernels' cost instead of a fixed
+ * 0.5 s per round: ms-scale kernels stop at their minimum rounds, µs-scale
+ * ones get the floor.
+ */
+static double decide_budget(double screen_s, double max_s) {
+  return fmin(max_s, fmax(KEX_BEAM_DECIDE_MIN_S, KEX_BEAM_BUDGET_SCALE * screen_s));
+}
+
+/*
+ * Member i of p (among the first n, skipping those with gone[]) is
+ * dominated when some other such member is faster than it beyond the
+ * threshold (pair_cmp: by the median ratio).  The non-dominated members are the
+ * round's tie group; which member happens to measure fastest does not
+ * change it (a member just beyond the threshold of one leader but within
+ * that of a near-equal other is out when any member beats it).
+ */
+static bool dominated(paired *p, int i, int n, const bool *gone, double theta) {
+  for (int j = 0; j < n; j++)
+    if (j != i && !(gone && gone[j]) && pair_cmp(p, j, i, theta, NULL) < 0) return true;
+  return false;
+}
+
+static int cmp_screen(const void *a, const void *b) {
+  const candidate *x = *(candidate *const *)a, *y = *(candidate *const *)b;
+  if (x->us != y->us) return x->us < y->us ? -1 : 1;
+  return cand_order(x, y);
+}
+
+/*
+ * The round's decision.  Screening (the median of a few runs per
+ * candidate) only chooses the set, and never leaves out a candidate a
+ * paired decision could keep: every timed candidate (up to the set's
+ * room, in screening order) when the leader's run x the candidates x the
+ * minimum rounds costs at most KEX_BEAM_SET_COST_S -- µs-scale kernels,
+ * whose screening runs are the least trustworthy -- else the 2N+1
+ * fastest, every candidate screened within KEX_BEAM_SCREEN_SLACK x the
+ * N-th fastest (a load burst over all of a candidate's screening runs
+ * must not cost it its place), then the next ones in screening order
+ * while the set's minimum rounds cost at most KEX_BEAM_SET_COST_S.  The
+ * set and the current best are timed paired (run_paired) at the fixed
+ * threshold theta (decision_theta).  Then every decision is a function of
+ * which pairs are separated, not of which member measured fastest:
+ *   - progress: the current best is dominated (some member is faster
+ *     than it beyond theta, by the median ratio);
+ *   - the next beam, N times: among the round's members not yet taken
+ *     and not dominated by another such member (the tie group), the first
+ *     in the tie rule;
+ *   - no progress: the search ends, and the tie rule's first of the
+ *     round's members that the best does not dominate becomes *runner
+ *     (the final comparison decides between the two).
+ * A decision that cannot run falls back to the screening times with the
+ * tie rule at tie_tolerance.
+ */
+#define KEX_BEAM_SCREEN_SLACK 2.0
 static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, candidate **runner) {
   const kex_beam_opts *o = s->o;
   kex_beam_result *res = s->res;
-  int width = o->width;
-  int lead[2 * KEX_BEAM_MAX_WIDTH + 1];
-  int nlead = pick_leaders(r->cands, r->n, 2 * width + 1, o->tie_tolerance, lead);
-  double noise = 0;
-  for (int j = -1; j < nlead; j++) {
-    candidate *c = j < 0 ? beam[0] : r->cands[lead[j]];
-    if (!c->prog) continue;
-    time_job tj;
-    fill_time_job(s, &c->ps, c->prog, true, &tj);
-    tj.runs = o->retime_runs;
-    tj.use_min = true;
-    if (isfinite(c->us)) shrink_grid(&tj, c->us * 1e-6 / tj.factor);
-    kex_error te = {0};
-    double tt = now_s();
-    int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
-    res->time_s += now_s() - tt;
-    if (trc) continue;
-    double lo = fmin(c->us, tj.us);
-    if (lo > 0 && isfinite(c->us)) noise = fmax(noise, fabs(c->us - tj.us) / lo);
-    c->us = tj.us;
+  int width = o->width, nset = 0, order[KEX_BEAM_MAX_WIDTH], nord = 0;
+  candidate *set[KEX_BEAM_SET_MAX], *lc[KEX_BEAM_SET_MAX];
+  candidate **sorted = kex_malloc(sizeof *sorted * (size_t)(r->n ? r->n : 1));
+  paired *p = kex_calloc(1, sizeof *p);
+  int m = 0, best_at = -1;
+  double theta = o->tie_tolerance, cost = 0, run_s = INFINITY;
+  bool ok = sorted && p, best_beaten = false, have_runner = false;
+  for (int i = 0; i < r->n && ok; i++)
+    if (r->cands[i]->timed && r->cands[i]->prog) sorted[m++] = r->cands[i];
+  if (ok) qsort(sorted, (size_t)m, sizeof *sorted, cmp_screen);
+  bool has_best = beam[0]->prog && isfinite(beam[0]->us);
+  int room = KEX_BEAM_SET_MAX - 1 - (has_best ? 1 : 0);
+  /* judged by the leader's run: one spike in a candidate's screening must not keep it out */
+  bool all = m && sorted[0]->us * 1e-6 / sorted[0]->factor * KEX_BEAM_PAIR_MIN * m <= KEX_BEAM_SET_COST_S;
+  double near = m ? KEX_BEAM_SCREEN_SLACK * sorted[(m < width ? m : width) - 1]->us : 0;
+  for (int i = 0; ok && i < m && nset < room; i++) {
+    double run_s = sorted[i]->us * 1e-6 / sorted[i]->factor * KEX_BEAM_PAIR_MIN;
+    if (!all && nset >= 2 * width + 1 && sorted[i]->us > near && cost + run_s > KEX_BEAM_SET_COST_S) break;
+    set[nset++] = sorted[i];
+    cost += run_s;
   }
-  double tol = fmin(KEX_BEAM_MAX_TIE, fmax(o->tie_tolerance, noise));
-  if (tol > res->tie_used) res->tie_used = tol;
-  candidate *lc[2 * KEX_BEAM_MAX_WIDTH + 1];
-  for (int j = 0; j < nlead; j++) lc[j] = r->cands[lead[j]];
-  int order[2 * KEX_BEAM_MAX_WIDTH + 1];
-  int nord = pick_leaders(lc, nlead, width, tol, order);
-  double prev = beam[0]->us, bestt = nord ? lc[order[0]]->us : INFINITY;
-  double threshold = isfinite(prev) ? fmax(o->min_progress_us, tol * prev) : o->min_progress_us;
-  bool exiting = nord == 0 || bestt < o->min_progress_us || !(prev - bestt > threshold);
-  if (!exiting) {
+  if (ok && nset < m && sorted[nset]->us <= near)
+    KEX_WARN("beam: round %u: %d candidates screened within %.1fx of the %d-th fastest; the decision's room (%d) "
+             "left out the slowest of them", s->prog.round, m - nset, KEX_BEAM_SCREEN_SLACK, width, room);
+  if (ok && nset > 0) {
+    int nm = 0;
+    for (int i = 0; i < nset; i++) lc[nm++] = set[i];
+    if (has_best) lc[best_at = nm++] = beam[0];
+    lc[nm] = lc[0]; /* the twin */
+    for (int i = 0; i < nm; i++) run_s = fmin(run_s, lc[i]->us * 1e-6 / lc[i]->factor);
+    theta = decision_theta(o, run_s);
+    p->n = nm + 1;
+    for (int i = 0; i < p->n; i++) {
+      fill_time_job(s, &lc[i]->ps, lc[i]->prog, true, &p->t[i]);
+      shrink_grid(&p->t[i], lc[i]->us * 1e-6 / p->t[i].factor);
+    }
+    kex_error pe = {0};
+    if (run_paired(s, p, nm, theta, decide_budget(r->screen_s, KEX_BEAM_ROUND_BUDGET_S), &pe)) {
+      KEX_WARN("beam: round %u: paired timing failed (%s); deciding by screening times", s->prog.round, pe.msg);
+      ok = false;
+    }
+  }
+  if (ok && nset > 0) {
+    int nm = p->n - 1;
+    bool gone[KEX_BEAM_SET_MAX] = {0};
+    for (int i = 0; i < nm; i++) lc[i]->us = pair_median(p, i, -1);
+    if (has_best) best_beaten = dominated(p, best_at, nm, NULL, theta);
+    while (nord < width) { /* picks come from the round's members; the best only dominates */
+      bool nd[KEX_BEAM_SET_MAX];
+      int pick = -1;
+      for (int i = 0; i < nset; i++) nd[i] = !gone[i] && !dominated(p, i, nm, gone, theta);
+      for (int i = 0; i < nset; i++)
+        if (nd[i] && (pick < 0 || cand_order(lc[i], lc[pick]) < 0)) pick = i;
+      if (pick < 0) break;
+      gone[pick] = true;
+      order[nord++] = pick;
+    }
+    /* not beaten: the search keeps what it has (a tie never moves the beam) and the first pick, which ties with the
+       best, is the runner-up */
+    have_runner = has_best && !best_beaten && nord > 0;
+    KEX_DEBUG("beam: round %u: %d in the decision, %d paired rounds (%.3f s of runs), noise %.3f, threshold %.3f, "
+              "best %s", s->prog.round, nset, p->rounds, p->spent_s, pair_spread(p), theta,
+              !has_best ? "none" : best_beaten ? "beaten" : "kept");
+    if (kex_log_get_level() <= KEX_LOG_DEBUG)
+      for (int i = 0; i < nm; i++) {
+        char ot[KEX_CACHE_OPTS_TEXT_MAX];
+        int k = 0;
+        while (k < nord && order[k] != i) k++;
+        kex_cache_opts_format(lc[i]->opts, lc[i]->nopts, ot, sizeof ot);
+        KEX_DEBUG("beam:   %s%-3s %8.2f us  uops %4u  [%s]%s", i == best_at ? "best" : "", k < nord ? "pick" : "",
+                  lc[i]->us, lc[i]->ps.nuops, ot, dominated(p, i, nm, NULL, theta) ? "  dominated" : "");
+      }
+  } else if (nset > 0 || m > 0) {
+    nord = pick_leaders(r->cands, r->n, width, o->tie_tolerance, order);
+    for (int j = 0; j < nord; j++) lc[j] = r->cands[order[j]], order[j] = j;
+    if (has_best && nord) {
+      double d = beam[0]->us - lc[0]->us;
+      best_beaten = d > o->tie_tolerance * beam[0]->us;
+      have_runner = !best_beaten && d >= -o->tie_tolerance * beam[0]->us;
+    }
+  }
+  kex_free(sorted);
+  kex_free(p);
+  if (theta > res->tie_used) res->tie_used = theta;
+  double bestt = nord ? lc[order[0]]->us : INFINITY;
+  bool progress = nord > 0 && bestt >= o->min_progress_us && (!has_best || best_beaten);
+  s->screen_s = r->screen_s;
+  if (progress) {
     for (int j = 0; j < *nbeam; j++) free_candidate(s, beam[j]);
     for (int j = 0; j < nord; j++) {
       beam[j] = lc[order[j]];
@@ -897,11 +1240,11 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
     }
     *nbeam = nord;
     s->prog.best_us = beam[0]->us;
-  } else if (nord > 0 && lc[order[0]]->us < prev && lc[order[0]]->prog) {
+  } else if (have_runner) {
     *runner = lc[order[0]];
     take_candidate(r, *runner);
   }
-  return !exiting;
+  return progress;
 }
 
 /*
@@ -931,6 +1274,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
     s->prog.round_candidates = (uint32_t)r.n;
     for (int i = 0; i < r.n; i++) kex_pool_submit(pool, &r.cands[i]->job, lower_candidate);
     r.best = INFINITY;
+    r.screen_s = 0;
     rc = pick_to_compile(s, pool, nbeam, &r, &seen_src, err);
     if (!rc) prebuild(s, sc, pool, &r);
     if (!rc) rc = time_round(s, beam[0], &r, &seen_bin, err);
@@ -1045,6 +1389,9 @@ static int lookup_cache(const kex_beam_opts *o, const kex_cache_beam_key *key, c
   memcpy(res->opts, v.opts, sizeof(kex_opt) * v.nopts);
   res->best_us = v.best_time_s * 1e6;
   res->hand_us = v.hand_time_s * 1e6;
+  res->decision_samples = (uint32_t)(v.decision_samples < UINT32_MAX ? v.decision_samples : UINT32_MAX);
+  res->decision_spread = v.decision_spread;
+  res->decision_tie = v.decision_tie;
   res->from_cache = true;
   return 0;
 }
@@ -1065,60 +1412,44 @@ static int alloc_bufs(search *s, const kex_beam_target *t, kex_error *err) {
   return s->exec(s->o->exec_ctx, s->dev, job_alloc, &s->bufs, err);
 }
 
-/* The three kernels of the final comparison and the fastest full-size run of each (runner: may be absent). */
+/* The final comparison's kernels (runner: may be absent) and its outcome at full size. */
 typedef struct compare_set {
   const kex_program_src *hand_ps, *beam_ps, *runner_ps;
   kex_program *hand, *beam, *runner;
-  double hand_us, beam_us, runner_us;
+  double us[3];                       /* medians of the paired runs: beam, hand, runner */
+  int vs[3][3];                       /* pair_cmp(i, j) at the threshold */
+  int rounds;                         /* paired rounds */
+  double spread, theta;               /* measured noise; the threshold (decision_theta, set by the caller) */
 } compare_set;
 
 /*
- * The beam's best (and the runner-up, when there is one) against
- * hand-coded, full size, alternating: up to 2 x retime_runs rounds; the
- * first warms up, and after KEX_BEAM_MIN_RUNS the comparison stops once
- * the runs add up to KEX_BEAM_COMPARE_BUDGET_S (a 1024² matmul pair costs
- * ~150 ms).  Each kernel's time is its fastest run.
+ * The beam's best, hand-coded and the runner-up, full size, paired
+ * (run_paired, members beam, hand, runner, the beam's twin) within
+ * KEX_BEAM_COMPARE_BUDGET_S once the minimum rounds are done.
  */
 static int compare_full_size(search *s, compare_set *c, kex_error *err) {
-  double th[2 * KEX_BEAM_MAX_RUNS], tb[2 * KEX_BEAM_MAX_RUNS], tr[2 * KEX_BEAM_MAX_RUNS];
-  int nr = 2 * s->o->retime_runs, rc;
-  double spent = 0;
-  for (int r = 0; r < nr; r++) {
-    time_job a, b;
-    fill_time_job(s, c->hand_ps, c->hand, false, &a);
-    fill_time_job(s, c->beam_ps, c->beam, false, &b);
-    a.runs = b.runs = 1;
-    a.use_min = b.use_min = true; /* a long warm-up counts as a run (job_time) */
-    a.skip_warmup = b.skip_warmup = r > 0;
-    if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &a, err))) return rc;
-    if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &b, err))) return rc;
-    th[r] = a.us;
-    tb[r] = b.us;
-    spent += (a.us + b.us) * 1e-6;
-    if (c->runner) {
-      time_job t;
-      fill_time_job(s, c->runner_ps, c->runner, false, &t);
-      t.runs = 1;
-      t.use_min = true;
-      t.skip_warmup = r > 0;
-      if ((rc = s->exec(s->o->exec_ctx, s->dev, job_time, &t, err))) return rc;
-      tr[r] = t.us;
-      spent += t.us * 1e-6;
+  paired *p = kex_calloc(1, sizeof *p);
+  if (!p) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  const kex_program_src *ps[3] = {c->beam_ps, c->hand_ps, c->runner_ps};
+  kex_program *pr[3] = {c->beam, c->hand, c->runner};
+  int nm = c->runner ? 3 : 2;
+  for (int i = 0; i < nm; i++) fill_time_job(s, ps[i], pr[i], false, &p->t[i]);
+  p->t[nm] = p->t[0];
+  p->n = nm + 1;
+  int rc = run_paired(s, p, nm, c->theta, decide_budget(s->screen_s, KEX_BEAM_COMPARE_BUDGET_S), err);
+  if (!rc) {
+    for (int i = 0; i < nm; i++) {
+      c->us[i] = pair_median(p, i, -1);
+      for (int j = 0; j < nm; j++) c->vs[i][j] = i == j ? 0 : pair_cmp(p, i, j, c->theta, NULL);
     }
-    if (r + 1 >= KEX_BEAM_MIN_RUNS && spent >= KEX_BEAM_COMPARE_BUDGET_S) {
-      nr = r + 1;
-      break;
-    }
+    c->rounds = p->rounds;
+    c->spread = pair_spread(p);
+    KEX_DEBUG("beam: final: beam %.2f us, hand %.2f us (%d), runner %.2f us (%d vs beam, %d vs hand); %d rounds, "
+              "threshold %.3f", c->us[0], c->us[1], c->vs[0][1], c->runner ? c->us[2] : 0, c->vs[2][0], c->vs[2][1],
+              p->rounds, c->theta);
   }
-  qsort(th, (size_t)nr, sizeof *th, cmp_double);
-  qsort(tb, (size_t)nr, sizeof *tb, cmp_double);
-  c->hand_us = th[0];
-  c->beam_us = tb[0];
-  if (c->runner) {
-    qsort(tr, (size_t)nr, sizeof *tr, cmp_double);
-    c->runner_us = tr[0];
-  }
-  return 0;
+  kex_free(p);
+  return rc;
 }
 
 /* Store the result under key (with the kernel's AST text). */
@@ -1134,6 +1465,9 @@ static int store_result(const kex_beam_opts *o, const kex_cache_beam_key *key, c
   v.hand_time_s = res->hand_us * 1e-6;
   v.search_time_s = res->search_s;
   v.candidates = res->timed;
+  v.decision_samples = res->decision_samples;
+  v.decision_spread = res->decision_spread;
+  v.decision_tie = res->decision_tie;
   snprintf(v.kernel_name, sizeof v.kernel_name, "%s", res->name);
   if (kex_ast_text(it->ast, it->nout, &ast_text, NULL, &ce)) ast_text = NULL;
   if ((rc = kex_cache_beam_put(o->cache, key, &v, ast_text, &ce))) kex_err_set(err, rc, "beam cache put: %s", ce.msg);
@@ -1235,21 +1569,39 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     goto out;
   }
   report(&s, "compare");
-  compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL, 0, 0, 0};
+  compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL};
+  cmp.theta = decision_theta(opts, best->us * 1e-6); /* a full-size run of the beam's best (extrapolated) */
   if ((rc = compare_full_size(&s, &cmp, err))) goto out;
-  res->hand_us = cmp.hand_us;
-  double beam_full = cmp.beam_us;
-  const kex_kernel *beam_k = kw;
-  if (runner && cmp.runner_us < beam_full * (1 - opts->tie_tolerance)) { /* the last round's fastest, confirmed at full size */
-    beam_full = cmp.runner_us;
-    beam_k = kr;
+  /* the final pick keeps what the search has (hysteresis, no timing in the order): the beam's best unless another
+     kernel is faster than it beyond the threshold, then hand-coded unless that one is beaten too, then the
+     runner-up.  The tie group (the kernels nobody beats) is recorded */
+  const kex_kernel *fk[3] = {kw, kh, kr};
+  int nf = runner ? 3 : 2, pick = -1, ntie = 0;
+  for (int i = 0; i < nf; i++) {
+    bool beaten = false;
+    for (int j = 0; j < nf; j++) beaten |= cmp.vs[j][i] < 0;
+    if (beaten) continue;
+    ntie++;
+    if (pick < 0) pick = i;
+  }
+  if (pick < 0) pick = 1; /* every kernel beaten by another: a cycle no consistent timing makes; keep hand-coded */
+  /* a tie the runs could not settle (the interval reaches past the band: a busy machine) whose median is beyond the
+     band keeps hand-coded, so the pick is never more than the threshold slower than hand-coded.  That edge sits
+     where a search's result is rarely: the beam's best is mostly faster than hand-coded */
+  if (pick != 1 && cmp.us[pick] > cmp.us[1] * (1 + cmp.theta)) pick = 1;
+  res->hand_us = cmp.us[1];
+  res->hand_won = pick == 1;
+  res->runner_up_won = pick == 2;
+  if (pick == 2) {
     res->beam_us = runner->us;
     res->factor = runner->factor;
-    res->runner_up_won = true;
   }
-  res->hand_won = !(beam_full < res->hand_us * (1 - opts->tie_tolerance));
-  const kex_kernel *chosen = res->hand_won ? kh : beam_k;
-  res->best_us = res->hand_won ? res->hand_us : beam_full;
+  res->decision_tie = ntie > 1;
+  res->decision_samples = (uint32_t)cmp.rounds;
+  res->decision_spread = cmp.spread;
+  if (cmp.theta > res->tie_used) res->tie_used = cmp.theta;
+  const kex_kernel *chosen = fk[pick];
+  res->best_us = cmp.us[pick];
   res->nopts = chosen->napplied;
   if (chosen->napplied) memcpy(res->opts, chosen->applied_opts, sizeof(kex_opt) * chosen->napplied); /* NULL when none */
   kex_kernel_name(chosen, res->name, sizeof res->name);

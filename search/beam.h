@@ -36,45 +36,96 @@
  *     there a round's batch goes to kex_device_prewarm first (helper
  *     processes build it in parallel into PoCL's kernel cache) and the
  *     device's own builds, one by one on its thread, then hit that cache;
- *   - each candidate is the median of `timing_runs` runs after a warm-up,
- *     cut short for slow kernels: a warm-up already past the early stop
- *     (3x the best) is the candidate's only run, a warm-up of 2 ms or more
- *     counts as a run, and after 3 runs the timing stops once the runs add
- *     up to 0.25 s (before this, timing was 90% of a 1024² matmul search:
- *     285 of 315 s);
- *     search timings also shrink the grid below tinygrad's 65536 groups
- *     (halving the same dims, never below 64 groups) until one run takes
- *     about 5 ms, judged from the best time so far before the warm-up and
- *     from the warm-up after it (a slow candidate's full-size warm-up was
- *     most of what timing still cost); the round's leaders and the current
- *     best are re-timed with up to `retime_runs` runs before the beam keeps
- *     them, and the beam's best and hand-coded are compared at full size
- *     with up to 2 x retime_runs alternating runs (at least 3 pairs, then
- *     until the runs add up to 1 s);
- *     re-timings and the comparison use the fastest run (interference on
- *     a shared machine only adds time, so the minimum is the statistic
- *     that repeats best; the median of the first pass screens);
- *   - ties are broken deterministically: candidates whose times are within
- *     a tolerance of the fastest count as equal and the one with fewer
- *     opts, then the lexicographically smaller action ids, wins.  The
- *     tolerance is max(tie_tolerance (2%), the round's measured noise: the
- *     largest relative change between a leader's first timing and its
- *     re-timing), capped at KEX_BEAM_MAX_TIE; the best 2N+1 are re-timed.
- *     A fixed 2% was not enough on a shared 2-core VM (two µs-scale
- *     elementwise kernels 3% apart swapped places run to run).  A round
- *     only counts as progress when it beats the current best by more
- *     than max(min_progress_us, tolerance x best), and when it does not
- *     the beam keeps its (shorter) best instead of tinygrad's "take the
- *     marginally faster one" -- unless the final comparison, which times
- *     that faster one too, finds it faster by more than tie_tolerance at
- *     full size (min of alternating runs: a 512² matmul's last round found
- *     kernels 5-10% faster than the best, within the round's measured
- *     noise, and tinygrad's rule would have taken them); the final
- *     comparison keeps the beam's kernel only when it is faster than
- *     hand-coded by more than tie_tolerance.
- *     Together these make the same device and kernel give the same opts
- *     unless two kernels differ by more than 2% in one run and less in
- *     another;
+ *   - screening: each candidate is the median of `timing_runs` runs after
+ *     a warm-up, cut short for slow kernels: a warm-up already past the
+ *     early stop (3x the best) is the candidate's only run, a warm-up of
+ *     2 ms or more counts as a run, and after 3 runs the timing stops once
+ *     the runs add up to 0.25 s (before this, timing was 90% of a 1024²
+ *     matmul search: 285 of 315 s); search timings also shrink the grid
+ *     below tinygrad's 65536 groups (halving the same dims, never below 64
+ *     groups) until one run takes about 5 ms.  Screening only chooses which
+ *     candidates a round decides between; it never decides;
+ *   - decisions (kex's own method, not tinygrad's: tinygrad keeps the
+ *     fastest single timing, so two fresh searches pick different kernels
+ *     whenever candidates are within the machine's noise).  A search is
+ *     repeatable when its decisions are functions of what does not vary
+ *     from run to run:
+ *       * the set: every timed candidate of the round when they are cheap
+ *         to time (µs-scale kernels, whose screening is least reliable),
+ *         else the 2N+1 fastest by screening, every candidate screened
+ *         within 2x of the N-th fastest (screening must not drop what a
+ *         paired decision would keep: a load burst can slow all of one
+ *         candidate's few screening runs), then the next ones while the
+ *         decision's minimum rounds stay within 0.1 s; the current best
+ *         joins it;
+ *       * paired, interleaved timing: one run of each member per paired
+ *         round (forward, then backward), on the same buffers after a
+ *         warm-up, so that load changes hit every member alike; member 0
+ *         runs twice per round (a twin), and the median |ratio - 1| of the
+ *         twin's pairs is the measured noise (the spread, recorded).  The
+ *         rounds grow (9 or retime_runs, doubling, at most 2048) until
+ *         every pair is decided and the runs span 0.1 s (or the whole
+ *         budget, when less: load comes in bursts), at most until the runs
+ *         add up to the decision's budget: what the round's screening runs
+ *         took (the last round's, for the final comparison), at least
+ *         0.1 s, at most 0.5 s (1 s for the final comparison).  More noise
+ *         buys more samples, never a wider band; ms-scale kernels, whose
+ *         screening is reliable, stop at their minimum rounds;
+ *       * a pair is compared by the median of its per-round ratios: one is
+ *         faster only when the median lies beyond 1 +- theta, else they
+ *         tie; the sign test's interval for it (99%, Bonferroni over the
+ *         decision's pairs) only says when more rounds would change
+ *         nothing (the decision stops growing once every interval is
+ *         wholly inside or outside the band).  An unsettled pair is judged
+ *         by its median, not called a tie: under load (PoCL's twin spread
+ *         0.3-0.7) nearly every pair was unsettled, and the tie rule alone
+ *         picked kernels 1.5-1.8x slower than the round's fastest.  theta is
+ *         tie_tolerance (25%) for decisions whose fastest run is up to
+ *         100 µs, 5% from 2 ms on, log-linear between: a function of the
+ *         run's length (which moves little between searches), because the
+ *         drift pairing cannot see is (µs runs in the caches: 10-40%;
+ *         ms runs: a few per cent; a flat 25% stopped ms-scale searches
+ *         at the first round that gained less).  It does not follow the
+ *         noise a decision measures: that measurement itself varied 10x
+ *         between two searches of one kernel (0.005 .. 0.08), and a
+ *         threshold derived from it (16 x noise, 8% .. 50%) flipped picks
+ *         (a 34% faster sum kernel was a tie in one search, a win in the
+ *         other); 25% covers the drift pairing cannot see (the same pair's
+ *         median ratio moved 8% between two searches, more for µs-scale
+ *         memory-bound kernels) while a kernel 34% faster stays separated;
+ *       * dominance instead of "the fastest": a member is dominated when
+ *         any other member is faster than it (as above); the tie group is
+ *         the members nobody dominates, so which of two near-equal leaders
+ *         happened to measure fastest changes nothing;
+ *       * the tie rule, in which no timing enters: more uops first, then
+ *         fewer opts, then the smaller opts text.  More uops (more work
+ *         upcast and unrolled per thread) is the fast end of a tie group in
+ *         the measurements;
+ *       * pruning: N times, the tie rule's first of the round's members
+ *         not taken and not dominated by another (the current best counts
+ *         as a dominator, never as a pick) joins the next beam.  The round
+ *         makes progress when the current best is dominated; when it is
+ *         not, the search keeps what it has (a tie never moves the beam:
+ *         moving on ties, as beamrep2 did, walked the beam tie after tie
+ *         to the most upcast kernels, each step up to the threshold
+ *         slower), the search ends and the first pick is the runner-up;
+ *       * the final comparison, at full size, paired: the beam's best,
+ *         hand-coded and the runner-up, in that order of preference, no
+ *         timing in the order (hysteresis): the beam's best unless another
+ *         of the three is faster than it beyond the threshold, then
+ *         hand-coded unless it is beaten too, then the runner-up.  A tie
+ *         the runs could not settle whose median is beyond the band keeps
+ *         hand-coded, so the result is never more than the threshold
+ *         slower than hand-coded.  The result
+ *         (and the cache row: decision_samples, decision_spread,
+ *         decision_tie) records the final comparison's paired rounds, its
+ *         measured noise and whether more than one kernel was in its tie
+ *         group.
+ *     What remains: a pair whose median ratio sits at the threshold
+ *     (within the drift between two searches) can fall on either side;
+ *     for µs-scale kernels on a shared machine that drift is 10-40%
+ *     (bench/results/beam-repeatable.md), so a progress decision near the
+ *     edge ends one search a round earlier than the other;
  *   - a candidate that fails to lower or compile is skipped and counted
  *     (tinygrad 0.9.0 aborts the whole search on a CompileError);
  *   - compile time is measured; a compile longer than compile_timeout_s is
@@ -118,7 +169,6 @@
 #define KEX_BEAM_NACTIONS 141
 #define KEX_BEAM_MAX_WIDTH 64
 #define KEX_BEAM_MAX_RUNS 1000
-#define KEX_BEAM_MAX_TIE 0.10 /* measured noise above this is not treated as a tie */
 
 /* The action list, tinygrad's order (index i is action id i+1). */
 const kex_opt *kex_beam_actions(void);
@@ -158,9 +208,10 @@ typedef struct kex_beam_opts {
   int width;                 /* beam width N (>= 1) */
   int upcast_max, local_max, uops_max;
   double min_progress_us;
-  double tie_tolerance;      /* relative, 0.02 */
+  double tie_tolerance;      /* the tie threshold of µs-scale runs, relative, 0.25: a kernel is faster than another only
+                                beyond it (longer runs: down to 5%, search/beam.c decision_theta) */
   int timing_runs;           /* per candidate, median, after one warm-up */
-  int retime_runs;           /* leaders and the final comparison */
+  int retime_runs;           /* paired rounds a decision runs at least (9 when less) */
   int max_candidates;        /* compiled per round; 0 = no cap */
   int max_rounds;            /* 0 = until no progress */
   double compile_timeout_s;
@@ -180,7 +231,7 @@ typedef struct kex_beam_opts {
   void *cancel_arg;
 } kex_beam_opts;
 
-/* Defaults: width, 256, 1024, 3000, 0.01 us, 2%, 5 runs, 9 re-time runs, 96 per round, 10 s, 65536. */
+/* Defaults: width, 256, 1024, 3000, 0.01 us, 25%, 5 runs, 9 paired rounds at least, 96 per round, 10 s, 65536. */
 void kex_beam_opts_init(kex_beam_opts *o, int width);
 /* The cache's search options string ("beam=2;upcast_max=256;local_max=1024;uops_max=3000;cap=96"). */
 int kex_beam_search_opts_string(const kex_beam_opts *o, char *buf, size_t len);
@@ -192,18 +243,21 @@ typedef struct kex_beam_result {
   char ast_hex[KEX_AST_KEY_HEX];
   uint32_t nopts;
   kex_opt opts[KEX_CACHE_MAX_OPTS];     /* the chosen opts (applied to a fresh kernel) */
-  double best_us, hand_us;              /* full-size times (fastest of the comparison runs) of the chosen and the hand-coded kernel */
+  double best_us, hand_us;              /* full-size times (medians of the paired comparison runs) of the chosen and the hand-coded kernel */
   double search_s;                      /* wall time of this call */
   double beam_us;                       /* the beam's best, reduced-grid extrapolated */
   double factor;                        /* the reduced-grid factor the beam's best was timed with */
   bool from_cache, hand_won;
-  bool runner_up_won;                   /* the last round's fastest beat the beam's best at full size (see run_search) */
+  bool runner_up_won;                   /* the last round's first pick (tied with the best) won the final comparison */
   uint32_t rounds, compiled, timed;
   uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
   uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
-  double tie_used;                      /* the largest tie tolerance a round used (tie_tolerance or the measured noise) */
+  double tie_used;                      /* the largest tie threshold the decisions used (tie_tolerance for µs-scale runs) */
+  uint32_t decision_samples;            /* paired rounds of the final (full-size) comparison */
+  double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */
+  bool decision_tie;                    /* the final comparison's tie group had more than one kernel: the preference order chose */
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 

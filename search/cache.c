@@ -38,7 +38,7 @@
 #define BEAM_COLS                                                                                         \
   "b.rowid, b.ast_key, d.kind, d.vendor, d.name, d.driver_version, d.compiler_version, d.rendered, "      \
   "b.search_opts, b.codegen_version, b.opts, b.best_time_s, b.hand_time_s, b.search_time_s, b.candidates, " \
-  "b.kernel_name, b.created_at"
+  "b.kernel_name, b.created_at, b.decision_samples, b.decision_spread, b.decision_tie"
 #define BEAM_FROM " FROM beam_results b JOIN devices d ON d.id = b.device_id"
 #define DEV_MATCH "d.kind = ?2 AND d.vendor = ?3 AND d.name = ?4 AND d.driver_version = ?5 AND d.compiler_version = ?6"
 /* ?1 device substring, ?2 kernel substring, ?3 key prefix (upper hex), ?4 min created_at */
@@ -60,8 +60,9 @@
                "JOIN devices d ON d.id = p.device_id WHERE p.source_sha256 = ?1 AND " DEV_MATCH)                 \
   XX(PROG_DROP, "DELETE FROM programs WHERE rowid = ?1")                                                          \
   XX(BEAM_PUT, "INSERT OR REPLACE INTO beam_results(ast_key, device_id, search_opts, codegen_version, opts, "     \
-               "best_time_s, hand_time_s, search_time_s, candidates, kernel_name, created_at, ast_text) "         \
-               "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)")                                      \
+               "best_time_s, hand_time_s, search_time_s, candidates, kernel_name, created_at, ast_text, "         \
+               "decision_samples, decision_spread, decision_tie) "                                                \
+               "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)")                       \
   XX(BEAM_GET, "SELECT " BEAM_COLS BEAM_FROM " WHERE b.ast_key = ?1 AND " DEV_MATCH                              \
                " AND b.search_opts = ?7 AND b.codegen_version = ?8")                                              \
   XX(BEAM_LINE, "SELECT " BEAM_COLS ", b.ast_text" BEAM_FROM " WHERE b.ast_key = ?1 AND " DEV_MATCH                \
@@ -92,7 +93,8 @@ static const char *const stmt_sql[STMT_COUNT] = {
 
 /* Column indexes of BEAM_COLS. */
 enum { BC_ROWID, BC_KEY, BC_KIND, BC_VENDOR, BC_NAME, BC_DRIVER, BC_COMPILER, BC_RENDERED, BC_SEARCH, BC_CODEGEN,
-       BC_OPTS, BC_BEST, BC_HAND, BC_SEARCH_TIME, BC_CANDIDATES, BC_KERNEL, BC_CREATED, BC_AST_TEXT };
+       BC_OPTS, BC_BEST, BC_HAND, BC_SEARCH_TIME, BC_CANDIDATES, BC_KERNEL, BC_CREATED, BC_SAMPLES, BC_SPREAD, BC_TIE,
+       BC_AST_TEXT };
 
 struct kex_cache {
   sqlite3 *db;
@@ -303,6 +305,10 @@ static const char *const migrations[KEX_CACHE_SCHEMA_VERSION] = {
     " kernel_name TEXT NOT NULL, source TEXT NOT NULL, binary BLOB NOT NULL, binary_sha256 BLOB NOT NULL,"
     " created_at INTEGER NOT NULL, PRIMARY KEY(source_sha256, device_id));"
     "CREATE INDEX programs_device ON programs(device_id);",
+    /* 3 -> 4: how the search decided (search/beam.h): paired rounds, measured noise, whether the tie rule chose */
+    "ALTER TABLE beam_results ADD COLUMN decision_samples INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE beam_results ADD COLUMN decision_spread REAL NOT NULL DEFAULT 0;"
+    "ALTER TABLE beam_results ADD COLUMN decision_tie INTEGER NOT NULL DEFAULT 0;",
 };
 
 /* mkdir -p of the directory part of path. */
@@ -699,6 +705,9 @@ static int check_beam_value(const kex_cache_beam_value *v, kex_error *err) {
     return kex_err_set(err, KEX_EINVAL, "cache: times must be finite and non-negative (best %g, hand %g, search %g)",
                        v->best_time_s, v->hand_time_s, v->search_time_s);
   if (v->candidates < 0) return kex_err_set(err, KEX_EINVAL, "cache: candidates %lld < 0", (long long)v->candidates);
+  if (v->decision_samples < 0 || !time_ok(v->decision_spread))
+    return kex_err_set(err, KEX_EINVAL, "cache: decision samples %lld or spread %g out of range",
+                       (long long)v->decision_samples, v->decision_spread);
   if (v->created_at < 0) return kex_err_set(err, KEX_EINVAL, "cache: created_at %lld < 0", (long long)v->created_at);
   return check_kernel_name(v->kernel_name, err);
 }
@@ -727,6 +736,9 @@ static int beam_store(kex_cache *c, const kex_cache_beam_key *key, const kex_cac
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 10, val->kernel_name, -1, SQLITE_STATIC);
   if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 11, val->created_at ? val->created_at : (int64_t)time(NULL));
   if (src == SQLITE_OK) src = ast_text ? sqlite3_bind_text(s, 12, ast_text, -1, SQLITE_STATIC) : sqlite3_bind_null(s, 12);
+  if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 13, val->decision_samples);
+  if (src == SQLITE_OK) src = sqlite3_bind_double(s, 14, val->decision_spread);
+  if (src == SQLITE_OK) src = sqlite3_bind_int(s, 15, val->decision_tie ? 1 : 0);
   if (src == SQLITE_OK) src = sqlite3_step(s);
   if (src != SQLITE_DONE) rc = db_err(c, src, err, "store beam result");
 out:
@@ -810,6 +822,13 @@ static bool decode_beam_row(sqlite3_stmt *s, kex_cache_entry *e, char *why, size
   }
   v->candidates = sqlite3_column_int64(s, BC_CANDIDATES);
   v->created_at = sqlite3_column_int64(s, BC_CREATED);
+  if (sqlite3_column_type(s, BC_SAMPLES) != SQLITE_INTEGER || sqlite3_column_int64(s, BC_SAMPLES) < 0 ||
+      !col_number(s, BC_SPREAD, &v->decision_spread) || sqlite3_column_type(s, BC_TIE) != SQLITE_INTEGER) {
+    snprintf(why, whylen, "decision_samples, decision_spread or decision_tie is out of range");
+    return false;
+  }
+  v->decision_samples = sqlite3_column_int64(s, BC_SAMPLES);
+  v->decision_tie = sqlite3_column_int64(s, BC_TIE) != 0;
   const unsigned char *kn = sqlite3_column_text(s, BC_KERNEL);
   if (sqlite3_column_type(s, BC_KERNEL) != SQLITE_TEXT || check_kernel_name((const char *)kn, NULL)) {
     snprintf(why, whylen, "kernel_name is not a kernel name");
@@ -1072,12 +1091,14 @@ static int write_line(FILE *f, json_t *obj, kex_error *err) {
 static json_t *beam_json(const kex_cache_entry *e, const char *ast_text) {
   char opts[KEX_CACHE_OPTS_TEXT_MAX];
   if (kex_cache_opts_format(e->value.opts, e->value.nopts, opts, sizeof opts)) return NULL;
-  return json_pack("{s:s, s:s, s:o, s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:s, s:I, s:o}", "type", "beam", "ast_key",
+  return json_pack("{s:s, s:s, s:o, s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:s, s:I, s:o, s:I, s:f, s:b}", "type", "beam", "ast_key",
                    e->ast_hex, "device", identity_json(&e->device), "search_opts", e->search_opts, "codegen_version",
                    e->codegen_version, "opts", opts, "best_time_s", e->value.best_time_s, "hand_time_s",
                    e->value.hand_time_s, "search_time_s", e->value.search_time_s, "candidates",
                    (json_int_t)e->value.candidates, "kernel_name", e->value.kernel_name, "created_at",
-                   (json_int_t)e->value.created_at, "ast_text", ast_text ? json_string(ast_text) : json_null());
+                   (json_int_t)e->value.created_at, "ast_text", ast_text ? json_string(ast_text) : json_null(),
+                   "samples", (json_int_t)e->value.decision_samples, "spread", e->value.decision_spread, "tie",
+                   e->value.decision_tie);
 }
 
 int kex_cache_beam_line(kex_cache *c, const kex_cache_beam_key *key, char **line, kex_error *err) {
@@ -1206,6 +1227,19 @@ static int json_field_int(json_t *o, const char *name, int64_t *dst, kex_error *
   return 0;
 }
 
+/* The decision fields (schema 4), optional so that older exports import: absent, they stay 0, 0, false. */
+static int json_decision(json_t *o, kex_cache_beam_value *v, kex_error *err) {
+  json_t *tie = json_object_get(o, "tie");
+  int rc = 0;
+  if (json_object_get(o, "samples")) rc = json_field_int(o, "samples", &v->decision_samples, err);
+  if (!rc && json_object_get(o, "spread")) rc = json_field_time(o, "spread", &v->decision_spread, err);
+  if (!rc && tie) {
+    if (!json_is_boolean(tie)) return kex_err_set(err, KEX_EPARSE, "tie: not a boolean");
+    v->decision_tie = json_is_true(tie);
+  }
+  return rc;
+}
+
 static int json_identity(json_t *o, kex_device_identity *d, kex_error *err) {
   json_t *dev = json_object_get(o, "device");
   int rc;
@@ -1274,7 +1308,7 @@ static int import_entry(kex_cache *c, json_t *o, const kex_cache_beam_key *expec
       (rc = json_field_time(o, "search_time_s", &v->search_time_s, err)) ||
       (rc = json_field_int(o, "candidates", &v->candidates, err)) ||
       (rc = json_field_string(o, "kernel_name", KEX_CACHE_KERNEL_NAME_MAX, v->kernel_name, err)) ||
-      (rc = json_field_int(o, "created_at", &v->created_at, err)))
+      (rc = json_field_int(o, "created_at", &v->created_at, err)) || (rc = json_decision(o, v, err)))
     goto out;
   if (expect && !same_key(&key, expect)) {
     rc = kex_err_set(err, KEX_EPARSE, "the entry is not for the key asked for (AST key, device identity, search "

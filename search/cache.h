@@ -25,7 +25,7 @@
  * search options string (beam width, limits) and codegen version are
  * canonical strings the caller builds; they are compared byte for byte.
  *
- * Schema (version KEX_CACHE_SCHEMA_VERSION = 3):
+ * Schema (version KEX_CACHE_SCHEMA_VERSION = 4):
  *
  *   schema_version(version INTEGER)                      one row
  *   devices(id INTEGER PRIMARY KEY, kind, vendor, name, driver_version,
@@ -35,15 +35,17 @@
  *            created_at,  PRIMARY KEY(source_sha256, device_id))
  *   beam_results(ast_key BLOB, device_id -> devices, search_opts, codegen_version,
  *                opts TEXT, best_time_s, hand_time_s, search_time_s, kernel_name,
- *                created_at, candidates (v2), ast_text (v2),
+ *                created_at, candidates (v2), ast_text (v2), decision_samples,
+ *                decision_spread, decision_tie (v4: how the search decided, beam.h),
  *                PRIMARY KEY(ast_key, device_id, search_opts, codegen_version))
  *
  * `opts` is the portable text of the applied opts: kex_opt_short forms
  * separated by one space ("UPCAST(1,4) UPCAST(0,4) LOCAL(0,16)", "" for
  * none, "NOLOCALS", None axes/amts as "None").  `created_at` is unix
  * seconds.  A file of an older version is migrated on open (0 -> 1 -> 2 ->
- * 3, each step in the transaction that bumps the version); a newer version
- * is refused.  Migration 2 -> 3 deletes every program row: a v2 row has no
+ * 3 -> 4, each step in the transaction that bumps the version); a newer version
+ * is refused (3 -> 4 adds the decision columns, 0 for older rows).
+ * Migration 2 -> 3 deletes every program row: a v2 row has no
  * source or binary digest to verify it by (and may have come from an
  * import), so its kernel is simply compiled again.  A row that does not
  * decode (bad opts text, wrong column types, out-of-range values) or, for
@@ -52,15 +54,19 @@
  *
  * Export format (kex_cache_export / kex_cache_import), JSON lines, UTF-8:
  *
- *   line 1:  {"format":"kex.cache.export.v1","schema":3}
+ *   line 1:  {"format":"kex.cache.export.v1","schema":4}
  *   then one object per beam result:
  *   {"type":"beam","ast_key":"<64 hex>","device":DEV,"search_opts":"...",
  *    "codegen_version":"...","opts":"UPCAST(1,4) ...","best_time_s":1.5e-05,
  *    "hand_time_s":2e-05,"search_time_s":12.5,"candidates":140,
- *    "kernel_name":"r_16_8_8","created_at":1718000000,"ast_text":"kex.ast.v1\n..."|null}
+ *    "kernel_name":"r_16_8_8","created_at":1718000000,"ast_text":"kex.ast.v1\n..."|null,
+ *    "samples":256,"spread":0.034,"tie":false}
  *   DEV = {"kind":"...","vendor":"...","name":"...","driver_version":"...","compiler_version":"..."}
  *
- * Every field is required (ast_text may be null).  Import checks each line
+ * Every field is required (ast_text may be null) except samples, spread
+ * and tie (schema 4: the search's decision; absent in older exports, read
+ * as 0, 0, false; when present a non-negative integer, a finite
+ * non-negative number and a boolean).  Import checks each line
  * (types, lengths, hex, opts text, finite non-negative times, and that
  * ast_text hashes to ast_key when given) and refuses a bad line naming its
  * number; good lines are stored in one transaction under the identity they
@@ -114,7 +120,7 @@
 #include "codegen/astkey.h"
 #include "codegen/kernel.h"
 
-#define KEX_CACHE_SCHEMA_VERSION 3
+#define KEX_CACHE_SCHEMA_VERSION 4
 #define KEX_CACHE_BUSY_TIMEOUT_MS 5000
 #define KEX_CACHE_MAX_OPTS 64                        /* opts of one beam result */
 #define KEX_CACHE_OPTS_TEXT_MAX 2048                 /* bytes of the opts text */
@@ -203,6 +209,10 @@ typedef struct kex_cache_beam_value {
   int64_t candidates;   /* candidates timed */
   char kernel_name[KEX_CACHE_KERNEL_NAME_MAX];
   int64_t created_at;   /* unix seconds; 0 on put means now */
+  /* how the search decided (search/beam.h; 0, 0, false for results stored before schema 4) */
+  int64_t decision_samples; /* paired rounds of the final comparison */
+  double decision_spread;   /* its measured noise, relative */
+  bool decision_tie;        /* the tie rule, not a time difference, chose the kernel */
 } kex_cache_beam_value;
 
 /*

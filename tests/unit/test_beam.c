@@ -11,7 +11,9 @@
  * of the beam kernel equal the hand-coded kernel's; a second search hits
  * the cache, compiles nothing and costs <= 5% of the first; keys that
  * differ in device identity, options or codegen version miss; two fresh
- * searches choose the same opts; a corrupt row and opts that do not apply
+ * searches choose the same opts (beam.h: paired decisions, the tie rule),
+ * which the cache row's decision fields (samples, spread, tie) record;
+ * a corrupt row and opts that do not apply
  * or break the limits are dropped from the cache and not used (the right
  * numbers still come out); an imported entry of another device never hits.
  */
@@ -179,7 +181,9 @@ static void test_search_and_cache(void **state) {
          r1.search_s);
   assert_false(r1.from_cache);
   assert_true(r1.compiled > 1 && r1.timed > 0);
-  assert_true(r1.best_us > 0 && r1.hand_us > 0 && r1.best_us <= r1.hand_us);
+  /* the pick is hand-coded, faster than it beyond the threshold, or tied with it (then at most the threshold slower) */
+  assert_true(r1.best_us > 0 && r1.hand_us > 0 && r1.best_us <= r1.hand_us * (1 + r1.tie_used));
+  assert_true(r1.decision_samples >= 9 && r1.decision_spread >= 0 && r1.tie_used >= o.tie_tolerance);
 
   /* the chosen opts apply to a fresh kernel and name it */
   kex_kernel *k = NULL;
@@ -198,6 +202,9 @@ static void test_search_and_cache(void **state) {
   assert_int_equal(r2.timed, 0);
   assert_int_equal(r2.nopts, r1.nopts);
   assert_memory_equal(r2.opts, r1.opts, sizeof(kex_opt) * r1.nopts);
+  assert_int_equal(r2.decision_samples, r1.decision_samples); /* the row keeps how the search decided */
+  assert_true(r2.decision_spread == r1.decision_spread);
+  assert_int_equal(r2.decision_tie, r1.decision_tie);
   printf("%s: cache hit %.3f ms (search %.1f ms)\n", dc->name, r2.search_s * 1e3, r1.search_s * 1e3);
   assert_true(r2.search_s <= 0.05 * r1.search_s);
 
@@ -268,14 +275,14 @@ static void test_repeatable(void **state) {
   kex_device *dev = devs[dc->dev];
   if (!dev) { printf("skipped: %s\n", dev_skip[dc->dev]); skip(); }
   if (!getenv("KEX_TEST_BEAM_REPEATABLE")) {
-    /* Known gap (issue 6, not resolved): on this 2-vCPU VM timing noise exceeds the 3-5% gaps between the
-       candidates of these small kernels, so two fresh searches can pick different opts (seen on PoCL in most
-       runs and on cpu when other processes run).  KEX_TEST_BEAM_REPEATABLE=1 runs the assertion anyway.
-       Re-checked after pinning the worker threads and cutting the cpu launch overhead (38 -> 4 us): these
-       kernels now take 6-13 us and still 4-5 of the 6 cases pick different opts in two searches, the two
-       picks 5-20% apart in the searches' own full-size comparison, i.e. run-to-run noise at this scale. */
-    printf("skipped: beam repeatability is not achieved yet on this VM (timing noise exceeds the 3-5%% gaps "
-           "between candidates); set KEX_TEST_BEAM_REPEATABLE=1 to run it\n");
+    /* Known gap (issue 15 item 4, bench/results/beam-repeatable.md): on this shared 2-vCPU VM two fresh searches
+       still differ in 3-7% of these test pairs quiet and 10-27% with a busy core (main before the paired
+       decisions: 61% / 72%): µs-scale kernels drift 10-40% from one search to the next, beyond what pairing
+       inside one search can see, and a progress decision near the threshold then goes either way.
+       KEX_TEST_BEAM_REPEATABLE=1 runs the assertion anyway (KEX_TEST_FILTER='repeatable_*' runs only these
+       tests, about 1 min). */
+    printf("skipped: beam repeatability is not achieved yet on this VM (two fresh searches differ in 3-27%% of "
+           "these kernels); set KEX_TEST_BEAM_REPEATABLE=1 to run it\n");
     skip();
   }
   target t;
@@ -289,7 +296,11 @@ static void test_repeatable(void **state) {
   char ta[512], tb[512];
   opts_text(&a, ta, sizeof ta);
   opts_text(&b, tb, sizeof tb);
-  printf("%s: [%s] %.2f us / [%s] %.2f us\n", dc->name, ta, a.best_us, tb, b.best_us);
+  printf("%s: [%s] %.2f us (hand %.2f, %u paired rounds, noise %.3f, threshold %.3f%s) / [%s] %.2f us (hand %.2f, "
+         "%u rounds, noise %.3f, threshold %.3f%s)\n",
+         dc->name, ta, a.best_us, a.hand_us, a.decision_samples, a.decision_spread, a.tie_used,
+         a.decision_tie ? ", tie" : "", tb, b.best_us, b.hand_us, b.decision_samples, b.decision_spread, b.tie_used,
+         b.decision_tie ? ", tie" : "");
   assert_string_equal(ta, tb);
   target_free(&t);
 }
@@ -498,6 +509,9 @@ int main(void) {
     }
   tests[nt++] = (struct CMUnitTest){"corrupt_entry", test_corrupt_entry, NULL, NULL, NULL};
   tests[nt++] = (struct CMUnitTest){"import_other_device", test_import_other_device, NULL, NULL, NULL};
+  /* KEX_TEST_FILTER=repeatable_* runs only the tests whose names match (cmocka's glob) */
+  const char *filter = getenv("KEX_TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
   int fails = _cmocka_run_group_tests("beam", tests, (size_t)nt, NULL, NULL);
   kex_device_unref(devs[0]);
   kex_device_unref(devs[1]);

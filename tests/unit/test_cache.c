@@ -81,6 +81,9 @@ static kex_cache_beam_value value_of(int n) {
   v.search_time_s = 0.5 + n;
   v.candidates = 100 + n;
   snprintf(v.kernel_name, sizeof v.kernel_name, "r_%d_16", n);
+  v.decision_samples = 9 + n;
+  v.decision_spread = 0.01 * (n % 7);
+  v.decision_tie = n % 2;
   return v;
 }
 
@@ -113,6 +116,9 @@ static void expect_beam_value(const kex_cache_beam_value *got, int n) {
   assert_int_equal(got->candidates, want.candidates);
   assert_string_equal(got->kernel_name, want.kernel_name);
   assert_true(got->created_at > 0);
+  assert_int_equal(got->decision_samples, want.decision_samples);
+  assert_true(got->decision_spread == want.decision_spread);
+  assert_int_equal(got->decision_tie, want.decision_tie);
 }
 
 static int64_t sql_int(const char *path, const char *sql) {
@@ -520,7 +526,7 @@ static void test_migration_from_v2_drops_programs(void **state) {
   kex_log_set_level(KEX_LOG_OFF);
   kex_cache *c = open_ok(path);
   kex_log_set_level(KEX_LOG_WARN);
-  assert_int_equal(kex_cache_schema_version(c, NULL), 3);
+  assert_int_equal(kex_cache_schema_version(c, NULL), KEX_CACHE_SCHEMA_VERSION);
   assert_int_equal(sql_int(path, "SELECT count(*) FROM programs"), 0);
   assert_int_equal(sql_int(path, "SELECT count(*) FROM pragma_table_info('programs') WHERE name IN "
                                  "('source', 'binary_sha256')"), 2);
@@ -542,6 +548,68 @@ static void test_migration_from_v2_drops_programs(void **state) {
   assert_int_equal(kex_cache_program_get(c, src, strlen(src), &d, &p, &err), 0);
   assert_memory_equal(p.binary, bin, sizeof bin);
   kex_free(p.binary);
+  kex_cache_close(c);
+  expect_integrity_ok(path);
+}
+
+/*
+ * Migration 3 -> 4 adds the decision columns (0 for the rows already
+ * there) in the transaction that bumps the version; an export line without
+ * the decision fields (an older kex's) still imports, with 0, 0, false,
+ * and one whose fields have the wrong types is refused.
+ */
+static void test_migration_from_v3_decision(void **state) {
+  (void)state;
+  char path[512], line[4096], hex[65];
+  fresh_path(path, sizeof path, "v3");
+  kex_device_identity d = this_dev();
+  kex_cache *c = open_ok(path);
+  beam_put_ok(c, 3, &d, "s", "g");
+  kex_cache_close(c);
+  /* back to a v3 file: the v4 columns gone, the version 3 */
+  sql_exec(path, "ALTER TABLE beam_results DROP COLUMN decision_samples;"
+                 "ALTER TABLE beam_results DROP COLUMN decision_spread;"
+                 "ALTER TABLE beam_results DROP COLUMN decision_tie;"
+                 "UPDATE schema_version SET version = 3;");
+  kex_log_set_level(KEX_LOG_OFF);
+  c = open_ok(path);
+  kex_log_set_level(KEX_LOG_WARN);
+  assert_int_equal(kex_cache_schema_version(c, NULL), 4);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM pragma_table_info('beam_results') WHERE name IN "
+                                 "('decision_samples', 'decision_spread', 'decision_tie')"), 3);
+  kex_cache_beam_value v;
+  kex_error err = {0};
+  assert_int_equal(beam_get(c, 3, &d, "s", "g", &v, &err), 0);
+  assert_int_equal(v.candidates, 103);
+  assert_int_equal(v.decision_samples, 0);
+  assert_true(v.decision_spread == 0);
+  assert_false(v.decision_tie);
+  /* an old export line (no decision fields) imports; wrong types are refused */
+  uint8_t key[32];
+  key_of(4, key);
+  kex_hex(key, 32, hex);
+  const char *tails[] = {"}", ",\"samples\":12,\"spread\":0.5,\"tie\":true}", ",\"tie\":1}", ",\"samples\":-1}",
+                         ",\"spread\":\"x\"}"};
+  const int want_rc[] = {0, 0, KEX_EPARSE, KEX_EPARSE, KEX_EPARSE};
+  for (int i = 0; i < 5; i++) {
+    snprintf(line, sizeof line,
+             "{\"format\":\"kex.cache.export.v1\",\"schema\":3}\n{\"type\":\"beam\",\"ast_key\":\"%s\",\"device\":"
+             "{\"kind\":\"%s\",\"vendor\":\"%s\",\"name\":\"%s\",\"driver_version\":\"%s\",\"compiler_version\":\"%s\"},"
+             "\"search_opts\":\"s\",\"codegen_version\":\"g\",\"opts\":\"UPCAST(0,4)\",\"best_time_s\":1e-05,"
+             "\"hand_time_s\":2e-05,\"search_time_s\":1.5,\"candidates\":3,\"kernel_name\":\"E_4\",\"created_at\":1,"
+             "\"ast_text\":null%s\n",
+             hex, d.kind, d.vendor, d.name, d.driver_version, d.compiler_version, tails[i]);
+    FILE *f = fmemopen(line, strlen(line), "r");
+    kex_cache_import_report rep;
+    assert_int_equal(kex_cache_import(c, f, &rep, &err), want_rc[i]);
+    fclose(f);
+    assert_int_equal(rep.imported, want_rc[i] ? 0 : 1);
+    if (want_rc[i]) continue;
+    assert_int_equal(beam_get(c, 4, &d, "s", "g", &v, &err), 0);
+    assert_int_equal(v.decision_samples, i ? 12 : 0);
+    assert_true(v.decision_spread == (i ? 0.5 : 0));
+    assert_int_equal(v.decision_tie, i == 1);
+  }
   kex_cache_close(c);
   expect_integrity_ok(path);
 }
@@ -922,6 +990,9 @@ static void test_export_import(void **state) {
   assert_int_equal(kex_cache_get_entry(b, hex, NULL, e, &err), 0);
   assert_non_null(e->ast_text);
   assert_string_equal(e->ast_text, text);
+  assert_int_equal(e->value.decision_samples, v.decision_samples); /* the decision travels in the export line */
+  assert_true(e->value.decision_spread == v.decision_spread);
+  assert_int_equal(e->value.decision_tie, v.decision_tie);
   kex_free(e->ast_text);
   free(e);
   for (int i = 0; i < 3; i++) { /* the programs stayed where they were compiled */
@@ -1300,6 +1371,7 @@ int main(void) {
       cmocka_unit_test(test_corrupt_rows_dropped),
       cmocka_unit_test(test_migration_from_v1),
       cmocka_unit_test(test_migration_from_v2_drops_programs),
+      cmocka_unit_test(test_migration_from_v3_decision),
       cmocka_unit_test(test_newer_or_foreign_refused),
       cmocka_unit_test(test_integrity_after_many_writes),
       cmocka_unit_test(test_two_handles_and_fork),
