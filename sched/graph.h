@@ -78,23 +78,26 @@ typedef enum kex_buffer_source {
 } kex_buffer_source;
 
 typedef struct kex_gnode {
+  /* fields ordered so that what the replay (sched/lazy.c) reads of a node other than a CONST's value is
+     its first 64 bytes (one cache line), the inputs' fields after */
   kex_gop op;
   uint8_t nsrc;
-  uint32_t src[3];
   /* inferred for every node after validation (given for inputs/CONST) */
-  kex_dtype dtype;
   uint8_t ndim;
-  const int64_t *shape;
-  uint32_t depth; /* inferred: 1 for an input, else 1 + the deepest source (<= max_depth) */
+  uint32_t src[3];
+  kex_dtype dtype;
   /* movement ops: RESHAPE/EXPAND new shape (narg = ndim); PERMUTE order; PAD/SHRINK
      pairs flattened (narg = 2*ndim); STRIDE one int per dim. */
   uint32_t narg;
-  const int64_t *arg;
   /* REDUCE_*: the reduced axes in the order given (kept as size-1 dims) */
   uint32_t naxis;
+  const int64_t *shape;
+  const int64_t *arg;
   const int32_t *axis;
+  const char *device;  /* COPY target, or an input's device; NULL = graph device */
   /* CONST value (converted with dtypes.as_const), CAST/BITCAST target = dtype */
   kex_const value;
+  uint32_t depth; /* inferred: 1 for an input, else 1 + the deepest source (<= max_depth) */
   /* BUFFER */
   kex_buffer_source bufsrc;
   const uint8_t *data; /* KEX_BUF_DATA: decoded bytes, prod(shape)*itemsize */
@@ -102,7 +105,6 @@ typedef struct kex_gnode {
   uint64_t seed;       /* KEX_BUF_FILL_RANDOM */
   kex_const fill;      /* KEX_BUF_FILL_VALUE */
   const char *handle;  /* KEX_BUF_HANDLE */
-  const char *device;  /* COPY target, or an input's device; NULL = graph device */
 } kex_gnode;
 
 typedef struct kex_graph {

@@ -80,6 +80,7 @@ const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t n, const kex_view *
   s->hash = h;
   s->nviews = n;
   s->views = vs;
+  s->last = vs[n - 1];
   s->moved_next = 0;
   memset(s->moved, 0, sizeof s->moved);
   s->simplified = s->add_b = s->add_res = NULL;

@@ -66,6 +66,7 @@ struct kex_st {
   uint32_t nviews;
   uint32_t moved_next; /* cache: the moved[] slot the next memoised op replaces */
   const kex_view *const *views;
+  const kex_view *last; /* views[nviews - 1], the one most reads want: read here, the views array's line is not */
   /* caches (the one mutable part of an interned ShapeTracker, like a view's shape_st), of results in the context
      that made it, answered without the memo table's hash and probe: the last movement ops applied to it, its
      simplify() (NULL until asked) and its last `self + add_b` */
@@ -121,11 +122,11 @@ const kex_st *kex_st_from_shape(kex_shape_ctx *ctx, int ndim, const int64_t *sha
 /* from_shape(shape of st): the contiguous ShapeTracker of st's visible shape, cached on the view. */
 const kex_st *kex__st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st); /* its path when the view has none yet */
 static inline const kex_st *kex_st_from_shape_of(kex_shape_ctx *ctx, const kex_st *st) {
-  const struct kex_st *c = st->views[st->nviews - 1]->shape_st;
+  const struct kex_st *c = st->last->shape_st;
   return c ? c : kex__st_from_shape_of(ctx, st);
 }
 const kex_st *kex_st_from_views(kex_shape_ctx *ctx, uint32_t nviews, const kex_view *const *views);
-static inline const kex_view *kex_st_last(const kex_st *st) { return st->views[st->nviews - 1]; }
+static inline const kex_view *kex_st_last(const kex_st *st) { return st->last; }
 static inline int kex_st_ndim(const kex_st *st) { return kex_st_last(st)->ndim; }
 static inline const int64_t *kex_st_shape(const kex_st *st) { return kex_st_last(st)->shape; }
 static inline int64_t kex_st_size(const kex_st *st) { return kex_view_size(kex_st_last(st)); } /* prod(shape) */
