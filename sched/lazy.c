@@ -190,14 +190,13 @@ static inline bool is_unrealized_unmasked_const(const kex_lb *lb) {
 }
 
 /*
- * A new LazyBuffer of r (size bytes of arena memory: sizeof(kex_lb) for a
- * base, KEX_LB_VIEW_SIZE for a view): the fields every one has and the
- * scheduler's (zero); a base's fields are the caller's (lb_set_base).  NULL
+ * A new LazyBuffer of r (arena memory): the fields every one has and the
+ * scheduler's (zero); the base fields are the caller's (lb_set_base).  NULL
  * on OOM.  Inlined into its two callers (a call per LazyBuffer showed).
  */
 static inline __attribute__((always_inline)) kex_lb *lb_alloc(kex_replay *r, const char *device, const kex_st *st,
-                                                               kex_dtype dtype, size_t size) {
-  kex_lb *lb = kex_arena_alloc(r->arena, size);
+                                                               kex_dtype dtype) {
+  kex_lb *lb = kex_arena_alloc(r->arena, sizeof *lb);
   if (!lb) return NULL;
   lb->id = r->nlbs++;
   lb->dtype = dtype;
@@ -206,7 +205,7 @@ static inline __attribute__((always_inline)) kex_lb *lb_alloc(kex_replay *r, con
   lb->graph_node = -1;
   /* the scheduler's scratch cleared as one stretch, the base fields set by the caller one by one: the compiler
      makes vector stores of these, where it clears a whole kex_lb with a `rep stos` (slow to start for 192 bytes) */
-  memset(&lb->flags, 0, offsetof(kex_lb, op) - offsetof(kex_lb, flags));
+  memset(&lb->flags, 0, sizeof *lb - offsetof(kex_lb, flags));
   lb->group_slot = -1;
   return lb;
 }
@@ -253,7 +252,7 @@ static kex_lb *create_lb(replay_ctx *c, const char *device, const kex_st *st, ke
     if (!(slot = kex_dict_insert_with(&r->cache->lbs, key_hash(&k), &k, &found, &lazycache_type))) return fail_view(c);
     if (found) return *slot;
   }
-  kex_lb *lb = lb_alloc(r, device, st, dtype, sizeof *lb);
+  kex_lb *lb = lb_alloc(r, device, st, dtype);
   if (!lb) goto fail;
   lb_set_base(lb, lb, op, arg, axis_mask, nsrc, srcs);
   int b;
@@ -281,8 +280,7 @@ fail:
 
 /*
  * create_lb for a view (base non-NULL) of a non-empty st: the lazycache's
- * (st, base) key alone, without the base key's fields and rules.  A view
- * has no base fields (KEX_LB_VIEW_SIZE bytes): they are read through base.
+ * (st, base) key alone, without the base key's fields and rules.
  */
 static kex_lb *create_view(replay_ctx *c, const char *device, const kex_st *st, kex_dtype dtype, kex_lb *base) {
   kex_replay *r = c->r;
@@ -293,12 +291,12 @@ static kex_lb *create_view(replay_ctx *c, const char *device, const kex_st *st, 
   kex_lb **slot = kex_dict_insert_with(&r->cache->lbs, view_key_hash(st, base), &k, &found, &lazycache_type);
   if (!slot) return fail_view(c);
   if (found) return *slot;
-  kex_lb *lb = lb_alloc(r, device, st, dtype, KEX_LB_VIEW_SIZE);
+  kex_lb *lb = lb_alloc(r, device, st, dtype);
   if (!lb) {
     kex_dict_cancel(&r->cache->lbs, slot);
     return fail_view(c);
   }
-  lb->base = base;
+  lb_set_base(lb, base, 0, (kex_const){0}, 0, 0, NULL); /* a view: the base fields empty */
   *slot = lb;
   return lb;
 }

@@ -14,7 +14,6 @@
 #define KEX_SCHED_LAZY_H
 
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 
 #include "core/arena.h"
@@ -28,17 +27,26 @@
 typedef struct kex_lb kex_lb;
 
 struct kex_lb {
-  /* fields ordered so that none pads (192 bytes on LP64), and so that what a view uses (the fields every
-     LazyBuffer has and the scheduler's scratch: the first 112 bytes) comes before what only a base uses: a
-     view then touches two cache lines of its own rather than three or four.  lb_alloc (lazy.c) sets each
-     field above `flags` one by one and clears from `flags` to `op` as one stretch; lb_set_base sets each
-     field from `op` on: a new field needs its line there */
+  /* fields ordered so that none pads (192 bytes on LP64); lb_alloc and lb_set_base (lazy.c) set each field above
+     `flags` one by one and clear from `flags` to the end as one stretch: a new field needs its line there */
   uint32_t id;          /* creation order */
   kex_dtype dtype;
   kex_lb *base;         /* == self for a base */
   const kex_st *st;
   const char *device;   /* interned: compare by pointer */
-  int32_t graph_node;   /* graph node that created it, -1 for internal nodes */
+  /* ---- base only ---- */
+  kex_op op;
+  uint32_t axis_mask;         /* SUM/RMAX: reduced axes */
+  uint8_t nsrc;
+  bool realized;              /* holds data (BUFFER input, or scheduled) */
+  bool forced_realize;
+  uint32_t buffer;            /* buffer id (ASSIGN shares its target's, VIEW is a sub-buffer) */
+  int32_t graph_node;         /* graph node that created it, -1 for internal nodes */
+  kex_lb *srcs[3];
+  kex_const arg;              /* CONST value */
+  const kex_st *assign_st;    /* ASSIGN: target view when not contiguous (arg=(st,)), else NULL */
+  kex_lb *contiguous_child;   /* contiguous copy made by contiguous() ... */
+  const kex_st *contiguous_child_st; /* ... and the view that reads this base through it */
   /* ---- scheduler scratch (sched/schedule.c) ---- */
   uint32_t flags;
   uint32_t nchildren, capchildren;
@@ -51,22 +59,7 @@ struct kex_lb {
   kex_lb *reduce_for_op;
   kex_lb *assign_of;          /* for an assign target: the ASSIGN in this schedule */
   const void *memo_st, *memo_lop;
-  /* ---- base only ---- */
-  kex_op op;
-  uint32_t axis_mask;         /* SUM/RMAX: reduced axes */
-  uint8_t nsrc;
-  bool realized;              /* holds data (BUFFER input, or scheduled) */
-  bool forced_realize;
-  uint32_t buffer;            /* buffer id (ASSIGN shares its target's, VIEW is a sub-buffer) */
-  kex_lb *srcs[3];
-  kex_const arg;              /* CONST value */
-  const kex_st *assign_st;    /* ASSIGN: target view when not contiguous (arg=(st,)), else NULL */
-  kex_lb *contiguous_child;   /* contiguous copy made by contiguous() ... */
-  const kex_st *contiguous_child_st; /* ... and the view that reads this base through it */
 };
-
-/* A view is allocated without the base-only fields (from `op` on): they are read through lb->base. */
-#define KEX_LB_VIEW_SIZE offsetof(kex_lb, op)
 
 static inline bool kex_lb_is_base(const kex_lb *lb) { return lb->base == lb; }
 static inline int kex_lb_ndim(const kex_lb *lb) { return kex_st_ndim(lb->st); }
