@@ -1572,12 +1572,14 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   compare_set cmp = {&hand_ps, bps, runner ? &runner->ps : NULL, hand_prog, bp, runner ? runner->prog : NULL};
   cmp.theta = decision_theta(opts, best->us * 1e-6); /* a full-size run of the beam's best (extrapolated) */
   if ((rc = compare_full_size(&s, &cmp, err))) goto out;
-  /* the final pick keeps what the search has (hysteresis, no timing in the order): the beam's best unless another
-     kernel is faster than it beyond the threshold, then hand-coded unless that one is beaten too, then the
+  /* the final pick, by a fixed order of preference (hysteresis, no timing in the order): hand-coded unless another
+     kernel is faster than it beyond the threshold, then the beam's best unless that one is beaten too, then the
      runner-up.  The tie group (the kernels nobody beats) is recorded */
   const kex_kernel *fk[3] = {kw, kh, kr};
+  static const int prefer[3] = {1, 0, 2};
   int nf = runner ? 3 : 2, pick = -1, ntie = 0;
-  for (int i = 0; i < nf; i++) {
+  for (int k = 0; k < nf; k++) {
+    int i = prefer[k];
     bool beaten = false;
     for (int j = 0; j < nf; j++) beaten |= cmp.vs[j][i] < 0;
     if (beaten) continue;
