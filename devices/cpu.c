@@ -18,16 +18,17 @@
  * KEX_CPU_CHUNKS_PER_THREAD per worker, that the workers claim from an
  * atomic counter (the launching thread too, until they have all joined or
  * KEX_CPU_HELP_S passed: the wake-up of a sleeping worker is not a wait),
- * and returns when all ranges ran -- not when every worker has been round: a worker whose CPU
- * is busy with another process may wake a scheduler slice (milliseconds)
- * late, and then finds nothing left to claim.  The counter carries the
- * launch's tag beside the next index, so such a late worker can never
- * claim a range of a later launch with its copy of an earlier one's job
- * (kex_cpu_claim).  Its event holds the wall time.  The launching thread runs the
- * first range itself, and the rest too when they would all take less than
- * waking a worker (a tiny kernel, judged by the program's smallest time per
- * index so far, so that one program runs one way, whatever the load).  With KEX_CPU_THREADS=1 (or one CPU)
- * there are no workers and the launching thread runs the kernel.
+ * and returns when all ranges ran -- not when every worker has been round:
+ * a worker whose CPU is busy with another process may wake a scheduler
+ * slice (milliseconds) late, and then finds nothing left to claim.  The
+ * counter carries the launch's tag beside the next index, so such a late
+ * worker can never claim a range of a later launch with its copy of an
+ * earlier one's job (kex_cpu_claim).  Its event holds the wall time.  The
+ * launching thread runs the first range itself, and the rest too when they
+ * would all take less than waking the workers (a tiny kernel, judged by the
+ * program's smallest time per index so far, so that one program runs one
+ * way, whatever the load).  With KEX_CPU_THREADS=1 (or one CPU) there are
+ * no workers and the launching thread runs the kernel.
  * Buffers are ordinary host memory, 64-byte aligned; from 2 MiB on they
  * start on a 2 MiB boundary and ask for transparent huge pages
  * (kex_cpu_alloc).
@@ -86,7 +87,7 @@ extern char **environ;
 #define KEX_CPU_LAUNCHER_SPIN_S 20e-6 /* the launching thread spins this long for the end before sleeping */
 #define KEX_CPU_CHUNKS_PER_THREAD 16 /* a launch is split into this many pieces per worker */
 #define KEX_CPU_INLINE_S 5e-6 /* a launch whose ranges take less than this in all runs on the launching thread */
-#define KEX_CPU_HELP_S 50e-6  /* the launching thread claims ranges too until every worker has joined, this long at most */
+#define KEX_CPU_HELP_S 50e-6  /* the launching thread claims ranges too until every worker joined, this long at most */
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
 
@@ -357,8 +358,7 @@ static void kex_cpu_deadline_ts(double t, struct timespec *ts) {
  * tag gone from pool->claim).  With a deadline (monotonic seconds, 0:
  * none) no range starts after it: the launching thread wakes at the
  * deadline, closes the launch and waits for the ranges already running.
- * Returns the ranges that ran; *nranges is
- * how many the launch had.
+ * Returns the ranges that ran; *nranges is how many the launch had.
  */
 static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
                             double deadline, double *item_s, int *nranges) {

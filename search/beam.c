@@ -350,7 +350,7 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
 #define KEX_BEAM_PAIR_MAX 2048     /* paired rounds of one decision */
 #define KEX_BEAM_SET_MAX 24        /* members of one decision, the twin and the current best included */
 #define KEX_BEAM_PAIR_MIN 9        /* paired rounds at least (the sign test needs 6 for any interval at 95%) ... */
-#define KEX_BEAM_PAIR_FLOOR 1      /* ... or as many as the budget allows, this many at least (long runs: the warm-up pass) */
+#define KEX_BEAM_PAIR_FLOOR 1      /* ... or what the budget allows, this many at least (long runs: the warm-up pass) */
 #define KEX_BEAM_ROUND_BUDGET_S 0.5 /* a decision stops growing once its runs add up to this at most */
 #define KEX_BEAM_BUDGET_SCALE 1.0  /* ... or to this x the round's screening time, when more than the floor below */
 #define KEX_BEAM_SET_COST_S 0.1    /* beyond the 2N+1 fastest, candidates join a decision while its minimum rounds cost this */
@@ -1587,9 +1587,9 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
     if (pick < 0) pick = i;
   }
   if (pick < 0) pick = 1; /* every kernel beaten by another: a cycle no consistent timing makes; keep hand-coded */
-  /* a tie the runs could not settle (the interval reaches past the band: a busy machine) whose median is beyond the
-     band keeps hand-coded, so the pick is never more than the threshold slower than hand-coded.  That edge sits
-     where a search's result is rarely: the beam's best is mostly faster than hand-coded */
+  /* the order goes by median ratios (pair_cmp); the median times can still disagree at the edge: a pick whose median
+     time is beyond the band of hand-coded's keeps hand-coded, so by the reported times the result is never more
+     than the threshold slower than hand-coded */
   if (pick != 1 && cmp.us[pick] > cmp.us[1] * (1 + cmp.theta)) pick = 1;
   res->hand_us = cmp.us[1];
   res->hand_won = pick == 1;
