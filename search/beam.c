@@ -785,43 +785,49 @@ out:
 }
 
 /*
+ * How this search times its runs, decided once from hand-coded at full
+ * size: on a device that has serial timing (cpu), when hand-coded's pooled
+ * run is under KEX_BEAM_SERIAL_MAX_S (the least of up to
+ * KEX_BEAM_SERIAL_PROBES runs after a warm-up; a run of 4x the limit ends
+ * the probes), every run of the search is timed serially.  device.h says
+ * how and why: on this 2-vCPU VM a pooled microsecond kernel's time
+ * against another's moved 0.6x-1.0x from one second to the next, one
+ * thread's kept its ratio within a per cent, and two searches picked by
+ * which regime they met.  Longer kernels keep the pool's wall time: their
+ * runs span the regimes, and a serial run would cost threads x as much.
+ * A kernel near the limit may be timed one way in one search and the
+ * other way in the next; the picks agree unless its candidates' pooled
+ * and serial orders differ.
+ */
+#define KEX_BEAM_SERIAL_MAX_S 200e-6
+#define KEX_BEAM_SERIAL_PROBES 5
+static int choose_timing(search *s, const kex_program_src *ps, kex_program *prog, kex_error *err) {
+  bool has = false;
+  double least = INFINITY;
+  int rc = s->exec(s->o->exec_ctx, s->dev, job_serial_supported, &has, err);
+  if (!rc && has) {
+    time_job t;
+    fill_time_job(s, ps, prog, false, &t); /* s->serial is still false: pooled */
+    for (int i = 0; i <= KEX_BEAM_SERIAL_PROBES && !rc; i++) { /* the first is a warm-up */
+      rc = s->exec(s->o->exec_ctx, s->dev, job_launch_once, &t, err);
+      if (rc || i == 0) continue;
+      least = fmin(least, t.us);
+      if (t.us >= 4 * KEX_BEAM_SERIAL_MAX_S) break;
+    }
+  }
+  if (rc) return rc;
+  s->serial = has && least < KEX_BEAM_SERIAL_MAX_S;
+  s->res->serial_timing = s->serial;
+  if (has) KEX_DEBUG("beam: hand-coded %.2f us pooled: %s timing", least * 1e6, s->serial ? "serial" : "pooled");
+  return 0;
+}
+
+/*
  * The search's limits on kernel k (opts applied): the product of the
  * upcast dims (colors m, y) at most o->upcast_max and of the local dims
  * (c, g, w) at most o->local_max.  0, or KEX_ELIMIT with *err naming the
  * product and the limit.
  */
-/*
- * How this search times its runs, decided once from hand-coded at full
- * size (pooled, the least of KEX_BEAM_SERIAL_PROBES runs): under
- * KEX_BEAM_SERIAL_MAX_S, on a device that has serial timing, every run of
- * the search is timed serially (device.h says how and why: a pooled
- * microsecond kernel's time against another's moved 0.6x-1.0x between one
- * second and the next on this machine, one thread's kept its ratio, and two
- * searches picked by which regime they met).  A longer kernel's runs
- * average the regimes out and keep the pool's real wall time.
- */
-#define KEX_BEAM_SERIAL_MAX_S 200e-6
-#define KEX_BEAM_SERIAL_PROBES 5
-static int choose_timing(search *s, const kex_program_src *ps, kex_program *prog, kex_error *err) {
-  time_job t;
-  fill_time_job(s, ps, prog, false, &t);
-  double least = INFINITY;
-  bool has = false;
-  for (int i = 0; i < KEX_BEAM_SERIAL_PROBES + 1; i++) { /* the first is a warm-up */
-    int rc = s->exec(s->o->exec_ctx, s->dev, job_launch_once, &t, err);
-    if (rc) return rc;
-    if (i > 0 && t.us < least) least = t.us;
-  }
-  if (least < KEX_BEAM_SERIAL_MAX_S) {
-    int rc = s->exec(s->o->exec_ctx, s->dev, job_serial_supported, &has, err);
-    if (rc) return rc;
-  }
-  s->serial = has;
-  s->res->serial_timing = s->serial;
-  KEX_DEBUG("beam: hand-coded %.2f us pooled: %s timing", least * 1e6, s->serial ? "serial" : "pooled");
-  return 0;
-}
-
 static int check_opt_limits(const kex_kernel *k, const kex_beam_opts *o, kex_error *err) {
   char colors[KEX_MAX_DIMS + 1];
   int64_t up = 1, lcl = 1;
