@@ -132,6 +132,7 @@ typedef struct kex_cpu_device {
   kex_cpu_worker_arg args[KEX_CPU_MAX_THREADS];
   int pool_ready;
   double time_limit_s; /* 0: none (the owner thread's, like launches) */
+  bool serial;         /* serial timing (kex_device_set_serial_timing; the owner thread's) */
 } kex_cpu_device;
 
 typedef struct kex_cpu_buffer {
@@ -410,6 +411,33 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
     pthread_mutex_unlock(&pool->mu);
   }
   return atomic_load(&pool->finished);
+}
+
+/*
+ * Serial timing (kex_device_set_serial_timing): the ranges kex_cpu_pool_run
+ * would make, one after another on this thread; *ideal_s gets what the
+ * pool would take at best, max(their sum / its threads, the longest).  No
+ * range starts after the deadline (monotonic seconds, 0: none).  Returns
+ * the ranges that ran; *nranges is how many the launch had.
+ */
+static int kex_cpu_serial_run(const kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **bufs, const int *ints, int total,
+                              double deadline, double *ideal_s, int *nranges) {
+  int threads = pool->nthreads ? pool->nthreads : 1, ran = 0;
+  long long pieces = (long long)threads * KEX_CPU_CHUNKS_PER_THREAD;
+  int chunk = total <= 1 || pool->nthreads == 0 ? (total > 1 ? total : 1) : (int)((total + pieces - 1) / pieces);
+  double sum = 0, longest = 0;
+  *nranges = total <= 1 ? 1 : (int)(((long long)total + chunk - 1) / chunk);
+  for (int start = 0; ran < *nranges; start += chunk) {
+    double t0 = kex_cpu_now();
+    if (deadline > 0 && t0 > deadline) break;
+    fn(bufs, ints, start, total <= 1 ? total : start + chunk < total ? start + chunk : total);
+    double t = kex_cpu_now() - t0;
+    sum += t;
+    if (t > longest) longest = t;
+    ran++;
+  }
+  *ideal_s = sum / threads > longest ? sum / threads : longest;
+  return ran;
 }
 
 /* ---- files and the compiler ---- */
@@ -696,9 +724,13 @@ static int kex_cpu_launch(void *impl, void *p, const char *name, const size_t gl
   for (int i = 0; i < nints; i++) args[i] = ints[i];
   args[nints] = 0;
   t0 = kex_cpu_now();
-  ran = kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0, &prog->item_s,
-                         &nranges);
-  ev->seconds = kex_cpu_now() - t0;
+  if (cpu->serial)
+    ran = kex_cpu_serial_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0, &ev->seconds,
+                             &nranges);
+  else
+    ran = kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0,
+                           &prog->item_s, &nranges);
+  if (!cpu->serial) ev->seconds = kex_cpu_now() - t0;
   if (ran < nranges) {
     kex_free(ev);
     return kex_err_set(err, KEX_EDEADLINE,
@@ -733,9 +765,16 @@ static void kex_cpu_event_free(void *impl, void *event) {
   kex_free(event);
 }
 
+static bool kex_cpu_set_serial_timing(void *impl, bool on) {
+  kex_cpu_device *cpu = impl;
+  cpu->serial = on;
+  return true;
+}
+
 static const kex_device_ops kex_cpu_ops = {
     KEX_DEVICE_OPS_COMMON(kex_cpu),
     .set_kernel_time_limit = kex_cpu_set_kernel_time_limit,
+    .set_serial_timing = kex_cpu_set_serial_timing,
 };
 
 /*

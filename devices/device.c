@@ -74,6 +74,10 @@ void kex_device_set_kernel_time_limit(kex_device *dev, double seconds) {
 
 double kex_device_kernel_time_limit(const kex_device *dev) { return dev->kernel_time_limit_s; }
 
+bool kex_device_set_serial_timing(kex_device *dev, bool on) {
+  return dev->ops->set_serial_timing ? dev->ops->set_serial_timing(dev->impl, on) : false;
+}
+
 const kex_device_info *kex_device_get_info(const kex_device *dev) { return &dev->info; }
 const kex_device_identity *kex_device_get_identity(const kex_device *dev) { return &dev->info.identity; }
 

@@ -307,6 +307,23 @@ void kex_device_set_kernel_time_limit(kex_device *dev, double seconds);
 double kex_device_kernel_time_limit(const kex_device *dev);
 
 /*
+ * Serial timing, for measuring short kernels (the beam search's): while on,
+ * a launch runs its ranges one after another on the launching thread, split
+ * exactly as the pool would split them, and its event's elapsed time is the
+ * pool's ideal time for those ranges: max(their sum / the pool's threads,
+ * the longest one).  The kernel's results are the same; the kernel time
+ * limit holds against the real time.  Why: a pooled launch of a
+ * microsecond kernel on a shared machine has regimes -- which core holds
+ * which range's data, whether a worker was awake, what runs beside it --
+ * that moved one kernel's time against another's by 0.6x to 1.0x from one
+ * second to the next, while one thread's times kept their ratio within a
+ * few per cent (bench/results/beam-repeatable.md).  Owner thread only.
+ * Returns whether the device has the mode (cpu: yes; opencl: no, and its
+ * launches are unchanged).
+ */
+bool kex_device_set_serial_timing(kex_device *dev, bool on);
+
+/*
  * Fault injection (fault.c): a device that passes every call through to
  * `inner` (taking a reference on it) but fails the n-th call (n >= 1,
  * counted from creation) of one kind with KEX_EDEVICE and a message naming

@@ -43,6 +43,8 @@ typedef struct kex_device_ops {
   /* Optional (NULL: the limit is only checked when a kernel ends, in device.c): stop kernels that run
      longer than `seconds` (0: no limit) -- kex_device_set_kernel_time_limit. */
   void (*set_kernel_time_limit)(void *dev, double seconds);
+  /* Optional (NULL: no such mode, kex_device_set_serial_timing returns false). */
+  bool (*set_serial_timing)(void *dev, bool on);
 } kex_device_ops;
 
 /*

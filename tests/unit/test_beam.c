@@ -296,11 +296,12 @@ static void test_repeatable(void **state) {
   char ta[512], tb[512];
   opts_text(&a, ta, sizeof ta);
   opts_text(&b, tb, sizeof tb);
-  printf("%s: [%s] %.2f us (hand %.2f, %u paired rounds, noise %.3f, threshold %.3f%s) / [%s] %.2f us (hand %.2f, "
-         "%u rounds, noise %.3f, threshold %.3f%s)\n",
+  printf("%s: [%s] %.2f us (hand %.2f, %u paired rounds, noise %.3f, threshold %.3f%s%s) / [%s] %.2f us (hand "
+         "%.2f, %u rounds, noise %.3f, threshold %.3f%s%s)\n",
          dc->name, ta, a.best_us, a.hand_us, a.decision_samples, a.decision_spread, a.tie_used,
-         a.decision_tie ? ", tie" : "", tb, b.best_us, b.hand_us, b.decision_samples, b.decision_spread, b.tie_used,
-         b.decision_tie ? ", tie" : "");
+         a.decision_tie ? ", tie" : "", a.serial_timing ? ", serial" : "", tb, b.best_us, b.hand_us,
+         b.decision_samples, b.decision_spread, b.tie_used, b.decision_tie ? ", tie" : "",
+         b.serial_timing ? ", serial" : "");
   assert_string_equal(ta, tb);
   target_free(&t);
 }

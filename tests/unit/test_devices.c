@@ -981,6 +981,93 @@ static void test_cpu_threads(void **state) {
 }
 
 /*
+ * Serial timing (kex_device_set_serial_timing, the beam search's for short
+ * kernels): while on, a launch runs every range on the launching thread, in
+ * the ranges the pool would make, each item once; its elapsed time is the
+ * pool's ideal, max(sum / threads, longest range): at most the launch's
+ * wall time and at least its share of it.  Turned off, the workers run
+ * ranges again; the kernel time limit still stops a serial launch.
+ */
+static void test_cpu_serial_timing(void **state) {
+  enum { N = 1001 };
+  kex_error err = {0};
+  compiled c = {0};
+  kex_event *ev = NULL;
+  int start[N] = {0}, end[N], cpu[N];
+  unsigned long tid[N];
+  int cores = kex_device_get_info(g.cpu)->compute_units;
+  (void)state;
+  compile_once(g.cpu, &c, CPU_RANGES, "ranges");
+  kex_program *prog = load_or_fail(g.cpu, &c, "ranges");
+  kex_buffer *bufs[4] = {buffer_with(g.cpu, start, sizeof start), buffer_with(g.cpu, NULL, sizeof end),
+                         buffer_with(g.cpu, NULL, sizeof tid), buffer_with(g.cpu, NULL, sizeof cpu)};
+  size_t global[3] = {N, 1, 1}, one[3] = {1, 1, 1};
+  int32_t spin = 20000;
+  assert_true(kex_device_set_serial_timing(g.cpu, true));
+  double t0 = now_s();
+  assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, &spin, 1, &ev, &err), 0);
+  double wall = now_s() - t0, ideal = -1;
+  assert_int_equal(kex_event_elapsed(ev, &ideal, &err), 0);
+  kex_event_free(ev);
+  assert_int_equal(kex_buffer_copy_out(bufs[0], 0, start, sizeof start, &err), 0);
+  assert_int_equal(kex_buffer_copy_out(bufs[1], 0, end, sizeof end, &err), 0);
+  assert_int_equal(kex_buffer_copy_out(bufs[2], 0, tid, sizeof tid, &err), 0);
+  int nranges = 0;
+  for (int i = 0; i < N; i++) {
+    int s = start[i] - 1;
+    assert_true(s >= 0 && s <= i && i < end[i]); /* once, in contiguous ranges */
+    assert_int_equal(tid[i], (unsigned long)pthread_self());
+    nranges += s == i;
+  }
+  int chunk = cores > 1 ? (N + 16 * cores - 1) / (16 * cores) : N;
+  assert_int_equal(nranges, (N + chunk - 1) / chunk);
+  print_message("cpu serial: %d ranges, ideal %.3f ms of %.3f ms wall on %d threads\n", nranges, ideal * 1e3,
+                wall * 1e3, cores);
+  assert_true(ideal <= wall);
+  assert_true(ideal >= wall / cores * 0.5);
+  /* one item is one range: the ideal is its time */
+  assert_int_equal(kex_program_launch(prog, one, NULL, bufs, 4, &spin, 1, &ev, &err), 0);
+  assert_int_equal(kex_event_elapsed(ev, &ideal, &err), 0);
+  kex_event_free(ev);
+  assert_true(ideal > 0);
+  /* the kernel time limit stops a serial launch between its ranges */
+  if (cores > 1) { /* (one thread: the launch is one range, which no limit stops) */
+    int32_t long_spin = 2000000;
+    kex_device_set_kernel_time_limit(g.cpu, 0.02);
+    ev = NULL;
+    int rc = kex_program_launch(prog, global, NULL, bufs, 4, &long_spin, 1, &ev, &err);
+    kex_device_set_kernel_time_limit(g.cpu, 0);
+    assert_int_equal(rc, KEX_EDEADLINE);
+    assert_non_null(strstr(err.msg, "ranges ran"));
+    assert_null(ev);
+  }
+  /* off: the pool again (a worker runs a range, unless a busy machine left them all to this thread: 3 tries) */
+  assert_true(kex_device_set_serial_timing(g.cpu, false));
+  bool worker = cores == 1;
+  for (int t = 0; t < 3 && !worker; t++) {
+    memset(start, 0, sizeof start);
+    assert_int_equal(kex_buffer_copy_in(bufs[0], 0, start, sizeof start, &err), 0);
+    assert_int_equal(kex_program_launch(prog, global, NULL, bufs, 4, &spin, 1, &ev, &err), 0);
+    assert_int_equal(kex_event_wait(ev, &err), 0);
+    kex_event_free(ev);
+    assert_int_equal(kex_buffer_copy_out(bufs[2], 0, tid, sizeof tid, &err), 0);
+    for (int i = 0; i < N; i++) worker = worker || tid[i] != (unsigned long)pthread_self();
+  }
+  assert_true(worker);
+  for (int i = 0; i < 4; i++) kex_buffer_free(bufs[i]);
+  kex_program_free(prog);
+  kex_free(c.bin);
+}
+
+/* OpenCL has no serial timing: the call says so and changes nothing. */
+static void test_cl_no_serial_timing(void **state) {
+  (void)state;
+  NEED_CL();
+  assert_false(kex_device_set_serial_timing(g.cl, true));
+  assert_false(kex_device_set_serial_timing(g.cl, false));
+}
+
+/*
  * Launches back to back on two sets of buffers, alternating tiny launches
  * (run on the launching thread) with pooled ones and the grid size, so that
  * a worker that wakes late for one launch meets the next: each launch runs
@@ -1383,6 +1470,8 @@ int main(void) {
       cmocka_unit_test(test_reload_cl),
       cmocka_unit_test(test_cpu_threads),
       cmocka_unit_test(test_cpu_back_to_back),
+      cmocka_unit_test(test_cpu_serial_timing),
+      cmocka_unit_test(test_cl_no_serial_timing),
       cmocka_unit_test(test_cpu_buffer_alignment),
       cmocka_unit_test(test_foreign_buffer),
       cmocka_unit_test(test_fault_device),
