@@ -728,6 +728,12 @@ int kex_replay_graph(const kex_graph *g, const kex_replay_opts *opts, kex_arena 
     r->cache->consts = t ? kex_replay_tables_take(&t->consts, &const_memo_type) : kex_dict_make(&const_memo_type);
     /* sized to the graph (about one entry per node), so a replay does not rehash as it goes */
     (void)kex_dict_reserve(&r->cache->lbs, g->nnodes);
+    if (t && t->buffers) { /* the last replay's table, with its capacity */
+      r->buffers = t->buffers;
+      r->capbuffers = t->capbuffers;
+      t->buffers = NULL;
+      t->capbuffers = 0;
+    }
   }
   /* not zeroed: node i's entry is set before any later node reads it */
   r->node_lb = kex_arena_alloc(arena, sizeof *r->node_lb * (g->nnodes ? g->nnodes : 1));
@@ -779,7 +785,13 @@ void kex_replay_free(kex_replay *r) {
     kex_dict_free(&r->cache->consts);
   }
   if (r->own_shape) kex_shape_ctx_free(r->shape);
-  kex_free(r->buffers);
+  if (r->opts.tables && !r->opts.tables->buffers) { /* kept for the next replay (kex_sched_warm counts it) */
+    r->opts.tables->buffers = r->buffers;
+    r->opts.tables->capbuffers = r->capbuffers;
+  } else {
+    kex_free(r->buffers);
+  }
+  r->buffers = NULL;
 }
 
 kex_replay_opts kex_replay_opts_for(bool clang_rules) {

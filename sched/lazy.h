@@ -88,6 +88,11 @@ typedef struct kex_replay_tables {
   kex_dict lbs, consts; /* the lazycache and the const memo (lazy.c) */
   kex_dict lops, visit; /* the LazyOp table and the visited set (schedule.c) */
   kex_arena scratch;    /* the schedule's temporaries, reset when it is made (zeroed: set up on first use) */
+  /* the replay's buffer table (kex_replay.buffers), kept with its capacity: growing it from malloc inside a
+     warm Plan cost kexd 30-50 us of malloc_consolidate, after the request's decode had freed thousands of
+     small chunks */
+  kex_buffer_info *buffers;
+  uint32_t capbuffers;
 } kex_replay_tables;
 
 /* Take the table kept in *slot (an empty one of type when it holds none), leaving *slot empty. */

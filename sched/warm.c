@@ -42,6 +42,9 @@ static void warm_empty(kex_sched_warm *w) {
   kex_dict_free(&w->tables.lops);
   kex_dict_free(&w->tables.visit);
   kex_arena_destroy(&w->tables.scratch);
+  kex_free(w->tables.buffers);
+  w->tables.buffers = NULL;
+  w->tables.capbuffers = 0;
 }
 
 void kex_sched_warm_free(kex_sched_warm *w) {
@@ -74,7 +77,7 @@ size_t kex_sched_warm_bytes(const kex_sched_warm *w) {
   const kex_replay_tables *t = &w->tables;
   return kex_arena_held(&w->shape_arena) + kex_arena_held(&w->arena) + (w->shape ? kex_shape_ctx_bytes(w->shape) : 0) +
          kex_dict_bytes(&t->lbs) + kex_dict_bytes(&t->consts) + kex_dict_bytes(&t->lops) + kex_dict_bytes(&t->visit) +
-         kex_arena_held(&t->scratch);
+         kex_arena_held(&t->scratch) + (size_t)t->capbuffers * sizeof *t->buffers;
 }
 
 uint64_t kex_sched_warm_replays(const kex_sched_warm *w) { return w->replays; }
