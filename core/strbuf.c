@@ -5,6 +5,7 @@
 #include "core/strbuf.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "core/alloc.h"
 
@@ -37,6 +38,34 @@ void kex_strbuf_vprintf(kex_strbuf *b, const char *fmt, va_list ap) {
   if (!kex_strbuf_reserve(b, (size_t)n)) return;
   vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
   b->len += (size_t)n;
+}
+
+int kex_i64_text(long long v, char *out) {
+  char tmp[KEX_I64_TEXT_MAX];
+  unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v; /* LLONG_MIN too */
+  int n = 0, k = 0;
+  do {
+    tmp[n++] = (char)('0' + (int)(u % 10));
+    u /= 10;
+  } while (u);
+  if (v < 0) out[k++] = '-';
+  while (n) out[k++] = tmp[--n];
+  out[k] = 0;
+  return k;
+}
+
+void kex_strbuf_put(kex_strbuf *b, const char *s, size_t n) {
+  if (!kex_strbuf_reserve(b, n)) return;
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = 0;
+}
+
+void kex_strbuf_puts(kex_strbuf *b, const char *s) { kex_strbuf_put(b, s, strlen(s)); }
+
+void kex_strbuf_i64(kex_strbuf *b, long long v) {
+  char t[KEX_I64_TEXT_MAX];
+  kex_strbuf_put(b, t, (size_t)kex_i64_text(v, t));
 }
 
 void kex_strbuf_printf(kex_strbuf *b, const char *fmt, ...) {

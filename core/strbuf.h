@@ -24,6 +24,17 @@ typedef struct kex_strbuf {
 bool kex_strbuf_reserve(kex_strbuf *b, size_t extra);
 void kex_strbuf_vprintf(kex_strbuf *b, const char *fmt, va_list ap);
 void kex_strbuf_printf(kex_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * The cheap appends, for text built piece by piece (a Plan reply's AST
+ * lines: through printf they were most of kexd's CPU for a Plan): n bytes
+ * of s; a NUL-terminated s; v in decimal, as "%lld" writes it.
+ */
+void kex_strbuf_put(kex_strbuf *b, const char *s, size_t n);
+void kex_strbuf_puts(kex_strbuf *b, const char *s);
+void kex_strbuf_i64(kex_strbuf *b, long long v);
+/* v in decimal into out (at least KEX_I64_TEXT_MAX bytes), NUL-terminated; returns its length. */
+#define KEX_I64_TEXT_MAX 21
+int kex_i64_text(long long v, char *out);
 
 /*
  * Appends what is left of f, and leaves p non-NULL even for an empty file.

@@ -29,7 +29,7 @@ static void sb_st(kex_strbuf *b, const kex_st *st) {
   char small[512];
   int n = kex_st_repr(st, small, sizeof small);
   if (n < (int)sizeof small) {
-    kex_strbuf_printf(b, "%s", small);
+    kex_strbuf_put(b, small, (size_t)n);
     return;
   }
   char *big = kex_malloc((size_t)n + 1);
@@ -38,7 +38,7 @@ static void sb_st(kex_strbuf *b, const kex_st *st) {
     return;
   }
   kex_st_repr(st, big, (size_t)n + 1);
-  kex_strbuf_printf(b, "%s", big);
+  kex_strbuf_put(b, big, (size_t)n);
   kex_free(big);
 }
 
@@ -91,14 +91,26 @@ static int ast_lines(const kex_sched_item *it, kex_strbuf *b, const char *indent
       n--;
       if (num_put(&m, l, next)) goto nomem;
       size_t start = b->len;
-      kex_strbuf_printf(b, "%s%%%u = %s", indent, next++, kex_op_name(l->op));
+      /* "%s%%%u = %s(%%a, %%b) dtypes.%s idx=%d", appended piece by piece (printf was most of a Plan's cost) */
+      kex_strbuf_puts(b, indent);
+      kex_strbuf_put(b, "%", 1);
+      kex_strbuf_i64(b, next++);
+      kex_strbuf_put(b, " = ", 3);
+      kex_strbuf_puts(b, kex_op_name(l->op));
       if (l->nsrc) {
-        kex_strbuf_printf(b, "(");
-        for (int i = 0; i < l->nsrc; i++) kex_strbuf_printf(b, "%s%%%d", i ? ", " : "", num_get(&m, l->src[i]));
-        kex_strbuf_printf(b, ")");
+        kex_strbuf_put(b, "(", 1);
+        for (int i = 0; i < l->nsrc; i++) {
+          kex_strbuf_put(b, i ? ", %" : "%", i ? 3 : 1);
+          kex_strbuf_i64(b, num_get(&m, l->src[i]));
+        }
+        kex_strbuf_put(b, ")", 1);
       }
-      kex_strbuf_printf(b, " dtypes.%s", kex_dtype_tgname(l->dtype));
-      if (l->op == KEX_OP_LOAD || l->op == KEX_OP_STORE) kex_strbuf_printf(b, " idx=%d", l->idx);
+      kex_strbuf_put(b, " dtypes.", 8);
+      kex_strbuf_puts(b, kex_dtype_tgname(l->dtype));
+      if (l->op == KEX_OP_LOAD || l->op == KEX_OP_STORE) {
+        kex_strbuf_put(b, " idx=", 5);
+        kex_strbuf_i64(b, l->idx);
+      }
       if (l->op == KEX_OP_BCONST) {
         char v[64];
         kex_const_repr(l->val, v, sizeof v);
@@ -112,14 +124,14 @@ static int ast_lines(const kex_sched_item *it, kex_strbuf *b, const char *indent
         kex_strbuf_printf(b, k == 1 ? ",)" : ")");
       }
       if (l->st) {
-        kex_strbuf_printf(b, " ");
+        kex_strbuf_put(b, " ", 1);
         sb_st(b, l->st);
       }
       if (arr && !b->oom) {
         const char *line = b->p + start + strlen(indent);
         if (json_array_append_new(arr, json_stringn(line, b->len - start - strlen(indent)))) goto nomem;
       }
-      kex_strbuf_printf(b, "\n");
+      kex_strbuf_put(b, "\n", 1);
       if (b->oom) goto nomem;
     }
   }

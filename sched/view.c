@@ -31,6 +31,7 @@
 #include "core/dtype.h"
 #include "core/errors.h"
 #include "core/hash.h"
+#include "core/strbuf.h"
 #include "sched/shape_internal.h"
 
 /* Deepest chain of View.__add__ self-calls followed before answering None. */
@@ -952,36 +953,58 @@ typedef struct sbuf {
   size_t len, pos;
 } sbuf;
 
-static void sb_printf(sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *s, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
+/* n bytes of t, as snprintf would append them: cut to what fits (NUL-terminated), pos counting them all. */
+static void sb_put(sbuf *s, const char *t, size_t n) {
   size_t room = s->pos < s->len ? s->len - s->pos : 0;
-  int k = vsnprintf(room ? s->buf + s->pos : NULL, room, fmt, ap);
-  va_end(ap);
-  if (k > 0) s->pos += (size_t)k;
+  if (room) {
+    size_t k = n < room - 1 ? n : room - 1;
+    memcpy(s->buf + s->pos, t, k);
+    s->buf[s->pos + k] = 0;
+  }
+  s->pos += n;
+}
+#define SB_LIT(s, lit) sb_put((s), (lit), sizeof(lit) - 1)
+
+static void sb_i64(sbuf *s, long long v) {
+  char t[KEX_I64_TEXT_MAX];
+  sb_put(s, t, (size_t)kex_i64_text(v, t));
 }
 
 static void sb_tuple(sbuf *s, int n, const int64_t *v, int step) {
-  sb_printf(s, "(");
-  for (int i = 0; i < n; i++) sb_printf(s, i ? ", %lld" : "%lld", (long long)v[i * step]);
-  sb_printf(s, n == 1 ? ",)" : ")");
+  SB_LIT(s, "(");
+  for (int i = 0; i < n; i++) {
+    if (i) SB_LIT(s, ", ");
+    sb_i64(s, (long long)v[i * step]);
+  }
+  if (n == 1) SB_LIT(s, ",)");
+  else SB_LIT(s, ")");
 }
 
+/* tinygrad's View repr; appended piece by piece, not through printf (a Plan reply renders one per AST node) */
 static void view_repr_sb(sbuf *s, const kex_view *v) {
-  sb_printf(s, "View(shape=");
+  SB_LIT(s, "View(shape=");
   sb_tuple(s, v->ndim, v->shape, 1);
-  sb_printf(s, ", strides=");
+  SB_LIT(s, ", strides=");
   sb_tuple(s, v->ndim, v->strides, 1);
-  sb_printf(s, ", offset=%lld, mask=", (long long)v->offset);
-  if (!v->mask) sb_printf(s, "None");
+  SB_LIT(s, ", offset=");
+  sb_i64(s, (long long)v->offset);
+  SB_LIT(s, ", mask=");
+  if (!v->mask) SB_LIT(s, "None");
   else {
-    sb_printf(s, "(");
-    for (int i = 0; i < v->ndim; i++)
-      sb_printf(s, "%s(%lld, %lld)", i ? ", " : "", (long long)v->mask[2 * i], (long long)v->mask[2 * i + 1]);
-    sb_printf(s, v->ndim == 1 ? ",)" : ")");
+    SB_LIT(s, "(");
+    for (int i = 0; i < v->ndim; i++) {
+      if (i) SB_LIT(s, ", ");
+      SB_LIT(s, "(");
+      sb_i64(s, (long long)v->mask[2 * i]);
+      SB_LIT(s, ", ");
+      sb_i64(s, (long long)v->mask[2 * i + 1]);
+      SB_LIT(s, ")");
+    }
+    if (v->ndim == 1) SB_LIT(s, ",)");
+    else SB_LIT(s, ")");
   }
-  sb_printf(s, ", contiguous=%s)", v->contiguous ? "True" : "False");
+  if (v->contiguous) SB_LIT(s, ", contiguous=True)");
+  else SB_LIT(s, ", contiguous=False)");
 }
 
 int kex_view_repr(const kex_view *v, char *buf, size_t len) {
