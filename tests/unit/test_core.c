@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/strbuf.h"
 #include "core/alloc.h"
 #include "core/arena.h"
 #include "core/codec.h"
@@ -947,6 +948,28 @@ static void test_npy_round_trip(void **state) {
   unlink(path);
 }
 
+/* kex_i64_text writes what "%lld" does, the extremes too; the strbuf appends add exactly their bytes. */
+static void test_strbuf_appends(void **state) {
+  (void)state;
+  const long long vals[] = {0, 1, -1, 9, 10, -10, 123456789, -987654321, 9223372036854775807LL, -9223372036854775807LL - 1};
+  for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) {
+    char a[KEX_I64_TEXT_MAX], b[32];
+    int n = kex_i64_text(vals[i], a);
+    snprintf(b, sizeof b, "%lld", vals[i]);
+    assert_string_equal(a, b);
+    assert_int_equal(n, (int)strlen(b));
+  }
+  kex_strbuf sb = {0};
+  kex_strbuf_puts(&sb, "%");
+  kex_strbuf_i64(&sb, -42);
+  kex_strbuf_put(&sb, " = xyz", 4);
+  kex_strbuf_printf(&sb, "|%d", 7);
+  assert_false(sb.oom);
+  assert_string_equal(sb.p, "%-42 = x|7");
+  assert_int_equal(sb.len, strlen(sb.p));
+  kex_free(sb.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_err_table_complete),
@@ -989,7 +1012,7 @@ int main(void) {
       cmocka_unit_test(test_ptrmap),
       cmocka_unit_test(test_dict_remove),
       cmocka_unit_test(test_dict_reserve),
-      cmocka_unit_test(test_base64),
+      cmocka_unit_test(test_base64),        cmocka_unit_test(test_strbuf_appends),
       cmocka_unit_test(test_sha256_hex),
       cmocka_unit_test(test_npy_round_trip),
   };

@@ -307,6 +307,18 @@ static void test_st_basics(void **state) {
   char small[8];
   assert_int_equal(kex_st_repr(t2, small, sizeof small), (int)strlen(F->buf));
   assert_int_equal(strlen(small), 7);
+  /* every cut is a NUL-terminated prefix of the whole, as snprintf's (the reprs append without printf) */
+  size_t full = strlen(F->buf);
+  char cut[256];
+  assert_true(full < sizeof cut);
+  for (size_t len = 1; len <= full + 1; len++) {
+    memset(cut, 'x', sizeof cut);
+    assert_int_equal(kex_st_repr(t2, cut, len), (int)full);
+    assert_int_equal(strlen(cut), len - 1);
+    assert_memory_equal(cut, F->buf, len - 1);
+    assert_int_equal(cut[len], 'x'); /* nothing written past len */
+  }
+  assert_int_equal(kex_st_repr(t2, NULL, 0), (int)full);
 }
 
 static void test_st_add_simplify(void **state) {
