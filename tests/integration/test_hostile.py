@@ -327,6 +327,11 @@ def limits():
     r = k.raw("OpenJob", field(1, b"\xed\xa0\x80surrogate"))
     check("a UTF-16 surrogate encoded in UTF-8 is refused", isinstance(r, grpc.RpcError) and
           r.code() == grpc.StatusCode.INVALID_ARGUMENT, r)
+    # a bad string deep in a message: the error names the whole path to it
+    r = k.raw("Plan", field(2, field(3, field(1, b"ADD") + field(3, b"float\xff32"))))
+    check("a non-UTF-8 dtype in a Plan's node names `graph.nodes.dtype`",
+          isinstance(r, grpc.RpcError) and r.code() == grpc.StatusCode.INVALID_ARGUMENT
+          and "`graph.nodes.dtype`" in r.details(), r if isinstance(r, bytes) else desc(r))
 
     # an unknown device anywhere in a graph
     e = rpc_error(submit, k, a, add_graph("nope"))
