@@ -48,8 +48,8 @@ static const struct {
 const char *kex_gop_name(kex_gop op) { return (unsigned)op < KEX_GOP_COUNT ? gop_table[op].name : "?"; }
 
 int kex_gop_from_name(const char *name) {
-  for (int i = 0; i < KEX_GOP_COUNT; i++)
-    if (strcmp(gop_table[i].name, name) == 0) return i;
+  for (int i = 0; i < KEX_GOP_COUNT; i++) /* the first byte first: a strcmp per table entry per node added up */
+    if (gop_table[i].name[0] == name[0] && strcmp(gop_table[i].name, name) == 0) return i;
   return -1;
 }
 
