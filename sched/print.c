@@ -196,20 +196,36 @@ static json_t *id_array(const uint32_t *ids, uint32_t n) {
   return a;
 }
 
+void kex_schedule_item_view(const kex_schedule *s, uint32_t i, kex_item_view *v) {
+  const kex_sched_item *it = &s->items[i];
+  uint32_t nout = item_outputs(s, it);
+  v->kernel = it->kind == KEX_ITEM_KERNEL;
+  kex_item_label(it, v->label, sizeof v->label);
+  v->outputs = it->bufs;
+  v->noutputs = nout;
+  v->inputs = it->bufs + nout;
+  v->ninputs = it->nbufs - nout;
+  v->planned = it->planned ? it->planned : it->bufs;
+  v->nplanned = it->nbufs;
+}
+
+int kex_schedule_item_ast(const kex_schedule *s, uint32_t i, kex_strbuf *b) {
+  const kex_sched_item *it = &s->items[i];
+  return it->kind == KEX_ITEM_KERNEL ? ast_lines(it, b, "", NULL) : 0;
+}
+
 void *kex_schedule_to_json(const kex_schedule *s) {
   json_t *items = json_array();
   kex_strbuf b = {0};
   if (!items) return NULL;
   for (uint32_t i = 0; i < s->nitems; i++) {
     const kex_sched_item *it = &s->items[i];
-    char label[64];
-    kex_item_label(it, label, sizeof label);
-    uint32_t nout = item_outputs(s, it);
+    kex_item_view v;
+    kex_schedule_item_view(s, i, &v);
     json_t *ast = json_array();
-    json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "kind", it->kind == KEX_ITEM_KERNEL ? "kernel" : "loadop",
-                          "label", label, "outputs", id_array(it->bufs, nout), "inputs",
-                          id_array(it->bufs + nout, it->nbufs - nout), "buffers_planned",
-                          id_array(it->planned ? it->planned : it->bufs, it->nbufs), "ast", ast ? ast : json_null());
+    json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "kind", v.kernel ? "kernel" : "loadop", "label", v.label,
+                          "outputs", id_array(v.outputs, v.noutputs), "inputs", id_array(v.inputs, v.ninputs),
+                          "buffers_planned", id_array(v.planned, v.nplanned), "ast", ast ? ast : json_null());
     if (!o || !ast) goto fail;
     b.len = 0;
     if (it->kind == KEX_ITEM_KERNEL && ast_lines(it, &b, "", ast)) {

@@ -94,4 +94,20 @@ int kex_schedule_print_annotated(const kex_schedule *s, FILE *f, const char *con
 /* The same as a JSON array of items (jansson json_t*, cast to void* to keep jansson out of the header). */
 void *kex_schedule_to_json(const kex_schedule *s);
 
+/*
+ * Item i of s in that JSON's terms, without JSON (kexd's Plan reply): a
+ * kernel or not, its label, and its output / input / planned buffer ids
+ * (pointers into s, valid while it lives).
+ */
+typedef struct kex_item_view {
+  bool kernel;
+  char label[64];
+  const uint32_t *outputs, *inputs, *planned;
+  uint32_t noutputs, ninputs, nplanned;
+} kex_item_view;
+void kex_schedule_item_view(const kex_schedule *s, uint32_t i, kex_item_view *v);
+struct kex_strbuf;
+/* Item i's AST lines (the JSON's "ast"; none for a load op) appended to b, each ended by '\n'.  0 or KEX_ENOMEM. */
+int kex_schedule_item_ast(const kex_schedule *s, uint32_t i, struct kex_strbuf *b);
+
 #endif
