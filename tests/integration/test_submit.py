@@ -556,10 +556,17 @@ def main():
         glong = g_matmul_chain(1600, 1, seed=20 + attempt)
         glong["nodes"].append({"op": "REDUCE_SUM", "src": [glong["outputs"][0]], "axis": [0, 1]})
         glong["outputs"] = [len(glong["nodes"]) - 1]
+        done0 = stats(kex, jbusy).job_stats[0].items_done
         long = kex.Submit(kex_pb2.SubmitRequest(job=jbusy, graph=pbg(glong)), timeout=300)
+        # behind its kernel, not its SETUP item (the random inputs take ~30 ms to make there, and a quick Submit
+        # posted then runs before the kernel by fair queueing, done in ~30 ms): wait for an item of it to run
+        # after SETUP is done
         end = time.time() + 120
-        while time.time() < end and stats(kex, jbusy).job_stats[0].running == 0:
-            time.sleep(0.01)
+        while time.time() < end:
+            js = stats(kex, jbusy).job_stats[0]
+            if js.running > 0 and js.items_done > done0:
+                break
+            time.sleep(0.002)
         t0 = time.time()
         seen = {}
         for msg in kex.Submit(kex_pb2.SubmitRequest(job=jq, graph=tiny, free_outputs=True, batched_events=batched),
