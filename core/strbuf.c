@@ -54,6 +54,16 @@ int kex_i64_text(long long v, char *out) {
   return k;
 }
 
+void kex_cut_put(char *buf, size_t len, size_t *pos, const char *t, size_t n) {
+  size_t room = *pos < len ? len - *pos : 0;
+  if (room) {
+    size_t k = n < room - 1 ? n : room - 1;
+    memcpy(buf + *pos, t, k);
+    buf[*pos + k] = 0;
+  }
+  *pos += n;
+}
+
 void kex_strbuf_put(kex_strbuf *b, const char *s, size_t n) {
   if (!kex_strbuf_reserve(b, n)) return;
   memcpy(b->p + b->len, s, n);

@@ -32,6 +32,11 @@ void kex_strbuf_printf(kex_strbuf *b, const char *fmt, ...) __attribute__((forma
 void kex_strbuf_put(kex_strbuf *b, const char *s, size_t n);
 void kex_strbuf_puts(kex_strbuf *b, const char *s);
 void kex_strbuf_i64(kex_strbuf *b, long long v);
+/*
+ * n bytes of t appended at buf[*pos] the way snprintf appends into buf[len]: cut to what fits and
+ * NUL-terminated (nothing written when *pos >= len), while *pos counts all n (a caller sizes its buffer from it).
+ */
+void kex_cut_put(char *buf, size_t len, size_t *pos, const char *t, size_t n);
 /* v in decimal into out (at least KEX_I64_TEXT_MAX bytes), NUL-terminated; returns its length. */
 #define KEX_I64_TEXT_MAX 21
 int kex_i64_text(long long v, char *out);

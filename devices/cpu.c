@@ -724,13 +724,14 @@ static int kex_cpu_launch(void *impl, void *p, const char *name, const size_t gl
   for (int i = 0; i < nints; i++) args[i] = ints[i];
   args[nints] = 0;
   t0 = kex_cpu_now();
-  if (cpu->serial)
+  if (cpu->serial) { /* the event holds the pool's ideal time, not this thread's */
     ran = kex_cpu_serial_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0, &ev->seconds,
                              &nranges);
-  else
+  } else {
     ran = kex_cpu_pool_run(&cpu->pool, prog->fn, ptrs, args, (int)global[0], limit > 0 ? t0 + limit : 0,
                            &prog->item_s, &nranges);
-  if (!cpu->serial) ev->seconds = kex_cpu_now() - t0;
+    ev->seconds = kex_cpu_now() - t0;
+  }
   if (ran < nranges) {
     kex_free(ev);
     return kex_err_set(err, KEX_EDEADLINE,

@@ -24,6 +24,7 @@
 
 #include "core/errors.h"
 #include "core/hash.h"
+#include "core/strbuf.h"
 #include "sched/shape_internal.h"
 
 /* Memoised expr_idxs() over the default variables idx0..idx{n-1}. */
@@ -523,16 +524,7 @@ int64_t kex_st_real_size(kex_shape_ctx *ctx, const kex_st *st) {
 
 int kex_st_repr(const kex_st *st, char *buf, size_t len) {
   size_t pos = 0;
-#define PUT(s_)                                                                  \
-  do { /* as snprintf "%s" appends: cut to what fits, NUL-terminated; pos counts it all */ \
-    size_t n_ = strlen(s_), room_ = pos < len ? len - pos : 0;                  \
-    if (room_) {                                                                 \
-      size_t k_ = n_ < room_ - 1 ? n_ : room_ - 1;                              \
-      memcpy(buf + pos, (s_), k_);                                               \
-      buf[pos + k_] = 0;                                                         \
-    }                                                                            \
-    pos += n_;                                                                   \
-  } while (0)
+#define PUT(s_) kex_cut_put(buf, len, &pos, (s_), strlen(s_))
   if (len) buf[0] = 0;
   PUT("ShapeTracker(views=(");
   for (uint32_t i = 0; i < st->nviews; i++) {

@@ -953,16 +953,7 @@ typedef struct sbuf {
   size_t len, pos;
 } sbuf;
 
-/* n bytes of t, as snprintf would append them: cut to what fits (NUL-terminated), pos counting them all. */
-static void sb_put(sbuf *s, const char *t, size_t n) {
-  size_t room = s->pos < s->len ? s->len - s->pos : 0;
-  if (room) {
-    size_t k = n < room - 1 ? n : room - 1;
-    memcpy(s->buf + s->pos, t, k);
-    s->buf[s->pos + k] = 0;
-  }
-  s->pos += n;
-}
+static void sb_put(sbuf *s, const char *t, size_t n) { kex_cut_put(s->buf, s->len, &s->pos, t, n); }
 #define SB_LIT(s, lit) sb_put((s), (lit), sizeof(lit) - 1)
 
 static void sb_i64(sbuf *s, long long v) {
