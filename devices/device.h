@@ -342,5 +342,15 @@ typedef enum kex_fault_kind {
 
 const char *kex_fault_kind_name(kex_fault_kind kind);
 int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n, kex_device **out);
+/*
+ * A slow stretch: launches from + 1 .. from + count (counted from the
+ * fault device's creation, as kex_fault_device_calls counts them) report
+ * their elapsed time x factor, as a machine in a slow state would (at most
+ * 64 such events alive at once; the runs themselves are unchanged).
+ * count 0 ends it.  KEX_EINVAL: not a fault device, or factor <= 0.
+ */
+int kex_fault_device_set_slow(kex_device *dev, unsigned long from, unsigned long count, double factor);
+/* Calls of kind so far (0 for a device that is not a fault device). */
+unsigned long kex_fault_device_calls(kex_device *dev, kex_fault_kind kind);
 
 #endif

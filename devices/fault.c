@@ -10,17 +10,25 @@
  * This is how tests prove that device faults become errors, not crashes
  * or leaks, in every layer above.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 
 #include "core/alloc.h"
 #include "devices/device_impl.h"
 
+#define KEX_FAULT_SLOW_MAX 64 /* events of slowed launches held at once (a launch past it is not slowed) */
+
 typedef struct kex_fault_device {
   kex_device *inner;
   kex_fault_kind kind;
   unsigned long fail_at;
   atomic_ulong calls[KEX_FAULT_KIND_COUNT]; /* atomic: compiles may run on several threads (below) */
+  /* kex_fault_device_set_slow: launches slow_from + 1 .. slow_from + slow_count report their time x slow_factor */
+  pthread_mutex_t mu;
+  unsigned long slow_from, slow_count;
+  double slow_factor;
+  void *slowed[KEX_FAULT_SLOW_MAX]; /* their events, until freed */
 } kex_fault_device;
 
 static const char *const kex_fault_names[KEX_FAULT_KIND_COUNT] = {"alloc", "compile", "launch", "copy"};
@@ -29,9 +37,10 @@ const char *kex_fault_kind_name(kex_fault_kind kind) {
   return (int)kind >= 0 && kind < KEX_FAULT_KIND_COUNT ? kex_fault_names[kind] : "unknown";
 }
 
-/* Count one call of kind; KEX_EDEVICE (with err filled) when it is the one to fail. */
-static int kex_fault_hit(kex_fault_device *f, kex_fault_kind kind, kex_error *err) {
+/* Count one call of kind (its number in *nth, may be NULL); KEX_EDEVICE (with err filled) when it is the one to fail. */
+static int kex_fault_hit(kex_fault_device *f, kex_fault_kind kind, unsigned long *nth, kex_error *err) {
   unsigned long n = atomic_fetch_add(&f->calls[kind], 1) + 1;
+  if (nth) *nth = n;
   if (kind == f->kind && n == f->fail_at)
     return kex_err_set(err, KEX_EDEVICE, "fault device: injected failure of %s call #%lu", kex_fault_names[kind], n);
   return 0;
@@ -42,13 +51,14 @@ static int kex_fault_hit(kex_fault_device *f, kex_fault_kind kind, kex_error *er
 
 static void kex_fault_destroy(void *impl) {
   kex_fault_device *f = impl;
+  pthread_mutex_destroy(&f->mu);
   kex_device_unref(f->inner);
   kex_free(f);
 }
 
 static int kex_fault_alloc(void *impl, size_t size, void **buf, kex_error *err) {
   kex_fault_device *f = impl;
-  int rc = kex_fault_hit(f, KEX_FAULT_ALLOC, err);
+  int rc = kex_fault_hit(f, KEX_FAULT_ALLOC, NULL, err);
   return rc < 0 ? rc : OPS(f)->alloc(INNER(f), size, buf, err);
 }
 
@@ -59,20 +69,20 @@ static void kex_fault_free(void *impl, void *buf) {
 
 static int kex_fault_copy_in(void *impl, void *buf, size_t offset, const void *src, size_t size, kex_error *err) {
   kex_fault_device *f = impl;
-  int rc = kex_fault_hit(f, KEX_FAULT_COPY, err);
+  int rc = kex_fault_hit(f, KEX_FAULT_COPY, NULL, err);
   return rc < 0 ? rc : OPS(f)->copy_in(INNER(f), buf, offset, src, size, err);
 }
 
 static int kex_fault_copy_out(void *impl, void *buf, size_t offset, void *dst, size_t size, kex_error *err) {
   kex_fault_device *f = impl;
-  int rc = kex_fault_hit(f, KEX_FAULT_COPY, err);
+  int rc = kex_fault_hit(f, KEX_FAULT_COPY, NULL, err);
   return rc < 0 ? rc : OPS(f)->copy_out(INNER(f), buf, offset, dst, size, err);
 }
 
 static int kex_fault_compile(void *impl, const char *source, const char *name, unsigned char **bin,
                              size_t *bin_size, kex_error *err) {
   kex_fault_device *f = impl;
-  int rc = kex_fault_hit(f, KEX_FAULT_COMPILE, err);
+  int rc = kex_fault_hit(f, KEX_FAULT_COMPILE, NULL, err);
   return rc < 0 ? rc : OPS(f)->compile(INNER(f), source, name, bin, bin_size, err);
 }
 
@@ -91,8 +101,26 @@ static int kex_fault_launch(void *impl, void *prog, const char *name, const size
                             void *const *bufs, int nbufs, const int32_t *ints, int nints, void **event,
                             kex_error *err) {
   kex_fault_device *f = impl;
-  int rc = kex_fault_hit(f, KEX_FAULT_LAUNCH, err);
-  return rc < 0 ? rc : OPS(f)->launch(INNER(f), prog, name, global, local, bufs, nbufs, ints, nints, event, err);
+  unsigned long n;
+  int rc = kex_fault_hit(f, KEX_FAULT_LAUNCH, &n, err);
+  if (rc < 0 || (rc = OPS(f)->launch(INNER(f), prog, name, global, local, bufs, nbufs, ints, nints, event, err)) < 0)
+    return rc;
+  pthread_mutex_lock(&f->mu);
+  if (*event && n > f->slow_from && n - f->slow_from <= f->slow_count)
+    for (int i = 0; i < KEX_FAULT_SLOW_MAX; i++)
+      if (!f->slowed[i]) {
+        f->slowed[i] = *event;
+        break;
+      }
+  pthread_mutex_unlock(&f->mu);
+  return rc;
+}
+
+/* The slot of a slowed event, or -1 (f->mu held). */
+static int kex_fault_slowed(kex_fault_device *f, void *event) {
+  for (int i = 0; i < KEX_FAULT_SLOW_MAX; i++)
+    if (event && f->slowed[i] == event) return i;
+  return -1;
 }
 
 static int kex_fault_wait(void *impl, void *event, kex_error *err) {
@@ -102,11 +130,19 @@ static int kex_fault_wait(void *impl, void *event, kex_error *err) {
 
 static int kex_fault_elapsed(void *impl, void *event, double *seconds, kex_error *err) {
   kex_fault_device *f = impl;
-  return OPS(f)->elapsed(INNER(f), event, seconds, err);
+  int rc = OPS(f)->elapsed(INNER(f), event, seconds, err);
+  pthread_mutex_lock(&f->mu);
+  if (rc == 0 && kex_fault_slowed(f, event) >= 0) *seconds *= f->slow_factor;
+  pthread_mutex_unlock(&f->mu);
+  return rc;
 }
 
 static void kex_fault_event_free(void *impl, void *event) {
   kex_fault_device *f = impl;
+  pthread_mutex_lock(&f->mu);
+  int i = kex_fault_slowed(f, event);
+  if (i >= 0) f->slowed[i] = NULL;
+  pthread_mutex_unlock(&f->mu);
   OPS(f)->event_free(INNER(f), event);
 }
 
@@ -135,6 +171,10 @@ int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n
   if (!inner || (int)kind < 0 || kind >= KEX_FAULT_KIND_COUNT || n == 0) return KEX_EINVAL;
   f = kex_calloc(1, sizeof *f);
   if (!f) return KEX_ENOMEM;
+  if (pthread_mutex_init(&f->mu, NULL) != 0) {
+    kex_free(f);
+    return KEX_ENOMEM;
+  }
   f->inner = inner;
   f->kind = kind;
   f->fail_at = n;
@@ -145,4 +185,20 @@ int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n
   kex_device_set_field(info.identity.kind, kind_name);
   /* on error kex_device_wrap has destroyed f, dropping the inner reference */
   return kex_device_wrap(&kex_fault_ops, f, &info, inner->fp16_reason, out, NULL);
+}
+
+int kex_fault_device_set_slow(kex_device *dev, unsigned long from, unsigned long count, double factor) {
+  if (!dev || dev->ops != &kex_fault_ops || !(factor > 0)) return KEX_EINVAL;
+  kex_fault_device *f = dev->impl;
+  pthread_mutex_lock(&f->mu);
+  f->slow_from = from;
+  f->slow_count = count;
+  f->slow_factor = factor;
+  pthread_mutex_unlock(&f->mu);
+  return 0;
+}
+
+unsigned long kex_fault_device_calls(kex_device *dev, kex_fault_kind kind) {
+  if (!dev || dev->ops != &kex_fault_ops || (int)kind < 0 || kind >= KEX_FAULT_KIND_COUNT) return 0;
+  return atomic_load(&((kex_fault_device *)dev->impl)->calls[kind]);
 }

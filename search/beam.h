@@ -260,6 +260,8 @@ typedef struct kex_beam_result {
   double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */
   bool decision_tie;                    /* the final comparison's tie group had more than one kernel: the preference order chose */
   bool serial_timing;                   /* a short kernel on a device with serial timing: every run was timed that way */
+  uint32_t rerolls;                     /* decisions run again because they ran disturbed (beam.c: run_decision) */
+  uint32_t disturbed;                   /* decisions that still ran disturbed after KEX_BEAM_REROLLS tries */
   char cache_note[KEX_ERROR_MSG_MAX];   /* a cache entry that was dropped as unusable, else "" */
 } kex_beam_result;
 

@@ -17,6 +17,7 @@
  * or break the limits are dropped from the cache and not used (the right
  * numbers still come out); an imported entry of another device never hits.
  */
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -297,13 +298,52 @@ static void test_repeatable(void **state) {
   char ta[512], tb[512];
   opts_text(&a, ta, sizeof ta);
   opts_text(&b, tb, sizeof tb);
-  printf("%s: [%s] %.2f us (hand %.2f, %u paired rounds, noise %.3f, threshold %.3f%s%s) / [%s] %.2f us (hand "
-         "%.2f, %u rounds, noise %.3f, threshold %.3f%s%s)\n",
+  printf("%s: [%s] %.2f us (hand %.2f, %u paired rounds, noise %.3f, threshold %.3f%s%s, %u reruns, %u disturbed) / "
+         "[%s] %.2f us (hand %.2f, %u rounds, noise %.3f, threshold %.3f%s%s, %u reruns, %u disturbed)\n",
          dc->name, ta, a.best_us, a.hand_us, a.decision_samples, a.decision_spread, a.tie_used,
-         a.decision_tie ? ", tie" : "", a.serial_timing ? ", serial" : "", tb, b.best_us, b.hand_us,
-         b.decision_samples, b.decision_spread, b.tie_used, b.decision_tie ? ", tie" : "",
-         b.serial_timing ? ", serial" : "");
+         a.decision_tie ? ", tie" : "", a.serial_timing ? ", serial" : "", a.rerolls, a.disturbed, tb, b.best_us,
+         b.hand_us, b.decision_samples, b.decision_spread, b.tie_used, b.decision_tie ? ", tie" : "",
+         b.serial_timing ? ", serial" : "", b.rerolls, b.disturbed);
   assert_string_equal(ta, tb);
+  target_free(&t);
+}
+
+/*
+ * A decision that ran disturbed -- its members slower than this process has
+ * seen them run -- is run again (beam.c: run_decision).  A fault device
+ * makes every launch of the second search report 3x its time, as a slow
+ * state of the machine would: the search reruns its decisions, gives up
+ * after its tries, and counts what stayed disturbed.  The first search of
+ * the same kernel taught the process its members' times.
+ */
+static void test_disturbed_rerun(void **state) {
+  (void)state;
+  kex_device *cpu = devs[1], *dev = NULL;
+  if (!cpu) { printf("skipped: %s\n", dev_skip[1]); skip(); }
+  assert_int_equal(kex_fault_device_new(cpu, KEX_FAULT_ALLOC, ULONG_MAX, &dev), 0);
+  assert_int_equal(kex_fault_device_set_slow(cpu, 0, 1, 2.0), KEX_EINVAL); /* only a fault device */
+  target t;
+  target_make(&t, 2, true, true); /* muladd64K: short, so timed serially */
+  kex_beam_opts o;
+  test_opts(&o, NULL);
+  o.max_rounds = 1;
+  kex_beam_result a, b;
+  kex_error err = {0};
+  assert_int_equal(kex_beam_optimize(&t.t, dev, &o, &a, &err), 0);
+  if (!a.serial_timing) {
+    printf("skipped: hand-coded muladd64K ran pooled past the serial-timing limit (a loaded machine)\n");
+    kex_device_unref(dev);
+    target_free(&t);
+    skip();
+  }
+  assert_int_equal(kex_fault_device_set_slow(dev, kex_fault_device_calls(dev, KEX_FAULT_LAUNCH), ULONG_MAX, 3.0), 0);
+  assert_int_equal(kex_beam_optimize(&t.t, dev, &o, &b, &err), 0);
+  printf("first search: %u reruns, %u disturbed; under a 3x slow stretch: %u reruns, %u disturbed\n", a.rerolls,
+         a.disturbed, b.rerolls, b.disturbed);
+  assert_true(b.rerolls >= 3);   /* the round's decision, then the final comparison: both remembered */
+  assert_true(b.disturbed >= 1); /* the stretch never ends: the last run stands */
+  assert_int_equal(kex_fault_device_set_slow(dev, 0, 0, 1.0), 0);
+  kex_device_unref(dev);
   target_free(&t);
 }
 
@@ -509,6 +549,7 @@ int main(void) {
       tests[nt++] = (struct CMUnitTest){names[ci][1], test_not_slower, NULL, NULL, dc};
       tests[nt++] = (struct CMUnitTest){names[ci][2], test_repeatable, NULL, NULL, dc};
     }
+  tests[nt++] = (struct CMUnitTest){"disturbed_rerun", test_disturbed_rerun, NULL, NULL, NULL};
   tests[nt++] = (struct CMUnitTest){"corrupt_entry", test_corrupt_entry, NULL, NULL, NULL};
   tests[nt++] = (struct CMUnitTest){"import_other_device", test_import_other_device, NULL, NULL, NULL};
   /* KEX_TEST_FILTER=repeatable_* runs only the tests whose names match (cmocka's glob) */
