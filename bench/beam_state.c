@@ -61,18 +61,20 @@ static int die(const char *what, const kex_error *err) {
   return 1;
 }
 
-/* One serial run of prog on bufs; its µs. */
+/* One serial run of prog on bufs; its µs.  A failed run ends the program (a median with it in would mislead). */
 static double run_once(kex_device *dev, kex_program *prog, const kex_program_src *ps, kex_buffer *const *bufs) {
   kex_buffer *args[KEX_DEVICE_MAX_BUFS];
   kex_event *ev = NULL;
   kex_error err = {0};
-  double s = -1;
+  double s = 0;
   for (uint32_t a = 0; a < ps->nargs; a++) args[a] = bufs[ps->args[a].idx];
   kex_device_set_serial_timing(dev, true);
-  if (!kex_program_launch(prog, ps->global, ps->has_local ? ps->local : NULL, args, (int)ps->nargs, NULL, 0, &ev, &err))
-    kex_event_elapsed(ev, &s, &err);
+  int rc = kex_program_launch(prog, ps->global, ps->has_local ? ps->local : NULL, args, (int)ps->nargs, NULL, 0, &ev,
+                              &err);
+  if (!rc) rc = kex_event_elapsed(ev, &s, &err);
   kex_device_set_serial_timing(dev, false);
   kex_event_free(ev);
+  if (rc) exit(die("run", &err));
   return s * 1e6;
 }
 

@@ -47,8 +47,10 @@ int kex_device_wrap(const kex_device_ops *ops, void *impl, const kex_device_info
     ops->destroy(impl);
     return kex_err_set(err, KEX_ENOMEM, "out of memory allocating the %s device", info->identity.kind);
   }
+  static atomic_ullong uids;
   dev->ops = ops;
   dev->impl = impl;
+  dev->uid = atomic_fetch_add(&uids, 1) + 1;
   atomic_init(&dev->refs, 1);
   dev->info = *info;
   snprintf(dev->fp16_reason, sizeof dev->fp16_reason, "%s", fp16_reason ? fp16_reason : "");
@@ -80,6 +82,8 @@ bool kex_device_set_serial_timing(kex_device *dev, bool on) {
 
 const kex_device_info *kex_device_get_info(const kex_device *dev) { return &dev->info; }
 const kex_device_identity *kex_device_get_identity(const kex_device *dev) { return &dev->info.identity; }
+
+uint64_t kex_device_uid(const kex_device *dev) { return dev->uid; }
 
 /* ---- opening and listing ---- */
 

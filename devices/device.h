@@ -165,6 +165,12 @@ void kex_device_unref(kex_device *dev);
 /* The device's capabilities; valid while the device is referenced. */
 const kex_device_info *kex_device_get_info(const kex_device *dev);
 const kex_device_identity *kex_device_get_identity(const kex_device *dev);
+/*
+ * A number no other device handle of this process has had (1, 2, ...):
+ * what a process-wide table keyed by device uses, since a freed handle's
+ * address may come back for another device (cpu with other thread counts).
+ */
+uint64_t kex_device_uid(const kex_device *dev);
 
 /*
  * Render an identity as one stable string ("kind=...;vendor=...;name=...;

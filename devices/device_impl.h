@@ -64,6 +64,7 @@ struct kex_device {
   kex_device_info info;
   char fp16_reason[96]; /* why float16 is refused, e.g. "the device lacks cl_khr_fp16" */
   double kernel_time_limit_s; /* 0: none (kex_device_set_kernel_time_limit; the owner thread's) */
+  uint64_t uid;               /* kex_device_uid */
 };
 
 /*

@@ -118,8 +118,8 @@ static int kex_fault_launch(void *impl, void *prog, const char *name, const size
 
 /* The slot of a slowed event, or -1 (f->mu held). */
 static int kex_fault_slowed(kex_fault_device *f, void *event) {
-  for (int i = 0; i < KEX_FAULT_SLOW_MAX; i++)
-    if (event && f->slowed[i] == event) return i;
+  for (int i = 0; event && i < KEX_FAULT_SLOW_MAX; i++)
+    if (f->slowed[i] == event) return i;
   return -1;
 }
 

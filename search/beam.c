@@ -1129,12 +1129,12 @@ static int run_paired(search *s, paired *p, int ndecide, double theta, double bu
  * after the thread sleeps.  So with serial timing every decision member's
  * undisturbed time -- the least median time any decision measured for it
  * (medians of one state repeat to about 1%) -- is remembered process-wide
- * (by its source and grid), and a decision in which some member's median
- * was more than KEX_BEAM_DISTURBED over its remembered time is run again,
- * at most KEX_BEAM_REROLLS times (the last run stands), once a few runs of
- * that member after a pause of KEX_BEAM_REROLL_PAUSE_S show it back at its
- * remembered time (pausing up to KEX_BEAM_WAIT_MAX_S before each rerun).  A program's first
- * decision has nothing to go by; a search of a kernel timed before (the
+ * (by its device, source and grid), and a decision in which some member's
+ * median was more than KEX_BEAM_DISTURBED over its remembered time is run
+ * again, at most KEX_BEAM_REROLLS times (the last run stands), once a few
+ * runs of that member after a pause of KEX_BEAM_REROLL_PAUSE_S show it
+ * back at its remembered time (pausing up to KEX_BEAM_WAIT_MAX_S before
+ * each rerun).  A program's first decision has nothing to go by; a search of a kernel timed before (the
  * second search of a kernel in one process, or one that meets a program
  * of an earlier round) compares in the machine's fast state.
  */
@@ -1154,8 +1154,8 @@ static memo_slot memo[KEX_BEAM_MEMO_SLOTS];
 static int memo_used;
 static pthread_mutex_t memo_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t memo_key(const kex_program_src *ps, const time_job *t) {
-  uint64_t h = kex_hash_bytes(ps->src, strlen(ps->src), 0x6b65786d656d6full);
+static uint64_t memo_key(const search *s, const kex_program_src *ps, const time_job *t) {
+  uint64_t h = kex_hash_bytes(ps->src, strlen(ps->src), kex_device_uid(s->dev)); /* cpu with 1 or N threads differ */
   for (int d = 0; d < 3; d++) h = kex_hash_u64(h, t->global[d]);
   return h ? h : 1;
 }
@@ -1191,8 +1191,8 @@ static int run_decision(search *s, paired *p, int ndecide, double theta, double 
     int slow = -1;
     double slow_by = 0;
     for (int i = 0; i < ndecide; i++) {
-      double low = pair_median(p, i, -1), ref = memo_min(keys[i], low);
-      if (ref > 0 && low > ref * (1 + KEX_BEAM_DISTURBED) && low / ref > slow_by) slow = i, slow_by = low / ref;
+      double med = pair_median(p, i, -1), ref = memo_min(keys[i], med);
+      if (ref > 0 && med > ref * (1 + KEX_BEAM_DISTURBED) && med / ref > slow_by) slow = i, slow_by = med / ref;
     }
     if (slow < 0 || attempt == KEX_BEAM_REROLLS) {
       if (slow >= 0) s->res->disturbed++;
@@ -1346,7 +1346,7 @@ static bool next_beam(search *s, candidate **beam, int *nbeam, round_set *r, can
     }
     kex_error pe = {0};
     uint64_t keys[KEX_BEAM_SET_MAX];
-    for (int i = 0; i < nm; i++) keys[i] = memo_key(&lc[i]->ps, &p->t[i]);
+    for (int i = 0; i < nm; i++) keys[i] = memo_key(s, &lc[i]->ps, &p->t[i]);
     if (run_decision(s, p, nm, theta, decide_budget(r->screen_s, KEX_BEAM_ROUND_BUDGET_S), keys, &pe)) {
       KEX_WARN("beam: round %u: paired timing failed (%s); deciding by screening times", s->prog.round, pe.msg);
       ok = false;
@@ -1602,7 +1602,7 @@ static int compare_full_size(search *s, compare_set *c, kex_error *err) {
   p->t[nm] = p->t[0];
   p->n = nm + 1;
   uint64_t keys[3];
-  for (int i = 0; i < nm; i++) keys[i] = memo_key(ps[i], &p->t[i]);
+  for (int i = 0; i < nm; i++) keys[i] = memo_key(s, ps[i], &p->t[i]);
   int rc = run_decision(s, p, nm, c->theta, decide_budget(s->screen_s, KEX_BEAM_COMPARE_BUDGET_S), keys, err);
   if (!rc) {
     for (int i = 0; i < nm; i++) {

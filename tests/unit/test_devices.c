@@ -317,6 +317,20 @@ static void check_identity(kex_device *dev, const char *kind) {
   print_message("identity: %s\n", a);
 }
 
+/* Every device handle gets a uid no earlier handle had, even one opened again after the last was freed. */
+static void test_device_uid(void **state) {
+  (void)state;
+  kex_error err;
+  kex_device *a = NULL, *b = NULL;
+  assert_int_equal(kex_device_open("cpu", &a, &err), 0);
+  uint64_t ua = kex_device_uid(a);
+  assert_true(ua > 0 && ua != kex_device_uid(g.cpu));
+  kex_device_unref(a);
+  assert_int_equal(kex_device_open("cpu", &b, &err), 0);
+  assert_true(kex_device_uid(b) > ua); /* the same address may come back; the uid does not */
+  kex_device_unref(b);
+}
+
 static void test_identity_cpu(void **state) {
   const kex_device_info *info = kex_device_get_info(g.cpu);
   (void)state;
@@ -1452,6 +1466,7 @@ int main(void) {
       cmocka_unit_test(test_open_by_name),
       cmocka_unit_test(test_list),
       cmocka_unit_test(test_identity_cpu),
+      cmocka_unit_test(test_device_uid),
       cmocka_unit_test(test_identity_cl),
       cmocka_unit_test(test_identity_render_escapes),
       cmocka_unit_test(test_roundtrip_cpu),
