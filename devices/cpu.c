@@ -68,6 +68,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "core/alloc.h"
 #include "core/log.h"
@@ -830,6 +833,14 @@ static const char *kex_cpu_isa_flags(void) {
                     v4[] = "avx512f avx512bw avx512cd avx512dq avx512vl";
   char have[8192]; /* a longer flags line is cut: fewer features seen, a lower level, still a safe one */
   kex_cpu_cpuinfo("flags", have, sizeof have);
+  /* LZCNT (v3's "abm"): some guests' kernels leave "abm" out of the flags line on an AMD EPYC whose CPUID has it
+     (leaf 0x80000001, ECX bit 5) and runs lzcnt as lzcnt, which made such a host's kernels v2 (no AVX2).  The
+     instruction's own CPUID bit decides it then */
+  unsigned a, b, c, d;
+  size_t hl = strlen(have);
+  if (!kex_cpu_has_all(have, "abm") && __get_cpuid(0x80000001, &a, &b, &c, &d) && (c >> 5 & 1) &&
+      hl + 4 < sizeof have)
+    memcpy(have + hl, " abm", 5);
   if (!kex_cpu_has_all(have, v2)) return kex_cpu_has_all(have, "fma") ? "-mfma" : "";
   if (!kex_cpu_has_all(have, v3)) return kex_cpu_has_all(have, "fma") ? "-march=x86-64-v2 -mfma" : "-march=x86-64-v2";
   return kex_cpu_has_all(have, v4) ? "-march=x86-64-v4" : "-march=x86-64-v3";
