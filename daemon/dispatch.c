@@ -465,8 +465,11 @@ int kexd_dispatch_post_chain(kexd_dispatch *d, uint32_t device_index, kexd_work 
   else f->head = &works[0];
   f->tail = &works[n - 1];
   f->queued += n;
-  pthread_cond_signal(&r->wake); /* once for the chain: the runner finds every item of it queued */
   pthread_mutex_unlock(&r->lock);
+  /* once for the chain, after the unlock: a runner woken under the lock would only sleep again on it (two more
+     futex calls and a context switch per Submit).  r outlives every post, and the runner tests its queue under
+     the lock before it waits, so a signal sent here is never lost. */
+  pthread_cond_signal(&r->wake);
   if (idle) *idle = none;
   return 0;
 }

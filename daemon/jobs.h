@@ -2,7 +2,7 @@
  * jobs.h - jobs (tenants): tokens, leases, buffers, memory accounting.
  *
  * A job is opened with a name, a weight and a memory limit and is named in
- * every later call by an unguessable token (128 bits from getrandom(2), as
+ * every later call by an unguessable token (128 bits from OpenSSL's DRBG, as
  * 32 hex characters, followed on the wire by the node that holds it).
  * Any call that names a job renews its lease; a uv timer closes jobs idle
  * past their lease.
@@ -150,7 +150,7 @@ void kexd_jobs_close(kexd_jobs *j);
  * evict_idle_ms.  Errors, with *err naming the limit and the
  * value: KEX_ELIMIT (the table is full of recently used jobs, or peer holds
  * max_per_peer), KEX_EINVAL (a name over KEXD_JOB_NAME_MAX), KEX_EIO
- * (getrandom), KEX_ENOMEM.
+ * (the random generator), KEX_ENOMEM.
  */
 int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, const char *peer,
                    kexd_tenant_use *use, kexd_job **out, kex_error *err);
@@ -193,7 +193,7 @@ int kexd_job_reserve(kexd_job *job, uint64_t bytes, kex_error *err);
 /* Give back a reservation (the upload finished or failed). */
 void kexd_job_unreserve(kexd_job *job, uint64_t bytes);
 /*
- * Add a device buffer to the job under a new handle (getrandom).  On
+ * Add a device buffer to the job under a new handle (OpenSSL's DRBG).  On
  * success *out is the record (owned by the job, one reference) and the
  * job's bytes_held has grown by bytes; on failure the caller still owns
  * dev_buf.  KEX_EIO, KEX_ENOMEM.

@@ -8,15 +8,16 @@
  * each completed tag to a locked FIFO and wakes the loop with uv_async_send
  * (which coalesces, so the loop always drains the whole list).  The loop
  * thread owns every call object and runs every tag's handler; it is the only
- * thread that starts batches or posts requests.  Before the loop sleeps (a
- * uv_prepare handle) it also takes, without waiting, the completions already
- * on the queue and runs them at once: one that arrived while the loop was
- * busy (a stream message's write, tens of us after its start) then costs no
- * hop through the cq thread (two thread wake-ups, 100 us and more on a busy
- * machine), and a stream's next message goes out sooner.  The two paths may
- * run one call's tags in a different order than the queue had them; the
- * handlers depend on no order between a call's different batches (gRPC
- * promises none).
+ * thread that starts batches or posts requests.  The loop never takes
+ * completions off the queue itself: a second thread in
+ * grpc_completion_queue_next (an earlier "harvest" before each sleep) finds
+ * the cq thread polling, waits on a condition variable with a past deadline
+ * and wakes it, so each empty look cost futex calls on both threads.
+ * Measured without it (bench/results/rpc.md, 2026-12-04): kexd's CPU per
+ * tiny Submit 100-108 us instead of 111-122 at 8 in flight, 8,500-9,200
+ * Submits/s instead of 7,500-8,600, and the same latency at 1 in flight.
+ * The handlers depend on no order between a call's different batches
+ * (gRPC promises none).
  *
  * A call object is reference counted: one reference per outstanding
  * operation (the posted request, each batch) plus the handler's, released
@@ -51,7 +52,6 @@
 #define SERVER_PREPOST_GENERIC 4    /* generic requests kept posted (unknown methods) */
 #define SERVER_DETAILS_MAX 512      /* bytes of a status message built here */
 #define SERVER_KEEPALIVE_TIMEOUT_MS 20000 /* a keepalive ping unanswered this long closes the connection */
-#define SERVER_HARVEST_MAX 64       /* completions the loop takes off the queue itself before it sleeps */
 
 static void call_unref(kexd_call *c);
 static void maybe_finalize(kexd_server *s);
@@ -118,19 +118,6 @@ static void on_async(uv_async_t *a) {
     s->thread_joined = true;
     uv_close((uv_handle_t *)&s->async, on_handle_closed);
     uv_close((uv_handle_t *)&s->grace, on_handle_closed);
-    uv_close((uv_handle_t *)&s->harvest, on_handle_closed);
-  }
-}
-
-/* Before the loop sleeps: run the completions already queued (see Threads above); none once the queue is shut. */
-static void on_harvest(uv_prepare_t *p) {
-  kexd_server *s = p->data;
-  for (int i = 0; i < SERVER_HARVEST_MAX && !s->server_destroyed; i++) {
-    grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
-    if (ev.type != GRPC_OP_COMPLETE) break;
-    tag *t = ev.tag;
-    t->success = ev.success;
-    t->fn(t);
   }
 }
 
@@ -645,14 +632,12 @@ int kexd_server_start(kexd_server *s) {
     KEX_ERROR("cannot listen on %s: the address is in use (is another kexd running?) or invalid", s->listen);
     return KEX_EUNAVAILABLE;
   }
-  if (uv_async_init(s->loop, &s->async, on_async) < 0 || uv_timer_init(s->loop, &s->grace) < 0 ||
-      uv_prepare_init(s->loop, &s->harvest) < 0) {
+  if (uv_async_init(s->loop, &s->async, on_async) < 0 || uv_timer_init(s->loop, &s->grace) < 0) {
     KEX_ERROR("server: cannot create the loop handles");
     return KEX_EINTERNAL;
   }
-  s->async.data = s->grace.data = s->harvest.data = s;
-  s->handles_open = 3;
-  uv_prepare_start(&s->harvest, on_harvest);
+  s->async.data = s->grace.data = s;
+  s->handles_open = 2;
   grpc_server_start(s->server);
   s->started = true;
   if (pthread_create(&s->cq_thread, NULL, cq_thread_main, s) != 0) {

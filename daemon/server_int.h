@@ -71,7 +71,6 @@ struct kexd_server {
   int port;
   /* cq thread <-> loop */
   uv_async_t async;
-  uv_prepare_t harvest; /* before the loop sleeps: completions the cq thread has not taken yet run at once */
   pthread_t cq_thread;
   bool thread_started, thread_joined;
   pthread_mutex_t lock; /* protects head, tail and cq_done: all the cq thread touches */
