@@ -88,12 +88,17 @@ def summary(r):
                         "submit_ratio_to_health": round(d["submit_inflight1"]["ratio_to_health_rounds"], 2),
                         "submit_per_s_inflight8": round(d["submit_inflight8"]["calls_per_s"])}
             # the client libraries' Submit (batched events): kex.Client from Python, libkex from C
-            for row in ("submit_batched", "client_submit", "libkex"):
+            for row in ("submit_batched", "client_submit", "libkex", "batched_async"):
                 if f"{row}_inflight1" in d:
                     out[who][f"{row}_p50_us"] = round(d[f"{row}_inflight1"]["p50_us"], 1)
                     out[who][f"{row}_ratio_to_health"] = round(d[f"{row}_inflight1"].get(
                         "ratio_to_health_rounds", d[f"{row}_inflight1"].get("ratio_to_health", 0)), 2)
                     out[who][f"{row}_per_s_inflight8"] = round(d[f"{row}_inflight8"]["calls_per_s"])
+            if "health_async_inflight8" in d:  # one client thread driving all 8 calls
+                out[who]["health_async_per_s_inflight8"] = round(d["health_async_inflight8"]["calls_per_s"])
+            for row in ("submit_batched", "batched_async"):
+                if "kexd_cpu_us_per_call" in d.get(f"{row}_inflight8", {}):
+                    out[who][f"kexd_cpu_us_per_{row}_inflight8"] = round(d[f"{row}_inflight8"]["kexd_cpu_us_per_call"])
             if "kexd_cpu_us_per_call" in d["submit_inflight8"]:
                 out[who]["kexd_cpu_us_per_submit_inflight8"] = round(d["submit_inflight8"]["kexd_cpu_us_per_call"])
                 out[who]["kexd_cpu_us_per_health_inflight8"] = round(d["health_inflight8"]["kexd_cpu_us_per_call"])
@@ -337,8 +342,9 @@ def main():
         with open(cj) as f:
             c = json.load(f)
         for k, v in c.items():
-            if isinstance(v, dict) and not k.startswith("health"):
-                v["ratio_to_health"] = v["p50_us"] / c["health_inflight" + k.rsplit("inflight", 1)[1]]["p50_us"]
+            if isinstance(v, dict) and not k.startswith("health"):  # async kinds against the async health
+                base = "health_async_inflight" if k.startswith("batched_async") else "health_inflight"
+                v["ratio_to_health"] = v["p50_us"] / c[base + k.rsplit("inflight", 1)[1]]["p50_us"]
         results["c"] = c
     if args.before:
         with open(args.before) as f:

@@ -7,7 +7,7 @@
  * directory, 127.0.0.1 on a free port) unless --server names one, and
  * measures, for --seconds each after a warm-up, at 1 and 8 calls in flight
  * (8 threads on one channel, each with its own completion queue and call
- * loop).  The seconds are split in --rounds rounds that take turns over the
+ * loop; the *_async kinds: one thread keeping 8 calls going).  The seconds are split in --rounds rounds that take turns over the
  * kinds (health, submit, ... , health, submit, ...), so a machine whose load
  * changes during the run (shared cores) weighs on every kind alike; each
  * ratio is a p50 over the health p50 of the same rounds.
@@ -31,13 +31,16 @@
  *   libkex          kex_submit (graph as JSON) through libkex, the C client library (it
  *                   sets batched_events), the output kept and freed 64 at a time as in
  *                   "submit": what a C program using kex pays for its Submit
+ *   health_async    health and submit_batched with every call in flight driven by one
+ *   batched_async   thread on one completion queue (see measure_async); batched_async's
+ *                   ratio is to health_async
  *
  * The core rows use gRPC C core directly with the request encoded once.
  * Every Submit's output bytes are checked (arange + 1).  Prints a table and,
  * with --json FILE, writes the numbers (p50/p99 in us, calls/s).
  *
  * Usage: build/bench_rpc [--kexd build/daemon/kexd | --server ADDR] [--seconds 2] [--rounds 10] [--json FILE]
- *                        [--only health,submit,submit_free,submit_inline,submit_min,submit_batched,libkex] [--inflight 1,8]
+ *                        [--only health,...,libkex,health_async,batched_async] [--inflight 1,8]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -327,9 +330,12 @@ static void submit_libkex(bench *b, char *keep) {
 
 /* ---- the measurement ---- */
 
-typedef enum kind { K_HEALTH, K_SUBMIT, K_SUBMIT_FREE, K_SUBMIT_INLINE, K_SUBMIT_MIN, K_SUBMIT_BATCHED, K_LIBKEX, K_COUNT } kind;
+typedef enum kind {
+  K_HEALTH, K_SUBMIT, K_SUBMIT_FREE, K_SUBMIT_INLINE, K_SUBMIT_MIN, K_SUBMIT_BATCHED, K_LIBKEX, K_HEALTH_ASYNC,
+  K_BATCHED_ASYNC, K_COUNT
+} kind;
 static const char *kind_names[K_COUNT] = {"health", "submit", "submit_free", "submit_inline", "submit_min",
-                                          "submit_batched", "libkex"};
+                                          "submit_batched", "libkex", "health_async", "batched_async"};
 
 /* A thread's output handles not freed yet ("submit"). */
 typedef struct kept {
@@ -405,6 +411,155 @@ static double pctl(const double *sorted, size_t n, double q) {
   return n ? sorted[i < n ? i : n - 1] : 0;
 }
 
+/*
+ * The async kinds: one thread keeps `inflight` calls going on one completion
+ * queue (grpc_completion_queue_next), starting the next call as one ends --
+ * what a throughput client does, instead of a blocked thread per call.  On
+ * a machine whose cores the client shares with kexd, the threaded kinds'
+ * client spends 3x the CPU per call at 8 in flight (each completion wakes
+ * another thread), which caps the calls/s that kexd is shown to serve.
+ */
+typedef struct aslot {
+  grpc_call *call;
+  grpc_byte_buffer *out, *in;
+  grpc_metadata_array imd, tmd;
+  grpc_status_code status;
+  grpc_slice details;
+  grpc_op ops[6];
+  char handle[128];
+  int seen, stage; /* stage 0: request (and, for health, everything); 1: reading events; 2: the status */
+  bool done;
+  double t0;
+} aslot;
+
+/* Start slot sl's next call of kind k (K_HEALTH_ASYNC or K_BATCHED_ASYNC). */
+static void aslot_start(bench *b, grpc_completion_queue *cq, kind k, aslot *sl) {
+  grpc_slice req = k == K_HEALTH_ASYNC ? b->check_req : b->batched_req;
+  memset(sl, 0, sizeof *sl);
+  sl->call = grpc_channel_create_registered_call(b->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                 k == K_HEALTH_ASYNC ? b->m_check : b->m_submit, deadline(), NULL);
+  sl->out = grpc_raw_byte_buffer_create(&req, 1);
+  sl->details = grpc_empty_slice();
+  sl->status = GRPC_STATUS_UNKNOWN;
+  grpc_metadata_array_init(&sl->imd);
+  grpc_metadata_array_init(&sl->tmd);
+  request_ops(sl->ops, sl->out, &sl->imd);
+  sl->ops[4].op = GRPC_OP_RECV_MESSAGE;
+  sl->ops[4].data.recv_message.recv_message = &sl->in;
+  size_t n = 5;
+  if (k == K_HEALTH_ASYNC) { /* unary: the status in the same batch */
+    sl->ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    sl->ops[5].data.recv_status_on_client.trailing_metadata = &sl->tmd;
+    sl->ops[5].data.recv_status_on_client.status = &sl->status;
+    sl->ops[5].data.recv_status_on_client.status_details = &sl->details;
+    n = 6;
+  }
+  sl->t0 = now_s();
+  if (grpc_call_start_batch(sl->call, sl->ops, n, sl, NULL) != GRPC_CALL_OK) die("async: start_batch");
+}
+
+/* Release what slot sl's finished call holds. */
+static void aslot_end(aslot *sl) {
+  if (sl->in) grpc_byte_buffer_destroy(sl->in);
+  grpc_byte_buffer_destroy(sl->out);
+  grpc_slice_unref(sl->details);
+  grpc_metadata_array_destroy(&sl->imd);
+  grpc_metadata_array_destroy(&sl->tmd);
+  grpc_call_unref(sl->call);
+}
+
+/* A batch of slot sl completed: true when its call is over (checked; its output handle in sl->handle). */
+static bool aslot_step(kind k, aslot *sl, bool ok) {
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  if (k == K_HEALTH_ASYNC) {
+    if (!ok || sl->status != GRPC_STATUS_OK || !sl->in) die("async Health/Check: status %d", sl->status);
+    grpc_slice r = readall(sl->in);
+    Grpc__Health__V1__HealthCheckResponse *m =
+        grpc__health__v1__health_check_response__unpack(NULL, GRPC_SLICE_LENGTH(r), GRPC_SLICE_START_PTR(r));
+    if (!m || m->status != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING)
+      die("async Health/Check: not SERVING");
+    grpc__health__v1__health_check_response__free_unpacked(m, NULL);
+    grpc_slice_unref(r);
+    return true;
+  }
+  if (sl->stage == 2) {
+    if (sl->status != GRPC_STATUS_OK)
+      die("async Submit: status %d: %.*s", sl->status, (int)GRPC_SLICE_LENGTH(sl->details),
+          (const char *)GRPC_SLICE_START_PTR(sl->details));
+    int need = 1 << KEX__V1__SUBMIT_EVENT__EVENT_ACCEPTED | 1 << KEX__V1__SUBMIT_EVENT__EVENT_SCHEDULED |
+               1 << KEX__V1__SUBMIT_EVENT__EVENT_RUNNING | 1 << KEX__V1__SUBMIT_EVENT__EVENT_DONE;
+    if ((sl->seen & ~(1 << KEX__V1__SUBMIT_EVENT__EVENT_COMPILING)) != need || !sl->handle[0])
+      die("async Submit: events (mask 0x%x) are not the expected ones (0x%x)", sl->seen, need);
+    return true;
+  }
+  if (!ok || !sl->in) die("async Submit: the stream ended before its done event");
+  grpc_slice r = readall(sl->in);
+  grpc_byte_buffer_destroy(sl->in);
+  sl->in = NULL;
+  Kex__V1__SubmitEvent *ev = kex__v1__submit_event__unpack(NULL, GRPC_SLICE_LENGTH(r), GRPC_SLICE_START_PTR(r));
+  grpc_slice_unref(r);
+  if (!ev) die("async Submit: an event does not decode");
+  submit_event(ev, &sl->done, &sl->seen, sl->handle);
+  for (size_t i = 0; i < ev->n_following; i++) submit_event(ev->following[i], &sl->done, &sl->seen, sl->handle);
+  kex__v1__submit_event__free_unpacked(ev, NULL);
+  if (sl->done) { /* after done, the status at once (as libkex does) */
+    sl->stage = 2;
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &sl->tmd;
+    op.data.recv_status_on_client.status = &sl->status;
+    op.data.recv_status_on_client.status_details = &sl->details;
+  } else {
+    sl->stage = 1;
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &sl->in;
+  }
+  sl->ops[0] = op; /* the op array must live until the batch completes */
+  if (grpc_call_start_batch(sl->call, sl->ops, 1, sl, NULL) != GRPC_CALL_OK) die("async Submit: start_batch");
+  return false;
+}
+
+/* One async round: `inflight` calls of kind k from this thread until stop_at; latencies into w. */
+static void measure_async(bench *b, kind k, int inflight, worker *w) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_completion_queue *fcq = grpc_completion_queue_create_for_pluck(NULL); /* the Frees, in line */
+  aslot *slots = calloc((size_t)inflight, sizeof *slots);
+  kept *kp = calloc(1, sizeof *kp);
+  int running = 0;
+  if (!slots || !kp) die("out of memory");
+  for (int i = 0; i < inflight; i++) aslot_start(b, cq, k, &slots[i]), running++;
+  while (running) {
+    grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) die("async: the completion queue ended");
+    aslot *sl = ev.tag;
+    if (!aslot_step(k, sl, ev.success)) continue;
+    double t1 = now_s();
+    if (w->n == w->cap) {
+      w->cap = w->cap ? 2 * w->cap : 4096;
+      if (!(w->lat = realloc(w->lat, w->cap * sizeof *w->lat))) die("out of memory");
+    }
+    w->lat[w->n++] = (t1 - sl->t0) * 1e6;
+    if (k == K_BATCHED_ASYNC) {
+      memcpy(kp->h[kp->n++], sl->handle, sizeof sl->handle);
+      if (kp->n == FREE_BATCH) kept_flush(b, fcq, kp);
+    }
+    aslot_end(sl);
+    if (t1 < w->stop_at) aslot_start(b, cq, k, sl);
+    else running--;
+  }
+  kept_flush(b, fcq, kp);
+  free(kp);
+  free(slots);
+  grpc_completion_queue *qs[2] = {cq, fcq};
+  for (int i = 0; i < 2; i++) {
+    grpc_completion_queue_shutdown(qs[i]);
+    while ((i ? grpc_completion_queue_pluck(qs[i], NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+              : grpc_completion_queue_next(qs[i], gpr_inf_future(GPR_CLOCK_REALTIME), NULL)).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(qs[i]);
+  }
+}
+
 /* One round: kind k at `inflight` for `seconds`, its latencies appended to a (after a warm-up in the first round). */
 static void measure(bench *b, kind k, int inflight, double seconds, acc *a) {
   worker ws[MAX_THREADS];
@@ -414,7 +569,7 @@ static void measure(bench *b, kind k, int inflight, double seconds, acc *a) {
   double t0;
   if (!kp) die("out of memory");
   for (int i = 0; i < (a->rounds ? 5 : 50); i++) { /* warm-up */
-    one_call(b, cq, k, kp);
+    one_call(b, cq, k == K_HEALTH_ASYNC ? K_HEALTH : k == K_BATCHED_ASYNC ? K_SUBMIT_BATCHED : k, kp);
     if (kp->n == FREE_BATCH) kept_flush(b, cq, kp);
   }
   kept_flush(b, cq, kp);
@@ -426,18 +581,26 @@ static void measure(bench *b, kind k, int inflight, double seconds, acc *a) {
   memset(ws, 0, sizeof ws);
   double c0 = kexd_cpu_s();
   t0 = now_s();
-  for (int i = 0; i < inflight; i++) {
-    ws[i].b = b, ws[i].k = k, ws[i].stop_at = t0 + seconds;
-    if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0) die("pthread_create");
+  bool async = k == K_HEALTH_ASYNC || k == K_BATCHED_ASYNC;
+  if (async) {
+    ws[0].b = b, ws[0].k = k, ws[0].stop_at = t0 + seconds;
+    measure_async(b, k, inflight, &ws[0]);
+    total = ws[0].n;
+  } else {
+    for (int i = 0; i < inflight; i++) {
+      ws[i].b = b, ws[i].k = k, ws[i].stop_at = t0 + seconds;
+      if (pthread_create(&ws[i].th, NULL, worker_main, &ws[i]) != 0) die("pthread_create");
+    }
+    for (int i = 0; i < inflight; i++) pthread_join(ws[i].th, NULL), total += ws[i].n;
   }
-  for (int i = 0; i < inflight; i++) pthread_join(ws[i].th, NULL), total += ws[i].n;
   a->wall_s += now_s() - t0;
   a->kexd_cpu_s += kexd_cpu_s() - c0;
   if (a->n + total > a->cap) {
     a->cap = 2 * (a->n + total) + 4096;
     if (!(a->lat = realloc(a->lat, a->cap * sizeof *a->lat))) die("out of memory");
   }
-  for (int i = 0; i < inflight; i++) memcpy(a->lat + a->n, ws[i].lat, ws[i].n * sizeof *a->lat), a->n += ws[i].n, free(ws[i].lat);
+  for (int i = 0; i < (async ? 1 : inflight); i++)
+    memcpy(a->lat + a->n, ws[i].lat, ws[i].n * sizeof *a->lat), a->n += ws[i].n, free(ws[i].lat);
   qsort(a->lat + first, a->n - first, sizeof *a->lat, cmp_double);
   if (a->rounds < (int)(sizeof a->round_p50 / sizeof a->round_p50[0]))
     a->round_p50[a->rounds++] = pctl(a->lat + first, a->n - first, 0.5);
@@ -546,7 +709,7 @@ static bool listed(const char *list, const char *name) {
 
 int main(int argc, char **argv) {
   const char *kexd = "build/daemon/kexd", *server = NULL, *json = NULL;
-  const char *only = "health,submit,submit_free,submit_inline,submit_min,submit_batched,libkex";
+  const char *only = "health,submit,submit_free,submit_inline,submit_min,submit_batched,libkex,health_async,batched_async";
   const char *inflights = "1,8";
   double seconds = 2.0;
   int rounds = 10;
@@ -624,7 +787,7 @@ int main(int argc, char **argv) {
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 3) load[0] = load[1] = load[2] = -1;
   if (jf)
-    fprintf(jf, "{\n  \"client\": \"C (gRPC C core, one channel, a thread per call in flight)\",\n  \"seconds\": %g,\n"
+    fprintf(jf, "{\n  \"client\": \"C (gRPC C core, one channel, a thread per call in flight; the *_async kinds: one thread, one completion queue)\",\n  \"seconds\": %g,\n"
             "  \"rounds\": %d,\n  \"load_average_before\": [%.2f, %.2f, %.2f]", seconds, rounds, load[0], load[1], load[2]);
   for (const char *p = inflights; p && *p;) {
     int inflight = atoi(p);
@@ -637,12 +800,12 @@ int main(int argc, char **argv) {
       for (int k = 0; k < K_COUNT; k++)
         if (listed(only, kind_names[k])) measure(&b, (kind)k, inflight, seconds / rounds, &accs[k]);
     for (int k = 0; k < K_COUNT; k++) {
-      acc *a = &accs[k], *h = &accs[K_HEALTH];
+      acc *a = &accs[k], *h = &accs[k == K_BATCHED_ASYNC ? K_HEALTH_ASYNC : K_HEALTH]; /* each against its own health */
       if (!a->rounds) continue;
       qsort(a->lat, a->n, sizeof *a->lat, cmp_double);
       double p50 = pctl(a->lat, a->n, 0.5), p99 = pctl(a->lat, a->n, 0.99), per_s = a->wall_s > 0 ? a->n / a->wall_s : 0;
       double ratio = 0, rr[256];
-      if (k != K_HEALTH && h->rounds == a->rounds) { /* the median over rounds of each round's ratio */
+      if (k != K_HEALTH && k != K_HEALTH_ASYNC && h->rounds == a->rounds) { /* the median over rounds of each round's ratio */
         for (int r = 0; r < a->rounds; r++) rr[r] = h->round_p50[r] > 0 ? a->round_p50[r] / h->round_p50[r] : 0;
         qsort(rr, a->rounds, sizeof *rr, cmp_double);
         ratio = rr[a->rounds / 2];
