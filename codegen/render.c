@@ -39,6 +39,16 @@ typedef struct rctx {
   bool uses_half, oom;
   /* the C dialect's loop interchange (swap_loops): the second global loop, opened around the first */
   const kex_uop *swap_outer, *swap_inner;
+  /* the C dialect's run of consecutive plain stores, written in address order by flush_stores */
+  struct pending_store {
+    const kex_uop *buf;
+    const char *base; /* the index's non-constant part ("" when the index is a constant) */
+    int64_t off;      /* its constant part */
+    const char *line; /* the statement */
+    uint32_t seq;     /* position in the run: the tie-break, and the order kept when two offsets are equal */
+  } *pend;
+  uint32_t npend, cap_pend;
+  int pend_depth;
 } rctx;
 
 static char *fmt(rctx *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
@@ -55,8 +65,11 @@ static char *fmt(rctx *c, const char *f, ...) {
   return s ? s : "";
 }
 
+static void flush_stores(rctx *c);
+
 static void kk(rctx *c, const char *f, ...) __attribute__((format(printf, 2, 3)));
 static void kk(rctx *c, const char *f, ...) {
+  if (c->npend) flush_stores(c); /* any other statement ends a run of stores, before it */
   for (int i = 0; i < c->depth; i++) kex_strbuf_printf(&c->body, "  ");
   va_list ap;
   va_start(ap, f);
@@ -263,6 +276,80 @@ static const char *const_expr(rctx *c, const kex_uop *u) {
   return const_negative(kex_const_as(u->arg.c, u->dtype.dt)) ? fmt(c, "(%s)", v) : v;
 }
 
+static int cmp_pending(const void *a, const void *b) {
+  const struct pending_store *x = a, *y = b;
+  if (x->off != y->off) return x->off < y->off ? -1 : 1;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/*
+ * Write the pending run of stores, sorted by address when their offsets
+ * are distinct (else in program order).  The run is the stores of an
+ * upcast tile: one buffer, one base index, a constant offset each, with no
+ * other statement between them, so no store's value or address depends on
+ * another's and distinct addresses make their order free.  The order is
+ * not free for gcc: its SLP vectorizer seeds from stores to consecutive
+ * addresses, and a tile whose upcasts were applied columns, rows, columns
+ * (UPCAST(1,4) UPCAST(0,4) UPCAST(1,4)) stored each row in pieces of 4, so
+ * that matmul ran 3.6x slower than the same tile applied columns first
+ * (221 against 59 ms on one core, bench/results/cpu-kernels.md).
+ */
+static void flush_stores(rctx *c) {
+  uint32_t n = c->npend;
+  int depth = c->depth;
+  c->npend = 0; /* before kk below, which would flush again */
+  qsort(c->pend, n, sizeof *c->pend, cmp_pending);
+  bool distinct = true;
+  for (uint32_t i = 1; i < n; i++) distinct = distinct && c->pend[i].off != c->pend[i - 1].off;
+  if (!distinct) /* back to program order */
+    for (uint32_t i = 0; i < n; i++)
+      while (c->pend[i].seq != i) {
+        struct pending_store t = c->pend[c->pend[i].seq];
+        c->pend[c->pend[i].seq] = c->pend[i];
+        c->pend[i] = t;
+      }
+  c->depth = c->pend_depth;
+  for (uint32_t i = 0; i < n; i++) kk(c, "%s", c->pend[i].line);
+  c->depth = depth;
+}
+
+/*
+ * A plain scalar store of the C dialect joins the pending run (flush_stores)
+ * instead of being written at once: true when it did.  Its index must be a
+ * base plus a constant (or either alone), and the run's buffer, base and
+ * depth its own; a store that differs ends the run before it.
+ */
+static bool queue_store(rctx *c, const kex_uop *buf, const kex_uop *idx, const char *line) {
+  const char *base = "";
+  int64_t off = 0;
+  if (idx->uop == KEX_UOP_CONST) {
+    off = kex_const_as(idx->arg.c, KEX_DT_INT64).i;
+  } else if (idx->uop == KEX_UOP_ALU && idx->arg.op == KEX_OP_ADD && idx->nvin == 2 &&
+             idx->vin[1]->uop == KEX_UOP_CONST) {
+    base = c->r[idx->vin[0]->id];
+    off = kex_const_as(idx->vin[1]->arg.c, KEX_DT_INT64).i;
+  } else {
+    base = c->r[idx->id];
+  }
+  if (c->npend && (c->pend[0].buf != buf || strcmp(c->pend[0].base, base) != 0 || c->pend_depth != c->depth))
+    flush_stores(c);
+  if (c->npend == c->cap_pend) {
+    uint32_t cap = c->cap_pend ? 2 * c->cap_pend : 64;
+    struct pending_store *p = kex_arena_alloc(&c->arena, cap * sizeof *p);
+    if (!p) {
+      c->oom = true;
+      return false;
+    }
+    if (c->npend) memcpy(p, c->pend, c->npend * sizeof *p);
+    c->pend = p;
+    c->cap_pend = cap;
+  }
+  c->pend_depth = c->depth;
+  c->pend[c->npend] = (struct pending_store){buf, base, off, line, c->npend};
+  c->npend++;
+  return true;
+}
+
 /*
  * The C dialect's traversal of the output tiles: in a reduction kernel
  * whose first global loop (the pool's range) holds the second one and
@@ -339,7 +426,8 @@ static int emit(rctx *c, const kex_uop *u, kex_error *err) {
     const char *idx = strip_parens(c, r[vin[1]->id]);
     if (val->dtype.vec > 1)
       kk(c, "*((%s%s*)(%s+%s)) = %s;", ptr_prefix(c, buf), type_name(c, val->dtype), r[buf->id], idx, r[val->id]);
-    else
+    else if (c->dialect != KEX_DIALECT_CPU || u->nvin > 3 ||
+             !queue_store(c, buf, vin[1], fmt(c, "%s[%s] = %s;", r[buf->id], idx, r[val->id])))
       kk(c, "%s[%s] = %s;", r[buf->id], idx, r[val->id]);
     if (u->nvin > 3) {
       c->depth--;
@@ -479,6 +567,8 @@ int kex_render_cstyle(int dialect, const char *name, const kex_uop_graph *g, cha
     rc = emit(&c, g->linear[i], err);
     if (c.oom || c.body.oom) goto oom;
   }
+  if (c.npend) flush_stores(&c);
+  if (c.oom || c.body.oom) goto oom;
   if (rc) goto out;
   /* header */
   if (dialect == KEX_DIALECT_OPENCL) {

@@ -166,7 +166,7 @@
 #include "codegen/target.h"
 
 /* Bumped whenever kernel.c/heuristic.c/lower.c/uops.c/render.c change the code an opts list produces. */
-#define KEX_CODEGEN_VERSION "kex.codegen.v2" /* v2: the C dialect walks a reduction kernel's tiles column-block-major */
+#define KEX_CODEGEN_VERSION "kex.codegen.v3" /* v2: the C dialect walks a reduction kernel's tiles column-block-major; v3: and writes a tile's stores in address order */
 #define KEX_BEAM_NACTIONS 141
 #define KEX_BEAM_MAX_WIDTH 64
 #define KEX_BEAM_MAX_RUNS 1000
