@@ -12,7 +12,10 @@
  * per-core comparison, which two threads waiting for each other on a busy
  * machine do not disturb) for the matmuls, and memcpy of the graph's input
  * bytes (a memory-bandwidth floor) for the others.  The matmul outputs are checked
- * against OpenBLAS.  Writes bench/results/kernels.json and prints a table
+ * against OpenBLAS; "openblas_core" in the file names the kernels OpenBLAS
+ * ran (its choice for this CPU, or OPENBLAS_CORETYPE's: this machine's
+ * environment sets Haswell, AVX2, on an AVX-512 CPU where OpenBLAS would
+ * pick Cooperlake).  Writes bench/results/kernels.json and prints a table
  * with tinygrad 0.9.0's BEAM=0 times on PoCL here (spec 16.4) beside ours.
  *
  * usage: bench_kernels [--out FILE] [--graphs DIR] [--repeat N] [--only SUBSTR] [--device NAME]
@@ -239,8 +242,9 @@ int main(int argc, char **argv) {
            "runs after a warm-up; baselines measured in the same run; shared 2-vCPU VM, load average (1/5/15 min) %s "
            "at the start, %s at the end",
            optsnote, load_start, load_end);
-  json_t *doc = json_pack("{s:s, s:i, s:s, s:o}", "benchmark", "kernels", "repeat", reps, "notes", notes, "results",
-                          arr);
+  const char *core = openblas_get_corename();
+  json_t *doc = json_pack("{s:s, s:i, s:s, s:s, s:o}", "benchmark", "kernels", "repeat", reps, "notes", notes,
+                          "openblas_core", core ? core : "?", "results", arr);
   if (json_dump_file(doc, outpath, JSON_INDENT(2))) fprintf(stderr, "cannot write %s\n", outpath);
   else printf("wrote %s\n", outpath);
   json_decref(doc);
