@@ -799,6 +799,19 @@ static void test_render_clang_tile_order(void **state) {
   done(&p);
 }
 
+/* An n x n x n matmul graph in b (gb_init'ed with seed), planned into *p: its kernel's schedule item. */
+static const kex_sched_item *plan_matmul(gb *b, uint64_t seed, int n, planned *p) {
+  kex_error err = {0};
+  const kex_sched_item *it = NULL;
+  gb_init(b, seed);
+  output(b, matmul(b, n, n, n, 0));
+  assert_int_equal(plan(p, b->g, &err), 0);
+  for (uint32_t i = 0; i < p->s->nitems; i++)
+    if (p->s->items[i].kind == KEX_ITEM_KERNEL) it = &p->s->items[i];
+  assert_non_null(it);
+  return it;
+}
+
 /*
  * The C dialect writes a tile's stores in address order (render.c
  * flush_stores): with the upcasts applied columns, rows, columns, program
@@ -809,14 +822,9 @@ static void test_render_clang_tile_order(void **state) {
 static void test_render_clang_store_order(void **state) {
   (void)state;
   gb b;
-  gb_init(&b, 15);
-  output(&b, matmul(&b, 64, 64, 64, 0));
   planned p;
   kex_error err = {0};
-  assert_int_equal(plan(&p, b.g, &err), 0);
-  const kex_sched_item *it = NULL;
-  for (uint32_t i = 0; i < p.s->nitems; i++)
-    if (p.s->items[i].kind == KEX_ITEM_KERNEL) it = &p.s->items[i];
+  const kex_sched_item *it = plan_matmul(&b, 15, 64, &p);
   kex_opt opts[3] = {kex_opt_make(KEX_OPT_UPCAST, 1, 4), kex_opt_make(KEX_OPT_UPCAST, 0, 4),
                      kex_opt_make(KEX_OPT_UPCAST, 1, 4)};
   kex_kernel *k = NULL;
@@ -843,14 +851,9 @@ static void test_render_clang_store_order(void **state) {
 static void test_render_matmul_float4(void **state) {
   (void)state;
   gb b;
-  gb_init(&b, 13);
-  output(&b, matmul(&b, 512, 512, 512, 0));
   planned p;
   kex_error err = {0};
-  assert_int_equal(plan(&p, b.g, &err), 0);
-  const kex_sched_item *it = NULL;
-  for (uint32_t i = 0; i < p.s->nitems; i++)
-    if (p.s->items[i].kind == KEX_ITEM_KERNEL) it = &p.s->items[i];
+  const kex_sched_item *it = plan_matmul(&b, 13, 512, &p);
   kex_program_src ps;
   kex_name_counter names;
   kex_name_counter_init(&names);
