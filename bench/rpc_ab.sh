@@ -25,7 +25,7 @@ for i in $(seq "$N"); do
   for side in old new; do
     if [ $side = old ]; then pid=$KO port=$PO; else pid=$KN port=$PN; fi
     t0=$(cpu $pid)
-    line=$("$BENCH" --server 127.0.0.1:$port --only submit_batched --inflight "$INF" --seconds 1.5 --rounds 1 | grep '^submit_batched')
+    line=$("$BENCH" --server 127.0.0.1:$port --only "${KEX_AB_KIND:-submit_batched}" --inflight "$INF" --seconds 1.5 --rounds 1 | grep "^${KEX_AB_KIND:-submit_batched} ")
     t1=$(cpu $pid)
     echo "$side $(echo "$line" | awk '{for (i = 1; i <= NF; i++) if ($i == "calls/s") print $(i-1)}') $t0 $t1"
   done

@@ -8,16 +8,23 @@
  * each completed tag to a locked FIFO and wakes the loop with uv_async_send
  * (which coalesces, so the loop always drains the whole list).  The loop
  * thread owns every call object and runs every tag's handler; it is the only
- * thread that starts batches or posts requests.  The loop never takes
- * completions off the queue itself: a second thread in
- * grpc_completion_queue_next (an earlier "harvest" before each sleep) finds
- * the cq thread polling, waits on a condition variable with a past deadline
- * and wakes it, so each empty look cost futex calls on both threads.
- * Measured without it (bench/results/rpc.md, 2026-12-04): kexd's CPU per
- * tiny Submit 100-108 us instead of 111-122 at 8 in flight, 8,500-9,200
- * Submits/s instead of 7,500-8,600, and the same latency at 1 in flight.
- * The handlers depend on no order between a call's different batches
- * (gRPC promises none).
+ * thread that starts batches or posts requests.
+ *
+ * The harvest: after starting a stream message's write (kexd_call_write_more),
+ * the loop, before it sleeps (a uv_prepare handle), takes the completions
+ * already on the queue and runs them at once.  A stream's next message can
+ * only start when the last one's write completed, so that completion
+ * costs no hop through the cq thread (two thread wake-ups) and the next
+ * message goes out sooner.  Only then: a second thread in
+ * grpc_completion_queue_next finds the cq thread polling, waits on a
+ * condition variable with a past deadline and wakes it, futex calls on
+ * both threads, which a call that ends in one batch (a unary reply, a
+ * batched Submit: message and status together) would pay for nothing
+ * (bench/results/rpc.md, 2026-12-04: harvesting before every sleep cost
+ * kexd 11-16% more CPU per batched Submit).  The two paths may run one
+ * call's tags in a different order than the queue had them; the handlers
+ * depend on no order between a call's different batches (gRPC promises
+ * none).
  *
  * A call object is reference counted: one reference per outstanding
  * operation (the posted request, each batch) plus the handler's, released
@@ -52,6 +59,7 @@
 #define SERVER_PREPOST_GENERIC 4    /* generic requests kept posted (unknown methods) */
 #define SERVER_DETAILS_MAX 512      /* bytes of a status message built here */
 #define SERVER_KEEPALIVE_TIMEOUT_MS 20000 /* a keepalive ping unanswered this long closes the connection */
+#define SERVER_HARVEST_MAX 64       /* completions the loop takes off the queue itself before it sleeps */
 
 static void call_unref(kexd_call *c);
 static void maybe_finalize(kexd_server *s);
@@ -118,6 +126,21 @@ static void on_async(uv_async_t *a) {
     s->thread_joined = true;
     uv_close((uv_handle_t *)&s->async, on_handle_closed);
     uv_close((uv_handle_t *)&s->grace, on_handle_closed);
+    uv_close((uv_handle_t *)&s->harvest, on_handle_closed);
+  }
+}
+
+/* Before the loop sleeps, when a stream write is out: run the completions already queued (see Threads above). */
+static void on_harvest(uv_prepare_t *p) {
+  kexd_server *s = p->data;
+  if (!s->harvest_due) return;
+  s->harvest_due = false;
+  for (int i = 0; i < SERVER_HARVEST_MAX && !s->server_destroyed; i++) {
+    grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) break;
+    tag *t = ev.tag;
+    t->success = ev.success;
+    t->fn(t);
   }
 }
 
@@ -435,6 +458,7 @@ int kexd_call_write_more(kexd_call *c, const ProtobufCMessage *msg, bool more, v
     grpc_byte_buffer_destroy(bb);
     return KEX_EINTERNAL;
   }
+  c->srv->harvest_due = true; /* the next message waits for this write's completion: take it before sleeping */
   return 0;
 }
 
@@ -632,12 +656,14 @@ int kexd_server_start(kexd_server *s) {
     KEX_ERROR("cannot listen on %s: the address is in use (is another kexd running?) or invalid", s->listen);
     return KEX_EUNAVAILABLE;
   }
-  if (uv_async_init(s->loop, &s->async, on_async) < 0 || uv_timer_init(s->loop, &s->grace) < 0) {
+  if (uv_async_init(s->loop, &s->async, on_async) < 0 || uv_timer_init(s->loop, &s->grace) < 0 ||
+      uv_prepare_init(s->loop, &s->harvest) < 0) {
     KEX_ERROR("server: cannot create the loop handles");
     return KEX_EINTERNAL;
   }
-  s->async.data = s->grace.data = s;
-  s->handles_open = 2;
+  s->async.data = s->grace.data = s->harvest.data = s;
+  s->handles_open = 3;
+  uv_prepare_start(&s->harvest, on_harvest);
   grpc_server_start(s->server);
   s->started = true;
   if (pthread_create(&s->cq_thread, NULL, cq_thread_main, s) != 0) {

@@ -71,6 +71,8 @@ struct kexd_server {
   int port;
   /* cq thread <-> loop */
   uv_async_t async;
+  uv_prepare_t harvest; /* before the loop sleeps, when a stream write is out: its completion, run at once */
+  bool harvest_due;     /* a stream message write started since the last harvest */
   pthread_t cq_thread;
   bool thread_started, thread_joined;
   pthread_mutex_t lock; /* protects head, tail and cq_done: all the cq thread touches */
