@@ -385,6 +385,8 @@ typedef struct paired {
   double scratch[KEX_BEAM_PAIR_MAX];
   double alpha;               /* one pair's share of KEX_BEAM_ALPHA (run_paired) */
   int rank_n, rank_a;         /* sign_rank(rank_n, alpha), kept */
+  double slow[KEX_BEAM_SET_MAX]; /* log of the factor a member ran slower than its remembered time, when the
+                                    decision stayed disturbed (run_decision); 0 else.  Taken out of its times. */
 } paired;
 
 static int job_paired(kex_device *dev, void *arg, kex_error *err) {
@@ -444,7 +446,7 @@ static void pair_log_ratio(paired *p, int i, int j, double *med, double *lo, dou
   if (p->rank_n != n) p->rank_a = sign_rank(n, p->alpha), p->rank_n = n;
   int a = p->rank_a;
   double *l = p->scratch;
-  for (int k = 0; k < n; k++) l[k] = log(p->us[i][k] / p->us[j][k]);
+  for (int k = 0; k < n; k++) l[k] = log(p->us[i][k] / p->us[j][k]) - p->slow[i] + p->slow[j];
   qsort(l, (size_t)n, sizeof *l, cmp_double);
   *med = n ? (n & 1 ? l[n / 2] : 0.5 * (l[n / 2 - 1] + l[n / 2])) : 0;
   *lo = a ? l[a - 1] : -INFINITY;
@@ -475,12 +477,12 @@ static int pair_cmp(paired *p, int i, int j, double theta, bool *decided) {
 static double pair_median(paired *p, int i, int ref);
 static double pair_spread(paired *p);
 
-/* Median over p's rounds of us[i][k] (ref < 0) or of us[i][k] / us[ref][k]. */
+/* Median over p's rounds of us[i][k] (ref < 0) or of us[i][k] / us[ref][k]; p->slow taken out. */
 static double pair_median(paired *p, int i, int ref) {
   int n = p->rounds;
   for (int k = 0; k < n; k++) p->scratch[k] = ref < 0 ? p->us[i][k] : p->us[i][k] / p->us[ref][k];
   qsort(p->scratch, (size_t)n, sizeof *p->scratch, cmp_double);
-  return n ? p->scratch[n / 2] : INFINITY;
+  return n ? p->scratch[n / 2] * exp(-p->slow[i] + (ref < 0 ? 0 : p->slow[ref])) : INFINITY;
 }
 
 /*
@@ -1137,6 +1139,18 @@ static int run_paired(search *s, paired *p, int ndecide, double theta, double bu
  * each rerun).  A program's first decision has nothing to go by; a search of a kernel timed before (the
  * second search of a kernel in one process, or one that meets a program
  * of an earlier round) compares in the machine's fast state.
+ *
+ * When the last run is still disturbed (the slow state outlasted the
+ * waits: seconds at a time on the 2026-12-04 EPYC guest), each member that
+ * ran more than KEX_BEAM_DISTURBED over its remembered time is judged at
+ * that time: its paired ratios and median are divided by the factor
+ * (paired.slow).  The slow state does not slow every program alike --
+ * muladd64K's UPCAST(0,4) ran 8.2 or 13-14 us, UPCAST(0,4)+UPCAST(0,4)
+ * 8.0-8.5 us in both -- so a decision taken in it reorders kernels that
+ * tie in the fast state, and a search that met it at its final comparison
+ * chose differently from one that did not.  The states are far apart
+ * (1.6-1.7x) against the 1.2x line that tells them, so which members are
+ * corrected does not sit at an edge the way a tie band's pairs do.
  */
 #define KEX_BEAM_DISTURBED 0.20
 #define KEX_BEAM_REROLLS 3
@@ -1189,13 +1203,18 @@ static int run_decision(search *s, paired *p, int ndecide, double theta, double 
     int rc = run_paired(s, p, ndecide, theta, budget_s, err);
     if (rc || !s->serial || p->rounds < KEX_BEAM_PAIR_MIN) return rc;
     int slow = -1;
-    double slow_by = 0;
+    double slow_by = 0, by[KEX_BEAM_SET_MAX];
     for (int i = 0; i < ndecide; i++) {
       double med = pair_median(p, i, -1), ref = memo_min(keys[i], med);
-      if (ref > 0 && med > ref * (1 + KEX_BEAM_DISTURBED) && med / ref > slow_by) slow = i, slow_by = med / ref;
+      by[i] = ref > 0 && med > ref * (1 + KEX_BEAM_DISTURBED) ? med / ref : 1;
+      if (by[i] > 1 && by[i] > slow_by) slow = i, slow_by = by[i];
     }
     if (slow < 0 || attempt == KEX_BEAM_REROLLS) {
-      if (slow >= 0) s->res->disturbed++;
+      if (slow >= 0) { /* still disturbed: each slowed member is judged at its remembered time (see above) */
+        s->res->disturbed++;
+        for (int i = 0; i < ndecide; i++) p->slow[i] = log(by[i]);
+        for (int i = ndecide; i < p->n; i++) p->slow[i] = p->slow[0]; /* the twin */
+      }
       return 0;
     }
     /* pause until that member runs as remembered again (a few runs after each pause), KEX_BEAM_WAIT_MAX_S at most */
