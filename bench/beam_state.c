@@ -74,23 +74,6 @@ static int die(const char *what, const kex_error *err) {
   return 1;
 }
 
-/* One serial run of prog on bufs; its µs.  A failed run ends the program (a median with it in would mislead). */
-static double run_once(kex_device *dev, kex_program *prog, const kex_program_src *ps, kex_buffer *const *bufs) {
-  kex_buffer *args[KEX_DEVICE_MAX_BUFS];
-  kex_event *ev = NULL;
-  kex_error err = {0};
-  double s = 0;
-  for (uint32_t a = 0; a < ps->nargs; a++) args[a] = bufs[ps->args[a].idx];
-  kex_device_set_serial_timing(dev, true);
-  int rc = kex_program_launch(prog, ps->global, ps->has_local ? ps->local : NULL, args, (int)ps->nargs, NULL, 0, &ev,
-                              &err);
-  if (!rc) rc = kex_event_elapsed(ev, &s, &err);
-  kex_device_set_serial_timing(dev, false);
-  kex_event_free(ev);
-  if (rc) exit(die("run", &err));
-  return s * 1e6;
-}
-
 /* One run (serially timed when serial); its µs. */
 static double run_one(kex_device *dev, kex_program *prog, const kex_program_src *ps, kex_buffer *const *bufs,
                       bool serial) {
@@ -107,6 +90,30 @@ static double run_one(kex_device *dev, kex_program *prog, const kex_program_src 
   kex_event_free(ev);
   if (rc) exit(die("run", &err));
   return s * 1e6;
+}
+
+/* One serial run of prog on bufs; its µs.  A failed run ends the program (a median with it in would mislead). */
+static double run_once(kex_device *dev, kex_program *prog, const kex_program_src *ps, kex_buffer *const *bufs) {
+  return run_one(dev, prog, ps, bufs, true);
+}
+
+/* PLACES sets of the item's buffers on dev, the same contents in each; nonzero (reported) when one fails. */
+static int alloc_sets(kex_device *dev, const kex_sched_item *it, const kex_replay *r,
+                      kex_buffer *bufs[PLACES][KEX_DEVICE_MAX_BUFS]) {
+  kex_error err = {0};
+  for (int p = 0; p < PLACES; p++)
+    for (uint32_t j = 0; j < it->nbufs; j++) {
+      const kex_buffer_info *bi = &r->buffers[it->bufs[j]];
+      size_t bytes = (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype), n = bytes / 4;
+      float *host = malloc(bytes ? bytes : 16);
+      if (!host) return die("out of memory", NULL);
+      for (size_t e = 0; e < n; e++) host[e] = (float)(e % 97) * 0.01f;
+      int rc = kex_device_alloc(dev, bytes ? bytes : 16, &bufs[p][j], &err) ||
+               kex_buffer_copy_in(bufs[p][j], 0, host, bytes, &err);
+      free(host);
+      if (rc) return die("buffers", &err);
+    }
+  return 0;
 }
 
 /* A dependent multiply-add chain: its time follows the core's clock only (no memory traffic). */
@@ -149,18 +156,7 @@ static int pair_mode(const char *devname, const char *gname, const char *a_text,
     return die("build", &err);
   bool serial = !strcmp(devname, "cpu");
   kex_buffer *bufs[PLACES][KEX_DEVICE_MAX_BUFS] = {{0}};
-  for (int p = 0; p < PLACES; p++)
-    for (uint32_t j = 0; j < it->nbufs; j++) {
-      const kex_buffer_info *bi = &r->buffers[it->bufs[j]];
-      size_t bytes = (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype), n = bytes / 4;
-      float *host = malloc(bytes ? bytes : 16);
-      if (!host) return die("out of memory", NULL);
-      for (size_t e = 0; e < n; e++) host[e] = (float)(e % 97) * 0.01f;
-      if (kex_device_alloc(dev, bytes ? bytes : 16, &bufs[p][j], &err) ||
-          kex_buffer_copy_in(bufs[p][j], 0, host, bytes, &err))
-        return die("buffers", &err);
-      free(host);
-    }
+  if (alloc_sets(dev, it, r, bufs)) return 1;
   printf("%s on %s: [%s] %s vs [%s] %s, median tA/tB per buffer set 0-%d | median A, B us\n", gname, devname, a_text,
          pa->name, b_text, pb.name, PLACES - 1);
   static double ratio[PLACES][MAX_RUNS], ta[PLACES * MAX_RUNS], tb[PLACES * MAX_RUNS];
@@ -254,18 +250,7 @@ int main(int argc, char **argv) {
   for (int p = 1; p < PLACES; p++)
     if (kex_device_load(dev, bin, binsz, ps.name, &prog[p], &err)) return die("load", &err);
   kex_buffer *bufs[PLACES][KEX_DEVICE_MAX_BUFS] = {{0}};
-  for (int p = 0; p < PLACES; p++)
-    for (uint32_t j = 0; j < it->nbufs; j++) {
-      const kex_buffer_info *bi = &r->buffers[it->bufs[j]];
-      size_t bytes = (size_t)bi->size * (size_t)kex_dtype_size(bi->dtype), n = bytes / 4;
-      float *host = malloc(bytes ? bytes : 16);
-      if (!host) return die("out of memory", NULL);
-      for (size_t e = 0; e < n; e++) host[e] = (float)(e % 97) * 0.01f;
-      if (kex_device_alloc(dev, bytes ? bytes : 16, &bufs[p][j], &err) ||
-          kex_buffer_copy_in(bufs[p][j], 0, host, bytes, &err))
-        return die("buffers", &err);
-      free(host);
-    }
+  if (alloc_sets(dev, it, r, bufs)) return 1;
 
   printf("%s [%s] %s, serial runs, median us per block: loads 0-3 (buffer set 0) | buffer sets 0-3 (load 0) | clock probe\n", gname,
          opts_text, ps.name);
