@@ -789,39 +789,51 @@ out:
 
 /*
  * How this search times its runs, decided once from hand-coded at full
- * size: on a device that has serial timing (cpu), when hand-coded's pooled
- * run is under KEX_BEAM_SERIAL_MAX_S (the least of up to
- * KEX_BEAM_SERIAL_PROBES runs after a warm-up; a run of 4x the limit ends
- * the probes), every run of the search is timed serially.  device.h says
- * how and why: on this 2-vCPU VM a pooled microsecond kernel's time
- * against another's moved 0.6x-1.0x from one second to the next, one
- * thread's kept its ratio within a per cent, and two searches picked by
- * which regime they met.  Longer kernels keep the pool's wall time: their
- * runs span the regimes, and a serial run would cost threads x as much.
- * A kernel near the limit may be timed one way in one search and the
- * other way in the next; the picks agree unless its candidates' pooled
- * and serial orders differ.
+ * size: on a device that has serial timing (cpu), when hand-coded's time
+ * is under KEX_BEAM_SERIAL_MAX_S, every run of the search is timed
+ * serially.  device.h says how and why: on this 2-vCPU VM a pooled
+ * microsecond kernel's time against another's moved 0.6x-1.0x from one
+ * second to the next, one thread's kept its ratio within a per cent, and
+ * two searches picked by which regime they met.  Longer kernels keep the
+ * pool's wall time: their runs span the regimes, and a serial run would
+ * cost threads x as much.
+ *
+ * The time that decides is the least of KEX_BEAM_SERIAL_PROBES serially
+ * timed runs (the pool's ideal time), not of pooled runs: a pooled run of
+ * a 10 us kernel took 200-1500 us whenever the pool's workers were slow to
+ * wake, for every probe of a search, and such a search (4 of 116 on the
+ * 2026-12-04 EPYC guest) timed everything pooled while the next one timed
+ * serially -- a flip of its own (bench/results/beam-repeatable.md,
+ * thirteenth step).  A pooled warm-up of KEX_BEAM_SERIAL_LONG_S or more
+ * (far past any wake-up) needs no serial probe; two probes of 4x the
+ * limit end the probing.  A kernel near the limit may still be timed one
+ * way in one search and the other way in the next.
  */
 #define KEX_BEAM_SERIAL_MAX_S 200e-6
 #define KEX_BEAM_SERIAL_PROBES 5
+#define KEX_BEAM_SERIAL_LONG_S 20e-3
 static int choose_timing(search *s, const kex_program_src *ps, kex_program *prog, kex_error *err) {
   bool has = false;
-  double least = INFINITY;
+  double least = INFINITY, pooled = INFINITY;
   int rc = s->exec(s->o->exec_ctx, s->dev, job_serial_supported, &has, err);
   if (!rc && has) {
     time_job t;
-    fill_time_job(s, ps, prog, false, &t); /* s->serial is still false: pooled */
-    for (int i = 0; i <= KEX_BEAM_SERIAL_PROBES && !rc; i++) { /* the first is a warm-up */
+    fill_time_job(s, ps, prog, false, &t); /* s->serial is still false: the warm-up runs pooled */
+    rc = s->exec(s->o->exec_ctx, s->dev, job_launch_once, &t, err);
+    pooled = t.us;
+    t.serial = s->dev;
+    for (int i = 0; i < KEX_BEAM_SERIAL_PROBES && !rc && pooled < KEX_BEAM_SERIAL_LONG_S; i++) {
       rc = s->exec(s->o->exec_ctx, s->dev, job_launch_once, &t, err);
-      if (rc || i == 0) continue;
       least = fmin(least, t.us);
-      if (t.us >= 4 * KEX_BEAM_SERIAL_MAX_S) break;
+      if (i >= 1 && least >= 4 * KEX_BEAM_SERIAL_MAX_S) break;
     }
   }
   if (rc) return rc;
   s->serial = has && least < KEX_BEAM_SERIAL_MAX_S;
   s->res->serial_timing = s->serial;
-  if (has) KEX_DEBUG("beam: hand-coded %.2f us pooled: %s timing", least * 1e6, s->serial ? "serial" : "pooled");
+  if (has)
+    KEX_DEBUG("beam: hand-coded %.2f us serially (a pooled warm-up %.2f us): %s timing", least * 1e6, pooled * 1e6,
+              s->serial ? "serial" : "pooled");
   return 0;
 }
 
