@@ -239,6 +239,11 @@ static void test_search_and_cache(void **state) {
   target_free(&t);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
 /* The beam kernel, re-timed through kex_run_graph, is not slower than hand-coded beyond noise; same outputs. */
 static void test_not_slower(void **state) {
   const dev_case *dc = *state;
@@ -253,23 +258,28 @@ static void test_not_slower(void **state) {
   double tb2 = run_time(dc->graph, dev, 2, path, &beam2); /* cached */
   double th2 = run_time(dc->graph, dev, 0, NULL, &hand2);
   kex_run_result_free(&hand2);
-  double thm = fmin(th, th2), tbm = fmin(tb, tb2);
-  /* then cached beam and hand-coded in turn, the least of each: the machine's slow stretches last seconds and do
-     not slow every program alike (bench/results/beam-repeatable.md, twelfth step), and under the suite's other tests
-     one pair of runs could land on either side of one (muladd64K_cpu: the same E_16384_4 kernel timed 20.0/22.5 us
-     as hand-coded and 29.1/30.9 us from the cache) */
-  for (int k = 0; k < 3; k++) {
+  /* then cached beam and hand-coded in turn, 5 of each in all, compared by their medians: the machine's slow
+     stretches last seconds and do not slow every program alike (bench/results/beam-repeatable.md, twelfth step),
+     and under the suite's other tests one pair of runs, or one lucky run, could land on either side of one (the
+     same E_16384_4 kernel timed 20.0/22.5 us as hand-coded and 29.1/30.9 us from the cache) */
+  double thv[5] = {th, th2}, tbv[5] = {tb, tb2};
+  for (int k = 2; k < 5; k++) {
     kex_run_result more;
-    tbm = fmin(tbm, run_time(dc->graph, dev, 2, path, &more));
+    tbv[k] = run_time(dc->graph, dev, 2, path, &more);
     kex_run_result_free(&more);
-    thm = fmin(thm, run_time(dc->graph, dev, 0, NULL, &more));
+    thv[k] = run_time(dc->graph, dev, 0, NULL, &more);
     kex_run_result_free(&more);
   }
-  printf("%s: hand %.2f/%.2f us, beam %.2f/%.2f us; least of 5 in turn: hand %.2f, beam %.2f us\n", dc->name, th, th2,
-         tb, tb2, thm, tbm);
+  qsort(thv, 5, sizeof thv[0], cmp_double);
+  qsort(tbv, 5, sizeof tbv[0], cmp_double);
+  double thm = thv[2], tbm = tbv[2];
+  bool same = beam.nkernels == hand.nkernels; /* the search kept hand-coded opts for every kernel */
+  for (uint32_t i = 0; same && i < beam.nkernels; i++) same = !strcmp(beam.kernels[i].opts, hand.kernels[i].opts);
+  printf("%s: hand %.2f/%.2f us, beam %.2f/%.2f us; medians of 5 in turn: hand %.2f, beam %.2f us%s\n", dc->name, th,
+         th2, tb, tb2, thm, tbm, same ? " (the same kernels: timing is not compared)" : "");
   for (uint32_t i = 0; i < beam.nkernels; i++) printf("  %s [%s]\n", beam.kernels[i].name, beam.kernels[i].opts);
-  /* noise on this 2-core VM: 30% plus 3 us for launch jitter of tiny kernels */
-  assert_true(tbm <= thm * 1.3 + 3.0);
+  /* noise on this 2-core VM: 30% plus 3 us for launch jitter of tiny kernels; a kernel cannot be slower than itself */
+  if (!same) assert_true(tbm <= thm * 1.3 + 3.0);
   assert_int_equal(beam.noutputs, hand.noutputs);
   for (uint32_t j = 0; j < beam.noutputs; j++) {
     assert_int_equal(beam.outputs[j].nbytes, hand.outputs[j].nbytes);
