@@ -74,7 +74,8 @@ static int die(const char *what, const kex_error *err) {
   return 1;
 }
 
-/* One run (serially timed when serial); its µs. */
+/* One run of prog on bufs (serially timed when serial); its µs.  A failed run ends the program (a median with it in
+   would mislead). */
 static double run_one(kex_device *dev, kex_program *prog, const kex_program_src *ps, kex_buffer *const *bufs,
                       bool serial) {
   kex_buffer *args[KEX_DEVICE_MAX_BUFS];
@@ -90,11 +91,6 @@ static double run_one(kex_device *dev, kex_program *prog, const kex_program_src 
   kex_event_free(ev);
   if (rc) exit(die("run", &err));
   return s * 1e6;
-}
-
-/* One serial run of prog on bufs; its µs.  A failed run ends the program (a median with it in would mislead). */
-static double run_once(kex_device *dev, kex_program *prog, const kex_program_src *ps, kex_buffer *const *bufs) {
-  return run_one(dev, prog, ps, bufs, true);
 }
 
 /* PLACES sets of the item's buffers on dev, the same contents in each; nonzero (reported) when one fails. */
@@ -127,7 +123,6 @@ static double probe_once(void) {
   probe_sink = x;
   return (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
 }
-
 
 /*
  * --vs: programs A (--opts) and B (--vs) on PLACES buffer sets, A then B on
@@ -252,15 +247,15 @@ int main(int argc, char **argv) {
   kex_buffer *bufs[PLACES][KEX_DEVICE_MAX_BUFS] = {{0}};
   if (alloc_sets(dev, it, r, bufs)) return 1;
 
-  printf("%s [%s] %s, serial runs, median us per block: loads 0-3 (buffer set 0) | buffer sets 0-3 (load 0) | clock probe\n", gname,
-         opts_text, ps.name);
+  printf("%s [%s] %s, serial runs, median us per block: loads 0-3 (buffer set 0) | buffer sets 0-3 (load 0) | "
+         "clock probe\n", gname, opts_text, ps.name);
   static double t[2 * PLACES + 1][MAX_RUNS];
   for (int b = 0; b < blocks; b++) {
     if (sleep_ms > 0) nanosleep(&(struct timespec){sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L}, NULL);
-    for (int c = 0; c < 2 * PLACES; c++) run_once(dev, prog[c < PLACES ? c : 0], &ps, bufs[c < PLACES ? 0 : c - PLACES]);
+    for (int c = 0; c < 2 * PLACES; c++) run_one(dev, prog[c < PLACES ? c : 0], &ps, bufs[c < PLACES ? 0 : c - PLACES], true);
     for (int i = 0; i < runs; i++) {
       for (int c = 0; c < 2 * PLACES; c++)
-        t[c][i] = run_once(dev, prog[c < PLACES ? c : 0], &ps, bufs[c < PLACES ? 0 : c - PLACES]);
+        t[c][i] = run_one(dev, prog[c < PLACES ? c : 0], &ps, bufs[c < PLACES ? 0 : c - PLACES], true);
       t[2 * PLACES][i] = probe_once();
     }
     for (int c = 0; c <= 2 * PLACES; c++) {
