@@ -11,7 +11,7 @@
 #     test_hostile.sh and test_faults.sh once more with build-asan's kexd, pytest on
 #     client/python/tests with /usr/bin/python3 (the Debian python, which has
 #     grpc and numpy), and tests/fuzz/libfuzzer.sh (build-fuzz: clang,
-#     libFuzzer, its suite fuzz) -- in two lanes at once (KEX_TEST_LANES=1: in turn).
+#     libFuzzer, its suite fuzz) -- as jobs on two workers, longest first (KEX_TEST_LANES=1: in turn).
 #  5. scripts/summarize.py: a per-suite table, then as the very last line
 #     "N passed, N failed".  Exits non-zero if anything failed.
 set -uo pipefail
@@ -102,16 +102,15 @@ shopt -u nullglob
 if [ ${#scripts_found[@]} -eq 0 ]; then
   skip "integration tests" "no tests/integration/*.sh yet"
 fi
-# The integration scripts and pytest run in two lanes at once (KEX_TEST_LANES=1: one after another): much
-# of their time is waiting on kexd processes, sockets and timeouts.  The lanes are balanced by measured time
-# (the longest, compile-bound scripts in one lane, everything else in the other).  Each writes its own log; a
-# line says when each ends, and the logs are printed whole, in order, once both lanes are done.
+# The integration scripts, the build-asan reruns, pytest and the libFuzzer runs are jobs on two workers at once
+# (KEX_TEST_LANES=N: N workers; 1: one after another): much of their time is waiting on kexd processes, sockets
+# and timeouts.  The jobs are queued longest first by the seconds each took on a fresh 2-vCPU machine (its
+# PoCL kernel cache empty), and each worker takes the next one when its last ends, so the two finish close
+# together whatever the machine (the fixed split into two lanes it replaces had 393 s of jobs in one lane and
+# 308 s in the other there).  Each job writes its own log; a line says when each ends, and the logs are printed
+# whole, in a fixed order, once all are done.
 mkdir -p build/integration-logs
-heavy_scripts=" test_submit test_sources test_stress test_trace test_faults test_tune "
-lane_heavy=() lane_light=()
-for script in "${scripts_found[@]}"; do
-  if [[ "$heavy_scripts" == *" $(basename "$script" .sh) "* ]]; then lane_heavy+=("$script"); else lane_light+=("$script"); fi
-done
+rm -f build-fuzz/meson-logs/testlog.json build/pytest-junit.xml
 
 # run_one NAME LOG CMD...: run a test command with its output in LOG and its exit status in LOG.rc
 run_one() {
@@ -124,47 +123,63 @@ run_one() {
   echo "$rc" >"$log.rc"
   echo "-- done: $name (exit $rc, $((SECONDS - t0)) s): $(tail -n 1 "$log")"
 }
-run_lane() { # run_lane SCRIPT...
-  local script
-  for script in "$@"; do
-    run_one "$script" "build/integration-logs/$(basename "$script" .sh).log" env KEX_BUILD_DIR="$PWD/build" bash "$script"
-  done
+# run_job JOB: one queued job (a tests/integration script path, or a name below)
+run_job() {
+  case $1 in
+    libfuzzer) # the fuzz targets as libFuzzer binaries (clang), a few seconds each; skipped without a suitable clang
+      run_one "tests/fuzz/libfuzzer.sh" build/integration-logs/libfuzzer.log bash tests/fuzz/libfuzzer.sh build-fuzz ;;
+    faults-asan) # the fault sweep and kill -9 rounds again with build-asan's kexd: nothing leaks on any failure path
+      run_one "tests/integration/test_faults.sh (build-asan)" build/integration-logs/test_faults-asan.log \
+        env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_faults.sh ;;
+    hostile-asan) # the hostile inputs again under ASan+UBSan (the kexd of build-asan)
+      run_one "tests/integration/test_hostile.sh (build-asan)" build/integration-logs/test_hostile-asan.log \
+        env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_hostile.sh ;;
+    pytest)
+      run_one "pytest client/python/tests" build/integration-logs/pytest.log \
+        env KEX_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q client/python/tests --junitxml=build/pytest-junit.xml ;;
+    *) run_one "$1" "build/integration-logs/$(basename "$1" .sh).log" env KEX_BUILD_DIR="$PWD/build" bash "$1" ;;
+  esac
 }
-run_heavy_lane() {
-  run_lane "${lane_heavy[@]}"
-  # the fault sweep and kill -9 rounds again with build-asan's kexd: nothing leaks on any failure path
-  if [ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_faults.sh ]; then
-    run_one "tests/integration/test_faults.sh (build-asan)" build/integration-logs/test_faults-asan.log \
-      env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_faults.sh
-  fi
-  if [ -d client/python/tests ]; then
-    rm -f build/pytest-junit.xml
-    run_one "pytest client/python/tests" build/integration-logs/pytest.log \
-      env KEX_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q client/python/tests --junitxml=build/pytest-junit.xml
-  fi
+# job_seconds JOB: what it took on the fresh machine (tests/integration/test_*.sh by name); a new script counts 30
+job_seconds() {
+  case $(basename "$1" .sh) in
+    pytest) echo 104 ;; test_submit) echo 99 ;; test_sources) echo 79 ;; libfuzzer) echo 77 ;; test_tune) echo 57 ;;
+    test_gpu_script) echo 44 ;; test_cli) echo 35 ;; test_faults | faults-asan) echo 24 ;; hostile-asan) echo 23 ;;
+    test_auth | test_hostile) echo 22 ;; test_fairness) echo 20 ;; test_fleet) echo 18 ;; test_jobs) echo 14 ;;
+    test_daemon) echo 13 ;; test_fleet_clients) echo 8 ;; test_stress | test_libkex | test_tls) echo 5 ;;
+    test_metrics) echo 2 ;; test_trace) echo 1 ;; *) echo 30 ;;
+  esac
 }
-run_light_lane() {
-  # the fuzz targets as libFuzzer binaries (clang), a few seconds each; skipped without a suitable clang.  In
-  # this lane: its clang build overlaps the heavy lane's waits instead of adding to the run
-  rm -f build-fuzz/meson-logs/testlog.json
-  run_one "tests/fuzz/libfuzzer.sh" build/integration-logs/libfuzzer.log bash tests/fuzz/libfuzzer.sh build-fuzz
-  run_lane "${lane_light[@]}"
-  # the hostile inputs again under ASan+UBSan (the kexd of build-asan)
-  if [ -x build-asan/daemon/kexd ]; then
-    run_one "tests/integration/test_hostile.sh (build-asan)" build/integration-logs/test_hostile-asan.log \
-      env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_hostile.sh
-  fi
+jobs_all=(libfuzzer "${scripts_found[@]}")
+[ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_faults.sh ] && jobs_all+=(faults-asan)
+[ -x build-asan/daemon/kexd ] && jobs_all+=(hostile-asan)
+[ -d client/python/tests ] && jobs_all+=(pytest)
+queue=build/integration-logs/queue
+for job in "${jobs_all[@]}"; do echo "$(job_seconds "$job") $job"; done | sort -k1,1nr -k2,2 | cut -d' ' -f2- >"$queue"
+echo 0 >"$queue.next"
+# next_job: the queue's next line (under a lock: the workers share it), or nothing when it is empty
+next_job() {
+  (
+    flock 9
+    local n
+    n=$(cat "$queue.next")
+    echo $((n + 1)) >"$queue.next"
+    sed -n "$((n + 1))p" "$queue"
+  ) 9>"$queue.lock"
 }
-echo "== integration scripts and pytest (${KEX_TEST_LANES:-2} lanes) =="
-if [ "${KEX_TEST_LANES:-2}" = 1 ]; then
-  run_heavy_lane
-  run_light_lane
-else
-  run_heavy_lane &
-  heavy_pid=$!
-  run_light_lane
-  wait "$heavy_pid"
-fi
+run_worker() {
+  local job
+  while job=$(next_job) && [ -n "$job" ]; do run_job "$job"; done
+}
+lanes=${KEX_TEST_LANES:-2}
+echo "== integration scripts, pytest and libFuzzer ($lanes workers, longest first) =="
+worker_pids=()
+for ((w = 1; w < lanes; w++)); do
+  run_worker &
+  worker_pids+=($!)
+done
+run_worker
+[ ${#worker_pids[@]} -gt 0 ] && wait "${worker_pids[@]}"
 for script in "${scripts_found[@]}"; do
   log="build/integration-logs/$(basename "$script" .sh).log"
   echo "== $script =="
