@@ -20,7 +20,6 @@
  * usage: bench_plan_idle [--reps N] [--idle-us A,B,..] [--touch-kb A,B,..] GRAPH.json...
  *   a graph file is a kex graph, or a case file (a ../shared/cases file) whose "graph" is one.
  */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,24 +53,15 @@ static int parse_list(const char *s, const char *kind, cond *c, int *n) {
   return 0;
 }
 
+/* A graph file or a case file (kex_graph_from_json_file takes either), with the default limits. */
 static kex_graph *load_graph(const char *path) {
-  json_error_t je;
-  json_t *root = json_load_file(path, 0, &je);
-  if (!root) {
-    fprintf(stderr, "%s: %s\n", path, je.text);
-    return NULL;
-  }
-  json_t *g = json_object_get(root, "graph");
-  char *text = json_dumps(g ? g : root, JSON_COMPACT);
-  json_decref(root);
   kex_limits lim = KEX_LIMITS_DEFAULT;
   kex_graph *out = NULL;
   kex_error err = {0};
-  if (!text || kex_graph_from_json(text, strlen(text), &lim, &out, &err)) {
-    fprintf(stderr, "%s: %s\n", path, text ? err.msg : "out of memory");
-    out = NULL;
+  if (kex_graph_from_json_file(path, &lim, &out, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return NULL;
   }
-  free(text);
   return out;
 }
 

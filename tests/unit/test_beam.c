@@ -300,9 +300,9 @@ static void test_repeatable(void **state) {
   if (!dev) { printf("skipped: %s\n", dev_skip[dc->dev]); skip(); }
   if (!getenv("KEX_TEST_BEAM_REPEATABLE")) {
     /* Known gap (issue 15 item 4, bench/results/beam-repeatable.md): on a shared 2-vCPU VM two fresh searches
-       still differ now and then.  On the 2026-12-04 EPYC guest 2 of 5 runs of the six passed quiet and 4 of 5
-       with one core busy (bench/beam_repeat.sh): the machine's memory-system states last longer than a search
-       and do not slow every program alike, so a pair near the 25% band lands on either side of it.
+       still differ now and then.  On the 2026-12-04 EPYC guest 0-2 of 5 runs of the six passed quiet and 4 of 5
+       with one core busy (bench/beam_repeat.sh): the machine's states change pairs' ratios by 1.2-1.6x between
+       two searches (beam-repeatable.md, fourteenth step), so a pair near the 25% band lands on either side of it.
        KEX_TEST_BEAM_REPEATABLE=1 runs the assertion anyway (KEX_TEST_FILTER='repeatable_*' runs only these
        tests, about 80 s; bench/beam_repeat.sh runs them in a row). */
     printf("skipped: beam repeatability is not achieved yet on a shared VM (two fresh searches still differ in some "
