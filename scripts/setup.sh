@@ -19,6 +19,7 @@ packages=(
   libopenblas-dev libssl-dev pkg-config gcc
   libmicrohttpd-dev python3-prometheus-client
   python3-tqdm  # tinygrad 0.9.0 (../shared/anchors) imports it: bench/plan.py, bench/tg_graphs.py
+  python3-sklearn  # its bundled digits data set: examples/tinygrad_digits.py (nothing downloaded)
   libhiredis-dev redis-server
 )
 
