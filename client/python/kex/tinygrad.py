@@ -58,6 +58,7 @@ __all__ = ["install", "client", "stats", "KexError"]
 DEFAULT_SERVER = "127.0.0.1:50051"
 INLINE_UPLOAD_MAX = 1 << 20     # host data up to this many bytes travels inside the Submit; more goes by Upload
 INLINE_RETURN_MAX = 4 << 20     # bytes the program reads come back in the done event up to this size, else Download
+_DEBUG = os.environ.get("KEX_DEBUG", "") not in ("", "0")
 FREE_BATCH = 256                # freed handles wait for the next call, or until this many are queued
 
 
@@ -313,6 +314,8 @@ def _record(lb, rec):
     else:
         return
     b = lb.base
+    if b is lb and rec.kind == "n":
+        _pending.add(lb)
     if b is not lb and "_kex_rec" not in b.__dict__ and lb.st.contiguous and lb.size == b.size:
         b.__dict__["_kex_alias"] = rec   # a base made inside a call: its bytes are this view's
 
@@ -359,6 +362,31 @@ def _loadop_rec(lb, op, shape, dtype, arg):
     if op is LoadOps.CUSTOM:
         return _Rec("c", "BUFFER", {"dtype": _kdtype(dtype), "shape": _ints(shape)}, x=arg, lb=weakref.ref(lb))
     raise NotImplementedError(f"kex.tinygrad: LazyBuffer.loadop({op}) is not supported on KEX")
+
+
+_pending = weakref.WeakSet()   # recorded KEX bases (maybe realized since): what an ASSIGN may have to compute first
+
+
+def _assign_readers(closure):
+    """Live unrealized KEX bases outside `closure` that read the old value of a target the closure's ASSIGNs
+    write, and that no other such base reads: tinygrad computes them in the same schedule (the loss a
+    training step reads after opt.step()), so they become outputs of the same Submit."""
+    targets = {id(r.srcs[1].base) for r in closure if r.op == "ASSIGN"}
+    if not targets:
+        return []
+    inside = {id(r) for r in closure}
+    memo = {}
+
+    def reads(rec):
+        k = id(rec)
+        if k not in memo:
+            memo[k] = False
+            memo[k] = rec.kind == "n" and any(id(s.base) in targets or reads(_rec_of(s)) for s in rec.srcs)
+        return memo[k]
+
+    cands = [lb for lb in list(_pending) if hasattr(lb, "srcs") and id(lb.__dict__.get("_kex_rec")) not in inside]
+    used = {id(s.base) for lb in cands for s in lb.__dict__["_kex_rec"].srcs}
+    return [lb for lb in cands if id(lb) not in used and reads(lb.__dict__["_kex_rec"])]
 
 
 _METHODS = ("e", "r", "cast", "reshape", "expand", "permute", "stride", "pad", "shrink", "contiguous", "assign",
@@ -599,7 +627,12 @@ def _kex_item(needed):
     if any(b.device != device for _, b, _ in outs):
         raise NotImplementedError("kex.tinygrad: one realize() over several KEX devices")
     bld = _Builder(device)
-    for r in bld.closure([r for r, _, _ in outs]):
+    closure = bld.closure([r for r, _, _ in outs])
+    extra = [lb for lb in _assign_readers(closure) if lb.device == device and lb not in needed]
+    if extra:
+        outs += [(lb.__dict__["_kex_rec"], lb, False) for lb in extra]
+        closure = bld.closure([r for r, _, _ in outs])
+    for r in closure:
         bld.emit(r)
     have = {id(b) for _, b, _ in outs}
     outs += [(r, lb, False) for r, lb in bld.made if id(lb) not in have]
@@ -663,6 +696,9 @@ class _KexCall:
         req = pb.SubmitRequest(job=c.job, graph=g, only_done=True, batched_events=True,
                                inline_output_max_bytes=max(imax, 1))
         _stats["submits"] += 1
+        if _DEBUG:
+            print(f"kex.tinygrad: Submit {len(g.nodes)} nodes, {self.nout} outputs "
+                  f"({', '.join(g.nodes[i].op for i in g.outputs)})", file=sys.stderr)
         _stats["graph_bytes"] += g.ByteSize()
         _epoch[0] += 1
         done = None
