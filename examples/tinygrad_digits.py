@@ -35,10 +35,13 @@ from tinygrad import Device, Tensor, TinyJit, dtypes, nn
 
 
 class DigitsCNN:
-  """8x8x1 -> conv 3x3 (16) -> conv 3x3 (32) -> max-pool 2 -> 4x4x32 -> Linear -> 10 logits."""
+  """8x8x1 -> conv 3x3 (16) -> conv 3x3 (32) -> max-pool 2 -> 4x4x32 -> Linear -> 10 logits.
+
+  The convolutions have no bias: the BatchNorm after each subtracts the batch mean, so a bias's
+  gradient is rounding noise, which Adam would scale up to full-size steps."""
   def __init__(self):
-    self.c1, self.bn1 = nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16)
-    self.c2, self.bn2 = nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32)
+    self.c1, self.bn1 = nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+    self.c2, self.bn2 = nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32)
     self.fc = nn.Linear(32 * 4 * 4, 10)
 
   def __call__(self, x: Tensor) -> Tensor:
