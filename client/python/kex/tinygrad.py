@@ -90,8 +90,10 @@ def install(server=None, token=None, root_certs=None, client_cert=None, client_k
            "client_key": client_key or os.environ.get("KEX_CLIENT_KEY") or None,
            "timeout": timeout, "name": name}
     if _conn is not None and new != _cfg:
-        _conn.close()
+        _conn.close()   # its job and every buffer in it go: KEX buffers made so far are not usable with the new one
         _conn = None
+        _pending_free.clear()
+        _handle_refs.clear()
     _cfg.clear()
     _cfg.update(new)
     _patch()
@@ -215,7 +217,16 @@ def _flush_frees():
     hs = list(dict.fromkeys(_pending_free))
     _pending_free.clear()
     _stats["frees"] += 1
-    _rpc(_conn.free, hs)
+    try:
+        _rpc(_conn.free, hs)
+    except KexError as e:
+        if e.code != grpc.StatusCode.NOT_FOUND:   # gone already (the job was closed and reopened): nothing to free
+            raise
+        for h in hs:   # free the others one by one
+            try:
+                _rpc(_conn.free, [h])
+            except KexError:
+                pass
 
 
 def _np_view(mv, itemsize, count):
@@ -525,7 +536,7 @@ def _create_schedule_with_vars(outs, seen=None):
     if not needed:
         return _orig["create_schedule_with_vars"](rest, seen) if rest else ([], {})
     schedule, var_vals = [], {}
-    item, host_pre = _kex_item(needed)
+    item, host_pre = _kex_item(needed, outs)
     if host_pre:   # host data a KEX graph reads that is not computed yet
         pre, vv = _create_schedule_with_vars(host_pre, seen)
         schedule += pre
@@ -547,7 +558,7 @@ class _Builder:
         self.index = {}          # id(_Rec) -> node index
         self.inputs = []         # (node index, Buffer)
         self.hosts = []          # (node index, host base LazyBuffer)
-        self.fns = []            # (node index, function, tinygrad dtype, size)
+        self.fns = []            # (node index, function, its KEX LazyBuffer or None)
         self.made = []           # ("h"/"c" rec, its KEX LazyBuffer): outputs too
 
     def closure(self, roots):
@@ -603,15 +614,39 @@ class _Builder:
             m.data = b""
             if r.kind == "h":
                 self.hosts.append((i, r.x))
-            else:
-                self.fns.append((i, r.x))
             lb = r.lb()
+            if r.kind == "c":
+                self.fns.append((i, r.x, lb))
             if lb is not None and lb.base is lb and hasattr(lb, "srcs"):
                 self.made.append((r, lb))
         self.index[id(r)] = i
 
 
-def _kex_item(needed):
+def _custom_order(outs):
+    """{id(CUSTOM base): its turn}: the order tinygrad's scheduler runs CUSTOM loadops (Tensor.rand's
+    custom_random, which takes the next seed) for these outs -- the outs' own bases first, then a depth-first
+    walk of the sources in order -- so KEX draws the same numbers as tinygrad's own devices."""
+    order, seen, stack = {}, set(), []
+    for x in outs:
+        b = x.base
+        if b.realized is None and getattr(b, "op", None) is LoadOps.CUSTOM and id(b) not in order:
+            order[id(b)] = len(order)
+    stack = list(reversed(outs))
+    while stack:
+        buf = stack.pop()
+        if id(buf) in seen or buf.base.realized is not None:
+            continue
+        if buf.base is not buf:
+            stack.append(buf.base)
+            continue
+        seen.add(id(buf))
+        if buf.op is LoadOps.CUSTOM and id(buf) not in order:
+            order[id(buf)] = len(order)
+        stack.extend(reversed(buf.srcs))
+    return order
+
+
+def _kex_item(needed, all_outs=()):
     """The ScheduleItem (one Submit) that computes `needed`, and host LazyBuffers to realize before it."""
     outs = []
     for b, want in needed.items():
@@ -638,6 +673,9 @@ def _kex_item(needed):
     outs += [(r, lb, False) for r, lb in bld.made if id(lb) not in have]
     bld.g.outputs.extend(bld.index[id(r)] for r, _, _ in outs)
     host_pre = [hb for _, hb in bld.hosts if hb.base.realized is None]
+    if len(bld.fns) > 1:
+        turn = _custom_order(all_outs)
+        bld.fns.sort(key=lambda f: turn.get(id(f[2]), len(turn) + f[0]))
     # tinygrad's own bookkeeping: these LazyBuffers are scheduled (realized, as its scheduler marks them)
     out_bufs, out_shapes = [], []
     for r, b, _ in outs:
@@ -668,7 +706,8 @@ class _KexCall:
     """A prepared Submit: run by tinygrad as a CUSTOM exec item over (outputs..., input buffers...)."""
 
     def __init__(self, bld, want, out_shapes, nout):
-        self.g, self.inputs, self.hosts, self.fns = bld.g, bld.inputs, bld.hosts, bld.fns
+        self.g, self.inputs, self.hosts = bld.g, bld.inputs, bld.hosts
+        self.fns = [(i, fn, None) for i, fn, _ in bld.fns]
         self.want, self.out_shapes, self.nout = want, out_shapes, nout
         self.__name__ = f"kex {len(self.g.nodes)} nodes -> {nout}"
         self.device = "KEX:" + self.g.device if self.g.device else "KEX"
@@ -686,7 +725,7 @@ class _KexCall:
             g.nodes[i].buffer = kb.handle
         for i, hb in self.hosts:
             self._host_data(c, g.nodes[i], hb.base.realized)
-        for i, fn in self.fns:
+        for i, fn, _ in self.fns:
             n = g.nodes[i]
             out = _HostOut(_TG_DTYPE[n.dtype], int(np.prod(n.shape, dtype=np.int64)))
             fn(out)
