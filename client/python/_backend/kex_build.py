@@ -96,6 +96,9 @@ def _metadata(version):
     if "requires-python" in p:
         lines.append(f"Requires-Python: {p['requires-python']}")
     lines += [f"Requires-Dist: {d}" for d in p.get("dependencies", [])]
+    for extra, deps in p.get("optional-dependencies", {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {d}; extra == "{extra}"' for d in deps]
     body = ""
     readme = p.get("readme")
     if readme:

@@ -166,3 +166,17 @@ def test_version_has_one_source(tmp_path):
         assert "Version: 9.8.7" in z.read("kex-9.8.7.dist-info/METADATA").decode()
         assert '"9.8.7"' in z.read("kex/_version.py").decode()
         assert "kex/_pb/kex_pb2.py" in z.namelist()
+
+
+def test_wheel_offers_the_tinygrad_extra(tmp_path):
+    """`pip install kex[tinygrad]`: the wheel carries kex/tinygrad.py and names tinygrad 0.9.0 as the extra's
+    dependency (and only as the extra's: the plain install needs no tinygrad)."""
+    import zipfile
+    name = run([PYTHON, "-c", "import sys; sys.path.insert(0, '_backend'); import kex_build; "
+                "print(kex_build.build_wheel(sys.argv[1]))", str(tmp_path)], cwd=PKG).strip()
+    with zipfile.ZipFile(tmp_path / name) as z:
+        meta = z.read(f"kex-{meson_version()}.dist-info/METADATA").decode().splitlines()
+        assert "kex/tinygrad.py" in z.namelist()
+    assert "Provides-Extra: tinygrad" in meta
+    assert 'Requires-Dist: tinygrad==0.9.0; extra == "tinygrad"' in meta
+    assert not any(m.startswith("Requires-Dist: tinygrad") and "extra" not in m for m in meta)
