@@ -9,7 +9,7 @@ each with and without TinyJit, each in a process of its own.  Programs:
   digits       examples/tinygrad_digits.py's CNN step (batch 64, Conv2d/BatchNorm2d/Linear, Adam)
   transformer  a pre-norm transformer block (batch 16 x 128 tokens, width 128, 4 heads, GELU MLP), Adam
 Per run: the first step (cold: compiles, uploads), the median of the warm steps, and on KEX the bytes
-sent per warm step (graph, inline data, uploads).  "KEX jit, 2nd process" is a second process on the same
+sent per warm step (Submit requests -- a kept graph's are only its bindings -- and uploads).  "KEX jit, 2nd process" is a second process on the same
 kexd: its first step finds the kernels the first process compiled.  The kexd is started here (its own
 port, a fresh cache file), so the first KEX process is cold.  Ratios are against the same device's
 jitted local tinygrad (KEX jit / GPU jit) and against CLANG jit.
@@ -125,7 +125,7 @@ def child(program, device, jit, steps, server):
         kernels.append(GlobalCounters.kernel_count - k0)
         if kt:
             s1 = kt.stats()
-            sent.append(sum(s1[k] - s0[k] for k in ("graph_bytes", "inline_bytes", "upload_bytes")))
+            sent.append(sum(s1[k] - s0[k] for k in ("request_bytes", "upload_bytes")))
     out = {"program": program, "device": device, "jit": jit, "first_s": times[0],
            "warm_s": statistics.median(times[3:]) if len(times) > 4 else times[-1], "losses": losses[:3],
            "exec_items_per_step": kernels[-1]}

@@ -193,9 +193,10 @@ def test_tinyjit_step_sends_only_new_inputs():
             s1 = kt.stats()
             per_call.append({k: s1[k] - s0[k] for k in s1})
         assert step.cnt == 6 and len(step.jit_cache) >= 1
-        for c in per_call[2:]:   # replays: one Submit for the step, one for the new inputs
-            assert c["submits"] == 2, per_call
+        for c in per_call[2:]:   # replays: one Submit for the new inputs, one for the step (kexd keeps its graph)
+            assert c["submits"] == 2 and c["ref_submits"] >= 1, per_call
             assert c["inline_bytes"] == xs[0].nbytes + ys[0].nbytes, per_call
+        assert per_call[-1]["graph_bytes"] < per_call[0]["graph_bytes"] / 10, per_call
     finally:
         Device.DEFAULT = "CLANG"
     want = on("CLANG", lambda: _jit_reference(xs, ys))[0]
