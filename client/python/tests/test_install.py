@@ -180,3 +180,30 @@ def test_wheel_offers_the_tinygrad_extra(tmp_path):
     assert "Provides-Extra: tinygrad" in meta
     assert 'Requires-Dist: tinygrad==0.9.0; extra == "tinygrad"' in meta
     assert not any(m.startswith("Requires-Dist: tinygrad") and "extra" not in m for m in meta)
+
+
+UNCHANGED = textwrap.dedent("""\
+    import sys
+    from tinygrad import Device, Tensor   # no `import kex` anywhere: the installed kex registers KEX
+    assert Device.DEFAULT == "KEX", Device.DEFAULT
+    t = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (t * t).sum().backward()
+    print(t.grad.tolist(), (t * 2).sum().item(), sys.modules["kex.tinygrad"].stats()["submits"] > 0)
+    """)
+
+
+def test_installed_kex_runs_an_unchanged_tinygrad_program(venv, kexd_addr, tmp_path):
+    """After `pip install kex`, a tinygrad program that imports only tinygrad runs on kexd with KEX=1."""
+    tinygrad = os.path.normpath(os.path.join(ROOT, "..", "shared", "anchors", "tinygrad-0.9.0"))
+    if not os.path.isdir(os.path.join(tinygrad, "tinygrad")):
+        pytest.skip(f"tinygrad 0.9.0 is not at {tinygrad}")
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    run(pip + ["install", "--no-index", "./client/python"], cwd=ROOT)
+    script = tmp_path / "prog.py"
+    script.write_text(UNCHANGED)
+    env = {"PYTHONPATH": tinygrad, "KEX": "1", "KEX_SERVER": kexd_addr}
+    out = run([str(venv / "bin" / "python"), str(script)], cwd=tmp_path, env=env).split()
+    assert " ".join(out) == "[2.0, 4.0, 6.0] 12.0 True", out
+    off = run([str(venv / "bin" / "python"), "-c", "import tinygrad, sys; print('kex.tinygrad' in sys.modules)"],
+              cwd=tmp_path, env={"PYTHONPATH": tinygrad, "KEX_TINYGRAD": "0"})
+    assert off.strip() == "False"
