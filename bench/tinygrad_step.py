@@ -8,6 +8,7 @@ The same tinygrad 0.9.0 program (../shared/anchors) runs its training step on
 each with and without TinyJit, each in a process of its own.  Programs:
   digits       examples/tinygrad_digits.py's CNN step (batch 64, Conv2d/BatchNorm2d/Linear, Adam)
   transformer  a pre-norm transformer block (batch 16 x 128 tokens, width 128, 4 heads, GELU MLP), Adam
+  chain100     100 dependent elementwise kernels on 4096 floats (with --programs chain100): the cost per kernel
 Per run: the first step (cold: compiles, uploads), the median of the warm steps, and on KEX the bytes
 sent per warm step (Submit requests -- a kept graph's are only its bindings -- and uploads).  "KEX jit, 2nd process" is a second process on the same
 kexd: its first step finds the kernels the first process compiled.  The kexd is started here (its own
@@ -94,7 +95,23 @@ def transformer_program():
     return step, inputs
 
 
-PROGRAMS = {"digits": digits_program, "transformer": transformer_program}
+def chain_program(n=100):
+    """A step of n dependent small kernels (4096 floats each): the per-kernel cost inside one step."""
+    import numpy as np
+    from tinygrad import Tensor
+    w = Tensor(np.ones(4096, np.float32)).contiguous().realize()
+
+    def step(x, _):
+        for _ in range(n):
+            x = (x * 0.999 + w).contiguous()
+        return x.sum().realize()
+
+    def inputs():
+        return Tensor(np.zeros(4096, np.float32)), None
+    return step, inputs
+
+
+PROGRAMS = {"digits": digits_program, "transformer": transformer_program, "chain100": chain_program}
 
 
 def child(program, device, jit, steps, server):
