@@ -902,6 +902,110 @@ static void test_render_group_reduce(void **state) {
   done(&p);
 }
 
+/*
+ * x = a, then `len` ops x = x*b, x + c, x*b, x - c, ... (MUL, ADD, MUL, SUB
+ * repeating) of float32[64] inputs: every MUL's one user is an ADD or SUB.
+ * With `exact`, a and c are small integers and b is +-1 (each cast from
+ * int32 inputs), so every value is exact in float32 and the reference
+ * interpreter's numbers are the device's to the bit, FMA or not.
+ */
+static void deep_chain(gb *b, int len, bool exact) {
+  int a, m, c;
+  if (exact) {
+    a = cast(b, KEX_GOP_CAST, input(b, KEX_DT_INT32, 1, S(64), -8, 8), KEX_DT_FLOAT32);
+    int bit = cast(b, KEX_GOP_CAST, input(b, KEX_DT_INT32, 1, S(64), 0, 2), KEX_DT_FLOAT32);
+    m = op2(b, KEX_GOP_SUB, op2(b, KEX_GOP_MUL, bit, cnst(b, KEX_DT_FLOAT32, 1, S(64), kex_const_float(2))),
+            cnst(b, KEX_DT_FLOAT32, 1, S(64), kex_const_float(1)));
+    c = cast(b, KEX_GOP_CAST, input(b, KEX_DT_INT32, 1, S(64), -4, 4), KEX_DT_FLOAT32);
+  } else {
+    a = input(b, KEX_DT_FLOAT32, 1, S(64), -1, 1);
+    m = input(b, KEX_DT_FLOAT32, 1, S(64), 0.9, 1.1);
+    c = input(b, KEX_DT_FLOAT32, 1, S(64), -0.1, 0.1);
+  }
+  int x = a;
+  for (int i = 0; i < len; i++) {
+    static const kex_gop ops[4] = {KEX_GOP_MUL, KEX_GOP_ADD, KEX_GOP_MUL, KEX_GOP_SUB};
+    x = op2(b, ops[i % 4], x, i % 2 ? c : m);
+  }
+  output(b, x);
+}
+
+/* How deep brackets nest in the deepest line of src (what clang's -fbracket-depth counts). */
+static int deepest_line(const char *src) {
+  int d = 0, m = 0;
+  for (const char *s = src; *s; s++) {
+    if (*s == '(' || *s == '[' || *s == '{') m = ++d > m ? d : m;
+    else if (*s == ')' || *s == ']' || *s == '}') d--;
+    else if (*s == '\n') d = 0;
+  }
+  return m;
+}
+
+/*
+ * The operator at the top of a variable's value in `line` ("float alu3 =
+ * ((x*y)+z);" -> '+'), 0 when there is none (a name, a call).
+ */
+static char top_operator(const char *line) {
+  const char *v = strstr(line, " = ");
+  if (!v) return 0;
+  v += 3;
+  size_t n = strcspn(v, ";");
+  int d = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i] == '(') d++;
+    else if (v[i] == ')') d--;
+    else if (d == 1 && strchr("+-*/", v[i]) && i > 1) return v[i];
+  }
+  return 0;
+}
+
+/*
+ * Deep expressions render through variables: the 1000-op chain's kernel
+ * (AST 1000+ levels) nests no line past render.c's NEST_MAX (64) plus a
+ * few, on both dialects, where inlining it whole would nest ~1000 brackets;
+ * a variable never holds a bare product whose user adds it (OpenCL C
+ * contracts a*b+c into an FMA only within one expression); a 40-op chain
+ * still renders as one expression, as tinygrad renders it.
+ */
+static void test_render_deep_chain(void **state) {
+  (void)state;
+  static const kex_renderer_caps *const caps[2] = {&kex_renderer_opencl, &kex_renderer_cpu};
+  static const int dialects[2] = {KEX_DIALECT_OPENCL, KEX_DIALECT_CPU};
+  for (int len = 40; len <= 1000; len += 960)
+    for (int d = 0; d < 2; d++) {
+      gb b;
+      gb_init(&b, 15);
+      b.lim.max_kernel_depth = (uint32_t)len + 16; /* whatever the default */
+      deep_chain(&b, len, false);
+      planned p;
+      kex_error err = {0};
+      if (plan(&p, b.g, &err)) fail_msg("%d ops: %s", len, err.msg);
+      assert_int_equal(p.s->nkernels, 1);
+      const kex_sched_item *it = NULL;
+      for (uint32_t i = 0; i < p.s->nitems; i++)
+        if (p.s->items[i].kind == KEX_ITEM_KERNEL) it = &p.s->items[i];
+      assert_true(it->ast[0]->depth > (uint32_t)len);
+      kex_program_src ps;
+      if (lower_item(&p, it, caps[d], dialects[d], true, NULL, &ps, &err)) fail_msg("%s", err.msg);
+      int vars = 0, deepest = deepest_line(ps.src);
+      for (const char *l = strstr(ps.src, "float"); l; l = strstr(l + 1, "float")) {
+        if (strncmp(l, "float alu", 9) != 0 && strncmp(l, "float4 alu", 10) != 0) continue; /* a float variable */
+        char op = top_operator(l);
+        if (op != '+' && op != '-') {
+          const char *eol = strchr(l, '\n');
+          fail_msg("%s, %d ops: a variable that is not an ADD/SUB:\n%.*s", dev_names[d], len,
+                   (int)(eol ? eol - l : (long)strlen(l)), l);
+        }
+        vars++;
+      }
+      if (len == 40 && (vars != 0 || deepest < 40)) fail_msg("%s: the 40-op chain split (%d variables, %d deep):\n%s", dev_names[d], vars, deepest, ps.src);
+      if (len == 1000 && (vars < 1000 / 64 || deepest > 64 + 8))
+        fail_msg("%s: the 1000-op chain has %d variables, a line %d brackets deep", dev_names[d], vars, deepest);
+      kex_program_src_free(&ps);
+      done(&p);
+    }
+}
+
 /* ---------- the numeric cases ---------- */
 
 static int b64val(int c) {
@@ -1073,6 +1177,7 @@ int main(void) {
       cmocka_unit_test(test_render_clang_store_order),
       cmocka_unit_test(test_render_matmul_float4),
       cmocka_unit_test(test_render_group_reduce),
+      cmocka_unit_test(test_render_deep_chain),
       cmocka_unit_test(test_elementwise_broadcast),
       cmocka_unit_test(test_unary_binary_float),
       cmocka_unit_test(test_unary_binary_int),
