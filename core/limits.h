@@ -12,9 +12,16 @@
 
 #include <stdint.h>
 
-#define KEX_MAX_DIMS 16                       /* hard: dims of any shape (ShapeTracker arrays) */
+/*
+ * hard: dims of any shape (the ShapeTracker's fixed arrays, a few KiB of
+ * stack per call).  tinygrad reshapes to 2 * ndim dims in Tensor.repeat
+ * (which _pool calls when a kernel is larger than its stride), and to
+ * ndim + 2 * k for k pooled dims when _pool splits the stride: test_ops'
+ * repeat of 6 dims reaches 12, its conv3d 11.
+ */
+#define KEX_MAX_DIMS 16
 #define KEX_LIMIT_NODES (1u << 20)            /* default: nodes per graph */
-#define KEX_LIMIT_DIMS 8                      /* default: dims per shape (<= KEX_MAX_DIMS) */
+#define KEX_LIMIT_DIMS KEX_MAX_DIMS           /* default: dims per shape (<= KEX_MAX_DIMS) */
 #define KEX_LIMIT_ELEMENTS (1ll << 32)        /* default: elements of one node's shape (product of its
                                                  non-zero dims), and the largest |STRIDE| */
 #define KEX_LIMIT_INLINE_BYTES (256ll << 20)  /* default: total inline BUFFER data bytes */

@@ -167,7 +167,8 @@ static const flag flags[] = {
   /* graphs */
   {"max-nodes", "N", FLAG_U32, LIM(max_nodes), 1, INT_MAX, 0, 0, false, "graphs",
    "nodes per graph"},
-  {"max-dims", "N", FLAG_U32, LIM(max_dims), 0, KEX_MAX_DIMS, 0, 0, false, NULL, "dims per shape"},
+  {"max-dims", "N", FLAG_U32, LIM(max_dims), 0, KEX_MAX_DIMS, 0, 0, false, NULL,
+   "dims per shape, at most 16 (tinygrad's repeat and conv reshape through up to 12)"},
   {"max-elements", "N", FLAG_I64, LIM(max_elements), 1, INT64_MAX, 0, 0, false, NULL,
    "elements of one node's shape (the product of its non-zero dims)"},
   {"max-inline-bytes", "BYTES", FLAG_I64, LIM(max_inline_bytes), 0, INT64_MAX, 0, 0, false, NULL,

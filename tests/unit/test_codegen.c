@@ -690,6 +690,23 @@ static void test_movement(void **state) {
   check_graph(&b, "movement");
 }
 
+/*
+ * tinygrad's x.repeat(2, 4, 3, 3, 2, 2) of a (4, 6, 3) tensor (test_ops'
+ * test_repeat): reshape to 12 dims, expand, reshape to (2, 4, 3, 12, 12, 6),
+ * under the default limits (max_dims 16), then * 2 so a kernel computes it.
+ */
+static void test_repeat_12_dims(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 16);
+  int x = input(&b, KEX_DT_FLOAT32, 3, S(4, 6, 3), -1, 1);
+  int r = mov(&b, KEX_GOP_RESHAPE, x, 12, S(1, 1, 1, 1, 1, 1, 1, 4, 1, 6, 1, 3));
+  r = mov(&b, KEX_GOP_EXPAND, r, 12, S(2, 1, 4, 1, 3, 1, 3, 4, 2, 6, 2, 3));
+  r = mov(&b, KEX_GOP_RESHAPE, r, 6, S(2, 4, 3, 12, 12, 6));
+  output(&b, op2(&b, KEX_GOP_MUL, r, cnst(&b, KEX_DT_FLOAT32, 6, S(2, 4, 3, 12, 12, 6), kex_const_float(2))));
+  check_graph(&b, "repeat");
+}
+
 static void test_elementwise_4m(void **state) {
   (void)state;
   gb b;
@@ -1186,6 +1203,7 @@ int main(void) {
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_softmax),
       cmocka_unit_test(test_movement),
+      cmocka_unit_test(test_repeat_12_dims),
       cmocka_unit_test(test_elementwise_4m),
       cmocka_unit_test(test_numeric_cases),
   };
