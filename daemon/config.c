@@ -179,7 +179,8 @@ static const flag flags[] = {
   {"max-depth", "N", FLAG_U32, LIM(max_depth), 1, UINT32_MAX, 0, 0, false, NULL,
    "nodes on the longest dependency chain of a graph"},
   {"max-kernel-depth", "N", FLAG_U32, LIM(max_kernel_depth), 1, UINT32_MAX, 0, 0, false, NULL,
-   "AST depth of one kernel (OpenCL compilers refuse deep bracket nesting); CONTIGUOUS splits a deeper chain"},
+   "AST depth of one kernel, an abuse guard (deep expressions render through variables); CONTIGUOUS splits a "
+   "deeper chain"},
   {"max-kernel-ops", "N", FLAG_U32, LIM(max_kernel_ops), 1, UINT32_MAX, 0, 0, false, NULL,
    "ALU, cast, reduce and store operations in one kernel (bounds compile time)"},
   /* the cache and downloads */

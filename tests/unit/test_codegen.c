@@ -27,6 +27,7 @@
 #include <string.h>
 #include <math.h>
 #include <dirent.h>
+#include <pthread.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -1023,6 +1024,71 @@ static void test_render_deep_chain(void **state) {
     }
 }
 
+/*
+ * A chain of 1,000 elementwise ops under the default limits: one kernel,
+ * rendered, compiled (PoCL on opencl, gcc on cpu) and run, every value
+ * exact (deep_chain's integers), against the reference interpreter.
+ */
+static void test_deep_chain_1000(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 17);
+  deep_chain(&b, 1000, true);
+  planned p;
+  kex_error err = {0};
+  if (plan(&p, b.g, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(p.s->nkernels, 1);
+  p.g = NULL; /* check_graph plans b.g again */
+  done(&p);
+  check_graph(&b, "1000-op chain");
+}
+
+/* deepest_line of each dialect's render of a 9,998-op chain (a kernel at the default max_kernel_depth), or -1 */
+static void *render_10k_thread(void *arg) {
+  int *deepest = arg;
+  static const kex_renderer_caps *const caps[2] = {&kex_renderer_opencl, &kex_renderer_cpu};
+  static const int dialects[2] = {KEX_DIALECT_OPENCL, KEX_DIALECT_CPU};
+  gb b;
+  gb_init(&b, 18);
+  b.lim.max_depth = KEX_LIMIT_KERNEL_DEPTH + 8; /* the defaults of both bind before max_kernel_depth's */
+  b.lim.max_kernel_ops = KEX_LIMIT_KERNEL_DEPTH + 8;
+  deep_chain(&b, KEX_LIMIT_KERNEL_DEPTH - 2, false);
+  planned p;
+  kex_error err = {0};
+  deepest[0] = deepest[1] = -1;
+  if (plan(&p, b.g, &err) == 0 && p.s->nkernels == 1)
+    for (uint32_t i = 0; i < p.s->nitems; i++)
+      if (p.s->items[i].kind == KEX_ITEM_KERNEL && p.s->items[i].ast[0]->depth == KEX_LIMIT_KERNEL_DEPTH)
+        for (int d = 0; d < 2; d++) {
+          kex_program_src ps;
+          if (lower_item(&p, &p.s->items[i], caps[d], dialects[d], true, NULL, &ps, &err) == 0) {
+            deepest[d] = deepest_line(ps.src);
+            kex_program_src_free(&ps);
+          }
+        }
+  done(&p);
+  return NULL;
+}
+
+/*
+ * A kernel at the default max_kernel_depth (10,000 levels) is scheduled,
+ * lowered and rendered on a 256 KiB stack (kexd's pool threads have 8 MiB):
+ * no pass recurses on the AST, and no line nests past NEST_MAX plus a few.
+ */
+static void test_render_10k_levels(void **state) {
+  (void)state;
+  int deepest[2];
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, &attr, render_10k_thread, deepest), 0);
+  pthread_join(t, NULL);
+  pthread_attr_destroy(&attr);
+  for (int d = 0; d < 2; d++)
+    if (deepest[d] < 0 || deepest[d] > 64 + 8) fail_msg("%s: deepest line %d", dev_names[d], deepest[d]);
+}
+
 /* ---------- the numeric cases ---------- */
 
 static int b64val(int c) {
@@ -1195,6 +1261,7 @@ int main(void) {
       cmocka_unit_test(test_render_matmul_float4),
       cmocka_unit_test(test_render_group_reduce),
       cmocka_unit_test(test_render_deep_chain),
+      cmocka_unit_test(test_render_10k_levels),
       cmocka_unit_test(test_elementwise_broadcast),
       cmocka_unit_test(test_unary_binary_float),
       cmocka_unit_test(test_unary_binary_int),
@@ -1205,6 +1272,7 @@ int main(void) {
       cmocka_unit_test(test_movement),
       cmocka_unit_test(test_repeat_12_dims),
       cmocka_unit_test(test_elementwise_4m),
+      cmocka_unit_test(test_deep_chain_1000),
       cmocka_unit_test(test_numeric_cases),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
