@@ -683,6 +683,15 @@ def graph_limits():
     def data(nbytes):
         return kex_pb2.Node(op="BUFFER", dtype="uint8", shape=[nbytes], data=b"\1" * nbytes)
 
+    def both_sides(sides, what, naming):
+        """Each (flag, word, under, over) of sides: `under` is planned, `over` is RESOURCE_EXHAUSTED naming word."""
+        for flag, word, under, over in sides:
+            e = plan(*under)
+            check(f"{flag}: {what} at the limit is planned", e is None, desc(e))
+            e = plan(*over)
+            check(f"{flag}: one over is RESOURCE_EXHAUSTED naming {naming.format(word)}",
+                  e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and word in e.details(), desc(e))
+
     sides = [
         ("--max-nodes 8", "nodes", (chain(8), [7]), (chain(9), [8])),
         ("--max-outputs 2", "outputs", (chain(3), [1, 2]), (chain(3), [0, 1, 2])),
@@ -692,19 +701,18 @@ def graph_limits():
          ([node("BUFFER", dtype="float32", shape=[1025], fill=1.0)], [0])),
         ("--max-inline-bytes 64", "bytes", ([data(64)], [0]), ([data(65)], [0])),
     ]
-    for flag, word, under, over in sides:
-        e = plan(*under)
-        check(f"{flag}: a graph at the limit is planned", e is None, desc(e))
-        e = plan(*over)
-        check(f"{flag}: one over is RESOURCE_EXHAUSTED naming the {word} limit",
-              e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and word in e.details(), desc(e))
+    both_sides(sides, "a graph", "the {} limit")
     check("kexd still serves", k.health() == health_pb2.HealthCheckResponse.SERVING)
     k.stop()
 
-    # the kernel limits: a chain of n (BUFFER, n - 1 NEGs) is a kernel n + 1 levels deep with n operations;
-    # tree(7) and tree(8) are 5 levels deep with 7 and 8 operations
+    # the kernel limits: unary(n) (BUFFER, then n - 1 NEGs and EXP2s in turn: NEG of NEG would cancel) is a kernel
+    # n + 1 levels deep with n operations; tree(7) and tree(8) are 5 levels deep with 7 and 8 operations
     k = Kexd("--max-kernel-depth", "5", "--max-kernel-ops", "7")
     j = open_job(k, name="kernel-limits")
+
+    def unary(n):
+        return [node("BUFFER", dtype="float32", shape=[4], fill=1.0)] + \
+            [node("EXP2" if i % 2 else "NEG", src=[i]) for i in range(n - 1)]
 
     def tree(ops):
         nodes = [node("BUFFER", dtype="float32", shape=[4], fill=1.0), node("NEG", src=[0]), node("EXP2", src=[0]),
@@ -713,14 +721,9 @@ def graph_limits():
             [node("SIN", src=[0]), node("ADD", src=[4, 5]), node("ADD", src=[3, 6])]
         return nodes, [len(nodes) - 1]
 
-    sides = [("--max-kernel-depth 5", "(max_kernel_depth)", (chain(4), [3]), (chain(5), [4])),
+    sides = [("--max-kernel-depth 5", "(max_kernel_depth)", (unary(4), [3]), (unary(5), [4])),
              ("--max-kernel-ops 7", "(max_kernel_ops)", tree(7), tree(8))]
-    for flag, word, under, over in sides:
-        e = plan(*under)
-        check(f"{flag}: a kernel at the limit is planned", e is None, desc(e))
-        e = plan(*over)
-        check(f"{flag}: one over is RESOURCE_EXHAUSTED naming {word}",
-              e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and word in e.details(), desc(e))
+    both_sides(sides, "a kernel", "{}")
     k.stop()
 
 
