@@ -190,10 +190,11 @@ def main():
     e = rpc_error(kex.Plan, kex_pb2.PlanRequest(job=job, graph=bad), timeout=5)
     check("a source that is not earlier: INVALID_ARGUMENT naming node 1",
           e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and "node 1" in e.details(), repr(e))
-    bad = graph_pb({"nodes": [{"op": "EMPTY", "dtype": "float32", "shape": [2] * 9}], "outputs": [0]})
+    bad = graph_pb({"nodes": [{"op": "EMPTY", "dtype": "float32", "shape": [2] * 17}], "outputs": [0]})
     e = rpc_error(kex.Plan, kex_pb2.PlanRequest(job=job, graph=bad), timeout=5)
-    check("9 dims (limit 8): RESOURCE_EXHAUSTED naming node 0",
-          e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "node 0" in e.details(), repr(e))
+    check("17 dims (limit 16): RESOURCE_EXHAUSTED naming node 0 and --max-dims",
+          e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "node 0" in e.details() and
+          "(--max-dims)" in e.details(), repr(e))
     plan_raw = ch.unary_unary("/kex.v1.Kex/Plan")
     e = rpc_error(plan_raw, b"\xff\xff\xff\xff", timeout=5)
     check("Plan of bytes that are not a PlanRequest: INVALID_ARGUMENT",
