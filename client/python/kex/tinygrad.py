@@ -166,7 +166,7 @@ def _is_kex(device):
 
 def _server_device(device):
     """kexd's device name of a tinygrad KEX device ("" for kexd's default)."""
-    return device.split(":", 1)[1].lower() if ":" in device else ""
+    return device.split(":", 1)[1] if ":" in device else ""
 
 
 def _ints(shape):
@@ -442,9 +442,8 @@ def _copy_to_device(self, device, force=False):
     src_kex, dst_kex = _is_kex(self.device), _is_kex(device)
     if not (src_kex or dst_kex) or self.device == device:
         return _orig["copy_to_device"](self, device, force)
-    if src_kex and dst_kex:
-        raise NotImplementedError(f"kex.tinygrad: copies between KEX devices ({self.device} -> {device}); "
-                                  f"go through the host (.to('CLANG'))")
+    if src_kex and dst_kex:   # one kexd device to another: through the host (a Download, then an upload)
+        return _copy_to_device(_copy_to_device(self, "CLANG"), device)
     if self.is_unrealized_const():
         if dst_kex and any(v.mask is not None for v in self.st.views):
             return _copy_to_device(_orig["contiguous"](self), device, force)

@@ -17,6 +17,7 @@ if os.path.isdir(TINYGRAD) and TINYGRAD not in sys.path:
 tinygrad = pytest.importorskip("tinygrad", reason=f"tinygrad 0.9.0 is not importable (looked in {TINYGRAD})")
 
 import kex.tinygrad as kt  # noqa: E402
+from kex.tinygrad import KexError  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, dtypes, nn  # noqa: E402
 from tinygrad.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save  # noqa: E402
 
@@ -278,3 +279,16 @@ def test_errors_name_the_status():
     with pytest.raises(KexError) as e:   # kexd refuses the graph, naming the node
         Tensor.empty(1 << 40, device="KEX", dtype=dtypes.uint8).realize()
     assert e.value.code.name in ("RESOURCE_EXHAUSTED", "INVALID_ARGUMENT") and "node" in str(e.value)
+
+
+def test_kexd_devices_by_name():
+    """KEX:<name> is each device kexd lists; a tensor moves between them through the host."""
+    names = [d.name for d in kt.client().devices()]
+    a = Tensor(data(2, 3), device=f"KEX:{names[0]}")
+    for n in names:
+        b = (a * 2).to(f"KEX:{n}")
+        assert b.device == f"KEX:{n}"
+        np.testing.assert_allclose((b + 1).numpy(), data(2, 3) * 2 + 1, rtol=1e-6)
+    with pytest.raises(KexError) as e:
+        Tensor([1.0], device="KEX:nosuchdevice").realize()
+    assert e.value.code.name == "INVALID_ARGUMENT" and "nosuchdevice" in str(e.value)
