@@ -293,3 +293,20 @@ def test_kexd_devices_by_name():
     with pytest.raises(KexError) as e:
         Tensor([1.0], device="KEX:nosuchdevice").realize()
     assert e.value.code.name == "INVALID_ARGUMENT" and "nosuchdevice" in str(e.value)
+
+
+def test_zero_size_tensors():
+    def prog():
+        z = Tensor(np.zeros((4, 0), np.float32))
+        a, b = Tensor(np.ones((45, 0, 9), np.float32)), Tensor(np.ones((45, 0, 9), np.float32))
+        return [z.sum(axis=1), z.sum(), Tensor(data(8, 8)) @ Tensor(np.ones((8, 0), np.float32)), a.cat(b, dim=0),
+                Tensor(np.ones((1, 0, 3, 0, 5), np.float32)).mean(axis=(1, 3))]
+    same(prog)
+
+
+def test_a_failed_submit_leaves_its_inputs_usable():
+    i = Tensor(np.array([0, 1], np.int32), device="KEX")
+    with pytest.raises(KexError) as e:   # refused by kexd: more dims than --max-dims
+        (i.reshape(*[1] * 39, 2).permute(*range(39, -1, -1)) + 1).sum(0).numpy()
+    assert e.value.code.name == "RESOURCE_EXHAUSTED" and "dims" in str(e.value)
+    assert (i + 1).tolist() == [1, 2]
