@@ -22,7 +22,10 @@ linearizer and compilers never see a KEX LazyBuffer.  Realized KEX buffers stay 
 buffers and later graphs name them by handle; host data is sent once (inline in the Submit, or by Upload
 when large), bytes come back only for what the program reads (inline in the done event), and buffers
 tinygrad frees are freed on kexd (Free, batched before the next call).  TinyJit captures the Submit as
-one exec item, so a jitted step replays the prepared graph with the step's new input handles.
+one exec item, so a jitted step replays the prepared graph with the step's new input handles, and kexd,
+which keeps the graph of a repeated step (Submit keep_as / graph_ref), receives only those handles and the
+step's new host data.  tinygrad's BEAM=N asks kexd for a beam search of width N (its results are cached on
+kexd, for every client of it).
 """
 import hashlib
 import itertools
@@ -46,6 +49,7 @@ import tinygrad.tensor as _tg_tensor
 from tinygrad.device import Allocator, Buffer, Compiled, Device
 from tinygrad.dtype import ImageDType, dtypes
 from tinygrad.engine.schedule import ScheduleItem
+from tinygrad.helpers import BEAM
 from tinygrad.lazy import LazyBuffer
 from tinygrad.ops import BinaryOps, LazyOp, LoadOps, ReduceOps, TernaryOps, UnaryOps
 from tinygrad.renderer import Renderer
@@ -797,6 +801,8 @@ class _KexCall:
 
     def _submit(self, c, imax, binds, ref, keep=False):
         req = pb.SubmitRequest(job=c.job, only_done=True, batched_events=True, inline_output_max_bytes=max(imax, 1))
+        if BEAM.value > 0:   # tinygrad's BEAM=N (JITBEAM while TinyJit captures): kexd searches, and caches the result
+            req.beam.beam_width = BEAM.value
         if ref:
             req.graph_ref = self.key
             for i, kind, v in binds:

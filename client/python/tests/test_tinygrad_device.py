@@ -310,3 +310,14 @@ def test_a_failed_submit_leaves_its_inputs_usable():
         (i.reshape(*[1] * 39, 2).permute(*range(39, -1, -1)) + 1).sum(0).numpy()
     assert e.value.code.name == "RESOURCE_EXHAUSTED" and "dims" in str(e.value)
     assert (i + 1).tolist() == [1, 2]
+
+
+def test_beam_asks_kexd_for_a_search():
+    from tinygrad.helpers import Context
+    c = kt.client()
+    before = c.stats()
+    with Context(BEAM=2):
+        got = (Tensor(data(64), device="KEX") * 3 + 1).numpy()   # one small kernel: a quick search
+    after = c.stats()
+    assert after.searches_run + after.beam_cache_hits > before.searches_run + before.beam_cache_hits
+    np.testing.assert_allclose(got, data(64) * 3 + 1, rtol=1e-6)
