@@ -96,7 +96,7 @@ def transformer_program():
     return step, inputs
 
 
-def chain_program(n=100):
+def chain_program(n=int(os.environ.get("KEX_BENCH_CHAIN", "100"))):
     """A step of n dependent small kernels (4096 floats each): the per-kernel cost inside one step."""
     import numpy as np
     from tinygrad import Tensor
