@@ -119,9 +119,12 @@ typedef struct kexd {
   uint32_t plans_in_flight;
   /* Submit (submit.c) */
   struct kexd_submitter *submitter;
+  /* the engine of each device (realize/engine.h: compile slots, the program stage) and their SQLite connections */
+  struct kex_engine *engines[KEXD_MAX_DEVICES];
+  struct kex_cache_conns *conns;
   uint64_t submissions_done, submissions_failed;
   uint64_t sched_cache_hits, sched_cache_misses;
-  uint64_t prog_cache_memory_hits, prog_cache_sqlite_hits, prog_cache_misses;
+  uint64_t prog_cache_memory_hits;   /* SQLite hits and compiles: the engines' stats */
   kexd_histogram submit_seconds; /* arrival to done event, submissions that succeeded */
   double kernel_seconds;         /* device seconds Submit's kernels ran */
   kexd_metrics *metrics;         /* --metrics (metrics.c); NULL when off */

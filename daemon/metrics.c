@@ -38,6 +38,7 @@
 #include "daemon/fleet.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
+#include "realize/engine.h"
 
 #ifndef KEX_VERSION
 #define KEX_VERSION "unknown"
@@ -130,8 +131,13 @@ static void collect(kexd *d, snapshot *s) {
   s->bytes_held = 0;
   for (uint32_t i = 0; i < d->jobs.njobs; i++) s->bytes_held += d->jobs.jobs[i]->bytes_held;
   s->prog_memory_hits = d->prog_cache_memory_hits;
-  s->prog_sqlite_hits = d->prog_cache_sqlite_hits;
-  s->prog_misses = d->prog_cache_misses;
+  s->prog_sqlite_hits = s->prog_misses = 0;
+  for (uint32_t i = 0; i < KEXD_MAX_DEVICES; i++) {
+    if (!d->engines[i]) continue;
+    kex_engine_stats es = kex_engine_get_stats(d->engines[i]);
+    s->prog_sqlite_hits += es.sqlite_hits;
+    s->prog_misses += es.compiled;
+  }
   s->sched_hits = d->sched_cache_hits;
   s->sched_misses = d->sched_cache_misses;
   kexd_tune_stats(d, &s->tune);

@@ -176,27 +176,10 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const struct kex_graph *g, con
 
 /* ---- cache_rpc.c ---- */
 
-/* Set up the cache RPCs' state (the memo of sources, the SQLite connections).  0 or KEX_ENOMEM. */
+/* Set up the cache RPCs' state (the memo of sources).  0 or KEX_ENOMEM. */
 int kexd_cache_rpc_init(kexd *d);
-/* Free it and close every connection, after the loop ran out. */
+/* Free it, after the loop ran out. */
 void kexd_cache_rpc_free(kexd *d);
-/*
- * On a worker thread: this thread's connection to the cache file
- * (search/cache.h's policy: one per thread, never shared), opened at its
- * first use and kept until kexd exits.  NULL with *err: KEX_EUNAVAILABLE
- * "kexd has no cache file", or the open's error ("the beam cache PATH
- * cannot be opened: ...", tried again at the next call).
- */
-kex_cache *kexd_cache_conn(kexd *d, kex_error *err);
-/*
- * kexd_cache_conn for a lookup (realize/plan.h's cache policy: Submit's
- * program cache and beam hook): NULL when kexd has no cache file, or when
- * it cannot be opened -- warned, `what` naming the user ("program cache"),
- * and the caller goes on without; this thread tries the open again at its
- * first use KEXD_CACHE_RETRY_S later (not at every kernel).
- */
-#define KEXD_CACHE_RETRY_S 5.0
-kex_cache *kexd_cache_conn_lookup(kexd *d, const char *what);
 /* The handlers. */
 void kexd_rpc_list_cache(kexd *d, kexd_call *c, kexd_req *rq);
 void kexd_rpc_get_cache_entry(kexd *d, kexd_call *c, kexd_req *rq);

@@ -55,7 +55,7 @@
  * the loop sets it at a client cancel, the closures read it and skip their
  * work.  Each device's compile probe (identity, dtypes) is shared by the
  * pool's threads behind a lock; SQLite is reached through each pool
- * thread's own connection (kexd_cache_conn); compiles run in slots
+ * thread's own connection (realize/engine.h); compiles run in slots
  * (below).
  *
  * Loaded programs (each a dlopen()ed .so or an OpenCL program: ~77 KB and
@@ -96,6 +96,7 @@
 
 #include "core/codec.h"
 #include "daemon/submit.h"
+#include "daemon/work.h"
 #include "sched/schedule.h"
 
 static void plan_unref(plan *p) {
@@ -113,54 +114,34 @@ static int beam_lower(void *arg, const kex_graph *g, const kex_schedule *s, uint
 
 int kexd_submit_init(kexd *d) {
   kexd_submitter *S = kex_calloc(1, sizeof *S);
-  uint32_t nslots = d->cfg.compile_slots;
   if (!S) return KEX_ENOMEM;
   S->d = d;
   S->ndevices = d->cfg.ndevices;
-  S->compilers = kex_calloc(S->ndevices ? S->ndevices : 1, sizeof *S->compilers);
   S->loaded = kex_calloc(S->ndevices ? S->ndevices : 1, sizeof *S->loaded);
   S->plans = kex_calloc(d->cfg.schedule_cache ? d->cfg.schedule_cache : 1, sizeof *S->plans);
-  if (!S->compilers || !S->loaded || !S->plans) goto nomem;
-  for (uint32_t i = 0; i < S->ndevices; i++) {
-    compile_dev *cd = &S->compilers[i];
-    if (!(cd->slots = kex_calloc(nslots, sizeof *cd->slots))) goto nomem;
-    cd->device = i;
-    cd->S = S;
-    cd->nslots = nslots;
-    loaded_index_init(&S->loaded[i]);
-    for (uint32_t j = 0; j < nslots; j++) cd->slots[j].cd = cd;
+  if (!S->loaded || !S->plans) {
+    kex_free(S->loaded), kex_free(S->plans), kex_free(S);
+    return KEX_ENOMEM;
   }
-  for (uint32_t i = 0; i < S->ndevices; i++) pthread_mutex_init(&S->compilers[i].lock, NULL);
-  S->fault_kind = d->cfg.test_fault_kind;
-  S->fault_n = d->cfg.test_fault_n;
+  for (uint32_t i = 0; i < S->ndevices; i++) loaded_index_init(&S->loaded[i]);
   S->max_programs = d->cfg.max_programs;
   if (d->disp) kexd_dispatch_set_kernel_time_limit(d->disp, d->cfg.kernel_time_limit_s);
   d->submitter = S;
   return 0;
-nomem:
-  for (uint32_t i = 0; S->compilers && i < S->ndevices; i++) kex_free(S->compilers[i].slots);
-  kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans), kex_free(S);
-  return KEX_ENOMEM;
 }
 
 void kexd_submit_free(kexd *d) {
   kexd_submitter *S = d->submitter;
   if (!S) return;
-  for (uint32_t i = 0; i < S->ndevices; i++) {
-    compile_dev *cd = &S->compilers[i];
+  for (uint32_t i = 0; i < S->ndevices; i++)
     loaded_index_free(&S->loaded[i]); /* the runners have exited: this thread is the only one left */
-    for (uint32_t j = 0; j < cd->nslots; j++) kex_device_unref(cd->slots[j].dev);
-    kex_device_unref(cd->probe);
-    kex_free(cd->slots);
-    pthread_mutex_destroy(&cd->lock);
-  }
   while (S->orphans) {
     loaded_prog *lp = S->orphans;
     S->orphans = lp->next;
     free_loaded_now(lp);
   }
   for (uint32_t i = 0; i < S->nplans; i++) plan_unref(S->plans[i]);
-  kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans);
+  kex_free(S->loaded), kex_free(S->plans);
   kex_free(S);
   d->submitter = NULL;
 }
@@ -302,7 +283,8 @@ static void sub_release(void *owner) {
   kex_free(s->handles), kex_free(s->need), kex_free(s->bins), kex_free(s->binlens);
   kex_free(s->compile_us), kex_free(s->from), kex_free(s->bufs), kex_free(s->progs), kex_free(s->out_bufs);
   kex_free(s->out_data), kex_free(s->kernel_us), kex_free(s->works), kex_free(s->stepargs), kex_free(s->handle_str);
-  kex_free(s->misses), kex_free(s->lps), kex_free(s->pinned), kex_free(s->pend);
+  kex_prog_req_clear(&s->preq);
+  kex_free(s->lps), kex_free(s->pinned), kex_free(s->pend);
   if (!s->p || s->g != s->p->g) kex_graph_free(s->g);
   kex_trace_free(s->trace);
   free(s->trace_json); /* jansson's */
@@ -504,10 +486,12 @@ void sub_fail(submission *s, int status, const char *fmt, ...) {
 }
 
 /* Run work on the worker pool, holding a reference on the stream that `after` drops; the Submit fails when the pool cannot take it. */
-static void sub_queue_work(submission *s, uv_work_cb work, uv_after_work_cb after) {
+static void sub_queue_work(submission *s, kex_work_fn work, kex_work_after_fn after) {
+  s->work.fn = work;
+  s->work.after = after;
   s->work.data = s;
   kexd_stream_ref(&s->st);
-  if (uv_queue_work(s->d->loop, &s->work, work, after) < 0) {
+  if (kexd_work_submit(s->d->loop, &s->work) < 0) {
     kexd_stream_unref(&s->st);
     sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
   }
@@ -530,8 +514,7 @@ static void sub_cancelled(void *owner) {
   submission *s = owner;
   atomic_store(&s->cancelled, true);
   kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": cancelled by the client (or its deadline)", s->id);
-  if (s->waiting && !s->compiling) { /* waiting for a compile slot with none in flight: leave the line now */
-    wait_remove(&s->d->submitter->compilers[s->device], s);
+  if (kex_engine_programs_cancel(&s->preq)) { /* waiting for a compile slot with none in flight: it left the line */
     sub_end(s, GRPC_STATUS_CANCELLED, "Submit: cancelled"); /* no pump: one could free s under the stream */
   }
 }
@@ -551,6 +534,20 @@ static bool sub_more(void *owner) {
 }
 
 static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release, NULL, sub_more};
+
+/* ---- the engine's program stage (realize/engine.h) for a submission ---- */
+
+static bool preq_dead(kex_prog_req *r) { return kexd_stream_dead(&((submission *)r->owner)->st); }
+static void preq_hold(kex_prog_req *r) { kexd_stream_ref(&((submission *)r->owner)->st); }
+static void preq_release(kex_prog_req *r) { kexd_stream_unref(&((submission *)r->owner)->st); /* may free s */ }
+
+/* Every program is read or compiled (or the stage failed, or the call is gone): go on to the device, or fail. */
+static void preq_done(kex_prog_req *r) {
+  submission *s = r->owner;
+  if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
+  if (r->rc < 0) return sub_fail_rc(s, r->rc, &r->err);
+  sub_post(s);
+}
 
 /* The plan is known: reserve memory, resolve the handles and the loaded programs, go on. */
 static void sub_planned(submission *s) {
@@ -575,11 +572,10 @@ static void sub_planned(submission *s) {
   s->binlens = kex_calloc(nk, sizeof *s->binlens);
   s->compile_us = kex_calloc(nk, sizeof *s->compile_us);
   s->from = kex_calloc(nk, sizeof *s->from);
-  s->misses = kex_calloc(nk, sizeof *s->misses);
   s->lps = kex_calloc(nk, sizeof *s->lps);
   s->pinned = kex_calloc(nk, sizeof *s->pinned);
   if (!s->handles || !s->bufs || !s->progs || !s->out_bufs || !s->out_data || !s->kernel_us || !s->need || !s->bins ||
-      !s->binlens || !s->compile_us || !s->from || !s->misses || !s->lps || !s->pinned)
+      !s->binlens || !s->compile_us || !s->from || !s->lps || !s->pinned)
     return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
   for (uint32_t b = 0; b < p->rp.nbufs; b++) {
     if (p->rp.buf_handle[b] < 0) continue;
@@ -622,11 +618,14 @@ static void sub_planned(submission *s) {
     return kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
   }
   kexd_stream_pump(&s->st);
-  sub_queue_work(s, lookup_work, lookup_after); /* the SQLite program lookup */
+  s->preq = (kex_prog_req){.rp = &p->rp, .need = s->need, .cancelled = &s->cancelled, .trace = s->trace, .owner = s,
+                           .dead = preq_dead, .hold = preq_hold, .release = preq_release, .done = preq_done,
+                           .bins = s->bins, .binlens = s->binlens, .compile_us = s->compile_us, .from = s->from};
+  kex_engine_programs(d->engines[s->device], &s->preq); /* SQLite, then the compile slots */
 }
 
-static void build_work(uv_work_t *req) {
-  submission *s = req->data;
+static void build_work(kex_work *w) {
+  submission *s = w->data;
   plan *p = s->p;
   double t0 = kexd_now_us();
   s->pool_rc = 0;
@@ -648,8 +647,8 @@ static void build_work(uv_work_t *req) {
   p->build_us += kexd_now_us() - t0;
 }
 
-static void build_after(uv_work_t *req, int status) {
-  submission *s = req->data;
+static void build_after(kex_work *w, int status) {
+  submission *s = w->data;
   if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
   if (s->pool_rc < 0) {
     sub_fail_rc(s, s->pool_rc, &s->pool_err);

@@ -19,10 +19,10 @@
  * order and then the final status.
  *
  * SQLite: a search uses the connection of the worker thread it runs on
- * (kexd_cache_conn, search/cache.h's policy).  A cache that cannot be
+ * (kex_cache_conns, search/cache.h's policy).  A cache that cannot be
  * opened follows realize/plan.h's policy: it fails a Tune (results must
  * be kept) and is a warning for Submit's hook, a lookup
- * (kexd_cache_conn_lookup: it searches without, and tries again later).  With --fleet-cache a search's
+ * (kex_cache_conns_lookup: it searches without, and tries again later).  With --fleet-cache a search's
  * cache miss asks the fleet first and its result is published (daemon/fleet.h, the beam hook).  Every kernel lowered here is remembered for GetCacheEntry
  * (kexd_cache_memo_put).
  */
@@ -43,6 +43,7 @@
 #include "core/log.h"
 #include "daemon/fleet.h"
 #include "daemon/rpc.h"
+#include "realize/engine.h"
 #include "daemon/stream.h"
 #include "devices/device.h"
 #include "realize/plan.h"
@@ -132,7 +133,7 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const kex_graph *g, const kex_
   kexd_route ctx = {d->disp, br->device, br->job, br->weight, br->cancelled, INFINITY, false};
   kex_beam_opts bo;
   kex_beam_result res;
-  kex_cache *cache = kexd_cache_conn_lookup(d, "beam cache"); /* plan.h's policy for a lookup: without, warned */
+  kex_cache *cache = kex_cache_conns_lookup(d->conns, "beam cache"); /* plan.h's policy for a lookup: without, warned */
   kex_device *dev = NULL;
   int rc;
   kex_beam_opts_init(&bo, br->width);
@@ -268,7 +269,7 @@ static void tune_work(uv_work_t *req) {
   if ((rc = kex_replay_graph(t->g, &ro, &arena, &r, &t->err)) < 0 || (rc = kex_schedule_create(r, &s, &t->err)) < 0)
     goto out;
   t->n = s->nkernels;
-  if (d->cfg.cache_path && *d->cfg.cache_path && !(cache = kexd_cache_conn(d, &t->err))) {
+  if (d->cfg.cache_path && *d->cfg.cache_path && !(cache = kex_cache_conns_get(d->conns, &t->err))) {
     rc = t->err.code;
     goto out;
   }

@@ -1,0 +1,19 @@
+/*
+ * work.h - kexd's worker pool as the engine's executor (realize/engine.h):
+ * every piece of pool work kexd runs (planning, compiles, searches, SQLite)
+ * goes through kexd_work_submit, the one place that calls uv_queue_work.
+ * The work runs on libuv's pool; its `after` on the loop thread.
+ */
+#ifndef KEX_DAEMON_WORK_H
+#define KEX_DAEMON_WORK_H
+
+#include <uv.h>
+
+#include "realize/engine.h"
+
+/* Run w->fn on the pool, then w->after on loop's thread.  0, or a negative code (after is never called). */
+int kexd_work_submit(uv_loop_t *loop, kex_work *w);
+/* The executor of loop (kexd_work_submit). */
+kex_executor kexd_work_executor(uv_loop_t *loop);
+
+#endif
