@@ -4,7 +4,7 @@
  * DeleteCache, and the memo of rendered sources GetCacheEntry returns.
  *
  * Each call decodes and checks its request on the loop, runs its SQLite
- * work as one uv_queue_work, and answers from the after-callback; its
+ * work as one piece of pool work (daemon/work.h), and answers from the after-callback; its
  * lifetime and its writes go through the call's kexd_stream (stream.h):
  * ImportCache holds the stream while a read is outstanding, every call
  * while its pool job runs, and ExportCache writes the export in chunks of
@@ -35,6 +35,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "daemon/rpc.h"
+#include "daemon/work.h"
 #include "realize/engine.h"
 #include "daemon/stream.h"
 #include "search/cache.h"
@@ -136,7 +137,7 @@ typedef struct cache_req {
   ProtobufCMessage *msg;     /* the decoded request (filters point into it) */
   kex_cache_filter filter;
   bool has_filter;
-  uv_work_t work;
+  kex_work work;
   int rc;
   kex_error err;
   /* list */
@@ -179,7 +180,7 @@ static int list_cb(const kex_cache_entry *e, void *arg) {
   return 0;
 }
 
-static void creq_work(uv_work_t *w) {
+static void creq_work(kex_work *w) {
   cache_req *q = w->data;
   kexd *d = q->d;
   kexd_cache_rpc *T = d->cache_rpc;
@@ -262,7 +263,7 @@ static uint32_t filter_tag(const Kex__V1__CacheFilter *f) {
   return h;
 }
 
-static void creq_after(uv_work_t *w, int status) {
+static void creq_after(kex_work *w, int status) {
   cache_req *q = w->data;
   if (status < 0 && !q->rc) q->rc = kex_err_set(&q->err, KEX_EINTERNAL, "the worker pool dropped the job");
   kexd_stream_unhold(&q->st);
@@ -354,9 +355,9 @@ static void creq_reply(void *owner) {
 
 /* Queue q's SQLite work (held until creq_after); on failure the call is ended. */
 static void creq_start(cache_req *q) {
-  q->work.data = q;
+  q->work = (kex_work){.fn = creq_work, .after = creq_after, .data = q};
   kexd_stream_hold(&q->st);
-  if (uv_queue_work(q->d->loop, &q->work, creq_work, creq_after) < 0) {
+  if (kexd_work_submit(q->d->loop, &q->work) < 0) {
     kexd_stream_failf(&q->st, GRPC_STATUS_UNAVAILABLE, "the worker pool is not available");
     kexd_stream_unhold(&q->st);
   }

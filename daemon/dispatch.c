@@ -7,7 +7,7 @@
  * loop), then repeatedly takes the head item of the flow with the smallest
  * virtual time, runs it with the lock released, charges the measured time to
  * the flow and hands the item back: onto the runner's done list, with
- * uv_async_send to wake the loop, whose async callback runs each item's
+ * its wake (the loop bridge, bridge.h) sent, whose callback runs each item's
  * done.  A device that fails to open fails the item that needed it and is
  * tried again at the next item.
  *
@@ -34,10 +34,10 @@
  * Stop: cancelled items and finished ones go back through the done list;
  * after the runner thread has drained its must_run items it unrefs the
  * device, says it exited, and the loop joins it (at once: it has returned)
- * and closes the async handle.
+ * and closes its wake.
  *
  * Routes (dispatch.h): a routed thread's request waits on the
- * dispatcher's route list (route_lock) until the route async handle wakes
+ * dispatcher's route list (route_lock) until the route wake wakes
  * the loop, which posts it like any item; its done callback signals the
  * request's condition variable.  The request lives on the routed thread's
  * stack.  At stop the route handle closes with the runners' and later
@@ -53,6 +53,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "daemon/bridge.h"
 
 #define DISPATCH_NAME_MAX KEXD_DISPATCH_NAME_MAX
 #define DISPATCH_DEFER_MAX_S 0.002 /* deferred dones wait at most this long (then the next item's end wakes the loop) */
@@ -76,7 +77,7 @@ typedef struct runner {
   char name[DISPATCH_NAME_MAX];
   pthread_t thread;
   bool thread_started, joined;
-  uv_async_t async;
+  kexd_wake done_wake;      /* the loop bridge (bridge.h): items handed back */
   bool async_open;
   /*
    * lock protects everything below it: the flows and their queues and
@@ -108,7 +109,7 @@ typedef struct route_req route_req;
 struct kexd_dispatch {
   uv_loop_t *loop;
   /* routes: route_lock protects reqs and route_closed (any thread); the rest is the loop's */
-  uv_async_t route_async;
+  kexd_wake route_wake;     /* the loop bridge (bridge.h): route requests queued */
   bool route_open;
   pthread_mutex_t route_lock;
   route_req *reqs, *reqs_tail;
@@ -295,7 +296,7 @@ static void *runner_main(void *arg) {
     w->woke = wake; /* still under the lock the loop takes the done list with */
     if (f->cancelled && !flow_active(f)) flow_remove(r, f);
     pthread_mutex_unlock(&r->lock);
-    if (wake) uv_async_send(&r->async);
+    if (wake) kexd_wake_send(&r->done_wake);
     pthread_mutex_lock(&r->lock);
   }
   pthread_mutex_unlock(&r->lock);
@@ -304,13 +305,13 @@ static void *runner_main(void *arg) {
   pthread_mutex_lock(&r->lock);
   r->exited = true;
   pthread_mutex_unlock(&r->lock);
-  uv_async_send(&r->async);
+  kexd_wake_send(&r->done_wake);
   return NULL;
 }
 
 /* ---- the loop thread ---- */
 
-static void on_runner_closed(uv_handle_t *h) {
+static void on_runner_closed(kexd_wake *h) {
   runner *r = h->data;
   kexd_dispatch *d = r->d;
   r->async_open = false;
@@ -318,7 +319,7 @@ static void on_runner_closed(uv_handle_t *h) {
 }
 
 /* Run done for every item handed back; after the thread exited, join it and close the handle. */
-static void on_runner_async(uv_async_t *a) {
+static void on_runner_async(kexd_wake *a) {
   runner *r = a->data;
   kexd_work *w;
   bool exited;
@@ -336,11 +337,11 @@ static void on_runner_async(uv_async_t *a) {
   if (exited && !r->joined) {
     pthread_join(r->thread, NULL);
     r->joined = true;
-    uv_close((uv_handle_t *)&r->async, on_runner_closed);
+    kexd_wake_close(&r->done_wake, on_runner_closed);
   }
 }
 
-static void on_route_async(uv_async_t *h);
+static void on_route_async(kexd_wake *h);
 
 int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MAX], uint32_t ndevices,
                       kexd_dispatch **out) {
@@ -357,11 +358,10 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
     return KEX_ENOMEM;
   }
   for (uint32_t i = 0; i < ndevices; i++) snprintf(d->names[i], DISPATCH_NAME_MAX, "%s", names[i]);
-  if (uv_async_init(loop, &d->route_async, on_route_async) < 0) {
+  if (kexd_wake_init(loop, &d->route_wake, on_route_async, d) < 0) {
     kexd_dispatch_free(d);
     return KEX_EINTERNAL;
   }
-  d->route_async.data = d;
   d->route_open = true;
   d->open_handles++;
   *out = d;
@@ -389,18 +389,17 @@ static runner *runner_get(kexd_dispatch *d, uint32_t i) {
   memcpy(r->name, d->names[i], sizeof r->name);
   pthread_mutex_init(&r->lock, NULL);
   pthread_cond_init(&r->wake, NULL);
-  if (uv_async_init(d->loop, &r->async, on_runner_async) < 0) {
+  if (kexd_wake_init(d->loop, &r->done_wake, on_runner_async, r) < 0) {
     runner_free(r);
     return NULL;
   }
-  r->async.data = r;
   r->async_open = true;
   d->open_handles++;
   if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
     KEX_ERROR("dispatch: cannot start the runner thread of device \"%s\"", r->name);
     r->joined = true;
     d->runners[i] = r; /* freed with the dispatcher, after its handle closed */
-    uv_close((uv_handle_t *)&r->async, on_runner_closed);
+    kexd_wake_close(&r->done_wake, on_runner_closed);
     return NULL;
   }
   r->thread_started = true;
@@ -498,7 +497,7 @@ void kexd_dispatch_cancel_job(kexd_dispatch *d, uint64_t job) {
       if (!flow_active(f)) flow_remove(r, f);
     }
     pthread_mutex_unlock(&r->lock);
-    if (n) uv_async_send(&r->async);
+    if (n) kexd_wake_send(&r->done_wake);
   }
 }
 
@@ -519,7 +518,7 @@ void kexd_dispatch_job_stats(kexd_dispatch *d, uint64_t job, kexd_flow_stats *ou
   }
 }
 
-static void on_route_closed(uv_handle_t *h) {
+static void on_route_closed(kexd_wake *h) {
   kexd_dispatch *d = h->data;
   d->route_open = false;
   if (--d->open_handles == 0 && d->stopping && d->on_stopped) d->on_stopped(d->stopped_ud);
@@ -531,11 +530,11 @@ void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *), void *ud) 
   d->on_stopped = on_stopped;
   d->stopped_ud = ud;
   if (d->route_open) {
-    on_route_async(&d->route_async); /* the requests queued so far fail: the dispatcher is stopping */
+    on_route_async(&d->route_wake); /* the requests queued so far fail: the dispatcher is stopping */
     pthread_mutex_lock(&d->route_lock);
     d->route_closed = true;
     pthread_mutex_unlock(&d->route_lock);
-    uv_close((uv_handle_t *)&d->route_async, on_route_closed);
+    kexd_wake_close(&d->route_wake, on_route_closed);
   }
   for (uint32_t i = 0; i < d->nrunners; i++) {
     runner *r = d->runners[i];
@@ -545,7 +544,7 @@ void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *), void *ud) 
     r->stopping = true;
     pthread_cond_signal(&r->wake);
     pthread_mutex_unlock(&r->lock);
-    uv_async_send(&r->async);
+    kexd_wake_send(&r->done_wake);
   }
   if (d->open_handles == 0 && on_stopped) on_stopped(ud);
 }
@@ -594,7 +593,7 @@ static void route_done(kexd_work *w) {
 }
 
 /* On the loop: post the queued requests on their route's flow. */
-static void on_route_async(uv_async_t *h) {
+static void on_route_async(kexd_wake *h) {
   kexd_dispatch *d = h->data;
   route_req *q;
   pthread_mutex_lock(&d->route_lock);
@@ -652,7 +651,7 @@ int kexd_route_exec(void *vroute, kex_device *dev, kexd_route_job job, void *arg
     atomic_store(rt->cancel, true);
     return kex_err_set(err, KEX_EUNAVAILABLE, "the device runner is not available: the daemon is stopping");
   }
-  uv_async_send(&d->route_async);
+  kexd_wake_send(&d->route_wake);
   pthread_mutex_lock(&d->route_lock);
   while (!q.done) pthread_cond_wait(&q.cv, &d->route_lock);
   pthread_mutex_unlock(&d->route_lock);

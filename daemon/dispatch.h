@@ -33,7 +33,7 @@
 #include <uv.h>
 
 #include "core/errors.h"
-#include "daemon/metrics.h"
+#include "daemon/histogram.h"
 #include "devices/device.h"
 
 typedef struct kexd_dispatch kexd_dispatch;

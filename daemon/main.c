@@ -281,26 +281,6 @@ static void log_listening(const kexd *d) {
            d->cfg.metrics, d->auth ? "tokens required (--auth)" : "no tokens (no --auth)");
 }
 
-/* One engine per configured device (realize/engine.h), sharing the cache file's per-worker connections.  0 or < 0. */
-static int engines_start(kexd *d) {
-  if (kex_cache_conns_create(d->cfg.cache_path, &d->conns) < 0) return KEX_ENOMEM;
-  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
-    kex_engine_config ec = {d->cfg.devices[i], d->cfg.test_fault_kind, d->cfg.test_fault_n, d->cfg.compile_slots,
-                            d->conns, kexd_work_executor(d->loop)};
-    if (kex_engine_create(&ec, &d->engines[i]) < 0) return KEX_ENOMEM;
-  }
-  return 0;
-}
-
-static void engines_free(kexd *d) {
-  for (uint32_t i = 0; i < KEXD_MAX_DEVICES; i++) {
-    kex_engine_free(d->engines[i]);
-    d->engines[i] = NULL;
-  }
-  kex_cache_conns_free(d->conns);
-  d->conns = NULL;
-}
-
 int main(int argc, char **argv) {
   static daemon_state st;
   kexd *d = &st.d;
@@ -326,7 +306,7 @@ int main(int argc, char **argv) {
   }
   size_connections(&d->cfg);
   make_targets(d);
-  if (d->cfg.workers) { /* before the first uv_queue_work: libuv reads it once */
+  if (d->cfg.workers) { /* before the first pool work (daemon/work.c): libuv reads it once */
     snprintf(workers, sizeof workers, "%u", d->cfg.workers);
     setenv("UV_THREADPOOL_SIZE", workers, 1);
   }
@@ -368,7 +348,7 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_handles;
   }
-  if (engines_start(d) < 0 || kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
+  if (kexd_engines_start(d) < 0 || kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
       kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0 || kexd_fleet_start(d) < 0) {
     ret = 1;
     goto out_handles;
@@ -404,7 +384,7 @@ out_server:
   kexd_tune_free(d);
   kexd_fleet_free(d); /* every search is back */
   kexd_cache_rpc_free(d);
-  engines_free(d); /* the worker threads are idle: the loop ran out */
+  kexd_engines_free(d); /* the worker threads are idle: the loop ran out */
   kexd_streams_free(d->streams);
   kex_pool_destroy(d->search_pool); /* every search is back: the loop ran out */
   kexd_server_free(d->server);

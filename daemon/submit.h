@@ -4,8 +4,7 @@
  * the submitter and one submission.  submit.c has the handler, the
  * submission's life and its stream (its opening comment tells the whole
  * path of a submission); programs.c the loaded programs' index;
- * the engine (realize/engine.h) the SQLite lookups and the compile slots;
- * submit_run.c the device runner's items and the done event.
+ * the engine (realize/engine.h) the SQLite lookups and the compile slots.
  * Every function here runs on the loop thread unless its comment says.
  */
 #ifndef KEXD_SUBMIT_H
@@ -185,9 +184,8 @@ void loaded_index_free(kex_dict *m); /* frees every program and record (only onc
 void free_loaded_now(void *v);
 void sub_release_programs(submission *s);
 void sub_adopt_programs(submission *s);
-/* submit_run.c */
-void sub_post(submission *s);
 /* submit.c */
+void sub_post(submission *s);
 /* trace: a span of s on `track` from t0 to now (no-op, and no clock read, without a trace) */
 #define SUB_TRACE_NOW(s) ((s)->trace ? kex_trace_now_us() : 0)
 void sub_span(submission *s, const char *track, const char *cat, const char *name, const char *detail, uint64_t t0);

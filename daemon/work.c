@@ -1,12 +1,14 @@
 /*
  * work.c - kexd's worker pool behind the engine's executor interface
- * (work.h): a kex_work keeps its uv_work_t in the executor's bytes.
+ * (work.h): a kex_work keeps its uv_work_t in the executor's bytes; and
+ * kexd's engines.
  */
 #include "daemon/work.h"
 
 #include <stddef.h>
 
 #include "core/errors.h"
+#include "daemon/kexd.h"
 
 _Static_assert(sizeof(uv_work_t) <= KEX_WORK_PRIV, "a uv_work_t fits in kex_work.priv");
 
@@ -29,3 +31,23 @@ int kexd_work_submit(uv_loop_t *loop, kex_work *w) {
 static int exec_submit(void *ctx, kex_work *w) { return kexd_work_submit(ctx, w); }
 
 kex_executor kexd_work_executor(uv_loop_t *loop) { return (kex_executor){exec_submit, loop}; }
+
+int kexd_engines_start(kexd *d) {
+  if (kex_cache_conns_create(d->cfg.cache_path, &d->conns) < 0) return KEX_ENOMEM;
+  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
+    kex_engine_config ec = {.device = d->cfg.devices[i], .fault_kind = d->cfg.test_fault_kind,
+                            .fault_n = d->cfg.test_fault_n, .compile_slots = d->cfg.compile_slots, .conns = d->conns,
+                            .exec = kexd_work_executor(d->loop)};
+    if (kex_engine_create(&ec, &d->engines[i]) < 0) return KEX_ENOMEM;
+  }
+  return 0;
+}
+
+void kexd_engines_free(kexd *d) {
+  for (uint32_t i = 0; i < KEXD_MAX_DEVICES; i++) {
+    kex_engine_free(d->engines[i]);
+    d->engines[i] = NULL;
+  }
+  kex_cache_conns_free(d->conns);
+  d->conns = NULL;
+}

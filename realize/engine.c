@@ -30,6 +30,7 @@ typedef struct conn {
 } conn;
 
 struct kex_cache_conns {
+  uint64_t id;               /* unique in the process: a thread's cached connection names its owner by it */
   char *path;                /* "" when none */
   /* lock protects list: every worker thread's connection */
   pthread_mutex_t lock;
@@ -43,6 +44,8 @@ int kex_cache_conns_create(const char *path, kex_cache_conns **out) {
     kex_free(cc);
     return KEX_ENOMEM;
   }
+  static atomic_uint_fast64_t next_id = 1;
+  cc->id = atomic_fetch_add(&next_id, 1);
   pthread_mutex_init(&cc->lock, NULL);
   *out = cc;
   return 0;
@@ -63,8 +66,8 @@ void kex_cache_conns_free(kex_cache_conns *cc) {
 
 const char *kex_cache_conns_path(const kex_cache_conns *cc) { return cc ? cc->path : ""; }
 
-static _Thread_local conn *tl_conn;                   /* this thread's connection ... */
-static _Thread_local const kex_cache_conns *tl_owner; /* ... of these connections */
+static _Thread_local conn *tl_conn;     /* this thread's connection ... */
+static _Thread_local uint64_t tl_owner; /* ... of the connections with this id (an address may be reused) */
 
 kex_cache *kex_cache_conns_get(kex_cache_conns *cc, kex_error *err) {
   kex_cache *c = NULL;
@@ -75,7 +78,7 @@ kex_cache *kex_cache_conns_get(kex_cache_conns *cc, kex_error *err) {
     kex_err_set(err, KEX_EUNAVAILABLE, "kexd has no cache file");
     return NULL;
   }
-  if (tl_conn && tl_owner == cc) return tl_conn->cache;
+  if (tl_conn && tl_owner == cc->id) return tl_conn->cache;
   if ((rc = kex_cache_open(cc->path, &c, &ce)) < 0) {
     kex_err_set(err, rc, "the beam cache %s cannot be opened: %s", cc->path, ce.msg);
     return NULL;
@@ -91,26 +94,26 @@ kex_cache *kex_cache_conns_get(kex_cache_conns *cc, kex_error *err) {
   cc->list = n;
   pthread_mutex_unlock(&cc->lock);
   tl_conn = n;
-  tl_owner = cc;
+  tl_owner = cc->id;
   return c;
 }
 
-/* When this thread may try again to open the cache of tl_retry_owner (after an open failed). */
+/* When this thread may try again to open the cache of the connections with id tl_retry_owner (after an open failed). */
 static _Thread_local double tl_retry_us;
-static _Thread_local const kex_cache_conns *tl_retry_owner;
+static _Thread_local uint64_t tl_retry_owner;
 
 kex_cache *kex_cache_conns_lookup(kex_cache_conns *cc, const char *what) {
   kex_error err = {0};
   kex_cache *c;
-  bool failed_before = cc && tl_retry_owner == cc;
+  bool failed_before = cc && tl_retry_owner == cc->id;
   if (!cc || !*cc->path || (failed_before && now_us() < tl_retry_us)) return NULL;
   if (!(c = kex_cache_conns_get(cc, &err))) {
-    tl_retry_owner = cc;
+    tl_retry_owner = cc->id;
     tl_retry_us = now_us() + KEX_CACHE_RETRY_S * 1e6;
     KEX_WARN("%s unavailable, going on without it: %s (this thread tries again in %.0f s)", what, err.msg,
              KEX_CACHE_RETRY_S);
   } else if (failed_before) {
-    tl_retry_owner = NULL;
+    tl_retry_owner = 0;
     KEX_INFO("%s %s opened (an earlier open had failed)", what, cc->path);
   }
   return c;
@@ -170,6 +173,11 @@ int kex_engine_create(const kex_engine_config *cfg, kex_engine **out) {
   e->fault_n = cfg->fault_n;
   e->conns = cfg->conns;
   e->exec = cfg->exec;
+  if (cfg->instance) {
+    kex_device_ref(cfg->instance);
+    e->probe = cfg->instance;
+    e->tried = true;
+  }
   pthread_mutex_init(&e->lock, NULL);
   *out = e;
   return 0;
@@ -263,9 +271,8 @@ static void lookup(kex_prog_req *r) {
 }
 
 /*
- * Compile r's kernel k on the slot's instance (sl NULL: the probe, or a
- * fresh instance when compiles must not overlap) and store its binary in
- * SQLite.  0 or a negative code with *err naming the kernel.
+ * Compile r's kernel k on the slot's instance (sl NULL: the owner's own
+ * call, on the probe) and store its binary in SQLite.  0 or a negative code with *err naming the kernel.
  */
 static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex_device **own, kex_error *err) {
   const kex_plan_prog *pp = &r->rp->progs[k];
@@ -275,7 +282,7 @@ static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex
   int rc;
   if (r->cancelled && atomic_load(r->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   pthread_mutex_lock(&e->lock); /* the lookup opened the probe before any compile */
-  dev = e->probe && kex_device_get_info(e->probe)->compile_thread_safe ? e->probe : NULL;
+  dev = e->probe && (!sl || kex_device_get_info(e->probe)->compile_thread_safe) ? e->probe : NULL;
   pthread_mutex_unlock(&e->lock);
   if (!dev) { /* a device whose compiles must not overlap: the slot's own instance */
     if (!*own && (rc = open_compile_device(e, own, m, sizeof m)) < 0)
@@ -359,17 +366,23 @@ static void pump(kex_engine *e) {
     sl->work.fn = slot_work;
     sl->work.after = slot_after;
     sl->work.data = sl;
-    if (e->exec.submit(e->exec.ctx, &sl->work) < 0) {
-      sl->r = NULL;
-      r->rc = kex_err_set(&r->err, KEX_EUNAVAILABLE, "the worker pool is not available");
-      if (!r->compiling) r->done(r);
-      continue;
-    }
+    /* the compile's state first: an executor may run slot_after before submit returns */
     r->next_miss++;
     r->compiling++;
     r->hold(r); /* the compile's, given back by slot_after */
     e->busy++;
-    if (r->next_miss < r->nmisses) wait_push(e, r);
+    bool more = r->next_miss < r->nmisses;
+    if (more) wait_push(e, r);
+    if (e->exec.submit(e->exec.ctx, &sl->work) < 0) {
+      sl->r = NULL;
+      e->busy--;
+      r->compiling--;
+      r->next_miss--;
+      if (more) wait_remove(e, r);
+      r->rc = kex_err_set(&r->err, KEX_EUNAVAILABLE, "the worker pool is not available");
+      if (!r->compiling) r->done(r);
+      r->release(r); /* may free r */
+    }
   }
 }
 
@@ -440,7 +453,7 @@ bool kex_engine_programs_cancel(kex_prog_req *r) {
 }
 
 int kex_engine_programs_now(kex_engine *e, kex_prog_req *r) {
-  kex_device *own = NULL;
+  kex_device *own = NULL; /* the probe did not open: compile_one opens one (and fails the same way) */
   if (req_start(e, r) < 0) return r->rc;
   lookup(r);
   for (uint32_t k = 0; k < r->rp->nkernels; k++)

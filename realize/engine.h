@@ -101,6 +101,7 @@ typedef struct kex_engine kex_engine;
 
 typedef struct kex_engine_config {
   const char *device;        /* kex_device_open's name (copied) */
+  kex_device *instance;      /* an open instance to use as the compile instance (referenced; NULL: open `device`) */
   int fault_kind;            /* -1, or a kex_fault_kind the compile instance fails (tests) ... */
   unsigned long fault_n;     /* ... at its n-th call */
   uint32_t compile_slots;    /* compiles at once (0: 1) */
@@ -182,7 +183,11 @@ void kex_engine_programs(kex_engine *e, kex_prog_req *r);
  * `done` comes when its work is back.
  */
 bool kex_engine_programs_cancel(kex_prog_req *r);
-/* The same stage, directly on this thread (in-process tools): 0 or r->rc; no callback is used. */
+/*
+ * The same stage, directly on this thread, which owns the compile instance
+ * (in-process tools: every compile on it, one at a time): 0 or r->rc; no
+ * callback is used.
+ */
 int kex_engine_programs_now(kex_engine *e, kex_prog_req *r);
 /* Free what the engine allocated in r (not the caller's arrays). */
 void kex_prog_req_clear(kex_prog_req *r);
