@@ -93,8 +93,11 @@ def report(results, notes, a, ncases, nall, seconds, tg_root):
          "each helper_test_op case runs on the reference and on the device with identical inputs; the device's",
          "forward outputs and, unless forward_only, the gradients of (out+1).square().mean() must match the",
          "reference's with the case's atol/rtol (grad_atol/grad_rtol), shape and dtype exactly.  torch is a",
-         "stand-in: cases that need it, or that the reference cannot run, are left out (listed below).", "",
-         "| | pass | fail | left out | pass % (of run) |", "|---|---:|---:|---:|---:|"]
+         "stand-in: cases that need it, or that the reference cannot run, are left out (listed below).", ""]
+    if getattr(a, "kex_stats", None):
+        L += ["kexd calls of the run (kex.tinygrad.stats()): " +
+              ", ".join(f"{k} {v}" for k, v in a.kex_stats.items()) + ".", ""]
+    L += ["| | pass | fail | left out | pass % (of run) |", "|---|---:|---:|---:|---:|"]
     for k, label in (("forward", "forward"), ("backward", "backward"), ("exception", "expected exceptions"),
                      ("direct", "direct assertions")):
         p, f, lo = tot[k]
@@ -175,6 +178,9 @@ def main():
         t0 = time.monotonic()
         results = runner.run(select=select, methods=methods)
         seconds = time.monotonic() - t0
+        if a.device.upper().startswith("KEX"):
+            import kex.tinygrad
+            a.kex_stats = kex.tinygrad.stats()
     finally:
         if proc:
             proc.terminate()

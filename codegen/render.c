@@ -9,9 +9,13 @@
  *
  * The walk is linear over g->linear; r[u] is the expression of each uop.
  * ALUs and CASTs with one user are inlined into it (MAX never is), as in
- * tinygrad, except that an expression longer than INLINE_MAX bytes is given
- * its own variable (a long elementwise chain would otherwise become one
- * quadratic-size expression).
+ * tinygrad, except that an expression longer than INLINE_MAX bytes, or whose
+ * brackets nest deeper than NEST_MAX, is given its own variable: a long
+ * elementwise chain would otherwise become one quadratic-size expression,
+ * nested as deep as the kernel's AST, which clang (PoCL's compiler) refuses
+ * past 256 brackets.  So no statement nests brackets more than a few levels
+ * past NEST_MAX, whatever the AST's depth, while the kernels of
+ * ../shared/cases (at most 10 deep) render exactly as tinygrad renders them.
  */
 #include "codegen/render.h"
 
@@ -26,6 +30,7 @@
 #include "codegen/lower.h"
 
 #define INLINE_MAX 4000
+#define NEST_MAX 64 /* brackets; clang's -fbracket-depth default is 256 */
 
 typedef struct rctx {
   int dialect;
@@ -33,6 +38,7 @@ typedef struct rctx {
   kex_arena arena;
   const char **r;     /* by uop id */
   uint32_t *children; /* by uop id */
+  const kex_uop **user; /* by uop id: its last user in g->linear */
   kex_strbuf body;
   int depth;
   int cnt_alu, cnt_val, cnt_acc, cnt_ridx, cnt_cast, cnt_precast;
@@ -257,14 +263,62 @@ static const char *render_load(rctx *c, kex_udtype out, const kex_uop *buf, cons
   return fmt(c, "%s[%s]", bn, idx);
 }
 
+/* The op of ALU uop u, or -1 when u is not an ALU. */
+static int alu_op(const kex_uop *u) { return u->uop == KEX_UOP_ALU ? (int)u->arg.op : -1; }
+
+/* The only user of u when it has exactly one, else NULL. */
+static const kex_uop *sole_user(const rctx *c, const kex_uop *u) {
+  return c->children[u->id] == 1 ? c->user[u->id] : NULL;
+}
+
+/* True when u is a float ADD, SUB or MULACC: what clang contracts a float MUL operand into (an FMA). */
+static bool contracts(const kex_uop *u) {
+  int op = u ? alu_op(u) : -1;
+  return (op == KEX_OP_ADD || op == KEX_OP_SUB || op == KEX_OP_MULACC) && kex_dtype_is_float(u->dtype.dt);
+}
+
 /*
- * u's value val, inlined where it is used when it is used at most once, is
- * short and may_inline allows it; otherwise a variable <prefix>N (N from
- * *counter) of u's dtype defined here.  Returns what stands for u.
+ * True when u may stay inlined past NEST_MAX and INLINE_MAX: a float MUL
+ * whose only user is an ADD/SUB/MULACC (directly or through a NEG, which
+ * clang may fold into the FMA too), or such a NEG.  OpenCL C contracts
+ * a*b+c into an FMA only within one expression (FP_CONTRACT ON), so giving
+ * the MUL its own variable would round the product separately and change
+ * the kernel's numbers; the user, one or two operators up, takes the
+ * variable instead.
+ */
+static bool keeps_fma(const rctx *c, const kex_uop *u) {
+  const kex_uop *v = sole_user(c, u);
+  if (!v || !kex_dtype_is_float(u->dtype.dt)) return false;
+  if (alu_op(u) == KEX_OP_MUL) return contracts(v) || (alu_op(v) == KEX_OP_NEG && contracts(sole_user(c, v)));
+  return alu_op(u) == KEX_OP_NEG && alu_op(u->vin[0]) == KEX_OP_MUL && contracts(v);
+}
+
+/* How deep brackets ((), [] and {}) nest in s: what clang's -fbracket-depth counts. */
+static uint32_t bracket_depth(const char *s) {
+  uint32_t d = 0, m = 0;
+  for (; *s; s++) {
+    if (*s == '(' || *s == '[' || *s == '{') {
+      if (++d > m) m = d;
+    } else if ((*s == ')' || *s == ']' || *s == '}') && d) {
+      d--;
+    }
+  }
+  return m;
+}
+
+/*
+ * u's value val, inlined where it is used when may_inline allows it, it is
+ * used at most once, and it is short (INLINE_MAX) and its brackets nest at
+ * most NEST_MAX deep (keeps_fma's MUL and NEG stay inlined past both, by
+ * at most two operators: their user takes the variable); otherwise a
+ * variable <prefix>N (N from *counter) of u's dtype defined here.  Returns
+ * what stands for u.
  */
 static const char *inline_or_var(rctx *c, const kex_uop *u, const char *val, bool may_inline, const char *prefix,
                                  int *counter) {
-  if (may_inline && c->children[u->id] <= 1 && strlen(val) <= INLINE_MAX) return val;
+  if (may_inline && c->children[u->id] <= 1 &&
+      ((strlen(val) <= INLINE_MAX && bracket_depth(val) <= NEST_MAX) || keeps_fma(c, u)))
+    return val;
   const char *nm = fmt(c, "%s%d", prefix, (*counter)++);
   kk(c, "%s %s = %s;", type_name(c, u->dtype), nm, val);
   return nm;
@@ -552,9 +606,13 @@ int kex_render_cstyle(int dialect, const char *name, const kex_uop_graph *g, cha
   *src = NULL;
   c.r = kex_calloc(g->n ? g->n : 1, sizeof *c.r);
   c.children = kex_calloc(g->n ? g->n : 1, sizeof *c.children);
-  if (!c.r || !c.children) goto oom;
+  c.user = kex_calloc(g->n ? g->n : 1, sizeof *c.user);
+  if (!c.r || !c.children || !c.user) goto oom;
   for (uint32_t i = 0; i < g->nlinear; i++) {
-    for (uint32_t j = 0; j < g->linear[i]->nvin; j++) c.children[g->linear[i]->vin[j]->id]++;
+    for (uint32_t j = 0; j < g->linear[i]->nvin; j++) {
+      c.children[g->linear[i]->vin[j]->id]++;
+      c.user[g->linear[i]->vin[j]->id] = g->linear[i];
+    }
     if (g->linear[i]->dtype.vec && g->linear[i]->dtype.dt == KEX_DT_FLOAT16) c.uses_half = true;
   }
   swap_loops(&c);
@@ -609,6 +667,7 @@ out:
   kex_free(c.body.p);
   kex_free(c.r);
   kex_free(c.children);
+  kex_free(c.user);
   kex_arena_destroy(&c.arena);
   return rc;
 }

@@ -12,9 +12,16 @@
 
 #include <stdint.h>
 
-#define KEX_MAX_DIMS 16                       /* hard: dims of any shape (ShapeTracker arrays) */
+/*
+ * hard: dims of any shape (the ShapeTracker's fixed arrays, a few KiB of
+ * stack per call).  tinygrad reshapes to 2 * ndim dims in Tensor.repeat
+ * (which _pool calls when a kernel is larger than its stride), and to
+ * ndim + 2 * k for k pooled dims when _pool splits the stride: test_ops'
+ * repeat of 6 dims reaches 12, its conv3d 11.
+ */
+#define KEX_MAX_DIMS 16
 #define KEX_LIMIT_NODES (1u << 20)            /* default: nodes per graph */
-#define KEX_LIMIT_DIMS 8                      /* default: dims per shape (<= KEX_MAX_DIMS) */
+#define KEX_LIMIT_DIMS KEX_MAX_DIMS           /* default: dims per shape (<= KEX_MAX_DIMS) */
 #define KEX_LIMIT_ELEMENTS (1ll << 32)        /* default: elements of one node's shape (product of its
                                                  non-zero dims), and the largest |STRIDE| */
 #define KEX_LIMIT_INLINE_BYTES (256ll << 20)  /* default: total inline BUFFER data bytes */
@@ -31,19 +38,21 @@
 #define KEX_LIMIT_DEPTH 4096
 /*
  * default: the depth of one kernel's AST (STORE down to its deepest
- * LOAD/CONST, each level one node).  The renderers inline single-use ops
- * into one expression, nesting up to two brackets per level (MULACC renders
- * "((a*b)+c)"), and clang (PoCL's OpenCL compiler) refuses more than 256
- * nested brackets (-fbracket-depth): a MULACC chain compiles at AST depth 129
- * and fails at 130.  100 levels are at most ~200 brackets plus the store's
- * few.  The deepest kernel of ../shared/cases is 24 levels.
+ * LOAD/CONST, each level one node).  An abuse guard only: the renderers give
+ * a value its own variable before its expression nests NEST_MAX brackets
+ * (codegen/render.c), so the compiler sees bounded nesting at any depth, and
+ * no pass over an AST (scheduler, lowering, renderer) recurses on it
+ * (test_codegen renders one this deep on a 256 KiB stack).  With the other defaults it never binds (an AST is at most
+ * max_kernel_ops + 1 and max_depth + 1 levels deep); it bounds the depth when
+ * those are raised.  The deepest kernel of ../shared/cases is 24 levels.
  */
-#define KEX_LIMIT_KERNEL_DEPTH 100
+#define KEX_LIMIT_KERNEL_DEPTH 10000
 /*
  * default: operations in one kernel's AST (ALU, cast, reduce and STORE
  * nodes; a sub-AST shared within the kernel counts once).  Compile time grows
- * with it (a 100,000-op kernel takes ~25 s, under the device's build lock);
- * the largest kernel of ../shared/cases has 33.
+ * faster than linearly with it, under the device's build lock; a chain of
+ * max_depth elementwise ops fits, and the largest kernel of ../shared/cases
+ * has 33.
  */
 #define KEX_LIMIT_KERNEL_OPS 4096
 

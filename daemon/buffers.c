@@ -122,8 +122,8 @@ static int upload_header(upload *u, kexd_job *job, const Kex__V1__UploadHeader *
     return -1;
   }
   if (h->n_shape > maxd) {
-    upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED, "Upload: shape has %zu dims, more than the limit of %u",
-                h->n_shape, maxd);
+    upload_fail(u, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                "Upload: shape has %zu dims, more than the limit of %u (--max-dims)", h->n_shape, maxd);
     return -1;
   }
   for (size_t i = 0; i < h->n_shape; i++) {

@@ -155,6 +155,11 @@ static const flag flags[] = {
    "buffers one job may hold (uploads and outputs), and so the handles one Free may name"},
   {"max-submits-per-job", "N", FLAG_U32, F(max_submits_per_job), 1, 1 << 20, 0, 0, false, NULL,
    "Submit calls one job may have in flight"},
+  {"max-kept-graphs", "N", FLAG_U32, F(max_kept_graphs), 1, 1 << 20, 0, 0, false, NULL,
+   "graphs one job keeps on kexd (Submit keep_as, named again by graph_ref); past it the job's least recently "
+   "used one goes"},
+  {"max-kept-graph-bytes", "BYTES", FLAG_U64, F(max_kept_graph_bytes), 1, INT64_MAX, 0, 0, false, NULL,
+   "bytes of the graphs one job keeps; a larger graph is not kept (RESOURCE_EXHAUSTED)"},
   {"max-beam", "N", FLAG_U32, F(max_beam), 1, KEX_BEAM_MAX_WIDTH, 0, 0, false, NULL,
    "the widest beam a Submit or Tune may ask for"},
   {"job-memory-max", "BYTES", FLAG_U64, F(job_memory_max), 1, INT64_MAX, 0, 0, false, NULL,
@@ -162,7 +167,8 @@ static const flag flags[] = {
   /* graphs */
   {"max-nodes", "N", FLAG_U32, LIM(max_nodes), 1, INT_MAX, 0, 0, false, "graphs",
    "nodes per graph"},
-  {"max-dims", "N", FLAG_U32, LIM(max_dims), 0, KEX_MAX_DIMS, 0, 0, false, NULL, "dims per shape"},
+  {"max-dims", "N", FLAG_U32, LIM(max_dims), 0, KEX_MAX_DIMS, 0, 0, false, NULL,
+   "dims per shape, at most 16 (tinygrad's repeat and conv reshape through up to 12)"},
   {"max-elements", "N", FLAG_I64, LIM(max_elements), 1, INT64_MAX, 0, 0, false, NULL,
    "elements of one node's shape (the product of its non-zero dims)"},
   {"max-inline-bytes", "BYTES", FLAG_I64, LIM(max_inline_bytes), 0, INT64_MAX, 0, 0, false, NULL,
@@ -173,7 +179,8 @@ static const flag flags[] = {
   {"max-depth", "N", FLAG_U32, LIM(max_depth), 1, UINT32_MAX, 0, 0, false, NULL,
    "nodes on the longest dependency chain of a graph"},
   {"max-kernel-depth", "N", FLAG_U32, LIM(max_kernel_depth), 1, UINT32_MAX, 0, 0, false, NULL,
-   "AST depth of one kernel (OpenCL compilers refuse deep bracket nesting); CONTIGUOUS splits a deeper chain"},
+   "AST depth of one kernel, an abuse guard (deep expressions render through variables); CONTIGUOUS splits a "
+   "deeper chain"},
   {"max-kernel-ops", "N", FLAG_U32, LIM(max_kernel_ops), 1, UINT32_MAX, 0, 0, false, NULL,
    "ALU, cast, reduce and store operations in one kernel (bounds compile time)"},
   /* the cache and downloads */
@@ -346,6 +353,8 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->compile_slots = KEXD_DEFAULT_COMPILE_SLOTS;
   cfg->kernel_time_limit_s = KEXD_DEFAULT_KERNEL_TIME_LIMIT_S;
   cfg->max_submits_per_job = KEXD_LIMIT_SUBMITS_PER_JOB;
+  cfg->max_kept_graphs = KEXD_LIMIT_KEPT_GRAPHS;
+  cfg->max_kept_graph_bytes = KEXD_LIMIT_KEPT_GRAPH_BYTES;
   cfg->max_tunes_per_device = KEXD_LIMIT_TUNES_PER_DEVICE;
   cfg->max_beam = KEXD_LIMIT_BEAM;
   cfg->test_fault_kind = -1;

@@ -34,6 +34,7 @@
 #include "core/alloc.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "daemon/kept.h"
 
 #define JOBS_SWEEP_MIN_MS 100
 #define JOBS_SWEEP_MAX_MS 1000
@@ -41,6 +42,7 @@
 static void job_free(kexd_job *job) {
   if (!job) return;
   kex_dict_free(&job->buf_index);
+  kexd_kept_free_all(job);
   kex_free(job->bufs);
   kex_free(job->name);
   kex_free(job->peer);

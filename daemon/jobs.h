@@ -105,6 +105,9 @@ typedef struct kexd_job {
   struct kexd_jobs *table; /* the table it is in (its hash key) */
   uint64_t bytes_held;     /* sum of bufs[i]->bytes */
   uint64_t bytes_reserved; /* uploads accepted but not yet on the device */
+  struct kexd_kept *kept;  /* graphs it keeps (kept.c), unordered */
+  uint32_t nkept, capkept;
+  uint64_t kept_bytes, kept_clock;
   /* HoldJob: while held the lease never ends it; on_close (when set) runs once as the job is closed */
   bool held;
   void (*on_close)(void *ud);

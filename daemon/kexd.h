@@ -53,6 +53,8 @@
 #define KEXD_DEFAULT_KERNEL_TIME_LIMIT_S 10.0 /* seconds one kernel may run (0: none) */
 #define KEXD_LIMIT_PEM_BYTES (1u << 20)      /* bytes of one --tls-cert, --tls-key or --tls-client-ca file */
 #define KEXD_LIMIT_SUBMITS_PER_JOB 16        /* Submit calls in flight per job */
+#define KEXD_LIMIT_KEPT_GRAPHS 64            /* graphs one job keeps (Submit keep_as) */
+#define KEXD_LIMIT_KEPT_GRAPH_BYTES (64u << 20) /* bytes of the graphs one job keeps */
 #define KEXD_LIMIT_TUNES_PER_DEVICE 4        /* Tune calls at once per device */
 #define KEXD_LIMIT_BEAM 16                   /* the widest beam a Submit or Tune may ask for */
 
@@ -66,6 +68,8 @@ typedef struct kexd_config {
   const char *auth;              /* --auth / KEX_AUTH: the tenants file (auth.c); NULL: no tokens checked */
   bool insecure;                 /* --insecure: allow a non-loopback --listen without --auth and TLS */
   uint32_t max_submits_per_job;  /* Submit calls in flight per job */
+  uint32_t max_kept_graphs;      /* graphs one job keeps (Submit keep_as; least recently used go first) */
+  uint64_t max_kept_graph_bytes; /* bytes of the graphs one job keeps */
   uint32_t max_tunes_per_device; /* Tune calls at once per device */
   uint32_t max_beam;             /* the widest beam a Submit or Tune may ask for */
   const char *fleet_cache;       /* --fleet-cache / KEX_FLEET_CACHE: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], or NULL */

@@ -104,7 +104,8 @@ static int node_from_pb(kex_graph *g, uint32_t idx, const Kex__V1__Node *pn, con
   if (pn->n_shape && !gop_is_input(n.op)) NODE_FAIL(KEX_EINVAL, "unexpected field \"shape\"");
   if (gop_is_input(n.op)) {
     uint32_t maxd = lim->max_dims < KEX_MAX_DIMS ? lim->max_dims : KEX_MAX_DIMS;
-    if (pn->n_shape > maxd) NODE_FAIL(KEX_ELIMIT, "shape has %zu dims, more than the limit of %u", pn->n_shape, maxd);
+    if (pn->n_shape > maxd)
+      NODE_FAIL(KEX_ELIMIT, "shape has %zu dims, more than the limit of %u (--max-dims)", pn->n_shape, maxd);
     n.ndim = (uint8_t)pn->n_shape;
     n.shape = pn->shape;
   }

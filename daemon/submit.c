@@ -95,6 +95,8 @@
 #include <time.h>
 
 #include "core/codec.h"
+#include "daemon/kept.h"
+#include "proto/pballoc.h"
 #include "daemon/submit.h"
 #include "daemon/work.h"
 #include "sched/schedule.h"
@@ -669,7 +671,26 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   int dev, rc;
   double t0 = kexd_now_us();
   uint64_t tr0 = m->trace ? kex_trace_now_us() : 0; /* the request is decoded by now */
+  Kex__V1__Graph *kept = NULL; /* graph_ref's graph with the bindings: m->graph until decoded */
+  kex_error kerr;
   d->submissions++;
+  if (m->graph_ref && *m->graph_ref) {
+    if (m->graph) {
+      d->submissions_failed++;
+      kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: graph and graph_ref go alone (one or the other)");
+      goto out;
+    }
+    if (!(kept = kexd_kept_bind(job, m, &kerr))) {
+      d->submissions_failed++;
+      kexd_call_failf(c, kex_err_grpc_status(kerr.code), "%s", kerr.msg);
+      goto out;
+    }
+    m->graph = kept;
+  } else if (m->n_bindings) {
+    d->submissions_failed++;
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: bindings need a graph_ref");
+    goto out;
+  }
   if (!m->graph) {
     d->submissions_failed++;
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: missing graph");
@@ -724,6 +745,11 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   if (s->trace) kex_trace_span(s->trace, "daemon", "request", "decode (protobuf)", NULL, tdec, tr0);
   sub_span(s, "daemon", "request", "validate + graph from protobuf", NULL, tr0);
   structure_key(m->graph, s->device, &s->beam, key);
+  if (m->keep_as && *m->keep_as && !kept &&
+      (rc = kexd_kept_put(job, m->keep_as, m->graph, d->cfg.max_kept_graphs, d->cfg.max_kept_graph_bytes, &kerr)) < 0) {
+    sub_fail(s, kex_err_grpc_status(rc), "%s", kerr.msg);
+    goto out;
+  }
   plan *p = plan_cache_find(S, key);
   sub_span(s, "daemon", "plan", p ? "structure cache: hit" : "structure cache: miss", NULL, SUB_TRACE_NOW(s));
   if (p) {
@@ -762,6 +788,10 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   kexd_stream_pump(&s->st);
   sub_queue_work(s, build_work, build_after);
 out:
+  if (kept) { /* the request does not own it */
+    m->graph = NULL;
+    protobuf_c_message_free_unpacked(&kept->base, &kex_pb_allocator);
+  }
   if (s) kexd_stream_unref(&s->st); /* may free s */
 }
 

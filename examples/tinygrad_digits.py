@@ -126,7 +126,7 @@ def train(device=None, steps=300, batch=64, seed=0, lr=3e-3, eval_every=25, prog
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--device", help="tinygrad device (default: Device.DEFAULT; KEX: kexd, via kex.tinygrad)")
+  ap.add_argument("--device", help="tinygrad device (default: Device.DEFAULT; KEX or KEX:<kexd device>: kexd, via kex.tinygrad)")
   ap.add_argument("--server", help="kexd address for --device KEX (default: $KEX_SERVER)")
   ap.add_argument("--steps", type=int, default=300)
   ap.add_argument("--batch", type=int, default=64)
@@ -134,7 +134,7 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--quiet", action="store_true", help="no progress bar, only the final line")
   args = ap.parse_args(argv)
-  if (args.device or "").upper() == "KEX" or (args.device is None and os.environ.get("KEX") == "1"):
+  if (args.device or "").split(":")[0].upper() == "KEX" or (args.device is None and os.environ.get("KEX") == "1"):
     install_kex(args.server)
   device = args.device or Device.DEFAULT
   r = train(device, steps=args.steps, batch=args.batch, seed=args.seed, lr=args.lr, progress=not args.quiet)

@@ -111,8 +111,8 @@ static int check_shape(uint32_t idx, const char *opname, const char *what, uint3
   char sb[SHAPE_STR_MAX];
   int64_t nonzero, n;
   if (ndim > limit_dims(lim))
-    return kex_err_set(err, KEX_ELIMIT, "node %u (%s): %s has %u dims, more than the limit of %u", idx, opname, what,
-                       ndim, limit_dims(lim));
+    return kex_err_set(err, KEX_ELIMIT, "node %u (%s): %s has %u dims, more than the limit of %u (max_dims)", idx,
+                       opname, what, ndim, limit_dims(lim));
   if (ndim && !shape) return kex_err_set(err, KEX_EINVAL, "node %u (%s): %s is missing", idx, opname, what);
   for (uint32_t i = 0; i < ndim; i++)
     if (shape[i] < 0)
@@ -780,7 +780,7 @@ static int json_node(kex_graph *g, uint32_t idx, const json_t *jn, const kex_lim
   if ((v = json_object_get(jn, "shape"))) {
     if ((rc = json_int_list(idx, op, "shape", v, false, &shape, &cnt, err)) < 0) goto out;
     if (cnt > limit_dims(lim))
-      JFAIL(KEX_ELIMIT, "shape has %u dims, more than the limit of %u", cnt, limit_dims(lim));
+      JFAIL(KEX_ELIMIT, "shape has %u dims, more than the limit of %u (max_dims)", cnt, limit_dims(lim));
     n.ndim = (uint8_t)cnt;
     n.shape = shape;
   } else if (allowed & F_SHAPE) {

@@ -1,13 +1,18 @@
 """kexdtest.py - what the kexd integration scripts (test_*.py) share.
 
-The counters and their output ("ok - ...", "FAIL - ...", and last "N passed,
-N failed", which the .sh wrappers add up), calling an RPC and keeping its
-error, a free 127.0.0.1 port, waiting for a kexd to answer health SERVING,
-and running a script's main so that a crash of the test itself is one failed
-check, never a silent pass.  The generated stubs are on sys.path already
-(KEX_STUBS) when this is imported.
+The counters and their output ("ok - ...", "FAIL - ...", "skip - ...", and
+last "N passed, N failed", which the .sh wrappers add up), calling an RPC and
+keeping its error, a free 127.0.0.1 port, starting a kexd of a test's own
+(launch, start_kexd, Kexd: its own port and log, PoCL cache in the scratch
+folder, KEX_METRICS=off from lib.bash unless the test says otherwise) and
+stopping it, waiting for a kexd to answer health SERVING, a JSON graph
+(graph-format.md) as a kex.v1 Graph, and running a script's main so that a
+crash of the test itself is one failed check, never a silent pass.  The
+generated stubs are on sys.path already (KEX_STUBS) when this is imported.
 """
+import base64
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +41,11 @@ def check(name, cond, detail=""):
     return cond
 
 
+def skip(name, why):
+    """A check that cannot run here, with the reason (not counted)."""
+    print(f"skip - {name}: {why}")
+
+
 def rpc_error(fn, *args, **kw):
     """The grpc.RpcError fn raises, or None when it succeeds."""
     try:
@@ -50,8 +60,6 @@ def desc(e):
     if e is None:
         return "no error"
     return f"{e.code()} {e.details()}" if isinstance(e, grpc.RpcError) else repr(e)[:300]
-
-
 
 
 def wait_healthy(port, proc=None, timeout=10.0):
@@ -80,24 +88,88 @@ def wait_healthy(port, proc=None, timeout=10.0):
     return False
 
 
-def start_kexd(kexd, tmp, *args, timeout=20.0):
-    """(proc, port, healthy) of `kexd --listen 127.0.0.1:PORT *args`, logging to tmp/kexd-PORT.log."""
+def launch(kexd, tmp, *args, env=None, log=None, **popen):
+    """(proc, port) of `kexd --listen 127.0.0.1:PORT *args` on a free port, not waited for.
+
+    Its output goes to log (default tmp/kexd-PORT.log; proc.log is the path), PoCL's cache to tmp/pocl, and
+    its environment is this one (KEX_METRICS=off from lib.bash) updated by env, where a value None removes the
+    variable.  popen: more subprocess.Popen arguments (preexec_fn, ...)."""
     port = free_port()
-    env = dict(os.environ, POCL_CACHE_DIR=os.path.join(tmp, "pocl"))
-    with open(os.path.join(tmp, f"kexd-{port}.log"), "w") as log:
-        proc = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", *args], stdout=log,
-                                stderr=subprocess.STDOUT, env=env)
+    log = log or os.path.join(tmp, f"kexd-{port}.log")
+    e = dict(os.environ, POCL_CACHE_DIR=os.path.join(tmp, "pocl"))
+    for k, v in (env or {}).items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    with open(log, "w") as f:
+        proc = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", *args], stdout=f,
+                                stderr=subprocess.STDOUT, env=e, **popen)
+    proc.log = log
+    return proc, port
+
+
+def start_kexd(kexd, tmp, *args, timeout=20.0, **kw):
+    """(proc, port, healthy) of launch(kexd, tmp, *args, **kw), waited for until it answers health SERVING."""
+    proc, port = launch(kexd, tmp, *args, **kw)
     return proc, port, wait_healthy(port, proc, timeout)
 
 
-def stop(proc):
-    """SIGTERM, then the exit status (SIGKILL after 20 s)."""
+def stop(proc, timeout=20):
+    """SIGTERM, then the exit status (SIGKILL after timeout seconds)."""
     proc.terminate()
     try:
-        return proc.wait(timeout=20)
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def exit_status(proc, timeout):
+    """proc's exit status, or None when it still runs after timeout seconds."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def sigterm(proc, timeout=10):
+    """SIGTERM, then (exit status or None after timeout seconds, the seconds it took)."""
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    return exit_status(proc, timeout), time.time() - t0
+
+
+def read_log(proc):
+    """What the kexd launch() started has written to its log so far."""
+    with open(proc.log, errors="replace") as f:
+        return f.read()
+
+
+def log_clean(text):
+    """True when a kexd's output holds no sanitizer report and no crash."""
+    return not any(w in text for w in ("AddressSanitizer", "LeakSanitizer", "runtime error", "Segmentation", "Aborted"))
+
+
+class Kexd:
+    """A kexd of a test's own: launch()'s process (.proc, .port, .log_path), stopped as one check."""
+
+    def __init__(self, kexd, tmp, *args, **kw):
+        self.proc, self.port = launch(kexd, tmp, *args, **kw)
+        self.log_path = self.proc.log
+
+    def read_log(self):
+        return read_log(self.proc)
+
+    def wait_healthy(self, timeout=20.0):
+        return wait_healthy(self.port, self.proc, timeout)
+
+    def stop(self):
+        """SIGTERM; one check: exit 0 within 30 s and a log without a sanitizer report or crash."""
+        rc = stop(self.proc, timeout=30)
+        log = self.read_log()
+        check(f"kexd (port {self.port}) exits 0 at SIGTERM, no sanitizer report or crash",
+              rc == 0 and log_clean(log), f"rc {rc}; {log[-2000:]}")
 
 
 def add_graph():
@@ -109,6 +181,61 @@ def add_graph():
         n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
         return n
     return kex_pb2.Graph(device="cpu", nodes=[buf(1.5), buf(2.0), kex_pb2.Node(op="ADD", src=[0, 1])], outputs=[2])
+
+
+# ---- JSON graph (graph-format.md) -> protobuf ----
+
+def scalar(v):
+    from kex.v1 import kex_pb2
+    if isinstance(v, bool):
+        return kex_pb2.Scalar(bool_value=v)
+    if isinstance(v, int):
+        return kex_pb2.Scalar(int_value=v)
+    if isinstance(v, float):
+        return kex_pb2.Scalar(float_value=v)
+    return kex_pb2.Scalar(special=v)
+
+
+def node_pb(n):
+    from kex.v1 import kex_pb2
+    p = kex_pb2.Node(op=n["op"], src=n.get("src", []), dtype=n.get("dtype", ""), shape=n.get("shape", []),
+                     axis=n.get("axis", []), device=n.get("device", ""))
+    if "arg" in n:
+        a = n["arg"]
+        if n["op"] in ("RESHAPE", "EXPAND"):
+            p.new_shape.values.extend(a)
+            p.new_shape.SetInParent()
+        elif n["op"] == "PERMUTE":
+            p.order.values.extend(a)
+            p.order.SetInParent()
+        elif n["op"] in ("PAD", "SHRINK"):
+            p.pairs.pairs.extend(kex_pb2.Pair(first=x, second=y) for x, y in a)
+            p.pairs.SetInParent()
+        elif n["op"] == "STRIDE":
+            p.strides.values.extend(a)
+            p.strides.SetInParent()
+    if "value" in n:
+        p.value.CopyFrom(scalar(n["value"]))
+    if "data" in n:
+        p.data = base64.b64decode(n["data"])
+    if "fill" in n:
+        f = n["fill"]
+        if "random" in f:
+            p.fill_random = f["random"]
+        elif "arange" in f:
+            p.fill_arange = f["arange"]
+        else:
+            p.fill_value.CopyFrom(scalar(f["value"]))
+    if "buffer" in n:
+        p.buffer = n["buffer"]
+    return p
+
+
+def graph_pb(g, device=None):
+    """A JSON graph as a kex.v1 Graph, on device (default: the graph's own "device", else kexd's default)."""
+    from kex.v1 import kex_pb2
+    return kex_pb2.Graph(format=g.get("format", ""), device=g.get("device", "") if device is None else device,
+                         nodes=[node_pb(n) for n in g["nodes"]], outputs=g["outputs"])
 
 
 def run(main, name):

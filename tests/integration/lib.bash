@@ -1,7 +1,8 @@
 # lib.bash - the shared start of the kexd integration scripts (sourced, not run):
-# strict mode, the repository root as cwd, ok/bad/finish counters whose last line is
-# "N passed, N failed", the kexd binary ($kexd), a temp dir ($tmp) cleaned up on exit
-# (killing $pid if still running), Python stubs in $tmp, and a free 127.0.0.1 port ($port).
+# strict mode, the repository root as cwd, ok/bad/skip/finish counters whose last line is
+# "N passed, N failed", the kexd binary ($kexd; $KEXD overrides), a temp dir ($tmp) cleaned up on
+# exit (killing $pid and $pid2 if still running), Python stubs in $tmp, a free 127.0.0.1 port
+# ($port), and the one way the scripts start and stop their kexd: start_kexd, stop_kexd, end_kexd.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -29,25 +30,29 @@ passed=0
 failed=0
 ok() { passed=$((passed + 1)); echo "ok - $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL - $1"; }
+skip() { echo "skip - $1"; }
 finish() {
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
   exit $?
 }
 
-kexd=""
+kexd=${KEXD:-}
 for c in "$build/daemon/kexd" "$build/kexd"; do
-  if [ -x "$c" ]; then kexd=$c; break; fi
+  if [ -z "$kexd" ] && [ -x "$c" ]; then kexd=$c; fi
 done
-if [ -z "$kexd" ]; then
-  bad "kexd is built ($build/daemon/kexd not found)"
+if [ -z "$kexd" ] || [ ! -x "$kexd" ]; then
+  bad "kexd is built (${kexd:-$build/daemon/kexd} not found)"
   finish
 fi
 
 tmp=$(mktemp -d)
-pid=""
+pid=""  # the kexd start_kexd started
+pid2="" # a second one some scripts start themselves
 cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
+  for p in $pid $pid2; do
+    if kill -0 "$p" 2>/dev/null; then kill -KILL "$p" 2>/dev/null; fi
+  done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -86,6 +91,52 @@ PYEOF
     cat "$tmp/kexd.log"
     finish
   fi
+}
+
+# launch_kexd ARGS...: kexd --listen 127.0.0.1:$port ARGS in the background ($pid), its output in
+# $tmp/kexd.log, PoCL's cache in $tmp/pocl (unless POCL_CACHE_DIR is set).  Not waited for.
+launch_kexd() {
+  POCL_CACHE_DIR=${POCL_CACHE_DIR:-$tmp/pocl} "$kexd" --listen "127.0.0.1:$port" "$@" >"$tmp/kexd.log" 2>&1 &
+  pid=$!
+}
+
+# start_kexd ARGS...: launch_kexd ARGS, then need_healthy (one check; the script finishes if it fails).
+start_kexd() {
+  launch_kexd "$@"
+  need_healthy
+}
+
+# stop_kexd [NAME]: SIGTERM to the kexd started as $pid, and one check that it exits 0 ("kexd NAME exits
+# 0 at SIGTERM"; SIGKILL after 30 s; the end of its log shown on failure).
+stop_kexd() {
+  local rc
+  kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 1 300); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid"
+  rc=$?
+  pid=""
+  if [ "$rc" -eq 0 ]; then ok "kexd${1:+ $1} exits 0 at SIGTERM"; else
+    bad "kexd${1:+ $1} exits 0 at SIGTERM (rc $rc)"
+    tail -n 40 "$tmp/kexd.log" | sed 's/^/# /'
+  fi
+}
+
+# end_kexd: the end of a script whose checks the kexd of start_kexd served: one check that it still
+# runs (it never exits on bad input), stop_kexd, and check_logs_clean.
+end_kexd() {
+  if kill -0 "$pid" 2>/dev/null; then
+    ok "kexd is still running after every check (it never exits on bad input)"
+    stop_kexd
+  else
+    bad "kexd is still running after every check"
+    wait "$pid"
+    pid=""
+  fi
+  check_logs_clean
 }
 
 # check_logs_clean: one check that no kexd log in $tmp holds a sanitizer report or a crash (the reports shown).

@@ -86,9 +86,7 @@ expect "text access log: one line per RPC with method, tenant, peer, status and 
   'info  access method=GetStats tenant=- peer=ipv4:127\.0\.0\.1 status=OK ms=[0-9.]+' "$(cat "$tmp/kexd.log")"
 expect "the health check is access-logged too" 'access method=Check tenant=- peer=ipv4:127\.0\.0\.1 status=OK' \
   "$(cat "$tmp/kexd.log")"
-kill -TERM "$pid"
-wait "$pid"
-pid=""
+stop_kexd "--insecure on 0.0.0.0"
 
 # ---- certificates for the TLS + auth kexd ----
 if openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj "/CN=kex auth test CA" \

@@ -26,50 +26,13 @@
 #
 # Env: KEX_BUILD_DIR (default build), KEXD (default $KEX_BUILD_DIR/daemon/kexd),
 # KEX_CASES_DIR (default ../shared/cases).  Last line: "N passed, N failed".
-set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-PY=/usr/bin/python3
-build=${KEX_BUILD_DIR:-build}
-case "$build" in /*) ;; *) build="$root/$build" ;; esac
-cases=${KEX_CASES_DIR:-$root/../shared/cases}
+. "$(dirname "$0")/lib.bash"
 kex=$build/kex
-kexd=${KEXD:-$build/daemon/kexd}
 unset KEX_SERVER KEX_JOB KEX_TOKEN
-export KEX_METRICS=off # its kexds serve no metrics (two of them would share the default port)
-
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL - $1"; }
-skip() { echo "skip - $1"; }
-finish() {
-  echo "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit $?
-}
-
 [ -x "$kex" ] || { bad "kex is built ($kex)"; finish; }
-[ -x "$kexd" ] || { bad "kexd is built ($kexd)"; finish; }
 
-tmp=$(mktemp -d)
-pid=""
-pid2="" # the kexd on :50051, while it runs
-cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
-  if [ -n "$pid2" ] && kill -0 "$pid2" 2>/dev/null; then kill -KILL "$pid2" 2>/dev/null; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # its own beam cache file, so tune/cache never see the user's cache
-"$kexd" --listen "127.0.0.1:$port" --grace 2 --cache "$tmp/cache.db" >"$tmp/kexd.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 100); do
-  $PY -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2)' "$port" 2>/dev/null && break
-  sleep 0.1
-done
+start_kexd --grace 2 --cache "$tmp/cache.db"
 S=(--server "127.0.0.1:$port")
 
 # run CMD...: stdout -> $tmp/out, stderr -> $tmp/err, exit code -> $rc
@@ -496,13 +459,5 @@ if [ "$rc" = 0 ] && grep -q "^output 0: float32 (10,) " "$tmp/out" && grep -q "^
 run "$kex" plan "$tmp/bad.json"
 if [ "$rc" = 2 ]; then ok "in-process plan of an invalid graph: exit 2"; else bad "in-process plan of an invalid graph: exit 2"; fi
 
-if kill -0 "$pid" 2>/dev/null; then
-  kill -TERM "$pid"
-  wait "$pid"
-  rc=$?
-  pid=""
-  if [ "$rc" = 0 ]; then ok "kexd exits 0 at SIGTERM"; else bad "kexd exits 0 at SIGTERM"; fi
-else
-  bad "kexd is still running after the checks"
-fi
+end_kexd
 finish

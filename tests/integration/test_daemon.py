@@ -3,8 +3,9 @@
 Run by test_daemon.sh, which starts the kexd under test and passes, in the
 environment: KEXD (the binary), KEXD_PORT (where it listens, started with
 --max-message KEXD_MAX_MESSAGE), KEX_STUBS (a folder with the generated
-kex/v1/kex_pb2*.py and health_pb2*.py), KEX_CASES_DIR (the scheduler cases).
-Some checks start their own kexd (second on the same port, SIGTERM, lease).
+kex/v1/kex_pb2*.py and health_pb2*.py), KEX_CASES_DIR (the scheduler cases),
+KEXD_TMP (a scratch folder).  Some checks start their own kexd (second on the
+same port, SIGTERM, lease, --plan-warm-bytes; kexdtest, logs in KEXD_TMP).
 Prints one line per check ("ok - ..." / "FAIL - ...") and, last,
 "N passed, N failed".  Exit status 1 when anything failed.
 """
@@ -13,11 +14,9 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.environ["KEX_STUBS"])
@@ -26,87 +25,19 @@ import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from kexdtest import check, free_port, rpc_error, run, wait_healthy  # noqa: E402
+import kexdtest  # noqa: E402
+from kexdtest import check, exit_status, graph_pb, launch, rpc_error, run, sigterm, stop, wait_healthy  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 PORT = int(os.environ["KEXD_PORT"])
 MAX_MESSAGE = int(os.environ["KEXD_MAX_MESSAGE"])
 CASES_DIR = os.environ["KEX_CASES_DIR"]
+TMP = os.environ["KEXD_TMP"]
 CHANNEL_OPTS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
-
-
-
-
-
-
-
-
-
 def start_kexd(*args):
-    port = free_port()
-    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    ok = wait_healthy(port, proc)
-    return proc, port, ok
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-# ---- JSON graph (graph-format.md) -> protobuf ----
-
-def scalar(v):
-    if isinstance(v, bool):
-        return kex_pb2.Scalar(bool_value=v)
-    if isinstance(v, int):
-        return kex_pb2.Scalar(int_value=v)
-    if isinstance(v, float):
-        return kex_pb2.Scalar(float_value=v)
-    return kex_pb2.Scalar(special=v)
-
-
-def node_pb(n):
-    p = kex_pb2.Node(op=n["op"], src=n.get("src", []), dtype=n.get("dtype", ""), shape=n.get("shape", []),
-                     axis=n.get("axis", []), device=n.get("device", ""))
-    if "arg" in n:
-        a = n["arg"]
-        if n["op"] in ("RESHAPE", "EXPAND"):
-            p.new_shape.values.extend(a)
-            p.new_shape.SetInParent()
-        elif n["op"] == "PERMUTE":
-            p.order.values.extend(a)
-            p.order.SetInParent()
-        elif n["op"] in ("PAD", "SHRINK"):
-            p.pairs.pairs.extend(kex_pb2.Pair(first=x, second=y) for x, y in a)
-            p.pairs.SetInParent()
-        elif n["op"] == "STRIDE":
-            p.strides.values.extend(a)
-            p.strides.SetInParent()
-    if "value" in n:
-        p.value.CopyFrom(scalar(n["value"]))
-    if "data" in n:
-        p.data = base64.b64decode(n["data"])
-    if "fill" in n:
-        f = n["fill"]
-        if "random" in f:
-            p.fill_random = f["random"]
-        elif "arange" in f:
-            p.fill_arange = f["arange"]
-        else:
-            p.fill_value.CopyFrom(scalar(f["value"]))
-    if "buffer" in n:
-        p.buffer = n["buffer"]
-    return p
-
-
-def graph_pb(g):
-    return kex_pb2.Graph(format=g.get("format", ""), device=g.get("device", ""),
-                         nodes=[node_pb(n) for n in g["nodes"]], outputs=g["outputs"])
+    return kexdtest.start_kexd(KEXD, TMP, *args)
 
 
 def plan_warm_checks():
@@ -119,14 +50,10 @@ def plan_warm_checks():
     variants = [("off", ["--plan-warm-bytes", "0"]), ("64 MiB", ["--plan-warm-bytes", str(64 << 20)]),
                 ("1 byte", ["--plan-warm-bytes", "1"]),
                 ("64 MiB, worker pool", ["--plan-warm-bytes", str(64 << 20), "--plan-inline-nodes", "0"])]
-    tmp = tempfile.mkdtemp(prefix="kex-warm-")
     replies, logs = {}, {}
     for label, args in variants:
-        port = free_port()
-        logs[label] = os.path.join(tmp, f"kexd-{port}.log")
-        with open(logs[label], "w") as log:
-            proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", "--log", "debug", "--metrics", "off",
-                                     "--device", "opencl,cpu", *args], stdout=log, stderr=subprocess.STDOUT)
+        proc, port = launch(KEXD, TMP, "--log", "debug", "--metrics", "off", "--device", "opencl,cpu", *args)
+        logs[label] = proc.log
         try:
             if not check(f"kexd --plan-warm-bytes ({label}) starts", wait_healthy(port, proc)):
                 return
@@ -146,11 +73,7 @@ def plan_warm_checks():
                             out.append(f"{e.code()} {e.details()}".encode())
             replies[label] = out
             ch.close()
-            proc.terminate()
-            try:
-                rc = proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                rc = None
+            rc, _ = sigterm(proc, timeout=20)
             check(f"kexd --plan-warm-bytes ({label}) exits 0 at SIGTERM (under ASan: nothing leaked)", rc == 0,
                   f"rc {rc}")
         finally:
@@ -267,10 +190,11 @@ def main():
     e = rpc_error(kex.Plan, kex_pb2.PlanRequest(job=job, graph=bad), timeout=5)
     check("a source that is not earlier: INVALID_ARGUMENT naming node 1",
           e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT and "node 1" in e.details(), repr(e))
-    bad = graph_pb({"nodes": [{"op": "EMPTY", "dtype": "float32", "shape": [2] * 9}], "outputs": [0]})
+    bad = graph_pb({"nodes": [{"op": "EMPTY", "dtype": "float32", "shape": [2] * 17}], "outputs": [0]})
     e = rpc_error(kex.Plan, kex_pb2.PlanRequest(job=job, graph=bad), timeout=5)
-    check("9 dims (limit 8): RESOURCE_EXHAUSTED naming node 0",
-          e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "node 0" in e.details(), repr(e))
+    check("17 dims (limit 16): RESOURCE_EXHAUSTED naming node 0 and --max-dims",
+          e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "node 0" in e.details() and
+          "(--max-dims)" in e.details(), repr(e))
     plan_raw = ch.unary_unary("/kex.v1.Kex/Plan")
     e = rpc_error(plan_raw, b"\xff\xff\xff\xff", timeout=5)
     check("Plan of bytes that are not a PlanRequest: INVALID_ARGUMENT",
@@ -367,10 +291,7 @@ def main():
             rest = [m.status for m in watch]
         except grpc.RpcError as e:
             err = e
-        try:
-            rc = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = exit_status(proc, 10)
         took = time.time() - t0
         check("SIGTERM: the in-flight Watch stream gets NOT_SERVING and ends OK",
               first.status == health_pb2.HealthCheckResponse.SERVING and err is None
@@ -402,10 +323,7 @@ def main():
             res = f"{r.kernels} kernels"
         except grpc.RpcError as e:
             res = f"{e.code()} {e.details()}"
-        try:
-            rc = proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = exit_status(proc, 15)
         check(f"SIGTERM during a Plan: the Plan finishes ({res}) and kexd exits 0", rc == 0 and "kernels" in res,
               f"rc {rc}")
         ch3.close()
@@ -431,11 +349,7 @@ def main():
         s = k4.GetStats(kex_pb2.GetStatsRequest(), timeout=5)
         check("GetStats counts the expired job", s.jobs_expired == 1 and s.jobs_open == 1, str(s))
         ch4.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc, _ = sigterm(proc)
         check("kexd --lease 1 exits 0 at SIGTERM", rc == 0, f"rc {rc}")
     stop(proc)
 

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from kexdtest import check, desc, free_port, rpc_error, run, start_kexd, stop  # noqa: E402
+from kexdtest import check, desc, launch, rpc_error, run, start_kexd, stop  # noqa: E402
 import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
@@ -114,12 +114,10 @@ def tls_fleet(tmp):
     creds = grpc.ssl_channel_credentials(open(cert, "rb").read())
     try:
         for name in ("node-t1", "node-t2"):
-            port = free_port()
-            with open(os.path.join(tmp, f"{name}.log"), "w") as log:
-                procs.append(subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--metrics",
-                                               "off", "--grace", "1", "--cache", os.path.join(tmp, f"{name}.db"),
-                                               "--node-name", name, "--tls-cert", cert, "--tls-key", key, "--auth",
-                                               auth], stdout=log, stderr=subprocess.STDOUT))
+            proc, port = launch(KEXD, tmp, "--device", "cpu", "--metrics", "off", "--grace", "1", "--cache",
+                                os.path.join(tmp, f"{name}.db"), "--node-name", name, "--tls-cert", cert, "--tls-key",
+                                key, "--auth", auth, log=os.path.join(tmp, f"{name}.log"))
+            procs.append(proc)
             addrs.append(f"127.0.0.1:{port}")
             check(f"{name} answers health over TLS", tls_healthy(addrs[-1], creds, procs[-1]))
         target = ",".join(addrs)

@@ -21,8 +21,8 @@ memory return to where they started.
 """
 import os
 import resource
-import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -33,7 +33,8 @@ import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from kexdtest import check, desc, free_port, rpc_error, run  # noqa: E402
+import kexdtest  # noqa: E402
+from kexdtest import check, desc, rpc_error, run  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 TMP = os.environ["KEXD_TMP"]
@@ -42,29 +43,21 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
 
-
-
-
-
-
-class Kexd:
-    """A kexd on a free port with extra flags; nofile: its descriptor limit (soft and hard)."""
+class Kexd(kexdtest.Kexd):
+    """A kexd on a free port (cpu, a cache file of its own) with extra flags; nofile: its descriptor limit
+    (soft and hard).  Waits until it answers health, else raises."""
 
     count = 0
 
     def __init__(self, *flags, nofile=None):
         Kexd.count += 1
-        self.port = free_port()
-        self.log_path = os.path.join(TMP, f"kexd-{Kexd.count}.log")
-        self.log = open(self.log_path, "w")
 
         def limit():
             if nofile:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        args = [KEXD, "--listen", f"127.0.0.1:{self.port}", "--device", "cpu",
-                "--cache", os.path.join(TMP, f"cache-{Kexd.count}.db"), *flags]
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=limit)
+        super().__init__(KEXD, TMP, "--device", "cpu", "--cache", os.path.join(TMP, f"cache-{Kexd.count}.db"), *flags,
+                         preexec_fn=limit)
         self.channel = None
         if not self.wait_healthy(15 if not ASAN else 60):
             raise RuntimeError(f"kexd {' '.join(flags)} did not become healthy:\n{self.read_log()}")
@@ -80,16 +73,6 @@ class Kexd:
             except grpc.RpcError as e:
                 return e.code()
 
-    def wait_healthy(self, seconds):
-        end = time.time() + seconds
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                return False
-            if self.health(0.5) == health_pb2.HealthCheckResponse.SERVING:
-                return True
-            time.sleep(0.1)
-        return False
-
     def fds(self):
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
@@ -99,12 +82,6 @@ class Kexd:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1])
         return 0
-
-    def read_log(self):
-        if not self.log.closed:
-            self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()
 
     def raw(self, method, data, timeout=5):
         """Call /kex.v1.Kex/METHOD with raw request bytes; the reply bytes, or the RpcError."""
@@ -117,17 +94,7 @@ class Kexd:
     def stop(self):
         if self.channel:
             self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.log.close()
-        log = self.read_log()
-        check(f"kexd (port {self.port}) exits 0 at SIGTERM, no sanitizer report or crash",
-              rc == 0 and not any(w in log for w in ("AddressSanitizer", "runtime error", "LeakSanitizer")),
-              f"rc {rc}; {log[-2000:]}")
+        super().stop()
 
 
 def code_and(e, code, *words):
@@ -450,11 +417,21 @@ def limits():
     check("a 100,000-node chain is RESOURCE_EXHAUSTED naming the depth limit (4096), within 10 s",
           code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "4096") and time.time() - t0 < 10,
           f"{desc(e)} after {time.time() - t0:.1f} s")
-    e = rpc_error(submit, k, a, chain(250))
-    check("a 250-op fused chain is refused naming the kernel depth limit (it would not compile on OpenCL)",
-          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), desc(e))
+    ev = submit(k, a, chain(1000))
+    done = ev[-1].done if ev and ev[-1].HasField("done") else None
+    check("a 1,000-op chain runs fused in one kernel under the default limits (1 + 1000 * 1 = 1001)",
+          done is not None and len(done.kernels) == 1 and done.outputs[0].data == struct.pack("<4f", *[1001.0] * 4),
+          str(done)[:300])
     ev = rpc_error(submit, k, a, chain(250, contiguous_every=50))
-    check("the same chain split by CONTIGUOUS every 50 ops runs", ev is None, desc(ev))
+    check("a chain split by CONTIGUOUS every 50 ops runs", ev is None, desc(ev))
+    # the default --max-dims is the hard maximum, 16 (tinygrad's repeat and conv reach 12)
+    ev = rpc_error(submit, k, a, kex_pb2.Graph(device="cpu", nodes=[node("BUFFER", dtype="float32", shape=[1] * 16,
+                                                                         fill=1.0), node("NEG", src=[0])], outputs=[1]))
+    check("a 16-dim graph runs under the default --max-dims", ev is None, desc(ev))
+    e = rpc_error(submit, k, a, kex_pb2.Graph(device="cpu", nodes=[node("BUFFER", dtype="float32", shape=[1] * 17,
+                                                                        fill=1.0), node("NEG", src=[0])], outputs=[1]))
+    check("a 17-dim one is RESOURCE_EXHAUSTED naming the limit",
+          code_and(e, grpc.StatusCode.RESOURCE_EXHAUSTED, "17 dims, more than the limit of 16 (--max-dims)"), desc(e))
     check("kexd still serves after every hostile input", k.health() == health_pb2.HealthCheckResponse.SERVING)
     ev = submit(k, a, add_graph())
     check("and a+b still runs", ev and ev[-1].HasField("done"))
@@ -706,6 +683,15 @@ def graph_limits():
     def data(nbytes):
         return kex_pb2.Node(op="BUFFER", dtype="uint8", shape=[nbytes], data=b"\1" * nbytes)
 
+    def both_sides(sides, what, naming):
+        """Each (flag, word, under, over) of sides: `under` is planned, `over` is RESOURCE_EXHAUSTED naming word."""
+        for flag, word, under, over in sides:
+            e = plan(*under)
+            check(f"{flag}: {what} at the limit is planned", e is None, desc(e))
+            e = plan(*over)
+            check(f"{flag}: one over is RESOURCE_EXHAUSTED naming {naming.format(word)}",
+                  e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and word in e.details(), desc(e))
+
     sides = [
         ("--max-nodes 8", "nodes", (chain(8), [7]), (chain(9), [8])),
         ("--max-outputs 2", "outputs", (chain(3), [1, 2]), (chain(3), [0, 1, 2])),
@@ -715,13 +701,29 @@ def graph_limits():
          ([node("BUFFER", dtype="float32", shape=[1025], fill=1.0)], [0])),
         ("--max-inline-bytes 64", "bytes", ([data(64)], [0]), ([data(65)], [0])),
     ]
-    for flag, word, under, over in sides:
-        e = plan(*under)
-        check(f"{flag}: a graph at the limit is planned", e is None, desc(e))
-        e = plan(*over)
-        check(f"{flag}: one over is RESOURCE_EXHAUSTED naming the {word} limit",
-              e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and word in e.details(), desc(e))
+    both_sides(sides, "a graph", "the {} limit")
     check("kexd still serves", k.health() == health_pb2.HealthCheckResponse.SERVING)
+    k.stop()
+
+    # the kernel limits: unary(n) (BUFFER, then n - 1 NEGs and EXP2s in turn: NEG of NEG would cancel) is a kernel
+    # n + 1 levels deep with n operations; tree(7) and tree(8) are 5 levels deep with 7 and 8 operations
+    k = Kexd("--max-kernel-depth", "5", "--max-kernel-ops", "7")
+    j = open_job(k, name="kernel-limits")
+
+    def unary(n):
+        return [node("BUFFER", dtype="float32", shape=[4], fill=1.0)] + \
+            [node("EXP2" if i % 2 else "NEG", src=[i]) for i in range(n - 1)]
+
+    def tree(ops):
+        nodes = [node("BUFFER", dtype="float32", shape=[4], fill=1.0), node("NEG", src=[0]), node("EXP2", src=[0]),
+                 node("ADD", src=[1, 2]), node("LOG2", src=[0])]
+        nodes += [node("ADD", src=[4, 0]), node("ADD", src=[3, 5])] if ops == 7 else \
+            [node("SIN", src=[0]), node("ADD", src=[4, 5]), node("ADD", src=[3, 6])]
+        return nodes, [len(nodes) - 1]
+
+    sides = [("--max-kernel-depth 5", "(max_kernel_depth)", (unary(4), [3]), (unary(5), [4])),
+             ("--max-kernel-ops 7", "(max_kernel_ops)", tree(7), tree(8))]
+    both_sides(sides, "a kernel", "{}")
     k.stop()
 
 

@@ -9,55 +9,12 @@
 # Env: KEX_BUILD_DIR (default build: $KEX_BUILD_DIR/daemon/kexd and
 # $KEX_BUILD_DIR/client/libkex_test), KEX_CASES_DIR (default ../shared/cases).
 # The last line of the output is "N passed, N failed"; exit 1 on any failure.
-set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-PY=/usr/bin/python3
-build=${KEX_BUILD_DIR:-build}
-case "$build" in /*) ;; *) build="$root/$build" ;; esac
-cases=${KEX_CASES_DIR:-$root/../shared/cases}
-
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL - $1"; }
-finish() {
-  echo "$passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit $?
-}
-
-kexd=${KEXD:-$build/daemon/kexd}
+. "$(dirname "$0")/lib.bash"
 testprog=$build/client/libkex_test
-[ -x "$kexd" ] || { bad "kexd is built ($kexd not found)"; finish; }
 [ -x "$testprog" ] || { bad "libkex_test is built ($testprog not found)"; finish; }
 
-tmp=$(mktemp -d)
-pid=""
-cleanup() {
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # its own beam cache file: Tune's results never touch the user's cache, and a first tune really searches
-"$kexd" --listen "127.0.0.1:$port" --metrics off --grace 2 --cache "$tmp/cache.db" >"$tmp/kexd.log" 2>&1 &
-pid=$!
-up=0
-for _ in $(seq 1 100); do
-  if $PY -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2)' "$port" 2>/dev/null; then
-    up=1
-    break
-  fi
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [ "$up" = 1 ]; then ok "kexd listens on 127.0.0.1:$port"; else
-  bad "kexd listens on 127.0.0.1:$port"
-  cat "$tmp/kexd.log"
-  finish
-fi
+start_kexd --grace 2 --cache "$tmp/cache.db"
 
 timeout 300 "$testprog" "127.0.0.1:$port" "$cases" | tee "$tmp/test.out"
 rc=${PIPESTATUS[0]}
@@ -104,19 +61,5 @@ else
   tail -n 20 "$tmp/install.log"
 fi
 
-if kill -0 "$pid" 2>/dev/null; then
-  kill -TERM "$pid"
-  wait "$pid"
-  rc=$?
-  pid=""
-  if [ "$rc" -eq 0 ]; then ok "kexd exits 0 at SIGTERM"; else bad "kexd exits 0 at SIGTERM (rc $rc)"; fi
-else
-  bad "kexd is still running after the test program"
-fi
-if grep -qiE 'AddressSanitizer|runtime error|Segmentation|Aborted' "$tmp/kexd.log"; then
-  bad "kexd log is free of sanitizer reports and crashes"
-  cat "$tmp/kexd.log"
-else
-  ok "kexd log is free of sanitizer reports and crashes"
-fi
+end_kexd
 finish

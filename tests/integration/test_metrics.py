@@ -13,9 +13,7 @@ metrics port or a malformed address makes kexd exit 1 naming it.  Prints
 import http.client
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -25,7 +23,8 @@ import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from kexdtest import add_graph, check, desc, free_port, rpc_error, run, wait_healthy  # noqa: E402
+import kexdtest  # noqa: E402
+from kexdtest import add_graph, check, desc, exit_status, free_port, rpc_error, run, wait_healthy  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 KEXD = os.environ["KEXD"]
@@ -34,28 +33,16 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 SVC = "/kex.v1.Kex/"
 
 
-class Kexd:
-    """A kexd on a free gRPC port with extra flags (and environment); not waited for."""
+class Kexd(kexdtest.Kexd):
+    """A kexd on a free gRPC port (cpu, a cache file of its own) with extra flags and environment, and the
+    default metrics address unless it says otherwise (KEX_METRICS unset); not waited for."""
 
     count = 0
 
     def __init__(self, *flags, env=None):
         Kexd.count += 1
-        self.port = free_port()
-        self.log_path = os.path.join(TMP, f"kexd-metrics-{Kexd.count}.log")
-        self.log = open(self.log_path, "w")
-        e = dict(os.environ)
-        e.pop("KEX_METRICS", None)
-        e.update(env or {})
-        self.proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{self.port}", "--device", "cpu", "--cache",
-                                      os.path.join(TMP, f"cache-metrics-{Kexd.count}.db"), *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=e)
-
-    def read_log(self):
-        if not self.log.closed:
-            self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()
+        super().__init__(KEXD, TMP, "--device", "cpu", "--cache", os.path.join(TMP, f"cache-metrics-{Kexd.count}.db"),
+                         *flags, env={"KEX_METRICS": None, **(env or {})})
 
     def listening_ports(self):
         """The TCP ports this process listens on (its socket inodes matched against /proc/net/tcp{,6})."""
@@ -76,18 +63,15 @@ class Kexd:
                         ports.add(int(cols[1].split(":")[1], 16))
         return ports
 
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.log.close()
-        log = self.read_log()
-        check(f"kexd (port {self.port}) exits 0 at SIGTERM, no sanitizer report or crash",
-              rc == 0 and not any(w in log for w in ("AddressSanitizer", "runtime error", "LeakSanitizer")),
-              f"rc {rc}; {log[-2000:]}")
+
+def start_refused(k):
+    """The exit status of a kexd that should refuse to start: within 30 s, else "still running" (then killed)."""
+    rc = exit_status(k.proc, 30)
+    if rc is None:
+        k.proc.kill()
+        k.proc.wait()
+        rc = "still running"
+    return rc
 
 
 def http_get(port, path="/metrics", method="GET"):
@@ -308,11 +292,7 @@ def main_off_env_taken():
     taken.listen(1)
     tport = taken.getsockname()[1]
     k = Kexd("--metrics", f"127.0.0.1:{tport}")
-    try:
-        rc = k.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        k.proc.kill()
-        rc = "still running"
+    rc = start_refused(k)
     log = k.read_log()
     check("a taken metrics port: kexd exits 1 naming the address and the reason",
           rc == 1 and f"127.0.0.1:{tport}" in log and "in use" in log, f"rc {rc}; {log[-1500:]}")
@@ -321,11 +301,7 @@ def main_off_env_taken():
 
     for bad in ("nonsense", "127.0.0.1:", "127.0.0.1:notaport"):
         k = Kexd("--metrics", bad)
-        try:
-            rc = k.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            k.proc.kill()
-            rc = "still running"
+        rc = start_refused(k)
         log = k.read_log()
         check(f"--metrics {bad!r}: kexd exits 1 naming it", rc == 1 and bad in log, f"rc {rc}; {log[-800:]}")
 

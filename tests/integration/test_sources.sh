@@ -19,10 +19,7 @@
 kex="$build/kex"
 devices="cpu,opencl"
 mkdir -p "$tmp/dump" "$tmp/g" "$tmp/pocl"
-POCL_CACHE_DIR="$tmp/pocl" KEX_DUMP_SOURCES="$tmp/dump" "$kexd" --listen "127.0.0.1:$port" --device "$devices" \
-  --schedule-cache 0 --cache "$tmp/cache.db" >"$tmp/kexd.log" 2>&1 &
-pid=$!
-need_healthy
+KEX_DUMP_SOURCES="$tmp/dump" start_kexd --device "$devices" --schedule-cache 0 --cache "$tmp/cache.db"
 
 # every case's graph as its own file
 every=${KEX_SOURCES_EVERY:-6}
@@ -67,11 +64,7 @@ for dev in ${devices//,/ }; do
 done
 
 if kill -0 "$pid" 2>/dev/null; then
-  kill -TERM "$pid"
-  wait "$pid"
-  rc=$?
-  pid=""
-  if [ "$rc" -eq 0 ]; then ok "kexd exits 0 at SIGTERM"; else bad "kexd exits 0 at SIGTERM (rc $rc)"; sed 's/^/# /' "$tmp/kexd.log" | tail -20; fi
+  stop_kexd
 else
   bad "kexd was still running after every case"
   pid=""

@@ -25,11 +25,10 @@ import time
 sys.path.insert(0, os.environ["KEX_STUBS"])
 
 import grpc  # noqa: E402
-import health_pb2  # noqa: E402
-import health_pb2_grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from ports import free_port  # noqa: E402
+import kexdtest  # noqa: E402
+from kexdtest import check, desc, graph_pb, skip, stop  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 PORT = int(os.environ["KEXD_PORT"])
@@ -38,121 +37,14 @@ TMP = os.environ["KEXD_TMP"]
 CASES = os.environ["KEX_CASES_DIR"]
 CHANNEL_OPTS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
-passed = 0
-failed = 0
-
 NP_DTYPES = {"bool": np.bool_, "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
              "int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
              "float16": np.float16, "float32": np.float32, "float64": np.float64}
 
 
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok - {name}")
-    else:
-        failed += 1
-        print(f"FAIL - {name}{': ' + detail if detail else ''}")
-    sys.stdout.flush()
-    return cond
-
-
-def skip(name, why):
-    print(f"skip - {name}: {why}")
-
-
-def desc(e):
-    return "no error" if e is None else f"{e.code()} {e.details()}"
-
-
-
-
-def wait_healthy(port, proc=None, timeout=30.0):
-    """True once 127.0.0.1:port answers health SERVING; False at timeout or when proc exits.  A fresh channel
-    per try: one channel would back off (1 s, 1.6 s, 2.6 s, ...) after connecting before kexd listens."""
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc is not None and proc.poll() is not None:
-            return False
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            try:
-                if health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.RpcError:
-                pass
-        time.sleep(0.05)
-    return False
-
-
 def start_kexd(*args, env=None):
     """A kexd of its own on a free port (env: extra environment variables); (process, port, healthy)."""
-    port = free_port()
-    log = open(os.path.join(TMP, f"kexd-{port}.log"), "w")
-    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", *args], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
-    return proc, port, wait_healthy(port, proc)
-
-
-def stop(proc):
-    proc.terminate()
-    try:
-        return proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
-# ---- JSON graph (graph-format.md) -> protobuf (as test_daemon.py) ----
-
-def scalar(v):
-    if isinstance(v, bool):
-        return kex_pb2.Scalar(bool_value=v)
-    if isinstance(v, int):
-        return kex_pb2.Scalar(int_value=v)
-    if isinstance(v, float):
-        return kex_pb2.Scalar(float_value=v)
-    return kex_pb2.Scalar(special=v)
-
-
-def node_pb(n):
-    p = kex_pb2.Node(op=n["op"], src=n.get("src", []), dtype=n.get("dtype", ""), shape=n.get("shape", []),
-                     axis=n.get("axis", []), device=n.get("device", ""))
-    if "arg" in n:
-        a = n["arg"]
-        if n["op"] in ("RESHAPE", "EXPAND"):
-            p.new_shape.values.extend(a)
-            p.new_shape.SetInParent()
-        elif n["op"] == "PERMUTE":
-            p.order.values.extend(a)
-            p.order.SetInParent()
-        elif n["op"] in ("PAD", "SHRINK"):
-            p.pairs.pairs.extend(kex_pb2.Pair(first=x, second=y) for x, y in a)
-            p.pairs.SetInParent()
-        elif n["op"] == "STRIDE":
-            p.strides.values.extend(a)
-            p.strides.SetInParent()
-    if "value" in n:
-        p.value.CopyFrom(scalar(n["value"]))
-    if "data" in n:
-        p.data = base64.b64decode(n["data"])
-    if "fill" in n:
-        f = n["fill"]
-        if "random" in f:
-            p.fill_random = f["random"]
-        elif "arange" in f:
-            p.fill_arange = f["arange"]
-        else:
-            p.fill_value.CopyFrom(scalar(f["value"]))
-    if "buffer" in n:
-        p.buffer = n["buffer"]
-    return p
-
-
-def graph_pb(g, device):
-    return kex_pb2.Graph(format=g.get("format", ""), device=device, nodes=[node_pb(n) for n in g["nodes"]],
-                         outputs=g["outputs"])
+    return kexdtest.start_kexd(KEXD, TMP, *args, env=env, timeout=30)
 
 
 def submit(kex, job, graph, timeout=60, **kw):
@@ -834,9 +726,7 @@ def main():
                 bad.append(f)
     check("the extra kexds' logs are free of sanitizer reports and crashes", not bad, ", ".join(bad))
     ch.close()
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kexdtest.run(main, "test_submit.py")

@@ -9,44 +9,8 @@
 # KEX_CASES_DIR (default ../shared/cases from the repository root).
 # The last line of the output is "N passed, N failed"; exit 1 on any failure.
 . "$(dirname "$0")/lib.bash"
-cache="$tmp/cache.db"
-POCL_CACHE_DIR="$tmp/pocl" "$kexd" --listen "127.0.0.1:$port" --max-message "$max_message" --grace 2 --device cpu,opencl \
-  --cache "$cache" >"$tmp/kexd.log" 2>&1 &
-pid=$!
-
-need_healthy
-
-KEXD_CACHE="$cache" POCL_CACHE_DIR="$tmp/pocl" KEXD_TMP="$tmp" KEXD="$kexd" KEXD_PORT="$port" KEXD_MAX_MESSAGE="$max_message" KEX_STUBS="$tmp" KEX_CASES_DIR="$cases" \
-  $PY tests/integration/test_submit.py | tee "$tmp/py.out"
-last=$(tail -n 1 "$tmp/py.out")
-if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-  passed=$((passed + BASH_REMATCH[1]))
-  failed=$((failed + BASH_REMATCH[2]))
-else
-  bad "test_submit.py printed its closing line (got: $last)"
-fi
-
-if kill -0 "$pid" 2>/dev/null; then
-  ok "kexd is still running after every check (it never exits on bad input)"
-  kill -TERM "$pid"
-  rc=""
-  for _ in $(seq 1 100); do
-    if ! kill -0 "$pid" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
-  wait "$pid"
-  rc=$?
-  pid=""
-  if [ "$rc" -eq 0 ]; then ok "kexd exits 0 at SIGTERM"; else bad "kexd exits 0 at SIGTERM (rc $rc)"; fi
-else
-  bad "kexd is still running after every check"
-  wait "$pid"
-  pid=""
-fi
-if grep -qiE 'AddressSanitizer|runtime error|Segmentation|Aborted' "$tmp/kexd.log"; then
-  bad "kexd log is free of sanitizer reports and crashes"
-  cat "$tmp/kexd.log"
-else
-  ok "kexd log is free of sanitizer reports and crashes"
-fi
+start_kexd --max-message "$max_message" --grace 2 --device cpu,opencl --cache "$tmp/cache.db"
+run_py test_submit.py KEXD_CACHE="$tmp/cache.db" POCL_CACHE_DIR="$tmp/pocl" KEXD_TMP="$tmp" KEXD="$kexd" KEXD_PORT="$port" \
+  KEXD_MAX_MESSAGE="$max_message" KEX_CASES_DIR="$cases"
+end_kexd
 finish

@@ -41,11 +41,10 @@ else
   finish
 fi
 
-# start_kexd ARGS...: kexd on $addr with ARGS; waits until a TLS client with the CA (and the client
-# certificate, which a server without --tls-client-ca ignores) is served, else fails and finishes.
-start_kexd() {
-  "$kexd" --listen "$addr" --cache "$tmp/cache.db" --device cpu --grace 1 "$@" >"$tmp/kexd.log" 2>&1 &
-  pid=$!
+# start_tls_kexd ARGS...: kexd on $addr with ARGS (launch_kexd); waits until a TLS client with the CA (and the
+# client certificate, which a server without --tls-client-ca ignores) is served, else fails and finishes.
+start_tls_kexd() {
+  launch_kexd --cache "$tmp/cache.db" --device cpu --grace 1 "$@"
   for _ in $(seq 1 100); do
     [ "$($probe stubs "$addr" --ca "$tmp/ca.pem" --cert "$tmp/client.pem" --key "$tmp/client.key" 2>>"$tmp/probe.err")" = SERVED ] && return 0
     kill -0 "$pid" 2>/dev/null || break
@@ -55,20 +54,13 @@ start_kexd() {
   cat "$tmp/kexd.log"
   finish
 }
-stop_kexd() {
-  kill -TERM "$pid"
-  wait "$pid"
-  local rc=$?
-  pid=""
-  if [ "$rc" -eq 0 ]; then ok "kexd $1 exits 0 at SIGTERM"; else bad "kexd $1 exits 0 at SIGTERM (rc $rc)"; cat "$tmp/kexd.log"; fi
-}
 # expect WHAT PATTERN OUTPUT: one check that OUTPUT matches the extended regex PATTERN
 expect() {
   if [[ "$3" =~ $2 ]]; then ok "$1"; else bad "$1 (got: $3)"; fi
 }
 
 # ---- TLS ----
-start_kexd --tls-cert "$tmp/server.pem" --tls-key "$tmp/server.key"
+start_tls_kexd --tls-cert "$tmp/server.pem" --tls-key "$tmp/server.key"
 expect "TLS: a client with the CA is served health SERVING and OpenJob" '^SERVED$' "$($probe stubs "$addr" --ca "$tmp/ca.pem" 2>>"$tmp/probe.err")"
 if grep -q "TLS" "$tmp/kexd.log" && ! grep -q "client certificates required" "$tmp/kexd.log"; then
   ok "TLS: kexd's start line says TLS"
@@ -91,7 +83,7 @@ if [ "$rc" != 0 ] && grep -q "client_key" <<<"$out"; then ok "kex --client-cert 
 stop_kexd "with TLS"
 
 # ---- mutual TLS (the certificate and key from the environment) ----
-KEX_TLS_CERT="$tmp/server.pem" KEX_TLS_KEY="$tmp/server.key" start_kexd --tls-client-ca "$tmp/ca.pem"
+KEX_TLS_CERT="$tmp/server.pem" KEX_TLS_KEY="$tmp/server.key" start_tls_kexd --tls-client-ca "$tmp/ca.pem"
 if grep -q "client certificates required" "$tmp/kexd.log"; then ok "mTLS: kexd's start line says client certificates are required"; else bad "mTLS: kexd's start line"; cat "$tmp/kexd.log"; fi
 expect "mTLS: a client with a certificate signed by the CA is served" '^SERVED$' \
   "$($probe stubs "$addr" --ca "$tmp/ca.pem" --cert "$tmp/client.pem" --key "$tmp/client.key" 2>>"$tmp/probe.err")"

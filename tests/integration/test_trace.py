@@ -21,7 +21,7 @@ sys.path.insert(0, os.environ["KEX_STUBS"])
 
 import grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from kexdtest import check, free_port, run, wait_healthy  # noqa: E402
+from kexdtest import check, launch, log_clean, read_log, run, stop, wait_healthy  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 TMP = os.environ["KEXD_TMP"]
@@ -69,10 +69,7 @@ def well_formed(doc, label):
 
 
 def main():
-    port = free_port()
-    log = open(os.path.join(TMP, "kexd-trace.log"), "w")
-    proc = subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--cache",
-                             os.path.join(TMP, "trace-cache.db")], stdout=log, stderr=subprocess.STDOUT)
+    proc, port = launch(KEXD, TMP, "--device", "cpu", "--cache", os.path.join(TMP, "trace-cache.db"))
     try:
         if not check("kexd answers health", wait_healthy(port, proc)):
             return
@@ -149,13 +146,10 @@ def main():
         check("kex run --trace to an unwritable path fails naming it",
               r.returncode != 0 and bad_path in r.stderr, r.stderr[-300:])
     finally:
-        proc.terminate()
-        rc = proc.wait(timeout=20)
-        log.close()
-    text = open(os.path.join(TMP, "kexd-trace.log")).read()
+        rc = stop(proc)
+    text = read_log(proc)
     check("kexd exits 0 at SIGTERM", rc == 0, rc)
-    check("the kexd log is free of sanitizer reports",
-          not any(w in text for w in ("AddressSanitizer", "LeakSanitizer", "runtime error:")), text[-1500:])
+    check("the kexd log is free of sanitizer reports", log_clean(text), text[-1500:])
 
 
 run(main, "test_trace")

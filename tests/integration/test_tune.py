@@ -30,32 +30,12 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
 import kexdtest  # noqa: E402
-from kexdtest import stop, wait_healthy  # noqa: E402
-from ports import free_port  # noqa: E402
+from kexdtest import check, desc, launch, sigterm, skip, stop, wait_healthy  # noqa: E402
 
 KEXD = os.environ["KEXD"]
 PORT = int(os.environ["KEXD_PORT"])
 CACHE = os.environ["KEXD_CACHE"]
 TMP = os.environ["KEXD_TMP"]
-
-passed = 0
-failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok - {name}")
-    else:
-        failed += 1
-        print(f"FAIL - {name}{': ' + str(detail) if detail != '' else ''}")
-    sys.stdout.flush()
-    return cond
-
-
-def skip(name, why):
-    print(f"skip - {name}: {why}")
 
 
 def code_of(fn):
@@ -67,14 +47,19 @@ def code_of(fn):
     return None, None
 
 
-def desc(e):
-    return "no error" if e is None else f"{e.code()} {e.details()}"
-
-
-
-
 def start_kexd(*args):
     return kexdtest.start_kexd(KEXD, TMP, *args)
+
+
+def own_kexd(what, path, *args):
+    """A kexd of a check's own (device cpu, the cache file path, args): (proc, port, channel, stub) once it answers
+    health; else None, after one failed check WHAT."""
+    proc, port, up = start_kexd("--device", "cpu", "--cache", path, *args)
+    if not check(what, up):
+        stop(proc)
+        return None
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return proc, port, ch, kex_pb2_grpc.KexStub(ch)
 
 
 # ---- graphs ----
@@ -519,19 +504,25 @@ def check_sharing(kex, job):
     print(f"# Submit (cached, 8x8 rowsum) of another job during a cpu search: {took * 1e3:.0f} ms")
 
 
-def check_job_close_and_timeout(kex):
-    """CloseJob during a Tune stops it (NOT_FOUND); beam.timeout_ms bounds one kernel's search."""
-    job = open_job(kex, "closing")
+def tune_in_background(kex, job, graph, width):
+    """A Tune of graph on a thread of its own: (the thread, a dict that gets "e", the RpcError it ends with)."""
     err = {}
 
     def run():
         try:
-            list(kex.Tune(kex_pb2.TuneRequest(job=job, graph=g_matmul(n=40), beam=kex_pb2.BeamOptions(beam_width=4)),
+            list(kex.Tune(kex_pb2.TuneRequest(job=job, graph=graph, beam=kex_pb2.BeamOptions(beam_width=width)),
                           timeout=60))
         except grpc.RpcError as e:
             err["e"] = e
     th = threading.Thread(target=run)
     th.start()
+    return th, err
+
+
+def check_job_close_and_timeout(kex):
+    """CloseJob during a Tune stops it (NOT_FOUND); beam.timeout_ms bounds one kernel's search."""
+    job = open_job(kex, "closing")
+    th, err = tune_in_background(kex, job, g_matmul(n=40), 4)
     time.sleep(0.8)
     t0 = time.time()
     kex.CloseJob(kex_pb2.CloseJobRequest(job=job), timeout=5)
@@ -554,12 +545,10 @@ def check_job_close_and_timeout(kex):
 def check_kill9():
     """kill -9 in the middle of a Tune: the cache file opens, passes integrity_check, holds whole entries."""
     path = os.path.join(TMP, "kill9.db")
-    proc, port, up = start_kexd("--device", "cpu", "--cache", path)
-    if not check("kill -9: a second kexd starts", up):
-        proc.kill()
+    started = own_kexd("kill -9: a second kexd starts", path)
+    if not started:
         return
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    kex = kex_pb2_grpc.KexStub(ch)
+    proc, port, ch, kex = started
     job = open_job(kex, "k9")
     got = []
 
@@ -649,32 +638,17 @@ def check_shared_file():
 def check_drain():
     """SIGTERM during a Tune: the search is cancelled after the grace period and kexd exits 0."""
     path = os.path.join(TMP, "drain.db")
-    proc, port, up = start_kexd("--device", "cpu", "--cache", path, "--grace", "1")
-    if not check("drain: a kexd with --grace 1 starts", up):
-        proc.kill()
+    started = own_kexd("drain: a kexd with --grace 1 starts", path, "--grace", "1")
+    if not started:
         return
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    kex = kex_pb2_grpc.KexStub(ch)
+    proc, port, ch, kex = started
     job = open_job(kex, "d")
-    err = {}
-
-    def run():
-        try:
-            list(kex.Tune(kex_pb2.TuneRequest(job=job, graph=g_matmul(n=64), beam=kex_pb2.BeamOptions(
-                beam_width=4)), timeout=60))
-        except grpc.RpcError as e:
-            err["e"] = e
-    th = threading.Thread(target=run)
-    th.start()
+    th, err = tune_in_background(kex, job, g_matmul(n=64), 4)
     time.sleep(1.0)
-    t0 = time.time()
-    proc.terminate()
-    try:
-        rc = proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    rc, took = sigterm(proc, timeout=20)
+    if rc is None:
+        stop(proc)
         rc = "hung"
-    took = time.time() - t0
     th.join(10)
     ch.close()
     check("drain: SIGTERM mid-Tune, kexd exits 0 within the grace period plus one candidate",
@@ -730,12 +704,10 @@ def check_attack():
     path = os.path.join(TMP, "attack.db")
     marker = os.path.join(TMP, "attack-marker")
     want = np.arange(16, dtype=np.float32) + 2
-    proc, port, up = start_kexd("--device", "cpu", "--cache", path)
-    if not check("attack: a kexd starts on its own cache file", up):
-        proc.kill()
+    started = own_kexd("attack: a kexd starts on its own cache file", path)
+    if not started:
         return
-    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    kex = kex_pb2_grpc.KexStub(ch)
+    proc, port, ch, kex = started
     job_a, attacker = open_job(kex, "victim"), open_job(kex, "attacker")
     out, _ = submit_out(kex, job_a, g_add())
     check("attack: job A's a+b gives arange(16) + 2", out is not None and np.array_equal(out, want), out)
@@ -846,10 +818,7 @@ def check_new_file_race(rounds=20, tunes=3):
         path = os.path.join(TMP, f"race-{rnd}", "cache.db")
         procs = []
         for _ in range(2):
-            port = free_port()
-            log = open(os.path.join(TMP, f"race-{rnd}-{port}.log"), "w")
-            procs.append((subprocess.Popen([KEXD, "--listen", f"127.0.0.1:{port}", "--device", "cpu", "--cache", path],
-                                           stdout=log, stderr=subprocess.STDOUT), port))
+            procs.append(launch(KEXD, TMP, "--device", "cpu", "--cache", path))
         if not all(wait_healthy(port, p) for p, port in procs):
             bad.append(f"round {rnd}: a kexd did not start")
             for p, _ in procs:
@@ -887,6 +856,7 @@ def check_new_file_race(rounds=20, tunes=3):
           not bad, f"{len(bad)} failed: " + "; ".join(bad[:4]))
     print(f"# new-file race: {rounds} rounds of two kexds x {tunes} Tunes in {time.time() - t0:.1f} s")
 
+
 def main():
     t0 = time.time()
     ch = grpc.insecure_channel(f"127.0.0.1:{PORT}")
@@ -914,9 +884,7 @@ def main():
         except Exception as e:
             check(f"{fn.__name__} ran to the end", False, f"{type(e).__name__}: {e}")
     print(f"# test_tune.py took {time.time() - t0:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
-    main()
+    kexdtest.run(main, "test_tune.py")

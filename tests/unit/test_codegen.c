@@ -27,6 +27,7 @@
 #include <string.h>
 #include <math.h>
 #include <dirent.h>
+#include <pthread.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -690,6 +691,23 @@ static void test_movement(void **state) {
   check_graph(&b, "movement");
 }
 
+/*
+ * tinygrad's x.repeat(2, 4, 3, 3, 2, 2) of a (4, 6, 3) tensor (test_ops'
+ * test_repeat): reshape to 12 dims, expand, reshape to (2, 4, 3, 12, 12, 6),
+ * under the default limits (max_dims 16), then * 2 so a kernel computes it.
+ */
+static void test_repeat_12_dims(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 16);
+  int x = input(&b, KEX_DT_FLOAT32, 3, S(4, 6, 3), -1, 1);
+  int r = mov(&b, KEX_GOP_RESHAPE, x, 12, S(1, 1, 1, 1, 1, 1, 1, 4, 1, 6, 1, 3));
+  r = mov(&b, KEX_GOP_EXPAND, r, 12, S(2, 1, 4, 1, 3, 1, 3, 4, 2, 6, 2, 3));
+  r = mov(&b, KEX_GOP_RESHAPE, r, 6, S(2, 4, 3, 12, 12, 6));
+  output(&b, op2(&b, KEX_GOP_MUL, r, cnst(&b, KEX_DT_FLOAT32, 6, S(2, 4, 3, 12, 12, 6), kex_const_float(2))));
+  check_graph(&b, "repeat");
+}
+
 static void test_elementwise_4m(void **state) {
   (void)state;
   gb b;
@@ -902,6 +920,175 @@ static void test_render_group_reduce(void **state) {
   done(&p);
 }
 
+/*
+ * x = a, then `len` ops x = x*b, x + c, x*b, x - c, ... (MUL, ADD, MUL, SUB
+ * repeating) of float32[64] inputs: every MUL's one user is an ADD or SUB.
+ * With `exact`, a and c are small integers and b is +-1 (each cast from
+ * int32 inputs), so every value is exact in float32 and the reference
+ * interpreter's numbers are the device's to the bit, FMA or not.
+ */
+static void deep_chain(gb *b, int len, bool exact) {
+  int a, m, c;
+  if (exact) {
+    a = cast(b, KEX_GOP_CAST, input(b, KEX_DT_INT32, 1, S(64), -8, 8), KEX_DT_FLOAT32);
+    int bit = cast(b, KEX_GOP_CAST, input(b, KEX_DT_INT32, 1, S(64), 0, 2), KEX_DT_FLOAT32);
+    m = op2(b, KEX_GOP_SUB, op2(b, KEX_GOP_MUL, bit, cnst(b, KEX_DT_FLOAT32, 1, S(64), kex_const_float(2))),
+            cnst(b, KEX_DT_FLOAT32, 1, S(64), kex_const_float(1)));
+    c = cast(b, KEX_GOP_CAST, input(b, KEX_DT_INT32, 1, S(64), -4, 4), KEX_DT_FLOAT32);
+  } else {
+    a = input(b, KEX_DT_FLOAT32, 1, S(64), -1, 1);
+    m = input(b, KEX_DT_FLOAT32, 1, S(64), 0.9, 1.1);
+    c = input(b, KEX_DT_FLOAT32, 1, S(64), -0.1, 0.1);
+  }
+  int x = a;
+  for (int i = 0; i < len; i++) {
+    static const kex_gop ops[4] = {KEX_GOP_MUL, KEX_GOP_ADD, KEX_GOP_MUL, KEX_GOP_SUB};
+    x = op2(b, ops[i % 4], x, i % 2 ? c : m);
+  }
+  output(b, x);
+}
+
+/* How deep brackets nest in the deepest line of src (what clang's -fbracket-depth counts). */
+static int deepest_line(const char *src) {
+  int d = 0, m = 0;
+  for (const char *s = src; *s; s++) {
+    if (*s == '(' || *s == '[' || *s == '{') m = ++d > m ? d : m;
+    else if (*s == ')' || *s == ']' || *s == '}') d--;
+    else if (*s == '\n') d = 0;
+  }
+  return m;
+}
+
+/*
+ * The operator at the top of a variable's value in `line` ("float alu3 =
+ * ((x*y)+z);" -> '+'), 0 when there is none (a name, a call).
+ */
+static char top_operator(const char *line) {
+  const char *v = strstr(line, " = ");
+  if (!v) return 0;
+  v += 3;
+  size_t n = strcspn(v, ";");
+  int d = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i] == '(') d++;
+    else if (v[i] == ')') d--;
+    else if (d == 1 && strchr("+-*/", v[i]) && i > 1) return v[i];
+  }
+  return 0;
+}
+
+/*
+ * Deep expressions render through variables: the 1000-op chain's kernel
+ * (AST 1000+ levels) nests no line past render.c's NEST_MAX (64) plus a
+ * few, on both dialects, where inlining it whole would nest ~1000 brackets;
+ * a variable never holds a bare product whose user adds it (OpenCL C
+ * contracts a*b+c into an FMA only within one expression); a 40-op chain
+ * still renders as one expression, as tinygrad renders it.
+ */
+static void test_render_deep_chain(void **state) {
+  (void)state;
+  static const kex_renderer_caps *const caps[2] = {&kex_renderer_opencl, &kex_renderer_cpu};
+  static const int dialects[2] = {KEX_DIALECT_OPENCL, KEX_DIALECT_CPU};
+  for (int len = 40; len <= 1000; len += 960)
+    for (int d = 0; d < 2; d++) {
+      gb b;
+      gb_init(&b, 15);
+      b.lim.max_kernel_depth = (uint32_t)len + 16; /* whatever the default */
+      deep_chain(&b, len, false);
+      planned p;
+      kex_error err = {0};
+      if (plan(&p, b.g, &err)) fail_msg("%d ops: %s", len, err.msg);
+      assert_int_equal(p.s->nkernels, 1);
+      const kex_sched_item *it = NULL;
+      for (uint32_t i = 0; i < p.s->nitems; i++)
+        if (p.s->items[i].kind == KEX_ITEM_KERNEL) it = &p.s->items[i];
+      assert_true(it->ast[0]->depth > (uint32_t)len);
+      kex_program_src ps;
+      if (lower_item(&p, it, caps[d], dialects[d], true, NULL, &ps, &err)) fail_msg("%s", err.msg);
+      int vars = 0, deepest = deepest_line(ps.src);
+      for (const char *l = strstr(ps.src, "float"); l; l = strstr(l + 1, "float")) {
+        if (strncmp(l, "float alu", 9) != 0 && strncmp(l, "float4 alu", 10) != 0) continue; /* a float variable */
+        char op = top_operator(l);
+        if (op != '+' && op != '-') {
+          const char *eol = strchr(l, '\n');
+          fail_msg("%s, %d ops: a variable that is not an ADD/SUB:\n%.*s", dev_names[d], len,
+                   (int)(eol ? eol - l : (long)strlen(l)), l);
+        }
+        vars++;
+      }
+      if (len == 40 && (vars != 0 || deepest < 40)) fail_msg("%s: the 40-op chain split (%d variables, %d deep):\n%s", dev_names[d], vars, deepest, ps.src);
+      if (len == 1000 && (vars < 1000 / 64 || deepest > 64 + 8))
+        fail_msg("%s: the 1000-op chain has %d variables, a line %d brackets deep", dev_names[d], vars, deepest);
+      kex_program_src_free(&ps);
+      done(&p);
+    }
+}
+
+/*
+ * A chain of 1,000 elementwise ops under the default limits: one kernel,
+ * rendered, compiled (PoCL on opencl, gcc on cpu) and run, every value
+ * exact (deep_chain's integers), against the reference interpreter.
+ */
+static void test_deep_chain_1000(void **state) {
+  (void)state;
+  gb b;
+  gb_init(&b, 17);
+  deep_chain(&b, 1000, true);
+  planned p;
+  kex_error err = {0};
+  if (plan(&p, b.g, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(p.s->nkernels, 1);
+  p.g = NULL; /* check_graph plans b.g again */
+  done(&p);
+  check_graph(&b, "1000-op chain");
+}
+
+/* deepest_line of each dialect's render of a 9,998-op chain (a kernel at the default max_kernel_depth), or -1 */
+static void *render_10k_thread(void *arg) {
+  int *deepest = arg;
+  static const kex_renderer_caps *const caps[2] = {&kex_renderer_opencl, &kex_renderer_cpu};
+  static const int dialects[2] = {KEX_DIALECT_OPENCL, KEX_DIALECT_CPU};
+  gb b;
+  gb_init(&b, 18);
+  b.lim.max_depth = KEX_LIMIT_KERNEL_DEPTH + 8; /* the defaults of both bind before max_kernel_depth's */
+  b.lim.max_kernel_ops = KEX_LIMIT_KERNEL_DEPTH + 8;
+  deep_chain(&b, KEX_LIMIT_KERNEL_DEPTH - 2, false);
+  planned p;
+  kex_error err = {0};
+  deepest[0] = deepest[1] = -1;
+  if (plan(&p, b.g, &err) == 0 && p.s->nkernels == 1)
+    for (uint32_t i = 0; i < p.s->nitems; i++)
+      if (p.s->items[i].kind == KEX_ITEM_KERNEL && p.s->items[i].ast[0]->depth == KEX_LIMIT_KERNEL_DEPTH)
+        for (int d = 0; d < 2; d++) {
+          kex_program_src ps;
+          if (lower_item(&p, &p.s->items[i], caps[d], dialects[d], true, NULL, &ps, &err) == 0) {
+            deepest[d] = deepest_line(ps.src);
+            kex_program_src_free(&ps);
+          }
+        }
+  done(&p);
+  return NULL;
+}
+
+/*
+ * A kernel at the default max_kernel_depth (10,000 levels) is scheduled,
+ * lowered and rendered on a 256 KiB stack (kexd's pool threads have 8 MiB):
+ * no pass recurses on the AST, and no line nests past NEST_MAX plus a few.
+ */
+static void test_render_10k_levels(void **state) {
+  (void)state;
+  int deepest[2];
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, &attr, render_10k_thread, deepest), 0);
+  pthread_join(t, NULL);
+  pthread_attr_destroy(&attr);
+  for (int d = 0; d < 2; d++)
+    if (deepest[d] < 0 || deepest[d] > 64 + 8) fail_msg("%s: deepest line %d", dev_names[d], deepest[d]);
+}
+
 /* ---------- the numeric cases ---------- */
 
 static int b64val(int c) {
@@ -1073,6 +1260,8 @@ int main(void) {
       cmocka_unit_test(test_render_clang_store_order),
       cmocka_unit_test(test_render_matmul_float4),
       cmocka_unit_test(test_render_group_reduce),
+      cmocka_unit_test(test_render_deep_chain),
+      cmocka_unit_test(test_render_10k_levels),
       cmocka_unit_test(test_elementwise_broadcast),
       cmocka_unit_test(test_unary_binary_float),
       cmocka_unit_test(test_unary_binary_int),
@@ -1081,7 +1270,9 @@ int main(void) {
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_softmax),
       cmocka_unit_test(test_movement),
+      cmocka_unit_test(test_repeat_12_dims),
       cmocka_unit_test(test_elementwise_4m),
+      cmocka_unit_test(test_deep_chain_1000),
       cmocka_unit_test(test_numeric_cases),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

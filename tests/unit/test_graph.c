@@ -598,27 +598,42 @@ static void test_limit_nodes(void **state) {
   kex_graph_free(g);
 }
 
+/* An EMPTY float32 node of n dims of 1 ("{'op': 'EMPTY', ...}"), in buf. */
+static const char *empty_of_dims(char *buf, size_t len, int n) {
+  size_t off = (size_t)snprintf(buf, len, "{'op': 'EMPTY', 'dtype': 'float32', 'shape': [");
+  for (int i = 0; i < n; i++) off += (size_t)snprintf(buf + off, len - off, "%s1", i ? ", " : "");
+  snprintf(buf + off, len - off, "]}");
+  return buf;
+}
+
 static void test_limit_dims(void **state) {
   (void)state;
   kex_limits lim = KEX_LIMITS_DEFAULT;
+  char nodes[512];
+  /* the default is the hard maximum: 16 dims load, 17 are refused naming the limit */
+  assert_int_equal(lim.max_dims, KEX_MAX_DIMS);
+  assert_int_equal(KEX_MAX_DIMS, 16);
+  ACCEPT_FREE(graph_json(empty_of_dims(nodes, sizeof nodes, 16), "0"), &lim);
+  REFUSE2(graph_json(empty_of_dims(nodes, sizeof nodes, 17), "0"), &lim, KEX_ELIMIT, "node 0",
+          "17 dims, more than the limit of 16 (max_dims)");
+  /* tinygrad's x.repeat(2, 4, 3, 3, 2, 2) of a (4, 6, 3) tensor (test_ops.test_repeat): 12 dims between its
+     reshapes */
+  ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [4, 6, 3]},"
+                         "{'op': 'RESHAPE', 'src': [0], 'arg': [1, 1, 1, 1, 1, 1, 1, 4, 1, 6, 1, 3]},"
+                         "{'op': 'EXPAND', 'src': [1], 'arg': [2, 1, 4, 1, 3, 1, 3, 4, 2, 6, 2, 3]},"
+                         "{'op': 'RESHAPE', 'src': [2], 'arg': [2, 4, 3, 12, 12, 6]}", "3"), &lim);
+  /* a configured limit */
   lim.max_dims = 3;
   ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [1, 2, 3]}", "0"), &lim);
   REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [1, 2, 3, 1]}", "0"), &lim, KEX_ELIMIT,
-          "node 0 (EMPTY)", "4 dims");
+          "node 0 (EMPTY)", "4 dims, more than the limit of 3 (max_dims)");
   ACCEPT_FREE(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [6]}, {'op': 'RESHAPE', 'src': [0], 'arg': [1, 2, 3]}", "1"), &lim);
   REFUSE2(graph_json("{'op': 'EMPTY', 'dtype': 'float32', 'shape': [6]}, {'op': 'RESHAPE', 'src': [0], 'arg': [1, 2, 3, 1]}", "1"),
-          &lim, KEX_ELIMIT, "node 1 (RESHAPE)", "4 dims");
+          &lim, KEX_ELIMIT, "node 1 (RESHAPE)", "4 dims, more than the limit of 3 (max_dims)");
   /* the hard ceiling holds even when the configured limit is higher */
   lim.max_dims = 1000;
-  char shape[256] = "";
-  size_t off = 0;
-  for (int i = 0; i < KEX_MAX_DIMS + 1; i++) off += (size_t)snprintf(shape + off, sizeof shape - off, "%s1", i ? ", " : "");
-  char nodes[512];
-  snprintf(nodes, sizeof nodes, "{'op': 'EMPTY', 'dtype': 'float32', 'shape': [%s]}", shape);
-  REFUSE(graph_json(nodes, "0"), &lim, KEX_ELIMIT, "node 0 (EMPTY)");
-  shape[off - 3] = 0; /* drop the last ", 1" */
-  snprintf(nodes, sizeof nodes, "{'op': 'EMPTY', 'dtype': 'float32', 'shape': [%s]}", shape);
-  ACCEPT_FREE(graph_json(nodes, "0"), &lim);
+  REFUSE(graph_json(empty_of_dims(nodes, sizeof nodes, KEX_MAX_DIMS + 1), "0"), &lim, KEX_ELIMIT, "node 0 (EMPTY)");
+  ACCEPT_FREE(graph_json(empty_of_dims(nodes, sizeof nodes, KEX_MAX_DIMS), "0"), &lim);
 }
 
 static void test_limit_elements(void **state) {

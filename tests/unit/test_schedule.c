@@ -404,12 +404,17 @@ static void expect_plan(const kex_limits *lim, int len, int split, int rc, const
 /*
  * max_kernel_depth: a kernel's AST (STORE .. LOAD) of exactly the limit is
  * scheduled, one level more is refused naming the output node, the depth and
- * the limit; a CONTIGUOUS splits it into kernels that fit.
+ * the limit; a CONTIGUOUS splits it into kernels that fit.  The default is an
+ * abuse guard past what the default max_depth and max_kernel_ops allow, so
+ * those are raised to reach it.
  */
 static void test_kernel_depth_limit(void **state) {
   (void)state;
   kex_limits lim = KEX_LIMITS_DEFAULT;
-  /* the default: 98 MULs + LOAD + STORE = 100 levels */
+  lim.max_depth = KEX_LIMIT_KERNEL_DEPTH + 8;
+  lim.max_kernel_ops = KEX_LIMIT_KERNEL_DEPTH + 8;
+  /* the default: 9,998 MULs + LOAD + STORE = 10,000 levels */
+  assert_int_equal(KEX_LIMIT_KERNEL_DEPTH, 10000);
   planned p;
   plan_graph(&p, mul_chain(&lim, KEX_LIMIT_KERNEL_DEPTH - 2, 0), false);
   if (p.rc) fail_msg("%s", p.err.msg);
@@ -421,11 +426,18 @@ static void test_kernel_depth_limit(void **state) {
   snprintf(want, sizeof want, "AST %d levels deep (reached at node %d, MUL), more than the limit of %d (max_kernel_depth)",
            KEX_LIMIT_KERNEL_DEPTH + 1, KEX_LIMIT_KERNEL_DEPTH, KEX_LIMIT_KERNEL_DEPTH);
   expect_plan(&lim, KEX_LIMIT_KERNEL_DEPTH - 1, 0, KEX_ELIMIT, out, want);
-  /* the ~250-op chain that clang's bracket limit refuses is refused by the scheduler first */
-  expect_plan(&lim, 250, 0, KEX_ELIMIT, "node 251: the kernel storing it", "(max_kernel_depth)");
-  /* ... and fits once split by CONTIGUOUS every 98 ops */
-  expect_plan(&lim, 250, KEX_LIMIT_KERNEL_DEPTH - 2, 0, NULL, NULL);
-  expect_plan(&lim, 250, KEX_LIMIT_KERNEL_DEPTH - 1, KEX_ELIMIT, "(max_kernel_depth)", NULL);
+  /* ... and fits once split by CONTIGUOUS */
+  expect_plan(&lim, KEX_LIMIT_KERNEL_DEPTH - 1, 5000, 0, NULL, NULL);
+
+  /* all defaults: a 1,000-op chain (nested whole, clang refused it past 256 brackets) is one kernel, and so is
+     the longest chain max_depth allows, 4,095 MULs: 4,096 operations with the STORE, max_kernel_ops exactly */
+  lim = KEX_LIMITS_DEFAULT;
+  expect_plan(&lim, 1000, 0, 0, NULL, NULL);
+  plan_graph(&p, mul_chain(&lim, KEX_LIMIT_DEPTH - 1, 0), true);
+  if (p.rc) fail_msg("%s", p.err.msg);
+  assert_int_equal(only_kernel(&p)->ast[0]->depth, KEX_LIMIT_DEPTH + 1);
+  done(&p);
+  assert_int_equal(KEX_LIMIT_KERNEL_OPS, KEX_LIMIT_DEPTH);
 
   /* a configured limit: 8 MULs = 10 levels */
   lim.max_kernel_depth = 10;

@@ -96,6 +96,9 @@ def _metadata(version):
     if "requires-python" in p:
         lines.append(f"Requires-Python: {p['requires-python']}")
     lines += [f"Requires-Dist: {d}" for d in p.get("dependencies", [])]
+    for extra, deps in p.get("optional-dependencies", {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {d}; extra == "{extra}"' for d in deps]
     body = ""
     readme = p.get("readme")
     if readme:
@@ -218,7 +221,15 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     files.update(_proto_copy())
     files["kex/_version.py"] = (f'"""Written by the build backend from meson.build: the project\'s version."""\n'
                                 f'version = "{version}"\n').encode()
+    files.update(_autoload())
     return _write_wheel(wheel_directory, version, files)
+
+
+def _autoload():
+    """The top-level module _kex_autoload (kex/_autoload.py) and the .pth that imports it at start: a program that
+    imports tinygrad gets the device KEX without importing kex (kex/_autoload.py says how)."""
+    with open(os.path.join(HERE, "kex", "_autoload.py"), "rb") as f:
+        return {"_kex_autoload.py": f.read(), "kex-tinygrad.pth": b"import _kex_autoload\n"}
 
 
 _FINDER = '''"""Installed by `pip install -e`: `import kex` loads the kex package of the source folder {root!r}."""
@@ -255,6 +266,7 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
         "__editable___kex_finder.py": _FINDER.format(root=HERE).encode(),
         f"__editable__.kex-{version}.pth": b"import __editable___kex_finder\n",
     }
+    files.update(_autoload())
     return _write_wheel(wheel_directory, version, files)
 
 

@@ -24,6 +24,7 @@ when large), bytes come back only for what the program reads (inline in the done
 tinygrad frees are freed on kexd (Free, batched before the next call).  TinyJit captures the Submit as
 one exec item, so a jitted step replays the prepared graph with the step's new input handles.
 """
+import hashlib
 import itertools
 import os
 import sys
@@ -39,6 +40,7 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
     raise ImportError("kex.tinygrad needs tinygrad 0.9.0 (pip install 'kex[tinygrad]', or put "
                       "../shared/anchors/tinygrad-0.9.0 on PYTHONPATH)") from _e
 
+import tinygrad.engine.realize as _tg_realize
 import tinygrad.engine.schedule as _tg_schedule
 import tinygrad.tensor as _tg_tensor
 from tinygrad.device import Allocator, Buffer, Compiled, Device
@@ -59,6 +61,7 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 INLINE_UPLOAD_MAX = 1 << 20     # host data up to this many bytes travels inside the Submit; more goes by Upload
 INLINE_RETURN_MAX = 4 << 20     # bytes the program reads come back in the done event up to this size, else Download
 _DEBUG = os.environ.get("KEX_DEBUG", "") not in ("", "0")
+KEPT_REMEMBER = 4096           # graph keys this process remembers having sent (kexd keeps the repeated ones)
 FREE_BATCH = 256                # freed handles wait for the next call, or until this many are queued
 
 
@@ -70,7 +73,7 @@ class KexError(Error, RuntimeError):
 
 _cfg = {}
 _conn = None
-_stats = {"submits": 0, "uploads": 0, "downloads": 0, "frees": 0, "graph_bytes": 0, "upload_bytes": 0,
+_stats = {"submits": 0, "ref_submits": 0, "request_bytes": 0, "uploads": 0, "downloads": 0, "frees": 0, "graph_bytes": 0, "upload_bytes": 0,
           "download_bytes": 0, "inline_bytes": 0}
 
 
@@ -94,6 +97,7 @@ def install(server=None, token=None, root_certs=None, client_cert=None, client_k
         _conn = None
         _pending_free.clear()
         _handle_refs.clear()
+        _kept.clear()
     _cfg.clear()
     _cfg.update(new)
     _patch()
@@ -176,6 +180,7 @@ def _ints(shape):
 _handle_refs = {}     # handle -> number of KexBufs naming it (an ASSIGN's output is its target's)
 _pending_free = []
 _epoch = [0]          # Submits so far: bytes a done event brought are good until the next Submit
+_kept = {}            # graph key -> (the Client it was sent on, whether kexd was asked to keep it)
 
 
 class KexBuf:
@@ -710,36 +715,78 @@ class _KexCall:
         self.fns = [(i, fn, None) for i, fn, _ in bld.fns]
         self.want, self.out_shapes, self.nout = want, out_shapes, nout
         self.__name__ = f"kex {len(self.g.nodes)} nodes -> {nout}"
+        # the graph's identity: the same calls on the same kinds of inputs give the same bytes (BUFFER nodes are
+        # placeholders here), so a training step's graph is named again by this key instead of sent again
+        self.key = hashlib.sha256(self.g.SerializeToString(deterministic=True)).hexdigest()[:40]
+        self.jit_hint = bool(_tg_realize.capturing)   # TinyJit is capturing: it will replay this graph
         self.device = "KEX:" + self.g.device if self.g.device else "KEX"
 
     def __call__(self, *rawbufs):
         c = client()
         _flush_frees()
-        g = self.g
+        binds = []   # (node, "buffer" or "data", value): this run's contents of the graph's BUFFER nodes
         for k, (i, _) in enumerate(self.inputs):
             kb = rawbufs[self.nout + k]._buf
             if kb.handle is None:
                 raise KexError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"kex.tinygrad: node {i} reads a KEX buffer that was never computed (its Submit "
                                f"failed or never ran)")
-            g.nodes[i].buffer = kb.handle
+            binds.append((i, "buffer", kb.handle))
         for i, hb in self.hosts:
-            self._host_data(c, g.nodes[i], hb.base.realized)
+            binds.append((i, *self._host_data(hb.base.realized, self.g.nodes[i].shape)))
         for i, fn, _ in self.fns:
-            n = g.nodes[i]
+            n = self.g.nodes[i]
             out = _HostOut(_TG_DTYPE[n.dtype], int(np.prod(n.shape, dtype=np.int64)))
             fn(out)
-            n.data = out.data
+            binds.append((i, "data", out.data))
         wants = [b.nbytes for b, w in zip(rawbufs[:self.nout], self.want) if w]
         imax = max(wants) if wants and max(wants) <= INLINE_RETURN_MAX else 1
-        req = pb.SubmitRequest(job=c.job, graph=g, only_done=True, batched_events=True,
-                               inline_output_max_bytes=max(imax, 1))
-        _stats["submits"] += 1
-        if _DEBUG:
-            print(f"kex.tinygrad: Submit {len(g.nodes)} nodes, {self.nout} outputs "
-                  f"({', '.join(g.nodes[i].op for i in g.outputs)})", file=sys.stderr)
-        _stats["graph_bytes"] += g.ByteSize()
         _epoch[0] += 1
+        done = None
+        kept = _kept.get(self.key)
+        if kept is not None and kept[0] is c and kept[1]:   # kexd keeps this graph: send only the bindings
+            try:
+                done = self._submit(c, imax, binds, ref=True)
+            except KexError as e:
+                if e.code != grpc.StatusCode.NOT_FOUND or "graph_ref" not in str(e):
+                    raise
+                kept = None   # gone (the job's least recently used): send it whole again
+        if done is None:   # the second time a graph runs (or one TinyJit captures), kexd is asked to keep it
+            keep = (kept is not None and kept[0] is c) or self.jit_hint
+            done = self._submit(c, imax, binds, ref=False, keep=keep)
+            _kept.pop(self.key, None)
+            _kept[self.key] = (c, keep)
+            while len(_kept) > KEPT_REMEMBER:
+                _kept.pop(next(iter(_kept)))
+        if len(done.outputs) != self.nout:
+            raise KexError(grpc.StatusCode.INTERNAL, "kex.tinygrad: Submit ended without its outputs")
+        for k, (buf, o) in enumerate(zip(rawbufs[:self.nout], done.outputs)):
+            if o.bytes != buf.nbytes:
+                raise KexError(grpc.StatusCode.INTERNAL, f"kex.tinygrad: output {k}: kexd made {o.bytes} bytes, "
+                                                         f"tinygrad expects {buf.nbytes}")
+            data = o.data if o.has_data and self.want[k] else None
+            buf._buf.bind(o.handle, o.dtype, o.shape, data)
+
+    def _submit(self, c, imax, binds, ref, keep=False):
+        req = pb.SubmitRequest(job=c.job, only_done=True, batched_events=True, inline_output_max_bytes=max(imax, 1))
+        if ref:
+            req.graph_ref = self.key
+            for i, kind, v in binds:
+                req.bindings.add(node=i, **{kind: v})
+            _stats["ref_submits"] += 1
+        else:
+            g = self.g
+            for i, kind, v in binds:
+                setattr(g.nodes[i], kind, v)
+            req.graph.CopyFrom(g)
+            if keep:
+                req.keep_as = self.key
+            _stats["graph_bytes"] += g.ByteSize()
+        _stats["submits"] += 1
+        _stats["request_bytes"] += req.ByteSize()
+        if _DEBUG:
+            print(f"kex.tinygrad: Submit {len(self.g.nodes)} nodes{' (kept graph)' if ref else ''}, {self.nout} "
+                  f"outputs ({', '.join(self.g.nodes[i].op for i in self.g.outputs)})", file=sys.stderr)
         done = None
         try:
             for msg in c.stub.Submit(req, timeout=None, metadata=c.metadata):
@@ -748,28 +795,21 @@ class _KexCall:
                         done = ev.done
         except grpc.RpcError as e:
             raise _error(e.code(), e.details()) from None
-        if done is None or len(done.outputs) != self.nout:
-            raise KexError(grpc.StatusCode.INTERNAL, "kex.tinygrad: Submit ended without its outputs")
-        for k, (buf, o) in enumerate(zip(rawbufs[:self.nout], done.outputs)):
-            if o.bytes != buf.nbytes:
-                raise KexError(grpc.StatusCode.INTERNAL, f"kex.tinygrad: output {k}: kexd made {o.bytes} bytes, "
-                                                         f"tinygrad expects {buf.nbytes}")
-            data = o.data if o.has_data and self.want[k] else None
-            buf._buf.bind(o.handle, o.dtype, o.shape, data)
-        for i, _ in self.hosts:   # large host data went by Upload: the node is a handle again next time
-            g.nodes[i].data = b""
+        if done is None:
+            raise KexError(grpc.StatusCode.INTERNAL, "kex.tinygrad: Submit ended without a done event")
+        return done
 
-    def _host_data(self, c, node, hbuf):
+    def _host_data(self, hbuf, shape):
+        """("data", bytes) of a host buffer, or ("buffer", handle) when it is large and went by Upload."""
         mv = hbuf.as_buffer()
         if len(mv) <= INLINE_UPLOAD_MAX:
-            node.data = bytes(mv)
             _stats["inline_bytes"] += len(mv)
-            return
+            return "data", bytes(mv)
         kb = KexBuf(len(mv))
-        _upload(kb, mv, hbuf.dtype, self.device, tuple(node.shape))
-        node.buffer = kb.handle
+        h = _upload(kb, mv, hbuf.dtype, self.device, tuple(shape))
         kb.handle = None   # the Submit's output (the same buffer) takes over the handle's reference
-        _handle_refs[node.buffer] -= 1
+        _handle_refs[h] -= 1
+        return "buffer", h
 
 
 class _HostOut:

@@ -166,3 +166,44 @@ def test_version_has_one_source(tmp_path):
         assert "Version: 9.8.7" in z.read("kex-9.8.7.dist-info/METADATA").decode()
         assert '"9.8.7"' in z.read("kex/_version.py").decode()
         assert "kex/_pb/kex_pb2.py" in z.namelist()
+
+
+def test_wheel_offers_the_tinygrad_extra(tmp_path):
+    """`pip install kex[tinygrad]`: the wheel carries kex/tinygrad.py and names tinygrad 0.9.0 as the extra's
+    dependency (and only as the extra's: the plain install needs no tinygrad)."""
+    import zipfile
+    name = run([PYTHON, "-c", "import sys; sys.path.insert(0, '_backend'); import kex_build; "
+                "print(kex_build.build_wheel(sys.argv[1]))", str(tmp_path)], cwd=PKG).strip()
+    with zipfile.ZipFile(tmp_path / name) as z:
+        meta = z.read(f"kex-{meson_version()}.dist-info/METADATA").decode().splitlines()
+        assert "kex/tinygrad.py" in z.namelist()
+    assert "Provides-Extra: tinygrad" in meta
+    assert 'Requires-Dist: tinygrad==0.9.0; extra == "tinygrad"' in meta
+    assert not any(m.startswith("Requires-Dist: tinygrad") and "extra" not in m for m in meta)
+
+
+UNCHANGED = textwrap.dedent("""\
+    import sys
+    from tinygrad import Device, Tensor   # no `import kex` anywhere: the installed kex registers KEX
+    assert Device.DEFAULT == "KEX", Device.DEFAULT
+    t = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (t * t).sum().backward()
+    print(t.grad.tolist(), (t * 2).sum().item(), sys.modules["kex.tinygrad"].stats()["submits"] > 0)
+    """)
+
+
+def test_installed_kex_runs_an_unchanged_tinygrad_program(venv, kexd_addr, tmp_path):
+    """After `pip install kex`, a tinygrad program that imports only tinygrad runs on kexd with KEX=1."""
+    tinygrad = os.path.normpath(os.path.join(ROOT, "..", "shared", "anchors", "tinygrad-0.9.0"))
+    if not os.path.isdir(os.path.join(tinygrad, "tinygrad")):
+        pytest.skip(f"tinygrad 0.9.0 is not at {tinygrad}")
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    run(pip + ["install", "--no-index", "./client/python"], cwd=ROOT)
+    script = tmp_path / "prog.py"
+    script.write_text(UNCHANGED)
+    env = {"PYTHONPATH": tinygrad, "KEX": "1", "KEX_SERVER": kexd_addr}
+    out = run([str(venv / "bin" / "python"), str(script)], cwd=tmp_path, env=env).split()
+    assert " ".join(out) == "[2.0, 4.0, 6.0] 12.0 True", out
+    off = run([str(venv / "bin" / "python"), "-c", "import tinygrad, sys; print('kex.tinygrad' in sys.modules)"],
+              cwd=tmp_path, env={"PYTHONPATH": tinygrad, "KEX_TINYGRAD": "0"})
+    assert off.strip() == "False"

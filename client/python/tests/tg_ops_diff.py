@@ -422,6 +422,7 @@ class _Exec:
     expected_ok: Optional[bool] = None  # helper_test_exception: raised one of the expected exceptions
     touched: bool = False
     seconds: float = 0.0
+    device: Optional[str] = None  # where the output was
 
 
 @dataclass
@@ -540,6 +541,7 @@ def _execute(fxn, shps, vals, low, high, forward_only, backward, timeout, expect
         with _time_limit(timeout):
             _, tst = _prepare_test_op(low, high, shps, vals, forward_only)
             ret = fxn(*tst).realize()
+            r.device = ret.device
             r.fwd = ret.numpy()
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -714,6 +716,8 @@ class Runner:
         self.case_timeout, self.method_timeout = case_timeout, method_timeout
         self.log = log
         self.notes: List[Note] = []
+        from tinygrad import Device
+        self.dut_canonical, self.ref_canonical = Device.canonicalize(dut), Device.canonicalize(ref)
         self._cases: Optional[List[CaseInfo]] = None
 
     # -- one body run
@@ -829,6 +833,8 @@ class Runner:
             res.seconds = d.seconds
             if d.fwd_err is not None:
                 res.forward, res.forward_reason = "fail", d.fwd_err
+            elif d.device != self.dut_canonical and ref.device == self.ref_canonical:
+                res.forward, res.forward_reason = "fail", f"forward: the output is on {d.device}, not on {self.dut}"
             else:
                 why = compare("forward", d.fwd, ref.fwd, s.atol, s.rtol)
                 res.forward, res.forward_reason = ("fail", why) if why else ("pass", "")
@@ -909,7 +915,9 @@ def install_device(device, server=None):
     """Makes `device` usable in tinygrad: KEX through kex.tinygrad.install(server=...); others are tinygrad's."""
     if device.upper() != "KEX":
         return
-    sys.path.insert(0, os.path.join(ROOT, "client", "python")) if os.path.join(ROOT, "client", "python") not in sys.path else None
+    for p in (tinygrad_root(), os.path.join(ROOT, "client", "python")):
+        if p not in sys.path:
+            sys.path.insert(0, p)
     import importlib
     kt = importlib.import_module("kex.tinygrad")
     if not hasattr(kt, "install"):
