@@ -216,18 +216,12 @@ static void finished_entry(kex_cache *cache, kex_device *dev, const kex_beam_opt
                            tune_ev *e) {
   kex_cache_entry *ce = &e->entry;
   kex_cache_beam_key key;
-  char sopts[KEX_CACHE_SEARCH_OPTS_MAX] = "";
-  kex_beam_search_opts_string(bo, sopts, sizeof sopts);
   kex_unhex(res->ast_hex, ce->ast_key, KEX_AST_KEY_BYTES);
   snprintf(ce->ast_hex, sizeof ce->ast_hex, "%s", res->ast_hex);
   ce->device = *kex_device_get_identity(dev);
   kex_device_identity_render(&ce->device, ce->device_rendered, sizeof ce->device_rendered);
-  snprintf(ce->search_opts, sizeof ce->search_opts, "%s", sopts);
-  snprintf(ce->codegen_version, sizeof ce->codegen_version, "%s", KEX_CODEGEN_VERSION);
-  memcpy(key.ast_key, ce->ast_key, sizeof key.ast_key);
-  key.device = &ce->device;
-  key.search_opts = ce->search_opts;
-  key.codegen_version = ce->codegen_version;
+  kex_beam_cache_key(bo, ce->ast_key, &ce->device, ce->search_opts, sizeof ce->search_opts, &key); /* search/beam.h's */
+  snprintf(ce->codegen_version, sizeof ce->codegen_version, "%s", key.codegen_version);
   if (!cache || kex_cache_beam_get(cache, &key, &ce->value, NULL) != 0) {
     memset(&ce->value, 0, sizeof ce->value);
     ce->value.nopts = res->nopts;
