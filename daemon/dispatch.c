@@ -3,7 +3,7 @@
  * jobs (dispatch.h says what the callers see).
  *
  * A runner is created on the loop thread at the first item for its device.
- * Its thread opens the device (kex_device_open runs there, never on the
+ * Its thread opens the device (the opener, kexd's engine, runs there, never on the
  * loop), then repeatedly takes the head item of the flow with the smallest
  * virtual time, runs it with the lock released, charges the measured time to
  * the flow and hands the item back: onto the runner's done list, with
@@ -100,8 +100,6 @@ typedef struct runner {
   /* runner thread only (kernel_time_limit_s: written before the thread starts) */
   kex_device *dev;
   double kernel_time_limit_s;
-  int fault_kind;          /* -1, or --test-fault's kind: the opened device is wrapped by the fault device */
-  unsigned long fault_n;
 } runner;
 
 typedef struct route_req route_req;
@@ -121,8 +119,8 @@ struct kexd_dispatch {
   char (*names)[DISPATCH_NAME_MAX];
   bool stopping;
   double kernel_time_limit_s;
-  int fault_kind; /* -1, or --test-fault's kind (kexd_dispatch_set_test_fault) */
-  unsigned long fault_n;
+  kexd_device_opener opener; /* kexd_dispatch_set_opener */
+  void *opener_ud;
   uint32_t open_handles;
   void (*on_stopped)(void *);
   void *stopped_ud;
@@ -219,21 +217,13 @@ static void run_item(runner *r, kexd_work *w) {
   w->device_s = -1;
   w->rc = 0;
   if (!r->dev && w->kind != KEXD_WORK_FREE) {
-    if ((rc = kex_device_open(r->name, &r->dev, &oerr)) < 0) {
+    kexd_dispatch *d = r->d;
+    rc = d->opener ? d->opener(d->opener_ud, r->index, &r->dev, &oerr) : KEX_EUNAVAILABLE;
+    if (rc < 0) {
       r->dev = NULL;
       w->rc = open_failed(r, &w->err, rc, &oerr);
       w->device_s = 0;
       return;
-    }
-    if (r->fault_kind >= 0) { /* --test-fault: the runner's device fails on purpose */
-      kex_device *f = NULL;
-      rc = kex_fault_device_new(r->dev, (kex_fault_kind)r->fault_kind, r->fault_n, &f);
-      kex_device_unref(r->dev);
-      if ((r->dev = f) == NULL) {
-        w->rc = open_failed(r, &w->err, rc, &oerr);
-        w->device_s = 0;
-        return;
-      }
     }
     kex_device_set_kernel_time_limit(r->dev, r->kernel_time_limit_s);
   }
@@ -350,7 +340,6 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
   if (!(d = kex_calloc(1, sizeof *d))) return KEX_ENOMEM;
   d->loop = loop;
   d->nrunners = ndevices;
-  d->fault_kind = -1;
   pthread_mutex_init(&d->route_lock, NULL);
   if (!(d->runners = kex_calloc(ndevices ? ndevices : 1, sizeof *d->runners)) ||
       !(d->names = kex_calloc(ndevices ? ndevices : 1, sizeof *d->names))) {
@@ -384,8 +373,6 @@ static runner *runner_get(kexd_dispatch *d, uint32_t i) {
   r->d = d;
   r->index = i;
   r->kernel_time_limit_s = d->kernel_time_limit_s;
-  r->fault_kind = d->fault_kind;
-  r->fault_n = d->fault_n;
   memcpy(r->name, d->names[i], sizeof r->name);
   pthread_mutex_init(&r->lock, NULL);
   pthread_cond_init(&r->wake, NULL);
@@ -412,9 +399,9 @@ void kexd_dispatch_set_kernel_time_limit(kexd_dispatch *d, double seconds) {
   d->kernel_time_limit_s = seconds > 0 ? seconds : 0;
 }
 
-void kexd_dispatch_set_test_fault(kexd_dispatch *d, int kind, unsigned long n) {
-  d->fault_kind = kind;
-  d->fault_n = n;
+void kexd_dispatch_set_opener(kexd_dispatch *d, kexd_device_opener open, void *ud) {
+  d->opener = open;
+  d->opener_ud = ud;
 }
 
 int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {

@@ -137,27 +137,6 @@ static void size_connections(kexd_config *cfg) {
 }
 
 /*
- * Each configured device's target: its rules and the capabilities it
- * reports (opened once here and released), or, when it cannot be opened
- * now, the static target of its name (Submit reports the open error later).
- */
-static void make_targets(kexd *d) {
-  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
-    kex_device *dev = NULL;
-    kex_error err = {0};
-    if (kex_device_open(d->cfg.devices[i], &dev, &err) == 0) {
-      kex_target_for_device(kex_device_get_info(dev), &d->targets[i]);
-      kex_device_unref(dev);
-    } else {
-      kex_target_for_name(d->cfg.devices[i], &d->targets[i]);
-    }
-    KEX_INFO("device %s: %s rules; local memory %lld bytes, work-group %lld threads%s", d->cfg.devices[i],
-             d->targets[i].rules, (long long)d->targets[i].caps.shared_max,
-             (long long)d->targets[i].caps.max_local_size, d->targets[i].caps.supports_float4 ? ", float4" : "");
-  }
-}
-
-/*
  * Read the PEM file `path` (named by `flag` in messages) into *out, a
  * NUL-terminated kex_malloc'd string the caller frees.  The file must hold a
  * "-----BEGIN <...marker>-----" block and be under KEXD_LIMIT_PEM_BYTES.
@@ -305,7 +284,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   size_connections(&d->cfg);
-  make_targets(d);
   if (d->cfg.workers) { /* before the first pool work (daemon/work.c): libuv reads it once */
     snprintf(workers, sizeof workers, "%u", d->cfg.workers);
     setenv("UV_THREADPOOL_SIZE", workers, 1);
@@ -330,7 +308,6 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_server;
   }
-  kexd_dispatch_set_test_fault(d->disp, d->cfg.test_fault_kind, d->cfg.test_fault_n);
   if (d->cfg.test_fault_kind >= 0)
     KEX_WARN("--test-fault %s:%lu: the compile and run devices fail on purpose (a test facility; never use it in production)",
              kex_fault_kind_name((kex_fault_kind)d->cfg.test_fault_kind), d->cfg.test_fault_n);
@@ -348,7 +325,12 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_handles;
   }
-  if (kexd_engines_start(d) < 0 || kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
+  if (kexd_engines_start(d) < 0) {
+    ret = 1;
+    goto out_handles;
+  }
+  kexd_engines_targets(d); /* each device opened once to read its rules and capabilities */
+  if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
       kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0 || kexd_fleet_start(d) < 0) {
     ret = 1;
     goto out_handles;

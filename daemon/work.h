@@ -24,6 +24,8 @@ struct kexd;
  * KEX_ENOMEM (kexd_engines_free frees what was made).
  */
 int kexd_engines_start(struct kexd *d);
+/* Each configured device's target (d->targets) from its engine (kex_engine_target), logged. */
+void kexd_engines_targets(struct kexd *d);
 /* Free the engines and close the connections (once the loop ran out: no pool work is left). */
 void kexd_engines_free(struct kexd *d);
 

@@ -195,21 +195,40 @@ void kex_engine_free(kex_engine *e) {
 
 kex_engine_stats kex_engine_get_stats(const kex_engine *e) { return e->stats; }
 
-/*
- * Open a compile instance of the engine's device (wrapped by the fault
- * device when asked).  0, or a negative code with msg[cap] saying why.
- */
-static int open_compile_device(kex_engine *e, kex_device **out, char *msg, size_t cap) {
-  kex_error oe = {0};
+/* A new instance of the device, wrapped by the fault device when `faults` and the engine has one. */
+static int open_raw(kex_engine *e, bool faults, kex_device **out, kex_error *err) {
   kex_device *dev = NULL;
-  int rc = kex_device_open(e->device, &dev, &oe);
-  if (!rc && e->fault_kind >= 0) { /* tests: the compile device fails on purpose */
+  int rc = kex_device_open(e->device, &dev, err);
+  if (!rc && faults && e->fault_kind >= 0) { /* tests: the device fails on purpose */
     kex_device *f = NULL;
     rc = kex_fault_device_new(dev, (kex_fault_kind)e->fault_kind, e->fault_n, &f);
     kex_device_unref(dev);
     dev = f;
   }
   *out = rc ? NULL : dev;
+  return rc;
+}
+
+int kex_engine_open_instance(kex_engine *e, kex_device **out, kex_error *err) { return open_raw(e, true, out, err); }
+
+void kex_engine_target(kex_engine *e, kex_target *out) {
+  kex_device *dev = NULL;
+  kex_error err = {0};
+  if (open_raw(e, false, &dev, &err) == 0) {
+    kex_target_for_device(kex_device_get_info(dev), out);
+    kex_device_unref(dev);
+  } else {
+    kex_target_for_name(e->device, out);
+  }
+}
+
+/*
+ * Open a compile instance of the engine's device (wrapped by the fault
+ * device when asked).  0, or a negative code with msg[cap] saying why.
+ */
+static int open_compile_device(kex_engine *e, kex_device **out, char *msg, size_t cap) {
+  kex_error oe = {0};
+  int rc = open_raw(e, true, out, &oe);
   if (rc)
     snprintf(msg, cap, "device \"%.40s\" cannot be opened: %.400s", e->device, oe.msg[0] ? oe.msg : kex_strerror(rc));
   return rc;

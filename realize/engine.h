@@ -115,6 +115,21 @@ int kex_engine_create(const kex_engine_config *cfg, kex_engine **out);
 void kex_engine_free(kex_engine *e);
 
 /*
+ * Any thread: a new instance of the engine's device (the one place kexd
+ * opens its devices: the compile instances here, each device runner's, the
+ * target's), wrapped by the fault device when the engine was configured
+ * with one.  0 or a negative code, *err with kex_device_open's message.
+ */
+int kex_engine_open_instance(kex_engine *e, kex_device **out, kex_error *err);
+/*
+ * The device's target (codegen/target.h): its rules and the capabilities
+ * an instance reports (opened for it and released), or the static target
+ * of its name when it cannot be opened now (a Submit reports the error).
+ * Without the fault device: the rules are the real device's.
+ */
+void kex_engine_target(kex_engine *e, kex_target *out);
+
+/*
  * Any thread: the compile instance's identity into *id, after checking that
  * the device has every dtype of mask `dtypes` (bit d: kex_dtype d).  0, or
  * KEX_EUNAVAILABLE (the device cannot be opened), or the dtype check's
