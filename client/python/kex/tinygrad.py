@@ -22,7 +22,10 @@ linearizer and compilers never see a KEX LazyBuffer.  Realized KEX buffers stay 
 buffers and later graphs name them by handle; host data is sent once (inline in the Submit, or by Upload
 when large), bytes come back only for what the program reads (inline in the done event), and buffers
 tinygrad frees are freed on kexd (Free, batched before the next call).  TinyJit captures the Submit as
-one exec item, so a jitted step replays the prepared graph with the step's new input handles.
+one exec item, so a jitted step replays the prepared graph with the step's new input handles, and kexd,
+which keeps the graph of a repeated step (Submit keep_as / graph_ref), receives only those handles and the
+step's new host data.  tinygrad's BEAM=N asks kexd for a beam search of width N (its results are cached on
+kexd, for every client of it).
 """
 import hashlib
 import itertools
@@ -46,6 +49,7 @@ import tinygrad.tensor as _tg_tensor
 from tinygrad.device import Allocator, Buffer, Compiled, Device
 from tinygrad.dtype import ImageDType, dtypes
 from tinygrad.engine.schedule import ScheduleItem
+from tinygrad.helpers import BEAM
 from tinygrad.lazy import LazyBuffer
 from tinygrad.ops import BinaryOps, LazyOp, LoadOps, ReduceOps, TernaryOps, UnaryOps
 from tinygrad.renderer import Renderer
@@ -166,7 +170,7 @@ def _is_kex(device):
 
 def _server_device(device):
     """kexd's device name of a tinygrad KEX device ("" for kexd's default)."""
-    return device.split(":", 1)[1].lower() if ":" in device else ""
+    return device.split(":", 1)[1] if ":" in device else ""
 
 
 def _ints(shape):
@@ -442,9 +446,8 @@ def _copy_to_device(self, device, force=False):
     src_kex, dst_kex = _is_kex(self.device), _is_kex(device)
     if not (src_kex or dst_kex) or self.device == device:
         return _orig["copy_to_device"](self, device, force)
-    if src_kex and dst_kex:
-        raise NotImplementedError(f"kex.tinygrad: copies between KEX devices ({self.device} -> {device}); "
-                                  f"go through the host (.to('CLANG'))")
+    if src_kex and dst_kex:   # one kexd device to another: through the host (a Download, then an upload)
+        return _copy_to_device(_copy_to_device(self, "CLANG"), device)
     if self.is_unrealized_const():
         if dst_kex and any(v.mask is not None for v in self.st.views):
             return _copy_to_device(_orig["contiguous"](self), device, force)
@@ -452,6 +455,8 @@ def _copy_to_device(self, device, force=False):
             c = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, device, arg=self.base.arg)
             return c.reshape((1,) * len(self.shape)).expand(self.shape)
         return _orig["copy_to_device"](self, device, force)
+    if dst_kex and self.size == 0:   # nothing to move: tinygrad's zero-size buffers are constants
+        return LazyBuffer.loadop(LoadOps.CONST, self.shape, self.dtype, device, arg=0)
     if dst_kex:   # host -> KEX: the host base's bytes, once, as a KEX base (reshaped to this view's shape)
         host = self if self.st.contiguous and self.size == self.base.size else _orig["contiguous"](self)
         hb = host.base
@@ -537,7 +542,7 @@ def _create_schedule_with_vars(outs, seen=None):
     if seen is None:
         seen = set()
     needed, rest = _needed(outs)
-    needed = {b: w for b, w in needed.items() if b.realized is None and not (b.op is LoadOps.CONST)}
+    needed = {b: w for b, w in needed.items() if b.realized is None and b.op is not LoadOps.CONST and b.size}
     if not needed:
         return _orig["create_schedule_with_vars"](rest, seen) if rest else ([], {})
     schedule, var_vals = [], {}
@@ -675,26 +680,27 @@ def _kex_item(needed, all_outs=()):
     for r in closure:
         bld.emit(r)
     have = {id(b) for _, b, _ in outs}
-    outs += [(r, lb, False) for r, lb in bld.made if id(lb) not in have]
+    outs += [(r, lb, False) for r, lb in bld.made if id(lb) not in have and lb.size]
     bld.g.outputs.extend(bld.index[id(r)] for r, _, _ in outs)
     host_pre = [hb for _, hb in bld.hosts if hb.base.realized is None]
     if len(bld.fns) > 1:
         turn = _custom_order(all_outs)
         bld.fns.sort(key=lambda f: turn.get(id(f[2]), len(turn) + f[0]))
     # tinygrad's own bookkeeping: these LazyBuffers are scheduled (realized, as its scheduler marks them)
-    out_bufs, out_shapes = [], []
+    out_bufs, out_shapes, undo = [], [], []
     for r, b, _ in outs:
         held = _held_shape(r, b)
         out_bufs.append(b.buffer)
         out_shapes.append(held)
+        d = b.__dict__
+        undo.append((b, d.get("srcs"), d.get("_kex_rec"), d.get("_kex_fx"), d.get("_kex_alias")))
         if hasattr(b, "srcs"):
             del b.srcs
-        d = b.__dict__
         d.pop("_kex_fx", None)
         d.pop("_kex_alias", None)
         d["_kex_rec"] = _buffer_rec(b, b.buffer, held)
     ins = [buf for _, buf in bld.inputs]
-    call = _KexCall(bld, [w for _, _, w in outs], out_shapes, len(out_bufs))
+    call = _KexCall(bld, [w for _, _, w in outs], out_shapes, len(out_bufs), undo)
     ast = tuple(LazyOp(LoadOps.CUSTOM, (), call) for _ in out_bufs)
     return ScheduleItem(ast, tuple(out_bufs) + tuple(ins)), host_pre
 
@@ -710,10 +716,12 @@ def _held_shape(r, b):
 class _KexCall:
     """A prepared Submit: run by tinygrad as a CUSTOM exec item over (outputs..., input buffers...)."""
 
-    def __init__(self, bld, want, out_shapes, nout):
+    def __init__(self, bld, want, out_shapes, nout, undo=()):
         self.g, self.inputs, self.hosts = bld.g, bld.inputs, bld.hosts
         self.fns = [(i, fn, None) for i, fn, _ in bld.fns]
         self.want, self.out_shapes, self.nout = want, out_shapes, nout
+        # until the first run succeeds: how to make the outputs lazy again (a failed Submit computed nothing)
+        self.undo = list(undo)
         self.__name__ = f"kex {len(self.g.nodes)} nodes -> {nout}"
         # the graph's identity: the same calls on the same kinds of inputs give the same bytes (BUFFER nodes are
         # placeholders here), so a training step's graph is named again by this key instead of sent again
@@ -722,6 +730,30 @@ class _KexCall:
         self.device = "KEX:" + self.g.device if self.g.device else "KEX"
 
     def __call__(self, *rawbufs):
+        try:
+            self._run(rawbufs)
+        except BaseException:
+            self._unschedule()
+            raise
+        self.undo = None
+
+    def _unschedule(self):
+        """The outputs are lazy again, as before their schedule (their sources and records back): a later
+        realize tries them anew instead of reading buffers that were never computed."""
+        for b, srcs, rec, fx, alias in self.undo or ():
+            kb = getattr(b.buffer, "_buf", None)
+            if b.__dict__.get("_kex_rec") is None or b.__dict__["_kex_rec"].kind != "b" or (kb and kb.handle):
+                continue   # computed by now, or scheduled again since
+            if srcs is not None:
+                b.srcs = srcs
+            for k, v in (("_kex_rec", rec), ("_kex_fx", fx), ("_kex_alias", alias)):
+                if v is None:
+                    b.__dict__.pop(k, None)
+                else:
+                    b.__dict__[k] = v
+        self.undo = None
+
+    def _run(self, rawbufs):
         c = client()
         _flush_frees()
         binds = []   # (node, "buffer" or "data", value): this run's contents of the graph's BUFFER nodes
@@ -769,6 +801,8 @@ class _KexCall:
 
     def _submit(self, c, imax, binds, ref, keep=False):
         req = pb.SubmitRequest(job=c.job, only_done=True, batched_events=True, inline_output_max_bytes=max(imax, 1))
+        if BEAM.value > 0:   # tinygrad's BEAM=N (JITBEAM while TinyJit captures): kexd searches, and caches the result
+            req.beam.beam_width = BEAM.value
         if ref:
             req.graph_ref = self.key
             for i, kind, v in binds:

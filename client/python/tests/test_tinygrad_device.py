@@ -17,6 +17,7 @@ if os.path.isdir(TINYGRAD) and TINYGRAD not in sys.path:
 tinygrad = pytest.importorskip("tinygrad", reason=f"tinygrad 0.9.0 is not importable (looked in {TINYGRAD})")
 
 import kex.tinygrad as kt  # noqa: E402
+from kex.tinygrad import KexError  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, dtypes, nn  # noqa: E402
 from tinygrad.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save  # noqa: E402
 
@@ -278,3 +279,45 @@ def test_errors_name_the_status():
     with pytest.raises(KexError) as e:   # kexd refuses the graph, naming the node
         Tensor.empty(1 << 40, device="KEX", dtype=dtypes.uint8).realize()
     assert e.value.code.name in ("RESOURCE_EXHAUSTED", "INVALID_ARGUMENT") and "node" in str(e.value)
+
+
+def test_kexd_devices_by_name():
+    """KEX:<name> is a device kexd serves (opencl, cpu); a tensor moves between them through the host."""
+    names = [d.name for d in kt.client().devices() if d.name in ("opencl", "cpu")]   # the ones it serves by default
+    assert names
+    a = Tensor(data(2, 3), device=f"KEX:{names[0]}")
+    for n in names:
+        b = (a * 2).to(f"KEX:{n}")
+        assert b.device == f"KEX:{n}"
+        np.testing.assert_allclose((b + 1).numpy(), data(2, 3) * 2 + 1, rtol=1e-6)
+    with pytest.raises(KexError) as e:
+        Tensor([1.0], device="KEX:nosuchdevice").realize()
+    assert e.value.code.name == "INVALID_ARGUMENT" and "nosuchdevice" in str(e.value)
+
+
+def test_zero_size_tensors():
+    def prog():
+        z = Tensor(np.zeros((4, 0), np.float32))
+        a, b = Tensor(np.ones((45, 0, 9), np.float32)), Tensor(np.ones((45, 0, 9), np.float32))
+        return [z.sum(axis=1), z.sum(), Tensor(data(8, 8)) @ Tensor(np.ones((8, 0), np.float32)), a.cat(b, dim=0),
+                Tensor(np.ones((1, 0, 3, 0, 5), np.float32)).mean(axis=(1, 3))]
+    same(prog)
+
+
+def test_a_failed_submit_leaves_its_inputs_usable():
+    i = Tensor(np.array([0, 1], np.int32), device="KEX")
+    with pytest.raises(KexError) as e:   # refused by kexd: more dims than --max-dims
+        (i.reshape(*[1] * 39, 2).permute(*range(39, -1, -1)) + 1).sum(0).numpy()
+    assert e.value.code.name == "RESOURCE_EXHAUSTED" and "dims" in str(e.value)
+    assert (i + 1).tolist() == [1, 2]
+
+
+def test_beam_asks_kexd_for_a_search():
+    from tinygrad.helpers import Context
+    c = kt.client()
+    before = c.stats()
+    with Context(BEAM=2):
+        got = (Tensor(data(64), device="KEX") * 3 + 1).numpy()   # one small kernel: a quick search
+    after = c.stats()
+    assert after.searches_run + after.beam_cache_hits > before.searches_run + before.beam_cache_hits
+    np.testing.assert_allclose(got, data(64) * 3 + 1, rtol=1e-6)

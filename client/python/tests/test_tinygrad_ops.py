@@ -57,4 +57,5 @@ def test_tinygrad_op(case, tg_results):
     problems = [why if why.startswith(what) else f"{what}: {why}"
                 for what, st, why in (("forward", r.forward, r.forward_reason), ("backward", r.backward, r.backward_reason))
                 if st == "fail"]
-    assert not problems, f"{case.id} (test_ops.py:{r.line}, {r.desc}) on {DEVICE}: " + "; ".join(problems)
+    assert not problems, (f"{case.id} (test_ops.py:{r.line}, {r.desc}) on {DEVICE}: " + "; ".join(problems) +
+                          (f"\n{r.trace}" if r.trace else ""))

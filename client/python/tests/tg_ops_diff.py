@@ -374,6 +374,10 @@ def load(root=None) -> TestOpsModule:
 # ---------------------------------------------------------------------------------------------------------------
 # one run of one test method
 
+def _trace(e, frames=12):
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-frames))
+
+
 def _describe(e, limit=400):
     msg = " ".join(str(e).split())
     s = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
@@ -423,6 +427,7 @@ class _Exec:
     touched: bool = False
     seconds: float = 0.0
     device: Optional[str] = None  # where the output was
+    trace: str = ""  # the traceback of the exception (forward's or backward's)
 
 
 @dataclass
@@ -548,6 +553,7 @@ def _execute(fxn, shps, vals, low, high, forward_only, backward, timeout, expect
     except BaseException as e:
         r.fwd_err = _describe(e)
         r.exc_type = type(e)
+        r.trace = _trace(e)
         if expect_raise:
             r.touched = _STATE.touched
             _STATE.touched = saved or r.touched
@@ -564,6 +570,7 @@ def _execute(fxn, shps, vals, low, high, forward_only, backward, timeout, expect
             raise
         except BaseException as e:
             r.bwd_err = _describe(e)
+            r.trace = _trace(e)
     r.touched = _STATE.touched
     _STATE.touched = saved or r.touched
     r.seconds = time.monotonic() - st
@@ -685,6 +692,7 @@ class CaseResult:
     backward: Optional[str] = None  # None: forward_only (or not an op case)
     backward_reason: str = ""
     seconds: float = 0.0
+    trace: str = ""  # the device's exception, when it raised: its traceback
 
     @property
     def failed(self):
@@ -831,6 +839,7 @@ class Runner:
                     res.backward, res.backward_reason = "fail", dut_abort
                 continue
             res.seconds = d.seconds
+            res.trace = d.trace
             if d.fwd_err is not None:
                 res.forward, res.forward_reason = "fail", d.fwd_err
             elif d.device != self.dut_canonical and ref.device == self.ref_canonical:
