@@ -858,28 +858,41 @@ static int setup_items(submission *s, kex_device *dev, kex_error *err) {
   return 0;
 }
 
-/* One kernel launch or copy. */
+/* A batch of steps: kernels launched back to back and waited for together (the engine's run-steps stage);
+ * cancels and deadlines act between batches.  *device_s: the kernels' profiled time, which the fair queue charges. */
 static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
   step_arg *sa = arg;
   submission *s = sa->s;
-  const kex_plan_step *st = &s->p->rp.steps[sa->i];
+  const kex_rplan *rp = &s->p->rp;
   int rc = 0;
   (void)dev;
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   if (!s->setup_ok || s->failed) return kex_err_set(err, KEX_ECANCELLED, "an earlier item failed");
   uint64_t t0 = SUB_TRACE_NOW(s);
-  uint32_t failed;
-  rc = kex_run_steps(&s->p->rp, sa->i, 1, s->bufs, s->progs, 1, s->kernel_us, device_s, &failed, err); /* the engine's */
-  const char *what = st->kind == KEX_PLAN_STEP_KERNEL ? s->p->rp.progs[st->kernel].name : "copy";
-  if (s->trace && st->kind == KEX_PLAN_STEP_KERNEL) {
-    char detail[64];
-    snprintf(detail, sizeof detail, "kernel %u of %u", st->kernel + 1, s->p->rp.nkernels);
-    device_span(s, "run", what, detail, t0);
-  } else if (s->trace && st->size) {
-    device_span(s, "run", "copy", NULL, t0);
+  uint32_t failed = sa->first;
+  rc = kex_run_steps(rp, sa->first, sa->n, s->bufs, s->progs, 1, s->kernel_us, device_s, &failed, err);
+  if (s->trace) { /* one span per step, laid end to end over the batch's wall time by the kernels' device times */
+    char track[96];
+    snprintf(track, sizeof track, "device %s", s->d->cfg.devices[s->device]);
+    uint64_t t1 = SUB_TRACE_NOW(s), at = t0;
+    for (uint32_t i = sa->first; i < sa->first + sa->n; i++) {
+      const kex_plan_step *st = &rp->steps[i];
+      if (st->kind != KEX_PLAN_STEP_KERNEL) {
+        if (st->size) device_span(s, "run", "copy", NULL, at);
+        continue;
+      }
+      char detail[64];
+      snprintf(detail, sizeof detail, "kernel %u of %u", st->kernel + 1, rp->nkernels);
+      uint64_t end = at + (uint64_t)s->kernel_us[st->kernel];
+      kex_trace_span(s->trace, track, "run", rp->progs[st->kernel].name, detail, at, end < t1 ? end : t1);
+      at = end < t1 ? end : t1;
+    }
   }
-  if (rc < 0) return item_fail(s, rc, err, what);
-  s->ran++;
+  if (rc < 0) {
+    const kex_plan_step *st = &rp->steps[failed];
+    return item_fail(s, rc, err, st->kind == KEX_PLAN_STEP_KERNEL ? rp->progs[st->kernel].name : "copy");
+  }
+  s->ran += sa->n;
   return 0;
 }
 
@@ -1076,24 +1089,43 @@ static void item_done(kexd_work *w) {
   if (idx == 0) sub_adopt_programs(s); /* whatever SETUP loaded, even when it failed later */
   /* the chain woke the loop before its end (another job's item came between): events go out as they come */
   if (s->items_out && w->woke) s->cork = false;
-  if (w->rc == 0 && idx >= 1 && idx <= s->p->rp.nsteps && s->p->rp.steps[idx - 1].kind == KEX_PLAN_STEP_KERNEL)
-    s->d->kernel_seconds += w->device_s;
+  bool batch = idx >= 1 && idx + 1 < s->nworks;
+  if (w->rc == 0 && batch) s->d->kernel_seconds += w->device_s;
   if (w->rc == 0 && idx == 0) {
     if (s->p->rp.nkernels) ev_push(s, EV_RUNNING, 0);
-  } else if (w->rc == 0 && idx <= s->p->rp.nsteps && s->p->rp.steps[idx - 1].kind == KEX_PLAN_STEP_KERNEL &&
-             s->p->rp.steps[idx - 1].kernel + 1 < s->p->rp.nkernels) {
-    ev_push(s, EV_RUNNING, s->p->rp.steps[idx - 1].kernel + 1);
+  } else if (w->rc == 0 && batch) { /* the next kernel after this batch's last one is running now */
+    const step_arg *sa = &s->stepargs[idx];
+    for (uint32_t i = sa->first + sa->n; i-- > sa->first;)
+      if (s->p->rp.steps[i].kind == KEX_PLAN_STEP_KERNEL) {
+        if (s->p->rp.steps[i].kernel + 1 < s->p->rp.nkernels) ev_push(s, EV_RUNNING, s->p->rp.steps[i].kernel + 1);
+        break;
+      }
   }
   if (s->items_out == 0) sub_complete(s);
   else kexd_stream_pump(&s->st);
   kexd_stream_unref(&s->st); /* the item's: may free s */
 }
 
-/* Post setup, the steps and finish on the job's flow.  On failure the call is ended. */
+/*
+ * Steps per device item: the kernels of about --launch-quantum of device time by the plan's last run (its
+ * slowest kernel), at most KEX_RUN_BATCH_EVENTS; SUB_FIRST_BATCH for a plan that never ran; 1 with a quantum
+ * of 0.  A batch is one turn of the job's flow: other jobs' items run between batches.
+ */
+static uint32_t steps_per_item(const kexd *d, const plan *p) {
+  double q_us = d->cfg.launch_quantum_s * 1e6;
+  if (q_us <= 0) return 1;
+  if (p->last_max_kernel_us < 0) return SUB_FIRST_BATCH;
+  double per = q_us / (p->last_max_kernel_us > 1.0 ? p->last_max_kernel_us : 1.0);
+  return per < 1 ? 1 : per > KEX_RUN_BATCH_EVENTS ? KEX_RUN_BATCH_EVENTS : (uint32_t)per;
+}
+
+/* Post setup, the batches of steps and finish on the job's flow.  On failure the call is ended. */
 void sub_post(submission *s) {
   kexd *d = s->d;
   const plan *p = s->p;
-  uint32_t n = p->rp.nsteps + 2;
+  uint32_t per = steps_per_item(d, p);
+  uint32_t n = (p->rp.nsteps + per - 1) / per + 2;
+  s->nworks = n;
   if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (kexd_call_time_left(s->call) <= 0) return sub_fail(s, GRPC_STATUS_DEADLINE_EXCEEDED, "Submit: the deadline passed");
   s->works = kex_calloc(n, sizeof *s->works);
@@ -1112,7 +1144,8 @@ void sub_post(submission *s) {
     if (i == 0) w->fn = setup_run, w->arg = s;
     else if (i == n - 1) w->fn = finish_run, w->arg = s, w->must_run = true;
     else {
-      s->stepargs[i] = (step_arg){s, i - 1};
+      uint32_t first = (i - 1) * per;
+      s->stepargs[i] = (step_arg){s, first, first + per <= p->rp.nsteps ? per : p->rp.nsteps - first};
       w->fn = step_run;
       w->arg = &s->stepargs[i];
     }

@@ -34,6 +34,7 @@
  * arrive together, at most this late.
  */
 #define SUB_DEFER_KERNEL_US 1000.0
+#define SUB_FIRST_BATCH 8 /* steps per device item of a plan that never ran (its kernel times unknown) */
 
 /* The plan builder's plan (realize/plan.h) of one graph structure, shared by its submissions. */
 typedef struct plan {
@@ -98,9 +99,10 @@ typedef struct sub_pend {
   uint32_t i;
 } sub_pend;
 
+/* A batch of steps: [first, first + n) of the plan, launched back to back by one device item. */
 typedef struct step_arg {
   submission *s;
-  uint32_t i;
+  uint32_t first, n;
 } step_arg;
 
 struct submission {
@@ -160,7 +162,8 @@ struct submission {
   bool setup_ok, failed;
   uint32_t ran;
   /* device items */
-  kexd_work *works;          /* [nsteps + 2]: setup, the steps, finish */
+  kexd_work *works;          /* [nbatches + 2]: setup, the batches of steps, finish */
+  uint32_t nworks;
   step_arg *stepargs;
   uint32_t items_out;        /* items posted and not back (each also holds a stream reference) */
   bool cork;                 /* the items went out with defer_done: the progress events written before the chain is

@@ -8,7 +8,7 @@
  * launched, timed as the median of `repeat` runs after a warm-up -> the
  * outputs read back as the plan says (the buffer itself, its view
  * gathered, or a folded constant).  kexd runs the same steps on its device
- * runner (daemon/submit.c), one item per step.
+ * runner (daemon/submit.c), a batch of steps per item.
  */
 #include "realize/run.h"
 
@@ -104,27 +104,68 @@ static int read_output(const kex_rplan *p, kex_buffer **bufs, uint32_t j, kex_ru
   return rc;
 }
 
+/* Kernels launched and not yet waited for (at most KEX_RUN_BATCH_EVENTS): their events and steps. */
+typedef struct pending {
+  kex_event *ev[KEX_RUN_BATCH_EVENTS];
+  uint32_t step[KEX_RUN_BATCH_EVENTS];
+  uint32_t n;
+} pending;
+
+/* Wait for the pending kernels in launch order; each one's time to kernel_us, their sum to *device_s.  The first
+ * that failed names *failed; the others are still waited for (their buffers are the caller's to free). */
+static int drain(const kex_rplan *p, pending *q, double *kernel_us, double *device_s, uint32_t *failed,
+                 kex_error *err) {
+  int rc = 0;
+  for (uint32_t i = 0; i < q->n; i++) {
+    double secs = 0;
+    kex_error e2;
+    int r = kex_event_elapsed(q->ev[i], &secs, rc ? &e2 : err);
+    kex_event_free(q->ev[i]);
+    if (r < 0 && !rc) rc = r, *failed = q->step[i];
+    kernel_us[p->steps[q->step[i]].kernel] = secs * 1e6;
+    if (device_s) *device_s += secs;
+  }
+  q->n = 0;
+  return rc;
+}
+
 int kex_run_steps(const kex_rplan *p, uint32_t first, uint32_t n, kex_buffer *const *bufs, kex_program *const *progs,
                   int repeat, double *kernel_us, double *device_s, uint32_t *failed, kex_error *err) {
   kex_buffer *args[KEX_DEVICE_MAX_BUFS];
+  pending q = {.n = 0};
   int rc = 0;
   if (device_s) *device_s = 0;
   for (uint32_t i = first; i < first + n && !rc; i++) {
     const kex_plan_step *st = &p->steps[i];
     *failed = i;
-    if (st->kind == KEX_PLAN_STEP_COPY) {
-      rc = copy_between(bufs[st->dst], bufs[st->src], st->off, st->size, err);
+    if (st->kind == KEX_PLAN_STEP_COPY) { /* through the host: the kernels before it finish first */
+      if (!(rc = drain(p, &q, kernel_us, device_s, failed, err))) {
+        *failed = i;
+        rc = copy_between(bufs[st->dst], bufs[st->src], st->off, st->size, err);
+      }
       continue;
     }
     const kex_plan_prog *pp = &p->progs[st->kernel];
-    double secs = 0;
     for (uint32_t a = 0; a < st->nargs; a++) args[a] = bufs[st->args[a]];
-    rc = time_launches(progs[st->kernel], pp, args, st->nargs, repeat > 0 ? repeat : 1, &secs, err);
-    if (rc) break;
-    kernel_us[st->kernel] = secs * 1e6;
-    if (device_s) *device_s += secs;
+    if (repeat > 1) { /* timed: each kernel alone, the median of `repeat` launches */
+      double secs = 0;
+      if ((rc = time_launches(progs[st->kernel], pp, args, st->nargs, repeat, &secs, err))) break;
+      kernel_us[st->kernel] = secs * 1e6;
+      if (device_s) *device_s += secs;
+      continue;
+    }
+    /* back to back: launched now, waited for together (the device's queue runs them in order) */
+    if (q.n == KEX_RUN_BATCH_EVENTS && (rc = drain(p, &q, kernel_us, device_s, failed, err))) break;
+    *failed = i;
+    if ((rc = kex_program_launch(progs[st->kernel], pp->global, pp->has_local ? pp->local : NULL, args,
+                                 (int)st->nargs, NULL, 0, &q.ev[q.n], err)))
+      break;
+    q.step[q.n++] = i;
   }
-  return rc;
+  uint32_t at = *failed;
+  int rc2 = drain(p, &q, kernel_us, device_s, failed, rc ? &(kex_error){0} : err);
+  if (rc) *failed = at;
+  return rc ? rc : rc2;
 }
 
 /* Name kernel k of p in *err ("kernel 0 (E_2_4): ..."), keeping its message; returns rc. */

@@ -67,15 +67,21 @@ typedef struct kex_run_opts {
   bool program_cache;   /* programs from (and into) the cache file too (plan.h's cache policy: a lookup) */
 } kex_run_opts;
 
+#define KEX_RUN_BATCH_EVENTS 256 /* kernels kex_run_steps launches before it waits for them */
+
 /*
  * The run-steps stage: run steps [first, first + n) of plan p back to back
  * on dev, on the caller's thread (the device's owner).  bufs[p->nbufs]: the
- * plan's buffers; progs[p->nkernels]: its programs, loaded on dev.  Each
- * kernel's time goes to kernel_us[kernel] (us: one launch, or with
- * repeat > 1 the median of `repeat` launches after a warm-up) and the
- * sum of the kernels' device seconds to *device_s (may be NULL).  0, or a
- * negative code with *err (the device's message) and *failed the index of
- * the step that failed: the caller names it.
+ * plan's buffers; progs[p->nkernels]: its programs, loaded on dev.  With
+ * repeat <= 1 the kernels are launched one after another without waiting
+ * (the device's queue keeps their order) and waited for together, at a
+ * COPY step (which goes through the host) and at the end: the launch
+ * latency is paid once per batch, not per kernel.  Each kernel's time (its
+ * profiling event; with repeat > 1 the median of `repeat` launches after a
+ * warm-up, each alone) goes to kernel_us[kernel] and the sum of the
+ * kernels' device seconds to *device_s (may be NULL).  0, or a negative
+ * code with *err (the device's message) and *failed the index of the step
+ * that failed: the caller names it.
  */
 int kex_run_steps(const kex_rplan *p, uint32_t first, uint32_t n, kex_buffer *const *bufs, kex_program *const *progs,
                   int repeat, double *kernel_us, double *device_s, uint32_t *failed, kex_error *err);
