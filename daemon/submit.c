@@ -544,6 +544,35 @@ static void preq_hold(kex_prog_req *r) { kexd_stream_ref(&((submission *)r->owne
 static void preq_release(kex_prog_req *r) { kexd_stream_unref(&((submission *)r->owner)->st); /* may free s */ }
 
 /* Every program is read or compiled (or the stage failed, or the call is gone): go on to the device, or fail. */
+/* Whether sources a and b are the same but for their kernels' names na and nb (tinygrad's name counter calls the
+ * second of two identical kernels "...n1"): a program of one runs the other. */
+static bool same_but_name(const char *a, const char *na, const char *b, const char *nb) {
+  size_t la = strlen(na), lb = strlen(nb);
+  if (!la || !lb || strlen(a) - la != strlen(b) - lb) return false;
+  while (*a && *b) {
+    if (strncmp(a, na, la) == 0 && strncmp(b, nb, lb) == 0) {
+      a += la, b += lb;
+      continue;
+    }
+    if (*a++ != *b++) return false;
+  }
+  return *a == *b;
+}
+
+/* An earlier kernel j with a program record (lps[j]) in this submission whose source is kernel k's (but for the
+ * name): j, else -1.  k then runs j's program: one graph's identical kernels are compiled and loaded once. */
+static int64_t same_source(const kex_rplan *rp, loaded_prog *const *lps, uint32_t k) {
+  const kex_plan_prog *pk = &rp->progs[k];
+  for (uint32_t j = 0; j < k; j++) {
+    const kex_plan_prog *pj = &rp->progs[j];
+    if (!lps[j] || pj->has_local != pk->has_local || memcmp(pj->global, pk->global, sizeof pk->global) ||
+        (pk->has_local && memcmp(pj->local, pk->local, sizeof pk->local)))
+      continue;
+    if (memcmp(pj->hash, pk->hash, SUB_HASH) == 0 || same_but_name(pj->src, pj->name, pk->src, pk->name)) return j;
+  }
+  return -1;
+}
+
 static void preq_done(kex_prog_req *r) {
   submission *s = r->owner;
   if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
@@ -606,6 +635,7 @@ static void sub_planned(submission *s) {
       d->prog_cache_memory_hits++;
       continue;
     }
+    if (same_source(&p->rp, s->lps, k) >= 0) continue; /* one graph, the same source twice: compiled and loaded once */
     if (!(lp = kex_calloc(1, sizeof *lp))) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
     memcpy(lp->hash, p->rp.progs[k].hash, SUB_HASH);
     snprintf(lp->name, sizeof lp->name, "%s", p->rp.progs[k].name);
@@ -830,6 +860,11 @@ static int setup_items(submission *s, kex_device *dev, kex_error *err) {
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   for (uint32_t i = 0; i < p->rp.nkernels; i++) {
     if (s->progs[i]) continue; /* loaded already: the loop pinned it for this submission */
+    int64_t j = s->lps[i] ? -1 : same_source(&p->rp, s->lps, i);
+    if (j >= 0) { /* the same source as kernel j (loaded just now): its program */
+      s->progs[i] = s->progs[j];
+      continue;
+    }
     if (!s->bins[i]) return item_fail(s, KEX_EINTERNAL, err, "a program is neither loaded nor compiled");
     if ((rc = kex_device_load(dev, s->bins[i], s->binlens[i], p->rp.progs[i].name, &s->progs[i], err)) < 0)
       return item_fail(s, rc, err, p->rp.progs[i].name);
