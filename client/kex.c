@@ -27,16 +27,10 @@
 #include "core/arena.h"
 #include "core/errors.h"
 #include "core/npy.h"
-#include "sched/graph.h"
-#include "sched/lazy.h"
-#include "sched/schedule.h"
+#include "realize/plan.h" /* the plan stage (graph, replay, schedule, lowering: sched/ and codegen/ through it) */
 #ifdef KEX_HAVE_RUN
 #include <sys/stat.h>
 
-#include "devices/device.h"
-#include "codegen/lower.h"
-#include "codegen/target.h"
-#include "realize/plan.h"
 #include "realize/run.h"
 
 int kex_cmd_tune(int argc, char **argv);
@@ -226,8 +220,8 @@ static void usage(FILE *f) {
         "                one of the server's devices (kex devices)\n"
         "      --json    print {\"kernels\": N, \"schedule_us\": T, \"items\": [...]}\n"
         "      --source  also print each kernel's rendered source (in-process only)\n"
-        "  run [--device D] [--json] [--repeat N] [--beam N] [--out DIR] [--source] FILE.json\n"
-        "  run --check CASE.json [--device D] [--json] [--beam N]\n"
+        "  run [--device D] [--json] [--repeat N] [--beam N] [--cache PATH|--no-cache] [--out DIR] [--source] FILE.json\n"
+        "  run --check CASE.json [--device D] [--json] [--beam N] [--cache PATH|--no-cache]\n"
         "      schedule, lower, compile and run a graph; print each kernel (kernel 1..N:\n"
         "      name, applied opts, time) and then the outputs.\n"
         "      --device  opencl (first OpenCL GPU, else first OpenCL device; default),\n"
@@ -236,6 +230,8 @@ static void usage(FILE *f) {
         "      --repeat  time each kernel as the median of N runs after a warm-up\n"
         "                (with --server and N > 1: N + 1 submissions of the graph)\n"
         "      --beam N  BEAM-search each kernel (width N) or use the cached result\n"
+        "      --cache   the cache file kernels' programs (and beam results) are read from\n"
+        "                and programs stored in (default: kexd's default file); --no-cache: none\n"
         "      --check   run a case file's numeric graph (../shared/cases/*.json) and\n"
         "                print PASS or FAIL per output against its expected outputs and\n"
         "                tolerances; exit 0 only when every output passes\n"
@@ -298,17 +294,16 @@ static int cmd_plan(int argc, char **argv) {
   }
   kex_error err = {0};
   kex_graph *g = NULL;
-  kex_replay *r = NULL;
+  kex_rplan plan;
+  bool planned = false;
   kex_schedule *s = NULL;
-  kex_arena arena;
-  kex_arena_init(&arena, 0);
   int rc, ret = kex_cli_graph_load("plan", path, &g);
   if (ret) goto out;
-  kex_replay_opts ro = kex_target_replay_opts(&target);
-  ro.device_name = device;
+  kex_plan_init(&plan, g, &target); /* the engine's plan stage: replay + schedule (realize/plan.h) */
+  planned = true;
   double t0 = now_us();
-  rc = kex_replay_graph(g, &ro, &arena, &r, &err);
-  if (!rc) rc = kex_schedule_create(r, &s, &err);
+  rc = kex_plan_schedule(&plan, device, &err);
+  s = plan.s;
   double t1 = now_us();
   if (rc) {
     fprintf(stderr, "kex plan: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
@@ -396,18 +391,16 @@ out_notes:
   kex_free(kopts);
   kex_free(sources);
 out:
-  kex_schedule_free(s);
-  kex_replay_free(r);
+  if (planned) kex_plan_clear(&plan);
   kex_graph_free(g);
-  kex_arena_destroy(&arena);
   return ret;
 }
 
 
 #ifdef KEX_HAVE_RUN
 static int cmd_run(int argc, char **argv) {
-  const char *device = "opencl", *outdir = NULL;
-  bool as_json = false, source = false, check = false;
+  const char *device = "opencl", *outdir = NULL, *cache = NULL;
+  bool as_json = false, source = false, check = false, no_cache = false;
   long long repeat = 1, beam = 0;
   const kex_cli_opt opts[] = {{"device", 'd', KEX_CLI_STR, &device},
                               {"json", 'j', KEX_CLI_FLAG, &as_json},
@@ -416,6 +409,8 @@ static int cmd_run(int argc, char **argv) {
                               {"source", 's', KEX_CLI_FLAG, &source},
                               {"beam", 'b', KEX_CLI_INT, &beam, 0, KEX_BEAM_MAX_WIDTH},
                               {"check", 0, KEX_CLI_FLAG, &check},
+                              {"cache", 'c', KEX_CLI_STR, &cache},
+                              {"no-cache", 'n', KEX_CLI_FLAG, &no_cache},
                               {0}};
   int c = kex_cli_options("run", opts, argc, argv, usage);
   if (c >= 0) return c;
@@ -443,7 +438,8 @@ static int cmd_run(int argc, char **argv) {
     ret = rc == KEX_EINVAL ? 2 : 1;
     goto out;
   }
-  kex_run_opts ro = {repeat, source, beam};
+  kex_run_opts ro = {.repeat = (int)repeat, .keep_source = source, .beam = (int)beam,
+                     .cache_path = no_cache ? "" : cache, .program_cache = true};
   if ((rc = kex_run_graph(g, dev, &ro, &res, &err))) {
     fprintf(stderr, "kex run: %s: %s\n", path, err.msg[0] ? err.msg : kex_strerror(rc));
     ret = exit_code(rc);

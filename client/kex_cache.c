@@ -287,12 +287,7 @@ static void rm_print(bool as_json, uint64_t n) {
 
 #ifdef KEX_HAVE_RUN
 #include "core/arena.h"
-#include "codegen/astkey.h"
-#include "search/beam.h"
-#include "search/cache.h"
-#include "codegen/lower.h"
-#include "codegen/target.h"
-#include "realize/plan.h"
+#include "realize/plan.h" /* the plan stage, and through it the cache (search/cache.h) and the target */
 
 int kex_cmd_cache(int argc, char **argv);
 
@@ -334,15 +329,13 @@ static char *render_from_graph(const char *gpath, const kex_cache_entry *e, kex_
   int rc = kex_graph_from_json_file(gpath, &lim, &g, err);
   kex_plan_init(&p, g, &target);
   if (!rc) rc = kex_plan_schedule(&p, NULL, err);
-  for (uint32_t i = 0; !rc && p.s && i < p.s->nitems; i++) {
-    if (p.s->items[i].kind != KEX_ITEM_KERNEL) continue;
-    kex_ast_digest d;
-    if (kex_ast_key(p.s->items[i].ast, p.s->items[i].nout, &d, err) || strcmp(d.hex, e->ast_hex)) continue;
-    rc = kex_plan_lower_item(&target, p.s, i, e->value.opts, e->value.nopts, NULL, &ps, NULL, 0, err);
+  uint32_t item = 0;
+  int frc = rc ? rc : kex_plan_find_kernel(&p, e->ast_hex, &item, err);
+  if (!frc) {
+    rc = kex_plan_lower_item(&target, p.s, item, e->value.opts, e->value.nopts, NULL, &ps, NULL, 0, err);
     if (!rc) src = kex_strdup(ps.src);
-    break;
   }
-  if (!rc && !src) kex_err_set(err, KEX_ENOTFOUND, "no kernel of %s has AST key %.16s...", gpath, e->ast_hex);
+  if (!rc && frc == KEX_ENOTFOUND) kex_err_set(err, KEX_ENOTFOUND, "no kernel of %s has AST key %.16s...", gpath, e->ast_hex);
   kex_program_src_free(&ps);
   kex_plan_clear(&p);
   kex_graph_free(g);

@@ -36,8 +36,8 @@
 #include "core/alloc.h"
 
 #ifdef KEX_HAVE_RUN
-#include "devices/device.h"
-#include "search/beam.h"
+#include "realize/engine.h" /* the devices an engine runs on (devices/device.h through it) */
+#include "realize/plan.h"   /* the cache file's default path (search/beam.h through it) */
 #endif
 
 #define DOCTOR_SERVER_TIMEOUT_S 3.0 /* deadline of each call to the server */

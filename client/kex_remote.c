@@ -486,6 +486,8 @@ static int cmd_run(remote *r, int argc, char **argv) {
                               {"check", 0, KEX_CLI_FLAG, &check},
                               {"trace", 0, KEX_CLI_STR, &trace_path},
                               {"source", 's', KEX_CLI_LOCAL, NULL, 0, 0, "the Submit reply carries no source; kex cache show has a tuned kernel's"},
+                              {"cache", 'c', KEX_CLI_LOCAL_ARG, NULL, 0, 0, "the server uses its own cache"},
+                              {"no-cache", 'n', KEX_CLI_LOCAL, NULL, 0, 0, "the server uses its own cache"},
                               {0}};
   if ((c = kex_cli_options("run", opts, argc, argv, remote_usage)) >= 0) return c;
   const char *path = kex_cli_one_operand("run", check ? "case file" : "graph file", argc, argv, NULL);

@@ -4,7 +4,7 @@
  * DeleteCache, and the memo of rendered sources GetCacheEntry returns.
  *
  * Each call decodes and checks its request on the loop, runs its SQLite
- * work as one uv_queue_work, and answers from the after-callback; its
+ * work as one piece of pool work (daemon/work.h), and answers from the after-callback; its
  * lifetime and its writes go through the call's kexd_stream (stream.h):
  * ImportCache holds the stream while a read is outstanding, every call
  * while its pool job runs, and ExportCache writes the export in chunks of
@@ -12,8 +12,8 @@
  * carrying the entry count.
  *
  * SQLite (the policy is search/cache.h's): kexd keeps one connection per
- * worker thread, kexd_cache_conn; the cache RPCs, Tune and Submit's beam
- * hook use the connection of the thread they run on.
+ * worker thread (realize/engine.h, kex_cache_conns); the cache RPCs, Tune
+ * and Submit's beam hook use the connection of the thread they run on.
  *
  * GetCacheEntry's `source`: kexd cannot rebuild a kernel from ast_text
  * (there is no kex.ast.v1 parser), so it returns the source it rendered
@@ -35,6 +35,8 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "daemon/rpc.h"
+#include "daemon/work.h"
+#include "realize/engine.h"
 #include "daemon/stream.h"
 #include "search/cache.h"
 
@@ -51,16 +53,7 @@ typedef struct source_memo {
   char *source; /* kex_malloc'd */
 } source_memo;
 
-/* One worker thread's connection (listed so kexd can close them all when it exits). */
-typedef struct kexd_conn {
-  kex_cache *cache;
-  struct kexd_conn *next;
-} kexd_conn;
-
 typedef struct kexd_cache_rpc {
-  /* conns_lock protects conns: every worker thread's connection */
-  pthread_mutex_t conns_lock;
-  kexd_conn *conns;
   /* memo_lock protects memo (GetCacheEntry's sources) */
   pthread_mutex_t memo_lock;
   source_memo memo[KEXD_TUNE_SOURCES];
@@ -94,62 +87,6 @@ void kexd_cache_entry_to_pb(kex_cache_entry *e, kexd_pb_entry *p) {
   p->id.driver_version = e->device.driver_version;
   p->id.compiler_version = e->device.compiler_version;
   p->m.identity = &p->id;
-}
-
-/* ---- the daemon's SQLite connections: one per worker thread ---- */
-
-static _Thread_local kexd_conn *tl_conn;               /* this thread's connection ... */
-static _Thread_local const kexd_cache_rpc *tl_owner;  /* ... to the cache of this kexd */
-
-kex_cache *kexd_cache_conn(kexd *d, kex_error *err) {
-  kexd_cache_rpc *T = d->cache_rpc;
-  kex_cache *c = NULL;
-  kex_error ce = {0};
-  kexd_conn *n;
-  int rc;
-  if (!d->cfg.cache_path || !*d->cfg.cache_path) {
-    kex_err_set(err, KEX_EUNAVAILABLE, "kexd has no cache file");
-    return NULL;
-  }
-  if (tl_conn && tl_owner == T) return tl_conn->cache;
-  if ((rc = kex_cache_open(d->cfg.cache_path, &c, &ce)) < 0) {
-    kex_err_set(err, rc, "the beam cache %s cannot be opened: %s", d->cfg.cache_path, ce.msg);
-    return NULL;
-  }
-  if (!(n = kex_calloc(1, sizeof *n))) {
-    kex_cache_close(c);
-    kex_err_set(err, KEX_ENOMEM, "out of memory");
-    return NULL;
-  }
-  n->cache = c;
-  pthread_mutex_lock(&T->conns_lock);
-  n->next = T->conns;
-  T->conns = n;
-  pthread_mutex_unlock(&T->conns_lock);
-  tl_conn = n;
-  tl_owner = T;
-  return c;
-}
-
-/* When this thread may try again to open the cache of tl_retry_owner (after an open failed). */
-static _Thread_local double tl_retry_us;
-static _Thread_local const kexd_cache_rpc *tl_retry_owner;
-
-kex_cache *kexd_cache_conn_lookup(kexd *d, const char *what) {
-  kex_error err = {0};
-  kex_cache *c;
-  bool failed_before = tl_retry_owner == d->cache_rpc;
-  if (!d->cfg.cache_path || !*d->cfg.cache_path || (failed_before && kexd_now_us() < tl_retry_us)) return NULL;
-  if (!(c = kexd_cache_conn(d, &err))) {
-    tl_retry_owner = d->cache_rpc;
-    tl_retry_us = kexd_now_us() + KEXD_CACHE_RETRY_S * 1e6;
-    KEX_WARN("%s unavailable, going on without it: %s (this thread tries again in %.0f s)", what, err.msg,
-             KEXD_CACHE_RETRY_S);
-  } else if (failed_before) {
-    tl_retry_owner = NULL;
-    KEX_INFO("%s %s opened (an earlier open had failed)", what, d->cfg.cache_path);
-  }
-  return c;
 }
 
 /* ---- the memo of rendered sources ---- */
@@ -200,7 +137,7 @@ typedef struct cache_req {
   ProtobufCMessage *msg;     /* the decoded request (filters point into it) */
   kex_cache_filter filter;
   bool has_filter;
-  uv_work_t work;
+  kex_work work;
   int rc;
   kex_error err;
   /* list */
@@ -243,13 +180,13 @@ static int list_cb(const kex_cache_entry *e, void *arg) {
   return 0;
 }
 
-static void creq_work(uv_work_t *w) {
+static void creq_work(kex_work *w) {
   cache_req *q = w->data;
   kexd *d = q->d;
   kexd_cache_rpc *T = d->cache_rpc;
   kex_cache *c;
   int rc = 0;
-  if (!(c = kexd_cache_conn(d, &q->err))) {
+  if (!(c = kex_cache_conns_get(d->conns, &q->err))) {
     rc = q->err.code ? q->err.code : KEX_EUNAVAILABLE;
     goto out;
   }
@@ -326,7 +263,7 @@ static uint32_t filter_tag(const Kex__V1__CacheFilter *f) {
   return h;
 }
 
-static void creq_after(uv_work_t *w, int status) {
+static void creq_after(kex_work *w, int status) {
   cache_req *q = w->data;
   if (status < 0 && !q->rc) q->rc = kex_err_set(&q->err, KEX_EINTERNAL, "the worker pool dropped the job");
   kexd_stream_unhold(&q->st);
@@ -418,9 +355,9 @@ static void creq_reply(void *owner) {
 
 /* Queue q's SQLite work (held until creq_after); on failure the call is ended. */
 static void creq_start(cache_req *q) {
-  q->work.data = q;
+  q->work = (kex_work){.fn = creq_work, .after = creq_after, .data = q};
   kexd_stream_hold(&q->st);
-  if (uv_queue_work(q->d->loop, &q->work, creq_work, creq_after) < 0) {
+  if (kexd_work_submit(q->d->loop, &q->work) < 0) {
     kexd_stream_failf(&q->st, GRPC_STATUS_UNAVAILABLE, "the worker pool is not available");
     kexd_stream_unhold(&q->st);
   }
@@ -638,7 +575,6 @@ void kexd_rpc_import_cache(kexd_call *c, const uint8_t *req, size_t len, void *u
 int kexd_cache_rpc_init(kexd *d) {
   kexd_cache_rpc *T = kex_calloc(1, sizeof *T);
   if (!T) return KEX_ENOMEM;
-  pthread_mutex_init(&T->conns_lock, NULL);
   pthread_mutex_init(&T->memo_lock, NULL);
   d->cache_rpc = T;
   return 0;
@@ -647,14 +583,7 @@ int kexd_cache_rpc_init(kexd *d) {
 void kexd_cache_rpc_free(kexd *d) {
   kexd_cache_rpc *T = d->cache_rpc;
   if (!T) return;
-  while (T->conns) { /* the worker threads are idle: the loop ran out */
-    kexd_conn *n = T->conns;
-    T->conns = n->next;
-    kex_cache_close(n->cache);
-    kex_free(n);
-  }
   for (uint32_t i = 0; i < KEXD_TUNE_SOURCES; i++) kex_free(T->memo[i].opts), kex_free(T->memo[i].source);
-  pthread_mutex_destroy(&T->conns_lock);
   pthread_mutex_destroy(&T->memo_lock);
   kex_free(T);
   d->cache_rpc = NULL;

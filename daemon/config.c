@@ -198,6 +198,9 @@ static const flag flags[] = {
    "kernels compiled at once per device; a submission takes one slot at a time while others wait"},
   {"max-tunes-per-device", "N", FLAG_U32, F(max_tunes_per_device), 1, 1024, 0, 0, false, NULL,
    "Tune calls running at once on one device; more are refused"},
+  {"launch-quantum", "SECONDS", FLAG_SECONDS, F(launch_quantum_s), 0, 0, 0, 10, false, NULL,
+   "a submission's kernels go to the device back to back with one wait, about this much device time (from the "
+   "plan's last run) per fair-queue turn; other jobs' turns come between (0: one kernel per turn)"},
   {"kernel-time-limit", "SECONDS", FLAG_SECONDS, F(kernel_time_limit_s), 0, 0, 0, 86400, false, NULL,
    "seconds one kernel may run (0: none): cpu stops it between ranges, OpenCL fails it when it ends; the "
    "submission fails DEADLINE_EXCEEDED"},
@@ -352,6 +355,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->max_programs = KEXD_DEFAULT_MAX_PROGRAMS;
   cfg->compile_slots = KEXD_DEFAULT_COMPILE_SLOTS;
   cfg->kernel_time_limit_s = KEXD_DEFAULT_KERNEL_TIME_LIMIT_S;
+  cfg->launch_quantum_s = KEXD_DEFAULT_LAUNCH_QUANTUM_S;
   cfg->max_submits_per_job = KEXD_LIMIT_SUBMITS_PER_JOB;
   cfg->max_kept_graphs = KEXD_LIMIT_KEPT_GRAPHS;
   cfg->max_kept_graph_bytes = KEXD_LIMIT_KEPT_GRAPH_BYTES;

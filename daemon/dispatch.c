@@ -3,11 +3,11 @@
  * jobs (dispatch.h says what the callers see).
  *
  * A runner is created on the loop thread at the first item for its device.
- * Its thread opens the device (kex_device_open runs there, never on the
+ * Its thread opens the device (the opener, kexd's engine, runs there, never on the
  * loop), then repeatedly takes the head item of the flow with the smallest
  * virtual time, runs it with the lock released, charges the measured time to
  * the flow and hands the item back: onto the runner's done list, with
- * uv_async_send to wake the loop, whose async callback runs each item's
+ * its wake (the loop bridge, bridge.h) sent, whose callback runs each item's
  * done.  A device that fails to open fails the item that needed it and is
  * tried again at the next item.
  *
@@ -34,10 +34,10 @@
  * Stop: cancelled items and finished ones go back through the done list;
  * after the runner thread has drained its must_run items it unrefs the
  * device, says it exited, and the loop joins it (at once: it has returned)
- * and closes the async handle.
+ * and closes its wake.
  *
  * Routes (dispatch.h): a routed thread's request waits on the
- * dispatcher's route list (route_lock) until the route async handle wakes
+ * dispatcher's route list (route_lock) until the route wake wakes
  * the loop, which posts it like any item; its done callback signals the
  * request's condition variable.  The request lives on the routed thread's
  * stack.  At stop the route handle closes with the runners' and later
@@ -53,6 +53,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "daemon/bridge.h"
 
 #define DISPATCH_NAME_MAX KEXD_DISPATCH_NAME_MAX
 #define DISPATCH_DEFER_MAX_S 0.002 /* deferred dones wait at most this long (then the next item's end wakes the loop) */
@@ -76,7 +77,7 @@ typedef struct runner {
   char name[DISPATCH_NAME_MAX];
   pthread_t thread;
   bool thread_started, joined;
-  uv_async_t async;
+  kexd_wake done_wake;      /* the loop bridge (bridge.h): items handed back */
   bool async_open;
   /*
    * lock protects everything below it: the flows and their queues and
@@ -99,8 +100,6 @@ typedef struct runner {
   /* runner thread only (kernel_time_limit_s: written before the thread starts) */
   kex_device *dev;
   double kernel_time_limit_s;
-  int fault_kind;          /* -1, or --test-fault's kind: the opened device is wrapped by the fault device */
-  unsigned long fault_n;
 } runner;
 
 typedef struct route_req route_req;
@@ -108,7 +107,7 @@ typedef struct route_req route_req;
 struct kexd_dispatch {
   uv_loop_t *loop;
   /* routes: route_lock protects reqs and route_closed (any thread); the rest is the loop's */
-  uv_async_t route_async;
+  kexd_wake route_wake;     /* the loop bridge (bridge.h): route requests queued */
   bool route_open;
   pthread_mutex_t route_lock;
   route_req *reqs, *reqs_tail;
@@ -120,8 +119,8 @@ struct kexd_dispatch {
   char (*names)[DISPATCH_NAME_MAX];
   bool stopping;
   double kernel_time_limit_s;
-  int fault_kind; /* -1, or --test-fault's kind (kexd_dispatch_set_test_fault) */
-  unsigned long fault_n;
+  kexd_device_opener opener; /* kexd_dispatch_set_opener */
+  void *opener_ud;
   uint32_t open_handles;
   void (*on_stopped)(void *);
   void *stopped_ud;
@@ -218,21 +217,13 @@ static void run_item(runner *r, kexd_work *w) {
   w->device_s = -1;
   w->rc = 0;
   if (!r->dev && w->kind != KEXD_WORK_FREE) {
-    if ((rc = kex_device_open(r->name, &r->dev, &oerr)) < 0) {
+    kexd_dispatch *d = r->d;
+    rc = d->opener ? d->opener(d->opener_ud, r->index, &r->dev, &oerr) : KEX_EUNAVAILABLE;
+    if (rc < 0) {
       r->dev = NULL;
       w->rc = open_failed(r, &w->err, rc, &oerr);
       w->device_s = 0;
       return;
-    }
-    if (r->fault_kind >= 0) { /* --test-fault: the runner's device fails on purpose */
-      kex_device *f = NULL;
-      rc = kex_fault_device_new(r->dev, (kex_fault_kind)r->fault_kind, r->fault_n, &f);
-      kex_device_unref(r->dev);
-      if ((r->dev = f) == NULL) {
-        w->rc = open_failed(r, &w->err, rc, &oerr);
-        w->device_s = 0;
-        return;
-      }
     }
     kex_device_set_kernel_time_limit(r->dev, r->kernel_time_limit_s);
   }
@@ -295,7 +286,7 @@ static void *runner_main(void *arg) {
     w->woke = wake; /* still under the lock the loop takes the done list with */
     if (f->cancelled && !flow_active(f)) flow_remove(r, f);
     pthread_mutex_unlock(&r->lock);
-    if (wake) uv_async_send(&r->async);
+    if (wake) kexd_wake_send(&r->done_wake);
     pthread_mutex_lock(&r->lock);
   }
   pthread_mutex_unlock(&r->lock);
@@ -304,13 +295,13 @@ static void *runner_main(void *arg) {
   pthread_mutex_lock(&r->lock);
   r->exited = true;
   pthread_mutex_unlock(&r->lock);
-  uv_async_send(&r->async);
+  kexd_wake_send(&r->done_wake);
   return NULL;
 }
 
 /* ---- the loop thread ---- */
 
-static void on_runner_closed(uv_handle_t *h) {
+static void on_runner_closed(kexd_wake *h) {
   runner *r = h->data;
   kexd_dispatch *d = r->d;
   r->async_open = false;
@@ -318,7 +309,7 @@ static void on_runner_closed(uv_handle_t *h) {
 }
 
 /* Run done for every item handed back; after the thread exited, join it and close the handle. */
-static void on_runner_async(uv_async_t *a) {
+static void on_runner_async(kexd_wake *a) {
   runner *r = a->data;
   kexd_work *w;
   bool exited;
@@ -336,11 +327,11 @@ static void on_runner_async(uv_async_t *a) {
   if (exited && !r->joined) {
     pthread_join(r->thread, NULL);
     r->joined = true;
-    uv_close((uv_handle_t *)&r->async, on_runner_closed);
+    kexd_wake_close(&r->done_wake, on_runner_closed);
   }
 }
 
-static void on_route_async(uv_async_t *h);
+static void on_route_async(kexd_wake *h);
 
 int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MAX], uint32_t ndevices,
                       kexd_dispatch **out) {
@@ -349,7 +340,6 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
   if (!(d = kex_calloc(1, sizeof *d))) return KEX_ENOMEM;
   d->loop = loop;
   d->nrunners = ndevices;
-  d->fault_kind = -1;
   pthread_mutex_init(&d->route_lock, NULL);
   if (!(d->runners = kex_calloc(ndevices ? ndevices : 1, sizeof *d->runners)) ||
       !(d->names = kex_calloc(ndevices ? ndevices : 1, sizeof *d->names))) {
@@ -357,11 +347,10 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
     return KEX_ENOMEM;
   }
   for (uint32_t i = 0; i < ndevices; i++) snprintf(d->names[i], DISPATCH_NAME_MAX, "%s", names[i]);
-  if (uv_async_init(loop, &d->route_async, on_route_async) < 0) {
+  if (kexd_wake_init(loop, &d->route_wake, on_route_async, d) < 0) {
     kexd_dispatch_free(d);
     return KEX_EINTERNAL;
   }
-  d->route_async.data = d;
   d->route_open = true;
   d->open_handles++;
   *out = d;
@@ -384,23 +373,20 @@ static runner *runner_get(kexd_dispatch *d, uint32_t i) {
   r->d = d;
   r->index = i;
   r->kernel_time_limit_s = d->kernel_time_limit_s;
-  r->fault_kind = d->fault_kind;
-  r->fault_n = d->fault_n;
   memcpy(r->name, d->names[i], sizeof r->name);
   pthread_mutex_init(&r->lock, NULL);
   pthread_cond_init(&r->wake, NULL);
-  if (uv_async_init(d->loop, &r->async, on_runner_async) < 0) {
+  if (kexd_wake_init(d->loop, &r->done_wake, on_runner_async, r) < 0) {
     runner_free(r);
     return NULL;
   }
-  r->async.data = r;
   r->async_open = true;
   d->open_handles++;
   if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
     KEX_ERROR("dispatch: cannot start the runner thread of device \"%s\"", r->name);
     r->joined = true;
     d->runners[i] = r; /* freed with the dispatcher, after its handle closed */
-    uv_close((uv_handle_t *)&r->async, on_runner_closed);
+    kexd_wake_close(&r->done_wake, on_runner_closed);
     return NULL;
   }
   r->thread_started = true;
@@ -413,9 +399,9 @@ void kexd_dispatch_set_kernel_time_limit(kexd_dispatch *d, double seconds) {
   d->kernel_time_limit_s = seconds > 0 ? seconds : 0;
 }
 
-void kexd_dispatch_set_test_fault(kexd_dispatch *d, int kind, unsigned long n) {
-  d->fault_kind = kind;
-  d->fault_n = n;
+void kexd_dispatch_set_opener(kexd_dispatch *d, kexd_device_opener open, void *ud) {
+  d->opener = open;
+  d->opener_ud = ud;
 }
 
 int kexd_dispatch_post(kexd_dispatch *d, uint32_t device_index, kexd_work *w) {
@@ -498,7 +484,7 @@ void kexd_dispatch_cancel_job(kexd_dispatch *d, uint64_t job) {
       if (!flow_active(f)) flow_remove(r, f);
     }
     pthread_mutex_unlock(&r->lock);
-    if (n) uv_async_send(&r->async);
+    if (n) kexd_wake_send(&r->done_wake);
   }
 }
 
@@ -519,7 +505,7 @@ void kexd_dispatch_job_stats(kexd_dispatch *d, uint64_t job, kexd_flow_stats *ou
   }
 }
 
-static void on_route_closed(uv_handle_t *h) {
+static void on_route_closed(kexd_wake *h) {
   kexd_dispatch *d = h->data;
   d->route_open = false;
   if (--d->open_handles == 0 && d->stopping && d->on_stopped) d->on_stopped(d->stopped_ud);
@@ -531,11 +517,11 @@ void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *), void *ud) 
   d->on_stopped = on_stopped;
   d->stopped_ud = ud;
   if (d->route_open) {
-    on_route_async(&d->route_async); /* the requests queued so far fail: the dispatcher is stopping */
+    on_route_async(&d->route_wake); /* the requests queued so far fail: the dispatcher is stopping */
     pthread_mutex_lock(&d->route_lock);
     d->route_closed = true;
     pthread_mutex_unlock(&d->route_lock);
-    uv_close((uv_handle_t *)&d->route_async, on_route_closed);
+    kexd_wake_close(&d->route_wake, on_route_closed);
   }
   for (uint32_t i = 0; i < d->nrunners; i++) {
     runner *r = d->runners[i];
@@ -545,7 +531,7 @@ void kexd_dispatch_stop(kexd_dispatch *d, void (*on_stopped)(void *), void *ud) 
     r->stopping = true;
     pthread_cond_signal(&r->wake);
     pthread_mutex_unlock(&r->lock);
-    uv_async_send(&r->async);
+    kexd_wake_send(&r->done_wake);
   }
   if (d->open_handles == 0 && on_stopped) on_stopped(ud);
 }
@@ -594,7 +580,7 @@ static void route_done(kexd_work *w) {
 }
 
 /* On the loop: post the queued requests on their route's flow. */
-static void on_route_async(uv_async_t *h) {
+static void on_route_async(kexd_wake *h) {
   kexd_dispatch *d = h->data;
   route_req *q;
   pthread_mutex_lock(&d->route_lock);
@@ -652,7 +638,7 @@ int kexd_route_exec(void *vroute, kex_device *dev, kexd_route_job job, void *arg
     atomic_store(rt->cancel, true);
     return kex_err_set(err, KEX_EUNAVAILABLE, "the device runner is not available: the daemon is stopping");
   }
-  uv_async_send(&d->route_async);
+  kexd_wake_send(&d->route_wake);
   pthread_mutex_lock(&d->route_lock);
   while (!q.done) pthread_cond_wait(&q.cv, &d->route_lock);
   pthread_mutex_unlock(&d->route_lock);

@@ -33,7 +33,7 @@
 #include <uv.h>
 
 #include "core/errors.h"
-#include "daemon/metrics.h"
+#include "daemon/histogram.h"
 #include "devices/device.h"
 
 typedef struct kexd_dispatch kexd_dispatch;
@@ -109,11 +109,14 @@ int kexd_dispatch_new(uv_loop_t *loop, const char (*names)[KEXD_DISPATCH_NAME_MA
 void kexd_dispatch_set_kernel_time_limit(kexd_dispatch *d, double seconds);
 
 /*
- * --test-fault (tests only): each runner's device, when it opens, is wrapped
- * by the fault device failing its n-th call of `kind` (a kex_fault_kind; -1:
- * none).  Called before the first item is posted.
+ * How a runner opens its device (on the runner's thread, at its first
+ * item and again after a failed open): kexd's engines (realize/engine.h,
+ * kex_engine_open_instance: --test-fault's wrapper included).  0 or a
+ * negative code with *err.  Set before the first post; without one, every
+ * item of a runner fails UNAVAILABLE.
  */
-void kexd_dispatch_set_test_fault(kexd_dispatch *d, int kind, unsigned long n);
+typedef int (*kexd_device_opener)(void *ud, uint32_t device_index, kex_device **out, kex_error *err);
+void kexd_dispatch_set_opener(kexd_dispatch *d, kexd_device_opener open, void *ud);
 
 /*
  * Queue w for device `device_index` (starting its runner when needed).

@@ -4,7 +4,7 @@
  * with a bounded wait, leases and their renewal timer, and the beam hook.
  *
  * The bridge: a worker allocates a command (fleet_cmd), queues it under
- * f->mu and wakes the loop (f->async); the loop sends every queued command
+ * f->mu and wakes the loop (f->wake, the loop bridge); the loop sends every queued command
  * (or fails it at once when Redis is not up) and hiredis calls on_reply on
  * the loop with the reply, which is copied into the command and the worker
  * woken (f->cond).  A worker that waited --fleet-timeout marks its command
@@ -33,6 +33,7 @@
 #include "core/alloc.h"
 #include "core/codec.h"
 #include "core/log.h"
+#include "daemon/bridge.h"
 #include "daemon/kexd.h"
 
 #define CMD_ARGS 6    /* the most arguments a command here takes (EVAL script 1 key token ms) */
@@ -80,7 +81,7 @@ struct kexd_fleet {
   uint64_t lease_ms, timeout_ms, wait_max_ms;
   /* the loop's */
   redisAsyncContext *ac;
-  uv_async_t async;
+  kexd_wake wake;            /* the loop bridge (bridge.h) */
   uv_timer_t retry, renew;
   bool handles_open, down_logged;
   const char *dropping;       /* why this side is dropping the connection (on_disconnect's reason), or NULL */
@@ -310,8 +311,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv) {
 }
 
 /* Loop: send what the workers queued; fail it at once when Redis is not up.  Drop a Redis that stopped answering. */
-static void on_async(uv_async_t *a) {
-  kexd_fleet *f = a->data;
+static void on_async(kexd_wake *w) {
+  kexd_fleet *f = w->data;
   uv_mutex_lock(&f->mu);
   fleet_cmd_t *q = f->queue;
   f->queue = NULL;
@@ -370,7 +371,7 @@ static int fleet_cmd(kexd_fleet *f, int argc, const char *const *argv, const siz
   }
   *f->queue_tail = c;
   f->queue_tail = &c->next;
-  uv_async_send(&f->async); /* under mu: kexd_fleet_close closes the handle only after it set CONN_CLOSED */
+  kexd_wake_send(&f->wake);
   uint64_t deadline = uv_hrtime() + f->timeout_ms * 1000000ull;
   while (c->state == CMD_QUEUED) {
     uint64_t now = uv_hrtime();
@@ -384,7 +385,7 @@ static int fleet_cmd(kexd_fleet *f, int argc, const char *const *argv, const siz
     uv_mutex_unlock(&f->mu);
     atomic_fetch_add(&f->slow_in_row, 1);
     atomic_fetch_add(&f->errors, 1);
-    uv_async_send(&f->async); /* let the loop judge whether Redis stopped answering */
+    kexd_wake_send(&f->wake); /* let the loop judge whether Redis stopped answering */
     return KEX_EDEADLINE;
   }
   uv_mutex_unlock(&f->mu);
@@ -605,10 +606,15 @@ int kexd_fleet_start(kexd *d) {
     kex_free(f);
     return KEX_ENOMEM;
   }
-  uv_async_init(f->loop, &f->async, on_async);
+  if (kexd_wake_init(f->loop, &f->wake, on_async, f) < 0) {
+    uv_cond_destroy(&f->cond);
+    uv_mutex_destroy(&f->mu);
+    kex_free(f);
+    return KEX_ENOMEM;
+  }
   uv_timer_init(f->loop, &f->retry);
   uv_timer_init(f->loop, &f->renew);
-  f->async.data = f->retry.data = f->renew.data = f;
+  f->retry.data = f->renew.data = f;
   f->handles_open = true;
   uint64_t every = f->lease_ms / 3 ? f->lease_ms / 3 : 1;
   uv_timer_start(&f->renew, on_renew, every, every);
@@ -625,14 +631,14 @@ void kexd_fleet_close(kexd *d) {
   uv_mutex_lock(&f->mu);
   f->state = CONN_CLOSED; /* workers stop queueing: they search locally */
   uv_mutex_unlock(&f->mu);
-  on_async(&f->async);    /* fails what is queued */
+  on_async(&f->wake);     /* fails what is queued */
   if (f->ac) {
     redisAsyncContext *ac = f->ac;
     f->ac = NULL;
     redisAsyncFree(ac);   /* fails what is in flight */
   }
   f->handles_open = false;
-  uv_close((uv_handle_t *)&f->async, NULL);
+  kexd_wake_close(&f->wake, NULL);
   uv_close((uv_handle_t *)&f->retry, NULL);
   uv_close((uv_handle_t *)&f->renew, NULL);
 }

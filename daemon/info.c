@@ -15,6 +15,7 @@
 #include "daemon/accept_guard.h"
 #include "daemon/fleet.h"
 #include "daemon/rpc.h"
+#include "realize/engine.h"
 #include "daemon/stream.h"
 #include "grpc/health/v1/health.pb-c.h"
 #ifdef KEXD_HAVE_DEVICES
@@ -230,8 +231,12 @@ void kexd_rpc_get_stats(kexd *d, kexd_call *c, kexd_req *rq) {
   r.schedule_cache_hits = d->sched_cache_hits;
   r.schedule_cache_misses = d->sched_cache_misses;
   r.program_cache_memory_hits = d->prog_cache_memory_hits;
-  r.program_cache_sqlite_hits = d->prog_cache_sqlite_hits;
-  r.program_cache_misses = d->prog_cache_misses;
+  for (uint32_t i = 0; i < KEXD_MAX_DEVICES; i++) {
+    if (!d->engines[i]) continue;
+    kex_engine_stats es = kex_engine_get_stats(d->engines[i]);
+    r.program_cache_sqlite_hits += es.sqlite_hits;
+    r.program_cache_misses += es.compiled;
+  }
   {
     kexd_tune_counters tc;
     kexd_tune_stats(d, &tc);

@@ -51,6 +51,7 @@
 #define KEXD_DEFAULT_MAX_PROGRAMS 1024       /* programs loaded per device (least recently used unloaded beyond) */
 #define KEXD_DEFAULT_COMPILE_SLOTS 2         /* kernels compiled at once per device */
 #define KEXD_DEFAULT_KERNEL_TIME_LIMIT_S 10.0 /* seconds one kernel may run (0: none) */
+#define KEXD_DEFAULT_LAUNCH_QUANTUM_S 0.002  /* device time of the kernels one fair-queue item launches together */
 #define KEXD_LIMIT_PEM_BYTES (1u << 20)      /* bytes of one --tls-cert, --tls-key or --tls-client-ca file */
 #define KEXD_LIMIT_SUBMITS_PER_JOB 16        /* Submit calls in flight per job */
 #define KEXD_LIMIT_KEPT_GRAPHS 64            /* graphs one job keeps (Submit keep_as) */
@@ -101,6 +102,8 @@ typedef struct kexd_config {
   uint32_t max_programs;         /* Submit: programs loaded per device */
   uint32_t compile_slots;        /* Submit: compiles per device at once */
   double kernel_time_limit_s;    /* seconds one kernel may run (0: none) */
+  double launch_quantum_s;       /* a job's ready kernels go to the device back to back, this much device time
+                                    (estimated from the plan's last run) per fair-queue item */
   uint32_t plan_inline_nodes;
   uint64_t plan_warm_bytes;      /* Plan: each thread's warm replay state at most (0 = off) */
   bool test_busy_work;           /* registers /kex.v1.Kex/_BusyWork (tests only) */
@@ -123,9 +126,12 @@ typedef struct kexd {
   uint32_t plans_in_flight;
   /* Submit (submit.c) */
   struct kexd_submitter *submitter;
+  /* the engine of each device (realize/engine.h: compile slots, the program stage) and their SQLite connections */
+  struct kex_engine *engines[KEXD_MAX_DEVICES];
+  struct kex_cache_conns *conns;
   uint64_t submissions_done, submissions_failed;
   uint64_t sched_cache_hits, sched_cache_misses;
-  uint64_t prog_cache_memory_hits, prog_cache_sqlite_hits, prog_cache_misses;
+  uint64_t prog_cache_memory_hits;   /* SQLite hits and compiles: the engines' stats */
   kexd_histogram submit_seconds; /* arrival to done event, submissions that succeeded */
   double kernel_seconds;         /* device seconds Submit's kernels ran */
   kexd_metrics *metrics;         /* --metrics (metrics.c); NULL when off */

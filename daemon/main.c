@@ -40,6 +40,8 @@
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
+#include "daemon/work.h"
+#include "realize/engine.h"
 #include "devices/device.h"
 #include "search/beam.h"
 #include "search/pool.h"
@@ -132,27 +134,6 @@ static void size_connections(kexd_config *cfg) {
     KEX_WARN("--max-connections %u is more than the %llu descriptors left for connections: past that, connections "
              "are closed at accept (descriptor exhaustion, recovered)", cfg->max_connections, (unsigned long long)avail);
   kexd_accept_guard_init(cfg->max_connections);
-}
-
-/*
- * Each configured device's target: its rules and the capabilities it
- * reports (opened once here and released), or, when it cannot be opened
- * now, the static target of its name (Submit reports the open error later).
- */
-static void make_targets(kexd *d) {
-  for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
-    kex_device *dev = NULL;
-    kex_error err = {0};
-    if (kex_device_open(d->cfg.devices[i], &dev, &err) == 0) {
-      kex_target_for_device(kex_device_get_info(dev), &d->targets[i]);
-      kex_device_unref(dev);
-    } else {
-      kex_target_for_name(d->cfg.devices[i], &d->targets[i]);
-    }
-    KEX_INFO("device %s: %s rules; local memory %lld bytes, work-group %lld threads%s", d->cfg.devices[i],
-             d->targets[i].rules, (long long)d->targets[i].caps.shared_max,
-             (long long)d->targets[i].caps.max_local_size, d->targets[i].caps.supports_float4 ? ", float4" : "");
-  }
 }
 
 /*
@@ -303,8 +284,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   size_connections(&d->cfg);
-  make_targets(d);
-  if (d->cfg.workers) { /* before the first uv_queue_work: libuv reads it once */
+  if (d->cfg.workers) { /* before the first pool work (daemon/work.c): libuv reads it once */
     snprintf(workers, sizeof workers, "%u", d->cfg.workers);
     setenv("UV_THREADPOOL_SIZE", workers, 1);
   }
@@ -328,7 +308,6 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_server;
   }
-  kexd_dispatch_set_test_fault(d->disp, d->cfg.test_fault_kind, d->cfg.test_fault_n);
   if (d->cfg.test_fault_kind >= 0)
     KEX_WARN("--test-fault %s:%lu: the compile and run devices fail on purpose (a test facility; never use it in production)",
              kex_fault_kind_name((kex_fault_kind)d->cfg.test_fault_kind), d->cfg.test_fault_n);
@@ -346,6 +325,11 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_handles;
   }
+  if (kexd_engines_start(d) < 0) {
+    ret = 1;
+    goto out_handles;
+  }
+  kexd_engines_targets(d); /* each device opened once to read its rules and capabilities */
   if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
       kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0 || kexd_fleet_start(d) < 0) {
     ret = 1;
@@ -382,6 +366,7 @@ out_server:
   kexd_tune_free(d);
   kexd_fleet_free(d); /* every search is back */
   kexd_cache_rpc_free(d);
+  kexd_engines_free(d); /* the worker threads are idle: the loop ran out */
   kexd_streams_free(d->streams);
   kex_pool_destroy(d->search_pool); /* every search is back: the loop ran out */
   kexd_server_free(d->server);

@@ -4,7 +4,7 @@
  *
  * Threads.  The loop owns the counters (the kexd struct, the server's
  * per-method counts, the jobs).  A scrape, on the HTTP thread, bumps
- * `requested` and wakes the loop with uv_async_send; the loop's on_snapshot
+ * `requested` and wakes the loop (the loop bridge, bridge.h); the loop's on_snapshot
  * collects every counter into its own scratch snapshot, then takes the
  * lock only to copy it into `published` and signal.  The HTTP thread waits
  * at most KEXD_METRICS_WAIT_MS, copies the published snapshot out under the
@@ -35,9 +35,11 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "daemon/accept_guard.h"
+#include "daemon/bridge.h"
 #include "daemon/fleet.h"
 #include "daemon/kexd.h"
 #include "daemon/rpc.h"
+#include "realize/engine.h"
 
 #ifndef KEX_VERSION
 #define KEX_VERSION "unknown"
@@ -47,10 +49,6 @@
 #define METRICS_BACKLOG 64     /* listen(2) backlog */
 #define METRICS_TEXT_START 8192 /* first size of the formatted page; it grows by doubling */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
-
-/* Upper bounds of the submission-seconds buckets (+Inf is implicit). */
-static const double bucket_le[KEXD_METRICS_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                       0.5,   1,      2.5,   5,    10,    30,    60};
 
 /* grpc_status_code names, as the code label. */
 static const char *const code_names[KEXD_STATUS_CODES] = {
@@ -90,7 +88,7 @@ typedef struct snapshot {
 
 struct kexd_metrics {
   kexd *d;
-  uv_async_t async;
+  kexd_wake wake;          /* the loop bridge (bridge.h) */
   struct MHD_Daemon *mhd;
   int port;                /* bound (logged) */
   snapshot scratch;       /* the loop's, filled without the lock */
@@ -100,14 +98,6 @@ struct kexd_metrics {
   bool closing;
   snapshot published;
 };
-
-void kexd_histogram_observe(kexd_histogram *h, double v) {
-  int i = 0;
-  while (i < KEXD_METRICS_BUCKETS && !(v <= bucket_le[i])) i++;
-  h->buckets[i]++;
-  h->count++;
-  h->sum += v;
-}
 
 /* ---- the loop side ---- */
 
@@ -130,8 +120,13 @@ static void collect(kexd *d, snapshot *s) {
   s->bytes_held = 0;
   for (uint32_t i = 0; i < d->jobs.njobs; i++) s->bytes_held += d->jobs.jobs[i]->bytes_held;
   s->prog_memory_hits = d->prog_cache_memory_hits;
-  s->prog_sqlite_hits = d->prog_cache_sqlite_hits;
-  s->prog_misses = d->prog_cache_misses;
+  s->prog_sqlite_hits = s->prog_misses = 0;
+  for (uint32_t i = 0; i < KEXD_MAX_DEVICES; i++) {
+    if (!d->engines[i]) continue;
+    kex_engine_stats es = kex_engine_get_stats(d->engines[i]);
+    s->prog_sqlite_hits += es.sqlite_hits;
+    s->prog_misses += es.compiled;
+  }
   s->sched_hits = d->sched_cache_hits;
   s->sched_misses = d->sched_cache_misses;
   kexd_tune_stats(d, &s->tune);
@@ -163,8 +158,8 @@ static void collect(kexd *d, snapshot *s) {
 }
 
 /* A scrape asked: publish a fresh snapshot (the lock is held only for the copy). */
-static void on_snapshot(uv_async_t *h) {
-  kexd_metrics *m = h->data;
+static void on_snapshot(kexd_wake *w) {
+  kexd_metrics *m = w->data;
   uint64_t want;
   pthread_mutex_lock(&m->lock);
   want = m->requested;
@@ -206,7 +201,7 @@ static void put_histogram(page *p, const char *name, const char *dev, const kexd
       put_label(p, dev);
       kex_strbuf_printf(p, "\",");
     }
-    if (i < KEXD_METRICS_BUCKETS) kex_strbuf_printf(p, "le=\"%g\"} %llu\n", bucket_le[i], (unsigned long long)cum);
+    if (i < KEXD_METRICS_BUCKETS) kex_strbuf_printf(p, "le=\"%g\"} %llu\n", kexd_histogram_le[i], (unsigned long long)cum);
     else kex_strbuf_printf(p, "le=\"+Inf\"} %llu\n", (unsigned long long)h->count);
   }
   for (int k = 0; k < 2; k++) {
@@ -343,7 +338,7 @@ static void take_snapshot(kexd_metrics *m, snapshot *out) {
   if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
   pthread_mutex_lock(&m->lock);
   want = ++m->requested;
-  if (!m->closing) uv_async_send(&m->async); /* under the lock: stop closes the handle only after closing is set */
+  if (!m->closing) kexd_wake_send(&m->wake);
   while (m->answered < want && !m->closing)
     if (pthread_cond_timedwait(&m->cond, &m->lock, &until) == ETIMEDOUT) break;
   *out = m->published;
@@ -433,8 +428,8 @@ static int open_listener(const char *addr) {
   return fd;
 }
 
-static void on_closed(uv_handle_t *h) {
-  kexd_metrics *m = h->data;
+static void on_closed(kexd_wake *w) {
+  kexd_metrics *m = w->data;
   pthread_cond_destroy(&m->cond);
   pthread_mutex_destroy(&m->lock);
   kex_free(m);
@@ -462,7 +457,7 @@ int kexd_metrics_start(kexd *d, const char *addr, kexd_metrics **out) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&m->cond, &ca);
   pthread_condattr_destroy(&ca);
-  if (uv_async_init(d->loop, &m->async, on_snapshot) < 0) {
+  if (kexd_wake_init(d->loop, &m->wake, on_snapshot, m) < 0) {
     KEX_ERROR("--metrics %s: cannot create the loop handle", addr);
     pthread_cond_destroy(&m->cond);
     pthread_mutex_destroy(&m->lock);
@@ -470,7 +465,6 @@ int kexd_metrics_start(kexd *d, const char *addr, kexd_metrics **out) {
     rc = KEX_EINTERNAL;
     goto out_fd;
   }
-  m->async.data = m;
   collect(d, &m->published); /* a scrape that finds the loop busy still gets numbers */
   kexd_accept_guard_pass(fd);
   m->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC, 0, NULL, NULL, on_request,
@@ -480,7 +474,7 @@ int kexd_metrics_start(kexd *d, const char *addr, kexd_metrics **out) {
   if (!m->mhd) {
     KEX_ERROR("cannot serve metrics on %s: libmicrohttpd would not start", addr);
     kexd_accept_guard_pass(-1);
-    uv_close((uv_handle_t *)&m->async, on_closed);
+    kexd_wake_close(&m->wake, on_closed);
     rc = KEX_EINTERNAL;
     goto out_fd;
   }
@@ -500,5 +494,5 @@ void kexd_metrics_stop(kexd_metrics *m) {
   pthread_mutex_unlock(&m->lock);
   MHD_stop_daemon(m->mhd); /* joins the HTTP thread and closes the listener */
   kexd_accept_guard_pass(-1);
-  uv_close((uv_handle_t *)&m->async, on_closed);
+  kexd_wake_close(&m->wake, on_closed);
 }

@@ -2,7 +2,7 @@
  * metrics.h - kexd's Prometheus endpoint: GET /metrics on --metrics ADDR
  * (DESIGN.md: 127.0.0.1:9464), served by libmicrohttpd on its own thread.
  *
- * The loop thread owns every counter.  A scrape asks the loop (uv_async)
+ * The loop thread owns every counter.  A scrape asks the loop (the loop bridge)
  * for a fresh snapshot and waits for it at most KEXD_METRICS_WAIT_MS; the
  * loop copies the counters under a mutex held only for the copy, and the
  * HTTP thread formats from the copy.  So the loop never waits on HTTP, and
@@ -13,23 +13,14 @@
 
 #include <stdint.h>
 
+#include "daemon/histogram.h"
+
 #define KEXD_DEFAULT_METRICS "127.0.0.1:9464"
-#define KEXD_METRICS_BUCKETS 15          /* finite buckets of a histogram (submission seconds, queue wait) */
 #define KEXD_METRICS_WAIT_MS 1000        /* a scrape waits this long for the loop's snapshot */
 #define KEXD_METRICS_CONNECTIONS 16      /* HTTP connections at once */
 #define KEXD_METRICS_TIMEOUT_S 10        /* an idle HTTP connection is closed after this */
 #define KEXD_METRICS_MAX_METHODS 64      /* gRPC methods counted by name (kex_rpcs_total) */
 #define KEXD_METRICS_MAX_TENANTS 64      /* tenants with their own series (kex_tenant_*); the rest are tenant="_other" */
-
-/* A Prometheus histogram kept on the loop thread (cumulative only when formatted). */
-typedef struct kexd_histogram {
-  uint64_t buckets[KEXD_METRICS_BUCKETS + 1]; /* per bucket, not cumulative; the last is +Inf */
-  uint64_t count;
-  double sum;
-} kexd_histogram;
-
-/* Add one observation (seconds).  Not thread-safe: the loop's, or a device runner's under its lock. */
-void kexd_histogram_observe(kexd_histogram *h, double v);
 
 struct kexd;
 typedef struct kexd_metrics kexd_metrics;

@@ -25,6 +25,7 @@
 #include "core/log.h"
 #include "core/strbuf.h"
 #include "daemon/rpc.h"
+#include "daemon/work.h"
 #include "realize/plan.h"
 #include "sched/graph.h"
 #include "sched/lazy.h"
@@ -56,7 +57,7 @@ static kex_sched_warm *thread_warm(uint64_t limit) {
 
 /* One Plan in progress; owns the graph, the plan (until plan_run is done with it) and the reply. */
 typedef struct plan_work {
-  uv_work_t req;
+  kex_work req;
   kexd *d;
   kexd_call *call;
   char job[9];
@@ -187,9 +188,9 @@ static void plan_done(plan_work *w) {
   plan_work_free(w);
 }
 
-static void plan_work_cb(uv_work_t *req) { plan_run(req->data); }
+static void plan_work_cb(kex_work *req) { plan_run(req->data); }
 
-static void plan_after_work_cb(uv_work_t *req, int status) {
+static void plan_after_work_cb(kex_work *req, int status) {
   plan_work *w = req->data;
   if (status < 0 && !w->rc) w->rc = kex_err_set(&w->err, KEX_EINTERNAL, "Plan: the worker pool dropped the job");
   plan_done(w);
@@ -254,8 +255,8 @@ void kexd_rpc_plan(kexd *d, kexd_call *c, kexd_req *rq) {
     plan_run(w);
     plan_done(w);
   } else {
-    w->req.data = w;
-    if ((rc = uv_queue_work(d->loop, &w->req, plan_work_cb, plan_after_work_cb)) < 0) {
+    w->req = (kex_work){.fn = plan_work_cb, .after = plan_after_work_cb, .data = w};
+    if ((rc = kexd_work_submit(d->loop, &w->req)) < 0) {
       plan_run(w); /* the pool refused: do it here rather than fail */
       plan_done(w);
     }

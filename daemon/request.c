@@ -102,26 +102,19 @@ static const char *const status_names[KEXD_STATUS_CODES] = {
     "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
     "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
 
-/* Methods only an admin tenant may call: they change or copy out the beam cache every tenant shares. */
-static bool admin_only(const char *path) {
-  return strcmp(path, "/kex.v1.Kex/ExportCache") == 0 || strcmp(path, "/kex.v1.Kex/ImportCache") == 0 ||
-         strcmp(path, "/kex.v1.Kex/DeleteCache") == 0;
-}
-
 /* "/kex.v1.Kex/OpenJob" -> "OpenJob" for messages. */
 static const char *short_method(const char *path) {
   const char *slash = strrchr(path, '/');
   return slash ? slash + 1 : path;
 }
 
-bool kexd_rpc_gate(kexd_call *c, void *ud) {
-  kexd *d = ud;
+bool kexd_rpc_check_caller(kexd *d, kexd_call *c, kexd_role_rule rule) {
   kexd_call_info *ci = kexd_call_ext(c);
   const char *path = kexd_call_method(c), *why = NULL;
   char val[KEXD_AUTH_TOKEN_MAX], peer[KEXD_PEER_MAX];
   const kexd_tenant *t = NULL;
   int rc;
-  if (!d->auth || strncmp(path, "/grpc.health.v1.Health/", 23) == 0) return true; /* load balancers need no token */
+  if (!d->auth || rule == KEXD_CALLER_ANYONE) return true; /* load balancers need no token */
   rc = kexd_call_metadata(c, "authorization", val, sizeof val);
   if (rc == KEX_ENOTFOUND) why = "no authorization metadata";
   else if (rc < 0) why = "an authorization metadata value too long";
@@ -138,13 +131,13 @@ bool kexd_rpc_gate(kexd_call *c, void *ud) {
   }
   kexd_auth_ref(t->table);
   ci->tenant = t;
-  if (t->role != KEXD_ROLE_ADMIN && admin_only(path)) {
+  if (t->role != KEXD_ROLE_ADMIN && rule == KEXD_CALLER_ADMIN) {
     d->permission_denied++;
     kexd_call_failf(c, GRPC_STATUS_PERMISSION_DENIED, "%s: tenant '%s' is a user; it is for admins", short_method(path),
                     t->name);
     return false;
   }
-  if (!t->may_tune && strcmp(path, "/kex.v1.Kex/Tune") == 0) {
+  if (!t->may_tune && rule == KEXD_CALLER_TUNER) {
     d->permission_denied++;
     kexd_call_failf(c, GRPC_STATUS_PERMISSION_DENIED, "Tune: tenant '%s' may not Tune (may_tune is false in --auth)",
                     t->name);
@@ -186,11 +179,23 @@ void kexd_rpc_call_end(kexd_call *c, int status, void *ud) {
   ci->tenant = NULL;
 }
 
-/* The beam width limits (--max-beam, the tenant's max_beam).  0, or -1 with the call finished. */
+int kexd_rpc_beam_options(kexd *d, kexd_call *c, const Kex__V1__BeamOptions *b, uint32_t fallback, uint32_t *width) {
+  const char *m = short_method(kexd_call_method(c));
+  uint32_t w = b && b->beam_width ? b->beam_width : d->cfg.beam ? d->cfg.beam : fallback;
+  if (w > KEX_BEAM_MAX_WIDTH || (w && b && (b->max_upcast > KEXD_BEAM_MAX_LIMIT || b->max_local > KEXD_BEAM_MAX_LIMIT))) {
+    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: beam.beam_width must be at most %d and max_upcast, "
+                    "max_local at most %d", m, KEX_BEAM_MAX_WIDTH, KEXD_BEAM_MAX_LIMIT);
+    return -1;
+  }
+  *width = w;
+  return 0;
+}
+
+/* The beam width limits (--max-beam, the tenant's max_beam) of a width kexd_rpc_beam_options checked.  0, or -1 with the call finished. */
 static int check_beam(kexd *d, kexd_call *c, kexd_job *job, uint64_t width) {
   const kexd_tenant *t = kexd_rpc_tenant(c);
   const char *m = short_method(kexd_call_method(c));
-  if (!width || width > KEX_BEAM_MAX_WIDTH) return 0; /* none, or the caller's INVALID_ARGUMENT */
+  if (!width) return 0; /* hand-coded opts */
   if (width > d->cfg.max_beam) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: beam width %llu is more than the limit of %u (--max-beam)",
                     m, (unsigned long long)width, d->cfg.max_beam);

@@ -1,6 +1,7 @@
 /*
  * rpc.c - the method table: every kex.v1.Kex and grpc.health.v1.Health
- * path, the request type it takes, whether it names a job, and the handler
+ * path, the request type it takes, whether it names a job, who may call it
+ * (the gate: kexd_rpc_check_caller with its role rule), and the handler
  * that serves it.  For a unary method the table does what every handler
  * would otherwise open with: it decodes the request (request.c: size,
  * protobuf-c, strings checked on the wire), looks up the job its `job`
@@ -35,36 +36,39 @@ typedef struct method {
   const char *path;
   const ProtobufCMessageDescriptor *req; /* unary: the request type; NULL for a client stream */
   job_rule job;
+  kexd_role_rule role;  /* who may call it (kexd_rpc_check_caller) */
   kexd_method_fn fn;    /* unary */
   kexd_handler stream;  /* client stream: reads its own messages */
   bool test_only;       /* registered with --test-busy-work only */
 } method;
 
-#define UNARY(name, type, rule, fn) {"/kex.v1.Kex/" name, &kex__v1__##type##__descriptor, rule, fn, NULL, false}
+#define UNARY(name, type, rule, role, fn) \
+  {"/kex.v1.Kex/" name, &kex__v1__##type##__descriptor, rule, KEXD_CALLER_##role, fn, NULL, false}
+#define HEALTH(name, fn) \
+  {"/grpc.health.v1.Health/" name, &grpc__health__v1__health_check_request__descriptor, JOB_NONE, KEXD_CALLER_ANYONE, \
+   fn, NULL, false}
 
 static const method methods[] = {
-    {"/grpc.health.v1.Health/Check", &grpc__health__v1__health_check_request__descriptor, JOB_NONE,
-     kexd_rpc_health_check, NULL, false},
-    {"/grpc.health.v1.Health/Watch", &grpc__health__v1__health_check_request__descriptor, JOB_NONE,
-     kexd_rpc_health_watch, NULL, false},
-    UNARY("OpenJob", open_job_request, JOB_NONE, kexd_rpc_open_job),
-    UNARY("CloseJob", close_job_request, JOB_REQUIRED, kexd_rpc_close_job),
-    UNARY("HoldJob", hold_job_request, JOB_REQUIRED, kexd_rpc_hold_job),
-    UNARY("Plan", plan_request, JOB_REQUIRED, kexd_rpc_plan),
-    UNARY("ListDevices", list_devices_request, JOB_OPTIONAL, kexd_rpc_list_devices),
-    UNARY("GetStats", get_stats_request, JOB_OPTIONAL, kexd_rpc_get_stats),
-    UNARY("Submit", submit_request, JOB_REQUIRED, kexd_rpc_submit),
-    {"/kex.v1.Kex/Upload", NULL, JOB_REQUIRED, NULL, kexd_rpc_upload, false},
-    UNARY("Download", download_request, JOB_REQUIRED, kexd_rpc_download),
-    UNARY("Free", free_request, JOB_REQUIRED, kexd_rpc_free),
-    UNARY("Tune", tune_request, JOB_REQUIRED, kexd_rpc_tune),
-    UNARY("ListCache", list_cache_request, JOB_REQUIRED, kexd_rpc_list_cache),
-    UNARY("GetCacheEntry", get_cache_entry_request, JOB_REQUIRED, kexd_rpc_get_cache_entry),
-    UNARY("ExportCache", export_cache_request, JOB_REQUIRED, kexd_rpc_export_cache),
-    {"/kex.v1.Kex/ImportCache", NULL, JOB_REQUIRED, NULL, kexd_rpc_import_cache, false},
-    UNARY("DeleteCache", delete_cache_request, JOB_REQUIRED, kexd_rpc_delete_cache),
-    {"/kex.v1.Kex/_BusyWork", &kex__v1__busy_work_request__descriptor, JOB_REQUIRED, kexd_rpc_busy_work, NULL,
-     true},
+    HEALTH("Check", kexd_rpc_health_check),
+    HEALTH("Watch", kexd_rpc_health_watch),
+    UNARY("OpenJob", open_job_request, JOB_NONE, TENANT, kexd_rpc_open_job),
+    UNARY("CloseJob", close_job_request, JOB_REQUIRED, TENANT, kexd_rpc_close_job),
+    UNARY("HoldJob", hold_job_request, JOB_REQUIRED, TENANT, kexd_rpc_hold_job),
+    UNARY("Plan", plan_request, JOB_REQUIRED, TENANT, kexd_rpc_plan),
+    UNARY("ListDevices", list_devices_request, JOB_OPTIONAL, TENANT, kexd_rpc_list_devices),
+    UNARY("GetStats", get_stats_request, JOB_OPTIONAL, TENANT, kexd_rpc_get_stats),
+    UNARY("Submit", submit_request, JOB_REQUIRED, TENANT, kexd_rpc_submit),
+    {"/kex.v1.Kex/Upload", NULL, JOB_REQUIRED, KEXD_CALLER_TENANT, NULL, kexd_rpc_upload, false},
+    UNARY("Download", download_request, JOB_REQUIRED, TENANT, kexd_rpc_download),
+    UNARY("Free", free_request, JOB_REQUIRED, TENANT, kexd_rpc_free),
+    UNARY("Tune", tune_request, JOB_REQUIRED, TUNER, kexd_rpc_tune),
+    UNARY("ListCache", list_cache_request, JOB_REQUIRED, TENANT, kexd_rpc_list_cache),
+    UNARY("GetCacheEntry", get_cache_entry_request, JOB_REQUIRED, TENANT, kexd_rpc_get_cache_entry),
+    UNARY("ExportCache", export_cache_request, JOB_REQUIRED, ADMIN, kexd_rpc_export_cache),
+    {"/kex.v1.Kex/ImportCache", NULL, JOB_REQUIRED, KEXD_CALLER_ADMIN, NULL, kexd_rpc_import_cache, false},
+    UNARY("DeleteCache", delete_cache_request, JOB_REQUIRED, ADMIN, kexd_rpc_delete_cache),
+    {"/kex.v1.Kex/_BusyWork", &kex__v1__busy_work_request__descriptor, JOB_REQUIRED, KEXD_CALLER_TENANT,
+     kexd_rpc_busy_work, NULL, true},
 };
 
 #define NMETHODS (sizeof methods / sizeof methods[0])
@@ -96,6 +100,18 @@ out:
 static void serve_route(kexd_call *c, const uint8_t *bytes, size_t len, void *ud) {
   route *rt = ud;
   serve(rt->d, rt->m, c, bytes, len);
+}
+
+/* The method table's row of path, or NULL. */
+static const method *method_of(const char *path) {
+  for (size_t i = 0; i < NMETHODS; i++)
+    if (strcmp(methods[i].path, path) == 0) return &methods[i];
+  return NULL;
+}
+
+bool kexd_rpc_gate(kexd_call *c, void *ud) {
+  const method *m = method_of(kexd_call_method(c));
+  return kexd_rpc_check_caller(ud, c, m ? m->role : KEXD_CALLER_TENANT);
 }
 
 void kexd_rpc_serve(kexd *d, const char *path, kexd_call *c, const uint8_t *bytes, size_t len) {

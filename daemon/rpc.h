@@ -54,14 +54,27 @@ typedef struct kexd_call_info {
   uint32_t tune_device;      /* 1 + the device whose Tune slot it holds (--max-tunes-per-device); 0 none */
 } kexd_call_info;
 
+/* Who may call a method (the method table's role column, rpc.c). */
+typedef enum kexd_role_rule {
+  KEXD_CALLER_ANYONE,  /* no token needed, even with --auth (the health check: load balancers) */
+  KEXD_CALLER_TENANT,  /* with --auth, any tenant */
+  KEXD_CALLER_ADMIN,   /* with --auth, an admin tenant (the beam cache every tenant shares: export, import, delete) */
+  KEXD_CALLER_TUNER,   /* with --auth, a tenant whose may_tune is true */
+} kexd_role_rule;
+
 /*
- * The server's gate hook (before every registered handler): with --auth,
- * every method but the health check needs `authorization: Bearer TOKEN`
- * naming a tenant (else UNAUTHENTICATED, logged with the peer, never the
- * token); a user calling ExportCache, ImportCache or DeleteCache, or Tune
- * with may_tune false, is PERMISSION_DENIED.  False when it refused.
+ * The server's gate hook (before every registered handler; rpc.c looks up
+ * the method's role rule and calls kexd_rpc_check_caller).
  */
 bool kexd_rpc_gate(kexd_call *c, void *ud);
+/*
+ * The caller check of `rule`: with --auth, every method but an ANYONE one
+ * needs `authorization: Bearer TOKEN` naming a tenant (else
+ * UNAUTHENTICATED, logged with the peer, never the token); a user calling
+ * an ADMIN method, or a TUNER one with may_tune false, is
+ * PERMISSION_DENIED.  False when it refused (the call is finished).
+ */
+bool kexd_rpc_check_caller(kexd *d, kexd_call *c, kexd_role_rule rule);
 /* The server's on_end hook: give back the call's slots, write its access-log line, drop its tenant. */
 void kexd_rpc_call_end(kexd_call *c, int status, void *ud);
 /* After an --auth reload: each tenant's usage record takes its limits from the new table (job_rpc.c). */
@@ -72,13 +85,21 @@ const kexd_tenant *kexd_rpc_tenant(kexd_call *c);
 const char *kexd_rpc_tenant_name(kexd_call *c);
 /*
  * Limits on Submit (the call sites are one line in submit.c / tune.c):
- * beam width (--max-beam, the tenant's max_beam; a width over
- * KEX_BEAM_MAX_WIDTH is left to the caller's INVALID_ARGUMENT) and
+ * beam width (--max-beam, the tenant's max_beam; the width from
+ * kexd_rpc_beam_options) and
  * Submit calls in flight for the job (--max-submits-per-job).  0 with a
  * slot taken until the call ends, or -1 with the call finished
  * RESOURCE_EXHAUSTED naming the limit.
  */
 int kexd_rpc_submit_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t width);
+/*
+ * The one check of a request's BeamOptions (Submit, Tune): *width = its
+ * beam_width, else --beam, else `fallback` (Submit 0: hand-coded; Tune 2);
+ * a width over KEX_BEAM_MAX_WIDTH or a max_upcast/max_local over
+ * KEXD_BEAM_MAX_LIMIT is INVALID_ARGUMENT.  0, or -1 with the call finished.
+ * The limits a client meets (--max-beam, the tenant's) are *_begin's.
+ */
+int kexd_rpc_beam_options(kexd *d, kexd_call *c, const Kex__V1__BeamOptions *b, uint32_t fallback, uint32_t *width);
 /* The same for Tune: beam width and Tune calls at once on `device` (--max-tunes-per-device). */
 int kexd_rpc_tune_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t device, int width);
 
@@ -176,27 +197,10 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const struct kex_graph *g, con
 
 /* ---- cache_rpc.c ---- */
 
-/* Set up the cache RPCs' state (the memo of sources, the SQLite connections).  0 or KEX_ENOMEM. */
+/* Set up the cache RPCs' state (the memo of sources).  0 or KEX_ENOMEM. */
 int kexd_cache_rpc_init(kexd *d);
-/* Free it and close every connection, after the loop ran out. */
+/* Free it, after the loop ran out. */
 void kexd_cache_rpc_free(kexd *d);
-/*
- * On a worker thread: this thread's connection to the cache file
- * (search/cache.h's policy: one per thread, never shared), opened at its
- * first use and kept until kexd exits.  NULL with *err: KEX_EUNAVAILABLE
- * "kexd has no cache file", or the open's error ("the beam cache PATH
- * cannot be opened: ...", tried again at the next call).
- */
-kex_cache *kexd_cache_conn(kexd *d, kex_error *err);
-/*
- * kexd_cache_conn for a lookup (realize/plan.h's cache policy: Submit's
- * program cache and beam hook): NULL when kexd has no cache file, or when
- * it cannot be opened -- warned, `what` naming the user ("program cache"),
- * and the caller goes on without; this thread tries the open again at its
- * first use KEXD_CACHE_RETRY_S later (not at every kernel).
- */
-#define KEXD_CACHE_RETRY_S 5.0
-kex_cache *kexd_cache_conn_lookup(kexd *d, const char *what);
 /* The handlers. */
 void kexd_rpc_list_cache(kexd *d, kexd_call *c, kexd_req *rq);
 void kexd_rpc_get_cache_entry(kexd *d, kexd_call *c, kexd_req *rq);

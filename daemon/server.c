@@ -5,8 +5,8 @@
  * in server_int.h.
  *
  * Threads: the cq thread only waits in grpc_completion_queue_next, appends
- * each completed tag to a locked FIFO and wakes the loop with uv_async_send
- * (which coalesces, so the loop always drains the whole list).  The loop
+ * each completed tag to a locked FIFO and wakes the loop (its kexd_wake:
+ * the loop bridge, bridge.h, which coalesces, so the loop always drains the whole list).  The loop
  * thread owns every call object and runs every tag's handler; it is the only
  * thread that starts batches or posts requests.
  *
@@ -92,23 +92,25 @@ static void *cq_thread_main(void *arg) {
     tag *t = ev.tag;
     t->success = ev.success;
     tag_push(s, t);
-    uv_async_send(&s->async);
+    kexd_wake_send(&s->wake);
   }
   pthread_mutex_lock(&s->lock);
   s->cq_done = true;
   pthread_mutex_unlock(&s->lock);
-  uv_async_send(&s->async);
+  kexd_wake_send(&s->wake);
   return NULL;
 }
 
-static void on_handle_closed(uv_handle_t *h) {
-  kexd_server *s = h->data;
+static void handle_closed(kexd_server *s) {
   if (--s->handles_open == 0 && s->opts.on_stopped) s->opts.on_stopped(s->opts.ud);
 }
 
+static void on_handle_closed(uv_handle_t *h) { handle_closed(h->data); }
+static void on_wake_closed(kexd_wake *w) { handle_closed(w->data); }
+
 /* Loop side of the hop: run every queued tag; after the cq thread is done, join it and close the handles. */
-static void on_async(uv_async_t *a) {
-  kexd_server *s = a->data;
+static void on_async(kexd_wake *w) {
+  kexd_server *s = w->data;
   tag *t;
   bool done;
   pthread_mutex_lock(&s->lock);
@@ -124,7 +126,7 @@ static void on_async(uv_async_t *a) {
   if (done && !s->thread_joined) {
     pthread_join(s->cq_thread, NULL);
     s->thread_joined = true;
-    uv_close((uv_handle_t *)&s->async, on_handle_closed);
+    kexd_wake_close(&s->wake, on_wake_closed);
     uv_close((uv_handle_t *)&s->grace, on_handle_closed);
     uv_close((uv_handle_t *)&s->harvest, on_handle_closed);
   }
@@ -656,12 +658,12 @@ int kexd_server_start(kexd_server *s) {
     KEX_ERROR("cannot listen on %s: the address is in use (is another kexd running?) or invalid", s->listen);
     return KEX_EUNAVAILABLE;
   }
-  if (uv_async_init(s->loop, &s->async, on_async) < 0 || uv_timer_init(s->loop, &s->grace) < 0 ||
+  if (kexd_wake_init(s->loop, &s->wake, on_async, s) < 0 || uv_timer_init(s->loop, &s->grace) < 0 ||
       uv_prepare_init(s->loop, &s->harvest) < 0) {
     KEX_ERROR("server: cannot create the loop handles");
     return KEX_EINTERNAL;
   }
-  s->async.data = s->grace.data = s->harvest.data = s;
+  s->grace.data = s->harvest.data = s;
   s->handles_open = 3;
   uv_prepare_start(&s->harvest, on_harvest);
   grpc_server_start(s->server);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <uv.h>
 
+#include "daemon/bridge.h"
 #include "daemon/server.h"
 
 typedef struct tag tag;
@@ -70,7 +71,7 @@ struct kexd_server {
   uint32_t nmethods, capmethods;
   int port;
   /* cq thread <-> loop */
-  uv_async_t async;
+  kexd_wake wake;            /* the loop bridge (bridge.h): the cq thread wakes the loop */
   uv_prepare_t harvest; /* before the loop sleeps, when a stream write is out: its completion, run at once */
   bool harvest_due;     /* a stream message write started since the last harvest */
   pthread_t cq_thread;

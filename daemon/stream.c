@@ -1,7 +1,7 @@
 /*
  * stream.c - the server-stream writer of stream.h: per-stream event
  * queues under the hub's one lock, a list of streams with events to
- * write (woken through the hub's async handle), and the pump, the one
+ * write (woken through the loop bridge, bridge.h), and the pump, the one
  * place that decides when a call writes, ends and is released.
  */
 #include "daemon/stream.h"
@@ -13,11 +13,12 @@
 
 #include "core/alloc.h"
 #include "core/errors.h"
+#include "daemon/bridge.h"
 
 struct kexd_streams {
   uv_loop_t *loop;
   pthread_t loop_thread;
-  uv_async_t async;
+  kexd_wake wake;            /* the loop bridge (bridge.h) */
   bool async_open;
   /* lock protects every stream's queue and dirty fields, the dirty list and closed */
   pthread_mutex_t lock;
@@ -25,7 +26,7 @@ struct kexd_streams {
   bool closed;
 };
 
-static void on_hub_async(uv_async_t *a);
+static void on_hub_async(kexd_wake *w);
 
 int kexd_streams_new(uv_loop_t *loop, kexd_streams **out) {
   kexd_streams *h = kex_calloc(1, sizeof *h);
@@ -34,12 +35,12 @@ int kexd_streams_new(uv_loop_t *loop, kexd_streams **out) {
   h->loop = loop;
   h->loop_thread = pthread_self();
   pthread_mutex_init(&h->lock, NULL);
-  if (uv_async_init(loop, &h->async, on_hub_async) < 0) {
+  int rc = kexd_wake_init(loop, &h->wake, on_hub_async, h);
+  if (rc < 0) {
     pthread_mutex_destroy(&h->lock);
     kex_free(h);
-    return KEX_EINTERNAL;
+    return rc;
   }
-  h->async.data = h;
   h->async_open = true;
   *out = h;
   return 0;
@@ -51,7 +52,7 @@ void kexd_streams_close(kexd_streams *h) {
   h->closed = true;
   pthread_mutex_unlock(&h->lock);
   h->async_open = false;
-  uv_close((uv_handle_t *)&h->async, NULL);
+  kexd_wake_close(&h->wake, NULL);
 }
 
 void kexd_streams_free(kexd_streams *h) {
@@ -61,8 +62,8 @@ void kexd_streams_free(kexd_streams *h) {
 }
 
 /* The loop: pump each stream with queued events (one at a time off the list: pumping one may release another). */
-static void on_hub_async(uv_async_t *a) {
-  kexd_streams *h = a->data;
+static void on_hub_async(kexd_wake *w) {
+  kexd_streams *h = w->data;
   for (;;) {
     kexd_stream *st;
     pthread_mutex_lock(&h->lock);
@@ -173,7 +174,7 @@ void kexd_stream_push(kexd_stream *st, kexd_stream_ev *ev) {
     h->dirty = st;
   }
   pthread_mutex_unlock(&h->lock);
-  if (wake) uv_async_send(&h->async);
+  if (wake) kexd_wake_send(&h->wake);
   else st->acts++; /* the loop's own push: a drained that pushed made progress */
 }
 

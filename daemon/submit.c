@@ -1,9 +1,9 @@
 /*
  * submit.c - Submit: schedule, compile and run a graph for a job, streaming
  * its progress (DESIGN.md, "The path of one submission").  This file has
- * the handler, the structure cache and a submission's life and stream;
- * submit_run.c its items on the device runner, programs.c the loaded
- * programs' index, compile.c the SQLite lookups and the compile slots
+ * the handler, the structure cache, a submission's life and stream and
+ * its items on the device runner; programs.c the loaded programs' index;
+ * the engine (realize/engine.h) the SQLite lookups and the compile slots
  * (submit.h shares their types).
  *
  * One submission moves through these stages; every one ends back on the
@@ -15,7 +15,7 @@
  *      never the input bytes) and look the hash up in the structure cache.
  *   2. on a miss, a plan is built by the plan builder (realize/plan.h, the
  *      one `kex run` uses): replay + schedule on the loop for small graphs
- *      (--plan-inline-nodes), then on the worker pool (uv_queue_work) the
+ *      (--plan-inline-nodes), then on the worker pool (daemon/work.h) the
  *      rest of the replay/schedule for large ones, the per-buffer and
  *      per-item tables, and every kernel lowered with hand-coded opts (or,
  *      for a beam Submit, Tune's hook: cached opts, else a search) and
@@ -55,7 +55,7 @@
  * the loop sets it at a client cancel, the closures read it and skip their
  * work.  Each device's compile probe (identity, dtypes) is shared by the
  * pool's threads behind a lock; SQLite is reached through each pool
- * thread's own connection (kexd_cache_conn); compiles run in slots
+ * thread's own connection (realize/engine.h); compiles run in slots
  * (below).
  *
  * Loaded programs (each a dlopen()ed .so or an OpenCL program: ~77 KB and
@@ -98,6 +98,7 @@
 #include "daemon/kept.h"
 #include "proto/pballoc.h"
 #include "daemon/submit.h"
+#include "daemon/work.h"
 #include "sched/schedule.h"
 
 static void plan_unref(plan *p) {
@@ -115,54 +116,34 @@ static int beam_lower(void *arg, const kex_graph *g, const kex_schedule *s, uint
 
 int kexd_submit_init(kexd *d) {
   kexd_submitter *S = kex_calloc(1, sizeof *S);
-  uint32_t nslots = d->cfg.compile_slots;
   if (!S) return KEX_ENOMEM;
   S->d = d;
   S->ndevices = d->cfg.ndevices;
-  S->compilers = kex_calloc(S->ndevices ? S->ndevices : 1, sizeof *S->compilers);
   S->loaded = kex_calloc(S->ndevices ? S->ndevices : 1, sizeof *S->loaded);
   S->plans = kex_calloc(d->cfg.schedule_cache ? d->cfg.schedule_cache : 1, sizeof *S->plans);
-  if (!S->compilers || !S->loaded || !S->plans) goto nomem;
-  for (uint32_t i = 0; i < S->ndevices; i++) {
-    compile_dev *cd = &S->compilers[i];
-    if (!(cd->slots = kex_calloc(nslots, sizeof *cd->slots))) goto nomem;
-    cd->device = i;
-    cd->S = S;
-    cd->nslots = nslots;
-    loaded_index_init(&S->loaded[i]);
-    for (uint32_t j = 0; j < nslots; j++) cd->slots[j].cd = cd;
+  if (!S->loaded || !S->plans) {
+    kex_free(S->loaded), kex_free(S->plans), kex_free(S);
+    return KEX_ENOMEM;
   }
-  for (uint32_t i = 0; i < S->ndevices; i++) pthread_mutex_init(&S->compilers[i].lock, NULL);
-  S->fault_kind = d->cfg.test_fault_kind;
-  S->fault_n = d->cfg.test_fault_n;
+  for (uint32_t i = 0; i < S->ndevices; i++) loaded_index_init(&S->loaded[i]);
   S->max_programs = d->cfg.max_programs;
   if (d->disp) kexd_dispatch_set_kernel_time_limit(d->disp, d->cfg.kernel_time_limit_s);
   d->submitter = S;
   return 0;
-nomem:
-  for (uint32_t i = 0; S->compilers && i < S->ndevices; i++) kex_free(S->compilers[i].slots);
-  kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans), kex_free(S);
-  return KEX_ENOMEM;
 }
 
 void kexd_submit_free(kexd *d) {
   kexd_submitter *S = d->submitter;
   if (!S) return;
-  for (uint32_t i = 0; i < S->ndevices; i++) {
-    compile_dev *cd = &S->compilers[i];
+  for (uint32_t i = 0; i < S->ndevices; i++)
     loaded_index_free(&S->loaded[i]); /* the runners have exited: this thread is the only one left */
-    for (uint32_t j = 0; j < cd->nslots; j++) kex_device_unref(cd->slots[j].dev);
-    kex_device_unref(cd->probe);
-    kex_free(cd->slots);
-    pthread_mutex_destroy(&cd->lock);
-  }
   while (S->orphans) {
     loaded_prog *lp = S->orphans;
     S->orphans = lp->next;
     free_loaded_now(lp);
   }
   for (uint32_t i = 0; i < S->nplans; i++) plan_unref(S->plans[i]);
-  kex_free(S->compilers), kex_free(S->loaded), kex_free(S->plans);
+  kex_free(S->loaded), kex_free(S->plans);
   kex_free(S);
   d->submitter = NULL;
 }
@@ -304,7 +285,8 @@ static void sub_release(void *owner) {
   kex_free(s->handles), kex_free(s->need), kex_free(s->bins), kex_free(s->binlens);
   kex_free(s->compile_us), kex_free(s->from), kex_free(s->bufs), kex_free(s->progs), kex_free(s->out_bufs);
   kex_free(s->out_data), kex_free(s->kernel_us), kex_free(s->works), kex_free(s->stepargs), kex_free(s->handle_str);
-  kex_free(s->misses), kex_free(s->lps), kex_free(s->pinned), kex_free(s->pend);
+  kex_prog_req_clear(&s->preq);
+  kex_free(s->lps), kex_free(s->pinned), kex_free(s->pend);
   if (!s->p || s->g != s->p->g) kex_graph_free(s->g);
   kex_trace_free(s->trace);
   free(s->trace_json); /* jansson's */
@@ -506,10 +488,12 @@ void sub_fail(submission *s, int status, const char *fmt, ...) {
 }
 
 /* Run work on the worker pool, holding a reference on the stream that `after` drops; the Submit fails when the pool cannot take it. */
-static void sub_queue_work(submission *s, uv_work_cb work, uv_after_work_cb after) {
+static void sub_queue_work(submission *s, kex_work_fn work, kex_work_after_fn after) {
+  s->work.fn = work;
+  s->work.after = after;
   s->work.data = s;
   kexd_stream_ref(&s->st);
-  if (uv_queue_work(s->d->loop, &s->work, work, after) < 0) {
+  if (kexd_work_submit(s->d->loop, &s->work) < 0) {
     kexd_stream_unref(&s->st);
     sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
   }
@@ -532,8 +516,7 @@ static void sub_cancelled(void *owner) {
   submission *s = owner;
   atomic_store(&s->cancelled, true);
   kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": cancelled by the client (or its deadline)", s->id);
-  if (s->waiting && !s->compiling) { /* waiting for a compile slot with none in flight: leave the line now */
-    wait_remove(&s->d->submitter->compilers[s->device], s);
+  if (kex_engine_programs_cancel(&s->preq)) { /* waiting for a compile slot with none in flight: it left the line */
     sub_end(s, GRPC_STATUS_CANCELLED, "Submit: cancelled"); /* no pump: one could free s under the stream */
   }
 }
@@ -553,6 +536,49 @@ static bool sub_more(void *owner) {
 }
 
 static const kexd_stream_ops sub_ops = {"Submit", ev_write, sub_drained, sub_cancelled, sub_release, NULL, sub_more};
+
+/* ---- the engine's program stage (realize/engine.h) for a submission ---- */
+
+static bool preq_dead(kex_prog_req *r) { return kexd_stream_dead(&((submission *)r->owner)->st); }
+static void preq_hold(kex_prog_req *r) { kexd_stream_ref(&((submission *)r->owner)->st); }
+static void preq_release(kex_prog_req *r) { kexd_stream_unref(&((submission *)r->owner)->st); /* may free s */ }
+
+/* Every program is read or compiled (or the stage failed, or the call is gone): go on to the device, or fail. */
+/* Whether sources a and b are the same but for their kernels' names na and nb (tinygrad's name counter calls the
+ * second of two identical kernels "...n1"): a program of one runs the other. */
+static bool same_but_name(const char *a, const char *na, const char *b, const char *nb) {
+  size_t la = strlen(na), lb = strlen(nb);
+  if (!la || !lb || strlen(a) - la != strlen(b) - lb) return false;
+  while (*a && *b) {
+    if (strncmp(a, na, la) == 0 && strncmp(b, nb, lb) == 0) {
+      a += la, b += lb;
+      continue;
+    }
+    if (*a++ != *b++) return false;
+  }
+  return *a == *b;
+}
+
+/* An earlier kernel j with a program record (lps[j]) in this submission whose source is kernel k's (but for the
+ * name): j, else -1.  k then runs j's program: one graph's identical kernels are compiled and loaded once. */
+static int64_t same_source(const kex_rplan *rp, loaded_prog *const *lps, uint32_t k) {
+  const kex_plan_prog *pk = &rp->progs[k];
+  for (uint32_t j = 0; j < k; j++) {
+    const kex_plan_prog *pj = &rp->progs[j];
+    if (!lps[j] || pj->has_local != pk->has_local || memcmp(pj->global, pk->global, sizeof pk->global) ||
+        (pk->has_local && memcmp(pj->local, pk->local, sizeof pk->local)))
+      continue;
+    if (memcmp(pj->hash, pk->hash, SUB_HASH) == 0 || same_but_name(pj->src, pj->name, pk->src, pk->name)) return j;
+  }
+  return -1;
+}
+
+static void preq_done(kex_prog_req *r) {
+  submission *s = r->owner;
+  if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
+  if (r->rc < 0) return sub_fail_rc(s, r->rc, &r->err);
+  sub_post(s);
+}
 
 /* The plan is known: reserve memory, resolve the handles and the loaded programs, go on. */
 static void sub_planned(submission *s) {
@@ -577,11 +603,10 @@ static void sub_planned(submission *s) {
   s->binlens = kex_calloc(nk, sizeof *s->binlens);
   s->compile_us = kex_calloc(nk, sizeof *s->compile_us);
   s->from = kex_calloc(nk, sizeof *s->from);
-  s->misses = kex_calloc(nk, sizeof *s->misses);
   s->lps = kex_calloc(nk, sizeof *s->lps);
   s->pinned = kex_calloc(nk, sizeof *s->pinned);
   if (!s->handles || !s->bufs || !s->progs || !s->out_bufs || !s->out_data || !s->kernel_us || !s->need || !s->bins ||
-      !s->binlens || !s->compile_us || !s->from || !s->misses || !s->lps || !s->pinned)
+      !s->binlens || !s->compile_us || !s->from || !s->lps || !s->pinned)
     return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
   for (uint32_t b = 0; b < p->rp.nbufs; b++) {
     if (p->rp.buf_handle[b] < 0) continue;
@@ -610,6 +635,7 @@ static void sub_planned(submission *s) {
       d->prog_cache_memory_hits++;
       continue;
     }
+    if (same_source(&p->rp, s->lps, k) >= 0) continue; /* one graph, the same source twice: compiled and loaded once */
     if (!(lp = kex_calloc(1, sizeof *lp))) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
     memcpy(lp->hash, p->rp.progs[k].hash, SUB_HASH);
     snprintf(lp->name, sizeof lp->name, "%s", p->rp.progs[k].name);
@@ -624,11 +650,14 @@ static void sub_planned(submission *s) {
     return kexd_stream_pump(&s->st); /* the caller holds a reference: s stays */
   }
   kexd_stream_pump(&s->st);
-  sub_queue_work(s, lookup_work, lookup_after); /* the SQLite program lookup */
+  s->preq = (kex_prog_req){.rp = &p->rp, .need = s->need, .cancelled = &s->cancelled, .trace = s->trace, .owner = s,
+                           .dead = preq_dead, .hold = preq_hold, .release = preq_release, .done = preq_done,
+                           .bins = s->bins, .binlens = s->binlens, .compile_us = s->compile_us, .from = s->from};
+  kex_engine_programs(d->engines[s->device], &s->preq); /* SQLite, then the compile slots */
 }
 
-static void build_work(uv_work_t *req) {
-  submission *s = req->data;
+static void build_work(kex_work *w) {
+  submission *s = w->data;
   plan *p = s->p;
   double t0 = kexd_now_us();
   s->pool_rc = 0;
@@ -650,8 +679,8 @@ static void build_work(uv_work_t *req) {
   p->build_us += kexd_now_us() - t0;
 }
 
-static void build_after(uv_work_t *req, int status) {
-  submission *s = req->data;
+static void build_after(kex_work *w, int status) {
+  submission *s = w->data;
   if (status < 0 && !s->pool_rc) s->pool_rc = kex_err_set(&s->pool_err, KEX_EINTERNAL, "the worker pool dropped the job");
   if (s->pool_rc < 0) {
     sub_fail_rc(s, s->pool_rc, &s->pool_err);
@@ -697,12 +726,9 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: missing graph");
     goto out;
   }
-  uint32_t width = m->beam && m->beam->beam_width ? m->beam->beam_width : d->cfg.beam; /* 0: hand-coded */
-  if (width > KEX_BEAM_MAX_WIDTH || (width && m->beam && (m->beam->max_upcast > KEXD_BEAM_MAX_LIMIT ||
-                                                          m->beam->max_local > KEXD_BEAM_MAX_LIMIT))) {
+  uint32_t width; /* 0: hand-coded */
+  if (kexd_rpc_beam_options(d, c, m->beam, 0, &width) < 0) {
     d->submissions_failed++;
-    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: beam.beam_width must be at most %d and max_upcast, "
-                    "max_local at most %d", KEX_BEAM_MAX_WIDTH, KEXD_BEAM_MAX_LIMIT);
     goto out;
   }
   if ((dev = kexd_rpc_device_index(d, m->graph->device)) < 0) {
@@ -797,4 +823,374 @@ out:
     protobuf_c_message_free_unpacked(&kept->base, &kex_pb_allocator);
   }
   if (s) kexd_stream_unref(&s->st); /* may free s */
+}
+
+/* ---- a submission on its device runner (dispatch.c): SETUP, one item per plan step, FINISH; then the done event ---- */
+
+static int item_fail(submission *s, int rc, kex_error *err, const char *what) {
+  char m[KEX_ERROR_MSG_MAX];
+  snprintf(m, sizeof m, "%s", err->msg[0] ? err->msg : kex_strerror(rc));
+  s->failed = true;
+  return kex_err_set(err, rc, "%s: %s", what, m);
+}
+
+/* trace: the span [t0, now) on the submission's device track ("device NAME") */
+static void device_span(submission *s, const char *cat, const char *name, const char *detail, uint64_t t0) {
+  char track[96];
+  snprintf(track, sizeof track, "device %s", s->d->cfg.devices[s->device]);
+  sub_span(s, track, cat, name, detail, t0);
+}
+
+static int setup_items(submission *s, kex_device *dev, kex_error *err);
+
+/* SETUP: load the new programs, allocate the buffers, copy the inputs in. */
+static int setup_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
+  submission *s = arg;
+  (void)device_s;
+  uint64_t t0 = SUB_TRACE_NOW(s);
+  if (s->trace) kex_trace_span(s->trace, "queue", "queue", "queue wait (fair queue)", NULL, s->posted_us, t0);
+  int rc = setup_items(s, dev, err);
+  if (s->trace) device_span(s, "run", "setup: load programs, allocate, inputs in", NULL, t0);
+  return rc;
+}
+
+static int setup_items(submission *s, kex_device *dev, kex_error *err) {
+  const plan *p = s->p;
+  int rc = 0;
+  if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
+  for (uint32_t i = 0; i < p->rp.nkernels; i++) {
+    if (s->progs[i]) continue; /* loaded already: the loop pinned it for this submission */
+    int64_t j = s->lps[i] ? -1 : same_source(&p->rp, s->lps, i);
+    if (j >= 0) { /* the same source as kernel j (loaded just now): its program */
+      s->progs[i] = s->progs[j];
+      continue;
+    }
+    if (!s->bins[i]) return item_fail(s, KEX_EINTERNAL, err, "a program is neither loaded nor compiled");
+    if ((rc = kex_device_load(dev, s->bins[i], s->binlens[i], p->rp.progs[i].name, &s->progs[i], err)) < 0)
+      return item_fail(s, rc, err, p->rp.progs[i].name);
+  }
+  for (uint32_t b = 0; b < p->rp.nbufs; b++) {
+    if (!p->rp.buf_alloc[b]) continue;
+    if ((rc = kex_device_alloc(dev, p->rp.buf_bytes[b] ? p->rp.buf_bytes[b] : 16, &s->bufs[b], err)) < 0) {
+      char what[64];
+      snprintf(what, sizeof what, "allocating buffer %u (%zu bytes)", b, (size_t)p->rp.buf_bytes[b]);
+      return item_fail(s, rc, err, what);
+    }
+  }
+  for (uint32_t i = 0; i < p->rp.ninputs; i++) {
+    const kex_plan_input *in = &p->rp.inputs[i];
+    void *host = kex_malloc(in->bytes ? in->bytes : 1);
+    char what[64];
+    if (!host) return item_fail(s, KEX_ENOMEM, err, "out of memory filling an input");
+    snprintf(what, sizeof what, "node %u (BUFFER)", in->node);
+    rc = kex_fill_buffer(&s->g->nodes[in->node], host, in->bytes, err);
+    if (!rc && in->bytes) rc = kex_buffer_copy_in(s->bufs[in->buf], 0, host, in->bytes, err);
+    kex_free(host);
+    if (rc < 0) return item_fail(s, rc, err, what);
+  }
+  s->setup_ok = true;
+  s->ran = 1;
+  return 0;
+}
+
+/* A batch of steps: kernels launched back to back and waited for together (the engine's run-steps stage);
+ * cancels and deadlines act between batches.  *device_s: the kernels' profiled time, which the fair queue charges. */
+static int step_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
+  step_arg *sa = arg;
+  submission *s = sa->s;
+  const kex_rplan *rp = &s->p->rp;
+  int rc = 0;
+  (void)dev;
+  if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
+  if (!s->setup_ok || s->failed) return kex_err_set(err, KEX_ECANCELLED, "an earlier item failed");
+  uint64_t t0 = SUB_TRACE_NOW(s);
+  uint32_t failed = sa->first;
+  rc = kex_run_steps(rp, sa->first, sa->n, s->bufs, s->progs, 1, s->kernel_us, device_s, &failed, err);
+  if (s->trace) { /* one span per step, laid end to end over the batch's wall time by the kernels' device times */
+    char track[96];
+    snprintf(track, sizeof track, "device %s", s->d->cfg.devices[s->device]);
+    uint64_t t1 = SUB_TRACE_NOW(s), at = t0;
+    for (uint32_t i = sa->first; i < sa->first + sa->n; i++) {
+      const kex_plan_step *st = &rp->steps[i];
+      if (st->kind != KEX_PLAN_STEP_KERNEL) {
+        if (st->size) device_span(s, "run", "copy", NULL, at);
+        continue;
+      }
+      char detail[64];
+      snprintf(detail, sizeof detail, "kernel %u of %u", st->kernel + 1, rp->nkernels);
+      uint64_t end = at + (uint64_t)s->kernel_us[st->kernel];
+      kex_trace_span(s->trace, track, "run", rp->progs[st->kernel].name, detail, at, end < t1 ? end : t1);
+      at = end < t1 ? end : t1;
+    }
+  }
+  if (rc < 0) {
+    const kex_plan_step *st = &rp->steps[failed];
+    return item_fail(s, rc, err, st->kind == KEX_PLAN_STEP_KERNEL ? rp->progs[st->kernel].name : "copy");
+  }
+  s->ran += sa->n;
+  return 0;
+}
+
+/*
+ * One output: its buffer (out_bufs[j], except ALIAS) and its inline bytes
+ * (when small enough).  With free_outputs only the bytes: a DIRECT output's
+ * buffer stays in bufs (finish frees it) and GATHER/CONST get no buffer.
+ */
+static int output_run(submission *s, kex_device *dev, uint32_t j, kex_error *err) {
+  const kex_plan_output *o = &s->p->rp.outputs[j];
+  bool inl = o->nbytes <= s->inline_max;
+  uint8_t *host = NULL;
+  int rc = 0;
+  if (o->kind == KEX_PLAN_OUT_DIRECT || o->kind == KEX_PLAN_OUT_ALIAS) {
+    kex_buffer *b = s->bufs[o->buf];
+    if (o->kind == KEX_PLAN_OUT_DIRECT && !s->free_outputs) {
+      s->out_bufs[j] = b;
+      s->bufs[o->buf] = NULL;
+    }
+    if (!inl) return 0;
+    if (!(s->out_data[j] = kex_malloc(o->nbytes ? o->nbytes : 1))) return KEX_ENOMEM;
+    return o->nbytes ? kex_buffer_copy_out(b, 0, s->out_data[j], o->nbytes, err) : 0;
+  }
+  if (!(host = kex_calloc(o->nbytes ? o->nbytes : 1, 1))) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  if (o->kind == KEX_PLAN_OUT_CONST) {
+    kex_fill_const(o->dtype, o->value, host, o->nbytes / (size_t)kex_dtype_size(o->dtype));
+  } else {
+    uint8_t *base = kex_malloc(o->base_bytes ? o->base_bytes : 1);
+    if (!base) rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
+    if (!rc && o->base_bytes) rc = kex_buffer_copy_out(s->bufs[o->buf], 0, base, o->base_bytes, err);
+    if (!rc) kex_st_gather(o->st, base, (size_t)kex_dtype_size(o->dtype), host);
+    kex_free(base);
+  }
+  if (!rc && !s->free_outputs) rc = kex_device_alloc(dev, o->nbytes ? o->nbytes : 16, &s->out_bufs[j], err);
+  if (!rc && !s->free_outputs && o->nbytes) rc = kex_buffer_copy_in(s->out_bufs[j], 0, host, o->nbytes, err);
+  if (!rc && inl) s->out_data[j] = host, host = NULL;
+  kex_free(host);
+  return rc;
+}
+
+/* FINISH (must_run): the outputs when everything ran, then free what is not an output. */
+static int finish_run(kex_device *dev, void *arg, double *device_s, kex_error *err) {
+  submission *s = arg;
+  const plan *p = s->p;
+  int rc = 0;
+  (void)device_s;
+  bool ok = !atomic_load(&s->cancelled) && s->setup_ok && !s->failed && s->ran == 1 + p->rp.nsteps;
+  uint64_t t0 = SUB_TRACE_NOW(s);
+  /* the outputs that read a buffer first, then the DIRECT ones, which take theirs: another output may be a view
+     of the same buffer (an ASSIGN target returned both as it is and reshaped) */
+  for (int direct = 0; direct < 2; direct++)
+    for (uint32_t j = 0; ok && j < p->rp.noutputs; j++)
+      if ((p->rp.outputs[j].kind == KEX_PLAN_OUT_DIRECT) == direct && (rc = output_run(s, dev, j, err)) < 0) {
+        char what[40];
+        snprintf(what, sizeof what, "reading output %u", j);
+        item_fail(s, rc, err, what);
+        ok = false;
+      }
+  for (uint32_t b = 0; b < p->rp.nbufs; b++) {
+    if (p->rp.buf_alloc[b]) kex_buffer_free(s->bufs[b]);
+    s->bufs[b] = NULL;
+  }
+  if (s->trace) device_span(s, "output", "outputs: device to host, free", NULL, t0);
+  if (!ok) {
+    for (uint32_t j = 0; j < p->rp.noutputs; j++) {
+      kex_buffer_free(s->out_bufs[j]);
+      s->out_bufs[j] = NULL;
+    }
+    return rc < 0 ? rc : kex_err_set(err, KEX_ECANCELLED, "the submission did not run to its end");
+  }
+  return 0;
+}
+
+/* The done event (outputs registered as the job's buffers); 0 or a negative code with the call to fail. */
+static int build_done(submission *s, kexd_job *job, kex_error *err) {
+  kexd *d = s->d;
+  const plan *p = s->p;
+  Kex__V1__SubmitEvent *ev = kex_calloc(1, sizeof *ev);
+  Kex__V1__Done *done = kex_calloc(1, sizeof *done);
+  int rc = 0;
+  if (!ev || !done) {
+    kex_free(ev), kex_free(done);
+    return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  }
+  kex__v1__submit_event__init(ev);
+  kex__v1__done__init(done);
+  ev->event_case = KEX__V1__SUBMIT_EVENT__EVENT_DONE;
+  ev->done = done;
+  s->final_ev = ev;
+  done->outputs = kex_calloc(p->rp.noutputs ? p->rp.noutputs : 1, sizeof *done->outputs);
+  done->kernels = kex_calloc(p->rp.nkernels ? p->rp.nkernels : 1, sizeof *done->kernels);
+  s->handle_str = kex_calloc(p->rp.noutputs ? p->rp.noutputs : 1, sizeof *s->handle_str);
+  if (!done->outputs || !done->kernels || !s->handle_str) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+  for (uint32_t j = 0; j < p->rp.noutputs; j++) {
+    const kex_plan_output *o = &p->rp.outputs[j];
+    Kex__V1__Output *out = kex_malloc(sizeof *out);
+    if (!out) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+    kex__v1__output__init(out);
+    done->outputs[done->n_outputs++] = out;
+    if (o->kind == KEX_PLAN_OUT_ALIAS) {
+      const kexd_buffer *kb = s->handles[o->buf];
+      memcpy(s->handle_str[j], kb->handle, sizeof s->handle_str[j]);
+    } else if (s->free_outputs) {
+      s->handle_str[j][0] = '\0'; /* bytes only: the runner freed (or never made) the buffer */
+    } else {
+      kexd_buffer *kb;
+      if ((rc = kexd_job_add_buffer(&d->jobs, job, s->out_bufs[j], s->device, o->dtype, o->shape, o->ndim, o->nbytes,
+                                    &kb)) < 0)
+        return kex_err_set(err, rc, "cannot record output %u: %s", j, kex_strerror(rc));
+      s->out_bufs[j] = NULL;
+      memcpy(s->handle_str[j], kb->handle, sizeof s->handle_str[j]);
+    }
+    out->handle = s->handle_str[j];
+    out->dtype = (char *)kex_dtypes[o->dtype].name;
+    out->n_shape = o->ndim;
+    out->shape = (int64_t *)o->shape;
+    out->bytes = o->nbytes;
+    if (s->out_data[j]) {
+      out->has_data = true;
+      out->data.data = s->out_data[j];
+      out->data.len = o->nbytes;
+    }
+  }
+  for (uint32_t k = 0; k < p->rp.nkernels; k++) {
+    Kex__V1__KernelTime *kt = kex_malloc(sizeof *kt);
+    if (!kt) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+    kex__v1__kernel_time__init(kt);
+    kt->kernel = (char *)p->rp.progs[k].name;
+    kt->compile_us = s->compile_us ? s->compile_us[k] : 0;
+    kt->run_us = s->kernel_us[k];
+    kt->opts = p->rp.progs[k].opts; /* the applied opts, as kex run prints them */
+    done->kernels[done->n_kernels++] = kt;
+    if (s->from) {
+      if (s->from[k] == 0) done->programs_memory++;
+      else if (s->from[k] == 1) done->programs_sqlite++;
+      else done->programs_compiled++;
+    } else {
+      done->programs_memory++;
+    }
+  }
+  done->schedule_cached = s->schedule_cached;
+  done->schedule_us = s->schedule_cached ? 0 : p->build_us;
+  done->total_us = kexd_now_us() - s->t0;
+  if (s->trace) {
+    char label[64];
+    sub_span(s, "daemon", "output", "done event", NULL, SUB_TRACE_NOW(s));
+    snprintf(label, sizeof label, "Submit %" PRIu64 " (job %s)", s->id, s->log_id);
+    if (!(s->trace_json = kex_trace_json(s->trace, label))) return kex_err_set(err, KEX_ENOMEM, "out of memory");
+    done->trace_json = s->trace_json;
+  }
+  return 0;
+}
+
+/* Every device item is back: register the outputs (or free them) and end the call. */
+static void sub_complete(submission *s) {
+  kexd *d = s->d;
+  kexd_job *job = kexd_jobs_find_id(&d->jobs, s->job);
+  kex_error err = {0};
+  int rc = s->rc;
+  sub_unreserve(s);
+  sub_release_programs(s); /* no item of it is left on the runner */
+  if (!rc && (kexd_stream_dead(&s->st) || !job)) rc = kex_err_set(&s->err, KEX_ECANCELLED, "cancelled");
+  if (!rc && (rc = build_done(s, job, &err)) < 0) s->err = err;
+  for (uint32_t j = 0; j < s->p->rp.noutputs; j++) /* what did not become a job buffer */
+    if (s->out_bufs[j]) {
+      kexd_jobs_free_device_buffer(&d->jobs, s->out_bufs[j], s->device, s->job, s->weight);
+      s->out_bufs[j] = NULL;
+    }
+  if (!rc) {
+    double slowest = 0;
+    for (uint32_t k = 0; k < s->p->rp.nkernels; k++)
+      if (s->kernel_us[k] > slowest) slowest = s->kernel_us[k];
+    s->p->last_max_kernel_us = slowest;
+    d->submissions_done++;
+    s->final_status = GRPC_STATUS_OK;
+    s->final_ready = true;
+    kex_log(KEX_LOG_DEBUG, s->log_id, 0, "Submit %" PRIu64 ": %u kernels, %.0f us", s->id, s->p->rp.nkernels,
+            s->final_ev->done->total_us);
+    kexd_stream_pump(&s->st); /* item_done holds a reference: s stays */
+  } else {
+    sub_drop_outputs(s); /* the outputs build_done recorded before it failed */
+    sub_fail_rc(s, rc, &s->err);
+  }
+}
+
+static void item_done(kexd_work *w) {
+  submission *s = w->ud;
+  uint32_t idx = (uint32_t)(w - s->works);
+  s->items_out--;
+  if (w->rc < 0 && (!s->rc || (s->rc == KEX_ECANCELLED && w->rc != KEX_ECANCELLED))) {
+    s->rc = w->rc;
+    s->err = w->err;
+  }
+  if (idx == 0) sub_adopt_programs(s); /* whatever SETUP loaded, even when it failed later */
+  /* the chain woke the loop before its end (another job's item came between): events go out as they come */
+  if (s->items_out && w->woke) s->cork = false;
+  bool batch = idx >= 1 && idx + 1 < s->nworks;
+  if (w->rc == 0 && batch) s->d->kernel_seconds += w->device_s;
+  if (w->rc == 0 && idx == 0) {
+    if (s->p->rp.nkernels) ev_push(s, EV_RUNNING, 0);
+  } else if (w->rc == 0 && batch) { /* the next kernel after this batch's last one is running now */
+    const step_arg *sa = &s->stepargs[idx];
+    for (uint32_t i = sa->first + sa->n; i-- > sa->first;)
+      if (s->p->rp.steps[i].kind == KEX_PLAN_STEP_KERNEL) {
+        if (s->p->rp.steps[i].kernel + 1 < s->p->rp.nkernels) ev_push(s, EV_RUNNING, s->p->rp.steps[i].kernel + 1);
+        break;
+      }
+  }
+  if (s->items_out == 0) sub_complete(s);
+  else kexd_stream_pump(&s->st);
+  kexd_stream_unref(&s->st); /* the item's: may free s */
+}
+
+/*
+ * Steps per device item: the kernels of about --launch-quantum of device time by the plan's last run (its
+ * slowest kernel), at most KEX_RUN_BATCH_EVENTS; SUB_FIRST_BATCH for a plan that never ran; 1 with a quantum
+ * of 0.  A batch is one turn of the job's flow: other jobs' items run between batches.
+ */
+static uint32_t steps_per_item(const kexd *d, const plan *p) {
+  double q_us = d->cfg.launch_quantum_s * 1e6;
+  if (q_us <= 0) return 1;
+  if (p->last_max_kernel_us < 0) return SUB_FIRST_BATCH;
+  double per = q_us / (p->last_max_kernel_us > 1.0 ? p->last_max_kernel_us : 1.0);
+  return per < 1 ? 1 : per > KEX_RUN_BATCH_EVENTS ? KEX_RUN_BATCH_EVENTS : (uint32_t)per;
+}
+
+/* Post setup, the batches of steps and finish on the job's flow.  On failure the call is ended. */
+void sub_post(submission *s) {
+  kexd *d = s->d;
+  const plan *p = s->p;
+  uint32_t per = steps_per_item(d, p);
+  uint32_t n = (p->rp.nsteps + per - 1) / per + 2;
+  s->nworks = n;
+  if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
+  if (kexd_call_time_left(s->call) <= 0) return sub_fail(s, GRPC_STATUS_DEADLINE_EXCEEDED, "Submit: the deadline passed");
+  s->works = kex_calloc(n, sizeof *s->works);
+  s->stepargs = kex_calloc(n, sizeof *s->stepargs);
+  if (!s->works || !s->stepargs) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
+  /* kernels that were quick last time: the setup and every step may wait for the next item to wake the loop */
+  bool defer = p->last_max_kernel_us >= 0 && p->last_max_kernel_us < SUB_DEFER_KERNEL_US;
+  for (uint32_t i = 0; i < n; i++) {
+    kexd_work *w = &s->works[i];
+    w->kind = KEXD_WORK_RUN;
+    w->defer_done = defer && i < n - 1;
+    w->job = s->job;
+    w->weight = s->weight;
+    w->done = item_done;
+    w->ud = s;
+    if (i == 0) w->fn = setup_run, w->arg = s;
+    else if (i == n - 1) w->fn = finish_run, w->arg = s, w->must_run = true;
+    else {
+      uint32_t first = (i - 1) * per;
+      s->stepargs[i] = (step_arg){s, first, first + per <= p->rp.nsteps ? per : p->rp.nsteps - first};
+      w->fn = step_run;
+      w->arg = &s->stepargs[i];
+    }
+  }
+  s->posted_us = SUB_TRACE_NOW(s);
+  bool idle = false;
+  int rc = kexd_dispatch_post_chain(d->disp, s->device, s->works, n, &idle); /* one wake of the runner for the chain */
+  if (rc < 0)
+    return sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the device runner is not available: %s", kex_strerror(rc));
+  s->items_out = n;
+  for (uint32_t i = 0; i < n; i++) kexd_stream_ref(&s->st); /* the items', each dropped by item_done */
+  s->cork = defer && idle; /* sub_more: the chain runs now and is quick, so its end is near */
 }

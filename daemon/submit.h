@@ -1,11 +1,10 @@
 /*
  * submit.h - what Submit's files share (private to daemon/): the plan of a
- * graph structure, the loaded-programs index, the compile devices and
- * slots, the submitter and one submission.  submit.c has the handler, the
+ * graph structure, the loaded-programs index,
+ * the submitter and one submission.  submit.c has the handler, the
  * submission's life and its stream (its opening comment tells the whole
  * path of a submission); programs.c the loaded programs' index;
- * compile.c the SQLite lookups and the compile
- * slots; submit_run.c the device runner's items and the done event.
+ * the engine (realize/engine.h) the SQLite lookups and the compile slots.
  * Every function here runs on the loop thread unless its comment says.
  */
 #ifndef KEXD_SUBMIT_H
@@ -22,6 +21,7 @@
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
 #include "devices/device.h"
+#include "realize/engine.h"
 #include "realize/plan.h"
 #include "realize/run.h"
 #include "search/cache.h"
@@ -34,6 +34,7 @@
  * arrive together, at most this late.
  */
 #define SUB_DEFER_KERNEL_US 1000.0
+#define SUB_FIRST_BATCH 8 /* steps per device item of a plan that never ran (its kernel times unknown) */
 
 /* The plan builder's plan (realize/plan.h) of one graph structure, shared by its submissions. */
 typedef struct plan {
@@ -70,44 +71,9 @@ typedef struct loaded_prog {
   struct loaded_prog *next;  /* S->orphans */
 } loaded_prog;
 
-/* One compile slot: at most one pool job at a time (loop thread, but dev: that job's thread). */
-typedef struct compile_slot {
-  uv_work_t work;
-  struct compile_dev *cd;
-  submission *s;             /* compiling s's kernel k now; NULL: free */
-  uint32_t k;
-  int rc;                    /* the compile's result, for the loop */
-  kex_error err;
-  /* the slot's own compile instance (devices whose compile is not thread-safe), opened at first use */
-  kex_device *dev;
-} compile_slot;
-
-/* The compile side of one configured device. */
-typedef struct compile_dev {
-  uint32_t device;
-  kexd_submitter *S;
-  /*
-   * lock protects the probe and its open state: the instance every pool job
-   * of this device asks for its identity and dtypes (one at a time), and the
-   * one all slots compile on when the device says compiles are thread-safe.
-   */
-  pthread_mutex_t lock;
-  kex_device *probe;
-  bool tried;
-  int open_rc;
-  char open_msg[KEX_ERROR_MSG_MAX];
-  /* loop thread */
-  uint32_t nslots, busy;
-  compile_slot *slots;
-  submission *wait_head, *wait_tail; /* submissions with kernels no slot took yet, in turn order */
-} compile_dev;
-
 struct kexd_submitter {
   kexd *d;
   uint32_t ndevices;
-  compile_dev *compilers;    /* [ndevices] */
-  int fault_kind;
-  unsigned long fault_n;
   uint32_t max_programs;
   /* loop thread only */
   kex_dict *loaded;          /* [ndevices]: source hash -> loaded_prog *, the programs each runner holds */
@@ -133,9 +99,10 @@ typedef struct sub_pend {
   uint32_t i;
 } sub_pend;
 
+/* A batch of steps: [first, first + n) of the plan, launched back to back by one device item. */
 typedef struct step_arg {
   submission *s;
-  uint32_t i;
+  uint32_t first, n;
 } step_arg;
 
 struct submission {
@@ -171,21 +138,16 @@ struct submission {
   int final_status;
   char final_msg[KEX_ERROR_MSG_MAX];
   Kex__V1__SubmitEvent *final_ev; /* the done event, when final_status is OK */
-  /* the pool (P1: build, P2: SQLite lookup, P3: compiles in slots) */
-  uv_work_t work;
+  /* the pool: the plan's build (pool_rc, pool_err), then the engine's program stage (preq) */
+  kex_work work;
   int pool_rc;
   kex_error pool_err;
-  kex_device_identity dev_id; /* the compile device's (P2), the SQLite key */
+  kex_prog_req preq;         /* its arrays: need, bins, binlens, compile_us, from (below) */
   bool *need;                /* [nkernels]: not loaded on the device: read from SQLite or compile */
   unsigned char **bins;      /* [nkernels] */
   size_t *binlens;
   double *compile_us;
-  uint8_t *from;             /* [nkernels]: 0 memory, 1 sqlite, 2 compiled */
-  uint32_t *misses;          /* [nkernels]: the kernels P2 did not find in SQLite, nmisses of them */
-  uint32_t nmisses, next_miss; /* next_miss: the next one a slot takes */
-  uint32_t compiling;        /* slots compiling for it now */
-  bool waiting;              /* in its device's compile line (compile_dev.wait_head) */
-  submission *wait_next;
+  uint8_t *from;             /* [nkernels]: kex_prog_from */
   /* programs (see the file comment): per kernel, the record of its program */
   loaded_prog **lps;         /* [nkernels]: an index record (pinned) or the submission's own */
   bool *pinned;              /* [nkernels]: lps[k] is an index record this submission pinned */
@@ -200,7 +162,8 @@ struct submission {
   bool setup_ok, failed;
   uint32_t ran;
   /* device items */
-  kexd_work *works;          /* [nsteps + 2]: setup, the steps, finish */
+  kexd_work *works;          /* [nbatches + 2]: setup, the batches of steps, finish */
+  uint32_t nworks;
   step_arg *stepargs;
   uint32_t items_out;        /* items posted and not back (each also holds a stream reference) */
   bool cork;                 /* the items went out with defer_done: the progress events written before the chain is
@@ -224,14 +187,8 @@ void loaded_index_free(kex_dict *m); /* frees every program and record (only onc
 void free_loaded_now(void *v);
 void sub_release_programs(submission *s);
 void sub_adopt_programs(submission *s);
-/* compile.c */
-void lookup_work(uv_work_t *req);
-void wait_remove(compile_dev *cd, submission *s);
-void compile_end(submission *s);
-void lookup_after(uv_work_t *req, int status);
-/* submit_run.c */
-void sub_post(submission *s);
 /* submit.c */
+void sub_post(submission *s);
 /* trace: a span of s on `track` from t0 to now (no-op, and no clock read, without a trace) */
 #define SUB_TRACE_NOW(s) ((s)->trace ? kex_trace_now_us() : 0)
 void sub_span(submission *s, const char *track, const char *cat, const char *name, const char *detail, uint64_t t0);

@@ -3,7 +3,7 @@
  * and the beam hook Submit calls to lower a kernel with searched opts.
  *
  * Searches (search/beam.h) block for seconds, so they never run on the
- * loop thread: a Tune is one uv_queue_work that replays, schedules and
+ * loop thread: a Tune is one piece of pool work (daemon/work.h) that replays, schedules and
  * optimizes every kernel in turn; Submit's hook runs inside Submit's own
  * pool work.  Both hand beam the daemon's one search pool (render and
  * compile workers, main.c) and route every device job a search makes
@@ -19,10 +19,10 @@
  * order and then the final status.
  *
  * SQLite: a search uses the connection of the worker thread it runs on
- * (kexd_cache_conn, search/cache.h's policy).  A cache that cannot be
+ * (kex_cache_conns, search/cache.h's policy).  A cache that cannot be
  * opened follows realize/plan.h's policy: it fails a Tune (results must
  * be kept) and is a warning for Submit's hook, a lookup
- * (kexd_cache_conn_lookup: it searches without, and tries again later).  With --fleet-cache a search's
+ * (kex_cache_conns_lookup: it searches without, and tries again later).  With --fleet-cache a search's
  * cache miss asks the fleet first and its result is published (daemon/fleet.h, the beam hook).  Every kernel lowered here is remembered for GetCacheEntry
  * (kexd_cache_memo_put).
  */
@@ -43,6 +43,8 @@
 #include "core/log.h"
 #include "daemon/fleet.h"
 #include "daemon/rpc.h"
+#include "daemon/work.h"
+#include "realize/engine.h"
 #include "daemon/stream.h"
 #include "devices/device.h"
 #include "realize/plan.h"
@@ -64,22 +66,11 @@ static const kex_target *device_target(const kexd *d, uint32_t device) { return 
 
 /* ---- lowering with searched opts (Tune and Submit share it) ---- */
 
-/* Beam options from the request (width already chosen).  0, or KEX_EINVAL naming the field. */
-static int beam_opts_from(kex_beam_opts *bo, int width, const Kex__V1__BeamOptions *b, kex_error *err) {
+/* Beam options from the request (checked by kexd_rpc_beam_options, the width chosen there). */
+static void beam_opts_from(kex_beam_opts *bo, int width, const Kex__V1__BeamOptions *b) {
   kex_beam_opts_init(bo, width);
-  if (width < 1 || width > KEX_BEAM_MAX_WIDTH)
-    return kex_err_set(err, KEX_EINVAL, "beam.beam_width %d is not in 1..%d", width, KEX_BEAM_MAX_WIDTH);
-  if (b && b->max_upcast) {
-    if (b->max_upcast > KEXD_BEAM_MAX_LIMIT)
-      return kex_err_set(err, KEX_EINVAL, "beam.max_upcast %u is more than %d", b->max_upcast, KEXD_BEAM_MAX_LIMIT);
-    bo->upcast_max = (int)b->max_upcast;
-  }
-  if (b && b->max_local) {
-    if (b->max_local > KEXD_BEAM_MAX_LIMIT)
-      return kex_err_set(err, KEX_EINVAL, "beam.max_local %u is more than %d", b->max_local, KEXD_BEAM_MAX_LIMIT);
-    bo->local_max = (int)b->max_local;
-  }
-  return 0;
+  if (b && b->max_upcast) bo->upcast_max = (int)b->max_upcast;
+  if (b && b->max_local) bo->local_max = (int)b->max_local;
 }
 
 /*
@@ -132,7 +123,7 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const kex_graph *g, const kex_
   kexd_route ctx = {d->disp, br->device, br->job, br->weight, br->cancelled, INFINITY, false};
   kex_beam_opts bo;
   kex_beam_result res;
-  kex_cache *cache = kexd_cache_conn_lookup(d, "beam cache"); /* plan.h's policy for a lookup: without, warned */
+  kex_cache *cache = kex_cache_conns_lookup(d->conns, "beam cache"); /* plan.h's policy for a lookup: without, warned */
   kex_device *dev = NULL;
   int rc;
   kex_beam_opts_init(&bo, br->width);
@@ -172,7 +163,7 @@ typedef struct tune_call {
   uint32_t timeout_ms;
   atomic_bool cancel;
   kexd_route route;
-  uv_work_t work;
+  kex_work work;
   /* written by the pool thread, read after the work */
   uint32_t n;
   int rc;
@@ -225,18 +216,12 @@ static void finished_entry(kex_cache *cache, kex_device *dev, const kex_beam_opt
                            tune_ev *e) {
   kex_cache_entry *ce = &e->entry;
   kex_cache_beam_key key;
-  char sopts[KEX_CACHE_SEARCH_OPTS_MAX] = "";
-  kex_beam_search_opts_string(bo, sopts, sizeof sopts);
   kex_unhex(res->ast_hex, ce->ast_key, KEX_AST_KEY_BYTES);
   snprintf(ce->ast_hex, sizeof ce->ast_hex, "%s", res->ast_hex);
   ce->device = *kex_device_get_identity(dev);
   kex_device_identity_render(&ce->device, ce->device_rendered, sizeof ce->device_rendered);
-  snprintf(ce->search_opts, sizeof ce->search_opts, "%s", sopts);
-  snprintf(ce->codegen_version, sizeof ce->codegen_version, "%s", KEX_CODEGEN_VERSION);
-  memcpy(key.ast_key, ce->ast_key, sizeof key.ast_key);
-  key.device = &ce->device;
-  key.search_opts = ce->search_opts;
-  key.codegen_version = ce->codegen_version;
+  kex_beam_cache_key(bo, ce->ast_key, &ce->device, ce->search_opts, sizeof ce->search_opts, &key); /* search/beam.h's */
+  snprintf(ce->codegen_version, sizeof ce->codegen_version, "%s", key.codegen_version);
   if (!cache || kex_cache_beam_get(cache, &key, &ce->value, NULL) != 0) {
     memset(&ce->value, 0, sizeof ce->value);
     ce->value.nopts = res->nopts;
@@ -250,25 +235,23 @@ static void finished_entry(kex_cache *cache, kex_device *dev, const kex_beam_opt
   }
 }
 
-/* The pool: replay, schedule, then every kernel optimized in turn. */
-static void tune_work(uv_work_t *req) {
+/* The pool: the engine's plan stage (replay, schedule: realize/plan.h), then every kernel optimized in turn. */
+static void tune_work(kex_work *req) {
   tune_call *t = req->data;
   kexd *d = t->d;
   const kex_target *tg = device_target(d, t->device);
-  kex_arena arena;
-  kex_replay *r = NULL;
+  kex_rplan plan;
   kex_schedule *s = NULL;
   kex_cache *cache = NULL;
   kex_device *dev = NULL;
   kex_name_counter names;
   int rc;
-  kex_arena_init(&arena, 0);
   kex_name_counter_init(&names);
-  kex_replay_opts ro = kex_target_replay_opts(tg);
-  if ((rc = kex_replay_graph(t->g, &ro, &arena, &r, &t->err)) < 0 || (rc = kex_schedule_create(r, &s, &t->err)) < 0)
-    goto out;
+  kex_plan_init(&plan, t->g, tg);
+  if ((rc = kex_plan_schedule(&plan, NULL, &t->err)) < 0) goto out;
+  s = plan.s;
   t->n = s->nkernels;
-  if (d->cfg.cache_path && *d->cfg.cache_path && !(cache = kexd_cache_conn(d, &t->err))) {
+  if (d->cfg.cache_path && *d->cfg.cache_path && !(cache = kex_cache_conns_get(d->conns, &t->err))) {
     rc = t->err.code;
     goto out;
   }
@@ -322,9 +305,7 @@ static void tune_work(uv_work_t *req) {
 out:
   t->rc = rc;
   kex_name_counter_free(&names);
-  kex_schedule_free(s);
-  kex_replay_free(r);
-  kex_arena_destroy(&arena);
+  kex_plan_clear(&plan);
 }
 
 /* Write one queued event (kexd_stream_ops.event); a write that fails drops it (a cancelled call: the stream is dead). */
@@ -378,16 +359,10 @@ static void tune_cancelled(void *owner) {
 
 static const kexd_stream_ops tune_ops = {"Tune", tune_write_event, tune_end, tune_cancelled, tune_release};
 
-static void tune_after(uv_work_t *req, int status) {
+static void tune_after(kex_work *req, int status) {
   tune_call *t = req->data;
   if (status < 0 && !t->rc) t->rc = kex_err_set(&t->err, KEX_EINTERNAL, "the worker pool dropped the job");
   kexd_stream_unhold(&t->st);
-}
-
-/* Beam width: the request's, else --beam, else TUNE_DEFAULT_WIDTH (Tune) or 0 (Submit). */
-static int pick_width(const kexd *d, const Kex__V1__BeamOptions *b, int fallback) {
-  if (b && b->beam_width) return b->beam_width > INT32_MAX ? INT32_MAX : (int)b->beam_width;
-  return d->cfg.beam ? (int)d->cfg.beam : fallback;
 }
 
 void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
@@ -405,16 +380,14 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
                     m->graph->device);
     return;
   }
-  if (kexd_rpc_tune_begin(d, c, job, (uint32_t)dev, pick_width(d, m->beam, TUNE_DEFAULT_WIDTH)) < 0) return; /* request.c */
+  uint32_t width;
+  if (kexd_rpc_beam_options(d, c, m->beam, TUNE_DEFAULT_WIDTH, &width) < 0) return; /* request.c: the one check */
+  if (kexd_rpc_tune_begin(d, c, job, (uint32_t)dev, (int)width) < 0) return;
   if (!(t = kex_calloc(1, sizeof *t))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Tune: out of memory");
     return;
   }
-  if ((rc = beam_opts_from(&t->bo, pick_width(d, m->beam, TUNE_DEFAULT_WIDTH), m->beam, &err)) < 0) {
-    kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Tune: %s", err.msg);
-    kex_free(t);
-    return;
-  }
+  beam_opts_from(&t->bo, (int)width, m->beam);
   if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,
                                    &d->cfg.limits, job, &t->g, &err)) < 0) {
     kexd_call_failf(c, kex_err_grpc_status(rc), "%s", err.msg);
@@ -431,9 +404,9 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
   t->route = (kexd_route){d->disp, t->device, job->id, job->weight, &t->cancel, INFINITY, false};
   kexd_stream_start(&t->st, d->streams, c, &tune_ops, t);
   kex_log(KEX_LOG_DEBUG, t->log_id, 0, "Tune: beam %d on %s", t->bo.width, d->cfg.devices[dev]);
-  t->work.data = t;
+  t->work = (kex_work){.fn = tune_work, .after = tune_after, .data = t};
   kexd_stream_hold(&t->st);
-  if (uv_queue_work(d->loop, &t->work, tune_work, tune_after) < 0) {
+  if (kexd_work_submit(d->loop, &t->work) < 0) {
     t->rc = kex_err_set(&t->err, KEX_EUNAVAILABLE, "the worker pool is not available");
     kexd_stream_unhold(&t->st);
   }

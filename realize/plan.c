@@ -355,3 +355,17 @@ void kex_plan_destroy(kex_rplan *p) {
   kex_plan_clear(p);
   kex_free(p);
 }
+
+int kex_plan_find_kernel(const kex_rplan *p, const char *ast_hex, uint32_t *item, kex_error *err) {
+  for (uint32_t i = 0; p->s && i < p->s->nitems; i++) {
+    kex_ast_digest d;
+    int rc;
+    if (p->s->items[i].kind != KEX_ITEM_KERNEL) continue;
+    if ((rc = kex_ast_key(p->s->items[i].ast, p->s->items[i].nout, &d, err))) return rc;
+    if (strcmp(d.hex, ast_hex) == 0) {
+      *item = i;
+      return 0;
+    }
+  }
+  return kex_err_set(err, KEX_ENOTFOUND, "no kernel has AST key %.16s...", ast_hex);
+}

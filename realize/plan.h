@@ -215,6 +215,13 @@ void kex_plan_clear(kex_rplan *p);
 void kex_plan_destroy(kex_rplan *p);
 
 /*
+ * The schedule item (a kernel) of p (scheduled) whose AST key
+ * (codegen/astkey.h) is ast_hex, into *item.  0, or KEX_ENOTFOUND (no such
+ * kernel), or the key's error, with *err.
+ */
+int kex_plan_find_kernel(const kex_rplan *p, const char *ast_hex, uint32_t *item, kex_error *err);
+
+/*
  * Choose the opts of schedule item `item` (a kernel) of s, made from g for
  * target t, by a BEAM policy: the cached result, else a search now.  *res
  * is the search's result.  0 or a negative code with *err (KEX_ECANCELLED).

@@ -1,7 +1,8 @@
 /*
- * run.h - the executor: run a plan (realize/plan.h) on one device,
- * in-process, and `kex run` (kex_run_graph: build the plan, run it).  kexd
- * builds the same plan and runs it through its device runner.
+ * run.h - the run-steps stage of the engine (kex_run_steps: a batch of a
+ * plan's steps back to back on its device), and `kex run` in-process
+ * (kex_run_graph: the plan, the engine's program stage, the steps).  kexd
+ * runs the same stages, the steps on its device runner's items.
  *
  * BUFFER inputs get their bytes here: inline data as given; fill specs are
  * generated deterministically (kex_fill_buffer): {"random": seed} draws from
@@ -18,6 +19,7 @@
 #include <stdio.h>
 
 #include "core/errors.h"
+#include "realize/engine.h"
 #include "realize/plan.h"
 #include "devices/device.h"
 #include "sched/graph.h"
@@ -62,20 +64,35 @@ typedef struct kex_run_opts {
   int beam;             /* > 0: opts from a BEAM search of this width (cached), else hand-coded */
   const char *cache_path; /* beam cache file; NULL: the default file; "": no cache (plan.h's cache policy: a lookup) */
   int beam_max_candidates; /* 0: the search's default cap per round */
+  bool program_cache;   /* programs from (and into) the cache file too (plan.h's cache policy: a lookup) */
 } kex_run_opts;
 
+#define KEX_RUN_BATCH_EVENTS 256 /* kernels kex_run_steps launches before it waits for them */
 
 /*
- * Run plan p (lowered; compiled or not) on dev: allocate its buffers, fill
- * its inputs, run its steps, read its outputs.  *res as kex_run_graph's
- * (kernels in plan order, outputs in graph order).  A plan whose graph
- * names job buffer handles cannot run here (KEX_ENOTFOUND).
+ * The run-steps stage: run steps [first, first + n) of plan p back to back
+ * on dev, on the caller's thread (the device's owner).  bufs[p->nbufs]: the
+ * plan's buffers; progs[p->nkernels]: its programs, loaded on dev.  With
+ * repeat <= 1 the kernels are launched one after another without waiting
+ * (the device's queue keeps their order) and waited for together, at a
+ * COPY step (which goes through the host) and at the end: the launch
+ * latency is paid once per batch, not per kernel.  Each kernel's time (its
+ * profiling event; with repeat > 1 the median of `repeat` launches after a
+ * warm-up, each alone) goes to kernel_us[kernel] and the sum of the
+ * kernels' device seconds to *device_s (may be NULL).  0, or a negative
+ * code with *err (the device's message) and *failed the index of the step
+ * that failed: the caller names it.
  */
-int kex_plan_run(const kex_rplan *p, kex_device *dev, const kex_run_opts *opts, kex_run_result *res, kex_error *err);
+int kex_run_steps(const kex_rplan *p, uint32_t first, uint32_t n, kex_buffer *const *bufs, kex_program *const *progs,
+                  int repeat, double *kernel_us, double *device_s, uint32_t *failed, kex_error *err);
+
 
 /*
- * Run graph g on dev: kex_plan_build (hand-coded opts, or beam with the
- * cache file opened for a lookup) then kex_plan_run.  On success *res holds the kernels (in schedule order)
+ * Run graph g on dev: the plan (hand-coded opts, or beam with the cache
+ * file opened for a lookup), the engine's program stage on dev (SQLite
+ * first with opts->program_cache, else every kernel compiled), the
+ * buffers, inputs, steps and outputs.  A graph that names job buffer
+ * handles cannot run here (KEX_ENOTFOUND).  On success *res holds the kernels (in schedule order)
  * and the outputs (graph order); release with kex_run_result_free.  Errors
  * name the kernel that failed (compile log, device error) or the node.
  */

@@ -104,6 +104,17 @@ int kex_beam_search_opts_string(const kex_beam_opts *o, char *buf, size_t len) {
   return n < 0 || (size_t)n >= len ? KEX_ELIMIT : 0;
 }
 
+int kex_beam_cache_key(const kex_beam_opts *o, const uint8_t *ast_key, const kex_device_identity *id, char *sopts,
+                       size_t len, kex_cache_beam_key *key) {
+  int rc = kex_beam_search_opts_string(o, sopts, len);
+  memset(key, 0, sizeof *key);
+  memcpy(key->ast_key, ast_key, sizeof key->ast_key);
+  key->device = id;
+  key->search_opts = sopts;
+  key->codegen_version = KEX_CODEGEN_VERSION;
+  return rc;
+}
+
 int kex_beam_default_cache_path(char *buf, size_t len, kex_error *err) {
   const char *env = getenv("KEX_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
   int n;
@@ -1701,12 +1712,11 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   if (rc) goto out;
   if ((rc = kex_ast_key(it->ast, it->nout, &dig, err))) goto out;
   memcpy(res->ast_hex, dig.hex, sizeof res->ast_hex);
-  if ((rc = kex_beam_search_opts_string(opts, sopts, sizeof sopts))) {
+  kex_cache_beam_key key;
+  if ((rc = kex_beam_cache_key(opts, dig.bytes, kex_device_get_identity(dev), sopts, sizeof sopts, &key))) {
     kex_err_set(err, rc, "search options string too long");
     goto out;
   }
-  kex_cache_beam_key key = {{0}, kex_device_get_identity(dev), sopts, KEX_CODEGEN_VERSION};
-  memcpy(key.ast_key, dig.bytes, sizeof key.ast_key);
   if (opts->cache) {
     rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
     if (rc == KEX_ENOTFOUND && opts->remote) {

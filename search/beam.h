@@ -236,6 +236,14 @@ typedef struct kex_beam_opts {
 void kex_beam_opts_init(kex_beam_opts *o, int width);
 /* The cache's search options string ("beam=2;upcast_max=256;local_max=1024;uops_max=3000;cap=96"). */
 int kex_beam_search_opts_string(const kex_beam_opts *o, char *buf, size_t len);
+/*
+ * The beam cache key of a kernel (the one place it is made): its AST key
+ * ast_key[KEX_AST_KEY_BYTES], device identity id, o's search options
+ * string (written into sopts[len], which the key points to, like id) and
+ * the codegen version.  0, or the options string's error.
+ */
+int kex_beam_cache_key(const kex_beam_opts *o, const uint8_t *ast_key, const kex_device_identity *id, char *sopts,
+                       size_t len, kex_cache_beam_key *key);
 /* The default cache file: $KEX_CACHE, else $XDG_CACHE_HOME/kex/cache.db, else ~/.cache/kex/cache.db.  KEX_ELIMIT/KEX_ENOTFOUND. */
 int kex_beam_default_cache_path(char *buf, size_t len, kex_error *err);
 

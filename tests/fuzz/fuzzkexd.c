@@ -14,6 +14,7 @@
 #include "daemon/jobs.h"
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
+#include "daemon/work.h"
 #include "search/pool.h"
 #include "tests/fuzz/fuzzkexd.h"
 
@@ -38,6 +39,7 @@ static void teardown(void) {
   uv_run(&loop, UV_RUN_DEFAULT);
   kexd_tune_free(&d);
   kexd_cache_rpc_free(&d);
+  kexd_engines_free(&d);
   kexd_streams_free(d.streams);
   kex_pool_destroy(d.search_pool);
   kexd_dispatch_free(d.disp);
@@ -73,7 +75,7 @@ static void setup(int serving, const char *cache_path) {
     kex_error perr;
     if (kexd_dispatch_new(&loop, (const char(*)[KEXD_DISPATCH_NAME_MAX])d.cfg.devices, d.cfg.ndevices, &d.disp) < 0 ||
         kex_pool_create(1, &d.search_pool, &perr) < 0 || kexd_streams_new(&loop, &d.streams) < 0 ||
-        kexd_tune_init(&d) < 0 || kexd_cache_rpc_init(&d) < 0)
+        kexd_engines_start(&d) < 0 || kexd_tune_init(&d) < 0 || kexd_cache_rpc_init(&d) < 0)
       abort();
   }
   if (kexd_jobs_init(&d.jobs, &loop, d.cfg.lease_s, d.cfg.max_jobs, d.disp) < 0) abort();

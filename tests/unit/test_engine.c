@@ -1,0 +1,250 @@
+/*
+ * test_engine.c - the engine's program stage (realize/engine.h) on the cpu
+ * device: the first request compiles every kernel and stores it in the
+ * SQLite cache, a second one (a new engine, as after a restart) reads them
+ * all from SQLite and gets the same binaries; through an executor, `done`
+ * comes exactly once with the same results, the slots' line serves two
+ * requests, a cancelled request stops, and a failing compile (the fault
+ * device) names the kernel.  Also kex_run_graph with the program cache:
+ * the same outputs with and without it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "realize/engine.h"
+#include "realize/run.h"
+#include "sample.h"
+
+static kex_device *cpu;
+static char cpu_skip[600];
+static char tmpdir[256];
+static int file_counter;
+
+/* Two kernels: a reduce and an elementwise op after it. */
+static const char *GRAPH = "{\"nodes\":[{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":[4,8],\"fill\":{\"random\":7}},"
+                           "{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]},{\"op\":\"CONTIGUOUS\",\"src\":[1]},"
+                           "{\"op\":\"EXP2\",\"src\":[2]}],\"outputs\":[3]}";
+
+static void cache_file(char *buf, size_t len) { snprintf(buf, len, "%s/c%d.db", tmpdir, file_counter++); }
+
+/* A plan of GRAPH lowered for the cpu device (not compiled). */
+static kex_rplan *plan_of(kex_graph **g) {
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  kex_error err = {0};
+  kex_target t;
+  kex_plan_policy pol;
+  kex_rplan *p = NULL;
+  assert_int_equal(kex_graph_from_json(GRAPH, strlen(GRAPH), &lim, g, &err), 0);
+  kex_target_for_device(kex_device_get_info(cpu), &t);
+  kex_plan_policy_hand(&pol);
+  assert_int_equal(kex_plan_build(*g, &t, &pol, NULL, &p, &err), 0);
+  assert_true(p->nkernels >= 2);
+  return p;
+}
+
+typedef struct req_arrays {
+  kex_prog_req r;
+  bool need[8];
+  unsigned char *bins[8];
+  size_t binlens[8];
+  double compile_us[8];
+  uint8_t from[8];
+  atomic_bool cancelled;
+  int done_calls, holds;
+} req_arrays;
+
+static void req_init(req_arrays *a, const kex_rplan *p) {
+  memset(a, 0, sizeof *a);
+  for (uint32_t k = 0; k < p->nkernels; k++) a->need[k] = true;
+  atomic_init(&a->cancelled, false);
+  a->r = (kex_prog_req){.rp = p, .need = a->need, .cancelled = &a->cancelled, .owner = a, .bins = a->bins,
+                        .binlens = a->binlens, .compile_us = a->compile_us, .from = a->from};
+}
+
+static void req_free(req_arrays *a, const kex_rplan *p) {
+  for (uint32_t k = 0; k < p->nkernels; k++) kex_free(a->bins[k]);
+  kex_prog_req_clear(&a->r);
+}
+
+/* memory -> SQLite -> compile: a fresh cache compiles and stores, a new engine on it reads every program back. */
+static void test_sqlite_then_compile(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  char path[300];
+  cache_file(path, sizeof path);
+  kex_graph *g = NULL;
+  kex_rplan *p = plan_of(&g);
+  kex_cache_conns *conns = NULL;
+  assert_int_equal(kex_cache_conns_create(path, &conns), 0);
+  req_arrays a, b;
+  unsigned char *first[8] = {0};
+  size_t firstlen[8] = {0};
+  for (int round = 0; round < 2; round++) {
+    kex_engine *e = NULL;
+    kex_engine_config ec = {.instance = cpu, .fault_kind = -1, .conns = conns};
+    assert_int_equal(kex_engine_create(&ec, &e), 0);
+    req_arrays *r = round ? &b : &a;
+    req_init(r, p);
+    assert_int_equal(kex_engine_programs_now(e, &r->r), 0);
+    kex_engine_stats st = kex_engine_get_stats(e);
+    for (uint32_t k = 0; k < p->nkernels; k++) {
+      assert_non_null(r->bins[k]);
+      assert_int_equal(r->from[k], round ? KEX_PROG_SQLITE : KEX_PROG_COMPILED);
+      if (!round) {
+        first[k] = r->bins[k], firstlen[k] = r->binlens[k];
+      } else {
+        assert_int_equal(r->binlens[k], firstlen[k]);
+        assert_memory_equal(r->bins[k], first[k], firstlen[k]);
+      }
+    }
+    assert_int_equal(st.compiled, round ? 0 : p->nkernels);
+    assert_int_equal(st.sqlite_hits, round ? p->nkernels : 0);
+    kex_engine_free(e);
+  }
+  req_free(&a, p);
+  req_free(&b, p);
+  kex_cache_conns_free(conns);
+  kex_plan_destroy(p);
+  kex_graph_free(g);
+}
+
+/* An executor that runs each work item at once, on this thread (fn, then after). */
+static int direct_submit(void *ctx, kex_work *w) {
+  int *refuse_after = ctx;
+  if (*refuse_after == 0) return KEX_EUNAVAILABLE;
+  if (*refuse_after > 0) (*refuse_after)--;
+  w->fn(w);
+  w->after(w, 0);
+  return 0;
+}
+
+static bool never_dead(kex_prog_req *r) { (void)r; return false; }
+static void hold(kex_prog_req *r) { ((req_arrays *)r->owner)->holds++; }
+static void release(kex_prog_req *r) { ((req_arrays *)r->owner)->holds--; }
+static void done(kex_prog_req *r) { ((req_arrays *)r->owner)->done_calls++; }
+
+/* Through an executor: done exactly once, every hold given back, the same programs; a refusing pool fails it. */
+static void test_executor(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  kex_graph *g = NULL;
+  kex_rplan *p = plan_of(&g);
+  int budget = -1; /* take everything */
+  kex_engine *e = NULL;
+  kex_engine_config ec = {.instance = cpu, .fault_kind = -1, .compile_slots = 2,
+                          .exec = {direct_submit, &budget}};
+  assert_int_equal(kex_engine_create(&ec, &e), 0);
+  req_arrays a, b;
+  req_init(&a, p);
+  req_init(&b, p);
+  for (req_arrays *r = &a; r; r = r == &a ? &b : NULL) {
+    r->r.dead = never_dead, r->r.hold = hold, r->r.release = release, r->r.done = done;
+    kex_engine_programs(e, &r->r);
+    assert_int_equal(r->done_calls, 1);
+    assert_int_equal(r->holds, 0);
+    assert_int_equal(r->r.rc, 0);
+    for (uint32_t k = 0; k < p->nkernels; k++) assert_int_equal(r->from[k], KEX_PROG_COMPILED);
+  }
+  req_free(&a, p);
+  req_free(&b, p);
+  /* the pool takes the lookup but not the compiles: the request fails, done still once */
+  budget = 1;
+  req_init(&a, p);
+  a.r.dead = never_dead, a.r.hold = hold, a.r.release = release, a.r.done = done;
+  kex_engine_programs(e, &a.r);
+  assert_int_equal(a.done_calls, 1);
+  assert_int_equal(a.holds, 0);
+  assert_int_equal(a.r.rc, KEX_EUNAVAILABLE);
+  req_free(&a, p);
+  /* cancelled before it starts: the lookup stops, done once with KEX_ECANCELLED */
+  budget = -1;
+  req_init(&a, p);
+  a.r.dead = never_dead, a.r.hold = hold, a.r.release = release, a.r.done = done;
+  atomic_store(&a.cancelled, true);
+  kex_engine_programs(e, &a.r);
+  assert_int_equal(a.done_calls, 1);
+  assert_int_equal(a.r.rc, KEX_ECANCELLED);
+  req_free(&a, p);
+  kex_engine_free(e);
+  kex_plan_destroy(p);
+  kex_graph_free(g);
+}
+
+/* A failing compile names the kernel; nothing is stored. */
+static void test_compile_fault(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  kex_graph *g = NULL;
+  kex_rplan *p = plan_of(&g);
+  kex_device *fd = NULL;
+  assert_int_equal(kex_fault_device_new(cpu, KEX_FAULT_COMPILE, 2, &fd), 0);
+  kex_engine *e = NULL;
+  kex_engine_config ec = {.instance = fd, .fault_kind = -1};
+  assert_int_equal(kex_engine_create(&ec, &e), 0);
+  req_arrays a;
+  req_init(&a, p);
+  assert_int_equal(kex_engine_programs_now(e, &a.r), KEX_EDEVICE);
+  assert_non_null(strstr(a.r.err.msg, "compiling kernel 1 ("));
+  assert_non_null(strstr(a.r.err.msg, "injected failure"));
+  req_free(&a, p);
+  kex_engine_free(e);
+  kex_device_unref(fd);
+  kex_plan_destroy(p);
+  kex_graph_free(g);
+}
+
+/* kex_run_graph with the program cache: the same outputs as without, and the second run reads SQLite. */
+static void test_run_with_cache(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  kex_limits lim = KEX_LIMITS_DEFAULT;
+  kex_error err = {0};
+  kex_graph *g = NULL;
+  char path[300];
+  cache_file(path, sizeof path);
+  assert_int_equal(kex_graph_from_json(GRAPH, strlen(GRAPH), &lim, &g, &err), 0);
+  kex_run_result r[3];
+  kex_run_opts off = {.repeat = 1, .cache_path = ""}, on = {.repeat = 1, .cache_path = path, .program_cache = true};
+  assert_int_equal(kex_run_graph(g, cpu, &off, &r[0], &err), 0);
+  assert_int_equal(kex_run_graph(g, cpu, &on, &r[1], &err), 0);
+  assert_int_equal(kex_run_graph(g, cpu, &on, &r[2], &err), 0);
+  assert_int_equal(access(path, F_OK), 0);
+  for (int i = 1; i < 3; i++) {
+    assert_int_equal(r[i].noutputs, r[0].noutputs);
+    assert_int_equal(r[i].nkernels, r[0].nkernels);
+    for (uint32_t j = 0; j < r[0].noutputs; j++) {
+      assert_int_equal(r[i].outputs[j].nbytes, r[0].outputs[j].nbytes);
+      assert_memory_equal(r[i].outputs[j].data, r[0].outputs[j].data, r[0].outputs[j].nbytes);
+    }
+  }
+  for (int i = 0; i < 3; i++) kex_run_result_free(&r[i]);
+  kex_graph_free(g);
+}
+
+int main(void) {
+  const char *base = getenv("TMPDIR");
+  snprintf(tmpdir, sizeof tmpdir, "%s/kex-test-engine-XXXXXX", base && base[0] ? base : "/tmp");
+  if (!mkdtemp(tmpdir)) return 1;
+  kex_test_device_open("cpu", &cpu, cpu_skip, sizeof cpu_skip);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sqlite_then_compile),
+      cmocka_unit_test(test_executor),
+      cmocka_unit_test(test_compile_fault),
+      cmocka_unit_test(test_run_with_cache),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  kex_device_unref(cpu);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  if (system(cmd)) rc = rc ? rc : 1;
+  return rc;
+}
