@@ -24,35 +24,14 @@ import collections
 import datetime
 import os
 import re
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "client", "python", "tests"), os.path.join(ROOT, "client", "python")]
 import tg_ops_diff as T  # noqa: E402
-
-
-def start_kexd(kexd, tmp):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    log = open(os.path.join(tmp, "kexd.log"), "wb")
-    p = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", "--grace", "1", "--metrics", "off", "--cache",
-                          os.path.join(tmp, "cache.db")], stdout=log, stderr=log)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return p, f"127.0.0.1:{port}"
-        except OSError:
-            if p.poll() is not None:
-                break
-            time.sleep(0.1)
-    p.kill()
-    raise SystemExit(f"kexd did not start listening (log: {log.name})")
+from kexd_proc import Kexd  # noqa: E402
 
 
 def reason_group(reason):
@@ -157,14 +136,14 @@ def main():
     a = ap.parse_args()
     out = a.out or (None if (a.filter or a.sample) else os.path.join(ROOT, "bench", "results", "tinygrad-ops.md"))
 
-    proc = tmp = None
+    kexd = None
     if a.device.upper() == "KEX":
         why = T.kex_tinygrad_ready()
         if why:
             raise SystemExit(f"device KEX: {why}")
         if not a.server:
-            tmp = tempfile.TemporaryDirectory(prefix="kex-tinygrad-ops-")
-            proc, a.server = start_kexd(a.kexd, tmp.name)
+            kexd = Kexd(kexd=a.kexd)
+            a.server = kexd.addr
     try:
         T.install_device(a.device, a.server)
         log = None if a.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
@@ -182,15 +161,8 @@ def main():
             import kex.tinygrad
             a.kex_stats = kex.tinygrad.stats()
     finally:
-        if proc:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if tmp:
-            tmp.cleanup()
+        if kexd:
+            kexd.stop()
     text = report(results, runner.notes, a, len(chosen), len(cases), seconds, runner.tm.root)
     if out:
         with open(out, "w") as f:

@@ -22,15 +22,15 @@ Usage: /usr/bin/python3 bench/tinygrad_step.py [--steps 12] [--programs digits,t
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINYGRAD = os.path.join(ROOT, "..", "shared", "anchors", "tinygrad-0.9.0")
+sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
+from kexd_proc import Kexd  # noqa: E402  (a kexd of this script's own)
 MODES = [("CLANG", False), ("CLANG", True), ("GPU", False), ("GPU", True), ("KEX", False), ("KEX", True),
          ("KEX", True)]   # the last: a second process on the same kexd
 
@@ -153,14 +153,6 @@ def child(program, device, jit, steps, server):
     print("RESULT " + json.dumps(out))
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
@@ -172,18 +164,8 @@ def main():
     if a.child:
         child(a.child[0], a.child[1], a.child[2] == "1", a.steps, a.child[3])
         return 0
-    port = free_port()
-    tmp = tempfile.TemporaryDirectory(prefix="kex-step-")
-    log = open(os.path.join(tmp.name, "kexd.log"), "w")
-    kexd = subprocess.Popen([a.kexd, "--listen", f"127.0.0.1:{port}", "--metrics", "off", "--cache",
-                             os.path.join(tmp.name, "cache.db")], stdout=log, stderr=log)
-    server = f"127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
+    kexd = Kexd(kexd=a.kexd)
+    server = kexd.addr
     results = []
     try:
         for program in a.programs.split(","):
@@ -204,8 +186,7 @@ def main():
                       + (f"  {r['bytes_per_warm_step']:8.0f} B/step" if "bytes_per_warm_step" in r else ""),
                       flush=True)
     finally:
-        kexd.terminate()
-        kexd.wait(10)
+        kexd.stop()
     ratios = {}
     for program in a.programs.split(","):
         def get(device, jit, second=False):

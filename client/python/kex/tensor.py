@@ -138,6 +138,28 @@ def _scalar_pb(v):
     return pb.Scalar(float_value=v)
 
 
+def fill_node(m, f):
+    """Set node m's (a kex.v1.Node with its op) dtype, shape, movement arg, axis and value from fields f."""
+    if "dtype" in f:
+        m.dtype = f["dtype"]
+    if "shape" in f:
+        m.shape.extend(f["shape"])
+    if "arg" in f:
+        if m.op in ("RESHAPE", "EXPAND"):
+            m.new_shape.values.extend(f["arg"])
+        elif m.op == "PERMUTE":
+            m.order.values.extend(f["arg"])
+        elif m.op == "STRIDE":
+            m.strides.values.extend(f["arg"])
+        else:
+            for a, b in f["arg"]:
+                m.pairs.pairs.add(first=a, second=b)
+    if "axis" in f:
+        m.axis.extend(f["axis"])
+    if "value" in f:
+        m.value.CopyFrom(_scalar_pb(f["value"]))
+
+
 def graph_pb(outputs, device=None):
     """The protobuf Graph (kex.v1.Graph) that realizes `outputs` (nodes).
 
@@ -148,24 +170,7 @@ def graph_pb(outputs, device=None):
     for n in order:
         m = g.nodes.add(op=n.op, src=[index[id(s)] for s in n.src])
         f = n.fields
-        if "dtype" in f:
-            m.dtype = f["dtype"]
-        if "shape" in f:
-            m.shape.extend(f["shape"])
-        if "arg" in f:
-            if n.op in ("RESHAPE", "EXPAND"):
-                m.new_shape.values.extend(f["arg"])
-            elif n.op == "PERMUTE":
-                m.order.values.extend(f["arg"])
-            elif n.op == "STRIDE":
-                m.strides.values.extend(f["arg"])
-            else:
-                for a, b in f["arg"]:
-                    m.pairs.pairs.add(first=a, second=b)
-        if "axis" in f:
-            m.axis.extend(f["axis"])
-        if "value" in f:
-            m.value.CopyFrom(_scalar_pb(f["value"]))
+        fill_node(m, f)
         if "data" in f:
             m.data = f["data"]
         if "buffer" in f:

@@ -47,17 +47,16 @@ import tinygrad.engine.realize as _tg_realize
 import tinygrad.engine.schedule as _tg_schedule
 import tinygrad.tensor as _tg_tensor
 from tinygrad.device import Allocator, Buffer, Compiled, Device
-from tinygrad.dtype import ImageDType, dtypes
+from tinygrad.dtype import dtypes
 from tinygrad.engine.schedule import ScheduleItem
 from tinygrad.helpers import BEAM
 from tinygrad.lazy import LazyBuffer
-from tinygrad.ops import BinaryOps, LazyOp, LoadOps, ReduceOps, TernaryOps, UnaryOps
+from tinygrad.ops import LazyOp, LoadOps, ReduceOps
 from tinygrad.renderer import Renderer
-from tinygrad.shape.shapetracker import ShapeTracker
 from tinygrad.shape.symbolic import Variable
 
 from ._client import Client, Error, pb
-from .tensor import _scalar_pb
+from .tensor import fill_node
 
 __all__ = ["install", "client", "stats", "KexError"]
 
@@ -596,24 +595,7 @@ class _Builder:
             if kb is not None and kb.handle is not None:   # computed: the shape and dtype kexd holds it in
                 f = dict(f, shape=list(kb.shape), dtype=kb.dtype)
         m = g.nodes.add(op=r.op, src=[self.node_of(s) for s in r.srcs])
-        if "dtype" in f:
-            m.dtype = f["dtype"]
-        if "shape" in f:
-            m.shape.extend(f["shape"])
-        if "axis" in f:
-            m.axis.extend(f["axis"])
-        if "value" in f:
-            m.value.CopyFrom(_scalar_pb(f["value"]))
-        if "arg" in f:
-            if r.op in ("RESHAPE", "EXPAND"):
-                m.new_shape.values.extend(f["arg"])
-            elif r.op == "PERMUTE":
-                m.order.values.extend(f["arg"])
-            elif r.op == "STRIDE":
-                m.strides.values.extend(f["arg"])
-            else:
-                for a, b in f["arg"]:
-                    m.pairs.pairs.add(first=a, second=b)
+        fill_node(m, f)
         i = len(g.nodes) - 1
         if r.kind == "b":
             m.buffer = "?"

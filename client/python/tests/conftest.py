@@ -9,11 +9,9 @@ beam cache in a temporary directory; nothing is built here.
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import kex  # noqa: E402
+import kexd_proc  # noqa: E402  (this folder's)
 import grpc  # noqa: E402
 
 
@@ -31,38 +30,15 @@ def _build_dir():
 
 @pytest.fixture(scope="session")
 def kexd_addr():
-    kexd = os.environ.get("KEXD") or os.path.join(_build_dir(), "daemon", "kexd")
+    kexd = kexd_proc.kexd_path()
     if not os.access(kexd, os.X_OK):
         pytest.fail(f"kexd is not built ({kexd})")
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    log = tempfile.TemporaryFile()
-    # its own beam cache file: Tune and the cache tests never touch the user's cache
-    cache_dir = tempfile.TemporaryDirectory(prefix="kex-pytest-")
-    p = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", "--grace", "1", "--metrics", "off", "--cache",
-                          os.path.join(cache_dir.name, "cache.db")], stdout=log, stderr=log)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            if p.poll() is not None:
-                break
-            time.sleep(0.1)
-    else:
-        p.kill()
-        cache_dir.cleanup()
-        pytest.fail("kexd did not start listening")
-    yield f"127.0.0.1:{port}"
-    p.terminate()
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-    cache_dir.cleanup()
+    try:  # its own beam cache file: Tune and the cache tests never touch the user's cache
+        k = kexd_proc.Kexd(kexd=kexd)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    yield k.addr
+    k.stop()
 
 
 @pytest.fixture(scope="session")

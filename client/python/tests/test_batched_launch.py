@@ -1,39 +1,14 @@
 """Batched launches: a submission's kernels go to the device back to back, about --launch-quantum of device
 time per fair-queue item (kexd's JobStats.items_done counts the items), with the same results; with
 --launch-quantum 0 every kernel is an item of its own.  A graph's identical kernels compile once."""
-import os
-import socket
-import subprocess
-import tempfile
-import time
 
 import numpy as np
-import pytest
 
 import kex
 from kex._client import pb
+from kexd_proc import Kexd
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 N = 60
-
-
-def kexd(*flags):
-    b = os.environ.get("KEX_BUILD_DIR", "build")
-    exe = os.environ.get("KEXD") or os.path.join(b if os.path.isabs(b) else os.path.join(ROOT, b), "daemon", "kexd")
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    d = tempfile.TemporaryDirectory(prefix="kex-batch-")
-    p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{port}", "--metrics", "off", "--grace", "1", "--cache",
-                          os.path.join(d.name, "c.db"), *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    return p, d, f"127.0.0.1:{port}"
 
 
 def chain():
@@ -54,9 +29,8 @@ def chain():
 
 
 def items_per_submit(quantum):
-    p, d, addr = kexd("--launch-quantum", quantum)
-    try:
-        c = kex.Client(addr)
+    with Kexd("--launch-quantum", quantum) as k:
+        c = kex.Client(k.addr)
         want = np.arange(256, dtype=np.float32)
         for _ in range(N):
             want = want * 0.5 + 1
@@ -71,10 +45,6 @@ def items_per_submit(quantum):
             np.testing.assert_allclose(np.frombuffer(done.outputs[0].data, np.float32), want, rtol=1e-6)
         c.close()
         return counts
-    finally:
-        p.terminate()
-        p.wait(10)
-        d.cleanup()
 
 
 def test_one_kernel_per_item_with_quantum_0():

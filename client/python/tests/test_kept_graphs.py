@@ -1,10 +1,5 @@
 """Kept graphs: Submit keep_as / graph_ref / bindings, and their limits on both sides
 (--max-kept-graphs, --max-kept-graph-bytes), against a kexd of this test's own."""
-import os
-import socket
-import subprocess
-import tempfile
-import time
 
 import grpc
 import numpy as np
@@ -12,35 +7,17 @@ import pytest
 
 import kex
 from kex._client import pb
+from kexd_proc import Kexd
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MAX_BYTES = 4096
 
 
 @pytest.fixture(scope="module")
 def stub():
-    b = os.environ.get("KEX_BUILD_DIR", "build")
-    kexd = os.environ.get("KEXD") or os.path.join(b if os.path.isabs(b) else os.path.join(ROOT, b), "daemon", "kexd")
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    d = tempfile.TemporaryDirectory(prefix="kex-kept-")
-    p = subprocess.Popen([kexd, "--listen", f"127.0.0.1:{port}", "--metrics", "off", "--grace", "1", "--cache",
-                          os.path.join(d.name, "c.db"), "--max-kept-graphs", "2", "--max-kept-graph-bytes",
-                          str(MAX_BYTES)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    c = kex.Client(f"127.0.0.1:{port}")
-    yield c
-    c.close()
-    p.terminate()
-    p.wait(10)
-    d.cleanup()
+    with Kexd("--max-kept-graphs", "2", "--max-kept-graph-bytes", str(MAX_BYTES)) as k:
+        c = kex.Client(k.addr)
+        yield c
+        c.close()
 
 
 def graph(scale, n=4):
