@@ -20,9 +20,9 @@
  * thread slept (--sleep-ms before each block).
  *
  * The last column is a clock probe: a dependent multiply-add chain timed
- * beside the runs, which follows the core's clock and nothing else.  On
- * the 2026-12-04 EPYC guest it stayed at 6.7-6.9 µs while UPCAST(0,4) moved
- * between 10 and 14 µs: the states are not the clock.
+ * beside the runs, which follows the core's clock and nothing else (in
+ * bench/results/beam-repeatable.md it stayed at 6.7-6.9 µs while
+ * UPCAST(0,4) moved between 10 and 14 µs: the states are not the clock).
  *
  * --vs OPTS2 (with --device cpu or opencl): the pair's ratio instead, A
  * (--opts) and B (--vs) run back to back on each of 4 buffer sets in turn,

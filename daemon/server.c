@@ -20,8 +20,8 @@
  * condition variable with a past deadline and wakes it, futex calls on
  * both threads, which a call that ends in one batch (a unary reply, a
  * batched Submit: message and status together) would pay for nothing
- * (bench/results/rpc.md, 2026-12-04: harvesting before every sleep cost
- * kexd 11-16% more CPU per batched Submit).  The two paths may run one
+ * (bench/results/rpc.md: harvesting before every sleep cost kexd 11-16%
+ * more CPU per batched Submit).  The two paths may run one
  * call's tags in a different order than the queue had them; the handlers
  * depend on no order between a call's different batches (gRPC promises
  * none).

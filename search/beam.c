@@ -812,10 +812,9 @@ out:
  * The time that decides is the least of KEX_BEAM_SERIAL_PROBES serially
  * timed runs (the pool's ideal time), not of pooled runs: a pooled run of
  * a 10 us kernel took 200-1500 us whenever the pool's workers were slow to
- * wake, for every probe of a search, and such a search (4 of 116 on the
- * 2026-12-04 EPYC guest) timed everything pooled while the next one timed
- * serially -- a flip of its own (bench/results/beam-repeatable.md,
- * thirteenth step).  A pooled warm-up of KEX_BEAM_SERIAL_LONG_S or more
+ * wake, for every probe of a search, and such a search (4 of 116 in
+ * bench/results/beam-repeatable.md) timed everything pooled while the next
+ * one timed serially -- a flip of its own.  A pooled warm-up of KEX_BEAM_SERIAL_LONG_S or more
  * (far past any wake-up) needs no serial probe; two probes of 4x the
  * limit end the probing.  A kernel near the limit may still be timed one
  * way in one search and the other way in the next.
@@ -1145,8 +1144,8 @@ static int run_paired(search *s, paired *p, int ndecide, double theta, double bu
 
 /*
  * Disturbed decisions.  The machine has states that come with time, not
- * with where a kernel lies in memory (bench/results/beam-repeatable.md,
- * eighth step; build/bench_beam_state): muladd64K's hand-coded kernel runs
+ * with where a kernel lies in memory (bench/results/beam-repeatable.md;
+ * build/bench_beam_state): muladd64K's hand-coded kernel runs
  * serially in 6.5 µs in some stretches and 11-13 µs in others, the same
  * code on the same buffers, and UPCAST(0,4)+UPCAST(0,4) beats it beyond
  * the threshold only in the slow ones.  A state lasts from 10 ms to about
@@ -1164,7 +1163,7 @@ static int run_paired(search *s, paired *p, int ndecide, double theta, double bu
  * of an earlier round) compares in the machine's fast state.
  *
  * When the last run is still disturbed (the slow state outlasted the
- * waits: seconds at a time on the 2026-12-04 EPYC guest), each member that
+ * waits: it can last seconds), each member that
  * ran more than KEX_BEAM_DISTURBED over its remembered time is judged at
  * that time: its paired ratios and median are divided by the factor
  * (paired.slow).  The slow state does not slow every program alike --

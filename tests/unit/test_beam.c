@@ -260,7 +260,7 @@ static void test_not_slower(void **state) {
   double th2 = run_time(dc->graph, dev, 0, NULL, &hand2);
   kex_run_result_free(&hand2);
   /* then cached beam and hand-coded in turn, 5 of each in all, compared by their medians: the machine's slow
-     stretches last seconds and do not slow every program alike (bench/results/beam-repeatable.md, twelfth step),
+     stretches last seconds and do not slow every program alike (bench/results/beam-repeatable.md),
      and under the suite's other tests one pair of runs, or one lucky run, could land on either side of one (the
      same E_16384_4 kernel timed 20.0/22.5 us as hand-coded and 29.1/30.9 us from the cache) */
   double thv[5] = {th, th2}, tbv[5] = {tb, tb2};
@@ -299,10 +299,9 @@ static void test_repeatable(void **state) {
   kex_device *dev = devs[dc->dev];
   if (!dev) { printf("skipped: %s\n", dev_skip[dc->dev]); skip(); }
   if (!getenv("KEX_TEST_BEAM_REPEATABLE")) {
-    /* Known gap (issue 15 item 4, bench/results/beam-repeatable.md): on a shared 2-vCPU VM two fresh searches
-       still differ now and then.  On the 2026-12-04 EPYC guest 0-2 of 5 runs of the six passed quiet and 4 of 5
-       with one core busy (bench/beam_repeat.sh): the machine's states change pairs' ratios by 1.2-1.6x between
-       two searches (beam-repeatable.md, fourteenth step), so a pair near the 25% band lands on either side of it.
+    /* Known gap (bench/results/beam-repeatable.md has the measurements): on a shared 2-vCPU VM two fresh
+       searches still differ now and then: the machine's states change pairs' ratios by 1.2-1.6x between two
+       searches, so a pair near the 25% band lands on either side of it.
        KEX_TEST_BEAM_REPEATABLE=1 runs the assertion anyway (KEX_TEST_FILTER='repeatable_*' runs only these
        tests, about 80 s; bench/beam_repeat.sh runs them in a row). */
     printf("skipped: beam repeatability is not achieved yet on a shared VM (two fresh searches still differ in some "
