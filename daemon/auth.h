@@ -6,7 +6,8 @@
  * "token_sha256": "<64 hex>", "max_jobs": 4, "max_bytes": 1073741824,
  * "max_weight": 4, "max_beam": 4, "may_tune": true}]}.  Only the SHA-256
  * of each token is kept; a limit left out is unlimited; a user may Tune
- * unless may_tune is false.  A loaded file is an immutable, reference
+ * (or Submit with beam.beam_width: any search it asks for) unless may_tune
+ * is false.  A loaded file is an immutable, reference
  * counted table: kexd holds the current one, each call the one that
  * admitted it, so SIGHUP swaps in a new table while calls in flight keep
  * theirs.  Loop thread only (the counts are not atomic).

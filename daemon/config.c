@@ -197,7 +197,8 @@ static const flag flags[] = {
   {"compile-slots", "N", FLAG_U32, F(compile_slots), 1, 64, 0, 0, false, NULL,
    "kernels compiled at once per device; a submission takes one slot at a time while others wait"},
   {"max-tunes-per-device", "N", FLAG_U32, F(max_tunes_per_device), 1, 1024, 0, 0, false, NULL,
-   "Tune calls running at once on one device; more are refused"},
+   "beam searches at once on one device (Tune calls and Submits with beam.beam_width, each for its whole call); "
+   "more are refused"},
   {"launch-quantum", "SECONDS", FLAG_SECONDS, F(launch_quantum_s), 0, 0, 0, 10, false, NULL,
    "a submission's kernels go to the device back to back with one wait, about this much device time (from the "
    "plan's last run) per fair-queue turn; other jobs' turns come between (0: one kernel per turn)"},

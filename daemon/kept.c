@@ -4,6 +4,7 @@
 #include "daemon/kept.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -66,6 +67,7 @@ int kexd_kept_put(kexd_job *job, const char *id, const Kex__V1__Graph *g, uint32
   memset(k, 0, sizeof *k);
   memcpy(k->id, id, strlen(id) + 1);
   k->bytes = bytes, k->len = len, k->used = ++job->kept_clock;
+  snprintf(k->device, sizeof k->device, "%s", g->device ? g->device : ""); /* checked (a configured device) by now */
   job->kept_bytes += len;
   return 0;
 }
@@ -137,6 +139,11 @@ Kex__V1__Graph *kexd_kept_bind(kexd_job *job, const Kex__V1__SubmitRequest *m, k
     return NULL;
   }
   return g;
+}
+
+const char *kexd_kept_device(kexd_job *job, const char *id) {
+  const kexd_kept *k = find(job, id);
+  return k ? k->device : NULL;
 }
 
 void kexd_kept_free_all(kexd_job *job) {

@@ -19,6 +19,7 @@
 #include "kex/v1/kex.pb-c.h"
 
 #define KEXD_KEPT_ID_MAX 64  /* characters of an ID: [A-Za-z0-9._-] */
+#define KEXD_KEPT_DEVICE_MAX 64 /* bytes of the kept graph's device name, NUL included (KEXD_DISPATCH_NAME_MAX) */
 
 typedef struct kexd_job kexd_job;
 
@@ -27,6 +28,7 @@ typedef struct kexd_kept {
   uint8_t *bytes;            /* the packed Graph */
   size_t len;
   uint64_t used;             /* the job's kept clock at its last use */
+  char device[KEXD_KEPT_DEVICE_MAX]; /* its graph's `device` (the method table's search check reads it) */
 } kexd_kept;
 
 /* Keep graph g under id in job (replacing one of that id), evicting the job's least recently used ones past
@@ -39,6 +41,9 @@ int kexd_kept_put(kexd_job *job, const char *id, const Kex__V1__Graph *g, uint32
  * that the caller frees (protobuf_c_message_free_unpacked).  NULL with err: KEX_ENOTFOUND (no such kept
  * graph), KEX_EINVAL (a binding names no BUFFER node, or binds one twice), KEX_ENOMEM. */
 Kex__V1__Graph *kexd_kept_bind(kexd_job *job, const Kex__V1__SubmitRequest *m, kex_error *err);
+
+/* The `device` of the graph job keeps under id ("" for the default), or NULL when it keeps none. */
+const char *kexd_kept_device(kexd_job *job, const char *id);
 
 /* Free everything job keeps (the job is closing). */
 void kexd_kept_free_all(kexd_job *job);

@@ -108,6 +108,16 @@ static const char *short_method(const char *path) {
   return slash ? slash + 1 : path;
 }
 
+/* The one refusal of a search to a tenant whose may_tune is false (Tune at the gate, a beam Submit in
+   kexd_rpc_search_begin).  False, the call finished. */
+static bool refuse_search(kexd *d, kexd_call *c, const kexd_tenant *t) {
+  d->permission_denied++;
+  kexd_call_failf(c, GRPC_STATUS_PERMISSION_DENIED,
+                  "%s: tenant '%s' may not run beam searches (Tune, or Submit with beam.beam_width): may_tune is "
+                  "false in --auth", short_method(kexd_call_method(c)), t->name);
+  return false;
+}
+
 bool kexd_rpc_check_caller(kexd *d, kexd_call *c, kexd_role_rule rule) {
   kexd_call_info *ci = kexd_call_ext(c);
   const char *path = kexd_call_method(c), *why = NULL;
@@ -137,12 +147,7 @@ bool kexd_rpc_check_caller(kexd *d, kexd_call *c, kexd_role_rule rule) {
                     t->name);
     return false;
   }
-  if (!t->may_tune && rule == KEXD_CALLER_TUNER) {
-    d->permission_denied++;
-    kexd_call_failf(c, GRPC_STATUS_PERMISSION_DENIED, "Tune: tenant '%s' may not Tune (may_tune is false in --auth)",
-                    t->name);
-    return false;
-  }
+  if (!t->may_tune && rule == KEXD_CALLER_TUNER) return refuse_search(d, c, t);
   return true;
 }
 
@@ -226,18 +231,30 @@ int kexd_rpc_submit_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t width) 
   return 0;
 }
 
-int kexd_rpc_tune_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t device, int width) {
+int kexd_rpc_search_begin(kexd *d, kexd_call *c, kexd_job *job, const Kex__V1__BeamOptions *b, uint32_t fallback,
+                          const char *device, uint32_t *width) {
   kexd_call_info *ci = kexd_call_ext(c);
-  if (check_beam(d, c, job, width > 0 ? (uint64_t)width : 0) < 0) return -1;
-  if (device >= KEXD_MAX_DEVICES) return 0;
-  if (d->tunes_active[device] >= d->cfg.max_tunes_per_device) {
-    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                    "Tune: device %s runs %u Tune calls, the limit (--max-tunes-per-device)", d->cfg.devices[device],
-                    d->tunes_active[device]);
+  const kexd_tenant *t = kexd_rpc_tenant(c);
+  int dev;
+  if (kexd_rpc_beam_options(d, c, b, fallback, width) < 0) return -1;
+  /* Submit (fallback 0) without a beam_width of its own searches only if the operator's --beam says so: the
+     operator's choice for every Submit, not the tenant's request, so neither may_tune nor a search slot. */
+  if (!*width || (!fallback && !(b && b->beam_width))) return 0;
+  if (t && !t->may_tune) {
+    refuse_search(d, c, t);
     return -1;
   }
-  d->tunes_active[device]++;
-  ci->tune_device = device + 1;
+  if (check_beam(d, c, job, *width) < 0) return -1;
+  if (!device || (dev = kexd_rpc_device_index(d, device)) < 0 || dev >= KEXD_MAX_DEVICES) return 0;
+  if (d->tunes_active[dev] >= d->cfg.max_tunes_per_device) {
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "%s: device %s runs %u searches (Tune calls and Submits with beam.beam_width), the limit "
+                    "(--max-tunes-per-device)", short_method(kexd_call_method(c)), d->cfg.devices[dev],
+                    d->tunes_active[dev]);
+    return -1;
+  }
+  d->tunes_active[dev]++;
+  ci->tune_device = (uint32_t)dev + 1;
   return 0;
 }
 

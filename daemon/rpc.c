@@ -5,9 +5,12 @@
  * that serves it.  For a unary method the table does what every handler
  * would otherwise open with: it decodes the request (request.c: size,
  * protobuf-c, strings checked on the wire), looks up the job its `job`
- * field names (a method with JOB_OPTIONAL takes "" as none), and frees the
- * request once the handler returns; the handler gets a kexd_req.  The two
- * client streams (Upload, ImportCache) read their own messages.
+ * field names (a method with JOB_OPTIONAL takes "" as none), checks a
+ * call that can start a beam search (Submit, Tune: the search column,
+ * kexd_rpc_search_begin: may_tune, the width limits, the device's search
+ * slots), and frees the request once the handler returns; the handler gets
+ * a kexd_req.  The two client streams (Upload, ImportCache) read their own
+ * messages.
  *
  * The handlers live one concept per file: info.c (health, devices,
  * stats), job_rpc.c (jobs), pbgraph.c (Graph conversion), plan.c,
@@ -23,6 +26,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "core/trace.h"
+#include "daemon/kept.h"
 #include "daemon/rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -32,21 +36,34 @@ typedef enum job_rule {
   JOB_REQUIRED, /* `job` must name one of the caller's jobs */
 } job_rule;
 
+/* Whether a call of the method can start a beam search: the permission and the limits of one
+   (kexd_rpc_search_begin: may_tune, --max-beam and max_beam, --max-tunes-per-device), checked here for
+   every method that can, after the decode and before its handler, never by a handler. */
+typedef enum search_rule {
+  SEARCH_NONE,
+  SEARCH_IF_BEAM, /* Submit: when its beam.beam_width > 0 (a width from --beam alone is the operator's) */
+  SEARCH_ALWAYS,  /* Tune: beam.beam_width, else --beam, else TUNE_DEFAULT_WIDTH (2) */
+} search_rule;
+
+#define TUNE_DEFAULT_WIDTH 2 /* Tune with beam_width 0 and no --beam */
+
 typedef struct method {
   const char *path;
   const ProtobufCMessageDescriptor *req; /* unary: the request type; NULL for a client stream */
   job_rule job;
   kexd_role_rule role;  /* who may call it (kexd_rpc_check_caller) */
+  search_rule search;   /* unary: whether it can start a search (search_gate) */
   kexd_method_fn fn;    /* unary */
   kexd_handler stream;  /* client stream: reads its own messages */
   bool test_only;       /* registered with --test-busy-work only */
 } method;
 
-#define UNARY(name, type, rule, role, fn) \
-  {"/kex.v1.Kex/" name, &kex__v1__##type##__descriptor, rule, KEXD_CALLER_##role, fn, NULL, false}
+#define UNARY_SEARCH(name, type, rule, role, search, fn) \
+  {"/kex.v1.Kex/" name, &kex__v1__##type##__descriptor, rule, KEXD_CALLER_##role, SEARCH_##search, fn, NULL, false}
+#define UNARY(name, type, rule, role, fn) UNARY_SEARCH(name, type, rule, role, NONE, fn)
 #define HEALTH(name, fn) \
   {"/grpc.health.v1.Health/" name, &grpc__health__v1__health_check_request__descriptor, JOB_NONE, KEXD_CALLER_ANYONE, \
-   fn, NULL, false}
+   SEARCH_NONE, fn, NULL, false}
 
 static const method methods[] = {
     HEALTH("Check", kexd_rpc_health_check),
@@ -57,17 +74,17 @@ static const method methods[] = {
     UNARY("Plan", plan_request, JOB_REQUIRED, TENANT, kexd_rpc_plan),
     UNARY("ListDevices", list_devices_request, JOB_OPTIONAL, TENANT, kexd_rpc_list_devices),
     UNARY("GetStats", get_stats_request, JOB_OPTIONAL, TENANT, kexd_rpc_get_stats),
-    UNARY("Submit", submit_request, JOB_REQUIRED, TENANT, kexd_rpc_submit),
-    {"/kex.v1.Kex/Upload", NULL, JOB_REQUIRED, KEXD_CALLER_TENANT, NULL, kexd_rpc_upload, false},
+    UNARY_SEARCH("Submit", submit_request, JOB_REQUIRED, TENANT, IF_BEAM, kexd_rpc_submit),
+    {"/kex.v1.Kex/Upload", NULL, JOB_REQUIRED, KEXD_CALLER_TENANT, SEARCH_NONE, NULL, kexd_rpc_upload, false},
     UNARY("Download", download_request, JOB_REQUIRED, TENANT, kexd_rpc_download),
     UNARY("Free", free_request, JOB_REQUIRED, TENANT, kexd_rpc_free),
-    UNARY("Tune", tune_request, JOB_REQUIRED, TUNER, kexd_rpc_tune),
+    UNARY_SEARCH("Tune", tune_request, JOB_REQUIRED, TUNER, ALWAYS, kexd_rpc_tune), /* TUNER: refused before the decode */
     UNARY("ListCache", list_cache_request, JOB_REQUIRED, TENANT, kexd_rpc_list_cache),
     UNARY("GetCacheEntry", get_cache_entry_request, JOB_REQUIRED, TENANT, kexd_rpc_get_cache_entry),
     UNARY("ExportCache", export_cache_request, JOB_REQUIRED, ADMIN, kexd_rpc_export_cache),
-    {"/kex.v1.Kex/ImportCache", NULL, JOB_REQUIRED, KEXD_CALLER_ADMIN, NULL, kexd_rpc_import_cache, false},
+    {"/kex.v1.Kex/ImportCache", NULL, JOB_REQUIRED, KEXD_CALLER_ADMIN, SEARCH_NONE, NULL, kexd_rpc_import_cache, false},
     UNARY("DeleteCache", delete_cache_request, JOB_REQUIRED, ADMIN, kexd_rpc_delete_cache),
-    {"/kex.v1.Kex/_BusyWork", &kex__v1__busy_work_request__descriptor, JOB_REQUIRED, KEXD_CALLER_TENANT,
+    {"/kex.v1.Kex/_BusyWork", &kex__v1__busy_work_request__descriptor, JOB_REQUIRED, KEXD_CALLER_TENANT, SEARCH_NONE,
      kexd_rpc_busy_work, NULL, true},
 };
 
@@ -86,12 +103,35 @@ static const char *job_field(const method *m, const ProtobufCMessage *msg) {
   return token ? token : "";
 }
 
+/*
+ * The search column: a Submit's or Tune's BeamOptions and the device its graph names (a Submit's
+ * graph_ref: the kept graph's) to kexd_rpc_search_begin, which refuses a search the caller may not
+ * start; rq->beam_width is the width the handler uses.  False when it refused (the call finished).
+ */
+static bool search_gate(kexd *d, const method *m, kexd_call *c, kexd_req *rq) {
+  const Kex__V1__BeamOptions *beam;
+  const Kex__V1__Graph *graph;
+  const char *device = NULL;
+  if (m->req == &kex__v1__submit_request__descriptor) {
+    const Kex__V1__SubmitRequest *s = rq->msg;
+    beam = s->beam, graph = s->graph;
+    if (!graph && s->graph_ref && *s->graph_ref) device = kexd_kept_device(rq->job, s->graph_ref);
+  } else {
+    const Kex__V1__TuneRequest *t = rq->msg;
+    beam = t->beam, graph = t->graph;
+  }
+  if (graph) device = graph->device ? graph->device : "";
+  return kexd_rpc_search_begin(d, c, rq->job, beam, m->search == SEARCH_ALWAYS ? TUNE_DEFAULT_WIDTH : 0, device,
+                               &rq->beam_width) == 0;
+}
+
 static void serve(kexd *d, const method *m, kexd_call *c, const uint8_t *bytes, size_t len) {
-  kexd_req r = {NULL, NULL, kex_trace_now_us()};
+  kexd_req r = {NULL, NULL, kex_trace_now_us(), 0};
   const char *token;
   if (!(r.msg = kexd_rpc_decode(d, c, m->req, bytes, len))) return;
   token = m->job == JOB_NONE ? "" : job_field(m, r.msg);
   if ((m->job == JOB_REQUIRED || *token) && !(r.job = kexd_rpc_need_job(d, c, token))) goto out;
+  if (m->search != SEARCH_NONE && !search_gate(d, m, c, &r)) goto out;
   m->fn(d, c, &r);
 out:
   kexd_rpc_free_msg(r.msg);

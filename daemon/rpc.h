@@ -98,10 +98,28 @@ int kexd_rpc_submit_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t width);
  * a width over KEX_BEAM_MAX_WIDTH or a max_upcast/max_local over
  * KEXD_BEAM_MAX_LIMIT is INVALID_ARGUMENT.  0, or -1 with the call finished.
  * The limits a client meets (--max-beam, the tenant's) are *_begin's.
+ * Called only by kexd_rpc_search_begin.
  */
 int kexd_rpc_beam_options(kexd *d, kexd_call *c, const Kex__V1__BeamOptions *b, uint32_t fallback, uint32_t *width);
-/* The same for Tune: beam width and Tune calls at once on `device` (--max-tunes-per-device). */
-int kexd_rpc_tune_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t device, int width);
+/*
+ * A search is a permission wherever it starts (the method table's search
+ * column, rpc.c, calls this for Tune and Submit; no handler does): the
+ * request's BeamOptions b checked (kexd_rpc_beam_options, the width into
+ * *width: b's beam_width, else --beam, else `fallback`); then, when the
+ * caller asked for a search (Tune always; Submit when b->beam_width > 0),
+ * the tenant's may_tune (PERMISSION_DENIED), the width limits (--max-beam,
+ * max_beam) and a search slot on `device` (a configured device name, ""
+ * the default; NULL or unknown: no slot, the handler refuses the device),
+ * RESOURCE_EXHAUSTED naming --max-tunes-per-device at the limit.  The slot
+ * is held until the call ends (kexd_rpc_call_end), whether or not a search
+ * runs: a beam Submit whose kernels are all in the beam cache searches
+ * nothing, but is checked before kexd knows that.  A Submit whose width
+ * comes from the operator's --beam asked for nothing: it needs no may_tune
+ * and no slot (its width limits are kexd_rpc_submit_begin's).  0, or -1
+ * with the call finished.
+ */
+int kexd_rpc_search_begin(kexd *d, kexd_call *c, kexd_job *job, const Kex__V1__BeamOptions *b, uint32_t fallback,
+                          const char *device, uint32_t *width);
 
 /* Index of the configured device `name` names ("" and "default": the first); -1 when none. */
 int kexd_rpc_device_index(const kexd *d, const char *name);
@@ -119,6 +137,7 @@ typedef struct kexd_req {
   void *msg;
   kexd_job *job;       /* the job its `job` field names (lease renewed); NULL for a method without one, or "" */
   uint64_t arrived_us; /* kex_trace_now_us() before the decode (a trace's "decode" span) */
+  uint32_t beam_width; /* a method with a search column: the width kexd_rpc_search_begin chose (0: hand-coded) */
 } kexd_req;
 
 typedef void (*kexd_method_fn)(kexd *d, kexd_call *c, kexd_req *rq);

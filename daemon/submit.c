@@ -726,11 +726,7 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "Submit: missing graph");
     goto out;
   }
-  uint32_t width; /* 0: hand-coded */
-  if (kexd_rpc_beam_options(d, c, m->beam, 0, &width) < 0) {
-    d->submissions_failed++;
-    goto out;
-  }
+  uint32_t width = rq->beam_width; /* 0: hand-coded; a search the method table allowed (rpc.c's search column) */
   if ((dev = kexd_rpc_device_index(d, m->graph->device)) < 0) {
     d->submissions_failed++;
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "graph: device \"%.64s\" is not one of this kexd's devices",

@@ -55,7 +55,6 @@
 #include "search/cache.h"
 
 #define TUNE_PROGRESS_INTERVAL_S 0.1      /* at most ~10 progress events per second per call */
-#define TUNE_DEFAULT_WIDTH 2              /* Tune with beam_width 0 and no --beam */
 
 typedef struct kexd_tuner {
   atomic_uint_fast64_t beam_hits, beam_misses, searches, searches_cancelled; /* any thread */
@@ -66,7 +65,7 @@ static const kex_target *device_target(const kexd *d, uint32_t device) { return 
 
 /* ---- lowering with searched opts (Tune and Submit share it) ---- */
 
-/* Beam options from the request (checked by kexd_rpc_beam_options, the width chosen there). */
+/* Beam options from the request (checked by the method table's search column, the width chosen there). */
 static void beam_opts_from(kex_beam_opts *bo, int width, const Kex__V1__BeamOptions *b) {
   kex_beam_opts_init(bo, width);
   if (b && b->max_upcast) bo->upcast_max = (int)b->max_upcast;
@@ -380,9 +379,7 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
                     m->graph->device);
     return;
   }
-  uint32_t width;
-  if (kexd_rpc_beam_options(d, c, m->beam, TUNE_DEFAULT_WIDTH, &width) < 0) return; /* request.c: the one check */
-  if (kexd_rpc_tune_begin(d, c, job, (uint32_t)dev, (int)width) < 0) return;
+  uint32_t width = rq->beam_width; /* the method table checked the search (may_tune, limits, the device's slot) */
   if (!(t = kex_calloc(1, sizeof *t))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "Tune: out of memory");
     return;

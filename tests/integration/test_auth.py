@@ -215,6 +215,34 @@ def tenant_limits(k, ja, jb):
           m.get(("kex_auth_refused_total", (("code", "PERMISSION_DENIED"),))) == 4)
 
 
+def searches_run(k):
+    return k.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md("ops"), timeout=5).searches_run
+
+
+def beam_permission(k):
+    """A search is a permission wherever it starts: a beam Submit needs may_tune, as Tune does (issue 31;
+    before, carol's beam Submit ran a search)."""
+    PD = grpc.StatusCode.PERMISSION_DENIED
+    jc, jb = k.open("carol"), k.open("bob")
+    s0 = searches_run(k)
+    e = rpc_error(submit, k, "carol", jc, width=3)
+    check("carol (may_tune false) Submitting with beam width 3: PERMISSION_DENIED naming may_tune, no search run",
+          code_says(e, PD, "may_tune", "carol") and searches_run(k) == s0, (desc(e), searches_run(k) - s0))
+    req = kex_pb2.SubmitRequest(job=jc, graph=add_graph(), only_done=True, free_outputs=True, keep_as="g")
+    ev = list(k.kex.Submit(req, metadata=md("carol"), timeout=30))[-1]
+    check("carol's plain Submit (keep_as) runs", ev.HasField("done"), str(ev)[:300])
+    req = kex_pb2.SubmitRequest(job=jc, graph_ref="g", only_done=True, free_outputs=True)
+    req.beam.beam_width = 3
+    e = rpc_error(lambda: list(k.kex.Submit(req, metadata=md("carol"), timeout=30)))
+    check("carol's graph_ref Submit with beam width 3: PERMISSION_DENIED too, no search run",
+          code_says(e, PD, "may_tune") and searches_run(k) == s0, (desc(e), searches_run(k) - s0))
+    ev = submit(k, "bob", jb, width=3)
+    check("bob (may_tune) Submitting with beam width 3 runs a search (searches_run +1)",
+          ev.HasField("done") and searches_run(k) == s0 + 1, (str(ev)[:300], searches_run(k) - s0))
+    k.kex.CloseJob(kex_pb2.CloseJobRequest(job=jc), metadata=md("carol"), timeout=5)
+    k.kex.CloseJob(kex_pb2.CloseJobRequest(job=jb), metadata=md("bob"), timeout=5)
+
+
 def server_limits(k, jb, jo):
     """--max-submits-per-job 1 and --max-tunes-per-device 1 while the cpu runner is kept busy."""
     k.busy(kex_pb2.BusyWorkRequest(job=jb, items=3, ms=300), metadata=md("bob"), timeout=5)
@@ -231,12 +259,28 @@ def server_limits(k, jb, jo):
                                           timeout=10)))
     check("a second Tune on the device: RESOURCE_EXHAUSTED naming --max-tunes-per-device",
           code_says(e, RE, "--max-tunes-per-device"), desc(e))
+    jb2 = k.open("bob")
+    s0 = searches_run(k)
+    e = rpc_error(submit, k, "bob", jb2, width=2)
+    check("a beam Submit while the Tune runs: RESOURCE_EXHAUSTED naming --max-tunes-per-device, as Tune's "
+          "(issue 31: it used to search beside it)", code_says(e, RE, "--max-tunes-per-device", "searches"), desc(e))
+    req = kex_pb2.SubmitRequest(job=jb2, graph=add_graph(), only_done=True, free_outputs=True, keep_as="g")
+    ev = list(k.kex.Submit(req, metadata=md("bob"), timeout=30))[-1]
+    check("meanwhile a plain Submit runs", ev.HasField("done"), str(ev)[:300])
+    req = kex_pb2.SubmitRequest(job=jb2, graph_ref="g", only_done=True, free_outputs=True)
+    req.beam.beam_width = 2
+    e = rpc_error(lambda: list(k.kex.Submit(req, metadata=md("bob"), timeout=10)))
+    check("a graph_ref Submit with beam while the Tune runs: RESOURCE_EXHAUSTED naming --max-tunes-per-device",
+          code_says(e, RE, "--max-tunes-per-device"), desc(e))
     e = rpc_error(lambda: list(first))
     check("the first Submit finishes OK", e is None, desc(e))
     e = rpc_error(lambda: list(tune))
     check("the first Tune finishes OK", e is None, desc(e))
     ev = submit(k, "bob", jb)
     check("once it ended, the job may Submit again", ev.HasField("done"))
+    check("the refused beam Submits ran no search (only the Tune's)", searches_run(k) <= s0 + 1, searches_run(k) - s0)
+    ev = submit(k, "bob", jb2, width=2)
+    check("once the Tune ended, a beam Submit runs", ev.HasField("done"), str(ev)[:300])
 
 
 def reload(k, jb):
@@ -333,6 +377,7 @@ def main():
         identity(k)
         ja, jb, jo = roles_and_jobs(k)
         tenant_limits(k, ja, jb)
+        beam_permission(k)
         server_limits(k, jb, jo)
         reload(k, jb)
         cli(k)
