@@ -105,6 +105,7 @@ static void plan_unref(plan *p) {
   if (!p || --p->refs) return;
   kex_plan_clear(&p->rp);
   kex_graph_free(p->g);
+  kex_free(p->last_kernel_us);
   kex_free(p);
 }
 
@@ -1097,6 +1098,8 @@ static void sub_complete(submission *s) {
     for (uint32_t k = 0; k < s->p->rp.nkernels; k++)
       if (s->kernel_us[k] > slowest) slowest = s->kernel_us[k];
     s->p->last_max_kernel_us = slowest;
+    if (!s->p->last_kernel_us) s->p->last_kernel_us = kex_calloc(s->p->rp.nkernels ? s->p->rp.nkernels : 1, sizeof(double));
+    if (s->p->last_kernel_us) memcpy(s->p->last_kernel_us, s->kernel_us, s->p->rp.nkernels * sizeof(double));
     d->submissions_done++;
     s->final_status = GRPC_STATUS_OK;
     s->final_ready = true;
@@ -1138,30 +1141,46 @@ static void item_done(kexd_work *w) {
 }
 
 /*
- * Steps per device item: the kernels of about --launch-quantum of device time by the plan's last run (its
- * slowest kernel), at most KEX_RUN_BATCH_EVENTS; SUB_FIRST_BATCH for a plan that never ran; 1 with a quantum
- * of 0.  A batch is one turn of the job's flow: other jobs' items run between batches.
+ * The batches of steps, one device item each: consecutive steps whose kernels took about --launch-quantum of
+ * device time together in the plan's last run (a kernel longer than the quantum alone), at most
+ * KEX_RUN_BATCH_EVENTS; SUB_FIRST_BATCH steps for a plan that never ran; one step with a quantum of 0.  A
+ * batch is one turn of the job's flow: other jobs' items run between batches.  Fills sa[] (when not NULL)
+ * and returns the number of batches.
  */
-static uint32_t steps_per_item(const kexd *d, const plan *p) {
+static uint32_t batches(const kexd *d, const plan *p, step_arg *sa, submission *s) {
   double q_us = d->cfg.launch_quantum_s * 1e6;
-  if (q_us <= 0) return 1;
-  if (p->last_max_kernel_us < 0) return SUB_FIRST_BATCH;
-  double per = q_us / (p->last_max_kernel_us > 1.0 ? p->last_max_kernel_us : 1.0);
-  return per < 1 ? 1 : per > KEX_RUN_BATCH_EVENTS ? KEX_RUN_BATCH_EVENTS : (uint32_t)per;
+  uint32_t nb = 0, first = 0, n = 0;
+  double us = 0;
+  for (uint32_t i = 0; i < p->rp.nsteps; i++) {
+    const kex_plan_step *st = &p->rp.steps[i];
+    double t = st->kind != KEX_PLAN_STEP_KERNEL ? 0 : p->last_kernel_us ? p->last_kernel_us[st->kernel] : q_us;
+    bool full = n && (q_us <= 0 || n == KEX_RUN_BATCH_EVENTS ||
+                      (p->last_kernel_us ? us + t > q_us : n == SUB_FIRST_BATCH));
+    if (full) {
+      if (sa) sa[nb] = (step_arg){s, first, n};
+      nb++, first = i, n = 0, us = 0;
+    }
+    n++, us += t;
+  }
+  if (n) {
+    if (sa) sa[nb] = (step_arg){s, first, n};
+    nb++;
+  }
+  return nb;
 }
 
 /* Post setup, the batches of steps and finish on the job's flow.  On failure the call is ended. */
 void sub_post(submission *s) {
   kexd *d = s->d;
   const plan *p = s->p;
-  uint32_t per = steps_per_item(d, p);
-  uint32_t n = (p->rp.nsteps + per - 1) / per + 2;
+  uint32_t n = batches(d, p, NULL, NULL) + 2;
   s->nworks = n;
   if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (kexd_call_time_left(s->call) <= 0) return sub_fail(s, GRPC_STATUS_DEADLINE_EXCEEDED, "Submit: the deadline passed");
   s->works = kex_calloc(n, sizeof *s->works);
   s->stepargs = kex_calloc(n, sizeof *s->stepargs);
   if (!s->works || !s->stepargs) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
+  batches(d, p, s->stepargs + 1, s);
   /* kernels that were quick last time: the setup and every step may wait for the next item to wake the loop */
   bool defer = p->last_max_kernel_us >= 0 && p->last_max_kernel_us < SUB_DEFER_KERNEL_US;
   for (uint32_t i = 0; i < n; i++) {
@@ -1175,8 +1194,6 @@ void sub_post(submission *s) {
     if (i == 0) w->fn = setup_run, w->arg = s;
     else if (i == n - 1) w->fn = finish_run, w->arg = s, w->must_run = true;
     else {
-      uint32_t first = (i - 1) * per;
-      s->stepargs[i] = (step_arg){s, first, first + per <= p->rp.nsteps ? per : p->rp.nsteps - first};
       w->fn = step_run;
       w->arg = &s->stepargs[i];
     }

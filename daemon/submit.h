@@ -47,6 +47,7 @@ typedef struct plan {
   double build_us;
   /* loop thread, updated by each successful run: the slowest kernel's time of the last run (-1: never ran) */
   double last_max_kernel_us;
+  double *last_kernel_us;    /* [rp.nkernels]: each kernel's time in the last successful run (NULL: never ran) */
 } plan;
 
 typedef struct submission submission;
