@@ -35,8 +35,21 @@ MODES = [("CLANG", False), ("CLANG", True), ("GPU", False), ("GPU", True), ("KEX
          ("KEX", True)]   # the last: a second process on the same kexd
 
 
+def train_step(opt, loss_of):
+    """A training step: zero the gradients, loss_of(x, y) backward, opt.step(); the realized loss."""
+    from tinygrad import Tensor
+
+    def step(x, y):
+        with Tensor.train():
+            opt.zero_grad()
+            loss = loss_of(x, y).backward()
+            opt.step()
+            return loss.realize()
+    return step
+
+
 def digits_program():
-    """(state, step(x, y) -> loss, inputs()) for the digits CNN."""
+    """(step(x, y) -> loss, inputs() -> (x, y)) for the digits CNN."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import numpy as np
     from tinygrad import Tensor, nn
@@ -46,12 +59,7 @@ def digits_program():
     opt = nn.optim.Adam(nn.state.get_parameters(model), lr=3e-3)
     rng = np.random.default_rng(0)
 
-    def step(x, yb):
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(x).sparse_categorical_crossentropy(yb).backward()
-            opt.step()
-            return loss.realize()
+    step = train_step(opt, lambda x, yb: model(x).sparse_categorical_crossentropy(yb))
 
     def inputs():
         idx = rng.choice(len(X), size=64, replace=False)
@@ -83,12 +91,7 @@ def transformer_program():
     opt = nn.optim.Adam(nn.state.get_parameters(block), lr=1e-3)
     rng = np.random.default_rng(0)
 
-    def step(x, target):
-        with Tensor.train():
-            opt.zero_grad()
-            loss = (block(x) - target).square().mean().backward()
-            opt.step()
-            return loss.realize()
+    step = train_step(opt, lambda x, target: (block(x) - target).square().mean())
 
     def inputs():
         return (Tensor(rng.standard_normal((16, 128, 128), dtype=np.float32)),

@@ -101,11 +101,32 @@
 #include "daemon/work.h"
 #include "sched/schedule.h"
 
+static bool same_but_name(const char *a, const char *na, const char *b, const char *nb);
+
+/* Pool thread, once per plan: p->same_as, so a graph's identical kernels compile and load once. */
+static void plan_same_sources(plan *p) {
+  const kex_rplan *rp = &p->rp;
+  if (rp->nkernels < 2 || !(p->same_as = kex_malloc(rp->nkernels * sizeof *p->same_as))) return;
+  for (uint32_t k = 0; k < rp->nkernels; k++) {
+    const kex_plan_prog *pk = &rp->progs[k];
+    p->same_as[k] = -1;
+    for (uint32_t j = 0; j < k && p->same_as[k] < 0; j++) {
+      const kex_plan_prog *pj = &rp->progs[j];
+      if (p->same_as[j] >= 0 || pj->has_local != pk->has_local || memcmp(pj->global, pk->global, sizeof pk->global) ||
+          (pk->has_local && memcmp(pj->local, pk->local, sizeof pk->local)))
+        continue;
+      if (memcmp(pj->hash, pk->hash, SUB_HASH) == 0 || same_but_name(pj->src, pj->name, pk->src, pk->name))
+        p->same_as[k] = (int32_t)j;
+    }
+  }
+}
+
 static void plan_unref(plan *p) {
   if (!p || --p->refs) return;
   kex_plan_clear(&p->rp);
   kex_graph_free(p->g);
   kex_free(p->last_kernel_us);
+  kex_free(p->same_as);
   kex_free(p);
 }
 
@@ -544,7 +565,6 @@ static bool preq_dead(kex_prog_req *r) { return kexd_stream_dead(&((submission *
 static void preq_hold(kex_prog_req *r) { kexd_stream_ref(&((submission *)r->owner)->st); }
 static void preq_release(kex_prog_req *r) { kexd_stream_unref(&((submission *)r->owner)->st); /* may free s */ }
 
-/* Every program is read or compiled (or the stage failed, or the call is gone): go on to the device, or fail. */
 /* Whether sources a and b are the same but for their kernels' names na and nb (tinygrad's name counter calls the
  * second of two identical kernels "...n1"): a program of one runs the other. */
 static bool same_but_name(const char *a, const char *na, const char *b, const char *nb) {
@@ -560,20 +580,7 @@ static bool same_but_name(const char *a, const char *na, const char *b, const ch
   return *a == *b;
 }
 
-/* An earlier kernel j with a program record (lps[j]) in this submission whose source is kernel k's (but for the
- * name): j, else -1.  k then runs j's program: one graph's identical kernels are compiled and loaded once. */
-static int64_t same_source(const kex_rplan *rp, loaded_prog *const *lps, uint32_t k) {
-  const kex_plan_prog *pk = &rp->progs[k];
-  for (uint32_t j = 0; j < k; j++) {
-    const kex_plan_prog *pj = &rp->progs[j];
-    if (!lps[j] || pj->has_local != pk->has_local || memcmp(pj->global, pk->global, sizeof pk->global) ||
-        (pk->has_local && memcmp(pj->local, pk->local, sizeof pk->local)))
-      continue;
-    if (memcmp(pj->hash, pk->hash, SUB_HASH) == 0 || same_but_name(pj->src, pj->name, pk->src, pk->name)) return j;
-  }
-  return -1;
-}
-
+/* Every program is read or compiled (or the stage failed, or the call is gone): go on to the device, or fail. */
 static void preq_done(kex_prog_req *r) {
   submission *s = r->owner;
   if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
@@ -626,6 +633,7 @@ static void sub_planned(submission *s) {
                     p->rp.alloc_bytes);
   s->reserved = p->rp.alloc_bytes;
   for (uint32_t k = 0; k < p->rp.nkernels; k++) {
+    if (p->same_as && p->same_as[k] >= 0) continue; /* runs an earlier kernel's program (setup_items) */
     loaded_prog *lp = loaded_find(&S->loaded[s->device], p->rp.progs[k].hash);
     if (lp) { /* loaded: pinned until the submission's last item is back */
       lp->pins++;
@@ -636,7 +644,6 @@ static void sub_planned(submission *s) {
       d->prog_cache_memory_hits++;
       continue;
     }
-    if (same_source(&p->rp, s->lps, k) >= 0) continue; /* one graph, the same source twice: compiled and loaded once */
     if (!(lp = kex_calloc(1, sizeof *lp))) return sub_fail(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "Submit: out of memory");
     memcpy(lp->hash, p->rp.progs[k].hash, SUB_HASH);
     snprintf(lp->name, sizeof lp->name, "%s", p->rp.progs[k].name);
@@ -677,6 +684,7 @@ static void build_work(kex_work *w) {
     sub_span(s, "worker", "plan", "replay + schedule", NULL, tt);
   }
   if (!s->pool_rc) s->pool_rc = kex_plan_lower(&p->rp, &pol, &s->pool_err);
+  if (!s->pool_rc) plan_same_sources(p);
   p->build_us += kexd_now_us() - t0;
 }
 
@@ -856,12 +864,11 @@ static int setup_items(submission *s, kex_device *dev, kex_error *err) {
   int rc = 0;
   if (atomic_load(&s->cancelled)) return kex_err_set(err, KEX_ECANCELLED, "cancelled");
   for (uint32_t i = 0; i < p->rp.nkernels; i++) {
-    if (s->progs[i]) continue; /* loaded already: the loop pinned it for this submission */
-    int64_t j = s->lps[i] ? -1 : same_source(&p->rp, s->lps, i);
-    if (j >= 0) { /* the same source as kernel j (loaded just now): its program */
-      s->progs[i] = s->progs[j];
+    if (p->same_as && p->same_as[i] >= 0) { /* the same source as an earlier kernel (loaded by now): its program */
+      s->progs[i] = s->progs[p->same_as[i]];
       continue;
     }
+    if (s->progs[i]) continue; /* loaded already: the loop pinned it for this submission */
     if (!s->bins[i]) return item_fail(s, KEX_EINTERNAL, err, "a program is neither loaded nor compiled");
     if ((rc = kex_device_load(dev, s->bins[i], s->binlens[i], p->rp.progs[i].name, &s->progs[i], err)) < 0)
       return item_fail(s, rc, err, p->rp.progs[i].name);

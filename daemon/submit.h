@@ -48,6 +48,8 @@ typedef struct plan {
   /* loop thread, updated by each successful run: the slowest kernel's time of the last run (-1: never ran) */
   double last_max_kernel_us;
   double *last_kernel_us;    /* [rp.nkernels]: each kernel's time in the last successful run (NULL: never ran) */
+  int32_t *same_as;          /* [rp.nkernels]: the earlier kernel with this one's source but for its name, whose
+                                program it runs, else -1 (NULL: none shared) */
 } plan;
 
 typedef struct submission submission;

@@ -219,6 +219,16 @@ def searches_run(k):
     return k.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md("ops"), timeout=5).searches_run
 
 
+def keep_then_beam(k, tenant, job, width):
+    """(the done-or-last event of a plain Submit that keeps its graph as "g", the error of a graph_ref Submit of
+    it with beam width `width`)."""
+    req = kex_pb2.SubmitRequest(job=job, graph=add_graph(), only_done=True, free_outputs=True, keep_as="g")
+    ev = list(k.kex.Submit(req, metadata=md(tenant), timeout=30))[-1]
+    req = kex_pb2.SubmitRequest(job=job, graph_ref="g", only_done=True, free_outputs=True)
+    req.beam.beam_width = width
+    return ev, rpc_error(lambda: list(k.kex.Submit(req, metadata=md(tenant), timeout=30)))
+
+
 def beam_permission(k):
     """A search is a permission wherever it starts: a beam Submit needs may_tune, as Tune does (issue 31;
     before, carol's beam Submit ran a search)."""
@@ -228,12 +238,8 @@ def beam_permission(k):
     e = rpc_error(submit, k, "carol", jc, width=3)
     check("carol (may_tune false) Submitting with beam width 3: PERMISSION_DENIED naming may_tune, no search run",
           code_says(e, PD, "may_tune", "carol") and searches_run(k) == s0, (desc(e), searches_run(k) - s0))
-    req = kex_pb2.SubmitRequest(job=jc, graph=add_graph(), only_done=True, free_outputs=True, keep_as="g")
-    ev = list(k.kex.Submit(req, metadata=md("carol"), timeout=30))[-1]
+    ev, e = keep_then_beam(k, "carol", jc, 3)
     check("carol's plain Submit (keep_as) runs", ev.HasField("done"), str(ev)[:300])
-    req = kex_pb2.SubmitRequest(job=jc, graph_ref="g", only_done=True, free_outputs=True)
-    req.beam.beam_width = 3
-    e = rpc_error(lambda: list(k.kex.Submit(req, metadata=md("carol"), timeout=30)))
     check("carol's graph_ref Submit with beam width 3: PERMISSION_DENIED too, no search run",
           code_says(e, PD, "may_tune") and searches_run(k) == s0, (desc(e), searches_run(k) - s0))
     ev = submit(k, "bob", jb, width=3)
@@ -264,12 +270,8 @@ def server_limits(k, jb, jo):
     e = rpc_error(submit, k, "bob", jb2, width=2)
     check("a beam Submit while the Tune runs: RESOURCE_EXHAUSTED naming --max-tunes-per-device, as Tune's "
           "(issue 31: it used to search beside it)", code_says(e, RE, "--max-tunes-per-device", "searches"), desc(e))
-    req = kex_pb2.SubmitRequest(job=jb2, graph=add_graph(), only_done=True, free_outputs=True, keep_as="g")
-    ev = list(k.kex.Submit(req, metadata=md("bob"), timeout=30))[-1]
+    ev, e = keep_then_beam(k, "bob", jb2, 2)
     check("meanwhile a plain Submit runs", ev.HasField("done"), str(ev)[:300])
-    req = kex_pb2.SubmitRequest(job=jb2, graph_ref="g", only_done=True, free_outputs=True)
-    req.beam.beam_width = 2
-    e = rpc_error(lambda: list(k.kex.Submit(req, metadata=md("bob"), timeout=10)))
     check("a graph_ref Submit with beam while the Tune runs: RESOURCE_EXHAUSTED naming --max-tunes-per-device",
           code_says(e, RE, "--max-tunes-per-device"), desc(e))
     e = rpc_error(lambda: list(first))

@@ -670,11 +670,10 @@ def _kex_item(needed, all_outs=()):
         turn = _custom_order(all_outs)
         bld.fns.sort(key=lambda f: turn.get(id(f[2]), len(turn) + f[0]))
     # tinygrad's own bookkeeping: these LazyBuffers are scheduled (realized, as its scheduler marks them)
-    out_bufs, out_shapes, undo = [], [], []
+    out_bufs, undo = [], []
     for r, b, _ in outs:
         held = _held_shape(r, b)
         out_bufs.append(b.buffer)
-        out_shapes.append(held)
         d = b.__dict__
         undo.append((b, d.get("srcs"), d.get("_kex_rec"), d.get("_kex_fx"), d.get("_kex_alias")))
         if hasattr(b, "srcs"):
@@ -683,7 +682,7 @@ def _kex_item(needed, all_outs=()):
         d.pop("_kex_alias", None)
         d["_kex_rec"] = _buffer_rec(b, b.buffer, held)
     ins = [buf for _, buf in bld.inputs]
-    call = _KexCall(bld, [w for _, _, w in outs], out_shapes, len(out_bufs), undo)
+    call = _KexCall(bld, [w for _, _, w in outs], len(out_bufs), undo)
     ast = tuple(LazyOp(LoadOps.CUSTOM, (), call) for _ in out_bufs)
     return ScheduleItem(ast, tuple(out_bufs) + tuple(ins)), host_pre
 
@@ -699,10 +698,10 @@ def _held_shape(r, b):
 class _KexCall:
     """A prepared Submit: run by tinygrad as a CUSTOM exec item over (outputs..., input buffers...)."""
 
-    def __init__(self, bld, want, out_shapes, nout, undo=()):
+    def __init__(self, bld, want, nout, undo=()):
         self.g, self.inputs, self.hosts = bld.g, bld.inputs, bld.hosts
-        self.fns = [(i, fn, None) for i, fn, _ in bld.fns]
-        self.want, self.out_shapes, self.nout = want, out_shapes, nout
+        self.fns = [(i, fn) for i, fn, _ in bld.fns]   # not their LazyBuffers: a replay keeps none alive
+        self.want, self.nout = want, nout
         # until the first run succeeds: how to make the outputs lazy again (a failed Submit computed nothing)
         self.undo = list(undo)
         self.__name__ = f"kex {len(self.g.nodes)} nodes -> {nout}"
@@ -749,7 +748,7 @@ class _KexCall:
             binds.append((i, "buffer", kb.handle))
         for i, hb in self.hosts:
             binds.append((i, *self._host_data(hb.base.realized, self.g.nodes[i].shape)))
-        for i, fn, _ in self.fns:
+        for i, fn in self.fns:
             n = self.g.nodes[i]
             out = _HostOut(_TG_DTYPE[n.dtype], int(np.prod(n.shape, dtype=np.int64)))
             fn(out)
