@@ -80,12 +80,6 @@ int main(int argc, char **argv) {
   loadavg(load_start, sizeof load_start);
   char tmp[] = "/tmp/kex_bench_beam_XXXXXX";
   if (!mkdtemp(tmp)) return 1;
-  kex_pool *pool = NULL; /* one search pool for the run: every kernel's search renders and compiles on it */
-  kex_error perr = {0};
-  if (kex_pool_create(0, &pool, &perr)) {
-    fprintf(stderr, "search pool: %s\n", perr.msg);
-    return 1;
-  }
   for (int d = 0; d < 2; d++) {
     kex_device *dev = NULL;
     kex_error err = {0};
@@ -124,7 +118,6 @@ int main(int argc, char **argv) {
         if (s->items[i].kind != KEX_ITEM_KERNEL) continue;
         kex_plan_policy pol;
         kex_plan_policy_beam(&pol, 2, dev, cache);
-        pol.beam.pool = pool;
         pol.beam.max_candidates = max_cand;
         pol.beam.max_rounds = max_rounds;
         kex_beam_result br, hit;
@@ -188,7 +181,6 @@ int main(int argc, char **argv) {
     }
     kex_device_unref(dev);
   }
-  kex_pool_destroy(pool);
   loadavg(load_end, sizeof load_end);
   char notes[512];
   snprintf(notes, sizeof notes,

@@ -227,7 +227,6 @@ int kex_cmd_tune(int argc, char **argv) {
   kex_graph *g = NULL;
   kex_device *dev = NULL;
   kex_cache *cache = NULL;
-  kex_pool *pool = NULL;
   kex_rplan p;
   kex_target target = {0};
   json_t *out = json_array();
@@ -255,12 +254,6 @@ int kex_cmd_tune(int argc, char **argv) {
     ret = 1;
     goto out;
   }
-  /* one search pool for the run: every kernel's search renders and compiles on it */
-  if ((rc = kex_pool_create(0, &pool, &err))) {
-    fprintf(stderr, "kex tune: %s\n", err.msg);
-    ret = 1;
-    goto out;
-  }
   const kex_schedule *s = p.s;
   tune_progress tp;
   progress_init(&tp, s->nkernels);
@@ -269,7 +262,6 @@ int kex_cmd_tune(int argc, char **argv) {
     progress_kernel(&tp, tp.kernel + 1, s->nkernels);
     kex_plan_policy pol;
     kex_plan_policy_beam(&pol, beam, dev, cache);
-    pol.beam.pool = pool;
     if (max_cand >= 0) pol.beam.max_candidates = max_cand;
     pol.beam.max_rounds = max_rounds;
     pol.beam.progress = on_progress;
@@ -294,7 +286,6 @@ int kex_cmd_tune(int argc, char **argv) {
   if (as_json) tune_emit_json(out);
 out:
   json_decref(out);
-  kex_pool_destroy(pool);
   kex_cache_close(cache);
   kex_plan_clear(&p);
   kex_device_unref(dev);

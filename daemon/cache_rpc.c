@@ -357,7 +357,7 @@ static void creq_reply(void *owner) {
 static void creq_start(cache_req *q) {
   q->work = (kex_work){.fn = creq_work, .after = creq_after, .data = q};
   kexd_stream_hold(&q->st);
-  if (kexd_work_submit(q->d->loop, &q->work) < 0) {
+  if (kexd_work_submit(q->d, &q->work) < 0) {
     kexd_stream_failf(&q->st, GRPC_STATUS_UNAVAILABLE, "the worker pool is not available");
     kexd_stream_unhold(&q->st);
   }

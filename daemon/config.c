@@ -104,8 +104,8 @@ static const flag flags[] = {
   {"device", "NAME[,NAME]", FLAG_DEVICES, 0, 0, 0, 0, 0, false, NULL,
    "devices, the first is the default (opencl, opencl:NAME, cpu)"},
   {"workers", "N", FLAG_U32, F(workers), 0, 1024, 0, 0, false, NULL,
-   "worker pool threads (0: libuv's default, 4); also sizes the search pool that renders and compiles beam "
-   "candidates (0: the online cores)"},
+   "threads of the one worker pool (planning, compiles, the program cache, beam candidates, the cpu device's "
+   "launch helpers; 0: the CPUs kexd may run on, at least 4)"},
   {"grace", "SECONDS", FLAG_SECONDS, F(grace_s), 0, 0, 0, 3600, false, NULL,
    "at SIGTERM, in-flight calls get this long"},
   {"beam", "N", FLAG_U32, F(beam), 0, KEX_BEAM_MAX_WIDTH, 0, 0, false, NULL,

@@ -82,7 +82,7 @@ typedef struct kexd_config {
                                     Tune's when the request says 0 (2 when this is 0 too) */
   char devices[KEXD_MAX_DEVICES][KEXD_DEVICE_NAME_MAX];
   uint32_t ndevices;             /* devices[0] is the default */
-  uint32_t workers;              /* worker pool threads (0 = libuv's default) */
+  uint32_t workers;              /* the process pool's threads (0: core/pool.h's default) */
   double lease_s, grace_s;
   int max_message;
   kex_limits limits;
@@ -129,6 +129,7 @@ typedef struct kexd {
   /* the engine of each device (realize/engine.h: compile slots, the program stage) and their SQLite connections */
   struct kex_engine *engines[KEXD_MAX_DEVICES];
   struct kex_cache_conns *conns;
+  struct kexd_workq *workq;      /* the loop's pool work (work.c) */
   uint64_t submissions_done, submissions_failed;
   uint64_t sched_cache_hits, sched_cache_misses;
   uint64_t prog_cache_memory_hits;   /* SQLite hits and compiles: the engines' stats */
@@ -141,7 +142,6 @@ typedef struct kexd {
   uint32_t tunes_active[KEXD_MAX_DEVICES]; /* Tune calls running per device (--max-tunes-per-device) */
   void *rpc_routes;             /* the method table's per-method server data (rpc.c), kex_malloc'd */
   struct kexd_streams *streams;  /* the server-stream writers' hub (stream.c) */
-  struct kex_pool *search_pool;  /* the render/compile workers every beam search shares (main.c) */
   /* Tune and Submit's beam hook (tune.c) */
   struct kexd_tuner *tuner;
   struct kexd_fleet *fleet;      /* --fleet-cache (fleet.c); NULL when off */

@@ -10,11 +10,10 @@
  * SIGINT stop the server gracefully (server.c); kexd exits 0 after a clean
  * stop, 1 when it cannot start (e.g. the port is taken), 2 for bad flags.
  * --metrics serves Prometheus metrics (metrics.c) from just before the
- * gRPC server starts until it has stopped.  --workers sizes both libuv's
- * worker pool (UV_THREADPOOL_SIZE: requests' off-loop work, a search's
- * own thread) and the one search pool made here (search/pool.h), whose
- * workers render and compile candidates for every beam search kexd runs
- * (0: libuv's default and the online cores).
+ * gRPC server starts until it has stopped.  --workers sizes the process's
+ * one worker pool (core/pool.h: requests' off-loop work, searches and
+ * their candidates, the cpu device's launch helpers), set here before its
+ * first use.
  * --auth loads the tenants file
  * (auth.c) before listening (a bad one stops kexd); SIGHUP reloads it on
  * the loop thread, swapping the table only when the new file is good (calls
@@ -44,7 +43,7 @@
 #include "realize/engine.h"
 #include "devices/device.h"
 #include "search/beam.h"
-#include "search/pool.h"
+#include "core/pool.h"
 
 typedef struct daemon_state {
   kexd d;
@@ -265,7 +264,6 @@ int main(int argc, char **argv) {
   kexd *d = &st.d;
   uv_loop_t loop;
   kexd_server_opts so;
-  char workers[16];
   tls_pems pems;
   int rc, ret = 0;
   rc = kexd_config_parse(&d->cfg, argc, argv);
@@ -284,10 +282,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   size_connections(&d->cfg);
-  if (d->cfg.workers) { /* before the first pool work (daemon/work.c): libuv reads it once */
-    snprintf(workers, sizeof workers, "%u", d->cfg.workers);
-    setenv("UV_THREADPOOL_SIZE", workers, 1);
-  }
+  kex_pool_process_size((int)d->cfg.workers); /* before the pool's first use */
   grpc_init();
   if (uv_loop_init(&loop) < 0) {
     KEX_ERROR("cannot create the event loop");
@@ -312,14 +307,6 @@ int main(int argc, char **argv) {
     KEX_WARN("--test-fault %s:%lu: the compile and run devices fail on purpose (a test facility; never use it in production)",
              kex_fault_kind_name((kex_fault_kind)d->cfg.test_fault_kind), d->cfg.test_fault_n);
   kexd_dispatch_set_job_check(d->disp, job_open, d);
-  {
-    kex_error perr = {0};
-    if ((rc = kex_pool_create((int)d->cfg.workers, &d->search_pool, &perr)) < 0) {
-      KEX_ERROR("cannot start the search pool: %s", perr.msg);
-      ret = 1;
-      goto out_handles;
-    }
-  }
   if ((rc = kexd_streams_new(&loop, &d->streams)) < 0) {
     KEX_ERROR("cannot create the stream writers' hub: %s", kex_strerror(rc));
     ret = 1;
@@ -368,7 +355,6 @@ out_server:
   kexd_cache_rpc_free(d);
   kexd_engines_free(d); /* the worker threads are idle: the loop ran out */
   kexd_streams_free(d->streams);
-  kex_pool_destroy(d->search_pool); /* every search is back: the loop ran out */
   kexd_server_free(d->server);
   kex_free(d->rpc_routes);
   kexd_dispatch_free(d->disp);

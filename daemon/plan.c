@@ -256,7 +256,7 @@ void kexd_rpc_plan(kexd *d, kexd_call *c, kexd_req *rq) {
     plan_done(w);
   } else {
     w->req = (kex_work){.fn = plan_work_cb, .after = plan_after_work_cb, .data = w};
-    if ((rc = kexd_work_submit(d->loop, &w->req)) < 0) {
+    if ((rc = kexd_work_submit(d, &w->req)) < 0) {
       plan_run(w); /* the pool refused: do it here rather than fail */
       plan_done(w);
     }

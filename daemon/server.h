@@ -12,7 +12,7 @@
  *
  * A handler receives a kexd_call holding one reference (the handler's) and
  * must end it exactly once with kexd_call_finish (which may carry a last
- * message), possibly later, e.g. from a uv_queue_work after-callback; it may
+ * message), possibly later, e.g. from a pool work's after-callback (work.h); it may
  * write stream messages before that with kexd_call_write.  If the client
  * cancels first, the handler's on_cancel hook (if set) runs and the call is
  * finished for it; a handler that still holds work in flight keeps the call

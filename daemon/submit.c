@@ -515,7 +515,7 @@ static void sub_queue_work(submission *s, kex_work_fn work, kex_work_after_fn af
   s->work.after = after;
   s->work.data = s;
   kexd_stream_ref(&s->st);
-  if (kexd_work_submit(s->d->loop, &s->work) < 0) {
+  if (kexd_work_submit(s->d, &s->work) < 0) {
     kexd_stream_unref(&s->st);
     sub_fail(s, GRPC_STATUS_UNAVAILABLE, "Submit: the worker pool is not available");
   }

@@ -5,8 +5,8 @@
  * Searches (search/beam.h) block for seconds, so they never run on the
  * loop thread: a Tune is one piece of pool work (daemon/work.h) that replays, schedules and
  * optimizes every kernel in turn; Submit's hook runs inside Submit's own
- * pool work.  Both hand beam the daemon's one search pool (render and
- * compile workers, main.c) and route every device job a search makes
+ * pool work.  Both search on the process's one pool (core/pool.h: render
+ * and compile workers) and route every device job a search makes
  * through the caller's job flow on the device's runner (dispatch.h,
  * kexd_route: fair-queued, charged to the job).  A search stops itself
  * between candidates when its call is cancelled (client cancel, deadline,
@@ -91,7 +91,6 @@ static int optimize_and_lower(kexd *d, kexd_route *ctx, kex_device *dev, kex_bea
   bo->cancelled = kexd_route_cancelled;
   bo->cancel_arg = ctx;
   bo->cache = cache;
-  bo->pool = d->search_pool;
   kexd_fleet_search fs;
   bo->remote = cache ? kexd_fleet_hook(d, &fs) : NULL; /* the fleet shares what the SQLite file holds */
   rc = kex_beam_optimize(&t, dev, bo, res, err);
@@ -403,7 +402,7 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
   kex_log(KEX_LOG_DEBUG, t->log_id, 0, "Tune: beam %d on %s", t->bo.width, d->cfg.devices[dev]);
   t->work = (kex_work){.fn = tune_work, .after = tune_after, .data = t};
   kexd_stream_hold(&t->st);
-  if (kexd_work_submit(d->loop, &t->work) < 0) {
+  if (kexd_work_submit(d, &t->work) < 0) {
     t->rc = kex_err_set(&t->err, KEX_EUNAVAILABLE, "the worker pool is not available");
     kexd_stream_unhold(&t->st);
   }

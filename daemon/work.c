@@ -1,37 +1,113 @@
 /*
- * work.c - kexd's worker pool behind the engine's executor interface
- * (work.h): a kex_work keeps its uv_work_t in the executor's bytes; and
- * kexd's engines.
+ * work.c - kexd's pool work behind the engine's executor interface
+ * (work.h): the work runs on the process's pool (core/pool.h) and comes
+ * back to the loop through the loop bridge (bridge.h); and kexd's engines.
  */
 #include "daemon/work.h"
 
+#include <pthread.h>
 #include <stddef.h>
 
+#include "core/alloc.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "core/pool.h"
+#include "daemon/bridge.h"
 #include "daemon/kexd.h"
 
-_Static_assert(sizeof(uv_work_t) <= KEX_WORK_PRIV, "a uv_work_t fits in kex_work.priv");
+/*
+ * The work of one loop.  Finished work waits in a locked list for the
+ * loop; the wake that brings it there is open exactly while some work is
+ * out (so the loop lives while it is, as with uv_queue_work), opened at the
+ * first submit after none was out and closed when the last comes back.
+ */
+struct kexd_workq {
+  uv_loop_t *loop;
+  pthread_mutex_t mu;
+  kex_work *head, *tail; /* under mu: finished, `after` not yet run */
+  kexd_wake *wake;       /* under mu: open while pending > 0 */
+  uint64_t pending;      /* under mu: submitted, `after` not yet run */
+};
 
-static void work_cb(uv_work_t *req) {
-  kex_work *w = req->data;
+/* What a kex_work keeps in its executor bytes. */
+typedef struct work_priv {
+  kex_pool_job job; /* first: the pool's job is the work's priv */
+  kex_work *next;
+  kexd_workq *q;
+} work_priv;
+
+_Static_assert(sizeof(work_priv) <= KEX_WORK_PRIV, "kexd's work fits in kex_work.priv");
+
+static work_priv *priv_of(kex_work *w) { return (work_priv *)(void *)w->priv.bytes; }
+
+/* Pool thread: the work, then hand it to the loop (the wake is open: this work is pending). */
+static void run_work(kex_pool_job *job, int worker) {
+  (void)worker;
+  kex_work *w = (kex_work *)(void *)((char *)job - offsetof(kex_work, priv));
+  kexd_workq *q = priv_of(w)->q;
   w->fn(w);
+  pthread_mutex_lock(&q->mu);
+  priv_of(w)->next = NULL;
+  if (q->tail)
+    priv_of(q->tail)->next = w;
+  else
+    q->head = w;
+  q->tail = w;
+  kexd_wake_send(q->wake); /* under mu: the loop closes the wake under mu, once nothing is pending */
+  pthread_mutex_unlock(&q->mu);
 }
 
-static void after_cb(uv_work_t *req, int status) {
-  kex_work *w = req->data;
-  w->after(w, status);
+static void wake_closed(kexd_wake *wake) { kex_free(wake); }
+
+/* Loop thread: run the `after` of everything finished; close the wake when nothing is out. */
+static void on_finished(kexd_wake *wake) {
+  kexd_workq *q = wake->data;
+  for (;;) {
+    pthread_mutex_lock(&q->mu);
+    kex_work *w = q->head;
+    q->head = q->tail = NULL;
+    pthread_mutex_unlock(&q->mu);
+    if (!w) break;
+    while (w) {
+      kex_work *next = priv_of(w)->next;
+      pthread_mutex_lock(&q->mu);
+      q->pending--;
+      pthread_mutex_unlock(&q->mu);
+      w->after(w, 0); /* may free w, may submit more */
+      w = next;
+    }
+  }
+  pthread_mutex_lock(&q->mu);
+  if (q->pending == 0 && q->wake == wake) {
+    q->wake = NULL;
+    kexd_wake_close(wake, wake_closed);
+  }
+  pthread_mutex_unlock(&q->mu);
 }
 
-int kexd_work_submit(uv_loop_t *loop, kex_work *w) {
-  uv_work_t *req = (uv_work_t *)(void *)w->priv.bytes;
-  req->data = w;
-  return uv_queue_work(loop, req, work_cb, after_cb) < 0 ? KEX_EUNAVAILABLE : 0;
+int kexd_work_submit(kexd *d, kex_work *w) {
+  kexd_workq *q = d->workq;
+  if (!q) return KEX_EUNAVAILABLE;
+  pthread_mutex_lock(&q->mu);
+  if (!q->wake) {
+    kexd_wake *wake = kex_calloc(1, sizeof *wake);
+    if (!wake || kexd_wake_init(q->loop, wake, on_finished, q) < 0) {
+      pthread_mutex_unlock(&q->mu);
+      kex_free(wake);
+      return KEX_EUNAVAILABLE;
+    }
+    q->wake = wake;
+  }
+  q->pending++;
+  pthread_mutex_unlock(&q->mu);
+  priv_of(w)->q = q;
+  kex_pool_detach(kex_pool_process(), &priv_of(w)->job, run_work, false);
+  return 0;
 }
 
 static int exec_submit(void *ctx, kex_work *w) { return kexd_work_submit(ctx, w); }
 
-kex_executor kexd_work_executor(uv_loop_t *loop) { return (kex_executor){exec_submit, loop}; }
+kex_executor kexd_work_executor(kexd *d) { return (kex_executor){exec_submit, d}; }
 
 /* The device runners' opener (dispatch.h): the engine of the device opens it. */
 static int open_for_runner(void *ud, uint32_t device, kex_device **out, kex_error *err) {
@@ -41,11 +117,14 @@ static int open_for_runner(void *ud, uint32_t device, kex_device **out, kex_erro
 }
 
 int kexd_engines_start(kexd *d) {
+  if (!(d->workq = kex_calloc(1, sizeof *d->workq))) return KEX_ENOMEM;
+  d->workq->loop = d->loop;
+  pthread_mutex_init(&d->workq->mu, NULL);
   if (kex_cache_conns_create(d->cfg.cache_path, &d->conns) < 0) return KEX_ENOMEM;
   for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
     kex_engine_config ec = {.device = d->cfg.devices[i], .fault_kind = d->cfg.test_fault_kind,
                             .fault_n = d->cfg.test_fault_n, .compile_slots = d->cfg.compile_slots, .conns = d->conns,
-                            .exec = kexd_work_executor(d->loop)};
+                            .exec = kexd_work_executor(d)};
     if (kex_engine_create(&ec, &d->engines[i]) < 0) return KEX_ENOMEM;
   }
   if (d->disp) kexd_dispatch_set_opener(d->disp, open_for_runner, d);
@@ -68,4 +147,7 @@ void kexd_engines_free(kexd *d) {
   }
   kex_cache_conns_free(d->conns);
   d->conns = NULL;
+  if (d->workq) pthread_mutex_destroy(&d->workq->mu);
+  kex_free(d->workq);
+  d->workq = NULL;
 }

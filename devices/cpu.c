@@ -13,22 +13,25 @@
  *
  * Kernels have the signature (device.h):
  *   void name(void **bufs, const int *ints, int gidx_start, int gidx_end);
- * The pool has one worker per CPU the process may run on, each pinned to
- * its CPU; a launch splits [0, global[0]) into contiguous ranges, about
- * KEX_CPU_CHUNKS_PER_THREAD per worker, that the workers claim from an
- * atomic counter (the launching thread too, until they have all joined or
- * KEX_CPU_HELP_S passed: the wake-up of a sleeping worker is not a wait),
- * and returns when all ranges ran -- not when every worker has been round:
+ * A launch has one helper per CPU the process may run on (no more than
+ * the process's pool has workers): helpers are jobs on the process's pool
+ * (core/pool.h), each pinned to its CPU while it helps, and go back to the
+ * pool when no launch came for KEX_CPU_WORKER_SPIN_S.  A launch splits
+ * [0, global[0]) into contiguous ranges, about KEX_CPU_CHUNKS_PER_THREAD
+ * per helper, that the helpers claim from an atomic counter (the launching
+ * thread too, until they have all joined: a helper queued behind other
+ * pool work is never waited for, its ranges run here), and returns when
+ * all ranges ran -- not when every helper has been round:
  * a worker whose CPU is busy with another process may wake a scheduler
  * slice (milliseconds) late, and then finds nothing left to claim.  The
  * counter carries the launch's tag beside the next index, so such a late
  * worker can never claim a range of a later launch with its copy of an
  * earlier one's job (kex_cpu_claim).  Its event holds the wall time.  The
  * launching thread runs the first range itself, and the rest too when they
- * would all take less than waking the workers (a tiny kernel, judged by the
+ * would all take less than waking the helpers (a tiny kernel, judged by the
  * program's smallest time per index so far, so that one program runs one
  * way, whatever the load).  With KEX_CPU_THREADS=1 (or one CPU) there are
- * no workers and the launching thread runs the kernel.
+ * no helpers and the launching thread runs the kernel.
  * Buffers are ordinary host memory, 64-byte aligned; from 2 MiB on they
  * start on a 2 MiB boundary and ask for transparent huge pages
  * (kex_cpu_alloc).
@@ -44,7 +47,7 @@
  * The kernel time limit (kex_device_set_kernel_time_limit): whoever claims a
  * range first reads the clock, and past the launch's deadline nobody claims
  * another, so a launch ends at most one range after its limit and fails
- * with KEX_EDEADLINE (without workers the launching thread then runs the
+ * with KEX_EDEADLINE (without helpers the launching thread then runs the
  * kernel in the same pieces, checking the clock between them).  Code that
  * is running cannot be stopped: that is the one range's delay.
  */
@@ -74,6 +77,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/pool.h"
 #include "devices/device_impl.h"
 
 extern char **environ;
@@ -86,11 +90,10 @@ extern char **environ;
 #define KEX_CPU_LOG_MAX (64 << 10) /* bytes of compiler output kept */
 #define KEX_CPU_ALIGN 64
 #define KEX_CPU_HUGE_PAGE ((size_t)2 << 20) /* buffers this large start on a (transparent) huge page */
-#define KEX_CPU_WORKER_SPIN_S 100e-6  /* a worker spins this long for the next launch before sleeping */
+#define KEX_CPU_WORKER_SPIN_S 100e-6  /* a helper spins this long for the next launch before leaving */
 #define KEX_CPU_LAUNCHER_SPIN_S 20e-6 /* the launching thread spins this long for the end before sleeping */
 #define KEX_CPU_CHUNKS_PER_THREAD 16 /* a launch is split into this many pieces per worker */
 #define KEX_CPU_INLINE_S 5e-6 /* a launch whose ranges take less than this in all runs on the launching thread */
-#define KEX_CPU_HELP_S 50e-6  /* the launching thread claims ranges too until every worker joined, this long at most */
 
 typedef void (*kex_cpu_kernel_fn)(void **bufs, const int *ints, int gidx_start, int gidx_end);
 
@@ -104,12 +107,24 @@ typedef struct kex_cpu_job {
   double deadline; /* monotonic seconds; 0: no time limit */
 } kex_cpu_job;
 
-typedef struct kex_cpu_pool {
+typedef struct kex_cpu_pool kex_cpu_pool;
+
+/* One helper: a job on the process's pool while active. */
+typedef struct kex_cpu_helper {
+  kex_pool_job job;
+  kex_cpu_pool *pool;
+  int cpu;            /* pinned there while helping (-1: not pinned) */
+  bool active;        /* under mu: queued or running (then it sees every new generation) */
+  unsigned long seen; /* under mu: the last generation it took */
+} kex_cpu_helper;
+
+struct kex_cpu_pool {
   pthread_mutex_t mu;
-  pthread_cond_t start, done;
-  pthread_t threads[KEX_CPU_MAX_THREADS];
-  int nthreads;            /* workers (0: launches run on the launching thread) */
-  atomic_ulong generation; /* bumped (under mu) once per launch that uses the workers */
+  pthread_cond_t left, done; /* a helper left; the launch's ranges all ran */
+  kex_pool *workers;         /* the process's pool */
+  kex_cpu_helper helpers[KEX_CPU_MAX_THREADS];
+  int nthreads;            /* helpers (0: launches run on the launching thread) */
+  atomic_ulong generation; /* bumped (under mu) once per launch that uses the helpers */
   int stop;
   kex_cpu_job job;     /* the job of the current generation (read under mu) */
   uint32_t tag;        /* the last launch's tag (the launching thread's own) */
@@ -117,13 +132,8 @@ typedef struct kex_cpu_pool {
   atomic_int finished; /* ranges of the current launch that ran */
   atomic_int target;   /* the launching thread is woken when finished reaches it: nranges, or what was claimed
                           before the deadline closed the launch */
-  atomic_int joined;   /* workers that took the current generation's job */
-} kex_cpu_pool;
-
-typedef struct kex_cpu_worker_arg {
-  kex_cpu_pool *pool;
-  int index; /* 0..nthreads-1 */
-} kex_cpu_worker_arg;
+  atomic_int joined;   /* helpers that took the current generation's job */
+};
 
 #define KEX_CPU_DIR_MAX 1024 /* bytes of the temp directory path; file paths stay below PATH_MAX */
 
@@ -132,7 +142,6 @@ typedef struct kex_cpu_device {
   char flags[KEX_CPU_FLAGS_MAX]; /* the compiler flags: KEX_CPU_FLAGS and the ISA's */
   atomic_ulong counter; /* makes every temporary file name unique (compile runs on any thread) */
   kex_cpu_pool pool;
-  kex_cpu_worker_arg args[KEX_CPU_MAX_THREADS];
   int pool_ready;
   double time_limit_s; /* 0: none (the owner thread's, like launches) */
   bool serial;         /* serial timing (kex_device_set_serial_timing; the owner thread's) */
@@ -239,21 +248,41 @@ static int kex_cpu_spin_reach(atomic_int *v, int to, double seconds) {
   }
 }
 
-static void *kex_cpu_worker(void *a) {
-  kex_cpu_worker_arg *arg = a;
-  kex_cpu_pool *pool = arg->pool;
-  unsigned long seen = 0;
+/* Pin this thread to cpu (-1: leave it), keeping its mask in *was; false when it was not pinned. */
+static bool kex_cpu_pin(int cpu, cpu_set_t *was) {
+  if (cpu < 0 || sched_getaffinity(0, sizeof *was, was) != 0) return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
 
+/*
+ * A helper, on a worker of the process's pool: take each new launch's job
+ * and claim its ranges; when no launch came for KEX_CPU_WORKER_SPIN_S,
+ * leave (inactive, under mu: the next launch submits it again) and give
+ * the worker back, its CPU mask as it was.  Pinned to its CPU meanwhile:
+ * unpinned, a helper woken by the launching thread is placed on the
+ * waker's core (wake-affine) and often stays there, so a launch on two
+ * cores ran at one core's speed in about half of the processes (sum of 4M
+ * floats: 1.1-1.5 ms in those, 0.64 ms in the others).
+ */
+static void kex_cpu_help(kex_pool_job *pj, int worker) {
+  (void)worker;
+  kex_cpu_helper *h = (kex_cpu_helper *)pj;
+  kex_cpu_pool *pool = h->pool;
+  cpu_set_t was;
+  bool pinned = kex_cpu_pin(h->cpu, &was);
   pthread_mutex_lock(&pool->mu);
+  unsigned long seen = h->seen;
   for (;;) {
     if (!pool->stop && pool->generation == seen) {
-      /* launches often come back to back: spin a while before sleeping */
+      /* launches often come back to back: spin a while before leaving */
       pthread_mutex_unlock(&pool->mu);
       kex_cpu_spin_ulong(&pool->generation, seen, KEX_CPU_WORKER_SPIN_S);
       pthread_mutex_lock(&pool->mu);
     }
-    while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->start, &pool->mu);
-    if (pool->stop) break;
+    if (pool->stop || pool->generation == seen) break;
     seen = pool->generation;
     kex_cpu_job job = pool->job;
     atomic_fetch_add(&pool->joined, 1);
@@ -261,64 +290,57 @@ static void *kex_cpu_worker(void *a) {
     kex_cpu_run_chunks(pool, &job, INT_MAX);
     pthread_mutex_lock(&pool->mu);
   }
-  pthread_mutex_unlock(&pool->mu);
-  return NULL;
+  h->seen = seen;
+  h->active = false;
+  pthread_cond_broadcast(&pool->left);
+  pthread_mutex_unlock(&pool->mu); /* h and pool may be freed from here on */
+  if (pinned) pthread_setaffinity_np(pthread_self(), sizeof was, &was);
 }
 
 /*
- * Start up to `workers` threads, worker i pinned to the (i mod n)-th CPU of
- * `cpus` (n of them; none pinned when n is 0); fewer threads when
- * pthread_create fails (then logged).  Pinning is what makes two threads
- * run on two cores: unpinned, a worker woken by the launching thread is
- * placed on the waker's core (wake-affine) and often stays there, so a
- * launch on two cores ran at one core's speed in about half of the
- * processes (sum of 4M floats: 1.1-1.5 ms in those, 0.64 ms in the others).
+ * Up to `helpers` helpers on the process's pool (at most its size), helper
+ * i pinned to the (i mod n)-th CPU of `cpus` (n of them; none pinned when
+ * n is 0).
  */
-static void kex_cpu_pool_start(kex_cpu_device *cpu, int workers, const int *cpus, int n) {
+static void kex_cpu_pool_start(kex_cpu_device *cpu, int helpers, const int *cpus, int n) {
   kex_cpu_pool *pool = &cpu->pool;
   pthread_mutex_init(&pool->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the launch's deadline is kex_cpu_now()'s */
-  pthread_cond_init(&pool->start, NULL);
+  pthread_cond_init(&pool->left, NULL);
   pthread_cond_init(&pool->done, &ca);
   pthread_condattr_destroy(&ca);
   atomic_init(&pool->claim, 0);
   atomic_init(&pool->finished, 0);
   atomic_init(&pool->target, 0);
   atomic_init(&pool->joined, 0);
+  atomic_init(&pool->generation, 0);
   cpu->pool_ready = 1;
-  for (int i = 0; i < workers; i++) {
-    pthread_attr_t attr;
-    int e = pthread_attr_init(&attr);
-    if (e == 0 && n > 0) {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(cpus[i % n], &set);
-      if (pthread_attr_setaffinity_np(&attr, sizeof set, &set) != 0) KEX_DEBUG("cpu: cannot pin worker %d", i);
-    }
-    cpu->args[i].pool = pool;
-    cpu->args[i].index = i;
-    if (e == 0) e = pthread_create(&pool->threads[i], &attr, kex_cpu_worker, &cpu->args[i]);
-    pthread_attr_destroy(&attr);
-    if (e != 0) {
-      KEX_WARN("cpu: started %d of %d pool threads: %s", i, workers, strerror(e));
-      break;
-    }
-    pool->nthreads++;
+  if (helpers <= 0) return;
+  pool->workers = kex_pool_process();
+  if (helpers > kex_pool_size(pool->workers)) helpers = kex_pool_size(pool->workers);
+  for (int i = 0; i < helpers; i++) {
+    pool->helpers[i].pool = pool;
+    pool->helpers[i].cpu = n > 0 ? cpus[i % n] : -1;
   }
+  pool->nthreads = helpers;
 }
 
+/* Stop: no helper joins a launch any more; wait for the active ones to leave (a queued one never runs). */
 static void kex_cpu_pool_stop(kex_cpu_device *cpu) {
   kex_cpu_pool *pool = &cpu->pool;
   if (!cpu->pool_ready) return;
   pthread_mutex_lock(&pool->mu);
   pool->stop = 1;
-  pthread_cond_broadcast(&pool->start);
+  for (int i = 0; i < pool->nthreads; i++) {
+    kex_cpu_helper *h = &pool->helpers[i];
+    if (h->active && kex_pool_cancel(pool->workers, &h->job)) h->active = false;
+    while (h->active) pthread_cond_wait(&pool->left, &pool->mu);
+  }
   pthread_mutex_unlock(&pool->mu);
-  for (int i = 0; i < pool->nthreads; i++) pthread_join(pool->threads[i], NULL);
   pthread_cond_destroy(&pool->done);
-  pthread_cond_destroy(&pool->start);
+  pthread_cond_destroy(&pool->left);
   pthread_mutex_destroy(&pool->mu);
 }
 
@@ -342,19 +364,19 @@ static void kex_cpu_deadline_ts(double t, struct timespec *ts) {
 }
 
 /*
- * Run fn over [0, total) on the workers, KEX_CPU_CHUNKS_PER_THREAD chunks per
- * worker, the launching thread claiming ranges too until every worker has
- * joined (KEX_CPU_HELP_S at most), then sleeping; with no workers, or one item,
+ * Run fn over [0, total) with the helpers, KEX_CPU_CHUNKS_PER_THREAD chunks per
+ * helper, the launching thread claiming ranges too until every helper has
+ * joined (or none is left), then sleeping; with no helpers, or one item,
  * the launching thread runs it all (in KEX_CPU_CHUNKS_PER_THREAD pieces when
  * there is a deadline).  The launching thread runs the first range itself
  * and, when the program's estimate is under KEX_CPU_INLINE_S (a few
- * microseconds: not worth the broadcast that wakes the workers), the others
+ * microseconds: not worth waking the helpers), the others
  * too.  The estimate is *item_s (the program's: the smallest time per index
  * of the first range over its launches) x total: load only ever lengthens a
  * range, so the smallest is what the kernel costs, and after its first
  * launches a program runs one way only on a given grid.  The limit is low
  * because the two ways must time alike where they meet: a kernel just over
- * it runs mostly on the launching thread while the workers wake, so it
+ * it runs mostly on the launching thread while the helpers come, so it
  * takes about what it would inline (at 20 us, 10-25 us kernels ran 1.7x
  * apart one way and the other, and two beam searches of one kernel landed
  * on either side).  It returns when every range ran, whichever threads ran
@@ -377,8 +399,8 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
   kex_cpu_job job = {fn, bufs, ints, total, chunk, *nranges, ++pool->tag, deadline};
   atomic_store(&pool->finished, 0);
   atomic_store(&pool->target, *nranges);
-  atomic_store(&pool->claim, (unsigned long long)job.tag << 32); /* earlier launches' late workers: closed */
-  /* the first range here: when all of them would take less than waking the workers, the rest runs here too */
+  atomic_store(&pool->claim, (unsigned long long)job.tag << 32); /* earlier launches' late helpers: closed */
+  /* the first range here: when all of them would take less than waking the helpers, the rest runs here too */
   double t0 = kex_cpu_now();
   kex_cpu_run_chunks(pool, &job, 1);
   double per = (kex_cpu_now() - t0) / (chunk < total ? chunk : total);
@@ -387,15 +409,21 @@ static int kex_cpu_pool_run(kex_cpu_pool *pool, kex_cpu_kernel_fn fn, void **buf
     kex_cpu_run_chunks(pool, &job, INT_MAX);
     return atomic_load(&pool->finished);
   }
+  kex_cpu_helper *wake[KEX_CPU_MAX_THREADS];
+  int nwake = 0;
   pthread_mutex_lock(&pool->mu);
   pool->job = job;
   atomic_store(&pool->joined, 0);
   pool->generation++;
-  pthread_cond_broadcast(&pool->start);
+  for (int i = 0; i < pool->nthreads; i++)
+    if (!pool->helpers[i].active) {
+      pool->helpers[i].active = true;
+      wake[nwake++] = &pool->helpers[i];
+    }
   pthread_mutex_unlock(&pool->mu);
-  /* while the workers wake (10-30 us from sleep, far more on a busy CPU), the ranges are not waiting for them */
-  double help_end = kex_cpu_now() + KEX_CPU_HELP_S;
-  while (atomic_load(&pool->joined) < pool->nthreads && kex_cpu_now() < help_end && kex_cpu_run_chunks(pool, &job, 1)) {
+  for (int i = 0; i < nwake; i++) kex_pool_detach(pool->workers, &wake[i]->job, kex_cpu_help, true);
+  /* while the helpers come (10-30 us from sleep, far more on a busy CPU or a busy pool), the ranges do not wait */
+  while (atomic_load(&pool->joined) < pool->nthreads && kex_cpu_run_chunks(pool, &job, 1)) {
   }
   /* a short kernel is done before a sleeping launcher could wake up; a long one is not worth a spinning core */
   if (!kex_cpu_spin_reach(&pool->finished, *nranges, KEX_CPU_LAUNCHER_SPIN_S)) {
@@ -933,7 +961,7 @@ int kex_cpu_open(kex_device **out, kex_error *err) {
   info.supports_fp16 = true; /* the C renderer uses _Float16, which gcc supports on x86-64 and arm64 */
   info.compile_thread_safe = true; /* a compile touches only its own files (unique names) and its cc process */
   kex_cpu_pool_start(cpu, cores > 1 ? (int)cores : 0, cpus, ncpus);
-  KEX_DEBUG("cpu: opened (%s), %d pool threads, temp dir %s", id->compiler_version, cpu->pool.nthreads, cpu->dir);
+  KEX_DEBUG("cpu: opened (%s), %d launch helpers, temp dir %s", id->compiler_version, cpu->pool.nthreads, cpu->dir);
   rc = kex_device_wrap(&kex_cpu_ops, cpu, &info, "",
                        out, err);
   cpu = NULL;

@@ -291,17 +291,13 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
   kex_target target;
   kex_plan_policy pol;
   kex_cache *cache = NULL;
-  kex_pool *pool = NULL;
   kex_rplan *p = NULL;
   int rc;
   memset(res, 0, sizeof *res);
   kex_target_for_device(kex_device_get_info(dev), &target);
   if (opts->beam > 0) {
-    /* one search pool for the run: every kernel's search renders and compiles on it */
-    if ((rc = kex_pool_create(0, &pool, err)) < 0) return rc;
     kex_plan_cache_open(opts->cache_path, KEX_PLAN_CACHE_LOOKUP, "beam cache", &cache, err); /* never fails */
     kex_plan_policy_beam(&pol, opts->beam, dev, cache);
-    pol.beam.pool = pool;
     if (opts->beam_max_candidates > 0) pol.beam.max_candidates = opts->beam_max_candidates;
   } else {
     kex_plan_policy_hand(&pol);
@@ -310,7 +306,6 @@ int kex_run_graph(const kex_graph *g, kex_device *dev, const kex_run_opts *opts,
   if (!rc) rc = plan_run(p, dev, opts, res, err);
   kex_plan_destroy(p);
   kex_cache_close(cache);
-  kex_pool_destroy(pool);
   return rc;
 }
 

@@ -6,7 +6,7 @@
  *   and the device; an unusable entry is dropped and counts as a miss) ->
  *   (miss) the kernel's buffers,
  *   filled with random data -> the hand-coded kernel compiled and timed ->
- *   the pool (the caller's, or one made here) + per-worker replicas ->
+ *   the pool (the caller's, or the process's) + per-worker replicas ->
  *   rounds: actions of every beam entry (apply_opt on copies, limits) ->
  *   lowered on the pool -> in order: uop limit, source dedup, compile (timed),
  *   binary dedup, load, reduced-grid screening -> the round decided by
@@ -32,7 +32,7 @@
 #include "core/log.h"
 #include "codegen/astkey.h"
 #include "codegen/lower.h"
-#include "search/pool.h"
+#include "core/pool.h"
 #include "sched/lazy.h"
 
 /* ---- actions ---- */
@@ -1700,7 +1700,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   s.prog.best_us = INFINITY;
   search_ctx sc = {t, caps, t->target->dialect, dev, NULL};
   kex_kernel *k0 = NULL, *kh = NULL, *kw = NULL, *kr = NULL;
-  kex_pool *pool = NULL, *own_pool = NULL;
+  kex_pool *pool = opts->pool ? opts->pool : kex_pool_process();
   kex_program_src hand_ps = {0}, best_ps = {0};
   kex_program *hand_prog = NULL;
   candidate *best = NULL, *runner = NULL;
@@ -1747,8 +1747,6 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   report(&s, "hand");
 
   /* the search */
-  if (!(pool = opts->pool) && (rc = kex_pool_create(opts->threads, &own_pool, err))) goto out;
-  if (!pool) pool = own_pool;
   sc.replicas = kex_calloc((size_t)kex_pool_size(pool), sizeof *sc.replicas);
   if (!sc.replicas) goto nomem;
   if ((rc = run_search(&s, &sc, k0, pool, &best, &runner, err))) goto out;
@@ -1827,8 +1825,7 @@ nomem:
   rc = kex_err_set(err, KEX_ENOMEM, "out of memory in the beam search");
 out:;
   if (remote_key) opts->remote->done(opts->remote->arg, opts, remote_key, false); /* failed or cancelled */
-  int nworkers = pool ? kex_pool_size(pool) : 0;
-  kex_pool_destroy(own_pool); /* joins its workers; a caller's pool has finished every job of this search */
+  int nworkers = kex_pool_size(pool); /* the pool has finished every job of this search */
   if (sc.replicas)
     for (int i = 0; i < nworkers; i++) replica_free(&sc.replicas[i]);
   kex_free(sc.replicas);

@@ -15,8 +15,8 @@
  *
  * What differs, and why:
  *   - candidates are rendered (lowered) in parallel on a worker pool
- *     (search/pool.h: the caller's, opts->pool, which other searches may
- *     share, else one made for the call); each worker lowers in its own
+ *     (core/pool.h: the caller's, opts->pool, which other searches may
+ *     share, else the process's); each worker lowers in its own
  *     replica of the graph's replay (shape contexts are single-threaded;
  *     the search keeps one per worker index), so a work item is only the
  *     item index and the opts list;
@@ -161,7 +161,7 @@
 #include "sched/graph.h"
 #include "sched/schedule.h"
 #include "search/cache.h"
-#include "search/pool.h"
+#include "core/pool.h"
 #include "codegen/kernel.h"
 #include "codegen/target.h"
 
@@ -217,9 +217,7 @@ typedef struct kex_beam_opts {
   int max_rounds;            /* 0 = until no progress */
   double compile_timeout_s;
   int64_t max_global_size;   /* reduced-grid timing limit */
-  kex_pool *pool;            /* the render/compile workers, shared with other searches (a daemon's); NULL = a pool
-                                of `threads` made for this call (in-process tools) */
-  int threads;               /* that pool's size when pool is NULL, 0 = online cores */
+  kex_pool *pool;            /* the render/compile workers, shared with other searches; NULL: the process's pool */
   kex_beam_exec_fn exec;     /* NULL = run device jobs directly */
   void *exec_ctx;
   kex_beam_progress_fn progress;

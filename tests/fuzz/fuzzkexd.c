@@ -15,7 +15,6 @@
 #include "daemon/rpc.h"
 #include "daemon/stream.h"
 #include "daemon/work.h"
-#include "search/pool.h"
 #include "tests/fuzz/fuzzkexd.h"
 
 static kexd d;
@@ -41,7 +40,6 @@ static void teardown(void) {
   kexd_cache_rpc_free(&d);
   kexd_engines_free(&d);
   kexd_streams_free(d.streams);
-  kex_pool_destroy(d.search_pool);
   kexd_dispatch_free(d.disp);
   uv_loop_close(&loop);
   kex_free(d.cfg.cache_path);
@@ -72,9 +70,8 @@ static void setup(int serving, const char *cache_path) {
   if (uv_loop_init(&loop) < 0) abort();
   d.loop = &loop;
   if (serving) {
-    kex_error perr;
     if (kexd_dispatch_new(&loop, (const char(*)[KEXD_DISPATCH_NAME_MAX])d.cfg.devices, d.cfg.ndevices, &d.disp) < 0 ||
-        kex_pool_create(1, &d.search_pool, &perr) < 0 || kexd_streams_new(&loop, &d.streams) < 0 ||
+        kexd_streams_new(&loop, &d.streams) < 0 ||
         kexd_engines_start(&d) < 0 || kexd_tune_init(&d) < 0 || kexd_cache_rpc_init(&d) < 0)
       abort();
   }

@@ -1,0 +1,210 @@
+/*
+ * pool.c - the worker pool of pool.h: one mutex, a FIFO of intrusive jobs,
+ * one condition variable for "work queued" and one for "a job finished".
+ */
+#include "core/pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+struct kex_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t work, finished;
+  kex_pool_job *head, *tail;
+  int nthreads, stopping;
+  pthread_t threads[KEX_POOL_MAX_THREADS];
+};
+
+typedef struct worker_arg {
+  kex_pool *pool;
+  int id;
+} worker_arg;
+
+/* The pool whose worker this thread is, and its index there. */
+static _Thread_local const kex_pool *self_pool;
+static _Thread_local int self_id = -1;
+
+int kex_pool_self(const kex_pool *p) { return p && self_pool == p ? self_id : -1; }
+
+/* Under mu: run j (taken off the queue) on this thread as worker id, then mark it done. */
+static void run_job(kex_pool *p, kex_pool_job *j, int id) {
+  bool detached = j->detached;
+  pthread_mutex_unlock(&p->mu);
+  j->fn(j, id);
+  pthread_mutex_lock(&p->mu);
+  if (!detached) {
+    j->done = 1;
+    pthread_cond_broadcast(&p->finished);
+  }
+}
+
+static void *worker_main(void *arg) {
+  kex_pool *p = ((worker_arg *)arg)->pool;
+  int id = ((worker_arg *)arg)->id;
+  kex_free(arg);
+  self_pool = p;
+  self_id = id;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    while (!p->head && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
+    if (!p->head) break; /* stopping and drained */
+    kex_pool_job *j = p->head;
+    p->head = j->next;
+    if (!p->head) p->tail = NULL;
+    run_job(p, j, id);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+/* The CPUs this process may run on (at least 1). */
+static int allowed_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+int kex_pool_create(int nthreads, kex_pool **out, kex_error *err) {
+  *out = NULL;
+  if (nthreads <= 0) nthreads = allowed_cpus();
+  if (nthreads > KEX_POOL_MAX_THREADS) nthreads = KEX_POOL_MAX_THREADS;
+  kex_pool *p = kex_calloc(1, sizeof *p);
+  if (!p) return kex_err_set(err, KEX_ENOMEM, "out of memory creating a worker pool");
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->work, NULL);
+  pthread_cond_init(&p->finished, NULL);
+  int rc = 0;
+  for (int i = 0; i < nthreads; i++) {
+    worker_arg *a = kex_malloc(sizeof *a);
+    if (!a) {
+      rc = kex_err_set(err, KEX_ENOMEM, "out of memory starting pool worker %d", i);
+      break;
+    }
+    a->pool = p;
+    a->id = i;
+    if (pthread_create(&p->threads[i], NULL, worker_main, a) != 0) {
+      kex_free(a);
+      rc = kex_err_set(err, KEX_EINTERNAL, "pthread_create failed for pool worker %d", i);
+      break;
+    }
+    p->nthreads++;
+  }
+  if (rc) {
+    kex_pool_destroy(p);
+    return rc;
+  }
+  *out = p;
+  return 0;
+}
+
+int kex_pool_size(const kex_pool *p) { return p->nthreads; }
+
+static void enqueue(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front, bool detached) {
+  pthread_mutex_lock(&p->mu);
+  job->fn = fn;
+  job->next = NULL;
+  job->done = 0;
+  job->detached = detached;
+  if (front) {
+    job->next = p->head;
+    p->head = job;
+    if (!p->tail) p->tail = job;
+  } else {
+    if (p->tail)
+      p->tail->next = job;
+    else
+      p->head = job;
+    p->tail = job;
+  }
+  pthread_cond_signal(&p->work);
+  pthread_mutex_unlock(&p->mu);
+}
+
+void kex_pool_submit(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) { enqueue(p, job, fn, false, false); }
+void kex_pool_submit_front(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) { enqueue(p, job, fn, true, false); }
+void kex_pool_detach(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front) { enqueue(p, job, fn, front, true); }
+
+/* Under mu: take job off the queue; false when it is not queued. */
+static bool unqueue(kex_pool *p, kex_pool_job *job) {
+  kex_pool_job *prev = NULL;
+  for (kex_pool_job *j = p->head; j; prev = j, j = j->next) {
+    if (j != job) continue;
+    if (prev)
+      prev->next = j->next;
+    else
+      p->head = j->next;
+    if (p->tail == j) p->tail = prev;
+    j->next = NULL;
+    return true;
+  }
+  return false;
+}
+
+void kex_pool_wait(kex_pool *p, kex_pool_job *job) {
+  int me = kex_pool_self(p);
+  pthread_mutex_lock(&p->mu);
+  /* a worker does not sleep on a job nobody has started: it runs it (its own index is free: it is here) */
+  if (!job->done && me >= 0 && unqueue(p, job)) run_job(p, job, me);
+  while (!job->done) pthread_cond_wait(&p->finished, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
+bool kex_pool_cancel(kex_pool *p, kex_pool_job *job) {
+  pthread_mutex_lock(&p->mu);
+  bool taken = unqueue(p, job);
+  if (taken) {
+    job->done = 1;
+    pthread_cond_broadcast(&p->finished);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return taken;
+}
+
+void kex_pool_destroy(kex_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->stopping = 1;
+  pthread_cond_broadcast(&p->work);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+  pthread_cond_destroy(&p->work);
+  pthread_cond_destroy(&p->finished);
+  pthread_mutex_destroy(&p->mu);
+  kex_free(p);
+}
+
+/* ---- the process's pool ---- */
+
+static pthread_mutex_t process_mu = PTHREAD_MUTEX_INITIALIZER;
+static kex_pool *process_pool;
+static int process_threads;
+
+bool kex_pool_process_size(int nthreads) {
+  pthread_mutex_lock(&process_mu);
+  bool ok = !process_pool;
+  if (ok) process_threads = nthreads;
+  pthread_mutex_unlock(&process_mu);
+  return ok;
+}
+
+kex_pool *kex_pool_process(void) {
+  pthread_mutex_lock(&process_mu);
+  if (!process_pool) {
+    int n = process_threads;
+    if (n <= 0) n = allowed_cpus() > KEX_POOL_MIN_PROCESS_THREADS ? allowed_cpus() : KEX_POOL_MIN_PROCESS_THREADS;
+    kex_error err = {0};
+    if (kex_pool_create(n, &process_pool, &err) < 0) {
+      KEX_ERROR("cannot start the worker pool: %s", err.msg);
+      abort();
+    }
+  }
+  kex_pool *p = process_pool;
+  pthread_mutex_unlock(&process_mu);
+  return p;
+}

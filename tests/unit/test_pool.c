@@ -1,0 +1,195 @@
+/*
+ * test_pool.c - unit tests for core/pool.h, the process's one worker pool:
+ * FIFO order, a job submitted to the front, a worker that waits for a
+ * queued job runs it itself (nested waits on a one-thread pool end),
+ * cancel, detached jobs, worker indexes, and the process pool's size.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "core/pool.h"
+
+typedef struct item {
+  kex_pool_job job; /* first */
+  int value;
+  int *log, *nlog;  /* where the job writes value when it runs */
+  pthread_mutex_t *mu;
+  int worker;
+} item;
+
+static void record(kex_pool_job *job, int worker) {
+  item *it = (item *)job;
+  it->worker = worker;
+  pthread_mutex_lock(it->mu);
+  it->log[(*it->nlog)++] = it->value;
+  pthread_mutex_unlock(it->mu);
+}
+
+/* A job that holds the only worker until `release` is set. */
+typedef struct gate {
+  kex_pool_job job;
+  atomic_int started, release;
+} gate;
+
+static void hold(kex_pool_job *job, int worker) {
+  (void)worker;
+  gate *g = (gate *)job;
+  atomic_store(&g->started, 1);
+  while (!atomic_load(&g->release)) {
+  }
+}
+
+static kex_pool *one_thread(void) {
+  kex_pool *p = NULL;
+  kex_error err = {0};
+  assert_int_equal(kex_pool_create(1, &p, &err), 0);
+  assert_int_equal(kex_pool_size(p), 1);
+  return p;
+}
+
+/* Jobs queued behind a busy worker run in submission order, a front job first. */
+static void test_fifo_and_front(void **state) {
+  (void)state;
+  kex_pool *p = one_thread();
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  int log[8], nlog = 0;
+  gate g = {0};
+  kex_pool_submit(p, &g.job, hold);
+  while (!atomic_load(&g.started)) {
+  }
+  item it[4];
+  for (int i = 0; i < 4; i++) it[i] = (item){.value = i, .log = log, .nlog = &nlog, .mu = &mu, .worker = -1};
+  kex_pool_submit(p, &it[0].job, record);
+  kex_pool_submit(p, &it[1].job, record);
+  kex_pool_submit(p, &it[2].job, record);
+  kex_pool_submit_front(p, &it[3].job, record);
+  atomic_store(&g.release, 1);
+  for (int i = 0; i < 4; i++) kex_pool_wait(p, &it[i].job);
+  kex_pool_wait(p, &g.job);
+  assert_int_equal(nlog, 4);
+  int want[4] = {3, 0, 1, 2};
+  assert_memory_equal(log, want, sizeof want);
+  for (int i = 0; i < 4; i++) assert_int_equal(it[i].worker, 0);
+  kex_pool_destroy(p);
+}
+
+/* A job that waits for another job on a one-thread pool: the worker runs the awaited one itself. */
+typedef struct nest {
+  kex_pool_job job;
+  kex_pool *p;
+  item inner;
+  int depth;
+  struct nest *child;
+  int self_seen;
+} nest;
+
+static void nested(kex_pool_job *job, int worker) {
+  nest *n = (nest *)job;
+  n->self_seen = kex_pool_self(n->p);
+  assert_int_equal(n->self_seen, worker);
+  kex_pool_submit(n->p, &n->inner.job, record);
+  if (n->child) kex_pool_submit(n->p, &n->child->job, nested);
+  kex_pool_wait(n->p, &n->inner.job);
+  if (n->child) kex_pool_wait(n->p, &n->child->job);
+}
+
+static void test_nested_wait_one_thread(void **state) {
+  (void)state;
+  kex_pool *p = one_thread();
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  int log[8], nlog = 0;
+  nest n[3];
+  memset(n, 0, sizeof n);
+  for (int i = 0; i < 3; i++) {
+    n[i].p = p;
+    n[i].inner = (item){.value = 10 + i, .log = log, .nlog = &nlog, .mu = &mu};
+    n[i].child = i < 2 ? &n[i + 1] : NULL;
+  }
+  kex_pool_submit(p, &n[0].job, nested);
+  kex_pool_wait(p, &n[0].job); /* not a worker: sleeps until the worker is done */
+  assert_int_equal(nlog, 3);
+  for (int i = 0; i < 3; i++) assert_int_equal(n[i].self_seen, 0);
+  assert_int_equal(kex_pool_self(p), -1);
+  kex_pool_destroy(p);
+}
+
+/* Cancel takes a queued job off the queue (it never runs); a finished one cannot be cancelled. */
+static void test_cancel(void **state) {
+  (void)state;
+  kex_pool *p = one_thread();
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  int log[8], nlog = 0;
+  gate g = {0};
+  kex_pool_submit(p, &g.job, hold);
+  while (!atomic_load(&g.started)) {
+  }
+  item a = {.value = 1, .log = log, .nlog = &nlog, .mu = &mu}, b = {.value = 2, .log = log, .nlog = &nlog, .mu = &mu};
+  kex_pool_submit(p, &a.job, record);
+  kex_pool_submit(p, &b.job, record);
+  assert_true(kex_pool_cancel(p, &a.job));
+  assert_false(kex_pool_cancel(p, &g.job)); /* running */
+  kex_pool_wait(p, &a.job);                 /* a cancelled job counts as finished */
+  atomic_store(&g.release, 1);
+  kex_pool_wait(p, &b.job);
+  assert_false(kex_pool_cancel(p, &b.job));
+  assert_int_equal(nlog, 1);
+  assert_int_equal(log[0], 2);
+  kex_pool_destroy(p);
+}
+
+/* A detached job may end its own life: the pool does not touch it once it started. */
+typedef struct detached {
+  kex_pool_job job;
+  atomic_int *count;
+} detached;
+
+static void free_self(kex_pool_job *job, int worker) {
+  (void)worker;
+  detached *d = (detached *)job;
+  atomic_int *count = d->count;
+  memset(d, 0xA5, sizeof *d); /* what a free would leave: the pool must not read or write it after this */
+  atomic_fetch_add(count, 1);
+}
+
+static void test_detached(void **state) {
+  (void)state;
+  kex_pool *p = NULL;
+  kex_error err = {0};
+  assert_int_equal(kex_pool_create(3, &p, &err), 0);
+  atomic_int count = 0;
+  detached d[64];
+  for (int i = 0; i < 64; i++) {
+    d[i].count = &count;
+    kex_pool_detach(p, &d[i].job, free_self, i % 2 == 0);
+  }
+  kex_pool_destroy(p); /* drains the queue */
+  assert_int_equal(atomic_load(&count), 64);
+}
+
+/* The process pool's size is settable before its first use only. */
+static void test_process_pool(void **state) {
+  (void)state;
+  assert_true(kex_pool_process_size(3));
+  kex_pool *p = kex_pool_process();
+  assert_non_null(p);
+  assert_ptr_equal(kex_pool_process(), p);
+  assert_int_equal(kex_pool_size(p), 3);
+  assert_false(kex_pool_process_size(5));
+  assert_int_equal(kex_pool_size(kex_pool_process()), 3);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fifo_and_front), cmocka_unit_test(test_nested_wait_one_thread),
+      cmocka_unit_test(test_cancel),         cmocka_unit_test(test_detached),
+      cmocka_unit_test(test_process_pool),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
