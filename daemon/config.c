@@ -195,7 +195,12 @@ static const flag flags[] = {
    "programs kept loaded per device; past it the least recently used one not in use is unloaded (and reloaded "
    "from the cache when needed)"},
   {"compile-slots", "N", FLAG_U32, F(compile_slots), 1, 64, 0, 0, false, NULL,
-   "kernels compiled at once per device; a submission takes one slot at a time while others wait"},
+   "kernels compiled at once per device, shared fairly between tenants (jobs without --auth) by compile "
+   "seconds; one that has none in flight gets an extra slot while all are taken"},
+  {"compile-timeout", "SECONDS", FLAG_SECONDS, F(compile_timeout_s), 0, 0, 0, 86400, false, NULL,
+   "one kernel's compile is stopped after this long and its kernel fails, named (0: no limit; cpu: the "
+   "compiler is killed; OpenCL builds inside the driver and cannot be stopped); a source that failed to "
+   "compile fails again at once"},
   {"max-tunes-per-device", "N", FLAG_U32, F(max_tunes_per_device), 1, 1024, 0, 0, false, NULL,
    "beam searches at once on one device (Tune calls and Submits with beam.beam_width, each for its whole call); "
    "more are refused"},
@@ -355,6 +360,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->download_chunk_min = KEXD_LIMIT_DOWNLOAD_CHUNK_MIN;
   cfg->max_programs = KEXD_DEFAULT_MAX_PROGRAMS;
   cfg->compile_slots = KEXD_DEFAULT_COMPILE_SLOTS;
+  cfg->compile_timeout_s = KEXD_DEFAULT_COMPILE_TIMEOUT_S;
   cfg->kernel_time_limit_s = KEXD_DEFAULT_KERNEL_TIME_LIMIT_S;
   cfg->launch_quantum_s = KEXD_DEFAULT_LAUNCH_QUANTUM_S;
   cfg->max_submits_per_job = KEXD_LIMIT_SUBMITS_PER_JOB;

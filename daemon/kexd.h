@@ -50,6 +50,7 @@
 #define KEXD_LIMIT_STREAMS 128               /* calls at once on one connection */
 #define KEXD_DEFAULT_MAX_PROGRAMS 1024       /* programs loaded per device (least recently used unloaded beyond) */
 #define KEXD_DEFAULT_COMPILE_SLOTS 2         /* kernels compiled at once per device */
+#define KEXD_DEFAULT_COMPILE_TIMEOUT_S 300.0 /* one compile at most (an abuse guard: real kernels take seconds) */
 #define KEXD_DEFAULT_KERNEL_TIME_LIMIT_S 10.0 /* seconds one kernel may run (0: none) */
 #define KEXD_DEFAULT_LAUNCH_QUANTUM_S 0.002  /* device time of the kernels one fair-queue item launches together */
 #define KEXD_LIMIT_PEM_BYTES (1u << 20)      /* bytes of one --tls-cert, --tls-key or --tls-client-ca file */
@@ -101,6 +102,7 @@ typedef struct kexd_config {
   uint32_t download_chunk_min;   /* Download: smallest chunk_bytes */
   uint32_t max_programs;         /* Submit: programs loaded per device */
   uint32_t compile_slots;        /* Submit: compiles per device at once */
+  double compile_timeout_s;      /* one kernel's compile at most (0: none) */
   double kernel_time_limit_s;    /* seconds one kernel may run (0: none) */
   double launch_quantum_s;       /* a job's ready kernels go to the device back to back, this much device time
                                     (estimated from the plan's last run) per fair-queue item */

@@ -70,12 +70,14 @@
  * and loads it again.  Pinned programs are never unloaded, so while
  * submissions run their programs may exceed the limit for a while.
  *
- * Compile slots: each device compiles at most compile_slots kernels at
- * once.  Submissions with kernels to compile wait in turn; a free slot goes
- * to the first waiting submission that holds no slot, else to the head,
- * one kernel at a time, and the submission goes to the back of the line.
- * So a submission uses several slots only while nobody else waits, and a
- * small graph behind a huge one waits for at most one of its compiles.
+ * Compile slots (realize/engine.h): each device compiles --compile-slots
+ * kernels at once, shared by weighted fair queueing between payers -- the
+ * tenant with --auth, else the job -- charged by measured compile seconds
+ * over the job's weight, one kernel at a time; a payer with no compile in
+ * flight gets an extra slot while all are taken, so a small graph never
+ * waits behind another payer's huge ones.  --compile-timeout stops a
+ * compile (cpu: its compiler is killed) and a source that failed is not
+ * compiled again.
  * A device whose compile is thread-safe (cpu: each compile is its own cc)
  * compiles in all slots on one compile instance; otherwise (OpenCL) each
  * slot opens its own.
@@ -659,6 +661,7 @@ static void sub_planned(submission *s) {
   }
   kexd_stream_pump(&s->st);
   s->preq = (kex_prog_req){.rp = &p->rp, .need = s->need, .cancelled = &s->cancelled, .trace = s->trace, .owner = s,
+                           .payer = s->payer, .weight = s->weight,
                            .dead = preq_dead, .hold = preq_hold, .release = preq_release, .done = preq_done,
                            .bins = s->bins, .binlens = s->binlens, .compile_us = s->compile_us, .from = s->from};
   kex_engine_programs(d->engines[s->device], &s->preq); /* SQLite, then the compile slots */
@@ -753,6 +756,10 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   s->id = d->submissions;
   s->job = job->id;
   s->weight = job->weight;
+  if (d->auth && job->use)
+    snprintf(s->payer, sizeof s->payer, "tenant %s", job->use->name);
+  else
+    snprintf(s->payer, sizeof s->payer, "job %" PRIu64, job->id);
   memcpy(s->log_id, job->log_id, sizeof s->log_id);
   s->device = (uint32_t)dev;
   s->t0 = t0;

@@ -124,6 +124,7 @@ int kexd_engines_start(kexd *d) {
   for (uint32_t i = 0; i < d->cfg.ndevices; i++) {
     kex_engine_config ec = {.device = d->cfg.devices[i], .fault_kind = d->cfg.test_fault_kind,
                             .fault_n = d->cfg.test_fault_n, .compile_slots = d->cfg.compile_slots, .conns = d->conns,
+                            .compile_timeout_s = d->cfg.compile_timeout_s,
                             .exec = kexd_work_executor(d)};
     if (kex_engine_create(&ec, &d->engines[i]) < 0) return KEX_ENOMEM;
   }

@@ -59,6 +59,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -66,6 +68,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -144,6 +147,7 @@ typedef struct kex_cpu_device {
   kex_cpu_pool pool;
   int pool_ready;
   double time_limit_s; /* 0: none (the owner thread's, like launches) */
+  double compile_limit_s; /* 0: none (set before the first compile, read by every compile) */
   bool serial;         /* serial timing (kex_device_set_serial_timing; the owner thread's) */
 } kex_cpu_device;
 
@@ -558,30 +562,65 @@ out:
  * program could not be started, 128+signal when it was killed).
  * Errors: KEX_EIO (posix_spawn itself failed).
  */
-static int kex_cpu_spawn(char *const argv[], const char *in_path, const char *log_path, int *status,
-                         kex_error *err) {
+static int kex_cpu_spawn(char *const argv[], const char *in_path, const char *log_path, double limit_s,
+                         int *status, bool *timed_out, kex_error *err) {
   posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
   pid_t pid;
   int e, ws = 0, rc = 0;
 
+  *timed_out = false;
   if ((e = posix_spawn_file_actions_init(&fa)) != 0)
     return kex_err_set(err, KEX_EIO, "cpu: posix_spawn_file_actions_init failed: %s", strerror(e));
-  e = posix_spawn_file_actions_addopen(&fa, 0, in_path ? in_path : "/dev/null", O_RDONLY, 0);
+  if ((e = posix_spawnattr_init(&at)) != 0) {
+    posix_spawn_file_actions_destroy(&fa);
+    return kex_err_set(err, KEX_EIO, "cpu: posix_spawnattr_init failed: %s", strerror(e));
+  }
+  /* its own process group: a timeout kills cc and what it started (cc1, as, ld) */
+  e = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+  if (!e) e = posix_spawnattr_setpgroup(&at, 0);
+  if (!e) e = posix_spawn_file_actions_addopen(&fa, 0, in_path ? in_path : "/dev/null", O_RDONLY, 0);
   if (!e) e = posix_spawn_file_actions_addopen(&fa, 2, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (!e) e = posix_spawn_file_actions_adddup2(&fa, 2, 1);
-  if (!e) e = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  if (!e) e = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
   if (e == ENOENT) {
     *status = 127;
     return 0;
   }
   if (e != 0) return kex_err_set(err, KEX_EIO, "cpu: starting %s failed: %s", argv[0], strerror(e));
+  if (limit_s > 0) { /* wait on a pidfd until the limit, then kill the group */
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    double deadline = kex_cpu_now() + limit_s;
+    for (;;) {
+      double left = deadline - kex_cpu_now();
+      if (left <= 0) {
+        kill(-pid, SIGKILL);
+        *timed_out = true;
+        break;
+      }
+      if (pfd < 0) { /* no pidfd (an old kernel): poll the child */
+        if (waitpid(pid, &ws, WNOHANG) == pid) {
+          if (WIFEXITED(ws) || WIFSIGNALED(ws)) goto reaped;
+        }
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        continue;
+      }
+      struct pollfd p = {.fd = pfd, .events = POLLIN};
+      int ms = (int)(left * 1e3) + 1;
+      if (poll(&p, 1, ms) > 0) break;
+    }
+    if (pfd >= 0) close(pfd);
+  }
   while (waitpid(pid, &ws, 0) < 0) {
     if (errno != EINTR) {
       rc = kex_err_set(err, KEX_EIO, "cpu: waiting for %s failed: %s", argv[0], strerror(errno));
       break;
     }
   }
+reaped:
   if (rc == 0) *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
   return rc;
 }
@@ -608,8 +647,14 @@ static int kex_cpu_compile(void *impl, const char *source, const char *name, uns
   rc = kex_cpu_write_file(src_path, source, strlen(source), err);
   if (rc < 0) goto out;
   double t0 = kex_cpu_now();
-  rc = kex_cpu_spawn(argv, src_path, log_path, &status, err);
+  bool timed_out;
+  rc = kex_cpu_spawn(argv, src_path, log_path, cpu->compile_limit_s, &status, &timed_out, err);
   if (rc < 0) goto out;
+  if (timed_out) {
+    rc = kex_err_set(err, KEX_EDEADLINE, "cpu: compiling kernel %s was stopped after %.3g s (the compile time limit)",
+                     name, cpu->compile_limit_s);
+    goto out;
+  }
   KEX_DEBUG("cpu: cc of kernel %s took %.1f ms (exit %d)", name, (kex_cpu_now() - t0) * 1e3, status);
   if (status != 0) {
     kex_cpu_read_file(log_path, KEX_CPU_LOG_MAX, 1, &log, &log_n, NULL);
@@ -778,6 +823,11 @@ static void kex_cpu_set_kernel_time_limit(void *impl, double seconds) {
   cpu->time_limit_s = seconds;
 }
 
+static void kex_cpu_set_compile_time_limit(void *impl, double seconds) {
+  kex_cpu_device *cpu = impl;
+  cpu->compile_limit_s = seconds;
+}
+
 static int kex_cpu_wait(void *impl, void *event, kex_error *err) {
   (void)impl;
   (void)event;
@@ -806,6 +856,7 @@ static bool kex_cpu_set_serial_timing(void *impl, bool on) {
 static const kex_device_ops kex_cpu_ops = {
     KEX_DEVICE_OPS_COMMON(kex_cpu),
     .set_kernel_time_limit = kex_cpu_set_kernel_time_limit,
+    .set_compile_time_limit = kex_cpu_set_compile_time_limit,
     .set_serial_timing = kex_cpu_set_serial_timing,
 };
 
@@ -889,7 +940,8 @@ static int kex_cpu_compiler_version(kex_cpu_device *cpu, char *out, kex_error *e
   int status = 0, rc;
 
   kex_cpu_path(cpu, log_path, "version", atomic_fetch_add(&cpu->counter, 1) + 1, "txt");
-  rc = kex_cpu_spawn(argv, NULL, log_path, &status, err);
+  bool timed_out;
+  rc = kex_cpu_spawn(argv, NULL, log_path, 0, &status, &timed_out, err);
   if (rc < 0) goto out;
   if (status != 0) {
     rc = kex_err_set(err, KEX_ENOTFOUND, "cpu: the system compiler %s is missing or broken (`%s --version` exit %d)",

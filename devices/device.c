@@ -76,6 +76,12 @@ void kex_device_set_kernel_time_limit(kex_device *dev, double seconds) {
 
 double kex_device_kernel_time_limit(const kex_device *dev) { return dev->kernel_time_limit_s; }
 
+bool kex_device_set_compile_time_limit(kex_device *dev, double seconds) {
+  if (!dev->ops->set_compile_time_limit) return false;
+  dev->ops->set_compile_time_limit(dev->impl, seconds > 0 ? seconds : 0);
+  return true;
+}
+
 bool kex_device_set_serial_timing(kex_device *dev, bool on) {
   return dev->ops->set_serial_timing ? dev->ops->set_serial_timing(dev->impl, on) : false;
 }

@@ -313,6 +313,16 @@ void kex_device_set_kernel_time_limit(kex_device *dev, double seconds);
 double kex_device_kernel_time_limit(const kex_device *dev);
 
 /*
+ * Compile time limit (seconds, 0: none), set before the instance's first
+ * compile: a kex_device_compile still running past it is stopped and
+ * fails with KEX_EDEADLINE naming the kernel and the limit.  cpu: the
+ * compiler's whole process group is killed.  Returns false when the
+ * device cannot stop a compile (OpenCL: the build runs inside the driver,
+ * in this process) and the limit does not apply.
+ */
+bool kex_device_set_compile_time_limit(kex_device *dev, double seconds);
+
+/*
  * Serial timing, for measuring short kernels (the beam search's): while on,
  * a launch runs its ranges one after another on the launching thread, split
  * exactly as the pool would split them, and its event's elapsed time is the

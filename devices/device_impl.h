@@ -45,6 +45,8 @@ typedef struct kex_device_ops {
   void (*set_kernel_time_limit)(void *dev, double seconds);
   /* Optional (NULL: no such mode, kex_device_set_serial_timing returns false). */
   bool (*set_serial_timing)(void *dev, bool on);
+  /* Optional (NULL: compiles cannot be stopped): stop a compile past `seconds` (0: no limit). */
+  void (*set_compile_time_limit)(void *dev, double seconds);
 } kex_device_ops;
 
 /*

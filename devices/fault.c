@@ -151,6 +151,11 @@ static void kex_fault_set_kernel_time_limit(void *impl, double seconds) {
   kex_device_set_kernel_time_limit(f->inner, seconds); /* the inner device stops its own kernels, where it can */
 }
 
+static void kex_fault_set_compile_time_limit(void *impl, double seconds) {
+  kex_fault_device *f = impl;
+  kex_device_set_compile_time_limit(f->inner, seconds);
+}
+
 static bool kex_fault_set_serial_timing(void *impl, bool on) {
   kex_fault_device *f = impl;
   return kex_device_set_serial_timing(f->inner, on);
@@ -160,6 +165,7 @@ static const kex_device_ops kex_fault_ops = {
     KEX_DEVICE_OPS_COMMON(kex_fault),
     .set_kernel_time_limit = kex_fault_set_kernel_time_limit,
     .set_serial_timing = kex_fault_set_serial_timing,
+    .set_compile_time_limit = kex_fault_set_compile_time_limit,
 };
 
 int kex_fault_device_new(kex_device *inner, kex_fault_kind kind, unsigned long n, kex_device **out) {

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/hash.h"
 #include "core/log.h"
 
 static double now_us(void) {
@@ -121,6 +122,25 @@ kex_cache *kex_cache_conns_lookup(kex_cache_conns *cc, const char *what) {
 
 /* ---- the engine ---- */
 
+#define KEX_ENGINE_PAYER_MAX 64     /* bytes of a payer's name, NUL included (longer names are cut) */
+#define KEX_ENGINE_FAILED_MAX 256   /* sources remembered as failing (the oldest forgotten first) */
+
+/* What one payer of compiles has been charged (owner thread). */
+typedef struct kex_payer {
+  char name[KEX_ENGINE_PAYER_MAX];
+  double charged;     /* compile seconds / weight since it was made (its virtual time) */
+  uint32_t compiling; /* its compiles in flight */
+  uint32_t waiting;   /* its requests in line */
+  struct kex_payer *next;
+} kex_payer;
+
+/* A source that failed to compile: its hash and what the compiler said. */
+typedef struct failed_src {
+  uint64_t hash;
+  int code;
+  char msg[KEX_ERROR_MSG_MAX];
+} failed_src;
+
 /* One compile slot: at most one pool job at a time (owner thread, but dev: that job's thread). */
 typedef struct slot {
   kex_work work;
@@ -128,6 +148,7 @@ typedef struct slot {
   kex_prog_req *r;           /* compiling r's kernel k now; NULL: free */
   uint32_t k;
   int rc;                    /* the compile's result, for the owner */
+  double us;                 /* the compile's wall time (charged to the payer) */
   kex_error err;
   /* the slot's own compile instance (devices whose compile is not thread-safe), opened at first use */
   kex_device *dev;
@@ -149,9 +170,14 @@ struct kex_engine {
   bool tried;
   int open_rc;
   char open_msg[KEX_ERROR_MSG_MAX];
+  /* compile_timeout_s and the sources that failed (under lock) */
+  double compile_timeout_s;
+  failed_src *failed;
+  uint32_t nfailed, failed_next;
   /* owner thread */
-  uint32_t nslots, busy;
-  slot *slots;
+  uint32_t nslots, busy; /* the fair slots; compiles in flight (up to 2 x nslots: the extra ones) */
+  slot *slots;           /* [2 x nslots] */
+  kex_payer *payers;     /* payers in line or compiling */
   kex_prog_req *wait_head, *wait_tail; /* requests with kernels no slot took yet, in turn order */
   kex_engine_stats stats;
 };
@@ -162,18 +188,21 @@ int kex_engine_create(const kex_engine_config *cfg, kex_engine **out) {
   *out = NULL;
   if (!e) return KEX_ENOMEM;
   e->device = kex_strdup(cfg->device ? cfg->device : "default");
-  e->slots = kex_calloc(n, sizeof *e->slots);
-  if (!e->device || !e->slots) {
-    kex_free(e->device), kex_free(e->slots), kex_free(e);
+  e->slots = kex_calloc(2 * (size_t)n, sizeof *e->slots);
+  e->failed = kex_calloc(KEX_ENGINE_FAILED_MAX, sizeof *e->failed);
+  if (!e->device || !e->slots || !e->failed) {
+    kex_free(e->device), kex_free(e->slots), kex_free(e->failed), kex_free(e);
     return KEX_ENOMEM;
   }
   e->nslots = n;
-  for (uint32_t j = 0; j < n; j++) e->slots[j].e = e;
+  for (uint32_t j = 0; j < 2 * n; j++) e->slots[j].e = e;
+  e->compile_timeout_s = cfg->compile_timeout_s > 0 ? cfg->compile_timeout_s : 0;
   e->fault_kind = cfg->fault_kind;
   e->fault_n = cfg->fault_n;
   e->conns = cfg->conns;
   e->exec = cfg->exec;
   if (cfg->instance) {
+    if (e->compile_timeout_s > 0) kex_device_set_compile_time_limit(cfg->instance, e->compile_timeout_s);
     kex_device_ref(cfg->instance);
     e->probe = cfg->instance;
     e->tried = true;
@@ -185,9 +214,15 @@ int kex_engine_create(const kex_engine_config *cfg, kex_engine **out) {
 
 void kex_engine_free(kex_engine *e) {
   if (!e) return;
-  for (uint32_t j = 0; j < e->nslots; j++) kex_device_unref(e->slots[j].dev);
+  for (uint32_t j = 0; j < 2 * e->nslots; j++) kex_device_unref(e->slots[j].dev);
   kex_device_unref(e->probe);
   pthread_mutex_destroy(&e->lock);
+  while (e->payers) {
+    kex_payer *p = e->payers;
+    e->payers = p->next;
+    kex_free(p);
+  }
+  kex_free(e->failed);
   kex_free(e->slots);
   kex_free(e->device);
   kex_free(e);
@@ -229,6 +264,8 @@ void kex_engine_target(kex_engine *e, kex_target *out) {
 static int open_compile_device(kex_engine *e, kex_device **out, char *msg, size_t cap) {
   kex_error oe = {0};
   int rc = open_raw(e, true, out, &oe);
+  if (!rc && e->compile_timeout_s > 0 && !kex_device_set_compile_time_limit(*out, e->compile_timeout_s))
+    KEX_DEBUG("device %s cannot stop a compile: the compile timeout does not apply to it", e->device);
   if (rc)
     snprintf(msg, cap, "device \"%.40s\" cannot be opened: %.400s", e->device, oe.msg[0] ? oe.msg : kex_strerror(rc));
   return rc;
@@ -289,6 +326,29 @@ static void lookup(kex_prog_req *r) {
   r->rc = rc;
 }
 
+/* Under no lock: the source of hash h failed before: its error again (0: it did not). */
+static int failed_before(kex_engine *e, uint64_t h, kex_error *err) {
+  int rc = 0;
+  pthread_mutex_lock(&e->lock);
+  for (uint32_t i = 0; i < e->nfailed && !rc; i++)
+    if (e->failed[i].hash == h)
+      rc = kex_err_set(err, e->failed[i].code, "failed before, not compiled again: %s", e->failed[i].msg);
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+/* Remember that the source of hash h failed with code and msg (the oldest memory goes first). */
+static void remember_failed(kex_engine *e, uint64_t h, int code, const char *msg) {
+  pthread_mutex_lock(&e->lock);
+  failed_src *f = &e->failed[e->failed_next];
+  e->failed_next = (e->failed_next + 1) % KEX_ENGINE_FAILED_MAX;
+  if (e->nfailed < KEX_ENGINE_FAILED_MAX) e->nfailed++;
+  f->hash = h;
+  f->code = code;
+  snprintf(f->msg, sizeof f->msg, "%s", msg);
+  pthread_mutex_unlock(&e->lock);
+}
+
 /*
  * Compile r's kernel k on the slot's instance (sl NULL: the owner's own
  * call, on the probe) and store its binary in SQLite.  0 or a negative code with *err naming the kernel.
@@ -309,7 +369,11 @@ static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex
     dev = *own;
   }
   uint64_t tc = r->trace ? kex_trace_now_us() : 0;
-  rc = kex_device_compile(dev, pp->src, pp->name, &r->bins[k], &r->binlens[k], err);
+  uint64_t h = kex_hash_bytes(pp->src, strlen(pp->src), 0);
+  if ((rc = failed_before(e, h, err)) == 0) {
+    rc = kex_device_compile(dev, pp->src, pp->name, &r->bins[k], &r->binlens[k], err);
+    if (rc == KEX_ECOMPILE || rc == KEX_EDEADLINE) remember_failed(e, h, rc, err->msg);
+  }
   if (r->trace) {
     char track[48];
     snprintf(track, sizeof track, "compile slot %u", sl ? (unsigned)(sl - e->slots) : 0u);
@@ -332,14 +396,44 @@ static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex
 
 static void slot_work(kex_work *w) {
   slot *sl = w->data;
+  double t0 = now_us();
   sl->rc = compile_one(sl->e, sl, sl->r, sl->k, &sl->dev, &sl->err);
+  sl->us = now_us() - t0;
 }
 
 static void slot_after(kex_work *w, int status);
 
+/* The account of payer `name` (made level with the least charged active payer when new).  NULL: out of memory. */
+static kex_payer *payer_get(kex_engine *e, const char *name) {
+  double least = -1;
+  for (kex_payer *p = e->payers; p; p = p->next) {
+    if (strncmp(p->name, name, sizeof p->name - 1) == 0) return p;
+    if (least < 0 || p->charged < least) least = p->charged;
+  }
+  kex_payer *p = kex_calloc(1, sizeof *p);
+  if (!p) return NULL;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->charged = least > 0 ? least : 0; /* no credit for the time it was away */
+  p->next = e->payers;
+  e->payers = p;
+  return p;
+}
+
+/* A payer with nothing in line and nothing compiling is forgotten (it comes back level, payer_get). */
+static void payer_idle(kex_engine *e, kex_payer *p) {
+  if (p->compiling || p->waiting) return;
+  for (kex_payer **pp = &e->payers; *pp; pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      kex_free(p);
+      return;
+    }
+}
+
 static void wait_push(kex_engine *e, kex_prog_req *r) {
   r->wait_next = NULL;
   r->waiting = true;
+  r->acct->waiting++;
   if (e->wait_tail) e->wait_tail->wait_next = r;
   else e->wait_head = r;
   e->wait_tail = r;
@@ -353,34 +447,59 @@ static void wait_remove(kex_engine *e, kex_prog_req *r) {
   if (e->wait_tail == r) e->wait_tail = prev;
   r->wait_next = NULL;
   r->waiting = false;
+  r->acct->waiting--;
+}
+
+/* r's program stage is over: done, and its payer forgotten when idle. */
+static void req_finish(kex_engine *e, kex_prog_req *r) {
+  kex_payer *p = r->acct;
+  r->done(r);
+  if (p) payer_idle(e, p);
 }
 
 /*
- * Give the free slots to waiting requests: the first that holds no slot,
- * else the head of the line; one kernel each, then it goes to the back.  A
- * request that failed or whose owner is gone leaves the line and is done
- * once its compiles in flight are back.
+ * The request a free slot goes to: the least charged payer's (a payer
+ * with a compile in flight only while a fair slot is free), within it the
+ * first in line that holds no slot, else its first; NULL: none may start.
+ */
+static kex_prog_req *pick(kex_engine *e) {
+  bool fair_free = e->busy < e->nslots;
+  kex_prog_req *best = NULL;
+  for (kex_prog_req *t = e->wait_head; t; t = t->wait_next) {
+    if (!fair_free && t->acct->compiling) continue;
+    if (!best || t->acct->charged < best->acct->charged ||
+        (t->acct == best->acct && best->compiling && !t->compiling))
+      best = t;
+  }
+  return best;
+}
+
+/*
+ * Give the free slots to waiting requests (pick: fair between payers, one
+ * kernel each, then the request goes to the back).  A request that failed
+ * or whose owner is gone leaves the line and is done once its compiles in
+ * flight are back.
  */
 static void pump(kex_engine *e) {
-  while (e->busy < e->nslots && e->wait_head) {
-    kex_prog_req *r = e->wait_head;
-    slot *sl = NULL;
-    for (kex_prog_req *t = e->wait_head; t; t = t->wait_next)
-      if (!t->compiling) {
-        r = t;
-        break;
-      }
-    wait_remove(e, r);
-    if (r->dead(r) || r->rc < 0) {
-      if (!r->compiling) r->done(r);
-      continue;
+  for (kex_prog_req *t = e->wait_head, *next; t; t = next) {
+    next = t->wait_next;
+    if (t->dead(t) || t->rc < 0) {
+      wait_remove(e, t);
+      if (!t->compiling) req_finish(e, t);
     }
-    for (uint32_t i = 0; i < e->nslots && !sl; i++)
+  }
+  while (e->busy < 2 * e->nslots && e->wait_head) {
+    kex_prog_req *r = pick(e);
+    slot *sl = NULL;
+    if (!r) break;
+    wait_remove(e, r);
+    for (uint32_t i = 0; i < 2 * e->nslots && !sl; i++)
       if (!e->slots[i].r) sl = &e->slots[i];
-    if (!sl) break; /* cannot be: busy < nslots */
+    if (!sl) break; /* cannot be: busy < 2 x nslots */
     sl->r = r;
     sl->k = r->misses[r->next_miss];
     sl->rc = 0;
+    sl->us = 0;
     memset(&sl->err, 0, sizeof sl->err);
     sl->work.fn = slot_work;
     sl->work.after = slot_after;
@@ -388,6 +507,7 @@ static void pump(kex_engine *e) {
     /* the compile's state first: an executor may run slot_after before submit returns */
     r->next_miss++;
     r->compiling++;
+    r->acct->compiling++;
     r->hold(r); /* the compile's, given back by slot_after */
     e->busy++;
     bool more = r->next_miss < r->nmisses;
@@ -396,10 +516,11 @@ static void pump(kex_engine *e) {
       sl->r = NULL;
       e->busy--;
       r->compiling--;
+      r->acct->compiling--;
       r->next_miss--;
       if (more) wait_remove(e, r);
       r->rc = kex_err_set(&r->err, KEX_EUNAVAILABLE, "the worker pool is not available");
-      if (!r->compiling) r->done(r);
+      if (!r->compiling) req_finish(e, r);
       r->release(r); /* may free r */
     }
   }
@@ -412,6 +533,8 @@ static void slot_after(kex_work *w, int status) {
   sl->r = NULL;
   e->busy--;
   r->compiling--;
+  r->acct->compiling--;
+  r->acct->charged += sl->us / 1e6 / (r->weight ? r->weight : 1);
   if (status < 0 && !sl->rc) sl->rc = kex_err_set(&sl->err, KEX_EINTERNAL, "the worker pool dropped the job");
   if (!sl->rc) e->stats.compiled++;
   else if (!r->rc || (r->rc == KEX_ECANCELLED && sl->rc != KEX_ECANCELLED)) {
@@ -420,7 +543,7 @@ static void slot_after(kex_work *w, int status) {
   }
   if (!r->compiling && (r->dead(r) || r->rc < 0 || r->next_miss == r->nmisses)) {
     if (r->waiting) wait_remove(e, r);
-    r->done(r);
+    req_finish(e, r);
   }
   pump(e);
   r->release(r); /* the compile's: may free r */
@@ -434,8 +557,10 @@ static void lookup_after(kex_work *w, int status) {
   if (status < 0 && !r->rc) r->rc = kex_err_set(&r->err, KEX_EINTERNAL, "the worker pool dropped the job");
   for (uint32_t k = 0; k < r->rp->nkernels; k++)
     if (r->from[k] == KEX_PROG_SQLITE) e->stats.sqlite_hits++;
+  if (!r->rc && r->nmisses && !(r->acct = payer_get(e, r->payer ? r->payer : "")))
+    r->rc = kex_err_set(&r->err, KEX_ENOMEM, "out of memory");
   if (r->dead(r) || r->rc < 0 || !r->nmisses) {
-    r->done(r);
+    req_finish(e, r);
   } else {
     wait_push(e, r);
     pump(e);
@@ -445,6 +570,7 @@ static void lookup_after(kex_work *w, int status) {
 
 static int req_start(kex_engine *e, kex_prog_req *r) {
   r->e = e;
+  r->acct = NULL;
   r->rc = 0;
   r->nmisses = r->next_miss = r->compiling = 0;
   if (!(r->misses = kex_calloc(r->rp->nkernels ? r->rp->nkernels : 1, sizeof *r->misses)))
@@ -468,6 +594,7 @@ void kex_engine_programs(kex_engine *e, kex_prog_req *r) {
 bool kex_engine_programs_cancel(kex_prog_req *r) {
   if (!r->e || !r->waiting || r->compiling) return false;
   wait_remove(r->e, r);
+  payer_idle(r->e, r->acct);
   return true;
 }
 

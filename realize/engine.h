@@ -12,8 +12,13 @@
  *     kexd's runner holds loaded programs), else read from the SQLite
  *     program cache by (source, device identity), else compiled and stored
  *     there -- in that order, for every caller;
- *   - the compile slots: at most `compile_slots` compiles at once; callers
- *     with kernels to compile wait in turn (kex_engine_programs);
+ *   - the compile slots: `compile_slots` compiles at once, shared fairly
+ *     between payers (kex_engine_programs), plus one more for each payer
+ *     that has none while every slot is taken (at most `compile_slots`
+ *     more), so no payer's first compile waits for another's;
+ *   - the compile limit: a compile is stopped past `compile_timeout_s`
+ *     (where the device can stop one), and a source that failed to compile
+ *     (or timed out) fails again at once, not compiled again;
  *   - the per-worker cache connections (kex_cache_conns, shared by the
  *     engines of one process: one SQLite connection per worker thread).
  *
@@ -107,6 +112,7 @@ typedef struct kex_engine_config {
   uint32_t compile_slots;    /* compiles at once (0: 1) */
   kex_cache_conns *conns;    /* the program cache (not owned; NULL: none) */
   kex_executor exec;         /* kex_engine_programs' pool work (submit NULL: kex_engine_programs_now only) */
+  double compile_timeout_s;  /* one kernel's compile is stopped (its compiler killed) past this; 0: none */
 } kex_engine_config;
 
 /* Make the engine of cfg->device (nothing is opened yet).  0 or KEX_ENOMEM. */
@@ -158,6 +164,8 @@ struct kex_prog_req {
   const kex_rplan *rp;
   const bool *need;          /* [nkernels]: not loaded: read from SQLite or compile */
   atomic_bool *cancelled;    /* any thread may set it: the work stops between kernels */
+  const char *payer;         /* who the compiles are charged to (kexd: the tenant, or the job); NULL: "" */
+  uint32_t weight;           /* the payer's share of the compile slots (0: 1) */
   kex_trace *trace;          /* the spans of the lookup and the compiles; NULL: none */
   void *owner;
   bool (*dead)(kex_prog_req *r);    /* the owner's call is gone: no more compiles start */
@@ -174,6 +182,7 @@ struct kex_prog_req {
   kex_error err;
   /* the engine's */
   kex_engine *e;
+  struct kex_payer *acct;    /* the payer's account while r is in line or compiling */
   uint32_t *misses, nmisses, next_miss, compiling;
   bool waiting;
   kex_prog_req *wait_next;
@@ -183,10 +192,16 @@ struct kex_prog_req {
 /*
  * Owner thread: start r's program stage on the executor: one pool job
  * reads the SQLite cache for every needed kernel, then each one still
- * missing is compiled in one of the engine's slots and stored.  Slots go in
- * turn: a free slot goes to the first waiting request that holds no slot,
- * else to the head of the line, one kernel at a time, and the request goes
- * to the back.  r->done is called exactly once (on the owner's thread),
+ * missing is compiled in one of the engine's slots and stored.  Slots are
+ * shared by weighted fair queueing between payers (r->payer, r->weight),
+ * charged by measured compile seconds: a free slot goes to the waiting
+ * request whose payer has been charged least per unit of weight (a payer
+ * that comes back after being idle starts level with the least charged
+ * one in line, not with credit), preferring within a payer a request that
+ * holds no slot, one kernel at a time, and the request goes to the back.
+ * While every slot is taken, a payer with no compile in flight gets an
+ * extra slot (at most compile_slots of them), so a small first compile
+ * never waits behind another payer's long ones.  r->done is called exactly once (on the owner's thread),
  * also when this fails; r->misses is allocated here and freed with
  * kex_prog_req_clear.
  */

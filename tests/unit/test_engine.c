@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -179,6 +180,147 @@ static void test_executor(void **state) {
   kex_graph_free(g);
 }
 
+/* An executor that queues work; the test runs it (fn, then after) when it chooses. */
+typedef struct deferred {
+  kex_work *q[16];
+  int n;
+} deferred;
+
+static int deferred_submit(void *ctx, kex_work *w) {
+  deferred *d = ctx;
+  assert_true(d->n < 16);
+  d->q[d->n++] = w;
+  return 0;
+}
+
+/* Run the oldest queued work. */
+static void deferred_run(deferred *d) {
+  assert_true(d->n > 0);
+  kex_work *w = d->q[0];
+  memmove(d->q, d->q + 1, (size_t)(d->n - 1) * sizeof *d->q);
+  d->n--;
+  w->fn(w);
+  w->after(w, 0);
+}
+
+static req_arrays *hold_log[32];
+static int nhold_log;
+static void logged_hold(kex_prog_req *r) {
+  hold(r);
+  hold_log[nhold_log++] = r->owner;
+}
+
+/*
+ * Fair compile slots: with one slot held by payer a's compile, payer b's
+ * first kernel starts at once in an extra slot (not after a's next); a
+ * payer with a compile in flight waits for a fair slot.
+ */
+static void test_fair_slots(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  kex_graph *g = NULL;
+  kex_rplan *p = plan_of(&g);
+  deferred dq = {0};
+  kex_engine *e = NULL;
+  kex_engine_config ec = {.instance = cpu, .fault_kind = -1, .compile_slots = 1, .exec = {deferred_submit, &dq}};
+  assert_int_equal(kex_engine_create(&ec, &e), 0);
+  req_arrays a, b;
+  req_init(&a, p);
+  req_init(&b, p);
+  a.r.payer = "a", b.r.payer = "b";
+  nhold_log = 0;
+  for (req_arrays *r = &a; r; r = r == &a ? &b : NULL)
+    r->r.dead = never_dead, r->r.hold = logged_hold, r->r.release = release, r->r.done = done;
+  kex_engine_programs(e, &a.r);
+  deferred_run(&dq); /* a's lookup: a's first kernel takes the slot */
+  assert_int_equal(dq.n, 1);
+  kex_engine_programs(e, &b.r);
+  deferred_run(&dq); /* a's first compile ends: a's second kernel takes the slot */
+  deferred_run(&dq); /* b's lookup: every slot taken, b has none in flight: an extra slot */
+  assert_int_equal(dq.n, 2);
+  /* holds in order: a lookup, a compile, b lookup, a compile, b compile */
+  req_arrays *want[] = {&a, &a, &b, &a, &b};
+  assert_int_equal(nhold_log, 5);
+  for (int i = 0; i < 5; i++) assert_ptr_equal(hold_log[i], want[i]);
+  while (dq.n) deferred_run(&dq);
+  for (req_arrays *r = &a; r; r = r == &a ? &b : NULL) {
+    assert_int_equal(r->done_calls, 1);
+    assert_int_equal(r->holds, 0);
+    assert_int_equal(r->r.rc, 0);
+    for (uint32_t k = 0; k < p->nkernels; k++) assert_int_equal(r->from[k], KEX_PROG_COMPILED);
+  }
+  req_free(&a, p);
+  req_free(&b, p);
+  kex_engine_free(e);
+  kex_plan_destroy(p);
+  kex_graph_free(g);
+}
+
+/* A source that failed to compile fails again at once, named, without a second compile. */
+static void test_failed_source_remembered(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  kex_graph *g = NULL;
+  kex_rplan *p = plan_of(&g);
+  char *bad = kex_strdup("this is not C;");
+  char *good = p->progs[0].src;
+  p->progs[0].src = bad;
+  kex_engine *e = NULL;
+  kex_engine_config ec = {.instance = cpu, .fault_kind = -1};
+  assert_int_equal(kex_engine_create(&ec, &e), 0);
+  for (int round = 0; round < 2; round++) {
+    req_arrays a;
+    req_init(&a, p);
+    assert_int_equal(kex_engine_programs_now(e, &a.r), KEX_ECOMPILE);
+    assert_non_null(strstr(a.r.err.msg, "compiling kernel 0 ("));
+    assert_true((strstr(a.r.err.msg, "failed before, not compiled again") != NULL) == (round == 1));
+    req_free(&a, p);
+  }
+  assert_int_equal(kex_engine_get_stats(e).compiled, 0);
+  p->progs[0].src = good; /* another source compiles */
+  req_arrays a;
+  req_init(&a, p);
+  assert_int_equal(kex_engine_programs_now(e, &a.r), 0);
+  req_free(&a, p);
+  kex_free(bad);
+  kex_engine_free(e);
+  kex_plan_destroy(p);
+  kex_graph_free(g);
+}
+
+/* The compile timeout: a compile past it is stopped (cc killed) with KEX_EDEADLINE; one under it compiles. */
+static void test_compile_timeout(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  const char *head = "void slow(void **b, const int *ints, int s, int e) { (void)ints; (void)s; (void)e; "
+                     "volatile float *o = b[0]; float x = o[0];";
+  size_t cap = strlen(head) + 60000 * 40 + 64, n = 0;
+  char *src = kex_malloc(cap);
+  n += (size_t)snprintf(src, cap, "%s", head);
+  for (int i = 0; i < 60000; i++) n += (size_t)snprintf(src + n, cap - n, " x = x * 1.0001f + o[%d];", i % 7);
+  snprintf(src + n, cap - n, " o[0] = x; }");
+  unsigned char *bin = NULL;
+  size_t len = 0;
+  kex_error err = {0};
+  assert_true(kex_device_set_compile_time_limit(cpu, 0.3));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(kex_device_compile(cpu, src, "slow", &bin, &len, &err), KEX_EDEADLINE);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  assert_true(s < 3.0); /* stopped near its limit, not compiled to the end */
+  assert_non_null(strstr(err.msg, "slow"));
+  assert_non_null(strstr(err.msg, "compile time limit"));
+  assert_null(bin);
+  /* under the limit: a small kernel compiles */
+  const char *small = "void tiny(void **b, const int *i, int s, int e) { (void)b; (void)i; (void)s; (void)e; }";
+  assert_true(kex_device_set_compile_time_limit(cpu, 30));
+  assert_int_equal(kex_device_compile(cpu, small, "tiny", &bin, &len, &err), 0);
+  kex_free(bin);
+  assert_true(kex_device_set_compile_time_limit(cpu, 0));
+  kex_free(src);
+}
+
 /* A failing compile names the kernel; nothing is stored. */
 static void test_compile_fault(void **state) {
   (void)state;
@@ -238,6 +380,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sqlite_then_compile),
       cmocka_unit_test(test_executor),
+      cmocka_unit_test(test_fair_slots),
+      cmocka_unit_test(test_failed_source_remembered),
+      cmocka_unit_test(test_compile_timeout),
       cmocka_unit_test(test_compile_fault),
       cmocka_unit_test(test_run_with_cache),
   };
