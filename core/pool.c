@@ -18,6 +18,10 @@ struct kex_pool {
   kex_pool_job *head, *tail;
   int nthreads, stopping;
   pthread_t threads[KEX_POOL_MAX_THREADS];
+  /* stand-ins (kex_pool_block), under mu */
+  int blocked, standins;
+  bool standin_used[KEX_POOL_MAX_STANDINS];
+  pthread_cond_t standin_gone;
 };
 
 typedef struct worker_arg {
@@ -79,6 +83,7 @@ int kex_pool_create(int nthreads, kex_pool **out, kex_error *err) {
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->work, NULL);
   pthread_cond_init(&p->finished, NULL);
+  pthread_cond_init(&p->standin_gone, NULL);
   int rc = 0;
   for (int i = 0; i < nthreads; i++) {
     worker_arg *a = kex_malloc(sizeof *a);
@@ -104,6 +109,66 @@ int kex_pool_create(int nthreads, kex_pool **out, kex_error *err) {
 }
 
 int kex_pool_size(const kex_pool *p) { return p->nthreads; }
+int kex_pool_ids(const kex_pool *p) { return p->nthreads + KEX_POOL_MAX_STANDINS; }
+
+/* A stand-in: a worker while more workers are blocked than stand-ins run; then it leaves. */
+static void *standin_main(void *arg) {
+  kex_pool *p = ((worker_arg *)arg)->pool;
+  int id = ((worker_arg *)arg)->id;
+  kex_free(arg);
+  self_pool = p;
+  self_id = id;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    if (p->standins > p->blocked || (p->stopping && !p->head)) break;
+    if (!p->head) {
+      pthread_cond_wait(&p->work, &p->mu);
+      continue;
+    }
+    kex_pool_job *j = p->head;
+    p->head = j->next;
+    if (!p->head) p->tail = NULL;
+    run_job(p, j, id);
+  }
+  p->standins--;
+  p->standin_used[id - p->nthreads] = false;
+  pthread_cond_broadcast(&p->standin_gone);
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+bool kex_pool_block(kex_pool *p) {
+  if (kex_pool_self(p) < 0) return false;
+  pthread_mutex_lock(&p->mu);
+  p->blocked++;
+  int i = 0;
+  while (i < KEX_POOL_MAX_STANDINS && p->standin_used[i]) i++;
+  worker_arg *a = p->standins < p->blocked && i < KEX_POOL_MAX_STANDINS ? kex_malloc(sizeof *a) : NULL;
+  if (a) {
+    pthread_t t;
+    pthread_attr_t attr;
+    *a = (worker_arg){p, p->nthreads + i};
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, standin_main, a) == 0) {
+      p->standin_used[i] = true;
+      p->standins++;
+    } else {
+      kex_free(a);
+      KEX_WARN("worker pool: cannot start a stand-in for a blocked worker: the wait holds it");
+    }
+    pthread_attr_destroy(&attr);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return true;
+}
+
+void kex_pool_unblock(kex_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  p->blocked--;
+  pthread_cond_broadcast(&p->work); /* an idle stand-in too many leaves now, a busy one after its job */
+  pthread_mutex_unlock(&p->mu);
+}
 
 static void enqueue(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front, bool detached) {
   pthread_mutex_lock(&p->mu);
@@ -173,6 +238,10 @@ void kex_pool_destroy(kex_pool *p) {
   pthread_cond_broadcast(&p->work);
   pthread_mutex_unlock(&p->mu);
   for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+  pthread_mutex_lock(&p->mu);
+  while (p->standins > 0) pthread_cond_wait(&p->standin_gone, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+  pthread_cond_destroy(&p->standin_gone);
   pthread_cond_destroy(&p->work);
   pthread_cond_destroy(&p->finished);
   pthread_mutex_destroy(&p->mu);

@@ -34,6 +34,7 @@
 
 #define KEX_POOL_MAX_THREADS 1024
 #define KEX_POOL_MIN_PROCESS_THREADS 4 /* the process pool's least default size: one long job must not hold it all */
+#define KEX_POOL_MAX_STANDINS 64       /* stand-ins for blocked workers at once (kex_pool_block) */
 
 typedef struct kex_pool kex_pool;
 typedef struct kex_pool_job kex_pool_job;
@@ -54,6 +55,8 @@ struct kex_pool_job {
  */
 int kex_pool_create(int nthreads, kex_pool **out, kex_error *err);
 int kex_pool_size(const kex_pool *p);
+/* Worker indexes run 0 .. kex_pool_ids(p) - 1: the workers' and their stand-ins' (kex_pool_block). */
+int kex_pool_ids(const kex_pool *p);
 /* Queue job to run fn(job, worker) on some worker, after the jobs queued before it. */
 void kex_pool_submit(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
 /* Queue job ahead of every queued job. */
@@ -70,6 +73,17 @@ void kex_pool_detach(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front)
 void kex_pool_wait(kex_pool *p, kex_pool_job *job);
 /* Take job off the queue if it has not started: true (it never runs); false: it ran or is running. */
 bool kex_pool_cancel(kex_pool *p, kex_pool_job *job);
+/*
+ * A worker of p is about to wait on something outside the pool for long
+ * (another node's search): a stand-in thread with an index of its own
+ * runs queued jobs until kex_pool_unblock, so the wait does not hold a
+ * worker.  True when it counted (the caller is a worker of p and calls
+ * kex_pool_unblock after the wait); false otherwise (nothing to undo).  At
+ * most KEX_POOL_MAX_STANDINS at once; past that the wait holds its worker.
+ */
+bool kex_pool_block(kex_pool *p);
+/* The wait is over: the stand-in leaves after its current job. */
+void kex_pool_unblock(kex_pool *p);
 /* Wait for the queued jobs to finish, stop and join the workers, free the pool.  NULL is a no-op. */
 void kex_pool_destroy(kex_pool *p);
 

@@ -94,7 +94,7 @@ static const flag flags[] = {
   {"fleet-cache", "URL", FLAG_STRING, F(fleet_cache), 0, 0, 0, 0, false, NULL,
    "share beam results with other kexd nodes through Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (no TLS: "
    "keep Redis on a private network, docs/fleet.md; default: none)"},
-  {"fleet-lease", "SECONDS", FLAG_SECONDS, F(fleet_lease_s), 0, 0, 1, 3600, false, NULL,
+  {"fleet-lease", "SECONDS", FLAG_SECONDS, F(fleet_lease_s), 0, 0, 1, KEXD_FLEET_LEASE_MAX_S, false, NULL,
    "fleet cache: a search's lease on its kernel (renewed every third of it while it runs; a peer takes the search "
    "over when it expires)"},
   {"fleet-timeout", "SECONDS", FLAG_SECONDS, F(fleet_timeout_s), 0, 0, 0.001, 60, false, NULL,

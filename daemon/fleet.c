@@ -33,15 +33,31 @@
 #include "core/alloc.h"
 #include "core/codec.h"
 #include "core/log.h"
+#include "core/pool.h"
 #include "daemon/bridge.h"
 #include "daemon/kexd.h"
 
-#define CMD_ARGS 6    /* the most arguments a command here takes (EVAL script 1 key token ms) */
+#define CMD_ARGS 7    /* the most arguments a command here takes (EVAL script 1 key token ms max_ms) */
 #define TOKEN_MAX 96  /* bytes of a lease token: "<host>:<pid>:<32 hex>" cut to fit */
 
 /* Renew the lease (ARGV[2] ms) only while it is still ours (ARGV[1]). */
 static const char renew_script[] =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+/*
+ * Take the lease (ARGV[1] the token, ARGV[2] its ms): 1 taken; 2 taken
+ * over from a holder whose lease has no expiry or one past ARGV[3] ms (no
+ * kexd sets such a lease: a stuck or hostile writer's); 0 another holds it.
+ */
+static const char take_script[] =
+    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
+    "local t = redis.call('pttl', KEYS[1]) "
+    "if t == -1 or t > tonumber(ARGV[3]) then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end "
+    "return 0";
+/* GET the value only when it is at most ARGV[1] bytes; else its length (an integer): it is never sent. */
+static const char get_script[] =
+    "local n = redis.call('strlen', KEYS[1]) "
+    "if n > tonumber(ARGV[1]) then return n end "
+    "return redis.call('get', KEYS[1])";
 /* Delete the lease only while it is still ours. */
 static const char release_script[] =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
@@ -50,6 +66,13 @@ enum conn_state { CONN_DOWN, CONN_CONNECTING, CONN_UP, CONN_CLOSED };
 static const char *const state_names[] = {"down", "connecting", "up", "off"};
 
 enum cmd_state { CMD_QUEUED, CMD_DONE, CMD_ABANDONED };
+
+/* A result to publish when Redis is back. */
+typedef struct kexd_fleet_unsent {
+  struct kexd_fleet_unsent *next;
+  char key[KEXD_FLEET_KEY_MAX];
+  char *line;
+} kexd_fleet_unsent;
 
 /* One command from a worker; see the file comment for who frees it. */
 typedef struct fleet_cmd_t {
@@ -92,6 +115,8 @@ struct kexd_fleet {
   int state;                  /* enum conn_state */
   fleet_cmd_t *queue, **queue_tail;
   kexd_fleet_lease *leases;
+  kexd_fleet_unsent *unsent;  /* results searched while Redis was down, newest first (KEXD_FLEET_UNSENT_MAX) */
+  uint32_t nunsent;
   /* any thread */
   atomic_uint_fast64_t hits, published, lease_waits, takeovers, rejected, errors, outages;
   atomic_int slow_in_row;
@@ -195,6 +220,8 @@ static void went_down(kexd_fleet *f, const char *why) {
   f->backoff_s = fmin(f->backoff_s * 2, KEXD_FLEET_BACKOFF_MAX_S);
 }
 
+static void publish_unsent(kexd_fleet *f);
+
 /* The PING sent after AUTH and SELECT answered: Redis serves (a TCP connect alone is not enough: a stopped process's
    socket still accepts). */
 static void on_ping(redisAsyncContext *ac, void *r, void *priv) {
@@ -209,6 +236,7 @@ static void on_ping(redisAsyncContext *ac, void *r, void *priv) {
   if (f->down_logged) KEX_INFO("fleet cache %s reachable again: sharing beam results", f->where);
   else KEX_INFO("fleet cache %s connected: sharing beam results", f->where);
   f->down_logged = false;
+  publish_unsent(f);
 }
 
 static void on_connect(const redisAsyncContext *ac, int status) {
@@ -426,9 +454,9 @@ static void on_renew(uv_timer_t *t) {
   uv_mutex_lock(&f->mu);
   for (kexd_fleet_lease *l = f->leases; l && f->state == CONN_UP && f->ac; l = l->next) {
     const char *argv[] = {"EVAL", renew_script, "1", l->key, l->token, ms};
-    size_t lens[CMD_ARGS];
-    for (int i = 0; i < CMD_ARGS; i++) lens[i] = strlen(argv[i]);
-    redisAsyncCommandArgv(f->ac, on_reply, NULL, CMD_ARGS, argv, lens); /* the reply is not needed */
+    size_t lens[6];
+    for (int i = 0; i < 6; i++) lens[i] = strlen(argv[i]);
+    redisAsyncCommandArgv(f->ac, on_reply, NULL, 6, argv, lens); /* the reply is not needed */
   }
   uv_mutex_unlock(&f->mu);
 }
@@ -447,21 +475,32 @@ static void make_token(char *buf, size_t len) {
 }
 
 /*
- * GET the result key: 0 when a value for exactly key validated and is now
- * in o->cache (counted in hits); KEX_ENOTFOUND when there is none or it was
- * refused (counted in rejected, logged); other codes when Redis did not
- * answer.
+ * GET the result key (get_script: a value over KEXD_FLEET_VALUE_MAX bytes
+ * is refused by its length, never sent): 0 when a value for exactly key
+ * validated and is now in o->cache (a hit once the search found it usable:
+ * hook_checked); KEX_ENOTFOUND when there is none or it was refused
+ * (counted in rejected, logged); other codes when Redis did not answer.
  */
 static int take_result(kexd_fleet *f, const kex_beam_opts *o, const kex_cache_beam_key *key, const char *rkey) {
-  const char *argv[] = {"GET", rkey};
+  char max[24];
+  snprintf(max, sizeof max, "%u", KEXD_FLEET_VALUE_MAX);
+  const char *argv[] = {"EVAL", get_script, "1", rkey, max};
   fleet_cmd_t *c;
   kex_error err = {0};
-  int rc = fleet_cmd_strs(f, 2, argv, &c);
+  int rc = fleet_cmd_strs(f, 5, argv, &c);
   if (rc) return rc;
-  if (c->type != REDIS_REPLY_STRING) {
+  if (c->type == REDIS_REPLY_NIL) {
+    rc = KEX_ENOTFOUND;
+  } else if (c->type != REDIS_REPLY_STRING) {
+    atomic_fetch_add(&f->rejected, 1);
+    if (c->type == REDIS_REPLY_INTEGER)
+      KEX_WARN("fleet cache %s: value of %s refused unread: %lld bytes (limit %u)", f->where, rkey, c->integer,
+               KEXD_FLEET_VALUE_MAX);
+    else
+      KEX_WARN("fleet cache %s: value of %s refused: not a string (%.200s)", f->where, rkey, c->str ? c->str : "");
     rc = KEX_ENOTFOUND;
   } else if ((rc = kex_cache_import_line(o->cache, c->str, c->len, key, &err)) == 0) {
-    atomic_fetch_add(&f->hits, 1);
+    /* counted in hook_checked */
   } else {
     atomic_fetch_add(&f->rejected, 1);
     KEX_WARN("fleet cache %s: value of %s refused: %.300s", f->where, rkey, err.msg);
@@ -471,15 +510,25 @@ static int take_result(kexd_fleet *f, const kex_beam_opts *o, const kex_cache_be
   return rc;
 }
 
-/* SET NX PX: 0 when this search holds the lease now, KEX_ENOTFOUND when another holds it, else Redis failed. */
+/*
+ * take_script: 0 when this search holds the lease now (a lease with no
+ * expiry, or one longer than any kexd sets, is taken over: counted in
+ * rejected), KEX_ENOTFOUND when another holds it, else Redis failed.
+ */
 static int take_lease(kexd_fleet *f, kexd_fleet_lease *l) {
-  char ms[24];
+  char ms[24], max_ms[24];
   snprintf(ms, sizeof ms, "%" PRIu64, f->lease_ms);
-  const char *argv[] = {"SET", l->key, l->token, "NX", "PX", ms};
+  snprintf(max_ms, sizeof max_ms, "%" PRIu64, (uint64_t)KEXD_FLEET_LEASE_MAX_S * 1000);
+  const char *argv[] = {"EVAL", take_script, "1", l->key, l->token, ms, max_ms};
   fleet_cmd_t *c;
-  int rc = fleet_cmd_strs(f, 6, argv, &c);
+  int rc = fleet_cmd_strs(f, 7, argv, &c);
   if (rc) return rc;
-  rc = c->type == REDIS_REPLY_STATUS ? 0 : KEX_ENOTFOUND;
+  rc = c->type == REDIS_REPLY_INTEGER && c->integer >= 1 ? 0 : KEX_ENOTFOUND;
+  if (c->type == REDIS_REPLY_INTEGER && c->integer == 2) {
+    atomic_fetch_add(&f->rejected, 1);
+    KEX_WARN("fleet cache %s: lease %s had no expiry (or one longer than %us): taken over", f->where, l->key,
+             (unsigned)KEXD_FLEET_LEASE_MAX_S);
+  }
   cmd_free(c);
   return rc;
 }
@@ -489,7 +538,8 @@ static int hook_fetch(void *arg, const kex_beam_opts *o, const kex_cache_beam_ke
   kexd_fleet *f = s->f;
   char rkey[KEXD_FLEET_KEY_MAX];
   kexd_fleet_lease *l = NULL;
-  bool waited = false;
+  bool waited = false, blocked = false;
+  kex_pool *pool = o->pool ? o->pool : kex_pool_process();
   int rc;
   if (!is_up(f)) return KEX_EUNAVAILABLE;
   if ((rc = kexd_fleet_key(key, "beam", rkey, sizeof rkey))) return rc;
@@ -515,6 +565,7 @@ static int hook_fetch(void *arg, const kex_beam_opts *o, const kex_cache_beam_ke
       waited = true;
       atomic_fetch_add(&f->lease_waits, 1);
       KEX_DEBUG("fleet cache: %s is being searched by a peer: waiting for its result", rkey);
+      blocked = kex_pool_block(pool); /* the wait does not hold a worker: a stand-in runs others' work */
     }
     if ((uv_hrtime() - t0) / 1000000 >= f->wait_max_ms || (o->cancelled && o->cancelled(o->cancel_arg))) {
       rc = KEX_EDEADLINE; /* search here (a cancelled one stops at once) */
@@ -523,8 +574,67 @@ static int hook_fetch(void *arg, const kex_beam_opts *o, const kex_cache_beam_ke
     usleep(KEXD_FLEET_POLL_MS * 1000);
   }
 out:
+  if (blocked) kex_pool_unblock(pool);
   kex_free(l);
   return rc;
+}
+
+/* The search found the fetched entry usable (a hit) or not (dropped: counted in rejected, and searched). */
+static void hook_checked(void *arg, const kex_beam_opts *o, const kex_cache_beam_key *key, bool usable) {
+  kexd_fleet_search *s = arg;
+  (void)o;
+  (void)key;
+  atomic_fetch_add(usable ? &s->f->hits : &s->f->rejected, 1);
+}
+
+/* Keep a result to publish when Redis is back (the oldest dropped past KEXD_FLEET_UNSENT_MAX); takes line. */
+static void keep_unsent(kexd_fleet *f, const char *rkey, char *line) {
+  kexd_fleet_unsent *u = kex_calloc(1, sizeof *u);
+  if (!u) {
+    kex_free(line);
+    return;
+  }
+  snprintf(u->key, sizeof u->key, "%s", rkey);
+  u->line = line;
+  uv_mutex_lock(&f->mu);
+  u->next = f->unsent;
+  f->unsent = u;
+  kexd_fleet_unsent *drop = NULL;
+  if (++f->nunsent > KEXD_FLEET_UNSENT_MAX) { /* the oldest is the last */
+    kexd_fleet_unsent **pp = &f->unsent;
+    while ((*pp)->next) pp = &(*pp)->next;
+    drop = *pp;
+    *pp = NULL;
+    f->nunsent--;
+  }
+  uv_mutex_unlock(&f->mu);
+  if (drop) {
+    kex_free(drop->line);
+    kex_free(drop);
+  }
+}
+
+/* Loop, Redis up again: SET every kept result (the replies are not needed). */
+static void publish_unsent(kexd_fleet *f) {
+  uv_mutex_lock(&f->mu);
+  kexd_fleet_unsent *u = f->unsent;
+  f->unsent = NULL;
+  f->nunsent = 0;
+  uv_mutex_unlock(&f->mu);
+  uint32_t n = 0;
+  while (u) {
+    kexd_fleet_unsent *next = u->next;
+    const char *argv[] = {"SET", u->key, u->line};
+    size_t lens[] = {3, strlen(u->key), strlen(u->line)};
+    if (f->ac && redisAsyncCommandArgv(f->ac, on_reply, NULL, 3, argv, lens) == REDIS_OK) {
+      atomic_fetch_add(&f->published, 1);
+      n++;
+    }
+    kex_free(u->line);
+    kex_free(u);
+    u = next;
+  }
+  if (n) KEX_INFO("fleet cache %s: published %u results searched while it was unreachable", f->where, n);
 }
 
 static void hook_done(void *arg, const kex_beam_opts *o, const kex_cache_beam_key *key, bool stored) {
@@ -534,12 +644,15 @@ static void hook_done(void *arg, const kex_beam_opts *o, const kex_cache_beam_ke
   char rkey[KEXD_FLEET_KEY_MAX];
   char *line = NULL;
   kex_error err = {0};
-  if (stored && is_up(f) && kexd_fleet_key(key, "beam", rkey, sizeof rkey) == 0) {
+  if (stored && kexd_fleet_key(key, "beam", rkey, sizeof rkey) == 0) {
     if (kex_cache_beam_line(o->cache, key, &line, &err)) {
       KEX_WARN("fleet cache: cannot encode the result to publish: %s", err.msg);
     } else if (strlen(line) > KEXD_FLEET_VALUE_MAX) {
       KEX_WARN("fleet cache: result of %s not published: %zu bytes (limit %u)", rkey, strlen(line),
                KEXD_FLEET_VALUE_MAX);
+    } else if (!is_up(f)) {
+      keep_unsent(f, rkey, line); /* published when Redis is back (publish_unsent) */
+      line = NULL;
     } else {
       const char *argv[] = {"SET", rkey, line};
       if (fleet_cmd_strs(f, 3, argv, &c) == 0) atomic_fetch_add(&f->published, 1);
@@ -569,6 +682,7 @@ const kex_beam_remote *kexd_fleet_hook(kexd *d, kexd_fleet_search *s) {
   if (!d->fleet) return NULL;
   s->f = d->fleet;
   s->hook.fetch = hook_fetch;
+  s->hook.checked = hook_checked;
   s->hook.done = hook_done;
   s->hook.arg = s;
   return &s->hook;
@@ -650,6 +764,12 @@ void kexd_fleet_free(kexd *d) {
     kexd_fleet_lease *l = f->leases;
     f->leases = l->next;
     kex_free(l);
+  }
+  while (f->unsent) { /* never published: Redis did not come back */
+    kexd_fleet_unsent *u = f->unsent;
+    f->unsent = u->next;
+    kex_free(u->line);
+    kex_free(u);
   }
   uv_cond_destroy(&f->cond);
   uv_mutex_destroy(&f->mu);

@@ -56,6 +56,8 @@ struct kexd;
 #define KEXD_FLEET_BACKOFF_MAX_S 5.0         /* ... doubling up to this */
 #define KEXD_FLEET_SLOW_TIMEOUTS 3           /* commands in a row past --fleet-timeout that mark Redis down */
 #define KEXD_FLEET_DEFAULT_LEASE_S 15.0      /* --fleet-lease */
+#define KEXD_FLEET_LEASE_MAX_S 3600          /* --fleet-lease at most; a lease with a longer expiry (or none) is taken over */
+#define KEXD_FLEET_UNSENT_MAX 256            /* results searched while Redis was down, kept to publish when it is back */
 #define KEXD_FLEET_DEFAULT_TIMEOUT_S 0.5     /* --fleet-timeout */
 #define KEXD_FLEET_DEFAULT_WAIT_MAX_S 600.0  /* --fleet-wait-max */
 

@@ -1719,10 +1719,13 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   if (opts->cache) {
     rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
     if (rc == KEX_ENOTFOUND && opts->remote) {
-      if (opts->remote->fetch(opts->remote->arg, opts, &key) == 0) /* stored in opts->cache: checked like any entry */
+      if (opts->remote->fetch(opts->remote->arg, opts, &key) == 0) { /* stored in opts->cache: checked like any entry */
         rc = lookup_cache(opts, &key, k0, caps, sc.dialect, dev, res, err);
-      else
+        if (opts->remote->checked) opts->remote->checked(opts->remote->arg, opts, &key, rc == 0);
+        if (rc == KEX_ENOTFOUND) remote_key = &key; /* unusable: the search's result replaces it */
+      } else {
         remote_key = &key;
+      }
     }
     if (rc == 0) {
       res->search_s = now_s() - t0;
@@ -1747,7 +1750,7 @@ int kex_beam_optimize(const kex_beam_target *t, kex_device *dev, const kex_beam_
   report(&s, "hand");
 
   /* the search */
-  sc.replicas = kex_calloc((size_t)kex_pool_size(pool), sizeof *sc.replicas);
+  sc.replicas = kex_calloc((size_t)kex_pool_ids(pool), sizeof *sc.replicas);
   if (!sc.replicas) goto nomem;
   if ((rc = run_search(&s, &sc, k0, pool, &best, &runner, err))) goto out;
   res->beam_us = best->us;
@@ -1825,7 +1828,7 @@ nomem:
   rc = kex_err_set(err, KEX_ENOMEM, "out of memory in the beam search");
 out:;
   if (remote_key) opts->remote->done(opts->remote->arg, opts, remote_key, false); /* failed or cancelled */
-  int nworkers = kex_pool_size(pool); /* the pool has finished every job of this search */
+  int nworkers = kex_pool_ids(pool); /* the pool has finished every job of this search */
   if (sc.replicas)
     for (int i = 0; i < nworkers; i++) replica_free(&sc.replicas[i]);
   kex_free(sc.replicas);

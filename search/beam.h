@@ -201,6 +201,9 @@ struct kex_beam_opts;
  */
 typedef struct kex_beam_remote {
   int (*fetch)(void *arg, const struct kex_beam_opts *o, const kex_cache_beam_key *key);
+  /* after a fetch that returned 0: whether the entry it stored was usable (else it was dropped and the search runs,
+     then `done` as for a miss) */
+  void (*checked)(void *arg, const struct kex_beam_opts *o, const kex_cache_beam_key *key, bool usable);
   void (*done)(void *arg, const struct kex_beam_opts *o, const kex_cache_beam_key *key, bool stored);
   void *arg;
 } kex_beam_remote;

@@ -8,8 +8,12 @@ SQLite file, device cpu and --fleet-cache redis://127.0.0.1:PORT, and checks, wi
     it in its file);
   - a lease left by a node that died is waited for, then taken over when it expires;
   - Redis stopped mid-run: beam Submits keep succeeding (searched locally), the outage is logged once and shown in
-    GetStats; after Redis restarts on the same port the nodes reconnect by themselves, log it once, and a new
-    result published by A reaches B (0 searches).
+    GetStats; after Redis restarts on the same port the nodes reconnect by themselves, log it once, publish what
+    they searched meanwhile, and a new result published by A reaches B (0 searches);
+  - what a hostile Redis writer leaves is bounded: a lease with no expiry is taken over at once (not waited on
+    for --fleet-wait-max), a value over the size limit is refused unread, a well-formed entry whose opts do not
+    fit the kernel counts as rejected (not a hit), and a wait on a peer's lease does not hold a pool worker (a
+    --workers 1 node still compiles another job's new graph meanwhile).
 Env: KEXD (the binary), KEXD_TMP.  Last line "N passed, N failed".
 """
 import json
@@ -253,6 +257,12 @@ def run_checks(redis, nodes):
     check("B logged the outage once and the recovery once",
           log.count("unreachable (") == 1 and log.count("reachable again") == 1,
           f"{log.count('unreachable (')} {log.count('reachable again')}")
+    end = time.time() + 5
+    while len(redis.keys("kex:v1:beam:*")) < 2 and time.time() < end:
+        time.sleep(0.1)
+    check("... and published the 2 results it searched while Redis was down (the restarted Redis had none)",
+          len(redis.keys("kex:v1:beam:*")) == 2 and "published 2 results searched while it was unreachable" in
+          b.log_text(), redis.keys("kex:v1:beam:*"))
     fin = a.tune(g_rowsum(40))
     sb0 = b.stats()
     out = b.submit(g_rowsum(40))
@@ -260,6 +270,75 @@ def run_checks(redis, nodes):
     check("after Redis returns, a new result from A reaches B (0 searches, 1 fleet hit)",
           len(fin) == 1 and sb1.searches_run == sb0.searches_run and sb1.fleet.hits == sb0.fleet.hits + 1 and
           out is not None and np.all(out == 40), f"searches {sb0.searches_run}->{sb1.searches_run} {sb1.fleet}")
+
+    hostile_writer_checks(redis, nodes)
+
+
+def hostile_writer_checks(redis, nodes):
+    a, b, c = nodes[:3]
+
+    def fresh_key(graph):
+        before = set(redis.keys("kex:v1:beam:*"))
+        a.tune(graph)
+        new = [k for k in redis.keys("kex:v1:beam:*") if k not in before]
+        return new[0] if len(new) == 1 else None
+
+    # a lease with no expiry: taken over at once
+    key = fresh_key(g_add(20))
+    if check("A's g_add(20) result is in Redis", key is not None):
+        redis.cli("DEL", key)
+        redis.cli("SET", key.replace(":beam:", ":lease:"), "a-stuck-writer")  # no PX: it never expires
+        s0, t0 = c.stats(), time.time()
+        out = c.submit(g_add(20))
+        s1, took = c.stats(), time.time() - t0
+        check("a lease with no expiry is taken over at once (not waited on): C searches, counted rejected",
+              took < 60 and s1.searches_run == s0.searches_run + 1 and s1.fleet.rejected == s0.fleet.rejected + 1 and
+              out is not None and np.all(out == np.arange(20) + 2), f"{took:.1f} s {s1.fleet}")
+    # a value over the size limit: refused by its length, never read
+    key = fresh_key(g_rowsum(44))
+    if check("A's g_rowsum(44) result is in Redis", key is not None):
+        redis.cli("SETRANGE", key, str(2 << 20), "x")  # 2 MiB: over KEXD_FLEET_VALUE_MAX
+        s0 = b.stats()
+        out = b.submit(g_rowsum(44))
+        s1 = b.stats()
+        check("a value over the size limit is refused unread (logged with its length), counted rejected; B searches",
+              s1.fleet.rejected == s0.fleet.rejected + 1 and s1.fleet.hits == s0.fleet.hits and
+              s1.searches_run == s0.searches_run + 1 and "refused unread" in b.log_text() and out is not None and
+              np.all(out == 44), f"{s1.fleet}")
+    # a well-formed entry whose opts do not fit the kernel: rejected, not a hit
+    key = fresh_key(g_rowsum(52))
+    if check("A's g_rowsum(52) result is in Redis", key is not None):
+        v = json.loads(redis.cli("GET", key))
+        v["opts"] = "UPCAST(7,4)"
+        redis.cli("SET", key, json.dumps(v))
+        s0 = b.stats()
+        out = b.submit(g_rowsum(52))
+        s1 = b.stats()
+        check("a well-formed entry whose opts do not fit the kernel counts as rejected, not a hit; B searches",
+              s1.fleet.rejected == s0.fleet.rejected + 1 and s1.fleet.hits == s0.fleet.hits and
+              s1.searches_run == s0.searches_run + 1 and out is not None and np.all(out == 52), f"{s1.fleet}")
+        check("... and B's result replaces it in Redis", json.loads(redis.cli("GET", key)).get("opts") != "UPCAST(7,4)")
+    # a wait on a peer's lease does not hold the only pool worker
+    d = Node("D", redis.port, "--workers", "1", "--fleet-wait-max", "30")
+    nodes.append(d)
+    key = fresh_key(g_rowsum(60))
+    if check("a --workers 1 node D answers; A's g_rowsum(60) result is in Redis", d.healthy and key is not None):
+        redis.cli("DEL", key)
+        redis.cli("SET", key.replace(":beam:", ":lease:"), "a-busy-peer", "PX", "2500")
+        res = {}
+        t = threading.Thread(target=lambda: res.__setitem__("beam", d.submit(g_rowsum(60))))
+        t.start()
+        time.sleep(0.5)  # D's search waits on the lease
+        t0 = time.time()
+        out = d.submit(g_add(28), width=0)
+        took = time.time() - t0
+        t.join()
+        s = d.stats()
+        check("while D's only worker's search waits on a peer's lease, another Submit of a new graph compiles and "
+              "finishes before the lease ends", out is not None and np.all(out == np.arange(28) + 2) and took < 1.8 and
+              s.fleet.lease_waits == 1, f"{took:.2f} s {s.fleet}")
+        check("... and the waiting search then takes over and finishes right",
+              res.get("beam") is not None and np.all(res["beam"] == 60) and s.fleet.takeovers == 1, s.fleet)
 
 
 if __name__ == "__main__":
