@@ -308,7 +308,9 @@ void kexd_rpc_upload(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
  * One Download stream (its kexd_stream): copy a chunk out on the device's
  * runner (held), write it, repeat; the first chunk carries the dtype and
  * shape, an empty buffer is one empty chunk.  The buffer is referenced
- * throughout, so a Free or CloseJob meanwhile only frees it after.
+ * throughout, so a Free or CloseJob meanwhile only frees it after, and its
+ * bytes stay charged to its tenant until then (jobs.h: a client that stops
+ * reading pins them against its own max_bytes, nobody else's).
  */
 typedef struct download {
   kexd *d;

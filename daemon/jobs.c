@@ -126,15 +126,26 @@ static void index_remove(const kexd_jobs *j, kex_dict *d, const char *secret) {
   if (e) kex_dict_remove(d, e);
 }
 
-/* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
-/* A buffer joins (held) or leaves its job: the job's, its tenant's and its device's byte counts follow. */
-static void account_held(kexd_jobs *j, kexd_job *job, const kexd_buffer *b, bool held) {
-  uint64_t *counts[3] = {&job->bytes_held, job->use ? &job->use->bytes_held : NULL,
-                         b->device < KEXD_MAX_DEVICES ? &j->held_by_device[b->device] : NULL};
-  for (int k = 0; k < 3; k++)
-    if (counts[k]) *counts[k] = held ? *counts[k] + b->bytes : *counts[k] - b->bytes;
+/* A buffer joins (held) or leaves its job: the job's byte count follows. */
+static void account_held(kexd_job *job, const kexd_buffer *b, bool held) {
+  job->bytes_held = held ? job->bytes_held + b->bytes : job->bytes_held - b->bytes;
 }
 
+/*
+ * A buffer is made (charged) or its last reference went: its tenant's and
+ * its device's byte counts follow.  Charged for its whole life, not only
+ * while a job holds it: a Download may read it after a Free or CloseJob,
+ * and the bytes it pins stay the tenant's until then.
+ */
+static void account_alive(kexd_jobs *j, kexd_buffer *b, bool alive) {
+  uint64_t *counts[2] = {b->use ? &b->use->bytes_held : NULL,
+                         b->device < KEXD_MAX_DEVICES ? &j->held_by_device[b->device] : NULL};
+  for (int k = 0; k < 2; k++)
+    if (counts[k]) *counts[k] = alive ? *counts[k] + b->bytes : *counts[k] - b->bytes;
+  if (!alive) b->use = NULL;
+}
+
+/* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
 static void jobs_remove(kexd_jobs *j, uint32_t i) {
   kexd_job *job = j->jobs[i];
   void (*on_close)(void *) = job->on_close;
@@ -146,7 +157,7 @@ static void jobs_remove(kexd_jobs *j, uint32_t i) {
   }
   while (job->nbufs) { /* first: their FREE items join the job's flow, which cancelling keeps */
     kexd_buffer *b = job->bufs[--job->nbufs];
-    account_held(j, job, b, false);
+    account_held(job, b, false);
     kexd_buffer_unref(j, b);
   }
   if (j->disp) kexd_dispatch_cancel_job(j->disp, job->id);
@@ -436,10 +447,12 @@ int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32
   b->device = device;
   b->job = job->id;
   b->weight = job->weight;
+  b->use = job->use;
   b->dev_buf = dev_buf;
   b->slot = job->nbufs;
   job->bufs[job->nbufs++] = b;
-  account_held(j, job, b, true);
+  account_held(job, b, true);
+  account_alive(j, b, true);
   *out = b;
   return 0;
 }
@@ -454,7 +467,7 @@ int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle) {
   index_remove(j, &job->buf_index, b->handle);
   job->bufs[b->slot] = job->bufs[--job->nbufs];
   job->bufs[b->slot]->slot = b->slot;
-  account_held(j, job, b, false);
+  account_held(job, b, false);
   kexd_buffer_unref(j, b);
   return 0;
 }
@@ -470,6 +483,7 @@ void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b) {
   int rc;
   if (!b || --b->refs) return;
   j->buffers_freed++;
+  account_alive(j, b, false);
   if (!b->dev_buf) {
     kex_free(b);
     return;

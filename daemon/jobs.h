@@ -57,7 +57,8 @@
 typedef struct kexd_tenant_use {
   char name[KEXD_TENANT_NAME_MAX + 1];
   uint32_t jobs;          /* open now */
-  uint64_t bytes_held;    /* by its jobs' buffers */
+  uint64_t bytes_held;    /* by its buffers while alive: its jobs', and those a Download still reads after a Free or
+                             CloseJob (charged until the stream ends: bytes pinned for it are never uncounted) */
   uint64_t bytes_reserved;
   uint64_t jobs_opened, submissions, refused; /* since start; refused: calls over one of its limits */
   uint64_t max_bytes;
@@ -66,8 +67,11 @@ typedef struct kexd_tenant_use {
 /*
  * A buffer a job holds.  Reference counted on the loop thread: the job's
  * table holds one, each Download in progress another; the device memory is
- * freed (a FREE item on the device's runner) when the last goes.  dev_buf
- * is only ever dereferenced by that runner.
+ * freed (a FREE item on the device's runner) when the last goes.  Its
+ * bytes count in its job's bytes_held while the job holds it, and in its
+ * tenant's (use) and device's until the last reference goes: a Download
+ * that stalls after a Free or CloseJob keeps them charged.  dev_buf is
+ * only ever dereferenced by that runner.
  */
 typedef struct kexd_buffer {
   char handle[KEXD_HANDLE_LEN + 1];
@@ -79,6 +83,7 @@ typedef struct kexd_buffer {
   uint32_t device;       /* index into the configured devices */
   uint64_t job;          /* the job (and flow) it was made for */
   uint32_t weight;
+  struct kexd_tenant_use *use; /* charged for its bytes until the last reference goes; NULL: uncharged */
   kex_buffer *dev_buf;
   kexd_work free_work;   /* the FREE item posted at the last reference: freeing never allocates */
   uint32_t slot;         /* its index in its job's bufs while the job holds it */
@@ -134,7 +139,7 @@ typedef struct kexd_jobs {
   uint64_t buffers_freed;
   kexd_tenant_use **uses; /* every tenant that opened a job, in first-open order */
   uint32_t nuses, capuses;
-  uint64_t held_by_device[KEXD_MAX_DEVICES]; /* bytes every job's buffers hold, by device index (metrics) */
+  uint64_t held_by_device[KEXD_MAX_DEVICES]; /* bytes of every live buffer, by device index (metrics) */
   char node[KEXD_NODE_NAME_MAX + 1];          /* this node's name (kexd_jobs_set_node) */
   char advertise[KEXD_ADVERTISE_MAX + 1];     /* and its address for clients */
   char suffix[KEXD_NODE_SUFFIX_MAX + 1];      /* ".NAME@ADVERTISE", every wire token's tail ("" before set_node) */

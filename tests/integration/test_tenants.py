@@ -1,0 +1,154 @@
+"""test_tenants.py - one tenant cannot hurt another (kexd --auth against a hostile co-tenant).
+
+Run by test_tenants.sh with KEXD, KEX, KEXD_TMP and KEX_STUBS in the
+environment.  Each part starts a kexd of its own (loopback, --auth with
+tokens made here, --device cpu, no cache file unless it needs one) and
+stops it as one check:
+
+1. bytes a stalled Download pins after Free or CloseJob stay charged to its
+   tenant (max_bytes both sides) until the stream ends;
+2. the job table per tenant: --tenant-max-jobs (both sides) and eviction
+   from a full table only of the evicting tenant's own idle jobs;
+3. log lines cannot be forged (control characters escaped), an unknown
+   :path without a token is UNAUTHENTICATED, no part of a token is logged;
+4. a malformed job token is NOT_FOUND / INVALID_ARGUMENT, never
+   FAILED_PRECONDITION naming another node;
+5. the kex CLI takes KEX_TOKEN and --token-file; --token warns;
+6. the metrics listener: non-loopback refused without TLS+auth or
+   --insecure, a taken default port is a warning, slow clients time out;
+7. the cache: a user lists and reads only entries its tenant made.
+
+Prints "ok - ..." / "FAIL - ..." per check and, last, "N passed, N failed".
+"""
+import hashlib
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.environ["KEX_STUBS"])
+
+import grpc  # noqa: E402
+from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
+from kexdtest import Kexd, add_graph, check, desc, free_port, rpc_error, run  # noqa: E402
+
+KEXD, KEX, TMP = os.environ["KEXD"], os.environ["KEX"], os.environ["KEXD_TMP"]
+MiB = 1 << 20
+RE, NF, U = grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED
+TOK = {n: secrets.token_hex(32) for n in ("ops", "alice", "bob", "carol", "mallory")}
+
+
+def md(who):
+    return (("authorization", f"Bearer {TOK[who]}"),)
+
+
+def auth_file(name, **limits):
+    """An --auth file: ops admin, the others users; limits: tenant -> extra keys of its entry."""
+    tenants = []
+    for who, tok in TOK.items():
+        e = {"name": who, "role": "admin" if who == "ops" else "user",
+             "token_sha256": hashlib.sha256(tok.encode()).hexdigest()}
+        e.update(limits.get(who, {}))
+        tenants.append(e)
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        json.dump({"tenants": tenants}, f)
+    return path
+
+
+class Server(Kexd):
+    """A kexd --auth of a part's own, with a channel and a stub."""
+
+    def __init__(self, auth, *args, **kw):
+        super().__init__(KEXD, TMP, "--device", "cpu", "--cache", "", "--auth", auth, "--grace", "1", *args, **kw)
+        self.ch = grpc.insecure_channel(f"127.0.0.1:{self.port}",
+                                        options=[("grpc.max_receive_message_length", 64 * MiB)])
+        self.kex = kex_pb2_grpc.KexStub(self.ch)
+
+    def open(self, who, name="", memory=0):
+        return self.kex.OpenJob(kex_pb2.OpenJobRequest(name=name or f"{who}-job", memory_limit=memory),
+                                metadata=md(who), timeout=10).job
+
+    def tenant(self, who):
+        """who's TenantStats as GetStats shows it to who."""
+        r = self.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md(who), timeout=10)
+        return next((t for t in r.tenant_stats if t.name == who), None)
+
+    def held(self, who):
+        t = self.tenant(who)
+        return t.bytes_held if t else 0
+
+    def upload(self, who, job, n, chunk=MiB):
+        def reqs():
+            yield kex_pb2.UploadRequest(job=job, header=kex_pb2.UploadHeader(dtype="uint8", shape=[n]))
+            for off in range(0, n, chunk):
+                yield kex_pb2.UploadRequest(chunk=b"\7" * min(chunk, n - off))
+        return self.kex.Upload(reqs(), metadata=md(who), timeout=60).handle
+
+    def close(self):
+        self.ch.close()
+        self.stop()
+
+
+def wait_for(cond, timeout=10.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+# ---- 1. bytes a stalled Download pins stay charged ----
+
+def pinned_bytes():
+    s = Server(auth_file("auth-bytes.json", mallory={"max_bytes": 33 * MiB}))
+    try:
+        if not check("1: kexd --auth (mallory max_bytes 33 MiB) serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        for how in ("Free", "CloseJob"):
+            job = s.open("mallory", memory=64 * MiB)
+            h = s.upload("mallory", job, 32 * MiB)
+            check(f"1/{how}: mallory holds the 32 MiB buffer it uploaded", s.held("mallory") == 32 * MiB,
+                  s.held("mallory"))
+            dl = s.kex.Download(kex_pb2.DownloadRequest(job=job, handle=h, chunk_bytes=64 << 10), metadata=md("mallory"),
+                                timeout=120)
+            first = next(dl)
+            check(f"1/{how}: a Download's first chunk arrives (then mallory stops reading)",
+                  first.total_bytes == 32 * MiB and len(first.data) == 64 << 10, (first.total_bytes, len(first.data)))
+            time.sleep(0.5)  # the flow-control windows fill; the stream stalls with the buffer referenced
+            if how == "Free":
+                s.kex.Free(kex_pb2.FreeRequest(job=job, handles=[h]), metadata=md("mallory"), timeout=10)
+            else:
+                s.kex.CloseJob(kex_pb2.CloseJobRequest(job=job), metadata=md("mallory"), timeout=10)
+                job = s.open("mallory", memory=64 * MiB)
+            held = s.held("mallory")
+            check(f"1/{how}: after {how}, the buffer a stalled Download still reads stays charged to mallory "
+                  f"(bytes_held 32 MiB, not 0)", held == 32 * MiB, held)
+            e = rpc_error(s.upload, "mallory", job, 2 * MiB)
+            check(f"1/{how}: so a 2 MiB upload is over mallory's max_bytes 33 MiB: RESOURCE_EXHAUSTED naming it",
+                  e is not None and e.code() == RE and "max_bytes" in e.details(), desc(e))
+            small = rpc_error(s.upload, "mallory", job, 512 << 10)
+            check(f"1/{how}: a 512 KiB upload still fits under the limit", small is None, desc(small))
+            dl.cancel()
+            check(f"1/{how}: once the Download ends, the 32 MiB go back (bytes_held 512 KiB)",
+                  wait_for(lambda: s.held("mallory") == 512 << 10), s.held("mallory"))
+            e = rpc_error(s.upload, "mallory", job, 32 * MiB)
+            check(f"1/{how}: and 32 MiB fit again", e is None, desc(e))
+            s.kex.CloseJob(kex_pb2.CloseJobRequest(job=job), metadata=md("mallory"), timeout=10)
+            check(f"1/{how}: CloseJob gives everything back (bytes_held 0)", wait_for(lambda: s.held("mallory") == 0),
+                  s.held("mallory"))
+    finally:
+        s.close()
+
+
+def main():
+    pinned_bytes()
+
+
+if __name__ == "__main__":
+    run(main, "test_tenants.py")
