@@ -140,11 +140,15 @@ static const flag flags[] = {
    "largest gRPC message either way"},
   /* jobs */
   {"max-jobs", "N", FLAG_U32, F(max_jobs), 1, 1 << 20, 0, 0, false, "jobs",
-   "jobs open at once; when full, the job idle longest is closed for a new one (if idle --job-evict-idle)"},
+   "jobs open at once; when full, the opening tenant's job idle longest is closed for its new one (if idle "
+   "--job-evict-idle; never another tenant's)"},
   {"job-evict-idle", "SECONDS", FLAG_SECONDS, F(job_evict_idle_s), 0, 0, 0, 1e7, false, NULL,
-   "a full job table closes its job idle longest only when it has been idle at least this long"},
+   "a full job table closes the opening tenant's job idle longest only when it has been idle at least this long"},
   {"max-jobs-per-peer", "N", FLAG_U32, F(max_jobs_per_peer), 1, 1 << 20, 0, 0, false, NULL,
    "jobs one client address may hold open at once"},
+  {"tenant-max-jobs", "N", FLAG_U32, F(tenant_max_jobs), 1, 1 << 20, 0, 0, false, NULL,
+   "with --auth: jobs one tenant may hold open at once when its entry sets no max_jobs (a full --max-jobs table "
+   "makes room only from the opening tenant's own idle jobs)"},
   {"lease", "SECONDS", FLAG_SECONDS, F(lease_s), 0, 0, 0.1, 1e7, false, NULL,
    "a job no call names for this long is closed"},
   {"job-memory-default", "BYTES", FLAG_U64, F(job_memory_default), 1, INT64_MAX, 0, 0, false, NULL,
@@ -337,6 +341,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->limits = KEX_LIMITS_DEFAULT;
   cfg->max_jobs = KEXD_LIMIT_JOBS;
   cfg->max_jobs_per_peer = KEXD_LIMIT_JOBS_PER_PEER;
+  cfg->tenant_max_jobs = KEXD_LIMIT_JOBS_PER_TENANT;
   cfg->job_evict_idle_s = KEXD_DEFAULT_JOB_EVICT_IDLE_S;
   cfg->job_memory_default = KEXD_DEFAULT_JOB_MEMORY;
   cfg->job_memory_max = KEXD_LIMIT_JOB_MEMORY;

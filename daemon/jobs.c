@@ -274,20 +274,24 @@ const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token) {
 }
 
 /*
- * The table is full: close the job idle longest, when it has been idle at
- * least j->evict_idle_ms (its lease would end first anyway).
- * True when a slot was freed.
+ * The table is full: close tenant use's job idle longest, when it has been
+ * idle at least j->evict_idle_ms (its lease would end first anyway).  Never
+ * another tenant's: one tenant filling the table cannot make room by
+ * closing the jobs of others.  True when a slot was freed.
  */
-static bool evict_idlest(kexd_jobs *j) {
+static bool evict_idlest(kexd_jobs *j, const kexd_tenant_use *use) {
   uint64_t now;
   int best = -1;
   uv_update_time(j->loop);
   now = uv_now(j->loop);
-  for (uint32_t i = 0; i < j->njobs; i++)
-    if (!j->jobs[i]->held && (best < 0 || j->jobs[i]->last_used_ms < j->jobs[best]->last_used_ms)) best = (int)i;
+  for (uint32_t i = 0; i < j->njobs; i++) {
+    const kexd_job *c = j->jobs[i];
+    if (!c->held && c->use == use && (best < 0 || c->last_used_ms < j->jobs[best]->last_used_ms)) best = (int)i;
+  }
   if (best < 0 || now - j->jobs[best]->last_used_ms < j->evict_idle_ms) return false;
   kex_log(KEX_LOG_INFO, j->jobs[best]->log_id, 0,
-          "job \"%s\" expired early: the job table is full (--max-jobs %u) and it was idle longest (%.1f s)",
+          "job \"%s\" expired early: the job table is full (--max-jobs %u) and of its tenant's jobs it was idle "
+          "longest (%.1f s)",
           j->jobs[best]->name, j->max_jobs, (now - j->jobs[best]->last_used_ms) / 1e3);
   j->expired++;
   j->evicted++;
@@ -322,11 +326,11 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
   if (j->max_per_peer && same_peer >= j->max_per_peer && strcmp(use->name, KEXD_ANONYMOUS_TENANT) == 0)
     return kex_err_set(err, KEX_ELIMIT, "%s holds %u jobs open, the limit per client address (--max-jobs-per-peer)",
                        peer, same_peer);
-  if (j->njobs >= j->max_jobs && !evict_idlest(j))
+  if (j->njobs >= j->max_jobs && !evict_idlest(j, use))
     return kex_err_set(err, KEX_ELIMIT,
-                       "%u jobs are open, the limit (--max-jobs), and none has been idle for %.1f s "
+                       "%u jobs are open, the limit (--max-jobs), and none of tenant '%s' has been idle for %.1f s "
                        "(--job-evict-idle) to make room",
-                       j->njobs, j->evict_idle_ms / 1e3);
+                       j->njobs, use->name, j->evict_idle_ms / 1e3);
   if (kex_grow(&j->jobs, j->njobs, &j->cap, sizeof *j->jobs, 16))
     return kex_err_set(err, KEX_ENOMEM, "out of memory for the job table");
   if (!(job = kex_calloc(1, sizeof *job)) || !(job->name = kex_strdup(name)) || !(job->peer = kex_strdup(peer))) {

@@ -153,9 +153,9 @@ void kexd_jobs_close(kexd_jobs *j);
  * Open a job for client address `peer` and tenant `use` (from
  * kexd_jobs_tenant_use; its jobs and bytes are counted there; the
  * per-peer limit applies only to the anonymous tenant).  name may be empty.  On success
- * *out points to the job (owned by j).  When max_jobs are open, the job
+ * *out points to the job (owned by j).  When max_jobs are open, use's job
  * idle longest is closed to make room if it has been idle at least
- * evict_idle_ms.  Errors, with *err naming the limit and the
+ * evict_idle_ms (never another tenant's).  Errors, with *err naming the limit and the
  * value: KEX_ELIMIT (the table is full of recently used jobs, or peer holds
  * max_per_peer), KEX_EINVAL (a name over KEXD_JOB_NAME_MAX), KEX_EIO
  * (the random generator), KEX_ENOMEM.

@@ -18,7 +18,8 @@ stops it as one check:
    --insecure, a taken default port is a warning, slow clients time out;
 7. the cache: a user lists and reads only entries its tenant made.
 
-Prints "ok - ..." / "FAIL - ..." per check and, last, "N passed, N failed".
+KEX_TENANTS_PARTS="2,3" runs only those parts.  Prints "ok - ..." /
+"FAIL - ..." per check and, last, "N passed, N failed".
 """
 import hashlib
 import json
@@ -146,8 +147,68 @@ def pinned_bytes():
         s.close()
 
 
+# ---- 2. the job table per tenant ----
+
+def alive(s, who, job):
+    return rpc_error(s.kex.GetStats, kex_pb2.GetStatsRequest(job=job), metadata=md(who), timeout=10) is None
+
+
+def job_table():
+    out = subprocess.run([KEXD, "--help"], capture_output=True, text=True, timeout=10).stdout
+    check("2: kexd --help lists --tenant-max-jobs with its default and KEX_TENANT_MAX_JOBS",
+          re.search(r"--tenant-max-jobs N .*\(default \d+\) \[KEX_TENANT_MAX_JOBS\]", out), out[:300])
+    s = Server(auth_file("auth-jobs.json", carol={"max_jobs": 4}), "--tenant-max-jobs", "2")
+    try:
+        if not check("2: kexd --auth --tenant-max-jobs 2 serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        a = [s.open("alice"), s.open("alice")]
+        e = rpc_error(s.open, "alice")
+        check("2: alice opens 2 jobs; a 3rd is over --tenant-max-jobs 2: RESOURCE_EXHAUSTED naming the tenant and flag",
+              e is not None and e.code() == RE and "alice" in e.details() and "--tenant-max-jobs" in e.details(), desc(e))
+        check("2: bob still opens a job (alice's limit is alice's)", rpc_error(s.open, "bob") is None)
+        c = [s.open("carol") for _ in range(4)]
+        e = rpc_error(s.open, "carol")
+        check("2: carol's own max_jobs 4 in --auth wins over the default: 4 open, the 5th refused",
+              len(c) == 4 and e is not None and e.code() == RE and "max_jobs" in e.details(), desc(e))
+        s.kex.CloseJob(kex_pb2.CloseJobRequest(job=a[0]), metadata=md("alice"), timeout=10)
+        check("2: after closing one, alice opens another", rpc_error(s.open, "alice") is None)
+    finally:
+        s.close()
+
+
+def eviction():
+    """Only flags older than --tenant-max-jobs: alice's limit from --auth."""
+    s = Server(auth_file("auth-evict.json", alice={"max_jobs": 3}), "--max-jobs", "4", "--job-evict-idle", "0.3")
+    try:
+        if not check("2: kexd --auth --max-jobs 4 --job-evict-idle 0.3 serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        a = [s.open("alice") for _ in range(3)]
+        b = s.open("bob")
+        time.sleep(0.6)  # every job idle past --job-evict-idle
+        e = rpc_error(s.open, "mallory")
+        check("2: the table full of others' idle jobs: mallory's OpenJob is RESOURCE_EXHAUSTED naming --max-jobs",
+              e is not None and e.code() == RE and "--max-jobs" in e.details(), desc(e))
+        check("2: and no job of alice or bob was evicted for mallory",
+              all(alive(s, "alice", j) for j in a) and alive(s, "bob", b))
+        time.sleep(0.6)
+        b2 = rpc_error(s.open, "bob")
+        check("2: bob's OpenJob in the full table evicts bob's own idle job", b2 is None and not alive(s, "bob", b),
+              desc(b2))
+        check("2: alice's jobs are all still open", all(alive(s, "alice", j) for j in a))
+        st = s.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md("ops"), timeout=10)
+        check("2: GetStats counts the one eviction", st.jobs_evicted == 1, st.jobs_evicted)
+    finally:
+        s.close()
+
+
+PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction())}
+
+
 def main():
-    pinned_bytes()
+    only = os.environ.get("KEX_TENANTS_PARTS")  # "2,3": run only those parts (checking one fix at a time)
+    for k, part in PARTS.items():
+        if not only or k in only.split(","):
+            part()
 
 
 if __name__ == "__main__":
