@@ -73,6 +73,24 @@ static int random_hex(char out[KEXD_TOKEN_LEN + 1]) {
   return 0;
 }
 
+/*
+ * The job's log id: the first 8 hex characters of the SHA-256 of its token.
+ * Logs name jobs by it; it tells nothing about the token (not even a
+ * prefix), yet one job's lines share it.  0 or KEX_EIO.
+ */
+static int log_id_of(const char token[KEXD_TOKEN_LEN + 1], char out[9]) {
+  static const char hex[] = "0123456789abcdef";
+  unsigned char h[EVP_MAX_MD_SIZE];
+  unsigned int hl = 0;
+  if (!EVP_Digest(token, KEXD_TOKEN_LEN, h, &hl, EVP_sha256(), NULL) || hl < 4) return KEX_EIO;
+  for (int i = 0; i < 4; i++) {
+    out[2 * i] = hex[h[i] >> 4];
+    out[2 * i + 1] = hex[h[i] & 15];
+  }
+  out[8] = '\0';
+  return 0;
+}
+
 /* ---- the secret indexes (see the file comment) ---- */
 
 /* One entry of an index: a token's or handle's characters, inside the object they name. */
@@ -341,8 +359,10 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
     kex_err_set(err, rc, "the random generator failed");
     goto out;
   }
-  memcpy(job->log_id, job->token, 8);
-  job->log_id[8] = '\0';
+  if ((rc = log_id_of(job->token, job->log_id)) < 0) {
+    kex_err_set(err, rc, "OpenSSL's SHA-256 failed");
+    goto out;
+  }
   job->buf_index = kex_dict_make(&secret_index);
   job->table = j;
   if ((rc = index_add(j, &j->index, job->token, job)) < 0) { /* EINTERNAL: 2^-128, believed impossible */

@@ -92,7 +92,7 @@ typedef struct kexd_buffer {
 typedef struct kexd_job {
   uint64_t id;           /* serial, never reused: names the job's flows and outlives it in messages */
   char token[KEXD_TOKEN_LEN + 1];
-  char log_id[9];        /* the token's first 8 characters: logs never carry the whole token */
+  char log_id[9];        /* 8 hex of the SHA-256 of the token: logs never carry any of the token */
   char *name;
   char *peer;            /* the client address that opened it, without the port (per-peer limit) */
   uint32_t weight;

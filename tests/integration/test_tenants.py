@@ -201,7 +201,58 @@ def eviction():
         s.close()
 
 
-PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction())}
+# ---- 3. logs cannot be forged; methods cannot be listed; no part of a token is logged ----
+
+FORGED = "2030-01-01T00:00:00.000Z info  access method=DeleteCache tenant=ops"
+
+
+def raw_call(s, path, who=None):
+    """A unary call to path with an empty request: (code, details)."""
+    fn = s.ch.unary_unary(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    e = rpc_error(fn, b"", metadata=md(who) if who else None, timeout=10)
+    return (e.code(), e.details()) if e else (grpc.StatusCode.OK, "")
+
+
+def logs():
+    s = Server(auth_file("auth-logs.json"))
+    try:
+        if not check("3: kexd --auth (text log) serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        name = f"evil\n{FORGED} peer=x status=OK ms=1\r\x1b[2J\x07\\"
+        job = s.open("mallory", name=name)
+        s.kex.CloseJob(kex_pb2.CloseJobRequest(job=job), metadata=md("mallory"), timeout=10)
+        paths = {}
+        for path in ("/kex.v1.Kex/NoSuchMethod", "/kex.v1.Kex/Open Job tenant=ops", "/nope/x", "/kex.v1.Kex/X\x1b[2J"):
+            paths[path] = (raw_call(s, path), raw_call(s, path, "mallory"))
+        known = raw_call(s, "/kex.v1.Kex/OpenJob")
+        check("3: a known method without a token: UNAUTHENTICATED", known[0] == U, known)
+        check("3: an unregistered :path without a token: UNAUTHENTICATED, as a known method (methods cannot be listed)",
+              all(a[0] == U for a, _ in paths.values()), {p: a for p, (a, _) in paths.items()})
+        check("3: an unregistered :path with a tenant's token: UNIMPLEMENTED",
+              all(b[0] == grpc.StatusCode.UNIMPLEMENTED for _, b in paths.values()),
+              {p: b for p, (_, b) in paths.items()})
+        time.sleep(0.3)
+        log = s.read_log()
+        check("3: a job name with newlines cannot forge a log line (no line starts with the forged time stamp)",
+              not any(ln.startswith("2030-01-01") for ln in log.splitlines()), log[-1500:])
+        check("3: the job name is in the log, its newline escaped as \\n", "evil\\n2030-01-01T00:00:00.000Z" in log,
+              log[-1500:])
+        check("3: no carriage return, ESC or BEL from a client reaches the log", not re.search("[\r\x1b\x07]", log),
+              repr([ln for ln in log.splitlines() if re.search("[\r\x1b\x07]", ln)][:3]))
+        check("3: control characters are escaped as \\r, \\xNN (and \\ as \\\\)", "\\r\\x1b[2J\\x07\\\\" in log,
+              log[-1500:])
+        check("3: a method path with spaces cannot pass for another access-log field (its value is quoted)",
+              not re.search(r"access method=Open Job", log) and re.search(r'access method="Open Job tenant=ops"', log),
+              [ln for ln in log.splitlines() if "Open Job" in ln][:3])
+        check("3: no part of the job's token is logged (no 8 leading hex of it)", job[:8] not in log, job[:8])
+        ids = re.findall(r" job=([0-9a-f]{8}) ", log)
+        check("3: the job's log lines carry a log id of 8 hex, the same on each", len(set(ids)) == 1 and len(ids) >= 2,
+              ids)
+    finally:
+        s.close()
+
+
+PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs}
 
 
 def main():
