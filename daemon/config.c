@@ -520,6 +520,11 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
             !cfg->auth ? "open jobs, run kernels and delete the beam cache" : "read the tokens off the wire");
     return -1;
   }
+  if (cfg->advertise && kexd_node_field_ok(cfg->advertise, KEXD_ADVERTISE_MAX) && !kexd_address_ok(cfg->advertise)) {
+    fprintf(stderr, "kexd: --advertise \"%s\" is not HOST:PORT, [IPv6]:PORT (PORT 1-65535) or unix:/PATH: clients "
+            "could not reach the jobs it names\n", cfg->advertise);
+    return -1;
+  }
   if (!cfg->node_name) cfg->node_name = cfg->listen;
   if (!cfg->advertise) cfg->advertise = cfg->listen;
   if (!kexd_node_field_ok(cfg->node_name, KEXD_NODE_NAME_MAX) ||

@@ -277,6 +277,40 @@ void kexd_job_wire_token(const kexd_jobs *j, const kexd_job *job, char out[KEXD_
   snprintf(out, KEXD_WIRE_TOKEN_MAX + 1, "%s%s", job->token, j->suffix);
 }
 
+/* True when s[0..n) is a decimal port 1..65535 without a leading zero. */
+static bool port_ok(const char *s, size_t n) {
+  unsigned long v = 0;
+  if (n == 0 || n > 5 || s[0] == '0') return false;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (unsigned long)(s[i] - '0');
+  }
+  return v <= 65535;
+}
+
+bool kexd_address_ok(const char *addr) {
+  const char *host, *colon;
+  size_t n;
+  if (!kexd_node_field_ok(addr, KEXD_ADVERTISE_MAX)) return false;
+  if (strncmp(addr, "unix:/", 6) == 0) return addr[6] != '\0' && !strstr(addr, "//");
+  if (strncmp(addr, "dns:///", 7) == 0) addr += 7;
+  else if (strncmp(addr, "ipv4:", 5) == 0 || strncmp(addr, "ipv6:", 5) == 0) addr += 5;
+  host = addr;
+  if (*host == '[') { /* [IPv6]:PORT */
+    const char *rb = strchr(host, ']');
+    if (!rb || rb == host + 1 || strspn(host + 1, "0123456789abcdefABCDEF:.") != (size_t)(rb - host - 1) ||
+        rb[1] != ':')
+      return false;
+    return port_ok(rb + 2, strlen(rb + 2));
+  }
+  if (!(colon = strchr(host, ':')) || colon == host) return false; /* HOST:PORT, one colon */
+  n = (size_t)(colon - host);
+  if (strspn(host, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-_") != n || host[0] == '.' ||
+      host[0] == '-' || strstr(host, ".."))
+    return false;
+  return port_ok(colon + 1, strlen(colon + 1));
+}
+
 const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token) {
   const char *owner, *at;
   char name[KEXD_NODE_NAME_MAX + 1];
@@ -287,8 +321,10 @@ const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token) {
   if (!(at = strchr(owner, '@')) || (size_t)(at - owner) > KEXD_NODE_NAME_MAX) return NULL;
   memcpy(name, owner, (size_t)(at - owner));
   name[at - owner] = '\0';
-  return kexd_node_field_ok(name, KEXD_NODE_NAME_MAX) && kexd_node_field_ok(at + 1, KEXD_ADVERTISE_MAX) ? owner
-                                                                                                         : NULL;
+  if (!kexd_node_field_ok(name, KEXD_NODE_NAME_MAX) || !kexd_address_ok(at + 1)) return NULL; /* malformed */
+  /* this node's name or address with the rest changed is a damaged token of this node, not another node's */
+  if (strcmp(name, j->node) == 0 || strcmp(at + 1, j->advertise) == 0) return NULL;
+  return owner;
 }
 
 /*

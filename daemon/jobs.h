@@ -169,6 +169,13 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
 kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name);
 /* True when s is 1..max characters, each one of KEXD_NODE_CHARS (a node name or an advertised address). */
 bool kexd_node_field_ok(const char *s, size_t max);
+/*
+ * True when addr is an address clients can dial, at most
+ * KEXD_ADVERTISE_MAX characters: HOST:PORT (a name or IPv4 address) or
+ * [IPv6]:PORT, optionally after "dns:///", "ipv4:" or "ipv6:", with PORT
+ * 1..65535 in decimal without a leading zero; or unix:/PATH.
+ */
+bool kexd_address_ok(const char *addr);
 /* Name this node (both pass kexd_node_field_ok: config.c checks them).  Tokens opened after carry them. */
 void kexd_jobs_set_node(kexd_jobs *j, const char *name, const char *advertise);
 /* The token a client gets for job: "HEX.NAME@ADVERTISE" ("HEX" before set_node). */
@@ -181,7 +188,10 @@ void kexd_job_wire_token(const kexd_jobs *j, const kexd_job *job, char out[KEXD_
 kexd_job *kexd_jobs_find(kexd_jobs *j, const char *token);
 /*
  * When token is a well-formed wire token of another node: that node's
- * "NAME@ADVERTISE" (a pointer into token); else NULL.
+ * "NAME@ADVERTISE" (a pointer into token); else NULL.  Well-formed: 32
+ * lowercase hex, '.', a node name, '@' and an address kexd_address_ok
+ * takes; another node: neither the name nor the address is this node's (a
+ * token of this node damaged in one place is this node's, unknown).
  */
 const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token);
 /* Close the job with this token (its on_close hook runs first).  0 or KEX_ENOTFOUND. */

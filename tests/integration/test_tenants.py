@@ -252,7 +252,54 @@ def logs():
         s.close()
 
 
-PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs}
+# ---- 4. tokens parse strictly ----
+
+def tokens():
+    s = Server(auth_file("auth-tokens.json"))
+    try:
+        if not check("4: kexd --auth serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        t = s.open("mallory")
+        hexpart, _, suffix = t.partition(".")
+        node, _, addr = suffix.partition("@")
+        call = lambda tok: rpc_error(s.kex.GetStats, kex_pb2.GetStatsRequest(job=tok), metadata=md("mallory"), timeout=10)
+        check("4: the job's own token works", call(t) is None, desc(call(t)))
+        bad = {"one more digit (a port over 65535)": t + "1", "one more letter": t + "x", "one more '@'": t + "@",
+               "one more character in the name": f"{hexpart}.{node}x@{addr}",
+               "this node's name, another address": f"{hexpart}.{node}@10.0.0.9:50051",
+               "port 99999": f"{hexpart}.other@127.0.0.1:99999", "port 0": f"{hexpart}.other@127.0.0.1:0",
+               "port with a leading zero": f"{hexpart}.other@127.0.0.1:050051", "no port": f"{hexpart}.other@host",
+               "IPv6 port 70000": f"{hexpart}.other@[::1]:70000", "two colons": f"{hexpart}.other@a:1:2",
+               "upper-case hex": t.upper(), "33 hex": hexpart + "0." + suffix}
+        got = {what: call(tok) for what, tok in bad.items()}
+        ok_codes = (NF, grpc.StatusCode.INVALID_ARGUMENT)
+        for what, e in got.items():
+            check(f"4: a malformed token ({what}): NOT_FOUND or INVALID_ARGUMENT, never FAILED_PRECONDITION",
+                  e is not None and e.code() in ok_codes, desc(e))
+        for what, tok in (("name@10.0.0.9:50051", f"{hexpart}.other@10.0.0.9:50051"),
+                          ("name@[::1]:65535", f"{hexpart}.other@[::1]:65535"),
+                          ("name@dns:///kex.example:50051", f"{hexpart}.other@dns:///kex.example:50051")):
+            e = call(tok)
+            check(f"4: a well-formed token of another node ({what}): FAILED_PRECONDITION naming it",
+                  e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and "node other" in e.details(),
+                  desc(e))
+    finally:
+        s.close()
+    for adv, good in (("127.0.0.1:65536", False), ("127.0.0.1:0", False), ("host", False), ("[::1]:65535", True)):
+        try:
+            p = subprocess.run([KEXD, "--listen", f"127.0.0.1:{free_port()}", "--advertise", adv, "--device", "cpu",
+                                "--cache", "", "--metrics", "off", "--lease", "bad" if good else "60"],
+                               capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired as e:  # it started (killed by subprocess.run)
+            p = subprocess.CompletedProcess(e.cmd, None, "", "(started and ran)")
+        if good:  # --lease bad stops it after --advertise was taken
+            check(f"4: --advertise {adv} is taken", "--advertise" not in p.stderr and "--lease" in p.stderr, p.stderr)
+        else:
+            check(f"4: --advertise {adv} is refused at start (exit 2) naming it", p.returncode == 2 and
+                  f'--advertise "{adv}"' in p.stderr, (p.returncode, p.stderr[-500:]))
+
+
+PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens}
 
 
 def main():
