@@ -299,7 +299,62 @@ def tokens():
                   f'--advertise "{adv}"' in p.stderr, (p.returncode, p.stderr[-500:]))
 
 
-PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens}
+# ---- 5. the CLI keeps tokens out of argv ----
+
+def cli_tokens():
+    s = Server(auth_file("auth-cli.json"))
+    try:
+        if not check("5: kexd --auth serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        base = [KEX, "--server", f"127.0.0.1:{s.port}"]
+        env = {k: v for k, v in os.environ.items() if k not in ("KEX_TOKEN", "KEX_SERVER", "KEX_JOB")}
+
+        def kex(*args, **extra):
+            r = subprocess.run(base + list(args), capture_output=True, text=True, timeout=60, env=dict(env, **extra))
+            return r.returncode, r.stdout, r.stderr
+
+        def tenant_of(out):
+            try:
+                return json.loads(out).get("tenant")
+            except ValueError:
+                return None
+
+        rc, out, err = kex("stats", "--json", KEX_TOKEN=TOK["alice"])
+        check("5: KEX_TOKEN: kex stats is served as alice, no warning", rc == 0 and tenant_of(out) == "alice" and
+              "warning" not in err, (rc, out[:200], err))
+        path = os.path.join(TMP, "alice.token")
+        with open(path, "w") as f:
+            f.write(TOK["alice"] + "\n")
+        os.chmod(path, 0o600)
+        rc, out, err = kex("--token-file", path, "stats", "--json")
+        check("5: --token-file PATH (a 0600 file, the token and a newline): served as alice, no warning",
+              rc == 0 and tenant_of(out) == "alice" and "warning" not in err, (rc, out[:200], err))
+        rc, out, err = kex("--token-file", path, "stats", "--json", KEX_TOKEN=TOK["bob"])
+        check("5: --token-file wins over KEX_TOKEN", rc == 0 and tenant_of(out) == "alice", (rc, out[:200], err))
+        os.chmod(path, 0o644)
+        rc, out, err = kex("--token-file", path, "stats", "--json")
+        check("5: a --token-file others may read still works, with a warning to chmod 600 it",
+              rc == 0 and tenant_of(out) == "alice" and "chmod 600" in err, (rc, err))
+        rc, out, err = kex("--token", TOK["bob"], "stats", "--json")
+        check("5: --token T still works (served as bob) but warns that ps shows it",
+              rc == 0 and tenant_of(out) == "bob" and "warning" in err and "ps" in err, (rc, out[:200], err))
+        check("5: the warning does not repeat the token", TOK["bob"] not in err, err)
+        missing = os.path.join(TMP, "no-such.token")
+        rc, out, err = kex("--token-file", missing, "stats")
+        check("5: a --token-file that cannot be read: exit 2 naming it", rc == 2 and missing in err, (rc, err))
+        empty = os.path.join(TMP, "empty.token")
+        open(empty, "w").close()
+        rc, out, err = kex("--token-file", empty, "stats")
+        check("5: an empty --token-file: exit 2 saying so", rc == 2 and "no token" in err, (rc, err))
+        rc, out, err = kex("--token", TOK["bob"], "--token-file", path, "stats")
+        check("5: --token and --token-file together: exit 2", rc == 2, (rc, err))
+        rc, out, err = kex("stats", "--json")
+        check("5: no token at all: refused UNAUTHENTICATED", rc != 0 and "UNAUTHENTICATED" in err, (rc, err))
+    finally:
+        s.close()
+
+
+PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens}
 
 
 def main():
