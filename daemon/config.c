@@ -84,10 +84,11 @@ static const flag flags[] = {
    "tenants and the SHA-256 of their tokens (JSON); every call but the health check needs authorization: Bearer "
    "TOKEN; SIGHUP reloads it (default: no tokens, loopback only)"},
   {"insecure", NULL, FLAG_BOOL, F(insecure), 0, 0, 0, 0, false, NULL,
-   "allow a --listen address other than loopback without --auth and --tls-cert (anyone who reaches it may run "
-   "anything)"},
+   "allow a --listen or --metrics address other than loopback without --auth and --tls-cert (anyone who reaches "
+   "it may run anything)"},
   {"metrics", "ADDR", FLAG_STRING, F(metrics), 0, 0, 0, 0, false, NULL,
-   "serve Prometheus metrics at http://ADDR/metrics (host:port; \"off\": none)"},
+   "serve Prometheus metrics at http://ADDR/metrics (host:port; \"off\": none); not loopback: needs --auth and "
+   "--tls-cert, or --insecure; the default address, when taken, is skipped with a warning (a given one is an error)"},
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
    "the SQLite cache file (programs and beam results; \"\": none); default $XDG_CACHE_HOME/kex/cache.db, else "
    "~/.cache/kex/cache.db"},
@@ -328,10 +329,13 @@ static void env_name(const flag *f, char *buf, size_t cap) {
   for (size_t i = 4; i < n && i < cap; i++) buf[i] = buf[i] == '-' ? '_' : (char)toupper((unsigned char)buf[i]);
 }
 
+/* The default --metrics, one object: kexd_config_parse tells it from a flag that names the same address. */
+static const char default_metrics[] = KEXD_DEFAULT_METRICS;
+
 void kexd_config_defaults(kexd_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->listen = KEXD_DEFAULT_LISTEN;
-  cfg->metrics = KEXD_DEFAULT_METRICS;
+  cfg->metrics = default_metrics;
   cfg->lease_s = KEXD_DEFAULT_LEASE_S;
   cfg->grace_s = KEXD_DEFAULT_GRACE_S;
   cfg->fleet_lease_s = KEXD_FLEET_DEFAULT_LEASE_S;
@@ -523,6 +527,18 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
   if (cfg->advertise && kexd_node_field_ok(cfg->advertise, KEXD_ADVERTISE_MAX) && !kexd_address_ok(cfg->advertise)) {
     fprintf(stderr, "kexd: --advertise \"%s\" is not HOST:PORT, [IPv6]:PORT (PORT 1-65535) or unix:/PATH: clients "
             "could not reach the jobs it names\n", cfg->advertise);
+    return -1;
+  }
+  cfg->metrics_default = cfg->metrics == default_metrics;
+  /* the gRPC rule for the metrics port too: it names tenants and the load; a malformed address fails at start */
+  if (!cfg->insecure && strcmp(cfg->metrics, "off") != 0 && strchr(cfg->metrics, ':') &&
+      !listen_is_loopback(cfg->metrics) && (!cfg->auth || !cfg->tls_cert)) {
+    fprintf(stderr,
+            "kexd: refusing to serve metrics on %s: it is not a loopback address, and without %s this kexd is not "
+            "meant to be reached from elsewhere (the metrics name tenants and show the load); give --auth FILE and "
+            "--tls-cert/--tls-key, serve them on 127.0.0.1 (or --metrics off), or pass --insecure to accept the "
+            "risk\n",
+            cfg->metrics, !cfg->auth && !cfg->tls_cert ? "--auth and TLS" : !cfg->auth ? "--auth" : "TLS");
     return -1;
   }
   if (!cfg->node_name) cfg->node_name = cfg->listen;

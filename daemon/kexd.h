@@ -67,6 +67,7 @@ typedef struct kexd_config {
   const char *tls_cert, *tls_key; /* PEM files: serve TLS (both or neither) */
   const char *tls_client_ca;     /* PEM file: require client certificates it verifies (needs tls_cert) */
   const char *metrics;           /* --metrics / KEX_METRICS: the Prometheus endpoint's HOST:PORT, or "off" */
+  bool metrics_default;          /* metrics is the default address (no flag, no KEX_METRICS): taken, it is skipped */
   const char *auth;              /* --auth / KEX_AUTH: the tenants file (auth.c); NULL: no tokens checked */
   bool insecure;                 /* --insecure: allow a non-loopback --listen without --auth and TLS */
   uint32_t max_submits_per_job;  /* Submit calls in flight per job */

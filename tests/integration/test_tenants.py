@@ -354,7 +354,127 @@ def cli_tokens():
         s.close()
 
 
-PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens}
+# ---- 6. the metrics listener follows the gRPC rule ----
+
+def start_status(k, timeout=20):
+    """A kexd's exit status within timeout seconds, or "running" once it answers health."""
+    if k.wait_healthy(timeout):
+        return "running"
+    try:
+        return k.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return "hung"
+
+
+def metrics_rules():
+    auth = auth_file("auth-metrics.json")
+    for flags, why in ((["--metrics", "0.0.0.0:{p}"], "--auth and TLS"),
+                       (["--metrics", "[::]:{p}", "--auth", auth], "TLS")):
+        p = free_port()
+        k = Kexd(KEXD, TMP, "--device", "cpu", "--cache", "", *[f.format(p=p) for f in flags], env={"KEX_METRICS": None})
+        rc = start_status(k)
+        log = k.read_log()
+        check(f"6: {' '.join(flags[:2]).format(p=p)} without {why}: refused at start (exit 2) saying why and naming "
+              f"--insecure", rc == 2 and "refusing to serve metrics" in log and "--insecure" in log, (rc, log[-600:]))
+        if rc == "running":
+            k.stop()
+    p = free_port()
+    k = Kexd(KEXD, TMP, "--device", "cpu", "--cache", "", "--metrics", f"0.0.0.0:{p}", "--insecure",
+             env={"KEX_METRICS": None})
+    rc = start_status(k)
+    check("6: --metrics 0.0.0.0:PORT --insecure: kexd starts and serves them", rc == "running" and
+          http_status(("127.0.0.1", p)) == 200, (rc, k.read_log()[-600:]))
+    if rc == "running":
+        k.stop()
+    # the default address taken (by this test, or by anyone else): a warning, and kexd runs without metrics
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 9464))
+        held.listen(1)
+    except OSError:
+        held.close()
+        held = None  # someone else holds it: taken all the same
+    k = Kexd(KEXD, TMP, "--device", "cpu", "--cache", "", env={"KEX_METRICS": None})
+    rc = start_status(k)
+    log = k.read_log()
+    check("6: the default metrics port taken: kexd warns and runs without metrics",
+          rc == "running" and "running without metrics" in log and "127.0.0.1:9464" in log, (rc, log[-600:]))
+    if rc == "running":
+        k.stop()
+    k = Kexd(KEXD, TMP, "--device", "cpu", "--cache", "", "--metrics", "127.0.0.1:9464", env={"KEX_METRICS": None})
+    rc = start_status(k)
+    check("6: the same address given with --metrics: still exit 1 naming it", rc == 1 and
+          "127.0.0.1:9464" in k.read_log(), (rc, k.read_log()[-600:]))
+    if rc == "running":
+        k.stop()
+    if held:
+        held.close()
+
+
+def http_status(addr, source=None, timeout=5):
+    """The status of GET /metrics on addr from source address (None: any); None when it fails."""
+    try:
+        c = socket.create_connection(addr, timeout=timeout, source_address=(source, 0) if source else None)
+        c.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        data = b""
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            data += b
+        c.close()
+        m = re.match(rb"HTTP/1\.[01] (\d+)", data)
+        return int(m.group(1)) if m else None
+    except OSError:
+        return None
+
+
+def closed_within(sock, seconds):
+    """True when the server closes sock (EOF or reset) within seconds."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def slow_clients():
+    p = free_port()
+    k = Kexd(KEXD, TMP, "--device", "cpu", "--cache", "", "--metrics", f"127.0.0.1:{p}", env={"KEX_METRICS": None})
+    try:
+        if not check("6: kexd with --metrics serves", k.wait_healthy(), k.read_log()[-1000:]):
+            return
+        slow = []
+        for _ in range(20):  # a slow client from 127.0.0.2: half a request each, then nothing
+            try:
+                c = socket.create_connection(("127.0.0.1", p), timeout=5, source_address=("127.0.0.2", 0))
+                c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                slow.append(c)
+            except OSError:
+                pass
+        time.sleep(0.3)
+        t0 = time.time()
+        st = http_status(("127.0.0.1", p), source="127.0.0.1")
+        check("6: 20 stalled connections from one address: a scrape from another is still answered 200 at once",
+              st == 200 and time.time() - t0 < 2, (st, time.time() - t0))
+        kept = [c for c in slow if not closed_within(c, 0.2)]
+        check("6: one client address holds at most 4 metrics connections (the rest closed at once)",
+              len(kept) == 4, len(kept))
+        t0 = time.time()
+        gone = all(closed_within(c, 8) for c in kept)
+        took = time.time() - t0
+        check("6: a stalled request is closed by the per-connection timeout (3 s), not before 2 s",
+              gone and 2.0 <= took + 0.5 <= 6.5, (gone, round(took + 0.5, 1)))
+        for c in slow:
+            c.close()
+        check("6: then the address may connect again", http_status(("127.0.0.1", p), source="127.0.0.2") == 200)
+    finally:
+        k.stop()
+
+
+PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens, "6": lambda: (metrics_rules(), slow_clients())}
 
 
 def main():
