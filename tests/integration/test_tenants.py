@@ -474,7 +474,67 @@ def slow_clients():
         k.stop()
 
 
-PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens, "6": lambda: (metrics_rules(), slow_clients())}
+# ---- 7. cache visibility per tenant ----
+
+def mul_graph():
+    """a * b (float32[8], 3.0 and 0.5) on cpu: another kernel than add_graph's."""
+    def buf(fill):
+        n = kex_pb2.Node(op="BUFFER", dtype="float32", shape=[8])
+        n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
+        return n
+    return kex_pb2.Graph(device="cpu", nodes=[buf(3.0), buf(0.5), kex_pb2.Node(op="MUL", src=[0, 1])], outputs=[2])
+
+
+def cache_visibility():
+    s = Server(auth_file("auth-cache.json"), "--cache", os.path.join(TMP, "tenants-cache.db"))
+    try:
+        if not check("7: kexd --auth with a cache file serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        ja, jb, jo = s.open("alice"), s.open("bob"), s.open("ops")
+
+        def tune(who, job, graph):
+            evs = list(s.kex.Tune(kex_pb2.TuneRequest(job=job, graph=graph, beam=kex_pb2.BeamOptions(beam_width=2)),
+                                  metadata=md(who), timeout=300))
+            return [e.entry for e in evs if e.finished]
+
+        def listed(who, job):
+            return list(s.kex.ListCache(kex_pb2.ListCacheRequest(job=job), metadata=md(who), timeout=30).entries)
+
+        mine = tune("alice", ja, add_graph())
+        check("7: alice's Tune makes a cache entry", len(mine) == 1 and mine[0].key, mine)
+        key = mine[0].key
+        la = listed("alice", ja)
+        check("7: alice lists her entry, marked as hers", [e.key for e in la] == [key] and la[0].tenant == "alice",
+              [(e.key[:8], e.tenant) for e in la])
+        lb = listed("bob", jb)
+        check("7: bob lists none of alice's entries", key not in [e.key for e in lb], [(e.key[:8], e.tenant) for e in lb])
+        e = rpc_error(s.kex.GetCacheEntry, kex_pb2.GetCacheEntryRequest(job=jb, key=key), metadata=md("bob"), timeout=30)
+        check("7: bob's GetCacheEntry of alice's key: NOT_FOUND", e is not None and e.code() == NF, desc(e))
+        got = s.kex.GetCacheEntry(kex_pb2.GetCacheEntryRequest(job=ja, key=key), metadata=md("alice"), timeout=30)
+        check("7: alice's GetCacheEntry of it: the entry", got.key == key and got.tenant == "alice", got.tenant)
+        lo = listed("ops", jo)
+        check("7: the admin lists every entry, with the tenant that made it",
+              [(x.key, x.tenant) for x in lo] == [(key, "alice")], [(x.key[:8], x.tenant) for x in lo])
+        got = rpc_error(s.kex.GetCacheEntry, kex_pb2.GetCacheEntryRequest(job=jo, key=key), metadata=md("ops"), timeout=30)
+        check("7: the admin reads it too", got is None, desc(got))
+        before = s.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md("ops"), timeout=10)
+        req = kex_pb2.SubmitRequest(job=jb, graph=add_graph(), only_done=True, free_outputs=True)
+        req.beam.beam_width = 2
+        last = list(s.kex.Submit(req, metadata=md("bob"), timeout=300))[-1]
+        after = s.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md("ops"), timeout=10)
+        check("7: bob's beam Submit of the same kernel still uses alice's entry (a beam cache hit, no search)",
+              after.beam_cache_hits == before.beam_cache_hits + 1 and after.searches_run == before.searches_run,
+              (before.beam_cache_hits, after.beam_cache_hits, before.searches_run, after.searches_run, str(last)[:200]))
+        his = tune("bob", jb, mul_graph())
+        lb = listed("bob", jb)
+        check("7: bob's own Tune: bob lists exactly his entry", len(his) == 1 and
+              [(x.key, x.tenant) for x in lb] == [(his[0].key, "bob")], [(x.key[:8], x.tenant) for x in lb])
+        check("7: the admin lists both", len(listed("ops", jo)) == 2)
+    finally:
+        s.close()
+
+
+PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens, "6": lambda: (metrics_rules(), slow_clients()), "7": cache_visibility}
 
 
 def main():
