@@ -102,8 +102,8 @@ static void upload_on_device(kexd_work *w) {
     r.handle = b->handle;
     r.bytes = b->bytes;
     d->uploads++;
-    kex_log(KEX_LOG_DEBUG, u->log_id, 0, "Upload: %" PRIu64 " bytes as buffer %.8s on %s", b->bytes, b->handle,
-            d->cfg.devices[u->device]);
+    kex_log(KEX_LOG_DEBUG, u->log_id, 0, "Upload: %" PRIu64 " bytes as the job's buffer %u on %s (no handle: a secret)",
+            b->bytes, b->slot, d->cfg.devices[u->device]);
     kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
     upload_free(u);
   }

@@ -559,7 +559,8 @@ void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b) {
   b->free_work.ud = b;
   if (!j->disp || (rc = kexd_dispatch_post(j->disp, b->device, &b->free_work)) < 0) {
     /* only after the runners stopped: the process is exiting and takes the memory with it */
-    KEX_WARN("buffer %.8s of %" PRIu64 " bytes not freed on its device: the dispatcher is stopped", b->handle, b->bytes);
+    KEX_WARN("a buffer of %" PRIu64 " bytes (job %" PRIu64 ") not freed on its device: the dispatcher is stopped",
+             b->bytes, b->job);
     kex_free(b);
   }
 }
