@@ -50,10 +50,12 @@ int kex_remote_main(int argc, char **argv);
 typedef kex_cli_remote remote;
 
 static void remote_usage(FILE *f) {
-  fputs("usage: kex --server ADDR [--token T] [--tls] [--root-certs PEM]\n"
+  fputs("usage: kex --server ADDR [--token-file PATH] [--tls] [--root-certs PEM]\n"
         "           [--client-cert PEM --client-key PEM] <command> [options]\n"
         "       (--client-cert/--client-key: mutual TLS, for a kexd started with --tls-client-ca)\n"
-        "       (KEX_SERVER, KEX_TOKEN and KEX_JOB work as --server, --token and --job;\n"
+        "       (the token: KEX_TOKEN, or --token-file PATH (its first line); --token T works too\n"
+        "        but every user of the machine can read it in ps, so kex warns)\n"
+        "       (KEX_SERVER and KEX_JOB work as --server and --job;\n"
         "        ADDR without a port means port " KEX_CLI_DEFAULT_PORT ";\n"
         "        a fleet: ADDR,ADDR,... (IP addresses) or dns:///NAME:PORT -- new jobs go to the\n"
         "        live nodes, a job's calls to the node its token names)\n"
@@ -835,10 +837,56 @@ static bool is_remote_only(const char *cmd) {
  */
 int kex_remote_cmd_health(kex_cli_remote *r, int argc, char **argv); /* kex_auth.c */
 
+#define CLI_TOKEN_FILE_MAX 512 /* bytes of a --token-file (kexd's limit on an authorization value) */
+
+/*
+ * The token in file `path` into buf (cap bytes): its first line, without
+ * the line end and trailing blanks.  0, or 2 after printing why (cannot
+ * read it, empty, longer than CLI_TOKEN_FILE_MAX, a control character).
+ * A file others may read is only warned about (like ssh's keys, it should
+ * be the user's alone).
+ */
+static int read_token_file(const char *path, char *buf, size_t cap) {
+  struct stat st;
+  FILE *f = fopen(path, "r");
+  size_t n = 0;
+  int c, rc = 2;
+  if (!f) {
+    fprintf(stderr, "kex: --token-file %s: %s\n", path, strerror(errno));
+    return 2;
+  }
+  if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
+    fprintf(stderr, "kex: warning: --token-file %s can be read by other users (chmod 600 it)\n", path);
+  while ((c = fgetc(f)) != EOF && c != '\n') {
+    if (n + 1 >= cap || n >= CLI_TOKEN_FILE_MAX) {
+      fprintf(stderr, "kex: --token-file %s: the token is longer than %d bytes\n", path, CLI_TOKEN_FILE_MAX);
+      goto out;
+    }
+    buf[n++] = (char)c;
+  }
+  while (n && (buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t')) n--;
+  buf[n] = '\0';
+  if (!n) {
+    fprintf(stderr, "kex: --token-file %s: no token on its first line\n", path);
+    goto out;
+  }
+  for (size_t k = 0; k < n; k++)
+    if ((unsigned char)buf[k] < 0x20 || buf[k] == 0x7f) {
+      fprintf(stderr, "kex: --token-file %s: a control character in the token\n", path);
+      goto out;
+    }
+  rc = 0;
+out:
+  fclose(f);
+  return rc;
+}
+
 int kex_remote_main(int argc, char **argv) {
   remote r = {0};
   int i = 1, ret;
   char addr[KEX_CLI_ADDR_MAX];
+  static char file_token[CLI_TOKEN_FILE_MAX + 1]; /* lives as long as the command (r.token points here) */
+  const char *token_arg = NULL, *token_file = NULL;
   r.server = getenv("KEX_SERVER");
   r.token = getenv("KEX_TOKEN");
   bool flag = false;
@@ -849,19 +897,32 @@ int kex_remote_main(int argc, char **argv) {
       i++;
       continue;
     }
-    if (strcmp(a, "--server") != 0 && strcmp(a, "--token") != 0 && strcmp(a, "--root-certs") != 0 &&
-        strcmp(a, "--client-cert") != 0 && strcmp(a, "--client-key") != 0)
+    if (strcmp(a, "--server") != 0 && strcmp(a, "--token") != 0 && strcmp(a, "--token-file") != 0 &&
+        strcmp(a, "--root-certs") != 0 && strcmp(a, "--client-cert") != 0 && strcmp(a, "--client-key") != 0)
       break;
     if (i + 1 >= argc) {
       fprintf(stderr, "kex: %s needs a value\n", a);
       return 2;
     }
     if (strcmp(a, "--server") == 0) r.server = argv[i + 1], flag = true;
-    else if (strcmp(a, "--token") == 0) r.token = argv[i + 1];
+    else if (strcmp(a, "--token") == 0) token_arg = argv[i + 1];
+    else if (strcmp(a, "--token-file") == 0) token_file = argv[i + 1];
     else if (strcmp(a, "--client-cert") == 0) r.client_cert = argv[i + 1];
     else if (strcmp(a, "--client-key") == 0) r.client_key = argv[i + 1];
     else r.root_certs = argv[i + 1];
     i += 2;
+  }
+  if (token_arg && token_file) {
+    fprintf(stderr, "kex: --token and --token-file: give one\n");
+    return 2;
+  }
+  if (token_file) {
+    if (read_token_file(token_file, file_token, sizeof file_token)) return 2;
+    r.token = file_token;
+  } else if (token_arg) {
+    fprintf(stderr, "kex: warning: --token puts the token on the command line, where every user of this machine "
+                    "can read it (ps, /proc); use KEX_TOKEN or --token-file PATH\n");
+    r.token = token_arg;
   }
   if (i > 1 && !flag && !r.server) {
     fprintf(stderr, "kex: %s needs --server ADDR (or KEX_SERVER)\n", argv[1]);

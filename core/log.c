@@ -1,6 +1,8 @@
 /*
  * log.c - log lines: human-readable text, or one JSON object per line
- * (jansson escapes the message) for log collectors.
+ * (jansson escapes the message) for log collectors.  The text form escapes
+ * control bytes as JSON does (put_escaped) and quotes a kv value that could
+ * pass for another field, so one event is always one line.
  */
 #include "core/log.h"
 
@@ -95,6 +97,38 @@ void kex_log_kv(enum kex_log_level level, const char *job, const char *msg, cons
   log_line(level, job, 0, msg, kv);
 }
 
+/*
+ * Append s to out[*n..cap) so that it cannot start a line or move a
+ * terminal: a control byte (below 0x20, and DEL) becomes \n, \r, \t or
+ * \xNN and a backslash \\, as a JSON string would have them; with quote,
+ * '"' becomes \" too.  Messages carry client strings (job names, method
+ * paths), so a client can never forge a log line.  Stops at the buffer's end.
+ */
+static void put_escaped(char *out, size_t cap, size_t *n, const char *s, int quote) {
+  static const char hex[] = "0123456789abcdef";
+  for (; *s && *n + 5 < cap; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '\\' || (quote && ch == '"')) {
+      out[(*n)++] = '\\';
+      out[(*n)++] = (char)ch;
+    } else if (ch == '\n' || ch == '\r' || ch == '\t') {
+      out[(*n)++] = '\\';
+      out[(*n)++] = ch == '\n' ? 'n' : ch == '\r' ? 'r' : 't';
+    } else if (ch < 0x20 || ch == 0x7f) {
+      out[(*n)++] = '\\';
+      out[(*n)++] = 'x';
+      out[(*n)++] = hex[ch >> 4];
+      out[(*n)++] = hex[ch & 15];
+    } else {
+      out[(*n)++] = (char)ch;
+    }
+  }
+  out[*n] = '\0';
+}
+
+/* A kv value goes in quotes (logfmt) when it is empty or holds a space, '"' or '=': no value forges a field. */
+static int needs_quotes(const char *v) { return !*v || strpbrk(v, " \"=") != NULL; }
+
 /* One line: JSON when asked (falling back to text if it cannot be made), else text with kv appended. */
 static void log_line(enum kex_log_level level, const char *job, unsigned long long sub, const char *msg,
                      const char *const *kv) {
@@ -107,10 +141,21 @@ static void log_line(enum kex_log_level level, const char *job, unsigned long lo
   if (log_json && log_json_line(log_stream ? log_stream : stderr, when, ts.tv_nsec / 1000000, level_names[level], job,
                                 sub, msg, kv) == 0)
     return;
-  char text[1024];
-  size_t n = (size_t)snprintf(text, sizeof text, "%s", msg);
-  for (size_t i = 0; kv && kv[i] && kv[i + 1] && n < sizeof text; i += 2)
-    n += (size_t)snprintf(text + n, sizeof text - n, " %s=%s", kv[i], kv[i + 1]);
+  char text[2048];
+  size_t n = 0;
+  text[0] = '\0';
+  put_escaped(text, sizeof text, &n, msg, 0);
+  for (size_t i = 0; kv && kv[i] && kv[i + 1] && n + 8 < sizeof text; i += 2) {
+    int q = needs_quotes(kv[i + 1]);
+    text[n++] = ' ';
+    put_escaped(text, sizeof text, &n, kv[i], 0);
+    if (n + 3 >= sizeof text) break;
+    text[n++] = '=';
+    if (q) text[n++] = '"';
+    put_escaped(text, sizeof text, &n, kv[i + 1], q);
+    if (q && n + 1 < sizeof text) text[n++] = '"';
+  }
+  text[n] = '\0';
   msg = text;
   char ctx[160] = "";
   if (job && sub)

@@ -5,7 +5,8 @@
  * "token_sha256": "<64 hex>"}, {"name": "alice", "role": "user",
  * "token_sha256": "<64 hex>", "max_jobs": 4, "max_bytes": 1073741824,
  * "max_weight": 4, "max_beam": 4, "may_tune": true}]}.  Only the SHA-256
- * of each token is kept; a limit left out is unlimited; a user may Tune
+ * of each token is kept; a limit left out is unlimited (max_jobs: kexd's
+ * --tenant-max-jobs); a user may Tune
  * (or Submit with beam.beam_width: any search it asks for) unless may_tune
  * is false.  A loaded file is an immutable, reference
  * counted table: kexd holds the current one, each call the one that
@@ -33,7 +34,7 @@ typedef struct kexd_tenant {
   char name[KEXD_TENANT_NAME_MAX + 1];
   kexd_role role;
   uint8_t token_sha256[KEXD_SHA256_LEN];
-  uint32_t max_jobs;    /* jobs open at once (0: unlimited) */
+  uint32_t max_jobs;    /* jobs open at once (0: --tenant-max-jobs) */
   uint64_t max_bytes;   /* bytes its jobs hold and reserve together (0: unlimited) */
   uint32_t max_weight;  /* an OpenJob weight (0: unlimited) */
   uint32_t max_beam;    /* a Submit or Tune beam width (0: unlimited) */

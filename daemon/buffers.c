@@ -102,8 +102,8 @@ static void upload_on_device(kexd_work *w) {
     r.handle = b->handle;
     r.bytes = b->bytes;
     d->uploads++;
-    kex_log(KEX_LOG_DEBUG, u->log_id, 0, "Upload: %" PRIu64 " bytes as buffer %.8s on %s", b->bytes, b->handle,
-            d->cfg.devices[u->device]);
+    kex_log(KEX_LOG_DEBUG, u->log_id, 0, "Upload: %" PRIu64 " bytes as the job's buffer %u on %s (no handle: a secret)",
+            b->bytes, b->slot, d->cfg.devices[u->device]);
     kexd_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
     upload_free(u);
   }
@@ -308,7 +308,9 @@ void kexd_rpc_upload(kexd_call *c, const uint8_t *req, size_t len, void *ud) {
  * One Download stream (its kexd_stream): copy a chunk out on the device's
  * runner (held), write it, repeat; the first chunk carries the dtype and
  * shape, an empty buffer is one empty chunk.  The buffer is referenced
- * throughout, so a Free or CloseJob meanwhile only frees it after.
+ * throughout, so a Free or CloseJob meanwhile only frees it after, and its
+ * bytes stay charged to its tenant until then (jobs.h: a client that stops
+ * reading pins them against its own max_bytes, nobody else's).
  */
 typedef struct download {
   kexd *d;

@@ -11,6 +11,12 @@
  * at most CACHE_EXPORT_CHUNK bytes (under --max-message), the last one
  * carrying the entry count.
  *
+ * Visibility: every entry a Tune or beam Submit makes records its job's
+ * tenant (search/cache.h's tenant column); with --auth, ListCache and
+ * GetCacheEntry show a user only its own tenant's entries, an admin all.
+ * Submit and Tune still use any matching entry (the results are shared,
+ * the listing is not).
+ *
  * SQLite (the policy is search/cache.h's): kexd keeps one connection per
  * worker thread (realize/engine.h, kex_cache_conns); the cache RPCs, Tune
  * and Submit's beam hook use the connection of the thread they run on.
@@ -81,6 +87,7 @@ void kexd_cache_entry_to_pb(kex_cache_entry *e, kexd_pb_entry *p) {
   p->m.search_opts = e->search_opts;
   p->m.codegen = e->codegen_version;
   p->m.candidates = e->value.candidates > 0 ? (uint64_t)e->value.candidates : 0;
+  p->m.tenant = e->value.tenant;
   p->id.kind = e->device.kind;
   p->id.vendor = e->device.vendor;
   p->id.name = e->device.name;
@@ -137,6 +144,7 @@ typedef struct cache_req {
   ProtobufCMessage *msg;     /* the decoded request (filters point into it) */
   kex_cache_filter filter;
   bool has_filter;
+  char tenant[KEX_CACHE_TENANT_MAX]; /* a user's (--auth, not admin): it sees only the entries its tenant made */
   kex_work work;
   int rc;
   kex_error err;
@@ -199,7 +207,7 @@ static void creq_work(kex_work *w) {
   }
   case OP_GET: {
     Kex__V1__GetCacheEntryRequest *m = (Kex__V1__GetCacheEntryRequest *)q->msg;
-    rc = kex_cache_get_entry(c, m->key, m->device, &q->entry, &q->err);
+    rc = kex_cache_get_entry_of(c, m->key, m->device, q->tenant, &q->entry, &q->err); /* a user: its own only */
     if (rc == 0) {
       char ot[KEX_CACHE_OPTS_TEXT_MAX];
       if (kex_cache_opts_format(q->entry.value.opts, q->entry.value.nopts, ot, sizeof ot) == 0)
@@ -379,6 +387,8 @@ static cache_req *creq_new(kexd *d, kexd_call *c, cache_op op, ProtobufCMessage 
   q->call = c;
   q->op = op;
   q->msg = m;
+  const kexd_tenant *t = kexd_rpc_tenant(c);
+  if (t && t->role != KEXD_ROLE_ADMIN) snprintf(q->tenant, sizeof q->tenant, "%s", t->name);
   kexd_stream_start(&q->st, d->streams, c, op == OP_IMPORT ? &import_ops : op == OP_EXPORT ? &export_ops : &creq_ops, q);
   return q;
 }
@@ -421,6 +431,10 @@ void kexd_rpc_list_cache(kexd *d, kexd_call *c, kexd_req *rq) {
   }
   if (!(q = creq_take(d, c, rq, OP_LIST))) return;
   if (take_filter(q, m->filter) < 0) return;
+  if (q->tenant[0]) { /* a user lists its own tenant's entries (a Submit still uses any) */
+    q->has_filter = true;
+    q->filter.tenant = q->tenant;
+  }
   q->limit = m->limit ? m->limit : CACHE_LIST_DEFAULT;
   if (*m->page_token) {
     const char *p = m->page_token;

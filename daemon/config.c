@@ -84,10 +84,11 @@ static const flag flags[] = {
    "tenants and the SHA-256 of their tokens (JSON); every call but the health check needs authorization: Bearer "
    "TOKEN; SIGHUP reloads it (default: no tokens, loopback only)"},
   {"insecure", NULL, FLAG_BOOL, F(insecure), 0, 0, 0, 0, false, NULL,
-   "allow a --listen address other than loopback without --auth and --tls-cert (anyone who reaches it may run "
-   "anything)"},
+   "allow a --listen or --metrics address other than loopback without --auth and --tls-cert (anyone who reaches "
+   "it may run anything)"},
   {"metrics", "ADDR", FLAG_STRING, F(metrics), 0, 0, 0, 0, false, NULL,
-   "serve Prometheus metrics at http://ADDR/metrics (host:port; \"off\": none)"},
+   "serve Prometheus metrics at http://ADDR/metrics (host:port; \"off\": none); not loopback: needs --auth and "
+   "--tls-cert, or --insecure; the default address, when taken, is skipped with a warning (a given one is an error)"},
   {"cache", "PATH", FLAG_STRING, F(cache_path), 0, 0, 0, 0, false, NULL,
    "the SQLite cache file (programs and beam results; \"\": none); default $XDG_CACHE_HOME/kex/cache.db, else "
    "~/.cache/kex/cache.db"},
@@ -140,11 +141,15 @@ static const flag flags[] = {
    "largest gRPC message either way"},
   /* jobs */
   {"max-jobs", "N", FLAG_U32, F(max_jobs), 1, 1 << 20, 0, 0, false, "jobs",
-   "jobs open at once; when full, the job idle longest is closed for a new one (if idle --job-evict-idle)"},
+   "jobs open at once; when full, the opening tenant's job idle longest is closed for its new one (if idle "
+   "--job-evict-idle; never another tenant's)"},
   {"job-evict-idle", "SECONDS", FLAG_SECONDS, F(job_evict_idle_s), 0, 0, 0, 1e7, false, NULL,
-   "a full job table closes its job idle longest only when it has been idle at least this long"},
+   "a full job table closes the opening tenant's job idle longest only when it has been idle at least this long"},
   {"max-jobs-per-peer", "N", FLAG_U32, F(max_jobs_per_peer), 1, 1 << 20, 0, 0, false, NULL,
    "jobs one client address may hold open at once"},
+  {"tenant-max-jobs", "N", FLAG_U32, F(tenant_max_jobs), 1, 1 << 20, 0, 0, false, NULL,
+   "with --auth: jobs one tenant may hold open at once when its entry sets no max_jobs (a full --max-jobs table "
+   "makes room only from the opening tenant's own idle jobs)"},
   {"lease", "SECONDS", FLAG_SECONDS, F(lease_s), 0, 0, 0.1, 1e7, false, NULL,
    "a job no call names for this long is closed"},
   {"job-memory-default", "BYTES", FLAG_U64, F(job_memory_default), 1, INT64_MAX, 0, 0, false, NULL,
@@ -329,10 +334,13 @@ static void env_name(const flag *f, char *buf, size_t cap) {
   for (size_t i = 4; i < n && i < cap; i++) buf[i] = buf[i] == '-' ? '_' : (char)toupper((unsigned char)buf[i]);
 }
 
+/* The default --metrics, one object: kexd_config_parse tells it from a flag that names the same address. */
+static const char default_metrics[] = KEXD_DEFAULT_METRICS;
+
 void kexd_config_defaults(kexd_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->listen = KEXD_DEFAULT_LISTEN;
-  cfg->metrics = KEXD_DEFAULT_METRICS;
+  cfg->metrics = default_metrics;
   cfg->lease_s = KEXD_DEFAULT_LEASE_S;
   cfg->grace_s = KEXD_DEFAULT_GRACE_S;
   cfg->fleet_lease_s = KEXD_FLEET_DEFAULT_LEASE_S;
@@ -342,6 +350,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->limits = KEX_LIMITS_DEFAULT;
   cfg->max_jobs = KEXD_LIMIT_JOBS;
   cfg->max_jobs_per_peer = KEXD_LIMIT_JOBS_PER_PEER;
+  cfg->tenant_max_jobs = KEXD_LIMIT_JOBS_PER_TENANT;
   cfg->job_evict_idle_s = KEXD_DEFAULT_JOB_EVICT_IDLE_S;
   cfg->job_memory_default = KEXD_DEFAULT_JOB_MEMORY;
   cfg->job_memory_max = KEXD_LIMIT_JOB_MEMORY;
@@ -519,6 +528,23 @@ int kexd_config_parse(kexd_config *cfg, int argc, char **argv) {
             "--insecure to accept the risk\n",
             cfg->listen, !cfg->auth && !cfg->tls_cert ? "--auth and TLS" : !cfg->auth ? "--auth" : "TLS",
             !cfg->auth ? "open jobs, run kernels and delete the beam cache" : "read the tokens off the wire");
+    return -1;
+  }
+  if (cfg->advertise && kexd_node_field_ok(cfg->advertise, KEXD_ADVERTISE_MAX) && !kexd_address_ok(cfg->advertise)) {
+    fprintf(stderr, "kexd: --advertise \"%s\" is not HOST:PORT, [IPv6]:PORT (PORT 1-65535) or unix:/PATH: clients "
+            "could not reach the jobs it names\n", cfg->advertise);
+    return -1;
+  }
+  cfg->metrics_default = cfg->metrics == default_metrics;
+  /* the gRPC rule for the metrics port too: it names tenants and the load; a malformed address fails at start */
+  if (!cfg->insecure && strcmp(cfg->metrics, "off") != 0 && strchr(cfg->metrics, ':') &&
+      !listen_is_loopback(cfg->metrics) && (!cfg->auth || !cfg->tls_cert)) {
+    fprintf(stderr,
+            "kexd: refusing to serve metrics on %s: it is not a loopback address, and without %s this kexd is not "
+            "meant to be reached from elsewhere (the metrics name tenants and show the load); give --auth FILE and "
+            "--tls-cert/--tls-key, serve them on 127.0.0.1 (or --metrics off), or pass --insecure to accept the "
+            "risk\n",
+            cfg->metrics, !cfg->auth && !cfg->tls_cert ? "--auth and TLS" : !cfg->auth ? "--auth" : "TLS");
     return -1;
   }
   if (!cfg->node_name) cfg->node_name = cfg->listen;

@@ -1,5 +1,5 @@
 /*
- * job_rpc.c - OpenJob (with the tenant's max_jobs and max_weight), CloseJob
+ * job_rpc.c - OpenJob (with the tenant's max_jobs, else --tenant-max-jobs, and max_weight), CloseJob
  * and HoldJob (the job table is jobs.c), and the
  * test-only _BusyWork (kexd --test-busy-work), which queues busy-CPU items
  * on a device runner charged to a job, to measure fair queueing.
@@ -58,10 +58,10 @@ void kexd_rpc_open_job(kexd *d, kexd_call *c, kexd_req *rq) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                     "OpenJob: weight %u is more than tenant '%s''s limit max_weight %u (--auth)", m->weight, t->name,
                     t->max_weight);
-  } else if (t && t->max_jobs && use->jobs >= t->max_jobs) {
+  } else if (t && use->jobs >= (t->max_jobs ? t->max_jobs : d->cfg.tenant_max_jobs)) {
     use->refused++;
-    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                    "OpenJob: tenant '%s' holds %u jobs open, its limit max_jobs (--auth)", t->name, use->jobs);
+    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: tenant '%s' holds %u jobs open, its limit %s",
+                    t->name, use->jobs, t->max_jobs ? "max_jobs (--auth)" : "--tenant-max-jobs (no max_jobs in --auth)");
   } else if ((rc = kexd_jobs_open(&d->jobs, m->name, m->weight, memory, peer, use, &job, &err)) < 0)
     kexd_call_failf(c, kex_err_grpc_status(rc), "OpenJob: %s", err.msg);
   else {

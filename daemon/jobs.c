@@ -73,6 +73,24 @@ static int random_hex(char out[KEXD_TOKEN_LEN + 1]) {
   return 0;
 }
 
+/*
+ * The job's log id: the first 8 hex characters of the SHA-256 of its token.
+ * Logs name jobs by it; it tells nothing about the token (not even a
+ * prefix), yet one job's lines share it.  0 or KEX_EIO.
+ */
+static int log_id_of(const char token[KEXD_TOKEN_LEN + 1], char out[9]) {
+  static const char hex[] = "0123456789abcdef";
+  unsigned char h[EVP_MAX_MD_SIZE];
+  unsigned int hl = 0;
+  if (!EVP_Digest(token, KEXD_TOKEN_LEN, h, &hl, EVP_sha256(), NULL) || hl < 4) return KEX_EIO;
+  for (int i = 0; i < 4; i++) {
+    out[2 * i] = hex[h[i] >> 4];
+    out[2 * i + 1] = hex[h[i] & 15];
+  }
+  out[8] = '\0';
+  return 0;
+}
+
 /* ---- the secret indexes (see the file comment) ---- */
 
 /* One entry of an index: a token's or handle's characters, inside the object they name. */
@@ -126,15 +144,26 @@ static void index_remove(const kexd_jobs *j, kex_dict *d, const char *secret) {
   if (e) kex_dict_remove(d, e);
 }
 
-/* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
-/* A buffer joins (held) or leaves its job: the job's, its tenant's and its device's byte counts follow. */
-static void account_held(kexd_jobs *j, kexd_job *job, const kexd_buffer *b, bool held) {
-  uint64_t *counts[3] = {&job->bytes_held, job->use ? &job->use->bytes_held : NULL,
-                         b->device < KEXD_MAX_DEVICES ? &j->held_by_device[b->device] : NULL};
-  for (int k = 0; k < 3; k++)
-    if (counts[k]) *counts[k] = held ? *counts[k] + b->bytes : *counts[k] - b->bytes;
+/* A buffer joins (held) or leaves its job: the job's byte count follows. */
+static void account_held(kexd_job *job, const kexd_buffer *b, bool held) {
+  job->bytes_held = held ? job->bytes_held + b->bytes : job->bytes_held - b->bytes;
 }
 
+/*
+ * A buffer is made (charged) or its last reference went: its tenant's and
+ * its device's byte counts follow.  Charged for its whole life, not only
+ * while a job holds it: a Download may read it after a Free or CloseJob,
+ * and the bytes it pins stay the tenant's until then.
+ */
+static void account_alive(kexd_jobs *j, kexd_buffer *b, bool alive) {
+  uint64_t *counts[2] = {b->use ? &b->use->bytes_held : NULL,
+                         b->device < KEXD_MAX_DEVICES ? &j->held_by_device[b->device] : NULL};
+  for (int k = 0; k < 2; k++)
+    if (counts[k]) *counts[k] = alive ? *counts[k] + b->bytes : *counts[k] - b->bytes;
+  if (!alive) b->use = NULL;
+}
+
+/* Remove jobs[i] (order is not kept): cancel its queued work, drop its buffers. */
 static void jobs_remove(kexd_jobs *j, uint32_t i) {
   kexd_job *job = j->jobs[i];
   void (*on_close)(void *) = job->on_close;
@@ -146,7 +175,7 @@ static void jobs_remove(kexd_jobs *j, uint32_t i) {
   }
   while (job->nbufs) { /* first: their FREE items join the job's flow, which cancelling keeps */
     kexd_buffer *b = job->bufs[--job->nbufs];
-    account_held(j, job, b, false);
+    account_held(job, b, false);
     kexd_buffer_unref(j, b);
   }
   if (j->disp) kexd_dispatch_cancel_job(j->disp, job->id);
@@ -248,6 +277,40 @@ void kexd_job_wire_token(const kexd_jobs *j, const kexd_job *job, char out[KEXD_
   snprintf(out, KEXD_WIRE_TOKEN_MAX + 1, "%s%s", job->token, j->suffix);
 }
 
+/* True when s[0..n) is a decimal port 1..65535 without a leading zero. */
+static bool port_ok(const char *s, size_t n) {
+  unsigned long v = 0;
+  if (n == 0 || n > 5 || s[0] == '0') return false;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (unsigned long)(s[i] - '0');
+  }
+  return v <= 65535;
+}
+
+bool kexd_address_ok(const char *addr) {
+  const char *host, *colon;
+  size_t n;
+  if (!kexd_node_field_ok(addr, KEXD_ADVERTISE_MAX)) return false;
+  if (strncmp(addr, "unix:/", 6) == 0) return addr[6] != '\0' && !strstr(addr, "//");
+  if (strncmp(addr, "dns:///", 7) == 0) addr += 7;
+  else if (strncmp(addr, "ipv4:", 5) == 0 || strncmp(addr, "ipv6:", 5) == 0) addr += 5;
+  host = addr;
+  if (*host == '[') { /* [IPv6]:PORT */
+    const char *rb = strchr(host, ']');
+    if (!rb || rb == host + 1 || strspn(host + 1, "0123456789abcdefABCDEF:.") != (size_t)(rb - host - 1) ||
+        rb[1] != ':')
+      return false;
+    return port_ok(rb + 2, strlen(rb + 2));
+  }
+  if (!(colon = strchr(host, ':')) || colon == host) return false; /* HOST:PORT, one colon */
+  n = (size_t)(colon - host);
+  if (strspn(host, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-_") != n || host[0] == '.' ||
+      host[0] == '-' || strstr(host, ".."))
+    return false;
+  return port_ok(colon + 1, strlen(colon + 1));
+}
+
 const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token) {
   const char *owner, *at;
   char name[KEXD_NODE_NAME_MAX + 1];
@@ -258,25 +321,31 @@ const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token) {
   if (!(at = strchr(owner, '@')) || (size_t)(at - owner) > KEXD_NODE_NAME_MAX) return NULL;
   memcpy(name, owner, (size_t)(at - owner));
   name[at - owner] = '\0';
-  return kexd_node_field_ok(name, KEXD_NODE_NAME_MAX) && kexd_node_field_ok(at + 1, KEXD_ADVERTISE_MAX) ? owner
-                                                                                                         : NULL;
+  if (!kexd_node_field_ok(name, KEXD_NODE_NAME_MAX) || !kexd_address_ok(at + 1)) return NULL; /* malformed */
+  /* this node's name or address with the rest changed is a damaged token of this node, not another node's */
+  if (strcmp(name, j->node) == 0 || strcmp(at + 1, j->advertise) == 0) return NULL;
+  return owner;
 }
 
 /*
- * The table is full: close the job idle longest, when it has been idle at
- * least j->evict_idle_ms (its lease would end first anyway).
- * True when a slot was freed.
+ * The table is full: close tenant use's job idle longest, when it has been
+ * idle at least j->evict_idle_ms (its lease would end first anyway).  Never
+ * another tenant's: one tenant filling the table cannot make room by
+ * closing the jobs of others.  True when a slot was freed.
  */
-static bool evict_idlest(kexd_jobs *j) {
+static bool evict_idlest(kexd_jobs *j, const kexd_tenant_use *use) {
   uint64_t now;
   int best = -1;
   uv_update_time(j->loop);
   now = uv_now(j->loop);
-  for (uint32_t i = 0; i < j->njobs; i++)
-    if (!j->jobs[i]->held && (best < 0 || j->jobs[i]->last_used_ms < j->jobs[best]->last_used_ms)) best = (int)i;
+  for (uint32_t i = 0; i < j->njobs; i++) {
+    const kexd_job *c = j->jobs[i];
+    if (!c->held && c->use == use && (best < 0 || c->last_used_ms < j->jobs[best]->last_used_ms)) best = (int)i;
+  }
   if (best < 0 || now - j->jobs[best]->last_used_ms < j->evict_idle_ms) return false;
   kex_log(KEX_LOG_INFO, j->jobs[best]->log_id, 0,
-          "job \"%s\" expired early: the job table is full (--max-jobs %u) and it was idle longest (%.1f s)",
+          "job \"%s\" expired early: the job table is full (--max-jobs %u) and of its tenant's jobs it was idle "
+          "longest (%.1f s)",
           j->jobs[best]->name, j->max_jobs, (now - j->jobs[best]->last_used_ms) / 1e3);
   j->expired++;
   j->evicted++;
@@ -311,11 +380,11 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
   if (j->max_per_peer && same_peer >= j->max_per_peer && strcmp(use->name, KEXD_ANONYMOUS_TENANT) == 0)
     return kex_err_set(err, KEX_ELIMIT, "%s holds %u jobs open, the limit per client address (--max-jobs-per-peer)",
                        peer, same_peer);
-  if (j->njobs >= j->max_jobs && !evict_idlest(j))
+  if (j->njobs >= j->max_jobs && !evict_idlest(j, use))
     return kex_err_set(err, KEX_ELIMIT,
-                       "%u jobs are open, the limit (--max-jobs), and none has been idle for %.1f s "
+                       "%u jobs are open, the limit (--max-jobs), and none of tenant '%s' has been idle for %.1f s "
                        "(--job-evict-idle) to make room",
-                       j->njobs, j->evict_idle_ms / 1e3);
+                       j->njobs, use->name, j->evict_idle_ms / 1e3);
   if (kex_grow(&j->jobs, j->njobs, &j->cap, sizeof *j->jobs, 16))
     return kex_err_set(err, KEX_ENOMEM, "out of memory for the job table");
   if (!(job = kex_calloc(1, sizeof *job)) || !(job->name = kex_strdup(name)) || !(job->peer = kex_strdup(peer))) {
@@ -326,8 +395,10 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
     kex_err_set(err, rc, "the random generator failed");
     goto out;
   }
-  memcpy(job->log_id, job->token, 8);
-  job->log_id[8] = '\0';
+  if ((rc = log_id_of(job->token, job->log_id)) < 0) {
+    kex_err_set(err, rc, "OpenSSL's SHA-256 failed");
+    goto out;
+  }
   job->buf_index = kex_dict_make(&secret_index);
   job->table = j;
   if ((rc = index_add(j, &j->index, job->token, job)) < 0) { /* EINTERNAL: 2^-128, believed impossible */
@@ -436,10 +507,12 @@ int kexd_job_add_buffer(kexd_jobs *j, kexd_job *job, kex_buffer *dev_buf, uint32
   b->device = device;
   b->job = job->id;
   b->weight = job->weight;
+  b->use = job->use;
   b->dev_buf = dev_buf;
   b->slot = job->nbufs;
   job->bufs[job->nbufs++] = b;
-  account_held(j, job, b, true);
+  account_held(job, b, true);
+  account_alive(j, b, true);
   *out = b;
   return 0;
 }
@@ -454,7 +527,7 @@ int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle) {
   index_remove(j, &job->buf_index, b->handle);
   job->bufs[b->slot] = job->bufs[--job->nbufs];
   job->bufs[b->slot]->slot = b->slot;
-  account_held(j, job, b, false);
+  account_held(job, b, false);
   kexd_buffer_unref(j, b);
   return 0;
 }
@@ -470,6 +543,7 @@ void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b) {
   int rc;
   if (!b || --b->refs) return;
   j->buffers_freed++;
+  account_alive(j, b, false);
   if (!b->dev_buf) {
     kex_free(b);
     return;
@@ -485,7 +559,8 @@ void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b) {
   b->free_work.ud = b;
   if (!j->disp || (rc = kexd_dispatch_post(j->disp, b->device, &b->free_work)) < 0) {
     /* only after the runners stopped: the process is exiting and takes the memory with it */
-    KEX_WARN("buffer %.8s of %" PRIu64 " bytes not freed on its device: the dispatcher is stopped", b->handle, b->bytes);
+    KEX_WARN("a buffer of %" PRIu64 " bytes (job %" PRIu64 ") not freed on its device: the dispatcher is stopped",
+             b->bytes, b->job);
     kex_free(b);
   }
 }

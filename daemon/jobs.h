@@ -57,7 +57,8 @@
 typedef struct kexd_tenant_use {
   char name[KEXD_TENANT_NAME_MAX + 1];
   uint32_t jobs;          /* open now */
-  uint64_t bytes_held;    /* by its jobs' buffers */
+  uint64_t bytes_held;    /* by its buffers while alive: its jobs', and those a Download still reads after a Free or
+                             CloseJob (charged until the stream ends: bytes pinned for it are never uncounted) */
   uint64_t bytes_reserved;
   uint64_t jobs_opened, submissions, refused; /* since start; refused: calls over one of its limits */
   uint64_t max_bytes;
@@ -66,8 +67,11 @@ typedef struct kexd_tenant_use {
 /*
  * A buffer a job holds.  Reference counted on the loop thread: the job's
  * table holds one, each Download in progress another; the device memory is
- * freed (a FREE item on the device's runner) when the last goes.  dev_buf
- * is only ever dereferenced by that runner.
+ * freed (a FREE item on the device's runner) when the last goes.  Its
+ * bytes count in its job's bytes_held while the job holds it, and in its
+ * tenant's (use) and device's until the last reference goes: a Download
+ * that stalls after a Free or CloseJob keeps them charged.  dev_buf is
+ * only ever dereferenced by that runner.
  */
 typedef struct kexd_buffer {
   char handle[KEXD_HANDLE_LEN + 1];
@@ -79,6 +83,7 @@ typedef struct kexd_buffer {
   uint32_t device;       /* index into the configured devices */
   uint64_t job;          /* the job (and flow) it was made for */
   uint32_t weight;
+  struct kexd_tenant_use *use; /* charged for its bytes until the last reference goes; NULL: uncharged */
   kex_buffer *dev_buf;
   kexd_work free_work;   /* the FREE item posted at the last reference: freeing never allocates */
   uint32_t slot;         /* its index in its job's bufs while the job holds it */
@@ -87,7 +92,7 @@ typedef struct kexd_buffer {
 typedef struct kexd_job {
   uint64_t id;           /* serial, never reused: names the job's flows and outlives it in messages */
   char token[KEXD_TOKEN_LEN + 1];
-  char log_id[9];        /* the token's first 8 characters: logs never carry the whole token */
+  char log_id[9];        /* 8 hex of the SHA-256 of the token: logs never carry any of the token */
   char *name;
   char *peer;            /* the client address that opened it, without the port (per-peer limit) */
   uint32_t weight;
@@ -134,7 +139,7 @@ typedef struct kexd_jobs {
   uint64_t buffers_freed;
   kexd_tenant_use **uses; /* every tenant that opened a job, in first-open order */
   uint32_t nuses, capuses;
-  uint64_t held_by_device[KEXD_MAX_DEVICES]; /* bytes every job's buffers hold, by device index (metrics) */
+  uint64_t held_by_device[KEXD_MAX_DEVICES]; /* bytes of every live buffer, by device index (metrics) */
   char node[KEXD_NODE_NAME_MAX + 1];          /* this node's name (kexd_jobs_set_node) */
   char advertise[KEXD_ADVERTISE_MAX + 1];     /* and its address for clients */
   char suffix[KEXD_NODE_SUFFIX_MAX + 1];      /* ".NAME@ADVERTISE", every wire token's tail ("" before set_node) */
@@ -148,9 +153,9 @@ void kexd_jobs_close(kexd_jobs *j);
  * Open a job for client address `peer` and tenant `use` (from
  * kexd_jobs_tenant_use; its jobs and bytes are counted there; the
  * per-peer limit applies only to the anonymous tenant).  name may be empty.  On success
- * *out points to the job (owned by j).  When max_jobs are open, the job
+ * *out points to the job (owned by j).  When max_jobs are open, use's job
  * idle longest is closed to make room if it has been idle at least
- * evict_idle_ms.  Errors, with *err naming the limit and the
+ * evict_idle_ms (never another tenant's).  Errors, with *err naming the limit and the
  * value: KEX_ELIMIT (the table is full of recently used jobs, or peer holds
  * max_per_peer), KEX_EINVAL (a name over KEXD_JOB_NAME_MAX), KEX_EIO
  * (the random generator), KEX_ENOMEM.
@@ -164,6 +169,13 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
 kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name);
 /* True when s is 1..max characters, each one of KEXD_NODE_CHARS (a node name or an advertised address). */
 bool kexd_node_field_ok(const char *s, size_t max);
+/*
+ * True when addr is an address clients can dial, at most
+ * KEXD_ADVERTISE_MAX characters: HOST:PORT (a name or IPv4 address) or
+ * [IPv6]:PORT, optionally after "dns:///", "ipv4:" or "ipv6:", with PORT
+ * 1..65535 in decimal without a leading zero; or unix:/PATH.
+ */
+bool kexd_address_ok(const char *addr);
 /* Name this node (both pass kexd_node_field_ok: config.c checks them).  Tokens opened after carry them. */
 void kexd_jobs_set_node(kexd_jobs *j, const char *name, const char *advertise);
 /* The token a client gets for job: "HEX.NAME@ADVERTISE" ("HEX" before set_node). */
@@ -176,7 +188,10 @@ void kexd_job_wire_token(const kexd_jobs *j, const kexd_job *job, char out[KEXD_
 kexd_job *kexd_jobs_find(kexd_jobs *j, const char *token);
 /*
  * When token is a well-formed wire token of another node: that node's
- * "NAME@ADVERTISE" (a pointer into token); else NULL.
+ * "NAME@ADVERTISE" (a pointer into token); else NULL.  Well-formed: 32
+ * lowercase hex, '.', a node name, '@' and an address kexd_address_ok
+ * takes; another node: neither the name nor the address is this node's (a
+ * token of this node damaged in one place is this node's, unknown).
  */
 const char *kexd_jobs_token_owner(const kexd_jobs *j, const char *token);
 /* Close the job with this token (its on_close hook runs first).  0 or KEX_ENOTFOUND. */

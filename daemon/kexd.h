@@ -37,6 +37,7 @@
 #define KEXD_LIMIT_WEIGHT 1000               /* the largest job weight (fair-queueing share) */
 #define KEXD_PEER_MAX 128                    /* bytes of a client address kept per job */
 #define KEXD_LIMIT_JOBS_PER_PEER 64          /* jobs one client address may hold open */
+#define KEXD_LIMIT_JOBS_PER_TENANT 256       /* jobs an --auth tenant without max_jobs may hold open */
 #define KEXD_DEFAULT_JOB_MEMORY (1ull << 30) /* memory limit of a job that asks for 0 */
 #define KEXD_LIMIT_JOB_MEMORY (16ull << 30)  /* the largest memory limit a job may ask for */
 #define KEXD_LIMIT_IMPORT_BYTES (64ull << 20) /* ImportCache: bytes of one import stream */
@@ -67,6 +68,7 @@ typedef struct kexd_config {
   const char *tls_cert, *tls_key; /* PEM files: serve TLS (both or neither) */
   const char *tls_client_ca;     /* PEM file: require client certificates it verifies (needs tls_cert) */
   const char *metrics;           /* --metrics / KEX_METRICS: the Prometheus endpoint's HOST:PORT, or "off" */
+  bool metrics_default;          /* metrics is the default address (no flag, no KEX_METRICS): taken, it is skipped */
   const char *auth;              /* --auth / KEX_AUTH: the tenants file (auth.c); NULL: no tokens checked */
   bool insecure;                 /* --insecure: allow a non-loopback --listen without --auth and TLS */
   uint32_t max_submits_per_job;  /* Submit calls in flight per job */
@@ -89,6 +91,7 @@ typedef struct kexd_config {
   kex_limits limits;
   uint32_t max_jobs;
   uint32_t max_jobs_per_peer;    /* jobs one client address may hold */
+  uint32_t tenant_max_jobs;      /* jobs an --auth tenant whose entry has no max_jobs may hold */
   double job_evict_idle_s;       /* a full job table closes the job idle longest, if idle this long */
   uint64_t job_memory_default;   /* OpenJob memory_limit 0 gets this */
   uint64_t job_memory_max;       /* an OpenJob memory_limit over this is refused */

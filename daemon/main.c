@@ -329,7 +329,9 @@ int main(int argc, char **argv) {
   d->jobs.evict_idle_ms = (uint64_t)(d->cfg.job_evict_idle_s * 1000);
   d->jobs.max_buffers = d->cfg.max_buffers_per_job;
   start_signals(&st, &loop);
-  if (strcmp(d->cfg.metrics, "off") != 0 && kexd_metrics_start(d, d->cfg.metrics, &d->metrics) < 0) {
+  if (strcmp(d->cfg.metrics, "off") != 0 &&
+      (rc = kexd_metrics_start(d, d->cfg.metrics, d->cfg.metrics_default, &d->metrics)) < 0 &&
+      !(d->cfg.metrics_default && rc == KEX_EUNAVAILABLE)) { /* the default port taken: warned, no metrics */
     ret = 1;
     goto out_handles;
   }

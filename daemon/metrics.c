@@ -393,9 +393,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
 /*
  * A listening socket on addr ("HOST:PORT", "[V6]:PORT").  The descriptor,
- * or KEX_EINVAL / KEX_EUNAVAILABLE (logged, naming the address).
+ * or KEX_EINVAL / KEX_EUNAVAILABLE (logged, naming the address; optional:
+ * a port in use is a warning that kexd goes on without metrics).
  */
-static int open_listener(const char *addr) {
+static int open_listener(const char *addr, bool optional) {
   char host[METRICS_ADDR_MAX], *port;
   struct addrinfo hints, *ai = NULL;
   int fd = -1, one = 1, rc, e;
@@ -420,7 +421,11 @@ static int open_listener(const char *addr) {
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
       bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, METRICS_BACKLOG) < 0) {
     e = errno;
-    KEX_ERROR("cannot serve metrics on %s: %s (--metrics; is another kexd running?)", addr, strerror(e));
+    if (optional && e == EADDRINUSE)
+      KEX_WARN("metrics: the default address %s is in use (another kexd?): running without metrics; give --metrics "
+               "HOST:PORT (or off) to choose", addr);
+    else
+      KEX_ERROR("cannot serve metrics on %s: %s (--metrics; is another kexd running?)", addr, strerror(e));
     if (fd >= 0) close(fd);
     fd = KEX_EUNAVAILABLE;
   }
@@ -435,14 +440,14 @@ static void on_closed(kexd_wake *w) {
   kex_free(m);
 }
 
-int kexd_metrics_start(kexd *d, const char *addr, kexd_metrics **out) {
+int kexd_metrics_start(kexd *d, const char *addr, bool optional, kexd_metrics **out) {
   kexd_metrics *m = NULL;
   pthread_condattr_t ca;
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   int fd, rc = 0;
   *out = NULL;
-  if ((fd = open_listener(addr)) < 0) return fd;
+  if ((fd = open_listener(addr, optional)) < 0) return fd;
   if (!(m = kex_calloc(1, sizeof *m))) {
     KEX_ERROR("--metrics %s: out of memory", addr);
     rc = KEX_ENOMEM;
@@ -469,7 +474,8 @@ int kexd_metrics_start(kexd *d, const char *addr, kexd_metrics **out) {
   kexd_accept_guard_pass(fd);
   m->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC, 0, NULL, NULL, on_request,
                             m, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)KEXD_METRICS_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)KEXD_METRICS_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)KEXD_METRICS_PER_IP, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)KEXD_METRICS_TIMEOUT_S, MHD_OPTION_END);
   if (!m->mhd) {
     KEX_ERROR("cannot serve metrics on %s: libmicrohttpd would not start", addr);

@@ -11,14 +11,16 @@
 #ifndef KEX_DAEMON_METRICS_H
 #define KEX_DAEMON_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "daemon/histogram.h"
 
 #define KEXD_DEFAULT_METRICS "127.0.0.1:9464"
 #define KEXD_METRICS_WAIT_MS 1000        /* a scrape waits this long for the loop's snapshot */
-#define KEXD_METRICS_CONNECTIONS 16      /* HTTP connections at once */
-#define KEXD_METRICS_TIMEOUT_S 10        /* an idle HTTP connection is closed after this */
+#define KEXD_METRICS_CONNECTIONS 64      /* HTTP connections at once */
+#define KEXD_METRICS_PER_IP 4            /* of them from one client address: slow clients cannot take them all */
+#define KEXD_METRICS_TIMEOUT_S 3         /* an HTTP connection idle this long (a stalled request) is closed */
 #define KEXD_METRICS_MAX_METHODS 64      /* gRPC methods counted by name (kex_rpcs_total) */
 #define KEXD_METRICS_MAX_TENANTS 64      /* tenants with their own series (kex_tenant_*); the rest are tenant="_other" */
 
@@ -30,9 +32,11 @@ typedef struct kexd_metrics kexd_metrics;
  * /metrics for d, on the loop thread before the loop runs.  On success
  * *out is the endpoint, which kexd_metrics_stop ends.  KEX_EINVAL (not
  * HOST:PORT), KEX_EUNAVAILABLE (cannot bind or listen: the port is in use),
- * KEX_ENOMEM, KEX_EINTERNAL; each logged naming the address.
+ * KEX_ENOMEM, KEX_EINTERNAL; each logged naming the address (optional: a
+ * port in use is a warning that kexd runs without metrics, the default
+ * address's case, and the caller goes on).
  */
-int kexd_metrics_start(struct kexd *d, const char *addr, kexd_metrics **out);
+int kexd_metrics_start(struct kexd *d, const char *addr, bool optional, kexd_metrics **out);
 /*
  * Stop serving (joins the HTTP thread; a scrape in flight is answered
  * from the last snapshot) and close the loop handle; the endpoint is freed

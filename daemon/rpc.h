@@ -196,6 +196,7 @@ typedef struct kexd_beam_req {
   int width, upcast_max, local_max; /* 0 limits: the search's defaults */
   uint32_t timeout_ms;       /* per kernel, 0 = none */
   atomic_bool *cancelled;    /* set by the loop: the search stops between candidates */
+  const char *tenant;        /* the job's tenant (its usage record's name: lives as long as kexd), stored with results */
 } kexd_beam_req;
 
 struct kex_graph;

@@ -299,10 +299,12 @@ static void on_new_call(tag *t) {
     gpr_free(path);
     for (uint32_t i = 0; c->method_name && i < s->nmethods; i++)
       if (strcmp(s->methods[i].path, c->method_name) == 0) c->m = &s->methods[i];
-    if (!c->m) {
-      s->stats.unimplemented++;
-      kex_log(KEX_LOG_DEBUG, NULL, 0, "unknown method %s: UNIMPLEMENTED", c->method_name ? c->method_name : "?");
-      kexd_call_failf(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", c->method_name ? c->method_name : "?");
+    if (!c->m) { /* the gate first: a caller it refuses learns nothing of which methods exist */
+      if (s_gate(c)) {
+        s->stats.unimplemented++;
+        kex_log(KEX_LOG_DEBUG, NULL, 0, "unknown method %s: UNIMPLEMENTED", c->method_name ? c->method_name : "?");
+        kexd_call_failf(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", c->method_name ? c->method_name : "?");
+      }
       return;
     }
     if (c->m->payload == KEXD_PAYLOAD_ONE) {

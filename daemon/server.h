@@ -56,7 +56,8 @@ typedef struct kexd_server_opts {
   const char *tls_cert_file, *tls_key_file;
   void (*on_stopped)(void *ud); /* the server is gone; the loop may be closed */
   void *ud;
-  /* Per-call hooks (optional), with call_ud.  gate runs before a registered method's handler: false means
+  /* Per-call hooks (optional), with call_ud.  gate runs before a registered method's handler, and before an
+     unregistered path is answered UNIMPLEMENTED (so a caller it refuses cannot list methods): false means
      it finished the call itself (refused) and the handler is not run.  on_end runs once per call that a
      handler could have owned, when it is finished or cancelled, with its status.  Each call carries
      call_ext_size zeroed bytes for them (kexd_call_ext). */

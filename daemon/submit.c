@@ -776,7 +776,8 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   }
   if (width)
     s->beam = (kexd_beam_req){d, s->device, job->id, job->weight, (int)width, m->beam ? (int)m->beam->max_upcast : 0,
-                              m->beam ? (int)m->beam->max_local : 0, m->beam ? m->beam->timeout_ms : 0, &s->cancelled};
+                              m->beam ? (int)m->beam->max_local : 0, m->beam ? m->beam->timeout_ms : 0, &s->cancelled,
+                              job->use->name};
   kexd_stream_start(&s->st, d->streams, c, &sub_ops, s);
   kexd_stream_ref(&s->st); /* this handler's, dropped at its end: nothing frees s under it */
   if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,

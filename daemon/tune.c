@@ -127,6 +127,7 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const kex_graph *g, const kex_
   kex_beam_opts_init(&bo, br->width);
   if (br->upcast_max) bo.upcast_max = br->upcast_max;
   if (br->local_max) bo.local_max = br->local_max;
+  bo.tenant = br->tenant;
   if (br->timeout_ms) ctx.kernel_deadline = kexd_route_now() + br->timeout_ms / 1e3;
   if ((rc = kexd_route_device(&ctx, &dev, err)) == 0)
     rc = optimize_and_lower(d, &ctx, dev, &bo, cache, g, s, item, names, &res, out, opts, opts_len, err);
@@ -393,6 +394,7 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
   t->d = d;
   t->call = c;
   t->job = job->id;
+  t->bo.tenant = job->use->name; /* the usage record outlives the call */
   memcpy(t->log_id, job->log_id, sizeof t->log_id);
   t->device = (uint32_t)dev;
   t->timeout_ms = m->beam ? m->beam->timeout_ms : 0;

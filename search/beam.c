@@ -1677,6 +1677,7 @@ static int store_result(const kex_beam_opts *o, const kex_cache_beam_key *key, c
   v.decision_spread = res->decision_spread;
   v.decision_tie = res->decision_tie;
   snprintf(v.kernel_name, sizeof v.kernel_name, "%s", res->name);
+  if (o->tenant) snprintf(v.tenant, sizeof v.tenant, "%s", o->tenant);
   if (kex_ast_text(it->ast, it->nout, &ast_text, NULL, &ce)) ast_text = NULL;
   if ((rc = kex_cache_beam_put(o->cache, key, &v, ast_text, &ce))) kex_err_set(err, rc, "beam cache put: %s", ce.msg);
   kex_free(ast_text);

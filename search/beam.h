@@ -226,6 +226,7 @@ typedef struct kex_beam_opts {
   kex_beam_progress_fn progress;
   void *progress_arg;
   kex_cache *cache;          /* NULL = no cache */
+  const char *tenant;        /* stored with a new result (the cache's tenant column: kexd's caller); NULL = none */
   const kex_beam_remote *remote; /* asked on a cache miss, told when the search ends; NULL = none (needs cache) */
   /* Checked between candidates (and before the buffers and the final comparison): true stops the
      search, which frees what it holds and returns KEX_ECANCELLED.  NULL = never.  Any thread. */

@@ -38,13 +38,14 @@
 #define BEAM_COLS                                                                                         \
   "b.rowid, b.ast_key, d.kind, d.vendor, d.name, d.driver_version, d.compiler_version, d.rendered, "      \
   "b.search_opts, b.codegen_version, b.opts, b.best_time_s, b.hand_time_s, b.search_time_s, b.candidates, " \
-  "b.kernel_name, b.created_at, b.decision_samples, b.decision_spread, b.decision_tie"
+  "b.kernel_name, b.created_at, b.decision_samples, b.decision_spread, b.decision_tie, b.tenant"
 #define BEAM_FROM " FROM beam_results b JOIN devices d ON d.id = b.device_id"
 #define DEV_MATCH "d.kind = ?2 AND d.vendor = ?3 AND d.name = ?4 AND d.driver_version = ?5 AND d.compiler_version = ?6"
-/* ?1 device substring, ?2 kernel substring, ?3 key prefix (upper hex), ?4 min created_at */
+/* ?1 device substring, ?2 kernel substring, ?3 key prefix (upper hex), ?4 min created_at, ?7 tenant */
 #define FILTER_WHERE                                                                              \
   " WHERE (?1 = '' OR instr(d.rendered, ?1) > 0) AND (?2 = '' OR instr(b.kernel_name, ?2) > 0)" \
-  " AND (?3 = '' OR substr(hex(b.ast_key), 1, length(?3)) = ?3) AND b.created_at >= ?4"
+  " AND (?3 = '' OR substr(hex(b.ast_key), 1, length(?3)) = ?3) AND b.created_at >= ?4"        \
+  " AND (?7 = '' OR b.tenant = ?7)"
 
 #define STMT_MAP(XX)                                                                                             \
   XX(BEGIN, "BEGIN IMMEDIATE")                                                                                    \
@@ -61,8 +62,8 @@
   XX(PROG_DROP, "DELETE FROM programs WHERE rowid = ?1")                                                          \
   XX(BEAM_PUT, "INSERT OR REPLACE INTO beam_results(ast_key, device_id, search_opts, codegen_version, opts, "     \
                "best_time_s, hand_time_s, search_time_s, candidates, kernel_name, created_at, ast_text, "         \
-               "decision_samples, decision_spread, decision_tie) "                                                \
-               "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)")                       \
+               "decision_samples, decision_spread, decision_tie, tenant) "                                        \
+               "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)")                  \
   XX(BEAM_GET, "SELECT " BEAM_COLS BEAM_FROM " WHERE b.ast_key = ?1 AND " DEV_MATCH                              \
                " AND b.search_opts = ?7 AND b.codegen_version = ?8")                                              \
   XX(BEAM_LINE, "SELECT " BEAM_COLS ", b.ast_text" BEAM_FROM " WHERE b.ast_key = ?1 AND " DEV_MATCH                \
@@ -73,7 +74,8 @@
   XX(BEAM_LIST, "SELECT " BEAM_COLS BEAM_FROM FILTER_WHERE                                                        \
                 " ORDER BY b.ast_key, d.id, b.search_opts, b.codegen_version LIMIT ?5 OFFSET ?6")                \
   XX(BEAM_ENTRY, "SELECT " BEAM_COLS ", b.ast_text" BEAM_FROM                                                     \
-                 " WHERE b.ast_key = ?1 AND (?2 = '' OR d.rendered = ?2) ORDER BY b.created_at DESC LIMIT 1")     \
+                 " WHERE b.ast_key = ?1 AND (?2 = '' OR d.rendered = ?2) AND (?3 = '' OR b.tenant = ?3)"          \
+                 " ORDER BY b.created_at DESC LIMIT 1")                                                          \
   XX(BEAM_DELETE, "DELETE FROM beam_results WHERE rowid IN (SELECT b.rowid" BEAM_FROM FILTER_WHERE ")")          \
   XX(BEAM_EXPORT, "SELECT " BEAM_COLS ", b.ast_text" BEAM_FROM FILTER_WHERE                                       \
                   " ORDER BY b.ast_key, d.id, b.search_opts, b.codegen_version")
@@ -94,7 +96,7 @@ static const char *const stmt_sql[STMT_COUNT] = {
 /* Column indexes of BEAM_COLS. */
 enum { BC_ROWID, BC_KEY, BC_KIND, BC_VENDOR, BC_NAME, BC_DRIVER, BC_COMPILER, BC_RENDERED, BC_SEARCH, BC_CODEGEN,
        BC_OPTS, BC_BEST, BC_HAND, BC_SEARCH_TIME, BC_CANDIDATES, BC_KERNEL, BC_CREATED, BC_SAMPLES, BC_SPREAD, BC_TIE,
-       BC_AST_TEXT };
+       BC_TENANT, BC_AST_TEXT };
 
 struct kex_cache {
   sqlite3 *db;
@@ -309,6 +311,8 @@ static const char *const migrations[KEX_CACHE_SCHEMA_VERSION] = {
     "ALTER TABLE beam_results ADD COLUMN decision_samples INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE beam_results ADD COLUMN decision_spread REAL NOT NULL DEFAULT 0;"
     "ALTER TABLE beam_results ADD COLUMN decision_tie INTEGER NOT NULL DEFAULT 0;",
+    /* 4 -> 5: the kexd tenant whose search made the entry (NULL for older rows, imports, peers, in-process) */
+    "ALTER TABLE beam_results ADD COLUMN tenant TEXT;",
 };
 
 /* mkdir -p of the directory part of path. */
@@ -709,6 +713,8 @@ static int check_beam_value(const kex_cache_beam_value *v, kex_error *err) {
     return kex_err_set(err, KEX_EINVAL, "cache: decision samples %lld or spread %g out of range",
                        (long long)v->decision_samples, v->decision_spread);
   if (v->created_at < 0) return kex_err_set(err, KEX_EINVAL, "cache: created_at %lld < 0", (long long)v->created_at);
+  if (strnlen(v->tenant, sizeof v->tenant) == sizeof v->tenant)
+    return kex_err_set(err, KEX_ELIMIT, "cache: tenant over %d bytes", KEX_CACHE_TENANT_MAX - 1);
   return check_kernel_name(v->kernel_name, err);
 }
 
@@ -739,6 +745,8 @@ static int beam_store(kex_cache *c, const kex_cache_beam_key *key, const kex_cac
   if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 13, val->decision_samples);
   if (src == SQLITE_OK) src = sqlite3_bind_double(s, 14, val->decision_spread);
   if (src == SQLITE_OK) src = sqlite3_bind_int(s, 15, val->decision_tie ? 1 : 0);
+  if (src == SQLITE_OK)
+    src = val->tenant[0] ? sqlite3_bind_text(s, 16, val->tenant, -1, SQLITE_STATIC) : sqlite3_bind_null(s, 16);
   if (src == SQLITE_OK) src = sqlite3_step(s);
   if (src != SQLITE_DONE) rc = db_err(c, src, err, "store beam result");
 out:
@@ -835,6 +843,8 @@ static bool decode_beam_row(sqlite3_stmt *s, kex_cache_entry *e, char *why, size
     return false;
   }
   copy_field(v->kernel_name, sizeof v->kernel_name, kn);
+  if (sqlite3_column_type(s, BC_TENANT) == SQLITE_TEXT)
+    copy_field(v->tenant, sizeof v->tenant, sqlite3_column_text(s, BC_TENANT));
   return true;
 }
 
@@ -952,6 +962,7 @@ static int bind_filter(kex_cache *c, sqlite3_stmt *s, const kex_cache_filter *f,
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 2, kn, -1, SQLITE_TRANSIENT);
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 3, prefix, -1, SQLITE_TRANSIENT);
   if (src == SQLITE_OK) src = sqlite3_bind_int64(s, 4, min_created);
+  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 7, f && f->tenant ? f->tenant : "", -1, SQLITE_TRANSIENT);
   return src == SQLITE_OK ? 0 : db_err(c, src, err, "bind filter");
 }
 
@@ -1016,6 +1027,11 @@ out:
 
 int kex_cache_get_entry(kex_cache *c, const char *ast_hex, const char *device, kex_cache_entry *out,
                         kex_error *err) {
+  return kex_cache_get_entry_of(c, ast_hex, device, NULL, out, err);
+}
+
+int kex_cache_get_entry_of(kex_cache *c, const char *ast_hex, const char *device, const char *tenant,
+                           kex_cache_entry *out, kex_error *err) {
   uint8_t key[KEX_AST_KEY_BYTES];
   sqlite3_stmt *s = NULL;
   int64_t bad_row = -1;
@@ -1028,6 +1044,7 @@ int kex_cache_get_entry(kex_cache *c, const char *ast_hex, const char *device, k
   if ((rc = get_stmt(c, STMT_BEAM_ENTRY, &s, err))) goto out;
   src = sqlite3_bind_blob(s, 1, key, KEX_AST_KEY_BYTES, SQLITE_STATIC);
   if (src == SQLITE_OK) src = sqlite3_bind_text(s, 2, device ? device : "", -1, SQLITE_STATIC);
+  if (src == SQLITE_OK) src = sqlite3_bind_text(s, 3, tenant ? tenant : "", -1, SQLITE_STATIC);
   rc = step_beam_row(c, s, src, out, "get entry", why, sizeof why, &bad_row, err);
   if (rc == KEX_ENOTFOUND)
     rc = kex_err_set(err, KEX_ENOTFOUND, "cache: no beam result with AST key %s%s%s", ast_hex,

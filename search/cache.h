@@ -25,7 +25,7 @@
  * search options string (beam width, limits) and codegen version are
  * canonical strings the caller builds; they are compared byte for byte.
  *
- * Schema (version KEX_CACHE_SCHEMA_VERSION = 4):
+ * Schema (version KEX_CACHE_SCHEMA_VERSION = 5):
  *
  *   schema_version(version INTEGER)                      one row
  *   devices(id INTEGER PRIMARY KEY, kind, vendor, name, driver_version,
@@ -37,14 +37,18 @@
  *                opts TEXT, best_time_s, hand_time_s, search_time_s, kernel_name,
  *                created_at, candidates (v2), ast_text (v2), decision_samples,
  *                decision_spread, decision_tie (v4: how the search decided, beam.h),
+ *                tenant (v5: the kexd tenant whose search made it; NULL: in-process,
+ *                imported, from a peer, or older),
  *                PRIMARY KEY(ast_key, device_id, search_opts, codegen_version))
  *
  * `opts` is the portable text of the applied opts: kex_opt_short forms
  * separated by one space ("UPCAST(1,4) UPCAST(0,4) LOCAL(0,16)", "" for
  * none, "NOLOCALS", None axes/amts as "None").  `created_at` is unix
  * seconds.  A file of an older version is migrated on open (0 -> 1 -> 2 ->
- * 3 -> 4, each step in the transaction that bumps the version); a newer version
- * is refused (3 -> 4 adds the decision columns, 0 for older rows).
+ * 3 -> 4 -> 5, each step in the transaction that bumps the version); a newer
+ * version is refused (3 -> 4 adds the decision columns, 0 for older rows;
+ * 4 -> 5 the tenant, NULL for older rows).  Exports do not carry the
+ * tenant: an imported entry has none.
  * Migration 2 -> 3 deletes every program row: a v2 row has no
  * source or binary digest to verify it by (and may have come from an
  * import), so its kernel is simply compiled again.  A row that does not
@@ -120,7 +124,7 @@
 #include "codegen/astkey.h"
 #include "codegen/kernel.h"
 
-#define KEX_CACHE_SCHEMA_VERSION 4
+#define KEX_CACHE_SCHEMA_VERSION 5
 #define KEX_CACHE_BUSY_TIMEOUT_MS 5000
 #define KEX_CACHE_MAX_OPTS 64                        /* opts of one beam result */
 #define KEX_CACHE_OPTS_TEXT_MAX 2048                 /* bytes of the opts text */
@@ -129,6 +133,7 @@
 #define KEX_CACHE_KERNEL_NAME_MAX (KEX_DEVICE_KERNEL_NAME_MAX + 1) /* NUL included */
 #define KEX_CACHE_AST_TEXT_MAX (256u << 20)          /* bytes of a stored AST text */
 #define KEX_CACHE_LIST_MAX 100000                    /* entries of one list page */
+#define KEX_CACHE_TENANT_MAX 65                      /* bytes of a tenant name, NUL included (kexd's are 1-64) */
 /* bytes of one import line (sized so an old export's program line is read whole, then refused) */
 #define KEX_CACHE_IMPORT_LINE_MAX ((size_t)KEX_DEVICE_BINARY_MAX / 3 * 4 + (1u << 20))
 #define KEX_CACHE_IMPORT_ERRORS 8                    /* messages kept in an import report */
@@ -213,6 +218,7 @@ typedef struct kex_cache_beam_value {
   int64_t decision_samples; /* paired rounds of the final comparison */
   double decision_spread;   /* its measured noise, relative */
   bool decision_tie;        /* the tie rule, not a time difference, chose the kernel */
+  char tenant[KEX_CACHE_TENANT_MAX]; /* the kexd tenant whose search made it; "" none (put: stored as NULL) */
 } kex_cache_beam_value;
 
 /*
@@ -258,6 +264,7 @@ typedef struct kex_cache_filter {
   const char *kernel_name; /* substring */
   const char *key_prefix;  /* prefix of the AST key's hex (either case) */
   int64_t max_age_s;       /* only entries created at most this many seconds ago */
+  const char *tenant;      /* only entries this tenant made (exact; kexd shows a user its own) */
 } kex_cache_filter;
 
 /* Called per entry; the entry is valid during the call only.  Nonzero stops the listing. */
@@ -281,6 +288,9 @@ int kex_cache_list(kex_cache *c, const kex_cache_filter *filter, uint64_t offset
  */
 int kex_cache_get_entry(kex_cache *c, const char *ast_hex, const char *device, kex_cache_entry *out,
                         kex_error *err);
+/* The same, among the entries tenant made (NULL or "": any; KEX_ENOTFOUND when it made none). */
+int kex_cache_get_entry_of(kex_cache *c, const char *ast_hex, const char *device, const char *tenant,
+                           kex_cache_entry *out, kex_error *err);
 /* Delete the beam results matching filter (NULL = all) in one transaction; *deleted = rows removed. */
 int kex_cache_delete(kex_cache *c, const kex_cache_filter *filter, uint64_t *deleted, kex_error *err);
 

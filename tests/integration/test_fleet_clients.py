@@ -182,8 +182,12 @@ def server_side(addr, tmp):
         check("a forged HEX with node-a's tail: NOT_FOUND", e is not None and e.code() == grpc.StatusCode.NOT_FOUND,
               desc(e))
         e = rpc_error(sa.GetStats, kex_pb2.GetStatsRequest(job=r.job[:32] + ".node-a@10.0.0.9:1"), timeout=5)
-        check("the right HEX with another advertised address: FAILED_PRECONDITION (it names another node)",
-              e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION, desc(e))
+        check("the right HEX with this node's name and another address: NOT_FOUND (a damaged token of this node, "
+              "never FAILED_PRECONDITION naming a node)", e is not None and e.code() == grpc.StatusCode.NOT_FOUND,
+              desc(e))
+        e = rpc_error(sa.GetStats, kex_pb2.GetStatsRequest(job=r.job[:32] + ".node-z@10.0.0.9:1"), timeout=5)
+        check("the right HEX with another node's name and address: FAILED_PRECONDITION (it names another node)",
+              e is not None and e.code() == grpc.StatusCode.FAILED_PRECONDITION and "node-z" in e.details(), desc(e))
         sa.CloseJob(kex_pb2.CloseJobRequest(job=r.job), timeout=5)
     with_max = start_kexd(KEXD, tmp, "--device", "cpu", "--metrics", "off", "--cache", "", "--node-name", "n" * 31,
                           "--advertise", "a" * 56 + ":50051")

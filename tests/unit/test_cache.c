@@ -566,17 +566,18 @@ static void test_migration_from_v3_decision(void **state) {
   kex_cache *c = open_ok(path);
   beam_put_ok(c, 3, &d, "s", "g");
   kex_cache_close(c);
-  /* back to a v3 file: the v4 columns gone, the version 3 */
-  sql_exec(path, "ALTER TABLE beam_results DROP COLUMN decision_samples;"
+  /* back to a v3 file: the v4 and v5 columns gone, the version 3 */
+  sql_exec(path, "ALTER TABLE beam_results DROP COLUMN tenant;"
+                 "ALTER TABLE beam_results DROP COLUMN decision_samples;"
                  "ALTER TABLE beam_results DROP COLUMN decision_spread;"
                  "ALTER TABLE beam_results DROP COLUMN decision_tie;"
                  "UPDATE schema_version SET version = 3;");
   kex_log_set_level(KEX_LOG_OFF);
   c = open_ok(path);
   kex_log_set_level(KEX_LOG_WARN);
-  assert_int_equal(kex_cache_schema_version(c, NULL), 4);
+  assert_int_equal(kex_cache_schema_version(c, NULL), KEX_CACHE_SCHEMA_VERSION);
   assert_int_equal(sql_int(path, "SELECT count(*) FROM pragma_table_info('beam_results') WHERE name IN "
-                                 "('decision_samples', 'decision_spread', 'decision_tie')"), 3);
+                                 "('decision_samples', 'decision_spread', 'decision_tie', 'tenant')"), 4);
   kex_cache_beam_value v;
   kex_error err = {0};
   assert_int_equal(beam_get(c, 3, &d, "s", "g", &v, &err), 0);
@@ -1274,6 +1275,62 @@ static uint32_t list_n(kex_cache *c, const kex_cache_filter *f) {
   return n;
 }
 
+/*
+ * Schema 5: a beam result remembers the tenant whose search made it; a
+ * filter (and kex_cache_get_entry_of) by tenant sees only its own, a
+ * lookup by key (kex_cache_beam_get: Submit's) any; "" is stored as none;
+ * a row from before the column (a v4 file) has none.
+ */
+static void test_tenant_column(void **state) {
+  (void)state;
+  char path[512];
+  fresh_path(path, sizeof path, "tenant");
+  kex_device_identity d = this_dev();
+  kex_cache *c = open_ok(path);
+  kex_error err = {0};
+  beam_put_ok(c, 1, &d, "s", "g"); /* no tenant */
+  kex_cache_close(c);
+  sql_exec(path, "ALTER TABLE beam_results DROP COLUMN tenant; UPDATE schema_version SET version = 4;");
+  kex_log_set_level(KEX_LOG_OFF);
+  c = open_ok(path); /* migrates 4 -> 5 */
+  kex_log_set_level(KEX_LOG_WARN);
+  assert_int_equal(kex_cache_schema_version(c, NULL), 5);
+  const char *who[] = {"alice", "bob", "alice"};
+  for (int n = 2; n <= 4; n++) {
+    kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+    kex_cache_beam_value v = value_of(n);
+    key_of(n, k.ast_key);
+    snprintf(v.tenant, sizeof v.tenant, "%s", who[n - 2]);
+    assert_int_equal(kex_cache_beam_put(c, &k, &v, NULL, &err), 0);
+  }
+  assert_int_equal(list_n(c, NULL), 4);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.tenant = "alice"}), 2);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.tenant = "bob"}), 1);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.tenant = "carol"}), 0);
+  assert_int_equal(list_n(c, &(kex_cache_filter){.tenant = ""}), 4);
+  assert_int_equal(sql_int(path, "SELECT count(*) FROM beam_results WHERE tenant IS NULL"), 1);
+  kex_cache_beam_value v;
+  assert_int_equal(beam_get(c, 3, &d, "s", "g", &v, &err), 0); /* bob's, found by anyone's lookup */
+  assert_string_equal(v.tenant, "bob");
+  char hex[65];
+  uint8_t key[32];
+  key_of(3, key);
+  kex_hex(key, 32, hex);
+  kex_cache_entry e;
+  assert_int_equal(kex_cache_get_entry_of(c, hex, NULL, "alice", &e, &err), KEX_ENOTFOUND);
+  assert_int_equal(kex_cache_get_entry_of(c, hex, NULL, "bob", &e, &err), 0);
+  assert_string_equal(e.value.tenant, "bob");
+  kex_free(e.ast_text);
+  assert_int_equal(kex_cache_get_entry(c, hex, NULL, &e, &err), 0);
+  kex_free(e.ast_text);
+  kex_cache_beam_value big = value_of(5);
+  memset(big.tenant, 'x', sizeof big.tenant); /* no NUL: over the limit */
+  kex_cache_beam_key k = {.device = &d, .search_opts = "s", .codegen_version = "g"};
+  key_of(5, k.ast_key);
+  assert_int_equal(kex_cache_beam_put(c, &k, &big, NULL, &err), KEX_ELIMIT);
+  kex_cache_close(c);
+}
+
 typedef struct page_seen {
   char hex[64][65];
   int n;
@@ -1372,6 +1429,7 @@ int main(void) {
       cmocka_unit_test(test_migration_from_v1),
       cmocka_unit_test(test_migration_from_v2_drops_programs),
       cmocka_unit_test(test_migration_from_v3_decision),
+      cmocka_unit_test(test_tenant_column),
       cmocka_unit_test(test_newer_or_foreign_refused),
       cmocka_unit_test(test_integrity_after_many_writes),
       cmocka_unit_test(test_two_handles_and_fork),
