@@ -84,6 +84,7 @@ def main():
             t.start()
         time.sleep(1.0)  # the bombs are compiling
         loaded = timed_submit(small(victim, 3.0))
+        print(f"victim's first small graph under the bombs: {loaded:.3f} s (idle {idle:.3f} s)", flush=True)
         for t in threads:
             t.join()
         load = os.getloadavg()

@@ -57,6 +57,40 @@ static const char *const code_names[KEXD_STATUS_CODES] = {
     "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
 
 /* Everything a scrape reports that the loop owns. */
+/*
+ * The per-tenant series: one row each (a new one is a kexd_tenant_use
+ * field and a row here).  Values are the field (uint32_t when `u32`,
+ * else uint64_t) times `scale`.
+ */
+typedef struct tenant_row {
+  const char *name, *type, *help;
+  size_t off;
+  bool u32;
+  double scale;
+} tenant_row;
+
+#define TU(f) offsetof(kexd_tenant_use, f)
+static const tenant_row tenant_rows[] = {
+    {"kex_tenant_jobs_open", "gauge", "Jobs open now, by tenant (\"anonymous\" without --auth).", TU(jobs), true, 1},
+    {"kex_tenant_held_bytes", "gauge", "Bytes of device memory the tenant's buffers hold (Downloads in progress too).",
+     TU(bytes_held), false, 1},
+    {"kex_tenant_submissions_total", "counter", "Submit calls admitted, by tenant.", TU(submissions), false, 1},
+    {"kex_tenant_refused_total", "counter", "Calls refused RESOURCE_EXHAUSTED over one of the tenant's limits.",
+     TU(refused), false, 1},
+    {"kex_tenant_compile_seconds_total", "counter", "Seconds the tenant's new kernels spent compiling.",
+     TU(compile_us), false, 1e-6},
+    {"kex_tenant_search_seconds_total", "counter", "Seconds of beam search the tenant's Submits and Tunes ran.",
+     TU(search_us), false, 1e-6},
+};
+#undef TU
+#define KEXD_METRICS_TENANT_ROWS ((int)(sizeof tenant_rows / sizeof tenant_rows[0]))
+
+static double tenant_value(const tenant_row *r, const kexd_tenant_use *u) {
+  const char *base = (const char *)u + r->off;
+  return r->scale * (r->u32 ? (double)__atomic_load_n((const uint32_t *)(const void *)base, __ATOMIC_RELAXED)
+                             : (double)__atomic_load_n((const uint64_t *)(const void *)base, __ATOMIC_RELAXED));
+}
+
 typedef struct snapshot {
   uint32_t nmethods; /* rows of rpcs: registered methods, then one for unregistered paths */
   const char *paths[KEXD_METRICS_MAX_METHODS + 1]; /* NULL: unregistered paths (the server owns the strings) */
@@ -73,7 +107,7 @@ typedef struct snapshot {
   uint32_t ntenants;
   struct {
     char name[KEXD_TENANT_NAME_MAX + 1];
-    uint64_t jobs_open, bytes_held, submissions, refused;
+    double v[KEXD_METRICS_TENANT_ROWS]; /* tenant_rows' values */
   } tenants[KEXD_METRICS_MAX_TENANTS + 1];
   uint64_t unauthenticated, permission_denied, auth_reloads, auth_reload_errors;
   /* by device (the configured ones, in order) */
@@ -137,13 +171,10 @@ static void collect(kexd *d, snapshot *s) {
     uint32_t k = i < KEXD_METRICS_MAX_TENANTS ? i : KEXD_METRICS_MAX_TENANTS;
     if (k == s->ntenants) {
       snprintf(s->tenants[k].name, sizeof s->tenants[k].name, "%s", k < KEXD_METRICS_MAX_TENANTS ? u->name : "_other");
-      s->tenants[k].jobs_open = s->tenants[k].bytes_held = s->tenants[k].submissions = s->tenants[k].refused = 0;
+      memset(s->tenants[k].v, 0, sizeof s->tenants[k].v);
       s->ntenants++;
     }
-    s->tenants[k].jobs_open += u->jobs;
-    s->tenants[k].bytes_held += u->bytes_held;
-    s->tenants[k].submissions += u->submissions;
-    s->tenants[k].refused += u->refused;
+    for (int r = 0; r < KEXD_METRICS_TENANT_ROWS; r++) s->tenants[k].v[r] += tenant_value(&tenant_rows[r], u);
   }
   s->ndevices = d->cfg.ndevices;
   for (uint32_t i = 0; i < s->ndevices; i++) {
@@ -253,21 +284,11 @@ static void format(page *p, const snapshot *s) {
   kex_strbuf_printf(p, "kex_held_bytes %llu\n", (unsigned long long)s->bytes_held);
   head(p, "kex_jobs_open", "gauge", "Jobs open now.");
   kex_strbuf_printf(p, "kex_jobs_open %llu\n", (unsigned long long)s->jobs_open);
-  head(p, "kex_tenant_jobs_open", "gauge", "Jobs open now, by tenant (\"anonymous\" without --auth).");
-  for (uint32_t i = 0; i < s->ntenants; i++)
-    kex_strbuf_printf(p, "kex_tenant_jobs_open{tenant=\"%s\"} %llu\n", s->tenants[i].name, (unsigned long long)s->tenants[i].jobs_open);
-  head(p, "kex_tenant_held_bytes", "gauge", "Bytes of device memory the open jobs' buffers hold, by tenant.");
-  for (uint32_t i = 0; i < s->ntenants; i++)
-    kex_strbuf_printf(p, "kex_tenant_held_bytes{tenant=\"%s\"} %llu\n", s->tenants[i].name,
-        (unsigned long long)s->tenants[i].bytes_held);
-  head(p, "kex_tenant_submissions_total", "counter", "Submit calls admitted, by tenant.");
-  for (uint32_t i = 0; i < s->ntenants; i++)
-    kex_strbuf_printf(p, "kex_tenant_submissions_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
-        (unsigned long long)s->tenants[i].submissions);
-  head(p, "kex_tenant_refused_total", "counter", "Calls refused RESOURCE_EXHAUSTED over one of the tenant's limits.");
-  for (uint32_t i = 0; i < s->ntenants; i++)
-    kex_strbuf_printf(p, "kex_tenant_refused_total{tenant=\"%s\"} %llu\n", s->tenants[i].name,
-        (unsigned long long)s->tenants[i].refused);
+  for (int r = 0; r < KEXD_METRICS_TENANT_ROWS; r++) {
+    head(p, tenant_rows[r].name, tenant_rows[r].type, tenant_rows[r].help);
+    for (uint32_t i = 0; i < s->ntenants; i++)
+      kex_strbuf_printf(p, "%s{tenant=\"%s\"} %.17g\n", tenant_rows[r].name, s->tenants[i].name, s->tenants[i].v[r]);
+  }
   head(p, "kex_auth_refused_total", "counter", "Calls refused by --auth: no or unknown token, or a role or may_tune.");
   kex_strbuf_printf(p, "kex_auth_refused_total{code=\"UNAUTHENTICATED\"} %llu\n", (unsigned long long)s->unauthenticated);
   kex_strbuf_printf(p, "kex_auth_refused_total{code=\"PERMISSION_DENIED\"} %llu\n", (unsigned long long)s->permission_denied);

@@ -197,6 +197,7 @@ typedef struct kexd_beam_req {
   uint32_t timeout_ms;       /* per kernel, 0 = none */
   atomic_bool *cancelled;    /* set by the loop: the search stops between candidates */
   const char *tenant;        /* the job's tenant (its usage record's name: lives as long as kexd), stored with results */
+  kexd_tenant_use *use;      /* that usage record: the search's time is charged to it */
 } kexd_beam_req;
 
 struct kex_graph;

@@ -585,6 +585,10 @@ static bool same_but_name(const char *a, const char *na, const char *b, const ch
 /* Every program is read or compiled (or the stage failed, or the call is gone): go on to the device, or fail. */
 static void preq_done(kex_prog_req *r) {
   submission *s = r->owner;
+  uint64_t us = 0;
+  for (uint32_t k = 0; k < r->rp->nkernels; k++)
+    if (r->from[k] == KEX_PROG_COMPILED) us += (uint64_t)r->compile_us[k];
+  if (s->use) __atomic_fetch_add(&s->use->compile_us, us, __ATOMIC_RELAXED); /* its tenant pays its compiles */
   if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (r->rc < 0) return sub_fail_rc(s, r->rc, &r->err);
   sub_post(s);
@@ -756,6 +760,7 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   s->id = d->submissions;
   s->job = job->id;
   s->weight = job->weight;
+  s->use = job->use;
   if (d->auth && job->use)
     snprintf(s->payer, sizeof s->payer, "tenant %s", job->use->name);
   else
@@ -777,7 +782,7 @@ void kexd_rpc_submit(kexd *d, kexd_call *c, kexd_req *rq) {
   if (width)
     s->beam = (kexd_beam_req){d, s->device, job->id, job->weight, (int)width, m->beam ? (int)m->beam->max_upcast : 0,
                               m->beam ? (int)m->beam->max_local : 0, m->beam ? m->beam->timeout_ms : 0, &s->cancelled,
-                              job->use->name};
+                              job->use->name, job->use};
   kexd_stream_start(&s->st, d->streams, c, &sub_ops, s);
   kexd_stream_ref(&s->st); /* this handler's, dropped at its end: nothing frees s under it */
   if ((rc = kexd_rpc_graph_from_pb(d, m->graph, m->graph->device && *m->graph->device ? m->graph->device : NULL,

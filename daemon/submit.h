@@ -121,6 +121,7 @@ struct submission {
   uint64_t id;
   uint64_t job;
   uint32_t weight;
+  kexd_tenant_use *use;  /* its tenant's usage record (lives as long as kexd): compile seconds charged */
   char payer[KEXD_TENANT_NAME_MAX + 24]; /* who its compiles are charged to: the tenant (--auth), else the job */
   char log_id[9];
   uint32_t device;

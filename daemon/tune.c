@@ -78,7 +78,8 @@ static void beam_opts_from(kex_beam_opts *bo, int width, const Kex__V1__BeamOpti
  * chosen opts into *out (names from `names`, may be NULL) and remember the
  * source.  *res is the search's result.  0 or a negative code with *err.
  */
-static int optimize_and_lower(kexd *d, kexd_route *ctx, kex_device *dev, kex_beam_opts *bo, kex_cache *cache,
+static int optimize_and_lower(kexd *d, kexd_route *ctx, kexd_tenant_use *use, kex_device *dev, kex_beam_opts *bo,
+                              kex_cache *cache,
                               const kex_graph *g, const kex_schedule *s, uint32_t item, kex_name_counter *names,
                               kex_beam_result *res, kex_program_src *out, char *ostr, size_t olen, kex_error *err) {
   kexd_tuner *T = d->tuner;
@@ -99,6 +100,7 @@ static int optimize_and_lower(kexd *d, kexd_route *ctx, kex_device *dev, kex_bea
     else {
       atomic_fetch_add(&T->beam_misses, 1), atomic_fetch_add(&T->searches, 1);
       atomic_fetch_add(&T->search_us, (uint_fast64_t)(res->search_s * 1e6));
+      if (use) __atomic_fetch_add(&use->search_us, (uint64_t)(res->search_s * 1e6), __ATOMIC_RELAXED); /* its tenant pays */
     }
   } else if (rc == KEX_ECANCELLED) {
     atomic_fetch_add(&T->beam_misses, 1);
@@ -130,7 +132,7 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const kex_graph *g, const kex_
   bo.tenant = br->tenant;
   if (br->timeout_ms) ctx.kernel_deadline = kexd_route_now() + br->timeout_ms / 1e3;
   if ((rc = kexd_route_device(&ctx, &dev, err)) == 0)
-    rc = optimize_and_lower(d, &ctx, dev, &bo, cache, g, s, item, names, &res, out, opts, opts_len, err);
+    rc = optimize_and_lower(d, &ctx, br->use, dev, &bo, cache, g, s, item, names, &res, out, opts, opts_len, err);
   return rc;
 }
 
@@ -155,6 +157,7 @@ typedef struct tune_call {
   kexd_call *call;
   kexd_stream st;            /* held while the pool work runs */
   uint64_t job;
+  kexd_tenant_use *use;      /* the job's tenant's usage record (lives as long as kexd): search time charged */
   char log_id[9];
   uint32_t device;
   kex_graph *g;
@@ -273,7 +276,7 @@ static void tune_work(kex_work *req) {
     t->route.timed_out = false;
     bo.progress = on_tune_progress;
     bo.progress_arg = t;
-    rc = optimize_and_lower(d, &t->route, dev, &bo, cache, t->g, s, ii, &names, &res, &ps, NULL, 0, &t->err);
+    rc = optimize_and_lower(d, &t->route, t->use, dev, &bo, cache, t->g, s, ii, &names, &res, &ps, NULL, 0, &t->err);
     kex_program_src_free(&ps);
     if (rc < 0) {
       char m[KEX_ERROR_MSG_MAX];
@@ -395,6 +398,7 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
   t->call = c;
   t->job = job->id;
   t->bo.tenant = job->use->name; /* the usage record outlives the call */
+  t->use = job->use;
   memcpy(t->log_id, job->log_id, sizeof t->log_id);
   t->device = (uint32_t)dev;
   t->timeout_ms = m->beam ? m->beam->timeout_ms : 0;

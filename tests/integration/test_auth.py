@@ -245,6 +245,12 @@ def beam_permission(k):
     ev = submit(k, "bob", jb, width=3)
     check("bob (may_tune) Submitting with beam width 3 runs a search (searches_run +1)",
           ev.HasField("done") and searches_run(k) == s0 + 1, (str(ev)[:300], searches_run(k) - s0))
+    m = k.metrics()
+    srch = {t: m.get(("kex_tenant_search_seconds_total", (("tenant", t),)), 0) for t in ("bob", "carol")}
+    comp = sum(v for k_, v in m.items() if k_[0] == "kex_tenant_compile_seconds_total")
+    check("metrics: the search's seconds are charged to bob (kex_tenant_search_seconds_total), none to carol; "
+          "compile seconds are charged to the tenants whose Submits compiled",
+          srch["bob"] > 0 and srch["carol"] == 0 and comp > 0, (srch, comp))
     k.kex.CloseJob(kex_pb2.CloseJobRequest(job=jc), metadata=md("carol"), timeout=5)
     k.kex.CloseJob(kex_pb2.CloseJobRequest(job=jb), metadata=md("bob"), timeout=5)
 
