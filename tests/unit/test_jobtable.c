@@ -111,8 +111,9 @@ static void test_open_find_close(void **state) {
   assert_int_equal(fx.anon->jobs_opened, 2);
   kexd_job *c = open_ok("c", "p", fx.anon);
   assert_true(c->id > b->id);
-  assert_int_equal(kexd_jobs_close_id(&fx.jobs, c->id, "test"), 0);
-  assert_int_equal(kexd_jobs_close_id(&fx.jobs, c->id, "test"), KEX_ENOTFOUND);
+  uint64_t c_id = c->id;
+  assert_int_equal(kexd_jobs_close_id(&fx.jobs, c_id, "test"), 0);
+  assert_int_equal(kexd_jobs_close_id(&fx.jobs, c_id, "test"), KEX_ENOTFOUND);
   assert_int_equal(fx.jobs.opened, 3);
   assert_int_equal(fx.jobs.closed, 2);
 }
