@@ -170,77 +170,67 @@ static bool job_optional(const char *path) {
   return !strcmp(path, "/kex.v1.Kex/ListDevices") || !strcmp(path, "/kex.v1.Kex/GetStats");
 }
 
-static void test_job_column(void **state) {
+/* A call through row r with req[0..len) ends with `status` and details holding `needle`. */
+static void expect(kexd *d, const fuzz_method *r, const uint8_t *req, size_t len, int status, const char *needle) {
+  kexd_call c;
+  if (call_row(d, r, req, len, &c) != status || !strstr(c.details, needle))
+    fail_msg("%s: status %d \"%s\" (want %d \"%s\")", r->path, c.status, c.details, status, needle);
+}
+
+/*
+ * The job column of row r (request type in): a job token that is unknown, another node's, or missing (where the
+ * row requires one) each ends the call before the handler.  A row whose request names no job (OpenJob, the health
+ * checks) goes straight to its handler: Watch's answers a service it does not know at once (a known one it watches
+ * until kexd stops), the others OK.  Returns whether the request names a job.
+ */
+static bool check_job_column(kexd *d, const fuzz_method *r, const ProtobufCMessageDescriptor *in) {
+  uint8_t buf[512];
+  if (!protobuf_c_message_descriptor_get_field_by_name(in, "job")) {
+    assert_true(!strcmp(r->path, "/kex.v1.Kex/OpenJob") || !strncmp(r->path, "/grpc.health.v1.Health/", 23));
+    if (!strcmp(r->path, "/grpc.health.v1.Health/Watch")) {
+      Grpc__Health__V1__HealthCheckRequest h = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+      h.service = "nope";
+      expect(d, r, buf, protobuf_c_message_pack(&h.base, buf), GRPC_STATUS_NOT_FOUND, "unknown service \"nope\"");
+    } else {
+      expect(d, r, buf, request(in, NULL, 0, buf, sizeof buf), GRPC_STATUS_OK, "");
+    }
+    return false;
+  }
+  expect(d, r, buf, request(in, UNKNOWN_TOKEN, 0, buf, sizeof buf), GRPC_STATUS_NOT_FOUND, "unknown job token");
+  expect(d, r, buf, request(in, OTHER_NODE_TOKEN, 0, buf, sizeof buf), GRPC_STATUS_FAILED_PRECONDITION,
+         "the job belongs to node node-b at 127.0.0.2:50051");
+  if (job_optional(r->path)) expect(d, r, buf, request(in, "", 0, buf, sizeof buf), GRPC_STATUS_OK, "");
+  else expect(d, r, buf, request(in, "", 0, buf, sizeof buf), GRPC_STATUS_INVALID_ARGUMENT, "missing job token");
+  return true;
+}
+
+/* The search column of row r: a request carrying BeamOptions has them checked before its handler. */
+static bool check_search_column(kexd *d, const fuzz_method *r, const ProtobufCMessageDescriptor *in) {
+  uint8_t buf[512];
+  if (!protobuf_c_message_descriptor_get_field_by_name(in, "beam")) return false;
+  expect(d, r, buf, request(in, FUZZ_TOKEN, 65, buf, sizeof buf), GRPC_STATUS_INVALID_ARGUMENT,
+         "beam.beam_width must be at most 64");
+  expect(d, r, buf, request(in, FUZZ_TOKEN, d->cfg.max_beam + 1, buf, sizeof buf), GRPC_STATUS_RESOURCE_EXHAUSTED,
+         "(--max-beam)");
+  assert_int_equal(d->tunes_active[0], 0);
+  return true;
+}
+
+static void test_job_and_search_columns(void **state) {
   (void)state;
   kexd *d = serving();
   const fuzz_method *m;
-  uint32_t n = register_table(d, true, &m), named = 0;
-  uint8_t buf[512];
-  kexd_call c;
+  uint32_t n = register_table(d, true, &m), named = 0, searched = 0;
   for (uint32_t i = 0; i < n; i++) {
-    const ProtobufCMessageDescriptor *in = contract_input(m[i].path);
-    size_t len;
     if (m[i].payload != KEXD_PAYLOAD_ONE) continue;
-    if (!protobuf_c_message_descriptor_get_field_by_name(in, "job")) {
-      /* no job: OpenJob and the health checks go straight to their handlers (Watch's answers a service it
-         does not know at once; a known one it watches until kexd stops) */
-      assert_true(!strcmp(m[i].path, "/kex.v1.Kex/OpenJob") || !strncmp(m[i].path, "/grpc.health.v1.Health/", 23));
-      if (!strcmp(m[i].path, "/grpc.health.v1.Health/Watch")) {
-        Grpc__Health__V1__HealthCheckRequest h = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-        h.service = "nope";
-        len = protobuf_c_message_pack(&h.base, buf);
-        assert_int_equal(call_row(d, &m[i], buf, len, &c), GRPC_STATUS_NOT_FOUND);
-        assert_non_null(strstr(c.details, "unknown service \"nope\""));
-        continue;
-      }
-      len = request(in, NULL, 0, buf, sizeof buf);
-      if (call_row(d, &m[i], buf, len, &c) != GRPC_STATUS_OK) fail_msg("%s: %d %s", m[i].path, c.status, c.details);
-      continue;
-    }
-    named++;
-    len = request(in, UNKNOWN_TOKEN, 0, buf, sizeof buf);
-    assert_int_equal(call_row(d, &m[i], buf, len, &c), GRPC_STATUS_NOT_FOUND);
-    assert_non_null(strstr(c.details, "unknown job token"));
-    len = request(in, OTHER_NODE_TOKEN, 0, buf, sizeof buf);
-    assert_int_equal(call_row(d, &m[i], buf, len, &c), GRPC_STATUS_FAILED_PRECONDITION);
-    assert_non_null(strstr(c.details, "the job belongs to node node-b at 127.0.0.2:50051"));
-    len = request(in, "", 0, buf, sizeof buf);
-    if (job_optional(m[i].path)) {
-      if (call_row(d, &m[i], buf, len, &c) != GRPC_STATUS_OK) fail_msg("%s: %d %s", m[i].path, c.status, c.details);
-    } else {
-      assert_int_equal(call_row(d, &m[i], buf, len, &c), GRPC_STATUS_INVALID_ARGUMENT);
-      assert_non_null(strstr(c.details, "missing job token"));
-    }
+    named += check_job_column(d, &m[i], contract_input(m[i].path));
+    searched += check_search_column(d, &m[i], contract_input(m[i].path));
   }
   assert_int_equal(named, 14); /* every unary RPC but OpenJob and the two health ones */
+  assert_int_equal(searched, 2); /* Submit and Tune */
   /* OpenJob opened jobs above: the table holds the fuzz job and those */
   while (d->jobs.njobs > 1) kexd_jobs_close_id(&d->jobs, d->jobs.jobs[d->jobs.njobs - 1]->id, "test");
   assert_non_null(kexd_jobs_find(&d->jobs, FUZZ_TOKEN));
-  kex_free(d->rpc_routes);
-  d->rpc_routes = NULL;
-}
-
-/* The rows whose request carries BeamOptions check them before their handler (a width over the limit). */
-static void test_search_column(void **state) {
-  (void)state;
-  kexd *d = serving();
-  const fuzz_method *m;
-  uint32_t n = register_table(d, false, &m), searched = 0;
-  uint8_t buf[512];
-  kexd_call c;
-  for (uint32_t i = 0; i < n; i++) {
-    const ProtobufCMessageDescriptor *in = contract_input(m[i].path);
-    if (m[i].payload != KEXD_PAYLOAD_ONE || !protobuf_c_message_descriptor_get_field_by_name(in, "beam")) continue;
-    searched++;
-    size_t len = request(in, FUZZ_TOKEN, 65, buf, sizeof buf);
-    assert_int_equal(call_row(d, &m[i], buf, len, &c), GRPC_STATUS_INVALID_ARGUMENT);
-    assert_non_null(strstr(c.details, "beam.beam_width must be at most 64"));
-    len = request(in, FUZZ_TOKEN, d->cfg.max_beam + 1, buf, sizeof buf);
-    assert_int_equal(call_row(d, &m[i], buf, len, &c), GRPC_STATUS_RESOURCE_EXHAUSTED);
-    assert_non_null(strstr(c.details, "(--max-beam)"));
-    assert_int_equal(d->tunes_active[0], 0);
-  }
-  assert_int_equal(searched, 2); /* Submit and Tune */
   kex_free(d->rpc_routes);
   d->rpc_routes = NULL;
 }
@@ -260,10 +250,7 @@ static void test_unknown_method(void **state) {
 int main(void) {
   (void)serving();
   kex_log_set_level(KEX_LOG_ERROR); /* after fuzzkexd's own level: the refusals here are expected */
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_every_rpc_has_a_row), cmocka_unit_test(test_request_type_column),
-      cmocka_unit_test(test_job_column),          cmocka_unit_test(test_search_column),
-      cmocka_unit_test(test_unknown_method),
-  };
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_every_rpc_has_a_row), cmocka_unit_test(test_request_type_column),
+                                     cmocka_unit_test(test_job_and_search_columns), cmocka_unit_test(test_unknown_method)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -111,16 +111,25 @@ static event *new_event(uint32_t seq) {
   return e;
 }
 
-/* Another thread pushes events 0..n-1 (as a worker's progress does). */
-typedef struct pusher {
-  kexd_stream *st;
-  uint32_t n;
-} pusher;
-
-static void *push_events(void *arg) {
-  pusher *p = arg;
-  for (uint32_t i = 0; i < p->n; i++) kexd_stream_push(p->st, &new_event(i)->base);
+/* Another thread pushes events 0..4 on stream `st` (as a worker's progress does). */
+static void *push_five(void *st) {
+  for (uint32_t i = 0; i < 5; i++) kexd_stream_push(st, &new_event(i)->base);
   return NULL;
+}
+
+/* Start the owner's stream on the fixture's call, drained doing `does`; with `hold`, work in flight. */
+static owner *start(on_drained does, bool hold) {
+  owner *o = &fx.o;
+  o->drained_does = does;
+  kexd_stream_start(&o->st, fx.hub, &fx.call, &ops, o);
+  if (hold) kexd_stream_hold(&o->st);
+  return o;
+}
+
+/* The owner was released exactly once, and the call holds no reference any more. */
+static void expect_released(const owner *o) {
+  assert_int_equal(o->released, 1);
+  assert_int_equal(fx.call.refs, 0);
 }
 
 /* Run the loop until the first of the pushed events is being written. */
@@ -131,13 +140,9 @@ static void run_until_writing(void) {
 
 static void test_events_in_order_one_write_at_a_time(void **state) {
   (void)state;
-  owner *o = &fx.o;
+  owner *o = start(FINISH, true); /* held: the work that pushes */
   pthread_t t;
-  pusher p = {&o->st, 5};
-  o->drained_does = FINISH;
-  kexd_stream_start(&o->st, fx.hub, &fx.call, &ops, o);
-  kexd_stream_hold(&o->st); /* the work that pushes */
-  assert_int_equal(pthread_create(&t, NULL, push_events, &p), 0);
+  assert_int_equal(pthread_create(&t, NULL, push_five, &o->st), 0);
   assert_int_equal(pthread_join(t, NULL), 0);
   run_until_writing();
   for (uint32_t i = 0; i < 5; i++) {
@@ -159,18 +164,15 @@ static void test_events_in_order_one_write_at_a_time(void **state) {
   assert_int_equal(o->drained, 1);
   assert_true(fx.call.finished);
   assert_int_equal(fx.call.status, GRPC_STATUS_OK);
-  assert_int_equal(o->released, 1);
-  assert_int_equal(fx.call.refs, 0);
+  expect_released(o);
   assert_int_equal(o->cancelled, 0);
 }
 
 /* Events pushed on the loop thread need no wake: the owner's pump writes them. */
 static void test_loop_push_and_more_promise(void **state) {
   (void)state;
-  owner *o = &fx.o;
-  o->drained_does = WAIT;
+  owner *o = start(WAIT, false);
   o->promise_more = true;
-  kexd_stream_start(&o->st, fx.hub, &fx.call, &ops, o);
   kexd_stream_push(&o->st, &new_event(7)->base);
   kexd_stream_pump(&o->st);
   assert_int_equal(o->nwritten, 1);
@@ -185,17 +187,13 @@ static void test_loop_push_and_more_promise(void **state) {
   assert_int_equal(fx.call.status, GRPC_STATUS_OK);
   assert_int_equal(o->released, 0);
   kexd_stream_unref(&o->st);
-  assert_int_equal(o->released, 1);
-  assert_int_equal(fx.call.refs, 0);
+  expect_released(o);
 }
 
 /* A write that breaks: the owner is told, the call ends CANCELLED naming the method, release waits for the hold. */
 static void test_broken_write(void **state) {
   (void)state;
-  owner *o = &fx.o;
-  o->drained_does = FINISH;
-  kexd_stream_start(&o->st, fx.hub, &fx.call, &ops, o);
-  kexd_stream_hold(&o->st);
+  owner *o = start(FINISH, true);
   kexd_stream_push(&o->st, &new_event(0)->base);
   kexd_stream_push(&o->st, &new_event(1)->base);
   kexd_stream_pump(&o->st);
@@ -211,43 +209,35 @@ static void test_broken_write(void **state) {
   kexd_stream_push(&o->st, &new_event(2)->base); /* freed with the stream */
   assert_int_equal(o->released, 0);
   kexd_stream_unhold(&o->st);
-  assert_int_equal(o->released, 1);
+  expect_released(o);
   assert_int_equal(o->drained, 0);
   assert_int_equal(o->cancelled, 1);
-  assert_int_equal(fx.call.refs, 0);
 }
 
 /* The client cancels while work is held: the owner is told at once, released when the work is back. */
 static void test_client_cancel(void **state) {
   (void)state;
-  owner *o = &fx.o;
-  o->drained_does = FINISH;
-  kexd_stream_start(&o->st, fx.hub, &fx.call, &ops, o);
-  kexd_stream_hold(&o->st);
+  owner *o = start(FINISH, true);
   fuzz_call_cancel(&fx.call);
   assert_int_equal(o->cancelled, 1);
   assert_true(kexd_stream_dead(&o->st));
   assert_int_equal(o->released, 0);
   kexd_stream_unhold(&o->st);
-  assert_int_equal(o->released, 1);
+  expect_released(o);
   assert_int_equal(o->drained, 0);
   assert_int_equal(fx.call.status, GRPC_STATUS_CANCELLED);
-  assert_int_equal(fx.call.refs, 0);
 }
 
 /* The last message goes with the status; the owner learns it went out. */
 static void test_finish_last(void **state) {
   (void)state;
-  owner *o = &fx.o;
-  o->drained_does = FINISH_LAST;
-  kexd_stream_start(&o->st, fx.hub, &fx.call, &ops, o);
+  owner *o = start(FINISH_LAST, false);
   kexd_stream_pump(&o->st);
   assert_int_equal(o->drained, 1);
   assert_true(fx.call.finished);
   assert_int_equal(fx.call.status, GRPC_STATUS_OK);
-  assert_int_equal(o->released, 1);
+  expect_released(o);
   assert_true(o->delivered_at_release);
-  assert_int_equal(fx.call.refs, 0);
 }
 
 int main(void) {

@@ -511,12 +511,9 @@ static void test_quota_beam(void **state) {
 int main(void) {
   (void)fuzz_kexd();
   kex_log_set_level(KEX_LOG_ERROR); /* after fuzzkexd's own level: the refusals here are expected */
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_load_valid),       cmocka_unit_test(test_wrong_tokens),
-      cmocka_unit_test(test_load_malformed),   cmocka_unit_test(test_name_limit),
-      cmocka_unit_test(test_tenant_count_limit), cmocka_unit_test(test_file_size_limit),
-      cmocka_unit_test(test_roles_per_method), cmocka_unit_test(test_quota_jobs),
-      cmocka_unit_test(test_quota_bytes),      cmocka_unit_test(test_quota_beam),
-  };
+#define T(f) cmocka_unit_test(f)
+  const struct CMUnitTest tests[] = {T(test_load_valid), T(test_wrong_tokens), T(test_load_malformed), T(test_name_limit),
+                                     T(test_tenant_count_limit), T(test_file_size_limit), T(test_roles_per_method),
+                                     T(test_quota_jobs), T(test_quota_bytes), T(test_quota_beam)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }
