@@ -10,6 +10,9 @@
  * same run (OpenBLAS cblas_sgemm for the matmuls, memcpy of the input
  * bytes for the others, as bench/kernels.c).  Searches are bounded by
  * --max-candidates per round (default 48) and --max-rounds (default 4).
+ * Each row says whether the two targets hold (the timing checks that were
+ * test_beam's): the cache hit costs at most 5% of the search, and the beam
+ * kernels are not slower than hand-coded beyond noise (1.3x + 3 us).
  * Writes bench/results/beam.json.
  *
  * usage: bench_beam [--out FILE] [--graphs DIR] [--max-candidates N] [--max-rounds N] [--only NAME]
@@ -167,13 +170,18 @@ int main(int argc, char **argv) {
                                             "baseline_us", base, "baseline", base_name, "search_s", search_s,
                                             "cache_hit_ms", hit_ms, "compiled", (json_int_t)compiled, "timed",
                                             (json_int_t)timed, "rounds", (json_int_t)rounds, "kernels", ks));
+      bool hit_ok = hit_ms <= 0.05 * search_s * 1e3, not_slower = best <= hand * 1.3 + 3.0;
+      json_object_set_new(json_array_get(rows, json_array_size(rows) - 1), "targets",
+                          json_pack("{s:b, s:b}", "cache_hit_le_5pct_of_search", hit_ok, "beam_not_slower_than_hand",
+                                    not_slower));
       if (!cpu) {
         json_t *row = json_array_get(rows, json_array_size(rows) - 1);
         json_object_set_new(row, "tinygrad_beam2_pocl_us", json_real(tg_us[gi]));
         json_object_set_new(row, "tinygrad_search_s", json_pack("[f, f]", tg_search_lo[gi], tg_search_hi[gi]));
       }
-      fprintf(stderr, "== %s %s: beam %.1f us, hand %.1f us, %s %.1f us, search %.1f s, hit %.3f ms\n", devnames[d],
-              names[gi], best, hand, base_name, base, search_s, hit_ms);
+      fprintf(stderr, "== %s %s: beam %.1f us, hand %.1f us, %s %.1f us, search %.1f s, hit %.3f ms; targets: hit <= 5%% "
+              "of the search %s, beam not slower than hand %s\n", devnames[d], names[gi], best, hand, base_name, base,
+              search_s, hit_ms, hit_ok ? "yes" : "NO", not_slower ? "yes" : "NO");
     next:
       kex_cache_close(cache);
       kex_plan_clear(&p);

@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/beam_repeat.sh [RUNS] [busy] - the six beam repeatability checks, RUNS times in a row (default 5).
 #
-# Each run is build/realize/test_beam with KEX_TEST_BEAM_REPEATABLE=1 and
+# Each run is build/tests/test_beam with KEX_TEST_BEAM_REPEATABLE=1 and
 # KEX_TEST_FILTER='repeatable_*' (6 kernels x 2 fresh searches, about 80 s),
 # at KEX_LOG=debug, its log kept under $KEX_REPEAT_LOGS (default: a new
 # temporary folder, printed), so a flip can be read back decision by
@@ -23,7 +23,7 @@ fi
 pass=0
 for i in $(seq "$runs"); do
   log=$logs/run$i.log
-  KEX_LOG=debug KEX_TEST_BEAM_REPEATABLE=1 KEX_TEST_FILTER='repeatable_*' build/realize/test_beam >"$log" 2>&1
+  KEX_LOG=debug KEX_TEST_BEAM_REPEATABLE=1 KEX_TEST_FILTER='repeatable_*' build/tests/test_beam >"$log" 2>&1
   failed=$(grep -E '^\[  FAILED  \] repeatable' "$log" | sort -u | sed 's/.*repeatable_//' | tr '\n' ' ')
   if ! grep -q '^\[  PASSED  \] 6 test' "$log" && [ -z "$failed" ]; then failed="(did not run: see $log)"; fi
   [ -z "$failed" ] && pass=$((pass + 1))

@@ -41,7 +41,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 shared=${KEX_SHARED_DIR:-$root/../shared}
 bundle=/tmp/kex-gpu # where run unpacks the bundle: the binaries' interpreter path
-bins=(bench_kernels bench_beam kex devices/test_devices realize/test_run realize/test_ops)
+bins=(bench_kernels bench_beam kex tests/test_devices tests/test_run tests/test_ops)
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 

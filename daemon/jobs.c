@@ -532,6 +532,25 @@ int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle) {
   return 0;
 }
 
+/* Move obj's entry in index d from its secret (the characters at `secret`) to `fixed`, written over them. */
+static int index_rekey(const kexd_jobs *j, kex_dict *d, char *secret, const char *fixed, void *obj) {
+  if (!fixed || strnlen(fixed, KEXD_TOKEN_LEN + 1) != KEXD_TOKEN_LEN) return KEX_EINVAL;
+  if (index_find(j, d, fixed)) return index_find(j, d, fixed) == obj ? 0 : KEX_EINTERNAL;
+  index_remove(j, d, secret);
+  memcpy(secret, fixed, KEXD_TOKEN_LEN);
+  return index_add(j, d, secret, obj);
+}
+
+int kexd_jobs_set_token(kexd_jobs *j, kexd_job *job, const char *token) {
+  int rc = index_rekey(j, &j->index, job->token, token, job);
+  if (rc == 0) memcpy(job->log_id, job->token, 8);
+  return rc;
+}
+
+int kexd_job_set_handle(kexd_jobs *j, kexd_job *job, kexd_buffer *b, const char *handle) {
+  return index_rekey(j, &job->buf_index, b->handle, handle, b);
+}
+
 void kexd_buffer_ref(kexd_buffer *b) { b->refs++; }
 
 static void buffer_freed(kexd_work *w) {

@@ -225,6 +225,14 @@ kexd_buffer *kexd_job_find_buffer(kexd_job *job, const char *handle);
 int kexd_job_free_buffer(kexd_jobs *j, kexd_job *job, const char *handle);
 /* Free a device buffer no job holds (an upload whose job or call went away) through its runner. */
 void kexd_jobs_free_device_buffer(kexd_jobs *j, kex_buffer *dev_buf, uint32_t device, uint64_t job, uint32_t weight);
+/*
+ * Tests and fuzz targets only: name job by `token`, or its buffer b by
+ * `handle` (KEXD_TOKEN_LEN characters), in place of the random one, so that
+ * a fixed corpus can name them.  0; KEX_EINVAL (not KEXD_TOKEN_LEN
+ * characters); KEX_EINTERNAL (another job or buffer of the job has it).
+ */
+int kexd_jobs_set_token(kexd_jobs *j, kexd_job *job, const char *token);
+int kexd_job_set_handle(kexd_jobs *j, kexd_job *job, kexd_buffer *b, const char *handle);
 void kexd_buffer_ref(kexd_buffer *b);
 /* Drop a reference; the last one posts the device free (loop thread). */
 void kexd_buffer_unref(kexd_jobs *j, kexd_buffer *b);

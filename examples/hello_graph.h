@@ -1,7 +1,7 @@
 /*
  * hello_graph.h - the graph examples/hello.c submits, (a + b) * 2 over
  * float32[4] with a and b as inline base64 data (1 2 3 4 and 10 20 30 40);
- * client/libkex_test.c submits the same one and checks 22 44 66 88.
+ * tests/programs/libkex_test.c submits the same one and checks 22 44 66 88.
  */
 #ifndef KEX_EXAMPLES_HELLO_GRAPH_H
 #define KEX_EXAMPLES_HELLO_GRAPH_H

@@ -1,14 +1,16 @@
 /*
  * fakecall.c - the per-call half of daemon/server.h without gRPC, for the
- * fuzz target that runs kexd's real stream handlers (fuzz_stream): a call
- * is a fuzz_call the target drives by hand -- it starts the handler, hands
- * each read the next framed message (or the end of the stream, or a broken
- * stream), fires the cancel hook when the input asks, and afterwards checks
- * that the handler finished the call and released every reference.  The
- * few kexd_server_* functions other daemon files call (stats, the method
- * table, "stopping") answer as a server with no calls would.  Linked in
- * place of daemon/server.c: the handlers, the job table, the device runners
- * and the cache are the daemon's own.
+ * fuzz targets and the daemon's unit tests that run kexd's real handlers
+ * (fuzz_rpc, fuzz_stream, tests/unit/test_methods.c ...): a call is a
+ * kexd_call the caller drives by hand -- it starts the handler, hands each
+ * read the next framed message (or the end of the stream, or a broken
+ * stream), completes each stream write (accept_writes), fires the cancel
+ * hook when asked, and afterwards checks that the handler finished the
+ * call and released every reference.  The few kexd_server_* functions
+ * other daemon files call (stats, "stopping") answer as a server with no
+ * calls would; kexd_server_add_method records what the method table
+ * registers.  Linked in place of daemon/server.c: the handlers, the job
+ * table, the device runners and the cache are the daemon's own.
  */
 #include <grpc/status.h>
 #include <math.h>
@@ -37,11 +39,13 @@ double kexd_call_age_ms(const kexd_call *c) {
   return 0;
 }
 
-/* No metadata arrives without gRPC. */
+/* The one metadata key a call carries here: authorization. */
 int kexd_call_metadata(const kexd_call *c, const char *key, char *buf, size_t cap) {
-  (void)c, (void)key;
   if (cap) buf[0] = '\0';
-  return KEX_ENOTFOUND;
+  if (!c->authorization || strcmp(key, "authorization") != 0) return KEX_ENOTFOUND;
+  if (strlen(c->authorization) >= cap) return KEX_ELIMIT;
+  memcpy(buf, c->authorization, strlen(c->authorization) + 1);
+  return 0;
 }
 
 int kexd_call_peer_host(const kexd_call *c, char *buf, size_t cap) {
@@ -63,17 +67,32 @@ void kexd_call_unref(kexd_call *c) {
   c->refs--;
 }
 
-/* Client streams answer with one reply (kexd_call_finish); a stream write would be a handler bug here. */
-int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd_call *, int ok, void *ud), void *ud) {
-  (void)msg, (void)done, (void)ud;
-  c->writes++;
-  return KEX_EINVAL;
-}
-
+/* Without accept_writes a stream write is refused (client streams answer with one reply: a write would be a
+   handler bug there); with it the write is outstanding until fuzz_call_complete_write. */
 int kexd_call_write_more(kexd_call *c, const ProtobufCMessage *msg, bool more,
                          void (*done)(kexd_call *, int ok, void *ud), void *ud) {
-  (void)more;
-  return kexd_call_write(c, msg, done, ud);
+  c->writes++;
+  if (!c->accept_writes || c->finished) return KEX_EINVAL;
+  if (c->write_pending) {
+    c->overlapping++;
+    return KEX_EINVAL;
+  }
+  if (!done || protobuf_c_message_get_packed_size(msg) > 4096) __builtin_trap();
+  c->write_pending = true;
+  c->write_more = more;
+  c->write_done = done;
+  c->write_ud = ud;
+  return 0;
+}
+
+int kexd_call_write(kexd_call *c, const ProtobufCMessage *msg, void (*done)(kexd_call *, int ok, void *ud), void *ud) {
+  return kexd_call_write_more(c, msg, false, done, ud);
+}
+
+void fuzz_call_complete_write(kexd_call *c, int ok) {
+  if (!c->write_pending) __builtin_trap();
+  c->write_pending = false;
+  c->write_done(c, ok, c->write_ud);
 }
 
 int kexd_call_read(kexd_call *c, kexd_read_cb done, void *ud) {
@@ -84,10 +103,7 @@ int kexd_call_read(kexd_call *c, kexd_read_cb done, void *ud) {
   return 0;
 }
 
-bool kexd_call_writing(const kexd_call *c) {
-  (void)c;
-  return false;
-}
+bool kexd_call_writing(const kexd_call *c) { return c->write_pending; }
 
 int kexd_call_finish(kexd_call *c, int status, const char *details, const ProtobufCMessage *msg) {
   if (c->finished && c->cancelled) return KEX_ECANCELLED; /* as server.c: the handler's reference is gone already */
@@ -152,12 +168,39 @@ void fuzz_call_wait(kexd_call *c, uv_loop_t *loop, int seconds) {
   }
 }
 
-/* ---- the server, as one with no calls and no methods ---- */
+int fuzz_call_unary(kexd *d, kexd_call *c, const char *path, const char *authorization, const ProtobufCMessage *msg) {
+  uint8_t buf[4096];
+  size_t n = msg ? protobuf_c_message_get_packed_size(msg) : 0;
+  if (n > sizeof buf) __builtin_trap();
+  if (msg) protobuf_c_message_pack(msg, buf);
+  memset(c, 0, sizeof *c);
+  c->method = path;
+  c->refs = 1;
+  c->authorization = authorization;
+  if (kexd_rpc_gate(c, d)) kexd_rpc_serve(d, path, c, msg ? buf : NULL, n);
+  fuzz_call_wait(c, d->loop, 30);
+  kexd_rpc_call_end(c, c->status, d);
+  return c->status;
+}
+
+/* ---- the server, as one with no calls ---- */
+
+static fuzz_method registered[FUZZ_MAX_METHODS];
+static uint32_t nregistered;
 
 int kexd_server_add_method(kexd_server *s, const char *path, kexd_payload payload, kexd_handler fn, void *ud) {
-  (void)s, (void)path, (void)payload, (void)fn, (void)ud;
+  (void)s;
+  if (nregistered == FUZZ_MAX_METHODS) return KEX_ELIMIT;
+  registered[nregistered++] = (fuzz_method){path, payload, fn, ud};
   return 0;
 }
+
+uint32_t fuzz_server_methods(const fuzz_method **out) {
+  *out = registered;
+  return nregistered;
+}
+
+void fuzz_server_forget(void) { nregistered = 0; }
 
 const kexd_server_stats *kexd_server_get_stats(const kexd_server *s) {
   static const kexd_server_stats none;

@@ -52,9 +52,10 @@ static void open_job(void) {
   static const int64_t shape[1] = {4};
   kexd_tenant_use *use = kexd_jobs_tenant_use(&d.jobs, KEXD_ANONYMOUS_TENANT);
   if (!use || kexd_jobs_open(&d.jobs, "fuzz", 1, d.cfg.job_memory_default, "fuzz", use, &job, &err) < 0) abort();
-  memcpy(job->token, FUZZ_TOKEN, sizeof job->token);
-  if (kexd_job_add_buffer(&d.jobs, job, NULL, 0, KEX_DT_FLOAT32, shape, 1, 16, &b) < 0) abort();
-  memcpy(b->handle, FUZZ_HANDLE, sizeof b->handle);
+  if (kexd_jobs_set_token(&d.jobs, job, FUZZ_TOKEN) < 0) abort();
+  if (kexd_job_add_buffer(&d.jobs, job, NULL, 0, KEX_DT_FLOAT32, shape, 1, 16, &b) < 0 ||
+      kexd_job_set_handle(&d.jobs, job, b, FUZZ_HANDLE) < 0)
+    abort();
 }
 
 static void setup(int serving, const char *cache_path) {

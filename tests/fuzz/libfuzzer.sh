@@ -31,7 +31,7 @@ if [ -z "$cc" ]; then
   echo "skipped: no clang that builds kex for libFuzzer (needs _Float16 and -fsanitize=fuzzer: apt-get install clang-15)"
   exit 77
 fi
-targets=(fuzz_graph fuzz_wire fuzz_rpc fuzz_stream fuzz_cache)
+targets=(tests/fuzz_graph tests/fuzz_wire tests/fuzz_rpc tests/fuzz_stream tests/fuzz_cache)
 echo "== $dir: configure ($cc, libFuzzer) =="
 if ! CC=$cc scripts/configure.sh "$dir" -Dsanitize=true -Dfuzzer=true -Dwerror=false >"$probe/configure.txt" 2>&1; then
   tail -n 30 "$probe/configure.txt"

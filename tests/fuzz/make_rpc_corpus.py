@@ -62,8 +62,7 @@ def rpc_seeds(cases):
         if "graph" not in d:
             continue
         g = d["graph"]
-        gp = pb.Graph(format=g.get("format", ""), device=g.get("device", ""), nodes=[w.node(n) for n in g["nodes"]],
-                      outputs=g["outputs"])
+        gp = w.graph_pb(g)
         if len(gp.SerializeToString()) > 65536:
             continue
         name = os.path.basename(path)[:-5]

@@ -8,57 +8,20 @@ choosing the method (its index in fuzz_wire.c's `requests`), then the serialized
 STUBS_DIR holds kex/v1/kex_pb2.py (python3 -m grpc_tools.protoc -I proto --python_out=STUBS_DIR
 kex/v1/kex.proto).  The files are committed; rerun only to refresh them.
 """
-import base64
 import glob
 import json
 import os
 import sys
 
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from graphpb import graph_pb, node_pb as node  # noqa: E402,F401  (node: make_rpc_corpus.py's)
 from kex.v1 import kex_pb2 as pb  # noqa: E402
 
 INDEX = {"Submit": 0, "Plan": 1, "OpenJob": 2, "CloseJob": 3, "HoldJob": 4, "Upload": 5, "Download": 6, "Free": 7,
          "Tune": 8, "ListCache": 9, "GetCacheEntry": 10, "ExportCache": 11, "ImportCache": 12, "DeleteCache": 13,
          "ListDevices": 14, "GetStats": 15}
 TOKEN = "0123456789abcdef0123456789abcdef"
-
-
-def scalar(v):
-    if isinstance(v, bool):
-        return pb.Scalar(bool_value=v)
-    if isinstance(v, int):
-        return pb.Scalar(int_value=v)
-    if isinstance(v, float):
-        return pb.Scalar(float_value=v)
-    return pb.Scalar(special=v)
-
-
-def node(n):
-    p = pb.Node(op=n["op"], src=n.get("src", []), dtype=n.get("dtype", ""), shape=n.get("shape", []),
-                axis=n.get("axis", []), device=n.get("device", ""))
-    a = n.get("arg")
-    if a is not None:
-        if n["op"] in ("RESHAPE", "EXPAND"):
-            p.new_shape.values.extend(a)
-        elif n["op"] == "PERMUTE":
-            p.order.values.extend(a)
-        elif n["op"] in ("PAD", "SHRINK"):
-            p.pairs.pairs.extend(pb.Pair(first=x, second=y) for x, y in a)
-        elif n["op"] == "STRIDE":
-            p.strides.values.extend(a)
-    if "value" in n:
-        p.value.CopyFrom(scalar(n["value"]))
-    if "data" in n:
-        p.data = base64.b64decode(n["data"])
-    f = n.get("fill")
-    if f:
-        if "random" in f:
-            p.fill_random = f["random"]
-        elif "arange" in f:
-            p.fill_arange = f["arange"]
-        else:
-            p.fill_value.CopyFrom(scalar(f["value"]))
-    return p
 
 
 def main():
@@ -71,8 +34,7 @@ def main():
         if "graph" not in d:
             continue
         g = d["graph"]
-        gp = pb.Graph(format=g.get("format", ""), device=g.get("device", ""), nodes=[node(n) for n in g["nodes"]],
-                      outputs=g["outputs"])
+        gp = graph_pb(g)
         if len(gp.SerializeToString()) > 65536:
             continue
         seeds[f"submit_{name}"] = ("Submit", pb.SubmitRequest(job=TOKEN, graph=gp))

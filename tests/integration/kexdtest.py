@@ -10,7 +10,6 @@ stopping it, waiting for a kexd to answer health SERVING, a JSON graph
 crash of the test itself is one failed check, never a silent pass.  The
 generated stubs are on sys.path already (KEX_STUBS) when this is imported.
 """
-import base64
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ sys.path.insert(0, os.environ["KEX_STUBS"])
 import grpc  # noqa: E402
 import health_pb2  # noqa: E402
 import health_pb2_grpc  # noqa: E402
+from graphpb import graph_pb, node_pb, scalar  # noqa: E402,F401  (re-exported for the test scripts)
 from ports import free_port  # noqa: E402,F401  (re-exported for the test scripts)
 
 counts = {"passed": 0, "failed": 0}
@@ -181,61 +181,6 @@ def add_graph():
         n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
         return n
     return kex_pb2.Graph(device="cpu", nodes=[buf(1.5), buf(2.0), kex_pb2.Node(op="ADD", src=[0, 1])], outputs=[2])
-
-
-# ---- JSON graph (graph-format.md) -> protobuf ----
-
-def scalar(v):
-    from kex.v1 import kex_pb2
-    if isinstance(v, bool):
-        return kex_pb2.Scalar(bool_value=v)
-    if isinstance(v, int):
-        return kex_pb2.Scalar(int_value=v)
-    if isinstance(v, float):
-        return kex_pb2.Scalar(float_value=v)
-    return kex_pb2.Scalar(special=v)
-
-
-def node_pb(n):
-    from kex.v1 import kex_pb2
-    p = kex_pb2.Node(op=n["op"], src=n.get("src", []), dtype=n.get("dtype", ""), shape=n.get("shape", []),
-                     axis=n.get("axis", []), device=n.get("device", ""))
-    if "arg" in n:
-        a = n["arg"]
-        if n["op"] in ("RESHAPE", "EXPAND"):
-            p.new_shape.values.extend(a)
-            p.new_shape.SetInParent()
-        elif n["op"] == "PERMUTE":
-            p.order.values.extend(a)
-            p.order.SetInParent()
-        elif n["op"] in ("PAD", "SHRINK"):
-            p.pairs.pairs.extend(kex_pb2.Pair(first=x, second=y) for x, y in a)
-            p.pairs.SetInParent()
-        elif n["op"] == "STRIDE":
-            p.strides.values.extend(a)
-            p.strides.SetInParent()
-    if "value" in n:
-        p.value.CopyFrom(scalar(n["value"]))
-    if "data" in n:
-        p.data = base64.b64decode(n["data"])
-    if "fill" in n:
-        f = n["fill"]
-        if "random" in f:
-            p.fill_random = f["random"]
-        elif "arange" in f:
-            p.fill_arange = f["arange"]
-        else:
-            p.fill_value.CopyFrom(scalar(f["value"]))
-    if "buffer" in n:
-        p.buffer = n["buffer"]
-    return p
-
-
-def graph_pb(g, device=None):
-    """A JSON graph as a kex.v1 Graph, on device (default: the graph's own "device", else kexd's default)."""
-    from kex.v1 import kex_pb2
-    return kex_pb2.Graph(format=g.get("format", ""), device=g.get("device", "") if device is None else device,
-                         nodes=[node_pb(n) for n in g["nodes"]], outputs=g["outputs"])
 
 
 def run(main, name):

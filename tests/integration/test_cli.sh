@@ -352,30 +352,12 @@ PYEOF
 run "$kex" "${S[@]}" top --once --interval 0
 if [ "$rc" = 0 ] && grep -q "^top-check  *4 " "$tmp/out" && grep -q "cache hit rates: schedule" "$tmp/out" && grep -q "device busy: -" "$tmp/out"; then ok "top --once --interval 0: the job's row, one sample (no busy share)"; else bad "top --once --interval 0: the job's row, one sample"; sed 's/^/# /' "$tmp/out"; fi
 # on a terminal: redrawn every second until q
-$PY - "$kex" "127.0.0.1:$port" >"$tmp/top_tty.txt" 2>&1 <<'PYEOF'
-import os, pty, select, sys, time
-pid, fd = pty.fork()
-if pid == 0:
-    os.execv(sys.argv[1], [sys.argv[1], "--server", sys.argv[2], "top"])
-out, t0, sent = b"", time.time(), False
-while time.time() - t0 < 10:
-    r, _, _ = select.select([fd], [], [], 0.1)
-    if r:
-        try:
-            d = os.read(fd, 65536)
-        except OSError:
-            break
-        if not d:
-            break
-        out += d
-    if not sent and time.time() - t0 > 2.6:
-        os.write(fd, b"q")
-        sent = True
-else:
-    os.kill(pid, 9)
-_, st = os.waitpid(pid, 0)
-print("rc", os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1, "views", out.count(b"kex top "), "job", out.count(b"top-check"),
-      "restored", out.endswith(b"\x1b[?1049l"))
+$PY - "$kex" "127.0.0.1:$port" "$root/tests/integration" >"$tmp/top_tty.txt" 2>&1 <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[3])
+from on_tty import run_on_tty
+rc, out = run_on_tty([sys.argv[1], "--server", sys.argv[2], "top"], keys=b"q", after=2.6, timeout=10)
+print("rc", rc, "views", out.count(b"kex top "), "job", out.count(b"top-check"), "restored", out.endswith(b"\x1b[?1049l"))
 PYEOF
 if grep -q "^rc 0 views [2-9] job [2-9] restored True$" "$tmp/top_tty.txt"; then ok "top on a terminal: redrawn each second, q quits (exit 0, screen restored)"; else bad "top on a terminal: redrawn each second, q quits"; sed 's/^/# /' "$tmp/top_tty.txt"; fi
 run "$kex" top --once
@@ -412,27 +394,17 @@ if [ "$rc" = 1 ] && grep -q "^kexd at 127.0.0.1:1 " "$tmp/out" && grep -q "no an
 # ---- tune progress: a bar with percent and ETA on a terminal, plain lines elsewhere; best never goes up ----
 tg2=$tmp/tune2.json
 $PY -c 'import json,sys; json.dump(json.load(open(sys.argv[1]))["graph"], open(sys.argv[2], "w"))' "$cases/softmax_fusion.json" "$tg2"
-$PY - "$kex" "$tg2" >"$tmp/tune_tty.txt" 2>&1 <<'PYEOF'
-import os, pty, sys
-pid, fd = pty.fork()
-if pid == 0:
-    os.execv(sys.argv[1], [sys.argv[1], "tune", "--device", "cpu", "--beam", "1", "--no-cache", "--max-rounds", "1",
-                           "--max-candidates", "4", sys.argv[2]])
-out = b""
-while True:
-    try:
-        d = os.read(fd, 65536)
-    except OSError:
-        break
-    if not d:
-        break
-    out += d
-_, st = os.waitpid(pid, 0)
+$PY - "$kex" "$tg2" "$root/tests/integration" >"$tmp/tune_tty.txt" 2>&1 <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[3])
+from on_tty import run_on_tty
+rc, out = run_on_tty([sys.argv[1], "tune", "--device", "cpu", "--beam", "1", "--no-cache", "--max-rounds", "1",
+                      "--max-candidates", "4", sys.argv[2]])
 text = out.decode(errors="replace")
 # the bar is redrawn in place: "\r\x1b[K" before each state; one line per state here
 print("redraws", text.count("\r\x1b[K["))
 sys.stdout.write(text.replace("\x1b[K", "").replace("\r\n", "\n").replace("\r", "\n"))
-print("\nrc", os.WEXITSTATUS(st))
+print("\nrc", rc)
 PYEOF
 if grep -q "^rc 0$" "$tmp/tune_tty.txt" && grep -q "^redraws [1-9][0-9]" "$tmp/tune_tty.txt" && grep -Eq '^\[#*\.*\] +[0-9]+%  ETA [0-9-]+:[0-9-]+  kernel 2/3 ' "$tmp/tune_tty.txt" && grep -q "100%  3 kernels tuned in " "$tmp/tune_tty.txt" && grep -q "^kernel 3: " "$tmp/tune_tty.txt"; then ok "tune on a terminal: a bar with percent and ETA, kernel i/n, the result lines"; else bad "tune on a terminal: a bar with percent and ETA"; tr '\r' '\n' <"$tmp/tune_tty.txt" | tail -5 | sed 's/^/# /'; fi
 run "$kex" tune --device cpu --beam 2 --no-cache --max-candidates 8 "$tg2"

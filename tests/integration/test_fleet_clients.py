@@ -1,7 +1,7 @@
 """test_fleet_clients.py - clients that know a fleet: three real kexds on 127.0.0.1.
 
 Run by test_fleet_clients.sh, which passes in the environment: KEXD (the
-binary), FLEET_TEST (client/fleet_test: libkex driven line by line), KEX_CLI
+binary), FLEET_TEST (tests/fleet_test: libkex driven line by line), KEX_CLI
 (the kex binary), KEX_PYTHON_DIR (client/python) and KEX_STUBS.
 
 Three kexds (node-a, node-b, node-c; each its own SQLite cache file, cpu

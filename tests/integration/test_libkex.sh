@@ -7,10 +7,10 @@
 # kexd with SIGTERM and check it exits 0 and never crashed.
 #
 # Env: KEX_BUILD_DIR (default build: $KEX_BUILD_DIR/daemon/kexd and
-# $KEX_BUILD_DIR/client/libkex_test), KEX_CASES_DIR (default ../shared/cases).
+# $KEX_BUILD_DIR/tests/libkex_test), KEX_CASES_DIR (default ../shared/cases).
 # The last line of the output is "N passed, N failed"; exit 1 on any failure.
 . "$(dirname "$0")/lib.bash"
-testprog=$build/client/libkex_test
+testprog=$build/tests/libkex_test
 [ -x "$testprog" ] || { bad "libkex_test is built ($testprog not found)"; finish; }
 
 # its own beam cache file: Tune's results never touch the user's cache, and a first tune really searches

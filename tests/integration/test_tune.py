@@ -204,7 +204,7 @@ def check_tune_stream(kex, job):
     check("Tune again: the same entries (key, opts, kernel name)",
           [(e.entry.key, list(e.entry.opts), e.entry.kernel_name) for e in fin2] ==
           [(e.entry.key, list(e.entry.opts), e.entry.kernel_name) for e in fin])
-    check("Tune again: <= 5% of the first Tune's wall time", wall2 <= 0.05 * wall, f"{wall2:.3f} s vs {wall:.3f} s")
+    # what the cached Tune costs against the search is a timing target: bench/beam.c's (cache_hit_ms), not a check
     print(f"# Tune rowsum_sq beam 1 cpu: first {wall:.3f} s, cached {wall2 * 1e3:.1f} ms")
     return fin
 

@@ -39,6 +39,7 @@
 #include "sched/schedule.h"
 #include "codegen/kernel.h"
 #include "codegen/lower.h"
+#include "planned.h"
 #include "sample.h"
 #ifdef KEX_HAVE_DEVICES
 #include "devices/device.h"
@@ -46,29 +47,10 @@
 
 /* ---------- planning ---------- */
 
-typedef struct planned {
-  kex_arena arena;
-  kex_graph *g;
-  kex_replay *r;
-  kex_schedule *s;
-} planned;
-
 static int plan(planned *p, kex_graph *g, kex_error *err) {
-  kex_arena_init(&p->arena, 0);
-  p->g = g;
-  p->r = NULL;
-  p->s = NULL;
-  kex_replay_opts ro = {false, "opencl", NULL};
-  int rc = kex_replay_graph(g, &ro, &p->arena, &p->r, err);
-  if (!rc) rc = kex_schedule_create(p->r, &p->s, err);
+  int rc = plan_graph(p, g, false);
+  if (rc) *err = p->err;
   return rc;
-}
-
-static void done(planned *p) {
-  kex_schedule_free(p->s);
-  kex_replay_free(p->r);
-  kex_graph_free(p->g);
-  kex_arena_destroy(&p->arena);
 }
 
 /* Lower kernel item it with hand-coded opts (when hand) for caps/dialect. */
@@ -538,7 +520,7 @@ static void check_graph(gb *b, const char *label) {
       free(outs[j]);
     }
     p.g = NULL; /* the graph is shared by both runs */
-    done(&p);
+    planned_free(&p);
     if (bad) fail_msg("%s on %s: %d values differ", label, dev_names[d], bad);
   }
   free_reference(g, ref);
@@ -763,7 +745,7 @@ static void test_render_clang_example(void **state) {
   expect_in(ps.src, "const __global float* data1");
   expect_in(ps.src, "get_group_id(0)");
   kex_program_src_free(&ps);
-  done(&p);
+  planned_free(&p);
 }
 
 /* Where needle starts in src, failing when it is absent. */
@@ -814,7 +796,7 @@ static void test_render_clang_tile_order(void **state) {
     kex_program_src_free(&ps);
   }
   assert_int_equal(seen, 3);
-  done(&p);
+  planned_free(&p);
 }
 
 /* An n x n x n matmul graph in b (gb_init'ed with seed), planned into *p: its kernel's schedule item. */
@@ -863,7 +845,7 @@ static void test_render_clang_store_order(void **state) {
   expect_in(ps.src, "data0[alu2+4] = acc16;"); /* row 0's second piece, moved up from after row 3's first */
   kex_program_src_free(&ps);
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_render_matmul_float4(void **state) {
@@ -894,7 +876,7 @@ static void test_render_matmul_float4(void **state) {
   assert_string_equal(ps.name, "r_16_8_8_16_128_4_4_4n1");
   kex_program_src_free(&ps);
   kex_name_counter_free(&names);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_render_group_reduce(void **state) {
@@ -917,7 +899,7 @@ static void test_render_group_reduce(void **state) {
   expect_in(ps.src, "if ((lidx1<1)) {");
   expect_in(ps.src, "for (int ridx1 = 0; ridx1 < 16; ridx1++) {");
   kex_program_src_free(&ps);
-  done(&p);
+  planned_free(&p);
 }
 
 /*
@@ -1020,7 +1002,7 @@ static void test_render_deep_chain(void **state) {
       if (len == 1000 && (vars < 1000 / 64 || deepest > 64 + 8))
         fail_msg("%s: the 1000-op chain has %d variables, a line %d brackets deep", dev_names[d], vars, deepest);
       kex_program_src_free(&ps);
-      done(&p);
+      planned_free(&p);
     }
 }
 
@@ -1039,7 +1021,7 @@ static void test_deep_chain_1000(void **state) {
   if (plan(&p, b.g, &err)) fail_msg("%s", err.msg);
   assert_int_equal(p.s->nkernels, 1);
   p.g = NULL; /* check_graph plans b.g again */
-  done(&p);
+  planned_free(&p);
   check_graph(&b, "1000-op chain");
 }
 
@@ -1066,7 +1048,7 @@ static void *render_10k_thread(void *arg) {
             kex_program_src_free(&ps);
           }
         }
-  done(&p);
+  planned_free(&p);
   return NULL;
 }
 
@@ -1214,7 +1196,7 @@ static void test_numeric_cases(void **state) {
         }
       }
       for (uint32_t j = 0; j < g->noutputs && j < 256; j++) free(outs[j]);
-      done(&p);
+      planned_free(&p);
     }
     free(text);
     json_decref(root);

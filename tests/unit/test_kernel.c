@@ -22,34 +22,15 @@
 #include "sched/lazy.h"
 #include "sched/schedule.h"
 #include "codegen/kernel.h"
+#include "planned.h"
 
-typedef struct planned {
-  kex_arena arena;
-  kex_graph *g;
-  kex_replay *r;
-  kex_schedule *s;
-  kex_error err;
-  int rc;
-} planned;
-
-static void plan_graph(planned *p, kex_graph *g) {
-  kex_arena_init(&p->arena, 0);
-  p->g = g;
-  p->r = NULL;
-  p->s = NULL;
-  memset(&p->err, 0, sizeof p->err);
-  kex_replay_opts ro = {false, "opencl", NULL};
-  p->rc = kex_replay_graph(g, &ro, &p->arena, &p->r, &p->err);
-  if (!p->rc) p->rc = kex_schedule_create(p->r, &p->s, &p->err);
-  if (p->rc) fail_msg("plan: %s", p->err.msg);
+/* Every graph here plans under the GPU rules; a failure fails the test. */
+static void plan_ok(planned *p, kex_graph *g) {
+  if (plan_graph(p, g, false)) fail_msg("plan: %s", p->err.msg);
 }
 
-static void plan_text(planned *p, const char *json) {
-  kex_limits lim = KEX_LIMITS_DEFAULT;
-  kex_error err = {0};
-  kex_graph *g = NULL;
-  if (kex_graph_from_json(json, strlen(json), &lim, &g, &err)) fail_msg("graph: %s", err.msg);
-  plan_graph(p, g);
+static void plan_json(planned *p, const char *json) {
+  if (plan_text(p, json, false)) fail_msg("plan: %s", p->err.msg);
 }
 
 static void plan_bench(planned *p, const char *name) {
@@ -60,22 +41,7 @@ static void plan_bench(planned *p, const char *name) {
   kex_error err = {0};
   kex_graph *g = NULL;
   if (kex_graph_from_json_file(path, &lim, &g, &err)) fail_msg("graph %s: %s", path, err.msg);
-  plan_graph(p, g);
-}
-
-static void done(planned *p) {
-  kex_schedule_free(p->s);
-  kex_replay_free(p->r);
-  kex_graph_free(p->g);
-  kex_arena_destroy(&p->arena);
-}
-
-/* The n-th kernel item (0-based) of the schedule. */
-static const kex_sched_item *nth_kernel(const planned *p, int n) {
-  for (uint32_t i = 0; i < p->s->nitems; i++)
-    if (p->s->items[i].kind == KEX_ITEM_KERNEL && n-- == 0) return &p->s->items[i];
-  fail_msg("no kernel %d", n);
-  return NULL;
+  plan_ok(p, g);
 }
 
 static kex_kernel *make_kernel(const planned *p, int n, const kex_renderer_caps *caps) {
@@ -118,20 +84,6 @@ static void expect_hand_coded(const planned *p, int n, const char *opts, const c
     fail_msg("got \"%s\" %s, tinygrad gives \"%s\" %s", got_opts, got_name, opts, name ? name : "");
 }
 
-#define G(nodes, outs) "{\"format\":\"kex.graph.v1\",\"nodes\":[" nodes "],\"outputs\":[" outs "]}"
-#define BUFF(shape) "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":" shape ",\"fill\":{\"random\":1}}"
-#define CONSTF(v, shape) "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":" shape ",\"value\":" v "}"
-
-/* tinygrad's `a @ b` for (N,K)@(K,N) */
-#define MATMUL(N, K)                                                                                    \
-  G(BUFF("[" #N "," #K "]") "," BUFF("[" #K "," #N "]") ",{\"op\":\"RESHAPE\",\"src\":[0],\"arg\":[" #N \
-    ",1," #K "]},{\"op\":\"EXPAND\",\"src\":[2],\"arg\":[" #N "," #N "," #K "]}"                        \
-    ",{\"op\":\"PERMUTE\",\"src\":[1],\"arg\":[1,0]},{\"op\":\"RESHAPE\",\"src\":[4],\"arg\":[1," #N    \
-    "," #K "]},{\"op\":\"EXPAND\",\"src\":[5],\"arg\":[" #N "," #N "," #K "]}"                          \
-    ",{\"op\":\"MUL\",\"src\":[3,6]},{\"op\":\"REDUCE_SUM\",\"src\":[7],\"axis\":[2]}"                  \
-    ",{\"op\":\"RESHAPE\",\"src\":[8],\"arg\":[" #N "," #N "]}",                                        \
-    "9")
-
 /* ---- observed results (spec 7.2, PoCL) ---- */
 
 static void test_matmul512_bench(void **state) {
@@ -140,13 +92,13 @@ static void test_matmul512_bench(void **state) {
   plan_bench(&p, "matmul512");
   assert_int_equal(p.s->nkernels, 1);
   expect_hand_coded(&p, 0, "UPCAST(1,4) UPCAST(0,4) UNROLL(0,4) LOCAL(0,8) LOCAL(1,16)", "r_16_8_8_16_128_4_4_4");
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_matmul512_json(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, MATMUL(512, 512));
+  plan_json(&p, MATMUL(512, 512));
   assert_int_equal(p.s->nkernels, 1);
   expect_hand_coded(&p, 0, "UPCAST(1,4) UPCAST(0,4) UNROLL(0,4) LOCAL(0,8) LOCAL(1,16)", "r_16_8_8_16_128_4_4_4");
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
@@ -155,7 +107,7 @@ static void test_matmul512_json(void **state) {
   assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
   expect_colors(k, "bbccryym");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* 4M sum splits into (256,16384)->256 then 256->1: GROUPTOP(0,16), then GROUPTOP(0,256). */
@@ -172,7 +124,7 @@ static void test_sum4M(void **state) {
   kex_kernel_free(k);
   expect_hand_coded(&p, 0, "GROUPTOP(0,16)", "r_256_16_1024");
   expect_hand_coded(&p, 1, "GROUPTOP(0,256)", "r_256");
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_muladd4M(void **state) {
@@ -180,13 +132,13 @@ static void test_muladd4M(void **state) {
   planned p;
   plan_bench(&p, "muladd4M");
   expect_hand_coded(&p, 0, "UPCAST(0,4) LOCAL(0,32)", "E_32768_32_4");
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_matvec(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[512,512]") "," BUFF("[512]") ",{\"op\":\"RESHAPE\",\"src\":[1],\"arg\":[1,512]}"
+  plan_json(&p, G(BUFF("[512,512]") "," BUFF("[512]") ",{\"op\":\"RESHAPE\",\"src\":[1],\"arg\":[1,512]}"
                   ",{\"op\":\"EXPAND\",\"src\":[2],\"arg\":[512,512]},{\"op\":\"MUL\",\"src\":[0,3]}"
                   ",{\"op\":\"REDUCE_SUM\",\"src\":[4],\"axis\":[1]},{\"op\":\"RESHAPE\",\"src\":[5],\"arg\":[512]}",
                   "6"));
@@ -195,13 +147,13 @@ static void test_matvec(void **state) {
   assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
   expect_colors(k, "bcgry");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_sum_4096x16(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[4096,16]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}"
+  plan_json(&p, G(BUFF("[4096,16]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}"
                                     ",{\"op\":\"RESHAPE\",\"src\":[1],\"arg\":[4096]}",
                   "2"));
   expect_hand_coded(&p, 0, "UNROLL(0,0) LOCAL(0,32)", "r_128_32_16");
@@ -209,13 +161,13 @@ static void test_sum_4096x16(void **state) {
   assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
   expect_colors(k, "bcm");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_sum_64x64(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[64,64]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}"
+  plan_json(&p, G(BUFF("[64,64]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}"
                                   ",{\"op\":\"RESHAPE\",\"src\":[1],\"arg\":[64]}",
                   "2"));
   expect_hand_coded(&p, 0, "GROUPTOP(0,16)", "r_64_16_4");
@@ -223,26 +175,26 @@ static void test_sum_64x64(void **state) {
   assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
   expect_colors(k, "bgr");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* Tensor.cat of two (3,4096) along 0 (pad + add), times 2. */
 static void test_cat_mul(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[3,4096]") "," BUFF("[3,4096]") ",{\"op\":\"PAD\",\"src\":[0],\"arg\":[[0,3],[0,0]]}"
+  plan_json(&p, G(BUFF("[3,4096]") "," BUFF("[3,4096]") ",{\"op\":\"PAD\",\"src\":[0],\"arg\":[[0,3],[0,0]]}"
                   ",{\"op\":\"PAD\",\"src\":[1],\"arg\":[[3,0],[0,0]]},{\"op\":\"ADD\",\"src\":[2,3]},"
                   CONSTF("2", "[6,4096]") ",{\"op\":\"MUL\",\"src\":[4,5]}",
                   "6"));
   assert_int_equal(p.s->nkernels, 1);
   expect_hand_coded(&p, 0, "UPCAST(0,0) LOCAL(0,32)", "E_128_32_6");
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_broadcast_add(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[64,64,1]") "," BUFF("[1,64,64]") ",{\"op\":\"EXPAND\",\"src\":[0],\"arg\":[64,64,64]}"
+  plan_json(&p, G(BUFF("[64,64,1]") "," BUFF("[1,64,64]") ",{\"op\":\"EXPAND\",\"src\":[0],\"arg\":[64,64,64]}"
                   ",{\"op\":\"EXPAND\",\"src\":[1],\"arg\":[64,64,64]},{\"op\":\"ADD\",\"src\":[2,3]}",
                   "4"));
   expect_hand_coded(&p, 0, "UPCAST(2,4) UPCAST(0,4) LOCAL(0,8) LOCAL(2,16)", "E_2_64_8_16_4_4");
@@ -250,28 +202,28 @@ static void test_broadcast_add(void **state) {
   assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
   expect_colors(k, "bbccyy");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* CLANG: no locals and no groups, so only upcasts/unrolls. */
 static void test_cpu_hand_coded(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, MATMUL(512, 512));
+  plan_json(&p, MATMUL(512, 512));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_cpu);
   assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
   expect_opts(k, "UPCAST(1,4) UPCAST(0,4) UNROLL(0,4)");
   expect_name(k, "r_128_128_128_4_4_4");
   kex_kernel_free(k);
-  done(&p);
-  plan_text(&p, G(BUFF("[64,64]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}"
+  planned_free(&p);
+  plan_json(&p, G(BUFF("[64,64]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}"
                                   ",{\"op\":\"RESHAPE\",\"src\":[1],\"arg\":[64]}",
                   "2"));
   k = make_kernel(&p, 0, &kex_renderer_cpu);
   assert_int_equal(kex_kernel_hand_coded_optimizations(k, NULL), 0);
   expect_opts(k, "UNROLL(0,4)");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* ---- normal form ---- */
@@ -280,7 +232,7 @@ static void test_normal_form(void **state) {
   (void)state;
   planned p;
   /* reduce axis 1 of (4,8,6) moves last; 4 and 6 do not merge (strides 48 and 1) */
-  plan_text(&p, G(BUFF("[4,8,6]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}", "1"));
+  plan_json(&p, G(BUFF("[4,8,6]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}", "1"));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_name(k, "r_4_6_8");
   assert_int_equal(kex_kernel_first_reduce(k), 2);
@@ -291,48 +243,48 @@ static void test_normal_form(void **state) {
   assert_int_equal(k->nbufs, 2);
   assert_int_equal(k->full_buf_index, 1);
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
   /* reduce over the last axis: the output dims merge, the reduce dim stays apart */
-  plan_text(&p, G(BUFF("[4,8,6]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[2]}", "1"));
+  plan_json(&p, G(BUFF("[4,8,6]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[2]}", "1"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_name(k, "r_32_6");
   assert_int_equal(kex_kernel_first_reduce(k), 1);
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
   /* size-1 dims are dropped */
-  plan_text(&p, G(BUFF("[4,1,8]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[2]}", "1"));
+  plan_json(&p, G(BUFF("[4,1,8]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[2]}", "1"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_name(k, "r_4_8");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
   /* contiguous elementwise merges to one dim; a permuted input does not */
-  plan_text(&p, G(BUFF("[4,8,6]") "," BUFF("[4,8,6]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
+  plan_json(&p, G(BUFF("[4,8,6]") "," BUFF("[4,8,6]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_name(k, "E_192");
   assert_int_equal(k->nbufs, 3);
   assert_null(k->reduceop);
   kex_kernel_free(k);
-  done(&p);
-  plan_text(&p, G(BUFF("[4,8,6]") "," BUFF("[6,8,4]") ",{\"op\":\"PERMUTE\",\"src\":[1],\"arg\":[2,1,0]}"
+  planned_free(&p);
+  plan_json(&p, G(BUFF("[4,8,6]") "," BUFF("[6,8,4]") ",{\"op\":\"PERMUTE\",\"src\":[1],\"arg\":[2,1,0]}"
                   ",{\"op\":\"ADD\",\"src\":[0,2]}",
                   "3"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_name(k, "E_4_8_6");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
   /* a copy kernel (only BufferOps) is named C */
-  plan_text(&p, G(BUFF("[6,8]") ",{\"op\":\"PERMUTE\",\"src\":[0],\"arg\":[1,0]},{\"op\":\"CONTIGUOUS\",\"src\":[1]}",
+  plan_json(&p, G(BUFF("[6,8]") ",{\"op\":\"PERMUTE\",\"src\":[0],\"arg\":[1,0]},{\"op\":\"CONTIGUOUS\",\"src\":[1]}",
                   "2"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_name(k, "C_8_6");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
   /* the same LOAD used twice is one buffer */
-  plan_text(&p, G(BUFF("[16]") ",{\"op\":\"MUL\",\"src\":[0,0]}", "1"));
+  plan_json(&p, G(BUFF("[16]") ",{\"op\":\"MUL\",\"src\":[0,0]}", "1"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   assert_int_equal(k->nbufs, 2);
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* ---- preconditions: valid accepted, invalid refused with kernel unchanged ---- */
@@ -381,7 +333,7 @@ static void expect_accepted(kex_kernel *k, kex_opt o) {
 static void test_upcast_unroll_checks(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, MATMUL(64, 64)); /* full (64,64,64), first_reduce 2 */
+  plan_json(&p, MATMUL(64, 64)); /* full (64,64,64), first_reduce 2 */
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_refused(k, OPT(UPCAST, 2, 4), "upcast is for non-reduce");
   expect_refused(k, OPT(UPCAST, 0, 16), "don't upcast more than 8");
@@ -416,13 +368,13 @@ static void test_upcast_unroll_checks(void **state) {
   expect_refused(k, OPT(TC, 0, 0), "must have tensor cores");
   expect_refused(k, OPT(TC, KEX_OPT_NONE, 0), "tensor core opts must have an axis and amt");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_local_checks(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, MATMUL(64, 64));
+  plan_json(&p, MATMUL(64, 64));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_refused(k, OPT(LOCAL, 2, 4), "local is for globals");
   expect_accepted(k, OPT(LOCAL, 1, 16));
@@ -443,13 +395,13 @@ static void test_local_checks(void **state) {
   expect_accepted(k, OPT(UPCAST, 0, 4));
   expect_accepted(k, OPT(UNROLL, 0, 4));
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_group_checks(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, MATMUL(512, 512));
+  plan_json(&p, MATMUL(512, 512));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_accepted(k, OPT(LOCAL, 0, 16));
   expect_accepted(k, OPT(LOCAL, 1, 16));
@@ -466,9 +418,9 @@ static void test_group_checks(void **state) {
   expect_accepted(k, OPT(PADTO, 0, 64)); /* PADTO skips the estimate; 32 -> 64 */
   expect_name(k, "r_64_32_16_16_32_16");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
   /* GROUPTOP splits the top, GROUP the bottom */
-  plan_text(&p, G(BUFF("[64,64]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}", "1"));
+  plan_json(&p, G(BUFF("[64,64]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}", "1"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   kex_kernel *c = kex_kernel_copy(k);
   assert_non_null(c);
@@ -490,13 +442,13 @@ static void test_group_checks(void **state) {
   assert_int_equal(k->group_for_reduces, 0);
   expect_name(k, "r_64_4_16");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_nolocals_checks(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, MATMUL(64, 64));
+  plan_json(&p, MATMUL(64, 64));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_accepted(k, OPT(NOLOCALS, KEX_OPT_NONE, KEX_OPT_NONE));
   assert_true(k->dont_use_locals);
@@ -517,14 +469,14 @@ static void test_nolocals_checks(void **state) {
   expect_accepted(k, OPT(LOCAL, 0, 4));
   expect_refused(k, OPT(NOLOCALS, KEX_OPT_NONE, KEX_OPT_NONE), "can't have no locals with locals");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_padto_checks(void **state) {
   (void)state;
   planned p;
   /* elementwise (60,) + (60,) */
-  plan_text(&p, G(BUFF("[60]") "," BUFF("[60]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
+  plan_json(&p, G(BUFF("[60]") "," BUFF("[60]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_refused(k, OPT(PADTO, 0, 0), "nothing was padded");
   expect_refused(k, OPT(PADTO, 0, 1), "amt 1");
@@ -538,33 +490,33 @@ static void test_padto_checks(void **state) {
   expect_accepted(k, OPT(UPCAST, 0, 4));
   expect_refused(k, OPT(PADTO, 1, 8), "cannot pad upcasted");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
   /* a reduce axis pads only under SUM of pad-safe ops */
-  plan_text(&p, G(BUFF("[60,60]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}", "1"));
+  plan_json(&p, G(BUFF("[60,60]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[1]}", "1"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_accepted(k, OPT(PADTO, 1, 64));
   expect_name(k, "r_60_64");
   kex_kernel_free(k);
-  done(&p);
-  plan_text(&p, G(BUFF("[60,60]") ",{\"op\":\"EXP2\",\"src\":[0]},{\"op\":\"REDUCE_SUM\",\"src\":[1],\"axis\":[1]}",
+  planned_free(&p);
+  plan_json(&p, G(BUFF("[60,60]") ",{\"op\":\"EXP2\",\"src\":[0]},{\"op\":\"REDUCE_SUM\",\"src\":[1],\"axis\":[1]}",
                   "2"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_refused(k, OPT(PADTO, 1, 64), "cannot pad");
   expect_accepted(k, OPT(PADTO, 0, 64)); /* an output axis is fine */
   kex_kernel_free(k);
-  done(&p);
-  plan_text(&p, G(BUFF("[60,60]") ",{\"op\":\"REDUCE_MAX\",\"src\":[0],\"axis\":[1]}", "1"));
+  planned_free(&p);
+  plan_json(&p, G(BUFF("[60,60]") ",{\"op\":\"REDUCE_MAX\",\"src\":[0],\"axis\":[1]}", "1"));
   k = make_kernel(&p, 0, &kex_renderer_opencl);
   expect_refused(k, OPT(PADTO, 1, 64), "cannot pad");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* shift_to's layout and the dims limit: an opt that would exceed KEX_MAX_DIMS is refused. */
 static void test_shift_to_and_limit(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[65536]") "," BUFF("[65536]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
+  plan_json(&p, G(BUFF("[65536]") "," BUFF("[65536]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   assert_int_equal(kex_kernel_shift_to(k, 0, 4, true, -1, NULL), 0);
   expect_name(k, "E_16384_4");
@@ -578,14 +530,14 @@ static void test_shift_to_and_limit(void **state) {
   assert_int_equal(applied, KEX_MAX_DIMS - 1);
   expect_refused(k, OPT(UPCAST, 0, 2), "KEX_MAX_DIMS");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* A kernel whose dims are all 1 has shape_len 0: no opt applies, nothing crashes. */
 static void test_scalar_kernel(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[1]") "," BUFF("[1]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
+  plan_json(&p, G(BUFF("[1]") "," BUFF("[1]") ",{\"op\":\"ADD\",\"src\":[0,1]}", "2"));
   kex_kernel *k = make_kernel(&p, 0, &kex_renderer_opencl);
   assert_int_equal(kex_kernel_shape_len(k), 0);
   expect_name(k, "E_");
@@ -596,7 +548,7 @@ static void test_scalar_kernel(void **state) {
   expect_accepted(k, OPT(NOLOCALS, KEX_OPT_NONE, KEX_OPT_NONE));
   expect_colors(k, "");
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* Opt text forms. */
@@ -616,7 +568,7 @@ static void test_opt_text(void **state) {
 static void test_multioutput_name(void **state) {
   (void)state;
   planned p;
-  plan_text(&p, G(BUFF("[16]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}," CONSTF("2", "[1]")
+  plan_json(&p, G(BUFF("[16]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}," CONSTF("2", "[1]")
                   ",{\"op\":\"ADD\",\"src\":[1,2]}," CONSTF("4", "[1]") ",{\"op\":\"ADD\",\"src\":[1,4]}",
                   "3,5"));
   assert_int_equal(p.s->nkernels, 1);
@@ -627,13 +579,13 @@ static void test_multioutput_name(void **state) {
   assert_int_equal(k->nbufs, 5); /* 2 outputs, the input, 2 consts */
   assert_int_equal(k->full_buf_index, 2);
   kex_kernel_free(k);
-  done(&p);
+  planned_free(&p);
 }
 
 /* Out of memory at every allocation of construction + hand-coded opts: KEX_ENOMEM, no crash, no leak. */
 static void oom_sweep(const char *json, const kex_renderer_caps *caps) {
   planned p;
-  plan_text(&p, json);
+  plan_json(&p, json);
   char want_opts[512];
   kex_kernel *k0 = make_kernel(&p, 0, caps);
   assert_int_equal(kex_kernel_hand_coded_optimizations(k0, NULL), 0);
@@ -657,7 +609,7 @@ static void oom_sweep(const char *json, const kex_renderer_caps *caps) {
     failures++;
   }
   assert_true(failures > 3);
-  done(&p);
+  planned_free(&p);
 }
 
 static void test_oom_everywhere(void **state) {

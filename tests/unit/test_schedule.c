@@ -25,58 +25,20 @@
 #include "sched/lazy.h"
 #include "sched/schedule.h"
 #include "sched/warm.h"
+#include "planned.h"
 
-typedef struct planned {
-  kex_arena arena;
-  kex_graph *g;
-  kex_replay *r;
-  kex_schedule *s;
-  kex_error err;
-  int rc;
-} planned;
-
-static void plan_graph(planned *p, kex_graph *g, bool cpu) {
-  kex_arena_init(&p->arena, 0);
-  p->g = g;
-  p->r = NULL;
-  p->s = NULL;
-  memset(&p->err, 0, sizeof p->err);
-  kex_replay_opts ro = {cpu, cpu ? "cpu" : "opencl"};
-  p->rc = kex_replay_graph(g, &ro, &p->arena, &p->r, &p->err);
-  if (!p->rc) p->rc = kex_schedule_create(p->r, &p->s, &p->err);
-}
-
-static void plan_text(planned *p, const char *json, bool cpu) {
-  kex_limits lim = KEX_LIMITS_DEFAULT;
-  kex_error err = {0};
-  kex_graph *g = NULL;
-  int rc = kex_graph_from_json(json, strlen(json), &lim, &g, &err);
-  if (rc) fail_msg("graph: %s", err.msg);
-  plan_graph(p, g, cpu);
-}
-
-static void done(planned *p) {
-  kex_schedule_free(p->s);
-  kex_replay_free(p->r);
-  kex_graph_free(p->g);
-  kex_arena_destroy(&p->arena);
-}
-
-#define G(nodes, outs) "{\"format\":\"kex.graph.v1\",\"nodes\":[" nodes "],\"outputs\":[" outs "]}"
 #define EMPTYF(shape) "{\"op\":\"EMPTY\",\"dtype\":\"float32\",\"shape\":" shape "}"
-#define BUFF(shape) "{\"op\":\"BUFFER\",\"dtype\":\"float32\",\"shape\":" shape ",\"fill\":{\"random\":1}}"
-#define CONSTF(v, shape) "{\"op\":\"CONST\",\"dtype\":\"float32\",\"shape\":" shape ",\"value\":" v "}"
 
 static void expect_kernels(const char *json, int opencl, int cpu) {
   planned p;
   plan_text(&p, json, false);
   if (p.rc) fail_msg("opencl: %s", p.err.msg);
   assert_int_equal(p.s->nkernels, opencl);
-  done(&p);
+  planned_free(&p);
   plan_text(&p, json, true);
   if (p.rc) fail_msg("cpu: %s", p.err.msg);
   assert_int_equal(p.s->nkernels, cpu);
-  done(&p);
+  planned_free(&p);
 }
 
 /* The same expression built twice is one LazyBuffer (lazycache) -> one kernel. */
@@ -104,7 +66,7 @@ static void test_split_reduce(void **state) {
   assert_int_equal(kex_st_ndim(st), 2);
   assert_int_equal(kex_st_shape(st)[0], 1);
   assert_int_equal(kex_st_shape(st)[1], 256);
-  done(&p);
+  planned_free(&p);
   /* below the threshold (ratio 32767 < 32768) there is no split */
   expect_kernels(G(EMPTYF("[32767]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}", "1"), 1, 1);
   expect_kernels(G(EMPTYF("[32768]") ",{\"op\":\"REDUCE_SUM\",\"src\":[0],\"axis\":[0]}", "1"), 2, 2);
@@ -137,7 +99,7 @@ static void test_multioutput(void **state) {
   assert_int_equal(p.s->nkernels, 1);
   const kex_sched_item *k = &p.s->items[p.s->nitems - 1];
   assert_int_equal(k->nout, 3);
-  done(&p);
+  planned_free(&p);
 }
 
 /* r = a.sum(0)+6; r.sum(0)*4; r.sum(1)*2 -> 3 kernels, the first stores ADD(SUM(a), 6) (the chase). */
@@ -157,7 +119,7 @@ static void test_chase(void **state) {
     if (p.s->items[i].kind == KEX_ITEM_KERNEL) k = &p.s->items[i];
   assert_non_null(k);
   assert_int_equal(k->ast[0]->src[0]->op, KEX_OP_ADD);
-  done(&p);
+  planned_free(&p);
 }
 
 /* a.log2().pad(..).sum() realizes the log2 first (unsafe pad); (a+b).pad(..).sum() fuses. */
@@ -185,11 +147,11 @@ static void test_buffer_view_rule(void **state) {
   assert_int_equal(p.rc, 0);
   assert_int_equal(p.s->nkernels, 0);
   assert_int_equal(p.s->items[p.s->nitems - 1].kind, KEX_ITEM_VIEW);
-  done(&p);
+  planned_free(&p);
   plan_text(&p, g, false);
   assert_int_equal(p.rc, 0);
   assert_int_equal(p.s->nkernels, 1);
-  done(&p);
+  planned_free(&p);
 }
 
 /* Reading the assign target through a permuted view is refused, naming the ASSIGN node. */
@@ -203,7 +165,7 @@ static void test_assign_must_be_contiguous(void **state) {
   assert_int_equal(p.rc, KEX_EASSIGN);
   assert_non_null(strstr(p.err.msg, "must be contiguous for assign"));
   assert_non_null(strstr(p.err.msg, "node 4"));
-  done(&p);
+  planned_free(&p);
   /* the same through .contiguous() is fine: 2 kernels */
   plan_text(&p, G(BUFF("[4,4]") ",{\"op\":\"PERMUTE\",\"src\":[0],\"arg\":[1,0]}," CONSTF("1", "[4,4]")
                   ",{\"op\":\"ADD\",\"src\":[1,2]},{\"op\":\"CONTIGUOUS\",\"src\":[3]},{\"op\":\"ASSIGN\",\"src\":[4,0]}",
@@ -211,7 +173,7 @@ static void test_assign_must_be_contiguous(void **state) {
             false);
   assert_int_equal(p.rc, 0);
   assert_int_equal(p.s->nkernels, 2);
-  done(&p);
+  planned_free(&p);
 }
 
 /* A kernel that reads an assign target runs before the assign, whatever the output order. */
@@ -233,7 +195,7 @@ static void test_assign_ordering(void **state) {
   }
   assert_true(reader >= 0 && assign >= 0);
   assert_true(reader < assign);
-  done(&p);
+  planned_free(&p);
 }
 
 /* Three same-sized forced intermediates in a row share buffers after planning. */
@@ -255,7 +217,7 @@ static void test_memory_planner(void **state) {
     const kex_sched_item *it = &p.s->items[i];
     for (uint32_t j = 1; j < it->nbufs; j++) assert_int_not_equal(it->planned[0], it->planned[j]);
   }
-  done(&p);
+  planned_free(&p);
 }
 
 /* x ** Tensor(0) style folding: MUL by const 0 gives no kernel; size-0 gives no kernel. */
@@ -282,7 +244,7 @@ static void test_print_stable(void **state) {
     FILE *f = open_memstream(&text[i], &len);
     assert_int_equal(kex_schedule_print(p.s, f), 0);
     fclose(f);
-    done(&p);
+    planned_free(&p);
   }
   assert_string_equal(text[0], text[1]);
   assert_non_null(strstr(text[0], "item 0: LoadOps.EMPTY"));
@@ -312,7 +274,7 @@ static void test_oom_everywhere(void **state) {
     plan_graph(&p, g, false);
     kex_alloc_fail_at(0, 0);
     int rc = p.rc;
-    done(&p);
+    planned_free(&p);
     if (rc == 0) break;
     assert_int_equal(rc, KEX_ENOMEM);
     failures++;
@@ -330,26 +292,26 @@ static void test_copy_rules(void **state) {
   assert_int_equal(p.s->nitems, 2);
   assert_int_equal(p.s->items[1].kind, KEX_ITEM_COPY);
   assert_int_equal(p.s->nkernels, 0);
-  done(&p);
+  planned_free(&p);
   /* double COPY = one COPY: there and back is the original buffer, nothing to run but its EMPTY */
   plan_text(&p, G(EMPTYF("[16]") ",{\"op\":\"COPY\",\"src\":[0],\"device\":\"cpu\"}"
                   ",{\"op\":\"COPY\",\"src\":[1],\"device\":\"opencl\"}", "2"), false);
   assert_int_equal(p.rc, 0);
   assert_int_equal(p.s->nitems, 1);
   assert_int_equal(p.s->items[0].kind, KEX_ITEM_EMPTY);
-  done(&p);
+  planned_free(&p);
   /* a shrink before a copy: CONTIGUOUS kernel, then the COPY */
   plan_text(&p, G(EMPTYF("[16]") ",{\"op\":\"SHRINK\",\"src\":[0],\"arg\":[[2,10]]}"
                   ",{\"op\":\"COPY\",\"src\":[1],\"device\":\"cpu\"}", "2"), false);
   assert_int_equal(p.rc, 0);
   assert_int_equal(p.s->nkernels, 1);
   assert_int_equal(p.s->items[p.s->nitems - 1].kind, KEX_ITEM_COPY);
-  done(&p);
+  planned_free(&p);
   /* a const is never copied: it becomes a const on the other device */
   plan_text(&p, G(CONSTF("3", "[16]") ",{\"op\":\"COPY\",\"src\":[0],\"device\":\"cpu\"}", "1"), false);
   assert_int_equal(p.rc, 0);
   assert_int_equal(p.s->nitems, 0);
-  done(&p);
+  planned_free(&p);
 }
 
 /* ---- kernel limits ---- */
@@ -397,7 +359,7 @@ static void expect_plan(const kex_limits *lim, int len, int split, int rc, const
     if (p.rc != rc || (needle && !strstr(p.err.msg, needle)) || (needle2 && !strstr(p.err.msg, needle2)))
       fail_msg("len %d split %d %s: got %d \"%s\", want %d with \"%s\"", len, split, cpu ? "cpu" : "opencl", p.rc,
                p.err.msg, rc, needle ? needle : "", needle2 ? needle2 : "");
-    done(&p);
+    planned_free(&p);
   }
 }
 
@@ -420,7 +382,7 @@ static void test_kernel_depth_limit(void **state) {
   if (p.rc) fail_msg("%s", p.err.msg);
   assert_int_equal(only_kernel(&p)->ast[0]->depth, KEX_LIMIT_KERNEL_DEPTH);
   assert_int_equal(only_kernel(&p)->ast[0]->src[0]->depth, KEX_LIMIT_KERNEL_DEPTH - 1);
-  done(&p);
+  planned_free(&p);
   char out[64], want[128];
   snprintf(out, sizeof out, "node %d: the kernel storing it", KEX_LIMIT_KERNEL_DEPTH);
   snprintf(want, sizeof want, "AST %d levels deep (reached at node %d, MUL), more than the limit of %d (max_kernel_depth)",
@@ -436,7 +398,7 @@ static void test_kernel_depth_limit(void **state) {
   plan_graph(&p, mul_chain(&lim, KEX_LIMIT_DEPTH - 1, 0), true);
   if (p.rc) fail_msg("%s", p.err.msg);
   assert_int_equal(only_kernel(&p)->ast[0]->depth, KEX_LIMIT_DEPTH + 1);
-  done(&p);
+  planned_free(&p);
   assert_int_equal(KEX_LIMIT_KERNEL_OPS, KEX_LIMIT_DEPTH);
 
   /* a configured limit: 8 MULs = 10 levels */
@@ -449,7 +411,7 @@ static void test_kernel_depth_limit(void **state) {
   plan_graph(&q, mul_chain(&lim, 40, 8), false);
   assert_int_equal(q.rc, 0);
   assert_int_equal(q.s->nkernels, 5);
-  done(&q);
+  planned_free(&q);
 }
 
 /*
@@ -502,13 +464,13 @@ static void test_kernel_ops_limit(void **state) {
     if (p.rc) fail_msg("%s", p.err.msg);
     const kex_sched_item *k = only_kernel(&p);
     assert_int_equal(k->ast[0]->depth, 71);
-    done(&p);
+    planned_free(&p);
     plan_graph(&p, wide_kernel(&lim, 1), cpu);
     assert_int_equal(p.rc, KEX_ELIMIT);
     if (!strstr(p.err.msg, "the kernel storing it reaches 4097 operations") ||
         !strstr(p.err.msg, "more than the limit of 4096 (max_kernel_ops)"))
       fail_msg("%s", p.err.msg);
-    done(&p);
+    planned_free(&p);
   }
   /* a configured limit on a chain: 9 MULs + STORE = 10 ops */
   lim.max_kernel_ops = 10;
@@ -534,7 +496,7 @@ static void test_const_reduce_wraps(void **state) {
   assert_int_equal(lb->arg.kind, KEX_CONST_INT);
   assert_true(lb->arg.i == 4);
   assert_int_equal(p.s->nkernels, 0);
-  done(&p);
+  planned_free(&p);
 }
 
 /*
@@ -555,7 +517,7 @@ static void test_replay_refuses_overflow(void **state) {
   assert_int_equal(p.rc, KEX_ELIMIT);
   if (!strstr(p.err.msg, "node 1 (STRIDE)") || !strstr(p.err.msg, "-9223372036854775808"))
     fail_msg("%s", p.err.msg);
-  done(&p);
+  planned_free(&p);
 }
 
 #define CHAIN_N 100000
@@ -598,7 +560,7 @@ static void test_chain_100k(void **state) {
   assert_int_equal(p.s->nitems, 3); /* EMPTY, EMPTY, the kernel */
   /* the kernel reads both inputs */
   assert_int_equal(p.s->items[2].nin, 2);
-  done(&p);
+  planned_free(&p);
 }
 
 /* The schedule's text (kex_schedule_print); the caller frees it. */
@@ -660,7 +622,7 @@ static void test_warm_state(void **state) {
     cold[i] = schedule_text(p.s);
     g[i] = p.g;
     p.g = NULL;
-    done(&p);
+    planned_free(&p);
   }
   kex_sched_warm *w = kex_sched_warm_new();
   assert_non_null(w);

@@ -216,16 +216,10 @@ static void test_oom_returns_null(void **state) {
 }
 
 int main(void) {
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_leaves, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_sum_grouping, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_mul, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_div, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_mod, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_lt, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_create_lt, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_ands, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_oom_returns_null, setup, teardown),
+      T(test_leaves), T(test_sum_grouping), T(test_mul), T(test_div), T(test_mod), T(test_lt), T(test_create_lt),
+      T(test_ands), T(test_oom_returns_null),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -579,29 +579,13 @@ static void test_oom(void **state) {
 }
 
 int main(void) {
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_create_canonical, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_create_mask_elim, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_pad_shrink, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_expand_permute, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_stride, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_reshape_unmasked, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_reshape_masked, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_minify, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_add_trivial, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_add_projection, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_add_masked_vm2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_invert, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_st_basics, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_st_add_simplify, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_st_invert, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_st_expr_and_strides, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_overflow_create, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_overflow_reshape, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_overflow_stride, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_overflow_pad_shrink, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_overflow_add_invert, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_oom, setup, teardown),
+      T(test_create_canonical), T(test_create_mask_elim), T(test_pad_shrink), T(test_expand_permute), T(test_stride),
+      T(test_reshape_unmasked), T(test_reshape_masked), T(test_minify), T(test_add_trivial), T(test_add_projection),
+      T(test_add_masked_vm2), T(test_invert), T(test_st_basics), T(test_st_add_simplify), T(test_st_invert),
+      T(test_st_expr_and_strides), T(test_overflow_create), T(test_overflow_reshape), T(test_overflow_stride),
+      T(test_overflow_pad_shrink), T(test_overflow_add_invert), T(test_oom),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
