@@ -47,20 +47,32 @@ static void run_job(kex_pool *p, kex_pool_job *j, int id) {
   }
 }
 
-static void *worker_main(void *arg) {
+/* A new thread of p as worker `id` (its argument freed): the pool locked, for its loop. */
+static kex_pool *thread_start(void *arg, int *id) {
   kex_pool *p = ((worker_arg *)arg)->pool;
-  int id = ((worker_arg *)arg)->id;
+  *id = ((worker_arg *)arg)->id;
   kex_free(arg);
   self_pool = p;
-  self_id = id;
+  self_id = *id;
   pthread_mutex_lock(&p->mu);
+  return p;
+}
+
+/* Under mu: take the queue's head and run it as worker id. */
+static void run_head(kex_pool *p, int id) {
+  kex_pool_job *j = p->head;
+  p->head = j->next;
+  if (!p->head) p->tail = NULL;
+  run_job(p, j, id);
+}
+
+static void *worker_main(void *arg) {
+  int id;
+  kex_pool *p = thread_start(arg, &id);
   for (;;) {
     while (!p->head && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
     if (!p->head) break; /* stopping and drained */
-    kex_pool_job *j = p->head;
-    p->head = j->next;
-    if (!p->head) p->tail = NULL;
-    run_job(p, j, id);
+    run_head(p, id);
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;
@@ -113,22 +125,14 @@ int kex_pool_ids(const kex_pool *p) { return p->nthreads + KEX_POOL_MAX_STANDINS
 
 /* A stand-in: a worker while more workers are blocked than stand-ins run; then it leaves. */
 static void *standin_main(void *arg) {
-  kex_pool *p = ((worker_arg *)arg)->pool;
-  int id = ((worker_arg *)arg)->id;
-  kex_free(arg);
-  self_pool = p;
-  self_id = id;
-  pthread_mutex_lock(&p->mu);
+  int id;
+  kex_pool *p = thread_start(arg, &id);
   for (;;) {
     if (p->standins > p->blocked || (p->stopping && !p->head)) break;
-    if (!p->head) {
+    if (!p->head)
       pthread_cond_wait(&p->work, &p->mu);
-      continue;
-    }
-    kex_pool_job *j = p->head;
-    p->head = j->next;
-    if (!p->head) p->tail = NULL;
-    run_job(p, j, id);
+    else
+      run_head(p, id);
   }
   p->standins--;
   p->standin_used[id - p->nthreads] = false;

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/pool.h"
 
@@ -173,6 +174,58 @@ static void test_detached(void **state) {
   assert_int_equal(atomic_load(&count), 64);
 }
 
+/* A worker blocked on something outside the pool (kex_pool_block): a stand-in runs the queue meanwhile. */
+typedef struct blocker {
+  kex_pool_job job;
+  kex_pool *p;
+  atomic_int *flag;
+  int counted, saw_flag;
+} blocker;
+
+typedef struct setter {
+  kex_pool_job job;
+  atomic_int *flag;
+  int worker;
+} setter;
+
+static void wait_outside(kex_pool_job *job, int worker) {
+  (void)worker;
+  blocker *b = (blocker *)job;
+  b->counted = kex_pool_block(b->p);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do { /* at most 5 s: without a stand-in the setter never runs (the only worker is here) */
+    if (atomic_load(b->flag)) break;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 < 5.0);
+  b->saw_flag = atomic_load(b->flag);
+  if (b->counted) kex_pool_unblock(b->p);
+}
+
+static void set_flag(kex_pool_job *job, int worker) {
+  setter *st = (setter *)job;
+  st->worker = worker;
+  atomic_store(st->flag, 1);
+}
+
+static void test_block_stand_in(void **state) {
+  (void)state;
+  kex_pool *p = one_thread();
+  assert_int_equal(kex_pool_ids(p), 1 + KEX_POOL_MAX_STANDINS);
+  assert_false(kex_pool_block(p)); /* not a worker of p: nothing counted */
+  atomic_int flag = 0;
+  blocker b = {.p = p, .flag = &flag};
+  setter st = {.flag = &flag, .worker = -1};
+  kex_pool_submit(p, &b.job, wait_outside);
+  kex_pool_submit(p, &st.job, set_flag);
+  kex_pool_wait(p, &b.job);
+  kex_pool_wait(p, &st.job);
+  assert_true(b.counted);
+  assert_true(b.saw_flag);
+  assert_int_equal(st.worker, 1); /* the stand-in's own index, past the workers' */
+  kex_pool_destroy(p);            /* waits for the stand-in to leave */
+}
+
 /* The process pool's size is settable before its first use only. */
 static void test_process_pool(void **state) {
   (void)state;
@@ -189,7 +242,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fifo_and_front), cmocka_unit_test(test_nested_wait_one_thread),
       cmocka_unit_test(test_cancel),         cmocka_unit_test(test_detached),
-      cmocka_unit_test(test_process_pool),
+      cmocka_unit_test(test_block_stand_in), cmocka_unit_test(test_process_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
