@@ -8,7 +8,7 @@
 #     When a build fails, the tests whose executables are up to date still run;
 #     the others count as failed ("did not build"), never as stale passes.
 #  4. every tests/integration/*.sh (each prints its own "N passed, N failed"),
-#     test_hostile.sh and test_faults.sh once more with build-asan's kexd, pytest on
+#     test_hostile.sh, test_faults.sh and test_tenants.sh once more with build-asan's kexd, pytest on
 #     client/python/tests with /usr/bin/python3 (the Debian python, which has
 #     grpc and numpy), and tests/fuzz/libfuzzer.sh (build-fuzz: clang,
 #     libFuzzer, its suite fuzz) -- as jobs on two workers, longest first (KEX_TEST_LANES=1: in turn).
@@ -134,6 +134,9 @@ run_job() {
     hostile-asan) # the hostile inputs again under ASan+UBSan (the kexd of build-asan)
       run_one "tests/integration/test_hostile.sh (build-asan)" build/integration-logs/test_hostile-asan.log \
         env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_hostile.sh ;;
+    tenants-asan) # a hostile co-tenant's checks again under ASan+UBSan
+      run_one "tests/integration/test_tenants.sh (build-asan)" build/integration-logs/test_tenants-asan.log \
+        env KEX_BUILD_DIR="$PWD/build-asan" bash tests/integration/test_tenants.sh ;;
     pytest)
       run_one "pytest client/python/tests" build/integration-logs/pytest.log \
         env KEX_BUILD_DIR="$PWD/build" /usr/bin/python3 -m pytest -q client/python/tests --junitxml=build/pytest-junit.xml ;;
@@ -147,12 +150,13 @@ job_seconds() {
     test_gpu_script) echo 44 ;; test_cli) echo 35 ;; test_faults | faults-asan) echo 24 ;; hostile-asan) echo 23 ;;
     test_auth | test_hostile) echo 22 ;; test_fairness) echo 20 ;; test_fleet) echo 18 ;; test_jobs) echo 14 ;;
     test_daemon) echo 13 ;; test_fleet_clients) echo 8 ;; test_stress | test_libkex | test_tls) echo 5 ;;
-    test_metrics) echo 2 ;; test_trace) echo 1 ;; *) echo 30 ;;
+    test_metrics) echo 2 ;; test_trace) echo 1 ;; tenants-asan) echo 45 ;; *) echo 30 ;;
   esac
 }
 jobs_all=(libfuzzer "${scripts_found[@]}")
 [ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_faults.sh ] && jobs_all+=(faults-asan)
 [ -x build-asan/daemon/kexd ] && jobs_all+=(hostile-asan)
+[ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_tenants.sh ] && jobs_all+=(tenants-asan)
 [ -d client/python/tests ] && jobs_all+=(pytest)
 queue=build/integration-logs/queue
 for job in "${jobs_all[@]}"; do echo "$(job_seconds "$job") $job"; done | sort -k1,1nr -k2,2 | cut -d' ' -f2- >"$queue"
@@ -206,6 +210,12 @@ if [ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_faults.sh ]; the
   echo "== tests/integration/test_faults.sh (build-asan) =="
   cat "$log"
   summary_args+=(--script "tests/integration/test_faults.sh (build-asan)" "$log" "$(cat "$log.rc" 2>/dev/null || echo 1)")
+fi
+log=build/integration-logs/test_tenants-asan.log
+if [ -x build-asan/daemon/kexd ] && [ -f tests/integration/test_tenants.sh ]; then
+  echo "== tests/integration/test_tenants.sh (build-asan) =="
+  cat "$log"
+  summary_args+=(--script "tests/integration/test_tenants.sh (build-asan)" "$log" "$(cat "$log.rc" 2>/dev/null || echo 1)")
 fi
 if [ -d client/python/tests ]; then
   echo "== pytest client/python/tests =="
