@@ -16,7 +16,10 @@ comparison's full-size median, `us`; tinygrad: the median of --repeat runs of it
 both sum over the graph's kernels).  Ratio = kex search s / tinygrad search s.  Load average before and after.
 
 usage: /usr/bin/python3 bench/beam_vs_tinygrad.py [--graphs matmul512,sum4M] [--modes cold,first,warm]
-           [--kex build/kex] [--kex-args '...'] [--out bench/results/beam-speed.json] [--no-tinygrad]
+           [--kex build/kex] [--kex-before PATH] [--kex-args '...'] [--out bench/results/beam-speed.json]
+           [--no-tinygrad]
+--kex-before adds a third side, another kex binary (e.g. one built from the commit before a change), run the same
+way right after kex; ratios are against tinygrad for both.
 Graph names are looked up in ../shared/bench-graphs, then bench/graphs.  Needs /usr/bin/python3 (numpy).
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
@@ -77,9 +80,9 @@ def pocl_env(mode, cache_dir):
     return env
 
 
-def run_kex(a, graph, mode, cache_dir, work):
-    db = os.path.join(work, f"kex-{mode}.db")
-    cmd = [a.kex, "tune", "--device", "opencl", "--beam", "2", "--json", "--cache", db, *a.kex_args.split(), graph]
+def run_kex(a, graph, mode, cache_dir, work, binary=None):
+    db = os.path.join(work, f"kex-{mode}-{time.monotonic_ns()}.db")
+    cmd = [binary or a.kex, "tune", "--device", "opencl", "--beam", "2", "--json", "--cache", db, *a.kex_args.split(), graph]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=pocl_env(mode, cache_dir), capture_output=True, text=True, timeout=a.timeout)
     wall = time.perf_counter() - t0
@@ -109,6 +112,7 @@ def main():
     ap.add_argument("--graphs", default="matmul512,sum4M")
     ap.add_argument("--modes", default="cold,first,warm")
     ap.add_argument("--kex", default=os.path.join(ROOT, "build", "kex"))
+    ap.add_argument("--kex-before", default="")
     ap.add_argument("--kex-args", default="")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=1800)
@@ -122,12 +126,16 @@ def main():
     for name in a.graphs.split(","):
         graph = graph_path(name)
         work = tempfile.mkdtemp(prefix="kex-beam-vs-tg-")
-        sides = {"kex": run_kex} if a.no_tinygrad else {"kex": run_kex, "tinygrad": run_tinygrad}
+        sides = {"kex": run_kex}
+        if a.kex_before:
+            sides["kex_before"] = lambda a, g, m, c, w: run_kex(a, g, m, c, w, a.kex_before)
+        if not a.no_tinygrad:
+            sides["tinygrad"] = run_tinygrad
         dirs = {s: os.path.join(work, "pocl-" + s) for s in sides}
         for mode in modes:
             row = {"graph": name, "mode": mode, "load_before": loadavg()}
             for side, fn in sides.items():
-                d = dirs[side] if mode != "cold" else os.path.join(work, f"pocl-cold-{side}")
+                d = dirs[side] if mode != "cold" else os.path.join(work, f"pocl-cold-{side}-{time.monotonic_ns()}")
                 if mode == "first" and os.path.exists(d): shutil.rmtree(d)
                 os.makedirs(d, exist_ok=True)
                 r = fn(a, graph, mode, d, work)
@@ -136,19 +144,25 @@ def main():
                     r["us"] = sum(r["kernel_us"])
                 row[side] = r
             row["load_after"] = loadavg()
-            k, t = row.get("kex", {}), row.get("tinygrad", {})
+            k, kb, t = row.get("kex", {}), row.get("kex_before", {}), row.get("tinygrad", {})
             if "search_s" in k and "search_s" in t:
                 row["ratio"] = k["search_s"] / t["search_s"]
                 row["pick_ratio"] = k["us"] / t["us"]  # < 1: kex's pick is faster
+            if "search_s" in kb and "search_s" in t:
+                row["ratio_before"] = kb["search_s"] / t["search_s"]
+                row["pick_ratio_before"] = kb["us"] / t["us"]
             rows.append(row)
             def fmt(r):
                 if "error" in r: return "error: " + r["error"][-120:].replace("\n", " ")
                 return (f"search {r['search_s']:7.1f} s (wall {r['wall_s']:6.1f}) compiled {r['compiled']:4d} "
                         f"({r['compiled_per_s']:5.1f}/s) pick {r['us']:10.1f} us")
-            print(f"{name:12s} {mode:5s} kex: {fmt(k)}", flush=True)
-            if t: print(f"{'':12s} {'':5s} tg:  {fmt(t)}", flush=True)
+            print(f"{name:12s} {mode:5s} kex:    {fmt(k)}", flush=True)
+            if kb: print(f"{'':12s} {'':5s} before: {fmt(kb)}", flush=True)
+            if t: print(f"{'':12s} {'':5s} tg:     {fmt(t)}", flush=True)
             if "ratio" in row:
-                print(f"{'':12s} {'':5s} ratio kex/tg {row['ratio']:.3f}, pick kex/tg {row['pick_ratio']:.2f}, "
+                before = (f" (before: {row['ratio_before']:.3f}, pick {row['pick_ratio_before']:.2f})"
+                          if "ratio_before" in row else "")
+                print(f"{'':12s} {'':5s} ratio kex/tg {row['ratio']:.3f}, pick kex/tg {row['pick_ratio']:.2f}{before}, "
                       f"load {row['load_before']} -> {row['load_after']}", flush=True)
         shutil.rmtree(work, ignore_errors=True)
     doc = {"bench": "beam_vs_tinygrad", "command": " ".join([os.path.basename(sys.executable)] + sys.argv),

@@ -950,10 +950,13 @@ static void kex_cl_batch_build(kex_cl_device *cl, kex_build_item *items, int n, 
  */
 static int kex_cl_build_batch(void *impl, kex_build_item *items, int n, void **progs, kex_error *err) {
   kex_cl_device *cl = impl;
-  int ngroups = (n + KEX_DEVICE_BATCH_MAX - 1) / KEX_DEVICE_BATCH_MAX, nh = cl->prewarm_ok ? cl->compute_units : 1;
+  int nh = cl->prewarm_ok ? cl->compute_units : 1;
   (void)err;
+  if (nh < 1) nh = 1;
   if (nh > KEX_CL_MAX_HELPERS) nh = KEX_CL_MAX_HELPERS;
-  if (ngroups < nh) ngroups = nh < n ? nh : n;
+  /* a multiple of the helpers' count, so that each gets the same share */
+  int ngroups = nh * ((n + nh * KEX_DEVICE_BATCH_MAX - 1) / (nh * KEX_DEVICE_BATCH_MAX));
+  if (ngroups > n) ngroups = n;
   char **sources = kex_calloc((size_t)ngroups, sizeof *sources);
   kex_cl_warm_group *g = kex_calloc((size_t)ngroups, sizeof *g);
   const char **names = kex_calloc((size_t)n, sizeof *names);
