@@ -14,6 +14,11 @@ time of lower_schedule_item, where its beam_search runs), the process's wall sec
 count; tinygrad: calls of the device's compiler) and per second, and the picked kernels' time (kex: the final
 comparison's full-size median, `us`; tinygrad: the median of --repeat runs of its lowered kernel, profiling events;
 both sum over the graph's kernels).  Ratio = kex search s / tinygrad search s.  Load average before and after.
+Then every pick of the graph (each side, each mode) is timed again in one process by one timer, interleaved
+(--retime-rounds rounds; 0: none): its opts applied to tinygrad's kernel of the same AST (kex's opts are tinygrad's
+actions), so a pick's speed is compared free of the load each search met; retimed_vs_best = its time / the best
+pick's.  Off by default: its absolute times disagreed with both sides' own (sum4M's first kernel with kex's opts
+GROUP(0,8) LOCAL(0,2): 2.4 ms retimed, 0.27 ms in kex's search, 0.3-0.7 ms in tinygrad's), not yet explained.
 
 usage: /usr/bin/python3 bench/beam_vs_tinygrad.py [--graphs matmul512,sum4M] [--modes cold,first,warm]
            [--kex build/kex] [--kex-before PATH] [--kex-args '...'] [--out bench/results/beam-speed.json]
@@ -47,6 +52,13 @@ def counted(src):
   try: return comp(src)
   finally: compiles[0] += 1; compiles[1] += time.perf_counter() - t
 dev.compiler.compile = counted
+import tinygrad.engine.realize as realize
+opts_seen, get_kernel = [], realize.get_kernel
+def recorded(*args, **kw):
+  k = get_kernel(*args, **kw)
+  opts_seen.append(" ".join(f"{o.op.name}({o.axis},{o.amt})" for o in k.applied_opts))
+  return k
+realize.get_kernel = recorded
 sched = create_schedule(outs)
 t0 = time.perf_counter()
 items = [lower_schedule_item(si) for si in sched]
@@ -58,7 +70,50 @@ for ei in items:
   ei.run(wait=True, do_update_stats=False)
   kernel_us.append(statistics.median(ei.run(wait=True, do_update_stats=False) * 1e6 for _ in range(int(sys.argv[3]))))
 print(json.dumps({"search_s": search_s, "compiled": compiles[0], "compile_s": compiles[1], "kernel_us": kernel_us,
-                  "names": [ei.prg.p.name for ei in items if ei.prg is not None and hasattr(ei.prg, "p")]}))
+                  "names": [ei.prg.p.name for ei in items if ei.prg is not None and hasattr(ei.prg, "p")],
+                  "opts": opts_seen}))
+'''
+
+# Re-timing the picks in one process, by one timer: each pick's opts applied to tinygrad's kernel of the same AST
+# (kex's opts are tinygrad's actions), rendered by tinygrad, timed in interleaved rounds (every pick once per round,
+# ROUNDS rounds of RUNS runs each); the median of all its runs.  Prints {"label": [us per kernel], ...}.
+RETIME = r'''
+import json, os, statistics, sys
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tinygrad-0.9.0")]
+import replay_graph
+from tinygrad.device import Device
+from tinygrad.codegen.linearizer import Linearizer
+from tinygrad.codegen.kernel import Opt, OptOps
+from tinygrad.engine.realize import CompiledRunner
+from tinygrad.engine.schedule import create_schedule
+from tinygrad.engine.search import bufs_from_lin
+graph = json.load(open(sys.argv[2])); graph = graph.get("graph", graph)
+picks = json.loads(sys.argv[3])  # {label: [opts text per kernel]}
+_, outs = replay_graph.build(graph, alloc=False)
+asts = [si.ast for si in create_schedule(outs) if si.ast[0].op.name == "STORE"]
+dev = Device[Device.DEFAULT]
+def parse(text):
+  out = []
+  for t in text.split():
+    op, rest = t.split("(")
+    axis, amt = rest.rstrip(")").split(",")
+    out.append(Opt(OptOps[op], int(axis), int(amt)))
+  return out
+res = {label: [] for label in picks}
+for i, ast in enumerate(asts):
+  runners, bufs = {}, None
+  for label, opts in picks.items():
+    if i >= len(opts): continue
+    k = Linearizer(*ast, opts=dev.renderer)
+    for o in parse(opts[i]): k.apply_opt(o)
+    if bufs is None: bufs = bufs_from_lin(k)
+    runners[label] = CompiledRunner(k.to_program())
+  times = {label: [] for label in runners}
+  for label, r in runners.items(): r(bufs, {}, wait=True)  # warm-up: code generation
+  for _ in range(int(sys.argv[4])):
+    for label, r in runners.items(): times[label] += [r(bufs, {}, wait=True) * 1e6 for _ in range(int(sys.argv[5]))]
+  for label in runners: res[label].append(statistics.median(times[label]))
+print(json.dumps(res))
 '''
 
 
@@ -118,6 +173,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default="")
     ap.add_argument("--no-tinygrad", action="store_true")
+    ap.add_argument("--retime-rounds", type=int, default=0)
     a = ap.parse_args()
     modes = a.modes.split(",")
     if "warm" in modes and "first" not in modes:
@@ -164,6 +220,25 @@ def main():
                           if "ratio_before" in row else "")
                 print(f"{'':12s} {'':5s} ratio kex/tg {row['ratio']:.3f}, pick kex/tg {row['pick_ratio']:.2f}{before}, "
                       f"load {row['load_before']} -> {row['load_after']}", flush=True)
+        if a.retime_rounds > 0:
+            picks = {f"{r['mode']}/{side}": r[side]["opts"] for r in rows if r["graph"] == name
+                     for side in ("kex", "kex_before", "tinygrad") if "opts" in r.get(side, {})}
+            env = dict(os.environ, GPU="1", POCL_CACHE_DIR=os.path.join(work, "pocl-retime"))
+            p = subprocess.run([sys.executable, "-c", RETIME, ANCHORS, graph, json.dumps(picks), str(a.retime_rounds),
+                                "5"], env=env, capture_output=True, text=True, timeout=a.timeout)
+            if p.returncode == 0:
+                us = json.loads(p.stdout.strip().splitlines()[-1])
+                best = min(sum(v) for v in us.values())
+                for r in rows:
+                    for side in ("kex", "kex_before", "tinygrad"):
+                        key = f"{r['mode']}/{side}"
+                        if r["graph"] == name and key in us:
+                            r[side]["retimed_us"] = sum(us[key])
+                            r[side]["retimed_vs_best"] = sum(us[key]) / best
+                print(f"{name:12s} picks retimed (one process, interleaved; x the best pick): " +
+                      ", ".join(f"{k} {sum(v):.1f} us ({sum(v) / best:.2f})" for k, v in us.items()), flush=True)
+            else:
+                print(f"{name}: retiming failed: {p.stderr[-300:]}", flush=True)
         shutil.rmtree(work, ignore_errors=True)
     doc = {"bench": "beam_vs_tinygrad", "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
            "load_start": load0, "load_end": loadavg(), "rows": rows}
