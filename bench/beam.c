@@ -141,8 +141,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%-7s %-10s %-24s %-48s %10.1f us (hand %10.1f) search %6.1f s compiled %3u timed %3u rounds %u hit %.3f ms\n",
                 devnames[d], names[gi], br.name, ot, br.best_us, br.hand_us, br.search_s, br.compiled, br.timed,
                 br.rounds, hit.search_s * 1e3);
-        fprintf(stderr, "        time split: compile+load %.1f s, timing %.1f s, waiting for lowering %.1f s\n",
-                br.compile_s, br.time_s, br.lower_wait_s);
+        fprintf(stderr, "        time split: compile+load %.1f s, timing %.1f s (first launches %.1f s, paired decisions "
+                "%.1f s), waiting for lowering %.1f s\n", br.compile_s, br.time_s, br.first_launch_s, br.decide_s,
+                br.lower_wait_s);
         json_array_append_new(ks, json_pack("{s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:b, s:f}", "name", br.name,
                                             "opts", ot, "us", br.best_us, "hand_us", br.hand_us, "beam_est_us",
                                             br.beam_us, "search_s", br.search_s, "cache_hit_ms", hit.search_s * 1e3,
@@ -152,6 +153,8 @@ int main(int argc, char **argv) {
         json_t *last = json_array_get(ks, json_array_size(ks) - 1);
         json_object_set_new(last, "compile_s", json_real(br.compile_s));
         json_object_set_new(last, "timing_s", json_real(br.time_s));
+        json_object_set_new(last, "first_launch_s", json_real(br.first_launch_s));
+        json_object_set_new(last, "decide_s", json_real(br.decide_s));
         json_object_set_new(last, "runner_up_won", json_boolean(br.runner_up_won));
       }
       double base = 0;

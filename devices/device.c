@@ -340,6 +340,55 @@ int kex_device_build(kex_device *dev, const char *source, const char *name, kex_
   return rc < 0 ? rc : wrap_program(dev, name, impl, out, err);
 }
 
+int kex_device_build_batch(kex_device *dev, kex_build_item *items, int n, kex_error *err) {
+  void **impls = NULL;
+  int built = 0, m = 0, *idx = NULL, rc = 0;
+  if (n < 0) return kex_err_set(err, KEX_EINVAL, "build batch of %d items", n);
+  if (n == 0) return 0;
+  for (int i = 0; i < n; i++) {
+    items[i].prog = NULL;
+    items[i].rc = 0;
+    items[i].err.msg[0] = 0;
+  }
+  if (!dev->ops->build_batch) {
+    for (int i = 0; i < n; i++) {
+      items[i].rc = kex_device_build(dev, items[i].source, items[i].name, &items[i].prog, NULL, NULL, &items[i].err);
+      built += items[i].rc == 0;
+    }
+    return built;
+  }
+  /* the checked items go to the device together; the others fail here, each with its own message */
+  impls = kex_calloc((size_t)n, sizeof *impls);
+  idx = kex_calloc((size_t)n, sizeof *idx);
+  kex_build_item *ok = kex_calloc((size_t)n, sizeof *ok);
+  if (!impls || !idx || !ok) {
+    for (int i = 0; i < n; i++) items[i].rc = kex_err_set(&items[i].err, KEX_ENOMEM, "kernel %s: out of memory "
+                                                          "building a batch of %d", items[i].name ? items[i].name : "?", n);
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    if ((items[i].rc = check_source(items[i].source, items[i].name, &items[i].err))) continue;
+    ok[m] = items[i];
+    idx[m++] = i;
+  }
+  if (m > 0) rc = dev->ops->build_batch(dev->impl, ok, m, impls, err);
+  for (int j = 0; j < m; j++) {
+    kex_build_item *it = &items[idx[j]];
+    it->rc = rc < 0 ? rc : ok[j].rc;
+    if (rc < 0) kex_err_set(&it->err, rc, "kernel %s: the batch build failed: %.300s", it->name,
+                            err ? err->msg : "(no message)");
+    else it->err = ok[j].err;
+    if (it->rc == 0) it->rc = wrap_program(dev, it->name, impls[j], &it->prog, &it->err);
+    else if (impls[j]) dev->ops->program_free(dev->impl, impls[j]);
+    built += it->rc == 0;
+  }
+out:
+  kex_free(ok);
+  kex_free(idx);
+  kex_free(impls);
+  return built;
+}
+
 int kex_device_prewarm(kex_device *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err) {
   *warmed = 0;
   if (!dev->ops->prewarm) return kex_err_set(err, KEX_EUNSUPPORTED, "the device has no prewarm step");

@@ -5,7 +5,8 @@
  * refcounted handles: identity, memory (alloc/free, copy in/out),
  * compile(source, name) -> binary bytes, load(binary, name) -> program,
  * build(source, name) -> program (no binary; for programs only this
- * process runs), prewarm(batch of sources) (optional: PoCL pre-builds in
+ * process runs), build_batch(sources) -> programs (several per compiler
+ * call where the device can), prewarm(batch of sources) (optional: PoCL pre-builds in
  * helper processes), launch(program, global, local, buffers, int scalars)
  * -> event, wait, elapsed.  Three implementations exist:
  *
@@ -236,6 +237,33 @@ const char *kex_program_name(const kex_program *prog);
  */
 int kex_device_build(kex_device *dev, const char *source, const char *name, kex_program **out,
                      unsigned char **bin, size_t *bin_size, kex_error *err);
+
+/*
+ * Build many programs at once, for programs only this process runs (beam-search candidates): each item's
+ * source (kernel `name`) becomes item->prog, as kex_device_build would make it (no binary), or item->rc < 0
+ * with item->err naming the kernel and what failed (KEX_ECOMPILE with its own build log, KEX_EINVAL for a bad
+ * source or name, ...).  Where the device can, sources share a compiler invocation: opencl.c builds groups of
+ * up to KEX_DEVICE_BATCH_MAX kernels as one program (renamed apart; one clBuildProgram instead of one each),
+ * and a group that fails to build is split in halves until each failing source is built alone, so a bad source
+ * fails only its own item.  Where the device can also pre-build (PoCL with its kernel cache on), the groups go
+ * to its helper processes first, as kex_device_prewarm does for single sources: they build each group and
+ * launch each kernel once on one work-group of item->local (when not NULL; buffers of item->buf_sizes), and
+ * the device's own build and first launches then hit PoCL's cache.  Elsewhere each item is kex_device_build.
+ * Programs of one group are freed independently (each holds the group's program).  Returns the number of
+ * items built (0..n); a negative code only when the call itself fails (KEX_EINVAL: n < 0), and then no item
+ * was touched.
+ */
+#define KEX_DEVICE_BATCH_MAX 32
+typedef struct kex_build_item {
+  const char *source, *name;  /* in */
+  const size_t *local;        /* in, optional: the local size it will be launched with (pre-build hint) */
+  uint32_t nbufs;             /* in, optional: its buffers' count and bytes (pre-build hint) */
+  const size_t *buf_sizes;
+  kex_program *prog;          /* out: NULL when rc < 0 */
+  int rc;                     /* out: 0 or a KEX_E* code */
+  kex_error err;              /* out: the message when rc < 0 */
+} kex_build_item;
+int kex_device_build_batch(kex_device *dev, kex_build_item *items, int n, kex_error *err);
 
 /*
  * Make the later kex_device_build of these sources cheaper, where the

@@ -32,6 +32,9 @@ typedef struct kex_device_ops {
               kex_error *err);
   /* Optional (NULL: compile + load): source -> runnable program, no binary. */
   int (*build)(void *dev, const char *source, const char *name, void **prog, kex_error *err);
+  /* Optional (NULL: kex_device_build per item): kex_device_build_batch; device.c has checked every item's source
+     and name and cleared its results; the op sets each item's rc and err, and progs[i] on success. */
+  int (*build_batch)(void *dev, kex_build_item *items, int n, void **progs, kex_error *err);
   /* Optional (NULL: KEX_EUNSUPPORTED): kex_device_prewarm. */
   int (*prewarm)(void *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err);
   void (*program_free)(void *dev, void *prog);

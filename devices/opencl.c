@@ -127,8 +127,46 @@ static int kex_cl_code(cl_int e) {
  */
 static pthread_once_t kex_cl_env_once = PTHREAD_ONCE_INIT;
 
+/*
+ * PoCL generates a kernel's machine code at its first launch of each local
+ * size and links it into a shared object by running the system linker
+ * (clang's driver looks for `ld` in COMPILER_PATH first).  GNU ld (bfd)
+ * was about 40% of that first launch for a beam candidate (perf: ld's
+ * page faults and memmove), gold about 40% less in all (first launches of
+ * 24 matmul candidates: 270 -> 170 ms each, interleaved; the kernel's code
+ * is the same object either way).  So where gold is installed and
+ * COMPILER_PATH is unset, kex points COMPILER_PATH at a private folder
+ * (mkdtemp, removed at exit) whose `ld` is gold; KEX_CL_LINKER=default
+ * keeps the system's.  Build helpers inherit it.  The cpu device's cc then
+ * links with gold too (gcc searches COMPILER_PATH as well): the same code.
+ */
+#define KEX_CL_GOLD "/usr/bin/ld.gold"
+static char kex_cl_ld_dir[64];
+
+static void kex_cl_ld_remove(void) {
+  char ld[sizeof kex_cl_ld_dir + 4];
+  snprintf(ld, sizeof ld, "%s/ld", kex_cl_ld_dir);
+  unlink(ld);
+  rmdir(kex_cl_ld_dir);
+}
+
+static void kex_cl_linker_init(void) {
+  const char *want = getenv("KEX_CL_LINKER"), *tmp = getenv("TMPDIR");
+  char ld[sizeof kex_cl_ld_dir + 4];
+  if (getenv("COMPILER_PATH") || (want && strcmp(want, "default") == 0) || access(KEX_CL_GOLD, X_OK) != 0) return;
+  snprintf(kex_cl_ld_dir, sizeof kex_cl_ld_dir, "%s/kex-ld-XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+  if (!mkdtemp(kex_cl_ld_dir)) return;
+  snprintf(ld, sizeof ld, "%s/ld", kex_cl_ld_dir);
+  if (symlink(KEX_CL_GOLD, ld) != 0 || atexit(kex_cl_ld_remove) != 0 || setenv("COMPILER_PATH", kex_cl_ld_dir, 0) != 0) {
+    kex_cl_ld_remove();
+    return;
+  }
+  KEX_DEBUG("opencl: PoCL links kernels with %s (COMPILER_PATH=%s)", KEX_CL_GOLD, kex_cl_ld_dir);
+}
+
 static void kex_cl_env_init(void) {
   if (setenv("POCL_AFFINITY", "1", 0) != 0) KEX_WARN("opencl: cannot set POCL_AFFINITY=1");
+  kex_cl_linker_init(); /* a build helper inherits its parent's COMPILER_PATH */
 }
 
 typedef struct kex_cl_found {
@@ -568,20 +606,26 @@ static void kex_cl_event_free(void *impl, void *event) {
  * A helper is this same executable (/proc/self/exe) started with
  * KEX_CL_WARM=<fd>:<device index> in its environment: a constructor in this
  * file sees it before main, serves requests on the socket <fd> and exits
- * when the socket closes.  Requests: u32 source length, u32 name length,
- * u32 local[3] (local[0] = 0: none), u32 buffer count, u64 sizes[count],
- * the source, the name (int arguments after the buffers get 1); the reply
- * is an i32 status (0 or the CL error).
+ * when the socket closes.  A request is one program of one or more kernels
+ * (kex_device_build_batch sends groups, kex_device_prewarm single sources):
+ * u32 source length, u32 kernel count; per kernel u32 name length, u32
+ * local[3] (local[0] = 0: not launched), u32 buffer count, u64
+ * sizes[count], the name; then the source (int arguments after the buffers
+ * get 1).  The reply is an i32 status (0 or the CL error of the build).
  * Any failure (no helper, a helper that dies, a build error) only means
  * the device builds that source itself, as it would without helpers.
  */
 #define KEX_CL_WARM_ENV "KEX_CL_WARM"
 #define KEX_CL_MAX_HELPERS 4
-#define KEX_CL_HELPER_TIMEOUT_MS 60000 /* one build and one work-group launch: seconds at worst */
+#define KEX_CL_HELPER_TIMEOUT_MS 60000 /* one build and one work-group launch per kernel: seconds at worst */
 
 typedef struct kex_cl_warm_req {
-  uint32_t src_len, name_len, local[3], nbufs;
+  uint32_t src_len, nkernels;
 } kex_cl_warm_req;
+
+typedef struct kex_cl_warm_kernel {
+  uint32_t name_len, local[3], nbufs;
+} kex_cl_warm_kernel;
 
 static int kex_cl_io(int fd, void *buf, size_t n, int writing) {
   unsigned char *p = buf;
@@ -595,6 +639,40 @@ static int kex_cl_io(int fd, void *buf, size_t n, int writing) {
   return 0;
 }
 
+/* The helper's buffers: argument i keeps its own buffer, grown when too small. */
+typedef struct kex_cl_warm_bufs {
+  cl_mem buf[KEX_DEVICE_MAX_BUFS];
+  size_t size[KEX_DEVICE_MAX_BUFS];
+} kex_cl_warm_bufs;
+
+/* In the helper: launch kernel `name` of prog once on one work-group of local (buffers of want[]). */
+static cl_int kex_cl_warm_launch(cl_context ctx, cl_command_queue q, cl_program prog, const char *name,
+                                 const kex_cl_warm_kernel *kh, const uint64_t *want, kex_cl_warm_bufs *b) {
+  cl_int status = CL_SUCCESS, e = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(prog, name, &status);
+  if (!k) return status;
+  for (uint32_t i = 0; i < kh->nbufs && status == CL_SUCCESS; i++) {
+    if (b->size[i] < want[i] || !b->buf[i]) {
+      if (b->buf[i]) clReleaseMemObject(b->buf[i]);
+      b->buf[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, want[i] ? want[i] : 16, NULL, &e);
+      b->size[i] = b->buf[i] ? want[i] : 0;
+      if (!b->buf[i]) status = e;
+    }
+    if (status == CL_SUCCESS) status = clSetKernelArg(k, i, sizeof(cl_mem), &b->buf[i]);
+  }
+  cl_uint nargs = 0; /* int scalars after the buffers: any value does for code generation (1: no division by 0) */
+  if (status == CL_SUCCESS) status = clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL);
+  for (cl_uint i = kh->nbufs; i < nargs && status == CL_SUCCESS; i++) {
+    cl_int one = 1;
+    status = clSetKernelArg(k, i, sizeof one, &one);
+  }
+  size_t local[3] = {kh->local[0], kh->local[1], kh->local[2]};
+  if (status == CL_SUCCESS) status = clEnqueueNDRangeKernel(q, k, 3, NULL, local, local, 0, NULL, NULL);
+  if (status == CL_SUCCESS) status = clFinish(q);
+  clReleaseKernel(k);
+  return status;
+}
+
 /* The helper: serve requests on fd for device number `index` of kex_cl_enumerate. */
 static void kex_cl_helper_serve(int fd, int index) {
   kex_cl_found found[KEX_CL_MAX_DEVICES];
@@ -602,9 +680,10 @@ static void kex_cl_helper_serve(int fd, int index) {
   cl_int e = CL_SUCCESS;
   cl_context ctx = NULL;
   cl_command_queue q = NULL;
-  cl_mem bufs[KEX_DEVICE_MAX_BUFS];
-  size_t sizes[KEX_DEVICE_MAX_BUFS];
-  uint32_t nalloc = 0;
+  static kex_cl_warm_bufs bufs;
+  static uint64_t want[KEX_DEVICE_BATCH_MAX][KEX_DEVICE_MAX_BUFS];
+  static kex_cl_warm_kernel kh[KEX_DEVICE_BATCH_MAX];
+  static char names[KEX_DEVICE_BATCH_MAX][2 * KEX_DEVICE_KERNEL_NAME_MAX + 1];
 
   if (kex_cl_enumerate(found, &n, NULL) < 0 || index < 0 || index >= n) return;
   ctx = clCreateContext(NULL, 1, &found[index].device, NULL, NULL, &e);
@@ -612,57 +691,31 @@ static void kex_cl_helper_serve(int fd, int index) {
   if (!q) return;
   for (;;) {
     kex_cl_warm_req h;
-    uint64_t want[KEX_DEVICE_MAX_BUFS];
-    char *src = NULL, *name = NULL;
+    char *src = NULL;
     int32_t status = CL_SUCCESS;
+    int bad = 0;
     if (kex_cl_io(fd, &h, sizeof h, 0) < 0) break;
-    if (h.nbufs > KEX_DEVICE_MAX_BUFS || h.src_len > KEX_DEVICE_SOURCE_MAX || h.name_len > KEX_DEVICE_KERNEL_NAME_MAX)
-      break;
-    src = malloc(h.src_len + 1);
-    name = malloc(h.name_len + 1);
-    if (!src || !name || kex_cl_io(fd, want, sizeof *want * h.nbufs, 0) < 0 || kex_cl_io(fd, src, h.src_len, 0) < 0 ||
-        kex_cl_io(fd, name, h.name_len, 0) < 0) {
+    if (h.src_len > KEX_DEVICE_SOURCE_MAX || h.nkernels < 1 || h.nkernels > KEX_DEVICE_BATCH_MAX) break;
+    for (uint32_t j = 0; j < h.nkernels && !bad; j++) {
+      bad = kex_cl_io(fd, &kh[j], sizeof kh[j], 0) < 0 || kh[j].nbufs > KEX_DEVICE_MAX_BUFS ||
+            kh[j].name_len > 2 * KEX_DEVICE_KERNEL_NAME_MAX ||
+            kex_cl_io(fd, want[j], sizeof *want[j] * kh[j].nbufs, 0) < 0 ||
+            kex_cl_io(fd, names[j], kh[j].name_len, 0) < 0;
+      if (!bad) names[j][kh[j].name_len] = 0;
+    }
+    if (bad || !(src = malloc(h.src_len + 1)) || kex_cl_io(fd, src, h.src_len, 0) < 0) {
       free(src);
-      free(name);
       break;
     }
     src[h.src_len] = 0;
-    name[h.name_len] = 0;
     const char *s = src;
     cl_program prog = clCreateProgramWithSource(ctx, 1, &s, NULL, &e);
     status = e;
     if (prog) status = clBuildProgram(prog, 1, &found[index].device, NULL, NULL, NULL);
-    cl_kernel k = prog && status == CL_SUCCESS ? clCreateKernel(prog, name, &status) : NULL;
-    if (k && h.local[0] > 0) {
-      /* one work-group of the local size the device will launch with: PoCL generates (and caches) its code */
-      for (uint32_t i = 0; i < h.nbufs && status == CL_SUCCESS; i++) {
-        if (i >= nalloc) {
-          bufs[i] = NULL;
-          sizes[i] = 0;
-          nalloc = i + 1;
-        }
-        if (sizes[i] < want[i]) { /* argument i keeps its own buffer, grown when too small */
-          if (bufs[i]) clReleaseMemObject(bufs[i]);
-          bufs[i] = clCreateBuffer(ctx, CL_MEM_READ_WRITE, want[i] ? want[i] : 16, NULL, &e);
-          sizes[i] = bufs[i] ? want[i] : 0;
-          if (!bufs[i]) status = e;
-        }
-        if (status == CL_SUCCESS) status = clSetKernelArg(k, i, sizeof(cl_mem), &bufs[i]);
-      }
-      cl_uint nargs = 0; /* int scalars after the buffers: any value does for code generation (1: no division by 0) */
-      if (status == CL_SUCCESS) status = clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL);
-      for (cl_uint i = h.nbufs; i < nargs && status == CL_SUCCESS; i++) {
-        cl_int one = 1;
-        status = clSetKernelArg(k, i, sizeof one, &one);
-      }
-      size_t local[3] = {h.local[0], h.local[1], h.local[2]};
-      if (status == CL_SUCCESS) status = clEnqueueNDRangeKernel(q, k, 3, NULL, local, local, 0, NULL, NULL);
-      if (status == CL_SUCCESS) status = clFinish(q);
-    }
-    if (k) clReleaseKernel(k);
+    for (uint32_t j = 0; j < h.nkernels && status == CL_SUCCESS; j++) /* PoCL generates (and caches) each one's code */
+      if (kh[j].local[0] > 0) kex_cl_warm_launch(ctx, q, prog, names[j], &kh[j], want[j], &bufs);
     if (prog) clReleaseProgram(prog);
     free(src);
-    free(name);
     if (kex_cl_io(fd, &status, sizeof status, 1) < 0) break;
   }
 }
@@ -722,24 +775,39 @@ static void kex_cl_helpers_start(kex_cl_device *cl) {
   KEX_DEBUG("opencl %s: %d build helpers", cl->name, cl->nhelpers);
 }
 
-/* Send item i to helper h. Returns 0 or -1 (the helper is gone). */
-static int kex_cl_warm_send(int fd, const kex_prewarm_item *it) {
-  kex_cl_warm_req h = {(uint32_t)strlen(it->source), (uint32_t)strlen(it->name), {0, 0, 0}, it->nbufs};
+/* One program for a helper: its source, and per kernel its name, local size and buffer sizes. */
+typedef struct kex_cl_warm_group {
+  const char *source;
+  int n;
+  const char *const *names;
+  const size_t *const *locals;   /* NULL entries: not launched */
+  const uint32_t *nbufs;
+  const size_t *const *buf_sizes;
+} kex_cl_warm_group;
+
+/* Send group g to the helper on fd. Returns 0 or -1 (the helper is gone). */
+static int kex_cl_warm_send(int fd, const kex_cl_warm_group *g) {
+  kex_cl_warm_req h = {(uint32_t)strlen(g->source), (uint32_t)g->n};
   uint64_t sizes[KEX_DEVICE_MAX_BUFS];
-  if (it->local)
-    for (int d = 0; d < 3; d++) h.local[d] = (uint32_t)it->local[d];
-  for (uint32_t b = 0; b < it->nbufs; b++) sizes[b] = it->buf_sizes[b];
-  if (kex_cl_io(fd, &h, sizeof h, 1) < 0 || kex_cl_io(fd, sizes, sizeof *sizes * it->nbufs, 1) < 0 ||
-      kex_cl_io(fd, (void *)it->source, h.src_len, 1) < 0 || kex_cl_io(fd, (void *)it->name, h.name_len, 1) < 0)
-    return -1;
-  return 0;
+  if (kex_cl_io(fd, &h, sizeof h, 1) < 0) return -1;
+  for (int j = 0; j < g->n; j++) {
+    kex_cl_warm_kernel kh = {(uint32_t)strlen(g->names[j]), {0, 0, 0}, g->nbufs[j]};
+    if (g->locals[j])
+      for (int d = 0; d < 3; d++) kh.local[d] = (uint32_t)g->locals[j][d];
+    for (uint32_t b = 0; b < kh.nbufs; b++) sizes[b] = g->buf_sizes[j][b];
+    if (kex_cl_io(fd, &kh, sizeof kh, 1) < 0 || kex_cl_io(fd, sizes, sizeof *sizes * kh.nbufs, 1) < 0 ||
+        kex_cl_io(fd, (void *)g->names[j], kh.name_len, 1) < 0)
+      return -1;
+  }
+  return kex_cl_io(fd, (void *)g->source, h.src_len, 1);
 }
 
-static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int *warmed, kex_error *err) {
-  kex_cl_device *cl = impl;
+/*
+ * Hand groups[0, n) to the helpers, as many at once as there are helpers, and wait for all of them; returns
+ * how many built.  A helper that dies or hangs is stopped using; its groups are left to the device.
+ */
+static int kex_cl_warm_groups(kex_cl_device *cl, const kex_cl_warm_group *groups, int n) {
   int busy[KEX_CL_MAX_HELPERS], next = 0, pending = 0, ok = 0;
-  (void)err;
-  *warmed = 0;
   if (!cl->prewarm_ok) return 0;
   if (!cl->helpers_tried) {
     cl->helpers_tried = 1;
@@ -750,8 +818,8 @@ static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int 
   for (;;) {
     for (int h = 0; h < cl->nhelpers && next < n; h++) {
       if (busy[h]) continue; /* working (1) or gone (2) */
-      if (items[next].nbufs > KEX_DEVICE_MAX_BUFS || kex_cl_warm_send(cl->helper_fd[h], &items[next]) < 0) {
-        next++; /* too many buffers, or the helper is gone: that source is built by the device itself */
+      if (kex_cl_warm_send(cl->helper_fd[h], &groups[next]) < 0) {
+        next++; /* the helper is gone: that group is built by the device itself */
         continue;
       }
       busy[h] = 1;
@@ -798,7 +866,172 @@ static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int 
     for (int h = 0; h < cl->nhelpers; h++) alive += busy[h] != 2;
     if (!alive) break;
   }
-  *warmed = ok;
+  return ok;
+}
+
+static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int *warmed, kex_error *err) {
+  kex_cl_device *cl = impl;
+  kex_cl_warm_group *g = kex_calloc((size_t)n, sizeof *g);
+  (void)err;
+  *warmed = 0;
+  if (!g) return 0; /* nothing pre-built: the device builds them itself */
+  for (int i = 0; i < n; i++)
+    g[i] = (kex_cl_warm_group){items[i].source, 1, &items[i].name, &items[i].local, &items[i].nbufs,
+                               &items[i].buf_sizes};
+  int m = 0;
+  for (int i = 0; i < n; i++) /* too many buffers: built by the device itself */
+    if (items[i].nbufs <= KEX_DEVICE_MAX_BUFS) g[m++] = g[i];
+  *warmed = kex_cl_warm_groups(cl, g, m);
+  kex_free(g);
+  return 0;
+}
+
+/* ---- batches: many kernels per clBuildProgram (kex_device_build_batch) ---- */
+
+/*
+ * A PoCL build has a large fixed cost (the front end and the kernel library's link: 100-160 ms for one
+ * candidate kernel, 6-15 ms per kernel in a program of 24), so a batch builds groups of kernels as one program.
+ * Kernels are renamed apart (kexb<i>_<name>; their code is unchanged).  The machine code of each kernel is still
+ * generated at its first launch (per local size), one kernel at a time.
+ */
+#define KEX_CL_BATCH_PREFIX "kexb"
+
+/* The group program's name of kernel i of a group ("kexb<i>_<name>") into out[len]. */
+static void kex_cl_batch_name(int i, const char *name, char *out, size_t len) {
+  snprintf(out, len, KEX_CL_BATCH_PREFIX "%d_%s", i, name);
+}
+
+/*
+ * The source of group items[0, n): each item's source with its definition `__kernel void <name>(` renamed to
+ * kex_cl_batch_name.  NULL when out of memory or when a source has no such definition (then the group cannot
+ * be built as one program).
+ */
+static char *kex_cl_batch_source(const kex_build_item *items, int n) {
+  size_t total = 1;
+  for (int i = 0; i < n; i++) total += strlen(items[i].source) + 2 * KEX_DEVICE_KERNEL_NAME_MAX + 32;
+  char *out = kex_malloc(total), *w = out;
+  if (!out) return NULL;
+  for (int i = 0; i < n; i++) {
+    char def[KEX_DEVICE_KERNEL_NAME_MAX + 32], nn[2 * KEX_DEVICE_KERNEL_NAME_MAX + 16];
+    snprintf(def, sizeof def, "__kernel void %s(", items[i].name);
+    const char *at = strstr(items[i].source, def);
+    if (!at) {
+      kex_free(out);
+      return NULL;
+    }
+    kex_cl_batch_name(i, items[i].name, nn, sizeof nn);
+    size_t pre = (size_t)(at - items[i].source);
+    memcpy(w, items[i].source, pre);
+    w += pre;
+    w += sprintf(w, "__kernel void %s(", nn);
+    const char *rest = at + strlen(def);
+    size_t rl = strlen(rest);
+    memcpy(w, rest, rl);
+    w += rl;
+    *w++ = '\n';
+  }
+  *w = 0;
+  return out;
+}
+
+/*
+ * Build items[0, n) (one group) into progs: as one program when the group builds, else split in halves until
+ * each failing source stands alone (kex_cl_build: its own error and build log).
+ */
+static void kex_cl_batch_build(kex_cl_device *cl, kex_build_item *items, int n, void **progs, const char *source) {
+  cl_int e = CL_SUCCESS;
+  cl_program program = NULL;
+  char *own = NULL;
+  if (n == 1) {
+    items[0].rc = kex_cl_build(cl, items[0].source, items[0].name, &progs[0], &items[0].err);
+    return;
+  }
+  if (!source) source = own = kex_cl_batch_source(items, n);
+  if (source) program = clCreateProgramWithSource(cl->context, 1, &source, NULL, &e);
+  if (program && clBuildProgram(program, 1, &cl->device, NULL, NULL, NULL) != CL_SUCCESS) {
+    clReleaseProgram(program);
+    program = NULL;
+  }
+  kex_free(own);
+  if (!program) {
+    KEX_DEBUG("opencl %s: a batch of %d kernels did not build as one program; halves", cl->name, n);
+    kex_cl_batch_build(cl, items, n / 2, progs, NULL);
+    kex_cl_batch_build(cl, items + n / 2, n - n / 2, progs + n / 2, NULL);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    char nn[2 * KEX_DEVICE_KERNEL_NAME_MAX + 16];
+    kex_cl_program *prog = kex_calloc(1, sizeof *prog);
+    kex_cl_batch_name(i, items[i].name, nn, sizeof nn);
+    if (!prog) {
+      items[i].rc = kex_err_set(&items[i].err, KEX_ENOMEM, "opencl %s: out of memory building kernel %s", cl->name,
+                                items[i].name);
+      continue;
+    }
+    prog->kernel = clCreateKernel(program, nn, &e);
+    if (!prog->kernel || e != CL_SUCCESS) {
+      items[i].rc = kex_err_set(&items[i].err, kex_cl_code(e), "opencl %s: clCreateKernel(%s) of a batch failed: %s",
+                                cl->name, items[i].name, kex_cl_errname(e));
+      kex_free(prog);
+      continue;
+    }
+    clRetainProgram(program);
+    prog->program = program;
+    progs[i] = prog;
+  }
+  clReleaseProgram(program);
+}
+
+/*
+ * kex_device_build_batch: groups of at most KEX_DEVICE_BATCH_MAX kernels, at least one per helper when helpers
+ * can pre-build (so every core generates code), pre-built by the helpers first, then each group built here.
+ */
+static int kex_cl_build_batch(void *impl, kex_build_item *items, int n, void **progs, kex_error *err) {
+  kex_cl_device *cl = impl;
+  int nh = cl->prewarm_ok ? cl->compute_units : 1;
+  (void)err;
+  if (nh < 1) nh = 1;
+  if (nh > KEX_CL_MAX_HELPERS) nh = KEX_CL_MAX_HELPERS;
+  /* a multiple of the helpers' count, so that each gets the same share */
+  int ngroups = nh * ((n + nh * KEX_DEVICE_BATCH_MAX - 1) / (nh * KEX_DEVICE_BATCH_MAX));
+  if (ngroups > n) ngroups = n;
+  char **sources = kex_calloc((size_t)ngroups, sizeof *sources);
+  kex_cl_warm_group *g = kex_calloc((size_t)ngroups, sizeof *g);
+  const char **names = kex_calloc((size_t)n, sizeof *names);
+  char (*nn)[2 * KEX_DEVICE_KERNEL_NAME_MAX + 16] = kex_calloc((size_t)n, sizeof *nn);
+  const size_t **locals = kex_calloc((size_t)n, sizeof *locals), **sizes = kex_calloc((size_t)n, sizeof *sizes);
+  uint32_t *nbufs = kex_calloc((size_t)n, sizeof *nbufs);
+  int ng = 0;
+  if (sources && g && names && nn && locals && sizes && nbufs && cl->prewarm_ok) {
+    for (int k = 0; k < ngroups; k++) {
+      int lo = (int)((long long)n * k / ngroups), hi = (int)((long long)n * (k + 1) / ngroups);
+      if (!(sources[k] = kex_cl_batch_source(items + lo, hi - lo))) continue;
+      int ok = 1;
+      for (int i = lo; i < hi; i++) {
+        kex_cl_batch_name(i - lo, items[i].name, nn[i], sizeof nn[i]);
+        names[i] = nn[i];
+        locals[i] = items[i].local;
+        nbufs[i] = items[i].nbufs;
+        sizes[i] = items[i].buf_sizes;
+        ok = ok && items[i].nbufs <= KEX_DEVICE_MAX_BUFS && (items[i].nbufs == 0 || items[i].buf_sizes);
+      }
+      if (ok) g[ng++] = (kex_cl_warm_group){sources[k], hi - lo, names + lo, locals + lo, nbufs + lo, sizes + lo};
+    }
+    int warmed = kex_cl_warm_groups(cl, g, ng);
+    KEX_DEBUG("opencl %s: batch of %d kernels in %d groups, %d pre-built by helpers", cl->name, n, ngroups, warmed);
+  }
+  for (int k = 0; k < ngroups; k++) {
+    int lo = (int)((long long)n * k / ngroups), hi = (int)((long long)n * (k + 1) / ngroups);
+    kex_cl_batch_build(cl, items + lo, hi - lo, progs + lo, sources ? sources[k] : NULL);
+  }
+  for (int k = 0; sources && k < ngroups; k++) kex_free(sources[k]);
+  kex_free(sources);
+  kex_free(g);
+  kex_free(names);
+  kex_free(nn);
+  kex_free(locals);
+  kex_free(sizes);
+  kex_free(nbufs);
   return 0;
 }
 
@@ -806,6 +1039,7 @@ static const kex_device_ops kex_cl_ops = {
     KEX_DEVICE_OPS_COMMON(kex_cl),
     .build = kex_cl_build,
     .prewarm = kex_cl_prewarm,
+    .build_batch = kex_cl_build_batch,
 };
 
 /* Query everything kex_device_info holds. Errors: KEX_ENOMEM. */

@@ -257,6 +257,7 @@ typedef struct time_job {
   double early_stop_us; /* INFINITY: none */
   double shrink_to_s;   /* > 0: shrink the grid after the warm-up until a run takes about this long (search timing) */
   double us;            /* median x factor */
+  double warmup_s;      /* wall time of the warm-up launch (job_time) */
 } time_job;
 
 /*
@@ -333,8 +334,9 @@ static int job_time(kex_device *dev, void *arg, kex_error *err) {
   double samples[KEX_BEAM_MAX_RUNS + 1], total = 0;
   int n = 0, rc = 0;
   for (int i = -1; i < t->runs && !rc; i++) {
-    double secs = 0;
+    double secs = 0, w0 = now_s();
     if ((rc = launch_once(t, &secs, err))) continue;
+    if (i < 0) t->warmup_s = now_s() - w0; /* PoCL: the kernel's machine code is generated here */
     double us = secs * 1e6 * t->factor;
     if (i < 0) {
       if (us > t->early_stop_us) continue; /* one timed run must confirm it (a preempted warm-up is common) */
@@ -766,32 +768,43 @@ static void free_candidate(search *s, candidate *c) {
   kex_free(c);
 }
 
-typedef struct prewarm_job {
+/* kex_device_build_batch of the round's candidates to compile, on the device's thread. */
+typedef struct batch_job {
   search *s;
   candidate **cands;
   const int *todo;
   int ntodo;
-  int warmed;
-} prewarm_job;
+} batch_job;
 
-/* kex_device_prewarm on the round's candidates to compile (KEX_EUNSUPPORTED: nothing done). */
-static int job_prewarm(kex_device *dev, void *arg, kex_error *err) {
-  prewarm_job *p = arg;
-  kex_prewarm_item *items = kex_calloc((size_t)p->ntodo, sizeof *items);
-  size_t *sizes = kex_calloc((size_t)p->ntodo * KEX_DEVICE_MAX_BUFS, sizeof *sizes);
+static int job_build_batch(kex_device *dev, void *arg, kex_error *err) {
+  batch_job *b = arg;
+  kex_build_item *items = kex_calloc((size_t)b->ntodo, sizeof *items);
+  size_t *sizes = kex_calloc((size_t)b->ntodo * KEX_DEVICE_MAX_BUFS, sizeof *sizes);
   int rc = 0;
   if (!items || !sizes) {
     rc = kex_err_set(err, KEX_ENOMEM, "out of memory");
     goto out;
   }
-  for (int j = 0; j < p->ntodo; j++) {
-    const kex_program_src *ps = &p->cands[p->todo[j]]->ps;
+  for (int j = 0; j < b->ntodo; j++) {
+    const kex_program_src *ps = &b->cands[b->todo[j]]->ps;
     size_t *sz = sizes + (size_t)j * KEX_DEVICE_MAX_BUFS;
     uint32_t nb = ps->nargs < KEX_DEVICE_MAX_BUFS ? ps->nargs : KEX_DEVICE_MAX_BUFS;
-    for (uint32_t a = 0; a < nb; a++) sz[a] = p->s->bufs.bytes[ps->args[a].idx];
-    items[j] = (kex_prewarm_item){ps->src, ps->name, ps->has_local ? ps->local : NULL, nb, sz};
+    for (uint32_t a = 0; a < nb; a++) sz[a] = b->s->bufs.bytes[ps->args[a].idx];
+    items[j] = (kex_build_item){.source = ps->src, .name = ps->name, .local = ps->has_local ? ps->local : NULL,
+                                .nbufs = nb, .buf_sizes = sz};
   }
-  rc = kex_device_prewarm(dev, items, p->ntodo, &p->warmed, err);
+  double t0 = now_s();
+  rc = kex_device_build_batch(dev, items, b->ntodo, err);
+  double share = (now_s() - t0) / b->ntodo;
+  if (rc < 0) goto out;
+  rc = 0;
+  for (int j = 0; j < b->ntodo; j++) {
+    candidate *c = b->cands[b->todo[j]];
+    c->prog = items[j].prog;
+    c->crc = items[j].rc;
+    c->csecs = share;
+    if (c->crc) snprintf(c->msg, sizeof c->msg, "%s", items[j].err.msg);
+  }
 out:
   kex_free(items);
   kex_free(sizes);
@@ -920,7 +933,8 @@ typedef struct round_set {
   int n, cap;
   int *todo;      /* pass 1's picks (indices into cands), in candidate order */
   int ntodo;
-  bool parallel;  /* pass 2 compiled them on the pool */
+  enum { PREBUILT_NONE, PREBUILT_BINARY, PREBUILT_PROGRAM } prebuilt; /* pass 2 compiled them on the pool (binaries)
+                                                                         or built them as a batch (programs) */
   double best;    /* the round's fastest time so far */
   double screen_s; /* wall time of the round's screening runs: what its decision may spend (next_beam) */
 } round_set;
@@ -988,24 +1002,27 @@ static int pick_to_compile(search *s, kex_pool *pool, int nbeam, round_set *r, d
 /*
  * Pass 2, before any timing starts: where the device compiles on any
  * thread (cpu: one cc process each), all of r->todo at once on the pool,
- * so that compiles never share the cores with a timed run; elsewhere,
- * where the device can pre-build in parallel (kex_device_prewarm: PoCL,
- * in helper processes that fill its kernel cache), hand it the whole batch
- * first, and pass 3's builds then hit the cache.
+ * so that compiles never share the cores with a timed run (each candidate
+ * keeps its own binary, for the binary dedup); elsewhere (OpenCL) the
+ * whole batch goes to kex_device_build_batch on the device's thread: many
+ * kernels per compiler call, and on PoCL with its kernel cache on, helper
+ * processes pre-build the groups (and generate each kernel's code) on every
+ * core first.
  */
 static void prebuild(search *s, const search_ctx *sc, kex_pool *pool, round_set *r) {
   kex_beam_result *res = s->res;
   double tc = now_s();
-  r->parallel = sc->dev && kex_device_get_info(sc->dev)->compile_thread_safe && r->ntodo > 1;
-  if (r->parallel) {
+  r->prebuilt = PREBUILT_NONE;
+  if (r->ntodo < 2 || !sc->dev) return;
+  if (kex_device_get_info(sc->dev)->compile_thread_safe) {
+    r->prebuilt = PREBUILT_BINARY;
     for (int j = 0; j < r->ntodo; j++) kex_pool_submit(pool, &r->cands[r->todo[j]]->cjob, compile_candidate);
     for (int j = 0; j < r->ntodo; j++) kex_pool_wait(pool, &r->cands[r->todo[j]]->cjob);
-  } else if (r->ntodo > 1) {
-    prewarm_job pj = {s, r->cands, r->todo, r->ntodo, 0};
-    kex_error pe = {0};
-    if (s->exec(s->o->exec_ctx, s->dev, job_prewarm, &pj, &pe) == 0) res->prewarmed += (uint32_t)pj.warmed;
   } else {
-    return;
+    batch_job bj = {s, r->cands, r->todo, r->ntodo};
+    kex_error be = {0};
+    if (s->exec(s->o->exec_ctx, s->dev, job_build_batch, &bj, &be) == 0) r->prebuilt = PREBUILT_PROGRAM;
+    else KEX_WARN("beam: a batch build of %d candidates failed (%.200s); built one by one", r->ntodo, be.msg);
   }
   res->compile_s += now_s() - tc;
 }
@@ -1014,12 +1031,12 @@ static void prebuild(search *s, const search_ctx *sc, kex_pool *pool, round_set 
 static int build_candidate(search *s, const round_set *r, candidate *c, unsigned char **bin, size_t *binsz,
                            double *secs, kex_error *ce) {
   int crc;
-  if (!r->parallel) return compile_load(s, &c->ps, &c->prog, bin, binsz, secs, ce);
+  if (r->prebuilt == PREBUILT_NONE) return compile_load(s, &c->ps, &c->prog, bin, binsz, secs, ce);
   crc = c->crc;
   *secs = c->csecs;
   if (crc) {
     snprintf(ce->msg, sizeof ce->msg, "%s", c->msg);
-  } else {
+  } else if (r->prebuilt == PREBUILT_BINARY) {
     load_job lj = {c->bin, c->binsz, c->ps.name, NULL};
     crc = s->exec(s->o->exec_ctx, s->dev, job_load, &lj, ce);
     c->prog = lj.prog;
@@ -1074,6 +1091,7 @@ static int time_round(search *s, const candidate *best, round_set *r, digest_set
     int trc = s->exec(o->exec_ctx, s->dev, job_time, &tj, &te);
     r->screen_s += now_s() - tt;
     res->time_s += now_s() - tt;
+    res->first_launch_s += tj.warmup_s;
     if (trc) {
       KEX_WARN("beam: %s does not run: %.200s", c->ps.name, te.msg);
       free_prog(s, &c->prog);
@@ -1121,6 +1139,7 @@ static int run_paired(search *s, paired *p, int ndecide, double theta, double bu
     double tt = now_s();
     int rc = s->exec(o->exec_ctx, s->dev, job_paired, p, err);
     s->res->time_s += now_s() - tt;
+    s->res->decide_s += now_s() - tt;
     if (rc) return rc;
     if (p->rounds < min) {
       /* the minimum: KEX_BEAM_PAIR_MIN rounds, or the budget's worth of rounds as the first ones cost, at least

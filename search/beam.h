@@ -32,10 +32,12 @@
  *   - where the device's compile is thread-safe (cpu: one cc process per
  *     compile) a round's new candidates are compiled on the pool, all at
  *     once, before any of them is timed (compiles never share the cores
- *     with a timed run); PoCL serializes builds within a process, so
- *     there a round's batch goes to kex_device_prewarm first (helper
- *     processes build it in parallel into PoCL's kernel cache) and the
- *     device's own builds, one by one on its thread, then hit that cache;
+ *     with a timed run); elsewhere (OpenCL: PoCL serializes builds within
+ *     a process) the round's candidates go to kex_device_build_batch, also
+ *     before any timing: a few programs of many kernels each (one
+ *     clBuildProgram per group instead of one per candidate), which PoCL's
+ *     helper processes pre-build in parallel into its kernel cache when
+ *     the cache is on; a candidate that fails to build fails alone;
  *   - screening: each candidate is the median of `timing_runs` runs after
  *     a warm-up, cut short for slow kernels: a warm-up already past the
  *     early stop (3x the best) is the candidate's only run, a warm-up of
@@ -262,9 +264,10 @@ typedef struct kex_beam_result {
   bool runner_up_won;                   /* the last round's first pick (tied with the best) won the final comparison */
   uint32_t rounds, compiled, timed;
   uint32_t lower_failed, compile_failed, compile_timeouts, dup_source, dup_binary, over_uops, capped;
-  uint32_t prewarmed;                   /* candidates pre-built by kex_device_prewarm (PoCL helper processes) */
   double compile_s;                     /* total compile time */
   double time_s, lower_wait_s;          /* total timing-run time, time waiting for lowered candidates */
+  double first_launch_s;                /* of time_s: the screening warm-ups (PoCL generates machine code there) */
+  double decide_s;                      /* of time_s: the paired decisions (the final comparison's included) */
   double tie_used;                      /* the largest tie threshold the decisions used (tie_tolerance for µs-scale runs) */
   uint32_t decision_samples;            /* paired rounds of the final (full-size) comparison */
   double decision_spread;               /* its measured noise: median |ratio - 1| of the beam kernel's runs against its twin's */

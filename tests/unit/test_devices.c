@@ -710,6 +710,84 @@ static void test_prewarm(void **state) {
   assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
 }
 
+/*
+ * kex_device_build_batch: every good source becomes its own runnable program, even when two share a kernel name
+ * (opencl renames them apart inside one program); a broken source, a source without the kernel it names and a
+ * bad name fail alone, each naming its kernel; programs of one batch are freed independently.  cpu builds each
+ * item alone (no batch op) with the same results; opencl runs it with and without PoCL's helpers.
+ */
+static void check_build_batch(kex_device *dev, const char *madd, const char *bad, const char *missing,
+                              const size_t global[3], const size_t local[3]) {
+  kex_error err = {0};
+  size_t sizes[4] = {N_MADD * sizeof(float), N_MADD * sizeof(float), N_MADD * sizeof(float), N_MADD * sizeof(float)};
+  /* the variant computes a*b+c with its arguments swapped around: b*a+c, the same result; "twice" repeats madd */
+  kex_build_item items[6] = {
+      {.source = madd, .name = "madd", .local = local, .nbufs = 4, .buf_sizes = sizes},
+      {.source = bad, .name = "bad", .local = local, .nbufs = 1, .buf_sizes = sizes},
+      {.source = madd, .name = "madd", .local = local, .nbufs = 4, .buf_sizes = sizes},
+      {.source = missing, .name = "nothere", .local = local, .nbufs = 4, .buf_sizes = sizes},
+      {.source = madd, .name = "1bad"},
+      {.source = madd, .name = "madd", .local = local, .nbufs = 4, .buf_sizes = sizes},
+  };
+  assert_int_equal(kex_device_build_batch(dev, items, -1, &err), KEX_EINVAL);
+  assert_int_equal(kex_device_build_batch(dev, items, 0, &err), 0);
+  assert_int_equal(kex_device_build_batch(dev, items, 6, &err), 3);
+  assert_int_equal(items[1].rc, KEX_ECOMPILE);
+  assert_null(items[1].prog);
+  assert_non_null(strstr(items[1].err.msg, "kernel bad"));
+  assert_non_null(strstr(items[1].err.msg, "bogus_identifier_xyz")); /* its own build log */
+  assert_true(items[3].rc < 0);
+  assert_null(items[3].prog);
+  assert_non_null(strstr(items[3].err.msg, "nothere"));
+  assert_int_equal(items[4].rc, KEX_EINVAL);
+  assert_non_null(strstr(items[4].err.msg, "1bad"));
+  print_message("%s\n%s\n", items[1].err.msg, items[3].err.msg);
+  int order[3] = {2, 0, 5}; /* run and free out of order: each program stands alone */
+  for (int k = 0; k < 3; k++) {
+    kex_build_item *it = &items[order[k]];
+    assert_int_equal(it->rc, 0);
+    assert_non_null(it->prog);
+    assert_string_equal(kex_program_name(it->prog), "madd");
+    madd_data d;
+    madd_setup(dev, &d);
+    assert_true(madd_run(it->prog, &d, global, local) > 0);
+    madd_check(&d, N_MADD);
+    madd_teardown(&d);
+    kex_program_free(it->prog);
+  }
+}
+
+static const char *const CL_MISSING =
+    "__kernel void other(__global float *out) {\n"
+    "  out[0] = 1.0f;\n"
+    "}\n";
+
+static const char *const CPU_MISSING =
+    "void other(void **bufs, const int *ints, int gidx_start, int gidx_end) {\n"
+    "  (void)bufs; (void)ints; (void)gidx_start; (void)gidx_end;\n"
+    "}\n";
+
+static void test_build_batch_cpu(void **state) {
+  size_t global[3] = {N_MADD, 1, 1};
+  (void)state;
+  check_build_batch(g.cpu, CPU_MADD, CPU_BAD, CPU_MISSING, global, NULL);
+}
+
+static void test_build_batch_cl(void **state) {
+  size_t global[3] = {N_MADD / 256, 1, 1}, local[3] = {256, 1, 1};
+  kex_error err = {0};
+  kex_device *dev = NULL;
+  char src[2048];
+  (void)state;
+  NEED_CL();
+  check_build_batch(g.cl, CL_MADD, CL_BAD, CL_MISSING, global, local);
+  /* a fresh device with a source PoCL's cache never saw: its helpers (when the cache is on) pre-build the groups */
+  snprintf(src, sizeof src, "/* %ld */\n%s", (long)getpid(), CL_MADD);
+  assert_int_equal(kex_device_open("opencl", &dev, &err), 0);
+  check_build_batch(dev, src, CL_BAD, CL_MISSING, global, local);
+  kex_device_unref(dev);
+}
+
 /* ---- dtypes ---- */
 
 static void test_fp16_cl(void **state) {
@@ -1476,6 +1554,8 @@ int main(void) {
       cmocka_unit_test(test_build_cpu),
       cmocka_unit_test(test_build_cl),
       cmocka_unit_test(test_prewarm),
+      cmocka_unit_test(test_build_batch_cpu),
+      cmocka_unit_test(test_build_batch_cl),
       cmocka_unit_test(test_wgsum_cl),
       cmocka_unit_test(test_compile_error_cpu),
       cmocka_unit_test(test_compile_error_cl),
