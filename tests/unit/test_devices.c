@@ -1012,8 +1012,8 @@ static void test_cpu_threads(void **state) {
     int nworker_ranges = 0;
     for (int r = 1; r < nranges; r++)
       if (range_tid[r] != (unsigned long)pthread_self()) worker_tid[nworker_ranges++] = range_tid[r];
-    assert_true(nworker_ranges > 0);
-    every_worker = count_distinct_ul(worker_tid, nworker_ranges) == cores;
+    /* none at all is the same case as one missing (every helper queued or descheduled): the tries decide */
+    every_worker = nworker_ranges > 0 && count_distinct_ul(worker_tid, nworker_ranges) == cores;
     /* each worker stays on its own CPU (pinned), one worker per CPU when there are enough CPUs */
     unsigned long worker_cpu[KEX_DEVICE_MAX_BUFS];
     int nworkers = 0;
