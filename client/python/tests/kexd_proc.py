@@ -2,13 +2,24 @@
 cache file in a temporary folder, its output in a log there.  Used by conftest.py, the tests that need kexd
 flags of their own, and bench/tinygrad_*.py.  (tests/integration/kexdtest.py is the integration scripts' own,
 with the generated stubs they need.)"""
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def _die_with_parent():
+    """In the child before exec: SIGTERM when the process that started it dies (a test or bench killed by a
+    timeout must not leave a kexd compiling behind it)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def kexd_path():
@@ -31,7 +42,7 @@ class Kexd:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([kexd or kexd_path(), "--listen", self.addr, "--grace", "1", "--metrics", "off",
                                           "--cache", os.path.join(self.dir.name, "cache.db"), *flags],
-                                         stdout=log, stderr=subprocess.STDOUT)
+                                         stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         end = time.time() + timeout
         while True:
             try:
