@@ -118,6 +118,13 @@ static void test_sqlite_then_compile(void **state) {
   kex_graph_free(g);
 }
 
+/* The end of an engine test: the engine, the plan and its graph freed. */
+static void end_engine(kex_engine *e, kex_rplan *p, kex_graph *g) {
+  kex_engine_free(e);
+  kex_plan_destroy(p);
+  kex_graph_free(g);
+}
+
 /* An executor that runs each work item at once, on this thread (fn, then after). */
 static int direct_submit(void *ctx, kex_work *w) {
   int *refuse_after = ctx;
@@ -175,9 +182,7 @@ static void test_executor(void **state) {
   assert_int_equal(a.done_calls, 1);
   assert_int_equal(a.r.rc, KEX_ECANCELLED);
   req_free(&a, p);
-  kex_engine_free(e);
-  kex_plan_destroy(p);
-  kex_graph_free(g);
+  end_engine(e, p, g);
 }
 
 /* An executor that queues work; the test runs it (fn, then after) when it chooses. */
@@ -251,9 +256,7 @@ static void test_fair_slots(void **state) {
   }
   req_free(&a, p);
   req_free(&b, p);
-  kex_engine_free(e);
-  kex_plan_destroy(p);
-  kex_graph_free(g);
+  end_engine(e, p, g);
 }
 
 /* A source that failed to compile fails again at once, named, without a second compile. */
@@ -283,9 +286,7 @@ static void test_failed_source_remembered(void **state) {
   assert_int_equal(kex_engine_programs_now(e, &a.r), 0);
   req_free(&a, p);
   kex_free(bad);
-  kex_engine_free(e);
-  kex_plan_destroy(p);
-  kex_graph_free(g);
+  end_engine(e, p, g);
 }
 
 /* The compile timeout: a compile past it is stopped (cc killed) with KEX_EDEADLINE; one under it compiles. */

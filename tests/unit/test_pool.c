@@ -47,6 +47,13 @@ static void hold(kex_pool_job *job, int worker) {
   }
 }
 
+/* Occupy p's only worker with g until g.release is set. */
+static void hold_worker(kex_pool *p, gate *g) {
+  kex_pool_submit(p, &g->job, hold);
+  while (!atomic_load(&g->started)) {
+  }
+}
+
 static kex_pool *one_thread(void) {
   kex_pool *p = NULL;
   kex_error err = {0};
@@ -62,9 +69,7 @@ static void test_fifo_and_front(void **state) {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   int log[8], nlog = 0;
   gate g = {0};
-  kex_pool_submit(p, &g.job, hold);
-  while (!atomic_load(&g.started)) {
-  }
+  hold_worker(p, &g);
   item it[4];
   for (int i = 0; i < 4; i++) it[i] = (item){.value = i, .log = log, .nlog = &nlog, .mu = &mu, .worker = -1};
   kex_pool_submit(p, &it[0].job, record);
@@ -128,9 +133,7 @@ static void test_cancel(void **state) {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   int log[8], nlog = 0;
   gate g = {0};
-  kex_pool_submit(p, &g.job, hold);
-  while (!atomic_load(&g.started)) {
-  }
+  hold_worker(p, &g);
   item a = {.value = 1, .log = log, .nlog = &nlog, .mu = &mu}, b = {.value = 2, .log = log, .nlog = &nlog, .mu = &mu};
   kex_pool_submit(p, &a.job, record);
   kex_pool_submit(p, &b.job, record);
