@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -61,10 +62,13 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     tokens = {"bomber": "bomber-token-" + "x" * 20, "victim": "victim-token-" + "y" * 20}
-    import tempfile
-    tmp = tempfile.mkdtemp(prefix="bombs-")
-    tenants_file(os.path.join(tmp, "tenants.json"), tokens)
-    flags = ["--device", a.device, "--auth", os.path.join(tmp, "tenants.json"), *a.flags.split()]
+    with tempfile.TemporaryDirectory(prefix="bombs-") as tmp:
+        tenants_file(os.path.join(tmp, "tenants.json"), tokens)
+        flags = ["--device", a.device, "--auth", os.path.join(tmp, "tenants.json"), *a.flags.split()]
+        run_bombs(a, tokens, flags)
+
+
+def run_bombs(a, tokens, flags):
     with Kexd(*flags, kexd=a.kexd) as k:
         victim = kex.connect(k.addr, token=tokens["victim"])
         idle = timed_submit(small(victim, 1.0))

@@ -66,23 +66,19 @@ static void on_finished(kexd_wake *wake) {
     pthread_mutex_lock(&q->mu);
     kex_work *w = q->head;
     q->head = q->tail = NULL;
+    for (kex_work *x = w; x; x = priv_of(x)->next) q->pending--;
+    if (!w && q->pending == 0 && q->wake == wake) { /* nothing is out: the loop may end */
+      q->wake = NULL;
+      kexd_wake_close(wake, wake_closed);
+    }
     pthread_mutex_unlock(&q->mu);
     if (!w) break;
     while (w) {
       kex_work *next = priv_of(w)->next;
-      pthread_mutex_lock(&q->mu);
-      q->pending--;
-      pthread_mutex_unlock(&q->mu);
       w->after(w, 0); /* may free w, may submit more */
       w = next;
     }
   }
-  pthread_mutex_lock(&q->mu);
-  if (q->pending == 0 && q->wake == wake) {
-    q->wake = NULL;
-    kexd_wake_close(wake, wake_closed);
-  }
-  pthread_mutex_unlock(&q->mu);
 }
 
 int kexd_work_submit(kexd *d, kex_work *w) {

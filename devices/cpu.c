@@ -601,9 +601,7 @@ static int kex_cpu_spawn(char *const argv[], const char *in_path, const char *lo
         break;
       }
       if (pfd < 0) { /* no pidfd (an old kernel): poll the child */
-        if (waitpid(pid, &ws, WNOHANG) == pid) {
-          if (WIFEXITED(ws) || WIFSIGNALED(ws)) goto reaped;
-        }
+        if (waitpid(pid, &ws, WNOHANG) == pid) goto reaped;
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
         continue;

@@ -326,7 +326,7 @@ static void lookup(kex_prog_req *r) {
   r->rc = rc;
 }
 
-/* Under no lock: the source of hash h failed before: its error again (0: it did not). */
+/* Whether the source of hash h failed before (takes e->lock): its error again, or 0. */
 static int failed_before(kex_engine *e, uint64_t h, kex_error *err) {
   int rc = 0;
   pthread_mutex_lock(&e->lock);
@@ -337,7 +337,7 @@ static int failed_before(kex_engine *e, uint64_t h, kex_error *err) {
   return rc;
 }
 
-/* Remember that the source of hash h failed with code and msg (the oldest memory goes first). */
+/* Remember (under e->lock) that the source of hash h failed with code and msg; the oldest memory goes first. */
 static void remember_failed(kex_engine *e, uint64_t h, int code, const char *msg) {
   pthread_mutex_lock(&e->lock);
   failed_src *f = &e->failed[e->failed_next];

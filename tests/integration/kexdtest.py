@@ -172,15 +172,20 @@ class Kexd:
               rc == 0 and log_clean(log), f"rc {rc}; {log[-2000:]}")
 
 
-def add_graph():
-    """a + b (float32[4], filled with 1.5 and 2.0) on cpu, as a kex.v1 Graph."""
+def binary_graph(op, a, b, n):
+    """op(x, y) of two float32[n] buffers filled with a and b, on cpu, as a kex.v1 Graph."""
     from kex.v1 import kex_pb2
 
     def buf(fill):
-        n = kex_pb2.Node(op="BUFFER", dtype="float32", shape=[4])
-        n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
-        return n
-    return kex_pb2.Graph(device="cpu", nodes=[buf(1.5), buf(2.0), kex_pb2.Node(op="ADD", src=[0, 1])], outputs=[2])
+        node = kex_pb2.Node(op="BUFFER", dtype="float32", shape=[n])
+        node.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
+        return node
+    return kex_pb2.Graph(device="cpu", nodes=[buf(a), buf(b), kex_pb2.Node(op=op, src=[0, 1])], outputs=[2])
+
+
+def add_graph():
+    """a + b (float32[4], filled with 1.5 and 2.0) on cpu, as a kex.v1 Graph."""
+    return binary_graph("ADD", 1.5, 2.0, 4)
 
 
 def run(main, name):

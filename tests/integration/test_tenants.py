@@ -35,7 +35,7 @@ sys.path.insert(0, os.environ["KEX_STUBS"])
 
 import grpc  # noqa: E402
 from kex.v1 import kex_pb2, kex_pb2_grpc  # noqa: E402
-from kexdtest import Kexd, add_graph, check, desc, free_port, rpc_error, run  # noqa: E402
+from kexdtest import Kexd, add_graph, binary_graph, check, desc, free_port, rpc_error, run  # noqa: E402
 
 KEXD, KEX, TMP = os.environ["KEXD"], os.environ["KEX"], os.environ["KEXD_TMP"]
 MiB = 1 << 20
@@ -480,11 +480,7 @@ def slow_clients():
 
 def mul_graph():
     """a * b (float32[8], 3.0 and 0.5) on cpu: another kernel than add_graph's."""
-    def buf(fill):
-        n = kex_pb2.Node(op="BUFFER", dtype="float32", shape=[8])
-        n.fill_value.CopyFrom(kex_pb2.Scalar(float_value=fill))
-        return n
-    return kex_pb2.Graph(device="cpu", nodes=[buf(3.0), buf(0.5), kex_pb2.Node(op="MUL", src=[0, 1])], outputs=[2])
+    return binary_graph("MUL", 3.0, 0.5, 8)
 
 
 def cache_visibility():

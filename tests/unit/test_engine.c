@@ -135,6 +135,14 @@ static int direct_submit(void *ctx, kex_work *w) {
   return 0;
 }
 
+/* r's stage is over, once, with every hold given back and every kernel compiled. */
+static void assert_all_compiled(const req_arrays *r, const kex_rplan *p) {
+  assert_int_equal(r->done_calls, 1);
+  assert_int_equal(r->holds, 0);
+  assert_int_equal(r->r.rc, 0);
+  for (uint32_t k = 0; k < p->nkernels; k++) assert_int_equal(r->from[k], KEX_PROG_COMPILED);
+}
+
 static bool never_dead(kex_prog_req *r) { (void)r; return false; }
 static void hold(kex_prog_req *r) { ((req_arrays *)r->owner)->holds++; }
 static void release(kex_prog_req *r) { ((req_arrays *)r->owner)->holds--; }
@@ -157,10 +165,7 @@ static void test_executor(void **state) {
   for (req_arrays *r = &a; r; r = r == &a ? &b : NULL) {
     r->r.dead = never_dead, r->r.hold = hold, r->r.release = release, r->r.done = done;
     kex_engine_programs(e, &r->r);
-    assert_int_equal(r->done_calls, 1);
-    assert_int_equal(r->holds, 0);
-    assert_int_equal(r->r.rc, 0);
-    for (uint32_t k = 0; k < p->nkernels; k++) assert_int_equal(r->from[k], KEX_PROG_COMPILED);
+    assert_all_compiled(r, p);
   }
   req_free(&a, p);
   req_free(&b, p);
@@ -248,12 +253,8 @@ static void test_fair_slots(void **state) {
   assert_int_equal(nhold_log, 5);
   for (int i = 0; i < 5; i++) assert_ptr_equal(hold_log[i], want[i]);
   while (dq.n) deferred_run(&dq);
-  for (req_arrays *r = &a; r; r = r == &a ? &b : NULL) {
-    assert_int_equal(r->done_calls, 1);
-    assert_int_equal(r->holds, 0);
-    assert_int_equal(r->r.rc, 0);
-    for (uint32_t k = 0; k < p->nkernels; k++) assert_int_equal(r->from[k], KEX_PROG_COMPILED);
-  }
+  assert_all_compiled(&a, p);
+  assert_all_compiled(&b, p);
   req_free(&a, p);
   req_free(&b, p);
   end_engine(e, p, g);

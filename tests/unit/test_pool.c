@@ -17,20 +17,25 @@
 
 #include "core/pool.h"
 
+/* Where jobs write their values in the order they ran. */
+typedef struct logbook {
+  pthread_mutex_t mu;
+  int v[8], n;
+} logbook;
+
 typedef struct item {
   kex_pool_job job; /* first */
   int value;
-  int *log, *nlog;  /* where the job writes value when it runs */
-  pthread_mutex_t *mu;
+  logbook *book;    /* where the job writes value when it runs */
   int worker;
 } item;
 
 static void record(kex_pool_job *job, int worker) {
   item *it = (item *)job;
   it->worker = worker;
-  pthread_mutex_lock(it->mu);
-  it->log[(*it->nlog)++] = it->value;
-  pthread_mutex_unlock(it->mu);
+  pthread_mutex_lock(&it->book->mu);
+  it->book->v[it->book->n++] = it->value;
+  pthread_mutex_unlock(&it->book->mu);
 }
 
 /* A job that holds the only worker until `release` is set. */
@@ -66,12 +71,11 @@ static kex_pool *one_thread(void) {
 static void test_fifo_and_front(void **state) {
   (void)state;
   kex_pool *p = one_thread();
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  int log[8], nlog = 0;
+  logbook lb = {.mu = PTHREAD_MUTEX_INITIALIZER};
   gate g = {0};
   hold_worker(p, &g);
   item it[4];
-  for (int i = 0; i < 4; i++) it[i] = (item){.value = i, .log = log, .nlog = &nlog, .mu = &mu, .worker = -1};
+  for (int i = 0; i < 4; i++) it[i] = (item){.value = i, .book = &lb, .worker = -1};
   kex_pool_submit(p, &it[0].job, record);
   kex_pool_submit(p, &it[1].job, record);
   kex_pool_submit(p, &it[2].job, record);
@@ -79,9 +83,9 @@ static void test_fifo_and_front(void **state) {
   atomic_store(&g.release, 1);
   for (int i = 0; i < 4; i++) kex_pool_wait(p, &it[i].job);
   kex_pool_wait(p, &g.job);
-  assert_int_equal(nlog, 4);
+  assert_int_equal(lb.n, 4);
   int want[4] = {3, 0, 1, 2};
-  assert_memory_equal(log, want, sizeof want);
+  assert_memory_equal(lb.v, want, sizeof want);
   for (int i = 0; i < 4; i++) assert_int_equal(it[i].worker, 0);
   kex_pool_destroy(p);
 }
@@ -109,18 +113,17 @@ static void nested(kex_pool_job *job, int worker) {
 static void test_nested_wait_one_thread(void **state) {
   (void)state;
   kex_pool *p = one_thread();
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  int log[8], nlog = 0;
+  logbook lb = {.mu = PTHREAD_MUTEX_INITIALIZER};
   nest n[3];
   memset(n, 0, sizeof n);
   for (int i = 0; i < 3; i++) {
     n[i].p = p;
-    n[i].inner = (item){.value = 10 + i, .log = log, .nlog = &nlog, .mu = &mu};
+    n[i].inner = (item){.value = 10 + i, .book = &lb};
     n[i].child = i < 2 ? &n[i + 1] : NULL;
   }
   kex_pool_submit(p, &n[0].job, nested);
   kex_pool_wait(p, &n[0].job); /* not a worker: sleeps until the worker is done */
-  assert_int_equal(nlog, 3);
+  assert_int_equal(lb.n, 3);
   for (int i = 0; i < 3; i++) assert_int_equal(n[i].self_seen, 0);
   assert_int_equal(kex_pool_self(p), -1);
   kex_pool_destroy(p);
@@ -130,11 +133,10 @@ static void test_nested_wait_one_thread(void **state) {
 static void test_cancel(void **state) {
   (void)state;
   kex_pool *p = one_thread();
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  int log[8], nlog = 0;
+  logbook lb = {.mu = PTHREAD_MUTEX_INITIALIZER};
   gate g = {0};
   hold_worker(p, &g);
-  item a = {.value = 1, .log = log, .nlog = &nlog, .mu = &mu}, b = {.value = 2, .log = log, .nlog = &nlog, .mu = &mu};
+  item a = {.value = 1, .book = &lb}, b = {.value = 2, .book = &lb};
   kex_pool_submit(p, &a.job, record);
   kex_pool_submit(p, &b.job, record);
   assert_true(kex_pool_cancel(p, &a.job));
@@ -143,8 +145,8 @@ static void test_cancel(void **state) {
   atomic_store(&g.release, 1);
   kex_pool_wait(p, &b.job);
   assert_false(kex_pool_cancel(p, &b.job));
-  assert_int_equal(nlog, 1);
-  assert_int_equal(log[0], 2);
+  assert_int_equal(lb.n, 1);
+  assert_int_equal(lb.v[0], 2);
   kex_pool_destroy(p);
 }
 
