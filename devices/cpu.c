@@ -623,9 +623,10 @@ reaped:
   return rc;
 }
 
-static int kex_cpu_compile(void *impl, const char *source, const char *name, unsigned char **bin, size_t *bin_size,
-                           kex_error *err) {
+static int kex_cpu_compile(void *impl, const char *source, const char *name, const kex_prewarm_item *launch,
+                           unsigned char **bin, size_t *bin_size, kex_error *err) {
   kex_cpu_device *cpu = impl;
+  (void)launch; /* a shared object has no per-launch code */
   char src_path[PATH_MAX], so_path[PATH_MAX], log_path[PATH_MAX];
   unsigned long id = atomic_fetch_add(&cpu->counter, 1) + 1;
   unsigned char *log = NULL;
@@ -821,9 +822,10 @@ static void kex_cpu_set_kernel_time_limit(void *impl, double seconds) {
   cpu->time_limit_s = seconds;
 }
 
-static void kex_cpu_set_compile_time_limit(void *impl, double seconds) {
+static bool kex_cpu_set_compile_time_limit(void *impl, double seconds) {
   kex_cpu_device *cpu = impl;
   cpu->compile_limit_s = seconds;
+  return true;
 }
 
 static int kex_cpu_wait(void *impl, void *event, kex_error *err) {

@@ -78,8 +78,7 @@ double kex_device_kernel_time_limit(const kex_device *dev) { return dev->kernel_
 
 bool kex_device_set_compile_time_limit(kex_device *dev, double seconds) {
   if (!dev->ops->set_compile_time_limit) return false;
-  dev->ops->set_compile_time_limit(dev->impl, seconds > 0 ? seconds : 0);
-  return true;
+  return dev->ops->set_compile_time_limit(dev->impl, seconds > 0 ? seconds : 0);
 }
 
 bool kex_device_set_serial_timing(kex_device *dev, bool on) {
@@ -293,7 +292,18 @@ int kex_device_compile(kex_device *dev, const char *source, const char *name, un
   *bin = NULL;
   *bin_size = 0;
   if ((rc = check_source(source, name, err))) return rc;
-  return dev->ops->compile(dev->impl, source, name, bin, bin_size, err);
+  return dev->ops->compile(dev->impl, source, name, NULL, bin, bin_size, err);
+}
+
+int kex_device_compile_for_launch(kex_device *dev, const kex_prewarm_item *item, unsigned char **bin,
+                                  size_t *bin_size, kex_error *err) {
+  int rc;
+
+  *bin = NULL;
+  *bin_size = 0;
+  if ((rc = check_source(item->source, item->name, err))) return rc;
+  bool usable = item->nbufs <= KEX_DEVICE_MAX_BUFS && (item->nbufs == 0 || item->buf_sizes);
+  return dev->ops->compile(dev->impl, item->source, item->name, usable ? item : NULL, bin, bin_size, err);
 }
 
 int kex_device_load(kex_device *dev, const unsigned char *bin, size_t bin_size, const char *name,

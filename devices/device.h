@@ -284,6 +284,19 @@ typedef struct kex_prewarm_item {
 int kex_device_prewarm(kex_device *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err);
 
 /*
+ * kex_device_compile of item's source and name, told how the kernel will
+ * be launched (its local size and buffer sizes; local NULL: unknown).
+ * PoCL (opencl.c) compiles in a helper process of the instance, which also
+ * launches the kernel once on one work-group of that local size, so the
+ * machine code PoCL generates at a first launch is in its kernel cache
+ * (and in the binary) before any load: the first launch after the load
+ * costs no code generation.  Other devices ignore the launch.  Errors:
+ * those of kex_device_compile.
+ */
+int kex_device_compile_for_launch(kex_device *dev, const kex_prewarm_item *item, unsigned char **bin,
+                                  size_t *bin_size, kex_error *err);
+
+/*
  * Launch prog over global[3] (work-groups, see the conventions above) with
  * local[3] (or NULL) on bufs[0..nbufs) and ints[0..nints).  Every buffer
  * must come from the program's device.  On success *out is an event owned
@@ -344,9 +357,11 @@ double kex_device_kernel_time_limit(const kex_device *dev);
  * Compile time limit (seconds, 0: none), set before the instance's first
  * compile: a kex_device_compile still running past it is stopped and
  * fails with KEX_EDEADLINE naming the kernel and the limit.  cpu: the
- * compiler's whole process group is killed.  Returns false when the
- * device cannot stop a compile (OpenCL: the build runs inside the driver,
- * in this process) and the limit does not apply.
+ * compiler's whole process group is killed; PoCL: the instance's compile
+ * helper process is killed (a new one serves the next compile).  Returns
+ * false when the device cannot stop a compile (OpenCL platforms other than
+ * PoCL, or KEX_CL_NO_HELPERS set: the build runs inside the driver, in
+ * this process) and the limit does not apply.
  */
 bool kex_device_set_compile_time_limit(kex_device *dev, double seconds);
 

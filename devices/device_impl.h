@@ -26,8 +26,9 @@ typedef struct kex_device_ops {
   void (*free)(void *dev, void *buf);
   int (*copy_in)(void *dev, void *buf, size_t offset, const void *src, size_t size, kex_error *err);
   int (*copy_out)(void *dev, void *buf, size_t offset, void *dst, size_t size, kex_error *err);
-  int (*compile)(void *dev, const char *source, const char *name, unsigned char **bin, size_t *bin_size,
-                 kex_error *err);
+  /* launch: how the kernel will be launched (kex_device_compile_for_launch), or NULL */
+  int (*compile)(void *dev, const char *source, const char *name, const kex_prewarm_item *launch, unsigned char **bin,
+                 size_t *bin_size, kex_error *err);
   int (*load)(void *dev, const unsigned char *bin, size_t bin_size, const char *name, void **prog,
               kex_error *err);
   /* Optional (NULL: compile + load): source -> runnable program, no binary. */
@@ -48,8 +49,9 @@ typedef struct kex_device_ops {
   void (*set_kernel_time_limit)(void *dev, double seconds);
   /* Optional (NULL: no such mode, kex_device_set_serial_timing returns false). */
   bool (*set_serial_timing)(void *dev, bool on);
-  /* Optional (NULL: compiles cannot be stopped): stop a compile past `seconds` (0: no limit). */
-  void (*set_compile_time_limit)(void *dev, double seconds);
+  /* Optional (NULL: compiles cannot be stopped): stop a compile past `seconds` (0: no limit); false when this
+     instance cannot stop one after all. */
+  bool (*set_compile_time_limit)(void *dev, double seconds);
 } kex_device_ops;
 
 /*

@@ -79,11 +79,11 @@ static int kex_fault_copy_out(void *impl, void *buf, size_t offset, void *dst, s
   return rc < 0 ? rc : OPS(f)->copy_out(INNER(f), buf, offset, dst, size, err);
 }
 
-static int kex_fault_compile(void *impl, const char *source, const char *name, unsigned char **bin,
-                             size_t *bin_size, kex_error *err) {
+static int kex_fault_compile(void *impl, const char *source, const char *name, const kex_prewarm_item *launch,
+                             unsigned char **bin, size_t *bin_size, kex_error *err) {
   kex_fault_device *f = impl;
   int rc = kex_fault_hit(f, KEX_FAULT_COMPILE, NULL, err);
-  return rc < 0 ? rc : OPS(f)->compile(INNER(f), source, name, bin, bin_size, err);
+  return rc < 0 ? rc : OPS(f)->compile(INNER(f), source, name, launch, bin, bin_size, err);
 }
 
 static int kex_fault_load(void *impl, const unsigned char *bin, size_t bin_size, const char *name, void **prog,
@@ -151,9 +151,9 @@ static void kex_fault_set_kernel_time_limit(void *impl, double seconds) {
   kex_device_set_kernel_time_limit(f->inner, seconds); /* the inner device stops its own kernels, where it can */
 }
 
-static void kex_fault_set_compile_time_limit(void *impl, double seconds) {
+static bool kex_fault_set_compile_time_limit(void *impl, double seconds) {
   kex_fault_device *f = impl;
-  kex_device_set_compile_time_limit(f->inner, seconds);
+  return kex_device_set_compile_time_limit(f->inner, seconds);
 }
 
 static bool kex_fault_set_serial_timing(void *impl, bool on) {

@@ -23,6 +23,7 @@
 #include <CL/cl.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -32,6 +33,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -56,6 +58,11 @@ typedef struct kex_cl_device {
   int helpers_tried, nhelpers;
   int helper_fd[4];
   pid_t helper_pid[4];
+  /* Compiles in a helper process (PoCL; kex_cl_compile_apart): whether, the limit, and the helper (fd -1: none) */
+  bool apart;
+  double compile_limit_s;
+  int compile_fd;
+  pid_t compile_pid;
   /* The cl_program of the last compile and a copy of its binary (or NULL). */
   cl_program memo_program;
   unsigned char *memo_bin;
@@ -312,10 +319,12 @@ static void kex_cl_memo_clear(kex_cl_device *cl) {
 }
 
 static void kex_cl_helpers_stop(kex_cl_device *cl);
+static void kex_cl_compile_helper_stop(kex_cl_device *cl, bool kill_it, int *ws);
 
 static void kex_cl_destroy(void *impl) {
   kex_cl_device *cl = impl;
   kex_cl_helpers_stop(cl);
+  kex_cl_compile_helper_stop(cl, false, NULL);
   kex_cl_memo_clear(cl);
   if (cl->queue) {
     clFinish(cl->queue);
@@ -384,14 +393,20 @@ static int kex_cl_build_error(kex_cl_device *cl, cl_program program, const char 
   return rc;
 }
 
-static int kex_cl_compile(void *impl, const char *source, const char *name, unsigned char **bin, size_t *bin_size,
-                          kex_error *err) {
+static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const char *name,
+                                const kex_prewarm_item *launch, unsigned char **bin, size_t *bin_size,
+                                kex_error *err);
+
+static int kex_cl_compile(void *impl, const char *source, const char *name, const kex_prewarm_item *launch,
+                          unsigned char **bin, size_t *bin_size, kex_error *err) {
   kex_cl_device *cl = impl;
   cl_program program = NULL;
   unsigned char *bytes = NULL, *memo_copy = NULL;
   size_t size = 0;
   cl_int e = CL_SUCCESS;
   int rc;
+
+  if (cl->apart && (rc = kex_cl_compile_apart(cl, source, name, launch, bin, bin_size, err)) != 1) return rc;
 
   program = clCreateProgramWithSource(cl->context, 1, &source, NULL, &e);
   if (!program || e != CL_SUCCESS) {
@@ -614,13 +629,21 @@ static void kex_cl_event_free(void *impl, void *event) {
  * get 1).  The reply is an i32 status (0 or the CL error of the build).
  * Any failure (no helper, a helper that dies, a build error) only means
  * the device builds that source itself, as it would without helpers.
+ * A compile (kex_cl_compile_apart) sets flag KEX_CL_WARM_BINARY and gets
+ * more: after status 0 a u64 size and the program's CL_PROGRAM_BINARIES,
+ * read after the launches so it holds their code; after a failure a u32
+ * length and the build log.
  */
 #define KEX_CL_WARM_ENV "KEX_CL_WARM"
 #define KEX_CL_MAX_HELPERS 4
 #define KEX_CL_HELPER_TIMEOUT_MS 60000 /* one build and one work-group launch per kernel: seconds at worst */
 
+#define KEX_CL_WARM_BINARY 1u                 /* flags: reply with the binary, or the build log */
+#define KEX_CL_LOG_MAX (64u << 10)            /* bytes of a build log a helper sends */
+#define KEX_CL_WARM_BYTES_MAX ((size_t)1 << 30) /* a compile's launch allocates at most this: else not launched */
+
 typedef struct kex_cl_warm_req {
-  uint32_t src_len, nkernels;
+  uint32_t src_len, nkernels, flags;
 } kex_cl_warm_req;
 
 typedef struct kex_cl_warm_kernel {
@@ -673,6 +696,35 @@ static cl_int kex_cl_warm_launch(cl_context ctx, cl_command_queue q, cl_program 
   return status;
 }
 
+/* In the helper: the reply to a compile (KEX_CL_WARM_BINARY, see above).  0, or -1 when the parent is gone. */
+static int kex_cl_helper_reply(int fd, cl_program prog, cl_device_id dev, int32_t status) {
+  size_t size = 0, len = 0;
+  unsigned char *bin = NULL;
+  char *log = NULL;
+  int rc;
+  if (status == CL_SUCCESS) {
+    cl_int e = clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL);
+    if (e == CL_SUCCESS && size > 0 && size <= KEX_DEVICE_BINARY_MAX && (bin = malloc(size)))
+      e = clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL);
+    else if (e == CL_SUCCESS)
+      e = size ? CL_OUT_OF_HOST_MEMORY : CL_INVALID_BINARY;
+    status = e;
+  } else if (prog && clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &len) == CL_SUCCESS && len > 0 &&
+             (log = malloc(len + 1)) && clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, len, log, NULL) == CL_SUCCESS) {
+    len = strnlen(log, len);
+  } else {
+    len = 0;
+  }
+  uint64_t size64 = size;
+  uint32_t len32 = len > KEX_CL_LOG_MAX ? KEX_CL_LOG_MAX : (uint32_t)len;
+  rc = kex_cl_io(fd, &status, sizeof status, 1);
+  if (!rc && status == CL_SUCCESS) rc = kex_cl_io(fd, &size64, sizeof size64, 1) || kex_cl_io(fd, bin, size, 1) ? -1 : 0;
+  else if (!rc) rc = kex_cl_io(fd, &len32, sizeof len32, 1) || (len32 && kex_cl_io(fd, log, len32, 1)) ? -1 : 0;
+  free(bin);
+  free(log);
+  return rc;
+}
+
 /* The helper: serve requests on fd for device number `index` of kex_cl_enumerate. */
 static void kex_cl_helper_serve(int fd, int index) {
   kex_cl_found found[KEX_CL_MAX_DEVICES];
@@ -714,9 +766,11 @@ static void kex_cl_helper_serve(int fd, int index) {
     if (prog) status = clBuildProgram(prog, 1, &found[index].device, NULL, NULL, NULL);
     for (uint32_t j = 0; j < h.nkernels && status == CL_SUCCESS; j++) /* PoCL generates (and caches) each one's code */
       if (kh[j].local[0] > 0) kex_cl_warm_launch(ctx, q, prog, names[j], &kh[j], want[j], &bufs);
-    if (prog) clReleaseProgram(prog);
     free(src);
-    if (kex_cl_io(fd, &status, sizeof status, 1) < 0) break;
+    int sent = h.flags & KEX_CL_WARM_BINARY ? kex_cl_helper_reply(fd, prog, found[index].device, status)
+                                            : kex_cl_io(fd, &status, sizeof status, 1);
+    if (prog) clReleaseProgram(prog);
+    if (sent < 0) break;
   }
 }
 
@@ -738,40 +792,50 @@ static void kex_cl_helpers_stop(kex_cl_device *cl) {
   cl->nhelpers = 0;
 }
 
-/* Start min(compute units, KEX_CL_MAX_HELPERS) helpers (fewer when spawning fails; 0 disables prewarm). */
-static void kex_cl_helpers_start(kex_cl_device *cl) {
-  int want = cl->compute_units < 1 ? 1 : cl->compute_units > KEX_CL_MAX_HELPERS ? KEX_CL_MAX_HELPERS : cl->compute_units;
+/* Start one helper (argv[0] names it in ps) for cl's device: *fd is its socket.  0, or an errno. */
+static int kex_cl_spawn(const kex_cl_device *cl, char *argv0, int *fd, pid_t *pid) {
   extern char **environ;
   size_t nenv = 0;
   while (environ[nenv]) nenv++;
   char **envp = malloc(sizeof *envp * (nenv + 2));
   char var[64];
-  if (!envp) return;
+  int sv[2], e;
+  posix_spawn_file_actions_t fa;
+  char *argv[] = {argv0, NULL};
+  if (!envp) return ENOMEM;
   memcpy(envp, environ, sizeof *envp * nenv);
   envp[nenv] = var;
   envp[nenv + 1] = NULL;
+  snprintf(var, sizeof var, "%s=3:%d", KEX_CL_WARM_ENV, cl->index);
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    e = errno;
+    free(envp);
+    return e;
+  }
+  e = posix_spawn_file_actions_init(&fa);
+  if (!e) e = posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+  if (!e) e = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0); /* a helper reads only its socket */
+  if (!e) e = posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+  if (!e) e = posix_spawn(pid, "/proc/self/exe", &fa, NULL, argv, envp);
+  posix_spawn_file_actions_destroy(&fa);
+  close(sv[1]);
+  free(envp);
+  if (e) close(sv[0]);
+  else *fd = sv[0];
+  return e;
+}
+
+/* Start min(compute units, KEX_CL_MAX_HELPERS) helpers (fewer when spawning fails; 0 disables prewarm). */
+static void kex_cl_helpers_start(kex_cl_device *cl) {
+  int want = cl->compute_units < 1 ? 1 : cl->compute_units > KEX_CL_MAX_HELPERS ? KEX_CL_MAX_HELPERS : cl->compute_units;
   for (int i = 0; i < want; i++) {
-    int sv[2];
-    pid_t pid;
-    posix_spawn_file_actions_t fa;
-    char *argv[] = {"kex-cl-warm", NULL};
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) break;
-    snprintf(var, sizeof var, "%s=3:%d", KEX_CL_WARM_ENV, cl->index);
-    int e = posix_spawn_file_actions_init(&fa);
-    if (!e) e = posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
-    if (!e) e = posix_spawn_file_actions_addclosefrom_np(&fa, 4);
-    if (!e) e = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, envp);
-    posix_spawn_file_actions_destroy(&fa);
-    close(sv[1]);
+    int e = kex_cl_spawn(cl, "kex-cl-warm", &cl->helper_fd[cl->nhelpers], &cl->helper_pid[cl->nhelpers]);
     if (e) {
       KEX_DEBUG("opencl: starting build helper %d failed: %s", i, strerror(e));
-      close(sv[0]);
       break;
     }
-    cl->helper_fd[cl->nhelpers] = sv[0];
-    cl->helper_pid[cl->nhelpers++] = pid;
+    cl->nhelpers++;
   }
-  free(envp);
   KEX_DEBUG("opencl %s: %d build helpers", cl->name, cl->nhelpers);
 }
 
@@ -785,9 +849,9 @@ typedef struct kex_cl_warm_group {
   const size_t *const *buf_sizes;
 } kex_cl_warm_group;
 
-/* Send group g to the helper on fd. Returns 0 or -1 (the helper is gone). */
-static int kex_cl_warm_send(int fd, const kex_cl_warm_group *g) {
-  kex_cl_warm_req h = {(uint32_t)strlen(g->source), (uint32_t)g->n};
+/* Send group g to the helper on fd (flags: KEX_CL_WARM_BINARY or 0). Returns 0 or -1 (the helper is gone). */
+static int kex_cl_warm_send(int fd, const kex_cl_warm_group *g, uint32_t flags) {
+  kex_cl_warm_req h = {(uint32_t)strlen(g->source), (uint32_t)g->n, flags};
   uint64_t sizes[KEX_DEVICE_MAX_BUFS];
   if (kex_cl_io(fd, &h, sizeof h, 1) < 0) return -1;
   for (int j = 0; j < g->n; j++) {
@@ -818,7 +882,7 @@ static int kex_cl_warm_groups(kex_cl_device *cl, const kex_cl_warm_group *groups
   for (;;) {
     for (int h = 0; h < cl->nhelpers && next < n; h++) {
       if (busy[h]) continue; /* working (1) or gone (2) */
-      if (kex_cl_warm_send(cl->helper_fd[h], &groups[next]) < 0) {
+      if (kex_cl_warm_send(cl->helper_fd[h], &groups[next], 0) < 0) {
         next++; /* the helper is gone: that group is built by the device itself */
         continue;
       }
@@ -867,6 +931,140 @@ static int kex_cl_warm_groups(kex_cl_device *cl, const kex_cl_warm_group *groups
     if (!alive) break;
   }
   return ok;
+}
+
+/* ---- compiles in a helper process (kex_device_compile on PoCL) ---- */
+
+/*
+ * PoCL builds under one process-wide lock, and a build cannot be stopped:
+ * a compile that takes minutes (a kernel of 1,000 sin terms) would hold
+ * every other build in kexd behind it, and --compile-timeout could not end
+ * it.  So on PoCL an instance compiles in a helper process of its own
+ * (the helper above, started at the instance's first compile; kexd's
+ * compile slots each have an instance, so compiles run side by side on
+ * every core).  The helper builds, launches the kernel once on one
+ * work-group of its local size when the caller said how it will be
+ * launched (kex_device_compile_for_launch: PoCL generates the machine code
+ * there, into its kernel cache and the binary, instead of at kexd's first
+ * launch), and sends back CL_PROGRAM_BINARIES or the build log.  Past the
+ * compile time limit the helper is killed (KEX_EDEADLINE); the next
+ * compile starts a new one.  A helper killed by a signal while compiling
+ * is a failed compile (KEX_ECOMPILE: the compiler crashed on that source,
+ * which in this process would have taken kexd with it).  When no helper
+ * can be started, or it exits without answering, the instance compiles
+ * in this process as before.
+ */
+static double kex_cl_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Stop the compile helper (killed first when kill_it); *ws gets its wait status when not NULL. */
+static void kex_cl_compile_helper_stop(kex_cl_device *cl, bool kill_it, int *ws) {
+  int status = 0;
+  if (cl->compile_fd < 0) return;
+  if (kill_it) kill(cl->compile_pid, SIGKILL);
+  close(cl->compile_fd);
+  cl->compile_fd = -1;
+  while (waitpid(cl->compile_pid, &status, 0) < 0 && errno == EINTR) {}
+  if (ws) *ws = status;
+}
+
+/* Read n bytes of the helper's reply into *out (kex_malloc'd, NUL-terminated).  0 or -1. */
+static int kex_cl_read_alloc(int fd, size_t n, unsigned char **out) {
+  *out = kex_malloc(n + 1);
+  if (!*out || kex_cl_io(fd, *out, n, 0) < 0) {
+    kex_free(*out);
+    *out = NULL;
+    return -1;
+  }
+  (*out)[n] = 0;
+  return 0;
+}
+
+/* Compile in the instance's helper: 0 or the kex error, or 1 when there is no helper (compile here). */
+static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const char *name,
+                                const kex_prewarm_item *launch, unsigned char **bin, size_t *bin_size,
+                                kex_error *err) {
+  const size_t *local = NULL, *sizes = launch ? launch->buf_sizes : NULL;
+  uint32_t nbufs = launch ? launch->nbufs : 0;
+  size_t total = 0;
+  for (uint32_t i = 0; i < nbufs; i++) total += sizes[i] > KEX_CL_WARM_BYTES_MAX ? KEX_CL_WARM_BYTES_MAX + 1 : sizes[i];
+  if (launch && launch->local && total <= KEX_CL_WARM_BYTES_MAX) local = launch->local;
+  kex_cl_warm_group g = {source, 1, &name, &local, &nbufs, &sizes};
+  int32_t status = 0;
+  if (cl->compile_fd < 0) {
+    int e = kex_cl_spawn(cl, "kex-cl-compile", &cl->compile_fd, &cl->compile_pid);
+    if (e) {
+      KEX_WARN("opencl %s: cannot start a compile helper (%s): compiling in this process", cl->name, strerror(e));
+      cl->compile_fd = -1;
+      return 1;
+    }
+  }
+  double t0 = kex_cl_now(), limit = cl->compile_limit_s;
+  int ready = kex_cl_warm_send(cl->compile_fd, &g, KEX_CL_WARM_BINARY) == 0;
+  while (ready) {
+    int ms = -1;
+    if (limit > 0) {
+      double left = t0 + limit - kex_cl_now();
+      ms = left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1e3) + 1;
+    }
+    struct pollfd pfd = {cl->compile_fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, ms);
+    if (pr > 0) break;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr < 0) {
+      ready = 0;
+      break;
+    }
+    kex_cl_compile_helper_stop(cl, true, NULL);
+    return kex_err_set(err, KEX_EDEADLINE,
+                       "opencl %s: compiling kernel %s was stopped after %.3g s (the compile time limit)", cl->name,
+                       name, limit);
+  }
+  if (!ready || kex_cl_io(cl->compile_fd, &status, sizeof status, 0) < 0) {
+    int ws = 0;
+    kex_cl_compile_helper_stop(cl, false, &ws);
+    if (WIFSIGNALED(ws))
+      return kex_err_set(err, KEX_ECOMPILE, "opencl %s: the compiler process died compiling kernel %s (signal %d: %s)",
+                         cl->name, name, WTERMSIG(ws), strsignal(WTERMSIG(ws)));
+    KEX_WARN("opencl %s: the compile helper exited (status %d) without an answer: compiling in this process", cl->name,
+             WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+    cl->apart = false;
+    return 1;
+  }
+  uint64_t size = 0;
+  uint32_t len = 0;
+  unsigned char *bytes = NULL;
+  if (status == CL_SUCCESS) {
+    if (kex_cl_io(cl->compile_fd, &size, sizeof size, 0) < 0 || size == 0 || size > KEX_DEVICE_BINARY_MAX ||
+        kex_cl_read_alloc(cl->compile_fd, (size_t)size, &bytes) < 0) {
+      kex_cl_compile_helper_stop(cl, true, NULL);
+      return kex_err_set(err, KEX_ECOMPILE, "opencl %s: the compile helper sent no usable binary of kernel %s",
+                         cl->name, name);
+    }
+    *bin = bytes;
+    *bin_size = (size_t)size;
+    return 0;
+  }
+  if (kex_cl_io(cl->compile_fd, &len, sizeof len, 0) < 0 || len > KEX_CL_LOG_MAX ||
+      kex_cl_read_alloc(cl->compile_fd, len, &bytes) < 0) {
+    kex_cl_compile_helper_stop(cl, true, NULL);
+    bytes = NULL;
+  }
+  int rc = kex_err_set(err, status == CL_OUT_OF_HOST_MEMORY ? KEX_ENOMEM : KEX_ECOMPILE,
+                       "opencl %s: clBuildProgram of kernel %s failed: %s; build log: %s", cl->name, name,
+                       kex_cl_errname(status), bytes && bytes[0] ? (char *)bytes : "(empty)");
+  KEX_DEBUG("opencl %s: build log of kernel %s:\n%s", cl->name, name, bytes ? (char *)bytes : "");
+  kex_free(bytes);
+  return rc;
+}
+
+static bool kex_cl_set_compile_time_limit(void *impl, double seconds) {
+  kex_cl_device *cl = impl;
+  cl->compile_limit_s = seconds;
+  return cl->apart;
 }
 
 static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int *warmed, kex_error *err) {
@@ -1040,6 +1238,7 @@ static const kex_device_ops kex_cl_ops = {
     .build = kex_cl_build,
     .prewarm = kex_cl_prewarm,
     .build_batch = kex_cl_build_batch,
+    .set_compile_time_limit = kex_cl_set_compile_time_limit,
 };
 
 /* Query everything kex_device_info holds. Errors: KEX_ENOMEM. */
@@ -1137,8 +1336,10 @@ int kex_cl_open(const char *match, kex_device **out, kex_error *err) {
     char platform[KEX_DEVICE_FIELD_MAX];
     const char *cache = getenv("POCL_KERNEL_CACHE");
     kex_cl_platform_str(pick->platform, CL_PLATFORM_NAME, platform);
-    cl->prewarm_ok = strstr(platform, "Portable Computing Language") != NULL && !(cache && strcmp(cache, "0") == 0) &&
-                     getenv("KEX_CL_NO_HELPERS") == NULL;
+    bool pocl = strstr(platform, "Portable Computing Language") != NULL, helpers = getenv("KEX_CL_NO_HELPERS") == NULL;
+    cl->prewarm_ok = pocl && !(cache && strcmp(cache, "0") == 0) && helpers;
+    cl->apart = pocl && helpers;
+    cl->compile_fd = -1;
   }
   snprintf(cl->name, sizeof cl->name, "%s", info.identity.name);
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)pick->platform, 0};

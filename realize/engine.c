@@ -350,6 +350,26 @@ static void remember_failed(kex_engine *e, uint64_t h, int code, const char *msg
 }
 
 /*
+ * How plan p launches kernel k (its first step's buffers and the local size), for the device's compile to
+ * prepare that launch (kex_device_compile_for_launch); sizes[KEX_DEVICE_MAX_BUFS] holds the buffers' bytes.
+ */
+static kex_prewarm_item launch_of(const kex_rplan *p, uint32_t k, size_t *sizes) {
+  const kex_plan_prog *pp = &p->progs[k];
+  kex_prewarm_item it = {.source = pp->src, .name = pp->name, .local = pp->has_local ? pp->local : NULL};
+  for (uint32_t s = 0; s < p->nsteps; s++) {
+    const kex_plan_step *st = &p->steps[s];
+    if (st->kind != KEX_PLAN_STEP_KERNEL || st->kernel != k) continue;
+    if (st->nargs > KEX_DEVICE_MAX_BUFS) break; /* refused at the launch anyway: compiled without one */
+    for (uint32_t a = 0; a < st->nargs; a++) sizes[a] = st->args[a] < p->nbufs ? p->buf_bytes[st->args[a]] : 0;
+    it.nbufs = st->nargs;
+    it.buf_sizes = sizes;
+    return it;
+  }
+  it.local = NULL; /* no step launches it: nothing to prepare */
+  return it;
+}
+
+/*
  * Compile r's kernel k on the slot's instance (sl NULL: the owner's own
  * call, on the probe) and store its binary in SQLite.  0 or a negative code with *err naming the kernel.
  */
@@ -371,7 +391,9 @@ static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex
   uint64_t tc = r->trace ? kex_trace_now_us() : 0;
   uint64_t h = kex_hash_bytes(pp->src, strlen(pp->src), 0);
   if ((rc = failed_before(e, h, err)) == 0) {
-    rc = kex_device_compile(dev, pp->src, pp->name, &r->bins[k], &r->binlens[k], err);
+    size_t sizes[KEX_DEVICE_MAX_BUFS];
+    kex_prewarm_item launch = launch_of(r->rp, k, sizes);
+    rc = kex_device_compile_for_launch(dev, &launch, &r->bins[k], &r->binlens[k], err);
     if (rc == KEX_ECOMPILE || rc == KEX_EDEADLINE) remember_failed(e, h, rc, err->msg);
   }
   if (r->trace) {

@@ -20,12 +20,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -672,6 +674,150 @@ static void test_build_cl(void **state) {
 }
 
 /*
+ * This process's children started as argv0 (opencl.c's helpers name themselves so): how many run, and in
+ * *zombies how many ended unreaped (NULL: not counted); the pid of the last one found in *pid when not NULL.
+ */
+static int count_kids(const char *argv0, int *zombies, pid_t *pid) {
+  DIR *d = opendir("/proc");
+  struct dirent *de;
+  int n = 0;
+  if (zombies) *zombies = 0;
+  assert_non_null(d);
+  while ((de = readdir(d))) {
+    char path[300], buf[512], state = 0;
+    int ppid = 0;
+    if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
+    snprintf(path, sizeof path, "/proc/%s/stat", de->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    char *rp = strrchr(buf, ')');
+    if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2 || ppid != getpid()) continue;
+    if (state == 'Z') {
+      if (zombies) (*zombies)++;
+      continue;
+    }
+    snprintf(path, sizeof path, "/proc/%s/cmdline", de->d_name);
+    if (!(f = fopen(path, "r"))) continue;
+    len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    if (strcmp(buf, argv0) == 0) {
+      n++;
+      if (pid) *pid = (pid_t)atoi(de->d_name);
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+/* An OpenCL kernel whose build takes seconds on PoCL: `terms` sin terms (named name). */
+static char *slow_cl_source(const char *name, int terms) {
+  size_t cap = 256 + (size_t)terms * 40, n = 0;
+  char *src = kex_malloc(cap);
+  assert_non_null(src);
+  n += (size_t)snprintf(src, cap, "__kernel void %s(__global float *o) { float x = o[get_global_id(0)], s = 0;",
+                        name);
+  for (int i = 0; i < terms; i++) n += (size_t)snprintf(src + n, cap - n, " s += sin(x * %d.5f);", i);
+  snprintf(src + n, cap - n, " o[get_global_id(0)] = s; }");
+  return src;
+}
+
+typedef struct compile_call {
+  kex_device *dev;
+  const char *src, *name;
+  unsigned char *bin;
+  size_t len;
+  int rc;
+  kex_error err;
+} compile_call;
+
+static void *compile_thread(void *arg) {
+  compile_call *c = arg;
+  c->rc = kex_device_compile(c->dev, c->src, c->name, &c->bin, &c->len, &c->err);
+  return NULL;
+}
+
+/*
+ * On PoCL a compile runs in a helper process of the instance ("kex-cl-compile"): a build past the compile time
+ * limit is stopped (KEX_EDEADLINE naming the kernel, the helper killed and reaped) and the next compile gets a
+ * new helper; a compile told its launch (kex_device_compile_for_launch) gives a binary that loads and runs
+ * correctly; a build error carries the build log from the helper; a helper killed by a signal mid-build is a
+ * failed compile naming the kernel, not a crash; the helper goes with its device.
+ */
+static void test_compile_apart(void **state) {
+  kex_error err = {0};
+  kex_device *dev = NULL;
+  unsigned char *bin = NULL;
+  size_t len = 0;
+  int zombies = 0;
+  (void)state;
+  NEED_CL();
+  assert_int_equal(kex_device_open("opencl", &dev, &err), 0);
+  int before = count_kids("kex-cl-compile", NULL, NULL);
+  if (!kex_device_set_compile_time_limit(dev, 0.2)) {
+    kex_device_unref(dev);
+    print_message("skipped: this OpenCL platform compiles in-process (not PoCL): no compile helper\n");
+    skip();
+  }
+  char name[64];
+  snprintf(name, sizeof name, "slow%ld", (long)getpid());
+  char *slow = slow_cl_source(name, 4000);
+  assert_int_equal(kex_device_compile(dev, slow, name, &bin, &len, &err), KEX_EDEADLINE);
+  assert_non_null(strstr(err.msg, name));
+  assert_non_null(strstr(err.msg, "compile time limit"));
+  assert_null(bin);
+  assert_int_equal(count_kids("kex-cl-compile", &zombies, NULL), before);
+  assert_int_equal(zombies, 0);
+
+  /* a new helper compiles the next kernel, told its launch; the binary loads and computes */
+  assert_true(kex_device_set_compile_time_limit(dev, 60));
+  char src[2048], mname[64];
+  snprintf(mname, sizeof mname, "madd_ap%ld", (long)getpid());
+  snprintf(src, sizeof src, "__kernel void %s%s", mname, strstr(CL_MADD, "("));
+  size_t local[3] = {256, 1, 1}, global[3] = {N_MADD / 256, 1, 1}, sizes[4];
+  for (int i = 0; i < 4; i++) sizes[i] = N_MADD * sizeof(float);
+  kex_prewarm_item it = {src, mname, local, 4, sizes};
+  int rc = kex_device_compile_for_launch(dev, &it, &bin, &len, &err);
+  if (rc) print_message("%s\n", err.msg);
+  assert_int_equal(rc, 0);
+  assert_int_equal(count_kids("kex-cl-compile", NULL, NULL), before + 1);
+  kex_program *prog = NULL;
+  assert_int_equal(kex_device_load(dev, bin, len, mname, &prog, &err), 0);
+  kex_free(bin);
+  madd_data d;
+  madd_setup(dev, &d);
+  assert_true(madd_run(prog, &d, global, local) > 0);
+  madd_check(&d, N_MADD);
+  madd_teardown(&d);
+  kex_program_free(prog);
+
+  /* a build error: the log comes back from the helper */
+  assert_int_equal(kex_device_compile(dev, CL_BAD, "bad", &bin, &len, &err), KEX_ECOMPILE);
+  assert_non_null(strstr(err.msg, "bogus_identifier_xyz"));
+
+  /* the helper dies mid-build: a failed compile naming the kernel */
+  assert_true(kex_device_set_compile_time_limit(dev, 0));
+  compile_call c = {.dev = dev, .src = slow, .name = name};
+  pthread_t t;
+  pid_t helper = 0;
+  assert_int_equal(pthread_create(&t, NULL, compile_thread, &c), 0);
+  usleep(200 * 1000); /* the request is in the helper by now (it started above) */
+  assert_int_equal(count_kids("kex-cl-compile", NULL, &helper), before + 1);
+  assert_int_equal(kill(helper, SIGKILL), 0); /* as the OOM killer would (LLVM catches a sent SIGSEGV) */
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(c.rc, KEX_ECOMPILE);
+  assert_non_null(strstr(c.err.msg, name));
+  assert_non_null(strstr(c.err.msg, "died"));
+  kex_free(slow);
+  kex_device_unref(dev);
+  assert_int_equal(count_kids("kex-cl-compile", &zombies, NULL), before);
+  assert_int_equal(zombies, 0);
+}
+
+/*
  * kex_device_prewarm: PoCL builds the batch in helper processes (valid
  * sources count as warmed, a broken one does not and stays an ordinary
  * build error later); programs built afterwards run correctly; the helpers
@@ -706,8 +852,10 @@ static void test_prewarm(void **state) {
   kex_program_free(prog);
   assert_int_equal(kex_device_build(dev, CL_BAD, "bad", &prog, NULL, NULL, &err), KEX_ECOMPILE);
   kex_device_unref(dev);
-  /* the helpers were reaped with the device: no child is left */
-  assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+  /* the helpers were reaped with the device: none is left */
+  int zombies = 0;
+  assert_int_equal(count_kids("kex-cl-warm", &zombies, NULL), 0);
+  assert_int_equal(zombies, 0);
 }
 
 /*
@@ -1540,6 +1688,7 @@ int main(void) {
     printf("KEX_TEST_DEVICES=%s: the cpu device's own tests are left out\n", getenv("KEX_TEST_DEVICES"));
     cmocka_set_skip_filter("*cpu*");
   }
+  if (getenv("KEX_TEST_FILTER")) cmocka_set_test_filter(getenv("KEX_TEST_FILTER")); /* e.g. "*apart*", by hand */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_open_by_name),
       cmocka_unit_test(test_list),
@@ -1554,6 +1703,7 @@ int main(void) {
       cmocka_unit_test(test_build_cpu),
       cmocka_unit_test(test_build_cl),
       cmocka_unit_test(test_prewarm),
+      cmocka_unit_test(test_compile_apart),
       cmocka_unit_test(test_build_batch_cpu),
       cmocka_unit_test(test_build_batch_cl),
       cmocka_unit_test(test_wgsum_cl),
