@@ -56,9 +56,9 @@
  *
  * The compile budget is a token bucket of compile seconds: it holds at
  * most compile_budget_s, refills at compile_budget_s per
- * KEXD_COMPILE_BUDGET_PERIOD_S, and is charged each compile's measured
- * seconds once the compile is back, so a compile that started with budget
- * left may take it below 0 (the tenant then waits for the refill).
+ * KEXD_COMPILE_BUDGET_PERIOD_S, and is charged the measured seconds of a
+ * Submit's compiles once they are all back, so compiles that started with
+ * budget left may take it below 0 (the tenant then waits for the refill).
  */
 typedef struct kexd_tenant_use {
   char name[KEXD_TENANT_NAME_MAX + 1];

@@ -81,7 +81,7 @@
  * (max_compile_seconds, else --tenant-compile-budget; jobs.h) gates the
  * stage: when the lookup leaves kernels to compile and the tenant's bucket
  * is empty the submission is refused RESOURCE_EXHAUSTED (preq_admit);
- * every compile's seconds are charged to the bucket when it is back.
+ * its compiles' seconds are charged to the bucket when they are all back.
  * A device whose compile is thread-safe (cpu: each compile is its own cc)
  * compiles in all slots on one compile instance; otherwise (OpenCL) each
  * slot opens its own.
