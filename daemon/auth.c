@@ -57,9 +57,27 @@ static int get_limit(json_t *e, const char *key, uint64_t max, uint64_t *out, co
   return 0;
 }
 
+/*
+ * The optional compile budget max_compile_seconds into *out (0 when absent):
+ * a number in (0, KEXD_COMPILE_BUDGET_MAX_S].  0 or -1 with why.
+ */
+static int get_budget(json_t *e, const char *key, double *out, const char *where, char *why, size_t cap) {
+  json_t *v = json_object_get(e, key);
+  double x = v && json_is_number(v) ? json_number_value(v) : 0;
+  *out = 0;
+  if (!v) return 0;
+  if (!json_is_number(v) || !(x > 0 && x <= KEXD_COMPILE_BUDGET_MAX_S)) {
+    snprintf(why, cap, "%s: %s must be a number of seconds in (0, %g] (left out: kexd --tenant-compile-budget)", where,
+             key, KEXD_COMPILE_BUDGET_MAX_S);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
 static int parse_tenant(json_t *e, size_t i, kexd_tenant *t, char *why, size_t cap) {
   static const char *const keys[] = {"name", "role", "token_sha256", "max_jobs", "max_bytes",
-                                     "max_weight", "max_beam", "may_tune"};
+                                     "max_weight", "max_beam", "max_compile_seconds", "may_tune"};
   char where[128];
   const char *key, *name, *role, *hex;
   json_t *v;
@@ -99,6 +117,7 @@ static int parse_tenant(json_t *e, size_t i, kexd_tenant *t, char *why, size_t c
   t->max_weight = (uint32_t)lim;
   if (get_limit(e, "max_beam", UINT32_MAX, &lim, where, why, cap) < 0) return -1;
   t->max_beam = (uint32_t)lim;
+  if (get_budget(e, "max_compile_seconds", &t->max_compile_seconds, where, why, cap) < 0) return -1;
   v = json_object_get(e, "may_tune");
   if (v && !json_is_boolean(v)) return snprintf(why, cap, "%s: \"may_tune\" must be true or false", where), -1;
   t->may_tune = !v || json_is_true(v);

@@ -4,9 +4,16 @@
  * The file is JSON: {"tenants": [{"name": "ops", "role": "admin",
  * "token_sha256": "<64 hex>"}, {"name": "alice", "role": "user",
  * "token_sha256": "<64 hex>", "max_jobs": 4, "max_bytes": 1073741824,
- * "max_weight": 4, "max_beam": 4, "may_tune": true}]}.  Only the SHA-256
- * of each token is kept; a limit left out is unlimited (max_jobs: kexd's
- * --tenant-max-jobs); a user may Tune
+ * "max_weight": 4, "max_beam": 4, "max_compile_seconds": 600, "may_tune":
+ * true}]}.  Only the SHA-256 of each token is kept; a limit left out is
+ * unlimited (max_jobs: kexd's --tenant-max-jobs; max_compile_seconds:
+ * --tenant-compile-budget).  max_compile_seconds (a number > 0) is a
+ * compile budget: the seconds of compiling new kernels the tenant may
+ * spend in any hour, a token bucket that holds that many seconds and
+ * refills at that many per hour; while it is empty the tenant's calls that
+ * need a kernel compiled are refused, those whose kernels are all in the
+ * program cache still run (jobs.h, kexd_tenant_budget_wait).  A user may
+ * Tune
  * (or Submit with beam.beam_width: any search it asks for) unless may_tune
  * is false.  A loaded file is an immutable, reference
  * counted table: kexd holds the current one, each call the one that
@@ -25,6 +32,8 @@
 #define KEXD_LIMIT_AUTH_BYTES (4u << 20) /* bytes of an --auth file */
 #define KEXD_AUTH_TOKEN_MAX 512          /* bytes of an authorization metadata value */
 #define KEXD_SHA256_LEN 32
+#define KEXD_COMPILE_BUDGET_MAX_S 1e6    /* the largest max_compile_seconds (and --tenant-compile-budget) */
+#define KEXD_COMPILE_BUDGET_PERIOD_S 3600.0 /* a compile budget refills its whole size in this many seconds */
 
 typedef enum kexd_role { KEXD_ROLE_USER, KEXD_ROLE_ADMIN } kexd_role;
 
@@ -38,6 +47,7 @@ typedef struct kexd_tenant {
   uint64_t max_bytes;   /* bytes its jobs hold and reserve together (0: unlimited) */
   uint32_t max_weight;  /* an OpenJob weight (0: unlimited) */
   uint32_t max_beam;    /* a Submit or Tune beam width (0: unlimited) */
+  double max_compile_seconds; /* compile seconds per hour, a token bucket (0: --tenant-compile-budget) */
   bool may_tune;
   kexd_auth *table;     /* the table it belongs to */
 } kexd_tenant;

@@ -150,6 +150,11 @@ static const flag flags[] = {
   {"tenant-max-jobs", "N", FLAG_U32, F(tenant_max_jobs), 1, 1 << 20, 0, 0, false, NULL,
    "with --auth: jobs one tenant may hold open at once when its entry sets no max_jobs (a full --max-jobs table "
    "makes room only from the opening tenant's own idle jobs)"},
+  {"tenant-compile-budget", "SECONDS", FLAG_SECONDS, F(tenant_compile_budget_s), 0, 0, 0, KEXD_COMPILE_BUDGET_MAX_S,
+   false, NULL,
+   "with --auth: the compile seconds one tenant may spend in any hour when its entry sets no max_compile_seconds "
+   "(a token bucket refilled at SECONDS per hour; while it is empty, a call that needs a new kernel compiled is "
+   "refused, cached kernels still run; 0: unlimited)"},
   {"lease", "SECONDS", FLAG_SECONDS, F(lease_s), 0, 0, 0.1, 1e7, false, NULL,
    "a job no call names for this long is closed"},
   {"job-memory-default", "BYTES", FLAG_U64, F(job_memory_default), 1, INT64_MAX, 0, 0, false, NULL,
@@ -351,6 +356,7 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->max_jobs = KEXD_LIMIT_JOBS;
   cfg->max_jobs_per_peer = KEXD_LIMIT_JOBS_PER_PEER;
   cfg->tenant_max_jobs = KEXD_LIMIT_JOBS_PER_TENANT;
+  cfg->tenant_compile_budget_s = KEXD_DEFAULT_TENANT_COMPILE_BUDGET_S;
   cfg->job_evict_idle_s = KEXD_DEFAULT_JOB_EVICT_IDLE_S;
   cfg->job_memory_default = KEXD_DEFAULT_JOB_MEMORY;
   cfg->job_memory_max = KEXD_LIMIT_JOB_MEMORY;

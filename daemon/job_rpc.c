@@ -19,12 +19,20 @@
 
 /* ---- jobs ---- */
 
+/* u takes its limits from tenant t's entry (NULL: none, or no --auth: unlimited). */
+static void tenant_limits(kexd *d, kexd_tenant_use *u, const kexd_tenant *t) {
+  double budget = !t ? 0 : t->max_compile_seconds ? t->max_compile_seconds : d->cfg.tenant_compile_budget_s;
+  u->max_bytes = t ? t->max_bytes : 0;
+  kexd_tenant_budget_set(u, budget, t && !t->max_compile_seconds, uv_now(d->loop));
+}
+
 void kexd_tenant_limits_refresh(kexd *d) {
   for (uint32_t i = 0; i < d->jobs.nuses; i++) {
     kexd_tenant_use *u = d->jobs.uses[i];
-    u->max_bytes = 0;
-    for (uint32_t k = 0; d->auth && k < d->auth->n; k++)
-      if (strcmp(d->auth->tenants[k].name, u->name) == 0) u->max_bytes = d->auth->tenants[k].max_bytes;
+    const kexd_tenant *t = NULL;
+    for (uint32_t k = 0; d->auth && k < d->auth->n && !t; k++)
+      if (strcmp(d->auth->tenants[k].name, u->name) == 0) t = &d->auth->tenants[k];
+    tenant_limits(d, u, t);
   }
 }
 
@@ -44,7 +52,7 @@ void kexd_rpc_open_job(kexd *d, kexd_call *c, kexd_req *rq) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "OpenJob: out of memory");
     return;
   }
-  use->max_bytes = t ? t->max_bytes : 0;
+  tenant_limits(d, use, t);
   if (memory > d->cfg.job_memory_max)
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                     "OpenJob: memory_limit %" PRIu64 " is more than the server's limit of %" PRIu64

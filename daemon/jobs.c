@@ -364,6 +364,38 @@ kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name) {
   return u;
 }
 
+/* Bring u's bucket up to now_ms: the refill since compile_left_ms, at most a full bucket. */
+static void budget_refill(kexd_tenant_use *u, uint64_t now_ms) {
+  if (u->compile_budget_s > 0 && now_ms > u->compile_left_ms) {
+    u->compile_left_s += (double)(now_ms - u->compile_left_ms) / 1e3 * u->compile_budget_s / KEXD_COMPILE_BUDGET_PERIOD_S;
+    if (u->compile_left_s > u->compile_budget_s) u->compile_left_s = u->compile_budget_s;
+  }
+  if (now_ms > u->compile_left_ms) u->compile_left_ms = now_ms;
+}
+
+void kexd_tenant_budget_set(kexd_tenant_use *u, double budget_s, bool from_flag, uint64_t now_ms) {
+  budget_refill(u, now_ms);
+  if (!(u->compile_budget_s > 0)) u->compile_left_s = budget_s; /* was unlimited: full */
+  else if (u->compile_left_s > budget_s) u->compile_left_s = budget_s;
+  u->compile_budget_s = budget_s > 0 ? budget_s : 0;
+  u->compile_budget_flag = from_flag;
+}
+
+double kexd_tenant_budget_wait(kexd_tenant_use *u, uint64_t now_ms) {
+  double wait;
+  if (!(u->compile_budget_s > 0)) return 0;
+  budget_refill(u, now_ms);
+  if (u->compile_left_s > 0) return 0;
+  wait = -u->compile_left_s * KEXD_COMPILE_BUDGET_PERIOD_S / u->compile_budget_s;
+  return wait > 1e-3 ? wait : 1e-3; /* exactly empty: the next millisecond's refill */
+}
+
+void kexd_tenant_budget_charge(kexd_tenant_use *u, double seconds, uint64_t now_ms) {
+  if (!(u->compile_budget_s > 0)) return;
+  budget_refill(u, now_ms);
+  u->compile_left_s -= seconds;
+}
+
 int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t memory_limit, const char *peer,
                    kexd_tenant_use *use, kexd_job **out, kex_error *err) {
   kexd_job *job = NULL;

@@ -53,6 +53,12 @@
  * kept for the metrics; the auth file bounds how many there are).  The
  * limit fields are the tenant's from the --auth table, refreshed at each
  * OpenJob and at each reload (0: unlimited).
+ *
+ * The compile budget is a token bucket of compile seconds: it holds at
+ * most compile_budget_s, refills at compile_budget_s per
+ * KEXD_COMPILE_BUDGET_PERIOD_S, and is charged the measured seconds of a
+ * Submit's compiles once they are all back, so compiles that started with
+ * budget left may take it below 0 (the tenant then waits for the refill).
  */
 typedef struct kexd_tenant_use {
   char name[KEXD_TENANT_NAME_MAX + 1];
@@ -63,6 +69,12 @@ typedef struct kexd_tenant_use {
   uint64_t jobs_opened, submissions, refused; /* since start; refused: calls over one of its limits */
   uint64_t compile_us, search_us; /* since start: its kernels' compiles and its beam searches, wall microseconds */
   uint64_t max_bytes;
+  /* the compile budget (kexd_tenant_budget_*) */
+  double compile_budget_s;  /* the bucket's size: compile seconds per hour (0: unlimited) */
+  bool compile_budget_flag; /* the size is --tenant-compile-budget's (the entry sets no max_compile_seconds) */
+  double compile_left_s;    /* seconds in the bucket at compile_left_ms (below 0: overdrawn) */
+  uint64_t compile_left_ms; /* uv_now when compile_left_s was last brought up to date */
+  uint64_t compile_budget_refused; /* since start: calls refused because the bucket was empty */
 } kexd_tenant_use;
 
 /*
@@ -168,6 +180,21 @@ int kexd_jobs_open(kexd_jobs *j, const char *name, uint32_t weight, uint64_t mem
  * --auth), made at first use; NULL when out of memory.
  */
 kexd_tenant_use *kexd_jobs_tenant_use(kexd_jobs *j, const char *name);
+/*
+ * Size u's compile budget at budget_s seconds per hour (0: unlimited;
+ * from_flag: --tenant-compile-budget's, for messages) at time now_ms.  A
+ * bucket that was unlimited starts full; one that shrinks keeps at most the
+ * new size, and its debt.
+ */
+void kexd_tenant_budget_set(kexd_tenant_use *u, double budget_s, bool from_flag, uint64_t now_ms);
+/*
+ * Seconds from now_ms until u may start a compile: 0 when it may now (no
+ * budget, or some left in the bucket), else (more than 0) until the
+ * refill brings the bucket above 0.
+ */
+double kexd_tenant_budget_wait(kexd_tenant_use *u, uint64_t now_ms);
+/* Charge u's budget `seconds` of compiling at now_ms (the bucket may go below 0; nothing without a budget). */
+void kexd_tenant_budget_charge(kexd_tenant_use *u, double seconds, uint64_t now_ms);
 /* True when s is 1..max characters, each one of KEXD_NODE_CHARS (a node name or an advertised address). */
 bool kexd_node_field_ok(const char *s, size_t max);
 /*

@@ -38,6 +38,8 @@
 #define KEXD_PEER_MAX 128                    /* bytes of a client address kept per job */
 #define KEXD_LIMIT_JOBS_PER_PEER 64          /* jobs one client address may hold open */
 #define KEXD_LIMIT_JOBS_PER_TENANT 256       /* jobs an --auth tenant without max_jobs may hold open */
+#define KEXD_DEFAULT_TENANT_COMPILE_BUDGET_S 0.0 /* compile seconds per hour of a tenant without max_compile_seconds
+                                                    (0: unlimited, so no tinygrad program is refused by default) */
 #define KEXD_DEFAULT_JOB_MEMORY (1ull << 30) /* memory limit of a job that asks for 0 */
 #define KEXD_LIMIT_JOB_MEMORY (16ull << 30)  /* the largest memory limit a job may ask for */
 #define KEXD_LIMIT_IMPORT_BYTES (64ull << 20) /* ImportCache: bytes of one import stream */
@@ -92,6 +94,7 @@ typedef struct kexd_config {
   uint32_t max_jobs;
   uint32_t max_jobs_per_peer;    /* jobs one client address may hold */
   uint32_t tenant_max_jobs;      /* jobs an --auth tenant whose entry has no max_jobs may hold */
+  double tenant_compile_budget_s; /* compile seconds per hour of an --auth tenant without max_compile_seconds (0: unlimited) */
   double job_evict_idle_s;       /* a full job table closes the job idle longest, if idle this long */
   uint64_t job_memory_default;   /* OpenJob memory_limit 0 gets this */
   uint64_t job_memory_max;       /* an OpenJob memory_limit over this is refused */

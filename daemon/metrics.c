@@ -81,6 +81,9 @@ static const tenant_row tenant_rows[] = {
      TU(compile_us), false, 1e-6},
     {"kex_tenant_search_seconds_total", "counter", "Seconds of beam search the tenant's Submits and Tunes ran.",
      TU(search_us), false, 1e-6},
+    {"kex_tenant_compile_budget_refused_total", "counter",
+     "Submits refused RESOURCE_EXHAUSTED because they needed a kernel compiled while the tenant's compile budget "
+     "(max_compile_seconds, --tenant-compile-budget) was spent.", TU(compile_budget_refused), false, 1},
 };
 #undef TU
 #define KEXD_METRICS_TENANT_ROWS ((int)(sizeof tenant_rows / sizeof tenant_rows[0]))

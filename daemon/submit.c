@@ -77,7 +77,11 @@
  * flight gets an extra slot while all are taken, so a small graph never
  * waits behind another payer's huge ones.  --compile-timeout stops a
  * compile (cpu: its compiler is killed) and a source that failed is not
- * compiled again.
+ * compiled again.  With --auth a tenant's compile budget
+ * (max_compile_seconds, else --tenant-compile-budget; jobs.h) gates the
+ * stage: when the lookup leaves kernels to compile and the tenant's bucket
+ * is empty the submission is refused RESOURCE_EXHAUSTED (preq_admit);
+ * its compiles' seconds are charged to the bucket when they are all back.
  * A device whose compile is thread-safe (cpu: each compile is its own cc)
  * compiles in all slots on one compile instance; otherwise (OpenCL) each
  * slot opens its own.
@@ -88,6 +92,7 @@
  */
 #include <grpc/status.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -582,13 +587,38 @@ static bool same_but_name(const char *a, const char *na, const char *b, const ch
   return *a == *b;
 }
 
+/*
+ * The engine's gate (kex_prog_req.admit), once the lookup left kernels to
+ * compile: refused (KEX_ELIMIT, RESOURCE_EXHAUSTED) while the tenant's
+ * compile budget is spent, naming the tenant, the budget and when the next
+ * compile is possible; a submission whose kernels are all loaded or in
+ * SQLite never gets here.
+ */
+static int preq_admit(kex_prog_req *r, kex_error *err) {
+  submission *s = r->owner;
+  kexd_tenant_use *u = s->use;
+  double wait = u && !kexd_stream_dead(&s->st) ? kexd_tenant_budget_wait(u, uv_now(s->d->loop)) : 0;
+  if (wait <= 0) return 0;
+  u->refused++;
+  u->compile_budget_refused++;
+  return kex_err_set(err, KEX_ELIMIT,
+                     "tenant '%s' has spent its compile budget, %s %g s per hour (%s): %u kernel%s need%s compiling, "
+                     "the next compile is possible in %.1f s (kernels in the program cache still run)",
+                     u->name, u->compile_budget_flag ? "--tenant-compile-budget" : "max_compile_seconds",
+                     u->compile_budget_s, u->compile_budget_flag ? "no max_compile_seconds in --auth" : "--auth",
+                     r->nmisses, r->nmisses == 1 ? "" : "s", r->nmisses == 1 ? "s" : "", ceil(wait * 10) / 10);
+}
+
 /* Every program is read or compiled (or the stage failed, or the call is gone): go on to the device, or fail. */
 static void preq_done(kex_prog_req *r) {
   submission *s = r->owner;
   uint64_t us = 0;
   for (uint32_t k = 0; k < r->rp->nkernels; k++)
     if (r->from[k] == KEX_PROG_COMPILED) us += (uint64_t)r->compile_us[k];
-  if (s->use) __atomic_fetch_add(&s->use->compile_us, us, __ATOMIC_RELAXED); /* its tenant pays its compiles */
+  if (s->use) { /* its tenant pays its compiles: the counter and the budget */
+    __atomic_fetch_add(&s->use->compile_us, us, __ATOMIC_RELAXED);
+    if (us) kexd_tenant_budget_charge(s->use, us / 1e6, uv_now(s->d->loop));
+  }
   if (kexd_stream_dead(&s->st)) return sub_fail(s, GRPC_STATUS_CANCELLED, "Submit: cancelled");
   if (r->rc < 0) return sub_fail_rc(s, r->rc, &r->err);
   sub_post(s);
@@ -667,6 +697,7 @@ static void sub_planned(submission *s) {
   s->preq = (kex_prog_req){.rp = &p->rp, .need = s->need, .cancelled = &s->cancelled, .trace = s->trace, .owner = s,
                            .payer = s->payer, .weight = s->weight,
                            .dead = preq_dead, .hold = preq_hold, .release = preq_release, .done = preq_done,
+                           .admit = preq_admit,
                            .bins = s->bins, .binlens = s->binlens, .compile_us = s->compile_us, .from = s->from};
   kex_engine_programs(d->engines[s->device], &s->preq); /* SQLite, then the compile slots */
 }

@@ -579,6 +579,7 @@ static void lookup_after(kex_work *w, int status) {
   if (status < 0 && !r->rc) r->rc = kex_err_set(&r->err, KEX_EINTERNAL, "the worker pool dropped the job");
   for (uint32_t k = 0; k < r->rp->nkernels; k++)
     if (r->from[k] == KEX_PROG_SQLITE) e->stats.sqlite_hits++;
+  if (!r->rc && r->nmisses && r->admit) r->rc = r->admit(r, &r->err);
   if (!r->rc && r->nmisses && !(r->acct = payer_get(e, r->payer ? r->payer : "")))
     r->rc = kex_err_set(&r->err, KEX_ENOMEM, "out of memory");
   if (r->dead(r) || r->rc < 0 || !r->nmisses) {
@@ -626,6 +627,7 @@ int kex_engine_programs_now(kex_engine *e, kex_prog_req *r) {
   lookup(r);
   for (uint32_t k = 0; k < r->rp->nkernels; k++)
     if (r->from[k] == KEX_PROG_SQLITE) e->stats.sqlite_hits++;
+  if (!r->rc && r->nmisses && r->admit) r->rc = r->admit(r, &r->err);
   for (uint32_t i = 0; !r->rc && i < r->nmisses; i++) {
     if ((r->rc = compile_one(e, NULL, r, r->misses[i], &own, &r->err)) == 0) e->stats.compiled++;
   }

@@ -172,6 +172,9 @@ struct kex_prog_req {
   void (*hold)(kex_prog_req *r);    /* one more piece of work is out (the owner stays alive) ... */
   void (*release)(kex_prog_req *r); /* ... and is back; may free the owner (called last) */
   void (*done)(kex_prog_req *r);    /* every lookup and compile is back: rc, err and the arrays say how */
+  /* the gate on compiling (NULL: none): on the owner thread, once the lookup left r->nmisses > 0 kernels to
+     compile and before any starts; 0 lets them all compile, a negative code (with *err) fails r uncompiled */
+  int (*admit)(kex_prog_req *r, kex_error *err);
   /* results */
   unsigned char **bins;      /* [nkernels] kex_malloc'd binaries (the caller frees) */
   size_t *binlens;
@@ -191,8 +194,9 @@ struct kex_prog_req {
 
 /*
  * Owner thread: start r's program stage on the executor: one pool job
- * reads the SQLite cache for every needed kernel, then each one still
- * missing is compiled in one of the engine's slots and stored.  Slots are
+ * reads the SQLite cache for every needed kernel, then, when r->admit lets
+ * them, each one still missing is compiled in one of the engine's slots
+ * and stored.  Slots are
  * shared by weighted fair queueing between payers (r->payer, r->weight),
  * charged by measured compile seconds: a free slot goes to the waiting
  * request whose payer has been charged least per unit of weight (a payer

@@ -16,7 +16,11 @@ stops it as one check:
 5. the kex CLI takes KEX_TOKEN and --token-file; --token warns;
 6. the metrics listener: non-loopback refused without TLS+auth or
    --insecure, a taken default port is a warning, slow clients time out;
-7. the cache: a user lists and reads only entries its tenant made.
+7. the cache: a user lists and reads only entries its tenant made;
+8. the compile budget: max_compile_seconds and --tenant-compile-budget
+   (the flag's bounds, a bad entry refused at load), a tenant past its
+   budget refused new compiles while its cached kernels still run, and the
+   others unaffected.
 
 KEX_TENANTS_PARTS="2,3" runs only those parts.  Prints "ok - ..." /
 "FAIL - ..." per check and, last, "N passed, N failed".
@@ -532,7 +536,113 @@ def cache_visibility():
         s.close()
 
 
-PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens, "6": lambda: (metrics_rules(), slow_clients()), "7": cache_visibility}
+# ---- 8. the compile budget ----
+
+def budget_graph(n):
+    """a + b of float32[n] on cpu: each n is a kernel of its own (the size is in its source)."""
+    return binary_graph("ADD", 1.0, 2.0, n)
+
+
+def scrape(port):
+    import urllib.request
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def compile_budget():
+    out = subprocess.run([KEXD, "--help"], capture_output=True, text=True, timeout=10).stdout
+    check("8: kexd --help lists --tenant-compile-budget, default 0 (unlimited), KEX_TENANT_COMPILE_BUDGET",
+          re.search(r"--tenant-compile-budget SECONDS .*\(default 0\) \[KEX_TENANT_COMPILE_BUDGET\]", out), out[:300])
+    bad = {}
+    for value in ("-1", "-0.001", "nan", "inf", "1000000.5", "1h"):
+        p = subprocess.run([KEXD, "--tenant-compile-budget", value, "--help"], capture_output=True, text=True, timeout=10)
+        if p.returncode != 2 or "--tenant-compile-budget" not in p.stderr or "[0, 1e+06]" not in p.stderr:
+            bad[value] = (p.returncode, p.stderr[-200:])
+    check("8: --tenant-compile-budget below 0, past 1e6 s or not a number: exit 2 naming the flag and its range",
+          not bad, bad)
+    ends = {v: subprocess.run([KEXD, "--tenant-compile-budget", v, "--help"], capture_output=True, timeout=10).returncode
+            for v in ("0", "1000000")}
+    check("8: --tenant-compile-budget 0 and 1000000 (the bounds) are taken", ends == {"0": 0, "1000000": 0}, ends)
+    k = Kexd(KEXD, TMP, "--device", "cpu", "--cache", "", "--auth",
+             auth_file("auth-budget-bad.json", alice={"max_compile_seconds": 0}))
+    rc = start_status(k)
+    log = k.read_log()
+    check("8: an --auth entry with max_compile_seconds 0: kexd stops at load (exit 1) naming the entry and field",
+          rc == 1 and "alice" in log and "max_compile_seconds must be a number" in log, (rc, log[-600:]))
+    if rc == "running":
+        k.stop()
+    mport = free_port()
+    # alice: a budget so small that her first compile spends it all; carol: a large one; bob: none (no flag)
+    s = Server(auth_file("auth-budget.json", alice={"max_compile_seconds": 0.001},
+                         carol={"max_compile_seconds": 3600}),
+               "--cache", os.path.join(TMP, "budget-cache.db"), "--max-programs", "1",
+               "--metrics", f"127.0.0.1:{mport}")
+    try:
+        if not check("8: kexd --auth (alice max_compile_seconds 0.001, carol 3600) serves", s.wait_healthy(),
+                     s.read_log()[-2000:]):
+            return
+        jobs = {who: s.open(who) for who in ("alice", "bob", "carol")}
+
+        def submit(who, n):
+            req = kex_pb2.SubmitRequest(job=jobs[who], graph=budget_graph(n), only_done=True, free_outputs=True)
+            return rpc_error(lambda: list(s.kex.Submit(req, metadata=md(who), timeout=60)))
+
+        e = submit("alice", 5)
+        check("8: alice's first new graph compiles (budget left when it starts)", e is None, desc(e))
+        e = submit("alice", 6)
+        check("8: her second new graph: RESOURCE_EXHAUSTED naming alice, max_compile_seconds 0.001 and when the next "
+              "compile is possible", e is not None and e.code() == RE and "alice" in e.details() and
+              "max_compile_seconds 0.001" in e.details() and re.search(r"next compile is possible in [0-9.]+ s",
+                                                                       e.details()), desc(e))
+        e = submit("alice", 5)
+        check("8: the first graph again (its program loaded) still runs for alice", e is None, desc(e))
+        e = [submit("bob", 6), submit("bob", 7)]
+        check("8: bob (no budget) compiles two new graphs, one of them the graph alice was refused", e == [None, None],
+              [desc(x) for x in e])
+        e = [submit("carol", 8), submit("carol", 9)]
+        check("8: carol (max_compile_seconds 3600) compiles two new graphs", e == [None, None], [desc(x) for x in e])
+        before = s.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md("ops"), timeout=10)
+        e = [submit("alice", 5), submit("alice", 6)]
+        after = s.kex.GetStats(kex_pb2.GetStatsRequest(), metadata=md("ops"), timeout=10)
+        hits = (after.program_cache_sqlite_hits - before.program_cache_sqlite_hits,
+                after.program_cache_misses - before.program_cache_misses)
+        check("8: alice runs her first graph and the one bob compiled, both read from the program cache file "
+              "(--max-programs 1 unloaded them), nothing compiled", e == [None, None] and hits == (2, 0),
+              ([desc(x) for x in e], hits))
+        e = submit("alice", 10)
+        check("8: a new graph of alice's is still refused", e is not None and e.code() == RE, desc(e))
+        text = scrape(mport)
+        got = {who: re.search(r'^kex_tenant_compile_budget_refused_total\{tenant="%s"\} (\S+)$' % who, text, re.M)
+               for who in ("alice", "bob", "carol")}
+        got = {who: m.group(1) if m else None for who, m in got.items()}
+        check("8: kex_tenant_compile_budget_refused_total: alice 2, bob 0, carol 0",
+              got == {"alice": "2", "bob": "0", "carol": "0"}, got)
+    finally:
+        s.close()
+    # the flag: every tenant whose entry sets no max_compile_seconds
+    s = Server(auth_file("auth-budget-flag.json", carol={"max_compile_seconds": 3600}),
+               "--tenant-compile-budget", "0.001")
+    try:
+        if not check("8: kexd --auth --tenant-compile-budget 0.001 serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        jobs = {who: s.open(who) for who in ("bob", "carol")}
+
+        def submit(who, n):
+            req = kex_pb2.SubmitRequest(job=jobs[who], graph=budget_graph(n), only_done=True, free_outputs=True)
+            return rpc_error(lambda: list(s.kex.Submit(req, metadata=md(who), timeout=60)))
+
+        e = [submit("bob", 5), submit("bob", 6)]
+        check("8: --tenant-compile-budget 0.001: bob's first new graph compiles, the second is RESOURCE_EXHAUSTED "
+              "naming the flag", e[0] is None and e[1] is not None and e[1].code() == RE and
+              "--tenant-compile-budget" in e[1].details(), [desc(x) for x in e])
+        e = [submit("carol", 7), submit("carol", 8)]
+        check("8: carol's own max_compile_seconds 3600 wins over the flag: both compile", e == [None, None],
+              [desc(x) for x in e])
+    finally:
+        s.close()
+
+
+PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens, "6": lambda: (metrics_rules(), slow_clients()), "7": cache_visibility,
+         "8": compile_budget}
 
 
 def main():

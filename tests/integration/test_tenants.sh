@@ -4,7 +4,8 @@
 # --auth files made there): bytes pinned by a stalled Download stay charged,
 # the job table per tenant and eviction, forged log lines, listing methods
 # without a token, malformed job tokens, the kex CLI's token sources,
-# the metrics listener's rules, and the cache's visibility per tenant.
+# the metrics listener's rules, the cache's visibility per tenant, and the
+# compile budget (max_compile_seconds, --tenant-compile-budget).
 #
 # Env: KEX_BUILD_DIR (default build).  Last line "N passed, N failed".
 . "$(dirname "$0")/lib.bash"

@@ -4,8 +4,10 @@
  * SQLite cache, a second one (a new engine, as after a restart) reads them
  * all from SQLite and gets the same binaries; through an executor, `done`
  * comes exactly once with the same results, the slots' line serves two
- * requests, a cancelled request stops, and a failing compile (the fault
- * device) names the kernel.  Also kex_run_graph with the program cache:
+ * requests, a cancelled request stops, a failing compile (the fault
+ * device) names the kernel, and the caller's gate (admit) is asked once
+ * when kernels are left to compile -- its refusal fails the request with
+ * nothing compiled -- and never when every program was in SQLite.  Also kex_run_graph with the program cache:
  * the same outputs with and without it.
  */
 #include <setjmp.h>
@@ -186,6 +188,76 @@ static void test_executor(void **state) {
   kex_engine_programs(e, &a.r);
   assert_int_equal(a.done_calls, 1);
   assert_int_equal(a.r.rc, KEX_ECANCELLED);
+  req_free(&a, p);
+  end_engine(e, p, g);
+}
+
+static int admit_calls;
+static uint32_t admit_misses;
+static int admit_refuse(kex_prog_req *r, kex_error *err) {
+  admit_calls++, admit_misses = r->nmisses;
+  return kex_err_set(err, KEX_ELIMIT, "over the budget");
+}
+static int admit_allow(kex_prog_req *r, kex_error *err) {
+  (void)err;
+  admit_calls++, admit_misses = r->nmisses;
+  return 0;
+}
+
+/*
+ * The gate: asked once with every kernel a miss, it refuses: done once with its code and message, nothing
+ * compiled (directly too); it allows: every kernel compiled; then all in SQLite: it is not asked.
+ */
+static void test_admit(void **state) {
+  (void)state;
+  if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
+  char path[300];
+  cache_file(path, sizeof path);
+  kex_graph *g = NULL;
+  kex_rplan *p = plan_of(&g);
+  kex_cache_conns *conns = NULL;
+  assert_int_equal(kex_cache_conns_create(path, &conns), 0);
+  int take_all = -1;
+  kex_engine *e = NULL;
+  kex_engine_config ec = {.instance = cpu, .fault_kind = -1, .conns = conns, .exec = {direct_submit, &take_all}};
+  assert_int_equal(kex_engine_create(&ec, &e), 0);
+  req_arrays a;
+  int (*const gates[3])(kex_prog_req *, kex_error *) = {admit_refuse, admit_allow, admit_refuse};
+  for (int i = 0; i < 3; i++) {
+    admit_calls = 0, admit_misses = 0;
+    req_init(&a, p);
+    a.r.dead = never_dead, a.r.hold = hold, a.r.release = release, a.r.done = done, a.r.admit = gates[i];
+    kex_engine_programs(e, &a.r);
+    assert_int_equal(a.done_calls, 1);
+    assert_int_equal(a.holds, 0);
+    if (i == 0) { /* refused: nothing compiled */
+      assert_int_equal(admit_calls, 1);
+      assert_int_equal(admit_misses, p->nkernels);
+      assert_int_equal(a.r.rc, KEX_ELIMIT);
+      assert_string_equal(a.r.err.msg, "over the budget");
+      for (uint32_t k = 0; k < p->nkernels; k++) assert_null(a.bins[k]);
+      assert_int_equal(kex_engine_get_stats(e).compiled, 0);
+    } else if (i == 1) { /* allowed: every kernel compiled */
+      assert_int_equal(admit_calls, 1);
+      assert_all_compiled(&a, p);
+    } else { /* every program in SQLite: the gate is not asked */
+      assert_int_equal(admit_calls, 0);
+      assert_int_equal(a.r.rc, 0);
+      for (uint32_t k = 0; k < p->nkernels; k++) assert_int_equal(a.from[k], KEX_PROG_SQLITE);
+    }
+    req_free(&a, p);
+  }
+  kex_engine_free(e);
+  kex_cache_conns_free(conns);
+  /* directly (kex_engine_programs_now), without a cache: refused, nothing compiled */
+  kex_engine_config ed = {.instance = cpu, .fault_kind = -1};
+  assert_int_equal(kex_engine_create(&ed, &e), 0);
+  admit_calls = 0;
+  req_init(&a, p);
+  a.r.admit = admit_refuse;
+  assert_int_equal(kex_engine_programs_now(e, &a.r), KEX_ELIMIT);
+  assert_int_equal(admit_calls, 1);
+  assert_int_equal(kex_engine_get_stats(e).compiled, 0);
   req_free(&a, p);
   end_engine(e, p, g);
 }
@@ -382,6 +454,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sqlite_then_compile),
       cmocka_unit_test(test_executor),
+      cmocka_unit_test(test_admit),
       cmocka_unit_test(test_fair_slots),
       cmocka_unit_test(test_failed_source_remembered),
       cmocka_unit_test(test_compile_timeout),

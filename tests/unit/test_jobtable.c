@@ -10,7 +10,8 @@
  * anonymous tenant, the name length; the lease sweep closing idle jobs
  * but not held ones; each job's memory limit and buffer count, its
  * buffer handles meaning nothing in another job, and every byte counted
- * for the job, its tenant and its device until the buffer or job goes.
+ * for the job, its tenant and its device until the buffer or job goes; a
+ * tenant's compile budget (a token bucket of compile seconds per hour).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -319,12 +320,48 @@ static void test_memory_and_buffers(void **state) {
   assert_int_equal(fx.jobs.held_by_device[1], 0);
 }
 
+/*
+ * The compile budget: unlimited waits for nothing; a bucket starts full, a
+ * compile that starts with any left may overdraw it, and the wait is the
+ * debt over the refill rate; the refill stops at a full bucket; a shrunk
+ * bucket keeps its debt, a grown one is not filled by growing.
+ */
+static void test_compile_budget(void **state) {
+  (void)state;
+  kexd_tenant_use *u = kexd_jobs_tenant_use(&fx.jobs, "alice");
+  assert_non_null(u);
+  assert_true(kexd_tenant_budget_wait(u, 0) == 0); /* no budget: unlimited */
+  kexd_tenant_budget_charge(u, 1e6, 0);
+  assert_true(kexd_tenant_budget_wait(u, 0) == 0); /* and never charged */
+  kexd_tenant_budget_set(u, 36, false, 1000);     /* 36 s per hour: 0.01 s per s */
+  assert_true(u->compile_left_s == 36 && !u->compile_budget_flag);
+  kexd_tenant_budget_charge(u, 35.75, 1000);
+  assert_true(kexd_tenant_budget_wait(u, 1000) == 0); /* 0.25 s left: a compile may start */
+  kexd_tenant_budget_charge(u, 2.25, 1000);           /* it took 2.25 s: 2 s of debt */
+  assert_float_equal(kexd_tenant_budget_wait(u, 1000), 200, 1e-6);
+  assert_float_equal(kexd_tenant_budget_wait(u, 101000), 100, 1e-6); /* 100 s later, 1 s refilled */
+  assert_true(kexd_tenant_budget_wait(u, 201000) > 0);   /* empty exactly: still the next refill's */
+  assert_true(kexd_tenant_budget_wait(u, 201001) == 0);
+  assert_true(kexd_tenant_budget_wait(u, 999999999) == 0);
+  assert_float_equal(u->compile_left_s, 36, 1e-9);     /* full, never more */
+  kexd_tenant_budget_set(u, 10, true, 999999999);        /* smaller: at most full */
+  assert_true(u->compile_left_s == 10 && u->compile_budget_flag);
+  kexd_tenant_budget_charge(u, 12, 999999999);
+  kexd_tenant_budget_set(u, 3600, false, 999999999);     /* larger: the debt stays */
+  assert_float_equal(kexd_tenant_budget_wait(u, 999999999), 2, 1e-6);
+  kexd_tenant_budget_set(u, 0, false, 999999999);        /* unlimited again */
+  assert_true(kexd_tenant_budget_wait(u, 999999999) == 0);
+  kexd_tenant_budget_set(u, 5, false, 999999999);        /* limited again: full */
+  assert_true(u->compile_left_s == 5);
+}
+
 int main(void) {
   kex_log_set_level(KEX_LOG_WARN);
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
       T(test_open_find_close), T(test_tokens_of_nodes), T(test_job_limit_and_eviction), T(test_close_hook),
       T(test_peer_limit),      T(test_name_limit),      T(test_lease_expiry),           T(test_memory_and_buffers),
+      T(test_compile_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -161,6 +161,14 @@ static void test_load_malformed(void **state) {
       {NULL, ", \"max_weight\": 4294967296", "max_weight must be an integer"},
       {NULL, ", \"max_beam\": 1.5", "max_beam must be an integer"},
       {NULL, ", \"max_bytes\": \"1\"", "max_bytes must be an integer"},
+      {NULL, ", \"max_compile_seconds\": 0", "max_compile_seconds must be a number of seconds in (0, 1e+06]"},
+      {NULL, ", \"max_compile_seconds\": -0.5", "max_compile_seconds must be a number"},
+      {NULL, ", \"max_compile_seconds\": 1000000.001", "max_compile_seconds must be a number"},
+      {NULL, ", \"max_compile_seconds\": 1e300", "max_compile_seconds must be a number"},
+      {NULL, ", \"max_compile_seconds\": \"60\"", "max_compile_seconds must be a number"},
+      {NULL, ", \"max_compile_seconds\": true", "max_compile_seconds must be a number"},
+      {NULL, ", \"max_compile_seconds\": null", "max_compile_seconds must be a number"},
+      {NULL, ", \"max_compile_seconds\": NaN", "line 1"}, /* not JSON */
       {NULL, ", \"may_tune\": 1", "\"may_tune\" must be true or false"},
       {NULL, ", \"name\": \"u\"", "line 1"}, /* a key twice */
       {"{\"tenants\": [{\"name\": \"t\", \"role\": \"user\", \"token_sha256\": \"" ALICE_SHA "\"},"
@@ -189,6 +197,16 @@ static void test_load_malformed(void **state) {
   assert_int_equal(load(text, &a, why, sizeof why), 0);
   assert_int_equal(a->tenants[0].max_jobs, UINT32_MAX);
   assert_int_equal(a->tenants[0].max_bytes, INT64_MAX);
+  assert_true(a->tenants[0].max_compile_seconds == 0); /* left out: --tenant-compile-budget */
+  kexd_auth_unref(a);
+  /* the compile budget at its largest (an integer), and a small fraction of a second */
+  entry(text, sizeof text, ", \"max_compile_seconds\": 1000000");
+  assert_int_equal(load(text, &a, why, sizeof why), 0);
+  assert_true(a->tenants[0].max_compile_seconds == KEXD_COMPILE_BUDGET_MAX_S);
+  kexd_auth_unref(a);
+  entry(text, sizeof text, ", \"max_compile_seconds\": 0.001");
+  assert_int_equal(load(text, &a, why, sizeof why), 0);
+  assert_true(a->tenants[0].max_compile_seconds == 0.001);
   kexd_auth_unref(a);
 }
 
