@@ -613,8 +613,8 @@ static int preq_admit(kex_prog_req *r, kex_error *err) {
 static void preq_done(kex_prog_req *r) {
   submission *s = r->owner;
   uint64_t us = 0;
-  for (uint32_t k = 0; k < r->rp->nkernels; k++)
-    if (r->from[k] == KEX_PROG_COMPILED) us += (uint64_t)r->compile_us[k];
+  for (uint32_t k = 0; k < r->rp->nkernels; k++) /* every compile that ran, failed or timed out ones too */
+    us += (uint64_t)r->compile_us[k];
   if (s->use) { /* its tenant pays its compiles: the counter and the budget */
     __atomic_fetch_add(&s->use->compile_us, us, __ATOMIC_RELAXED);
     if (us) kexd_tenant_budget_charge(s->use, us / 1e6, uv_now(s->d->loop));

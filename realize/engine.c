@@ -394,6 +394,7 @@ static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex
     size_t sizes[KEX_DEVICE_MAX_BUFS];
     kex_prewarm_item launch = launch_of(r->rp, k, sizes);
     rc = kex_device_compile_for_launch(dev, &launch, &r->bins[k], &r->binlens[k], err);
+    r->compile_us[k] = now_us() - t0; /* charged to the payer whether it built or not (a timeout costs its limit) */
     if (rc == KEX_ECOMPILE || rc == KEX_EDEADLINE) remember_failed(e, h, rc, err->msg);
   }
   if (r->trace) {
@@ -406,7 +407,6 @@ static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex
     return kex_err_set(err, rc, "compiling kernel %u (%s): %s", k, pp->name, m);
   }
   r->from[k] = KEX_PROG_COMPILED;
-  r->compile_us[k] = now_us() - t0;
   kex_cache *c = kex_cache_conns_lookup(e->conns, "program cache");
   if (c) {
     kex_error pe = {0};

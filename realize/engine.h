@@ -178,7 +178,7 @@ struct kex_prog_req {
   /* results */
   unsigned char **bins;      /* [nkernels] kex_malloc'd binaries (the caller frees) */
   size_t *binlens;
-  double *compile_us;
+  double *compile_us;        /* [nkernels] wall microseconds of each compile that ran (failed ones too), else 0 */
   uint8_t *from;             /* [nkernels] kex_prog_from */
   kex_device_identity id;    /* the device's (the SQLite key) */
   int rc;
