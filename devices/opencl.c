@@ -22,6 +22,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -31,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -58,11 +60,9 @@ typedef struct kex_cl_device {
   int helpers_tried, nhelpers;
   int helper_fd[4];
   pid_t helper_pid[4];
-  /* Compiles in a helper process (PoCL; kex_cl_compile_apart): whether, the limit, and the helper (fd -1: none) */
+  /* Compiles in helper processes (PoCL; kex_cl_compile_apart): whether, and the time limit */
   bool apart;
   double compile_limit_s;
-  int compile_fd;
-  pid_t compile_pid;
   /* The cl_program of the last compile and a copy of its binary (or NULL). */
   cl_program memo_program;
   unsigned char *memo_bin;
@@ -319,12 +319,10 @@ static void kex_cl_memo_clear(kex_cl_device *cl) {
 }
 
 static void kex_cl_helpers_stop(kex_cl_device *cl);
-static void kex_cl_compile_helper_stop(kex_cl_device *cl, bool kill_it, int *ws);
 
 static void kex_cl_destroy(void *impl) {
   kex_cl_device *cl = impl;
   kex_cl_helpers_stop(cl);
-  kex_cl_compile_helper_stop(cl, false, NULL);
   kex_cl_memo_clear(cl);
   if (cl->queue) {
     clFinish(cl->queue);
@@ -933,42 +931,118 @@ static int kex_cl_warm_groups(kex_cl_device *cl, const kex_cl_warm_group *groups
   return ok;
 }
 
-/* ---- compiles in a helper process (kex_device_compile on PoCL) ---- */
+/* ---- compiles in helper processes (kex_device_compile on PoCL) ---- */
 
 /*
  * PoCL builds under one process-wide lock, and a build cannot be stopped:
  * a compile that takes minutes (a kernel of 1,000 sin terms) would hold
  * every other build in kexd behind it, and --compile-timeout could not end
- * it.  So on PoCL an instance compiles in a helper process of its own
- * (the helper above, started at the instance's first compile; kexd's
- * compile slots each have an instance, so compiles run side by side on
- * every core).  The helper builds, launches the kernel once on one
+ * it.  So on PoCL every compile runs in a helper process (the helper
+ * above, named kex-cl-compile): it builds, launches the kernel once on one
  * work-group of its local size when the caller said how it will be
  * launched (kex_device_compile_for_launch: PoCL generates the machine code
  * there, into its kernel cache and the binary, instead of at kexd's first
- * launch), and sends back CL_PROGRAM_BINARIES or the build log.  Past the
- * compile time limit the helper is killed (KEX_EDEADLINE); the next
- * compile starts a new one.  A helper killed by a signal while compiling
- * is a failed compile (KEX_ECOMPILE: the compiler crashed on that source,
- * which in this process would have taken kexd with it).  When no helper
- * can be started, or it exits without answering, the instance compiles
- * in this process as before.
+ * launch), and sends back CL_PROGRAM_BINARIES or the build log.  kexd's
+ * compile slots each compile on an instance of their own, so compiles run
+ * side by side on every core.
+ *
+ * The helpers are the process's: a compile takes an idle one of its device
+ * and gives it back after, and one spare is kept started ahead, so a
+ * compile that arrives while every helper is busy does not wait for a new
+ * one to start PoCL (about a second).  A compile still running after
+ * KEX_CL_LONG_S gets nice KEX_CL_LONG_NICE, so the CPU goes to short
+ * compiles first (as a feedback queue would); that helper ends after its
+ * compile, since its priority cannot be raised again.  Past the compile
+ * time limit the helper is killed (KEX_EDEADLINE).  A helper killed by a
+ * signal while compiling is a failed compile (KEX_ECOMPILE: the compiler
+ * crashed on that source, which in this process would have taken kexd
+ * with it).  When no helper can be started, or one exits without
+ * answering, the instance compiles in this process as before.
  */
+#define KEX_CL_IDLE_MAX 8    /* idle compile helpers the process keeps (the spare included) */
+#define KEX_CL_LONG_S 1.0    /* a compile running this long is a long one ... */
+#define KEX_CL_LONG_NICE 10  /* ... and gets this nice value */
+
+typedef struct kex_cl_child {
+  int fd, index;
+  pid_t pid;
+} kex_cl_child;
+
+static pthread_mutex_t kex_cl_idle_lock = PTHREAD_MUTEX_INITIALIZER;
+static kex_cl_child kex_cl_idle[KEX_CL_IDLE_MAX];
+static int kex_cl_nidle;
+
 static double kex_cl_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Stop the compile helper (killed first when kill_it); *ws gets its wait status when not NULL. */
-static void kex_cl_compile_helper_stop(kex_cl_device *cl, bool kill_it, int *ws) {
+/* End helper c (killed first when kill_it); its wait status into *ws when not NULL. */
+static void kex_cl_child_end(kex_cl_child *c, bool kill_it, int *ws) {
   int status = 0;
-  if (cl->compile_fd < 0) return;
-  if (kill_it) kill(cl->compile_pid, SIGKILL);
-  close(cl->compile_fd);
-  cl->compile_fd = -1;
-  while (waitpid(cl->compile_pid, &status, 0) < 0 && errno == EINTR) {}
+  if (c->fd < 0) return;
+  if (kill_it) kill(c->pid, SIGKILL);
+  close(c->fd); /* an idle helper exits when its socket closes */
+  c->fd = -1;
+  while (waitpid(c->pid, &status, 0) < 0 && errno == EINTR) {}
   if (ws) *ws = status;
+}
+
+/* Start a compile helper for cl's device into *c.  0 or an errno. */
+static int kex_cl_child_start(const kex_cl_device *cl, kex_cl_child *c) {
+  c->index = cl->index;
+  int e = kex_cl_spawn(cl, "kex-cl-compile", &c->fd, &c->pid);
+  if (e) c->fd = -1;
+  return e;
+}
+
+/* An idle helper of cl's device into *c (a new one when none is idle), and a spare started when none is left. */
+static int kex_cl_child_take(const kex_cl_device *cl, kex_cl_child *c) {
+  kex_cl_child spare = {-1, -1, 0};
+  bool found = false, left = false;
+  pthread_mutex_lock(&kex_cl_idle_lock);
+  for (int i = kex_cl_nidle - 1; i >= 0; i--) {
+    if (kex_cl_idle[i].index != cl->index) continue;
+    if (!found) {
+      *c = kex_cl_idle[i];
+      kex_cl_idle[i] = kex_cl_idle[--kex_cl_nidle];
+      found = true;
+    } else {
+      left = true;
+    }
+  }
+  if (!left && kex_cl_nidle < KEX_CL_IDLE_MAX && kex_cl_child_start(cl, &spare) == 0)
+    kex_cl_idle[kex_cl_nidle++] = spare; /* it starts PoCL while this compile runs */
+  pthread_mutex_unlock(&kex_cl_idle_lock);
+  return found ? 0 : kex_cl_child_start(cl, c);
+}
+
+/* Give helper c back to the idle ones (or end it when there are enough). */
+static void kex_cl_child_give(kex_cl_child *c) {
+  bool kept = false;
+  pthread_mutex_lock(&kex_cl_idle_lock);
+  if (kex_cl_nidle < KEX_CL_IDLE_MAX) {
+    kex_cl_idle[kex_cl_nidle++] = *c;
+    kept = true;
+  }
+  pthread_mutex_unlock(&kex_cl_idle_lock);
+  if (!kept) kex_cl_child_end(c, false, NULL);
+}
+
+/* Every thread of process pid to nice value n (setpriority changes one thread on Linux). */
+static void kex_cl_renice(pid_t pid, int n) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  struct dirent *de;
+  if (!d) {
+    setpriority(PRIO_PROCESS, (id_t)pid, n);
+    return;
+  }
+  while ((de = readdir(d)))
+    if (de->d_name[0] >= '0' && de->d_name[0] <= '9') setpriority(PRIO_PROCESS, (id_t)atoi(de->d_name), n);
+  closedir(d);
 }
 
 /* Read n bytes of the helper's reply into *out (kex_malloc'd, NUL-terminated).  0 or -1. */
@@ -983,7 +1057,42 @@ static int kex_cl_read_alloc(int fd, size_t n, unsigned char **out) {
   return 0;
 }
 
-/* Compile in the instance's helper: 0 or the kex error, or 1 when there is no helper (compile here). */
+/* Send group g to a helper (another one when the first taken is gone).  0 with *c, or -1 (none could start). */
+static int kex_cl_child_send(kex_cl_device *cl, const kex_cl_warm_group *g, kex_cl_child *c) {
+  for (int tries = 0; tries <= KEX_CL_IDLE_MAX; tries++) { /* each idle one may have died */
+    int e = kex_cl_child_take(cl, c);
+    if (e) {
+      KEX_WARN("opencl %s: cannot start a compile helper (%s): compiling in this process", cl->name, strerror(e));
+      return -1;
+    }
+    if (kex_cl_warm_send(c->fd, g, KEX_CL_WARM_BINARY) == 0) return 0;
+    kex_cl_child_end(c, true, NULL); /* it died while idle */
+  }
+  return -1;
+}
+
+/* Wait for helper c's answer until the compile time limit, renicing it once it is a long compile.  1 ready, 0 timed
+   out, -1 poll failed; *long_one says whether it was reniced. */
+static int kex_cl_child_wait(const kex_cl_device *cl, const kex_cl_child *c, double t0, bool *long_one) {
+  double limit = cl->compile_limit_s;
+  for (;;) {
+    double now = kex_cl_now(), until = limit > 0 ? t0 + limit : -1;
+    if (!*long_one && (until < 0 || until > t0 + KEX_CL_LONG_S)) until = t0 + KEX_CL_LONG_S;
+    int ms = until < 0 ? -1 : until <= now ? 0 : (until - now) > 1e6 ? 1000000000 : (int)((until - now) * 1e3) + 1;
+    struct pollfd pfd = {c->fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, ms);
+    if (pr > 0) return 1;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr < 0) return -1;
+    if (limit > 0 && kex_cl_now() >= t0 + limit) return 0;
+    if (!*long_one && kex_cl_now() >= t0 + KEX_CL_LONG_S) {
+      *long_one = true;
+      kex_cl_renice(c->pid, KEX_CL_LONG_NICE);
+    }
+  }
+}
+
+/* Compile in a helper: 0 or the kex error, or 1 when there is none (compile here). */
 static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const char *name,
                                 const kex_prewarm_item *launch, unsigned char **bin, size_t *bin_size,
                                 kex_error *err) {
@@ -993,43 +1102,25 @@ static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const cha
   for (uint32_t i = 0; i < nbufs; i++) total += sizes[i] > KEX_CL_WARM_BYTES_MAX ? KEX_CL_WARM_BYTES_MAX + 1 : sizes[i];
   if (launch && launch->local && total <= KEX_CL_WARM_BYTES_MAX) local = launch->local;
   kex_cl_warm_group g = {source, 1, &name, &local, &nbufs, &sizes};
+  kex_cl_child c;
   int32_t status = 0;
-  if (cl->compile_fd < 0) {
-    int e = kex_cl_spawn(cl, "kex-cl-compile", &cl->compile_fd, &cl->compile_pid);
-    if (e) {
-      KEX_WARN("opencl %s: cannot start a compile helper (%s): compiling in this process", cl->name, strerror(e));
-      cl->compile_fd = -1;
-      return 1;
-    }
-  }
-  double t0 = kex_cl_now(), limit = cl->compile_limit_s;
-  int ready = kex_cl_warm_send(cl->compile_fd, &g, KEX_CL_WARM_BINARY) == 0;
-  while (ready) {
-    int ms = -1;
-    if (limit > 0) {
-      double left = t0 + limit - kex_cl_now();
-      ms = left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1e3) + 1;
-    }
-    struct pollfd pfd = {cl->compile_fd, POLLIN, 0};
-    int pr = poll(&pfd, 1, ms);
-    if (pr > 0) break;
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr < 0) {
-      ready = 0;
-      break;
-    }
-    kex_cl_compile_helper_stop(cl, true, NULL);
+  bool long_one = false;
+  double t0 = kex_cl_now();
+  if (kex_cl_child_send(cl, &g, &c) < 0) return 1;
+  int ready = kex_cl_child_wait(cl, &c, t0, &long_one);
+  if (ready == 0) {
+    kex_cl_child_end(&c, true, NULL);
     return kex_err_set(err, KEX_EDEADLINE,
                        "opencl %s: compiling kernel %s was stopped after %.3g s (the compile time limit)", cl->name,
-                       name, limit);
+                       name, cl->compile_limit_s);
   }
-  if (!ready || kex_cl_io(cl->compile_fd, &status, sizeof status, 0) < 0) {
+  if (ready < 0 || kex_cl_io(c.fd, &status, sizeof status, 0) < 0) {
     int ws = 0;
-    kex_cl_compile_helper_stop(cl, false, &ws);
+    kex_cl_child_end(&c, false, &ws);
     if (WIFSIGNALED(ws))
       return kex_err_set(err, KEX_ECOMPILE, "opencl %s: the compiler process died compiling kernel %s (signal %d: %s)",
                          cl->name, name, WTERMSIG(ws), strsignal(WTERMSIG(ws)));
-    KEX_WARN("opencl %s: the compile helper exited (status %d) without an answer: compiling in this process", cl->name,
+    KEX_WARN("opencl %s: a compile helper exited (status %d) without an answer: compiling in this process", cl->name,
              WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
     cl->apart = false;
     return 1;
@@ -1037,27 +1128,31 @@ static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const cha
   uint64_t size = 0;
   uint32_t len = 0;
   unsigned char *bytes = NULL;
+  int rc = 0;
+  bool broken = false;
   if (status == CL_SUCCESS) {
-    if (kex_cl_io(cl->compile_fd, &size, sizeof size, 0) < 0 || size == 0 || size > KEX_DEVICE_BINARY_MAX ||
-        kex_cl_read_alloc(cl->compile_fd, (size_t)size, &bytes) < 0) {
-      kex_cl_compile_helper_stop(cl, true, NULL);
-      return kex_err_set(err, KEX_ECOMPILE, "opencl %s: the compile helper sent no usable binary of kernel %s",
-                         cl->name, name);
+    if (kex_cl_io(c.fd, &size, sizeof size, 0) < 0 || size == 0 || size > KEX_DEVICE_BINARY_MAX ||
+        kex_cl_read_alloc(c.fd, (size_t)size, &bytes) < 0) {
+      broken = true;
+      rc = kex_err_set(err, KEX_ECOMPILE, "opencl %s: the compile helper sent no usable binary of kernel %s",
+                       cl->name, name);
+    } else {
+      *bin = bytes;
+      *bin_size = (size_t)size;
     }
-    *bin = bytes;
-    *bin_size = (size_t)size;
-    return 0;
+  } else {
+    if (kex_cl_io(c.fd, &len, sizeof len, 0) < 0 || len > KEX_CL_LOG_MAX || kex_cl_read_alloc(c.fd, len, &bytes) < 0) {
+      broken = true;
+      bytes = NULL;
+    }
+    rc = kex_err_set(err, status == CL_OUT_OF_HOST_MEMORY ? KEX_ENOMEM : KEX_ECOMPILE,
+                     "opencl %s: clBuildProgram of kernel %s failed: %s; build log: %s", cl->name, name,
+                     kex_cl_errname(status), bytes && bytes[0] ? (char *)bytes : "(empty)");
+    KEX_DEBUG("opencl %s: build log of kernel %s:\n%s", cl->name, name, bytes ? (char *)bytes : "");
+    kex_free(bytes);
   }
-  if (kex_cl_io(cl->compile_fd, &len, sizeof len, 0) < 0 || len > KEX_CL_LOG_MAX ||
-      kex_cl_read_alloc(cl->compile_fd, len, &bytes) < 0) {
-    kex_cl_compile_helper_stop(cl, true, NULL);
-    bytes = NULL;
-  }
-  int rc = kex_err_set(err, status == CL_OUT_OF_HOST_MEMORY ? KEX_ENOMEM : KEX_ECOMPILE,
-                       "opencl %s: clBuildProgram of kernel %s failed: %s; build log: %s", cl->name, name,
-                       kex_cl_errname(status), bytes && bytes[0] ? (char *)bytes : "(empty)");
-  KEX_DEBUG("opencl %s: build log of kernel %s:\n%s", cl->name, name, bytes ? (char *)bytes : "");
-  kex_free(bytes);
+  if (broken || long_one) kex_cl_child_end(&c, broken, NULL);
+  else kex_cl_child_give(&c);
   return rc;
 }
 
@@ -1339,7 +1434,6 @@ int kex_cl_open(const char *match, kex_device **out, kex_error *err) {
     bool pocl = strstr(platform, "Portable Computing Language") != NULL, helpers = getenv("KEX_CL_NO_HELPERS") == NULL;
     cl->prewarm_ok = pocl && !(cache && strcmp(cache, "0") == 0) && helpers;
     cl->apart = pocl && helpers;
-    cl->compile_fd = -1;
   }
   snprintf(cl->name, sizeof cl->name, "%s", info.identity.name);
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)pick->platform, 0};
