@@ -259,6 +259,7 @@ typedef struct kex_build_item {
   const size_t *local;        /* in, optional: the local size it will be launched with (pre-build hint) */
   uint32_t nbufs;             /* in, optional: its buffers' count and bytes (pre-build hint) */
   const size_t *buf_sizes;
+  const size_t *global;       /* in, optional: its global size in work-groups (pre-build hint; NULL: small) */
   kex_program *prog;          /* out: NULL when rc < 0 */
   int rc;                     /* out: 0 or a KEX_E* code */
   kex_error err;              /* out: the message when rc < 0 */
@@ -280,6 +281,7 @@ typedef struct kex_prewarm_item {
   const size_t *local;     /* the local size it will be launched with, or NULL */
   uint32_t nbufs;          /* kernel arguments, all buffers */
   const size_t *buf_sizes; /* bytes of each */
+  const size_t *global;    /* its global size in work-groups, or NULL (PoCL's code differs for wide grids) */
 } kex_prewarm_item;
 int kex_device_prewarm(kex_device *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err);
 

@@ -645,8 +645,28 @@ typedef struct kex_cl_warm_req {
 } kex_cl_warm_req;
 
 typedef struct kex_cl_warm_kernel {
-  uint32_t name_len, local[3], nbufs;
+  uint32_t name_len, local[3], nbufs, groups[3];
 } kex_cl_warm_kernel;
+
+/*
+ * PoCL generates a kernel's code per local size and per grid class: a grid
+ * whose widest dimension (local x groups work-items) is under USHRT_MAX
+ * gets code of its own ("smallgrid", the device's
+ * grid_width_specialization_limit).  So a launch made to warm the cache is
+ * of the real launch's class: one work-group when the real grid is small,
+ * else just enough work-groups in each wide dimension to be as wide.
+ */
+#define KEX_CL_SMALLGRID 65535u
+
+/* The work-groups of a warming launch of local size `local` for a real launch of `global` work-groups (NULL: one). */
+static void kex_cl_warm_grid(const size_t local[3], const size_t *global, uint32_t groups[3]) {
+  for (int d = 0; d < 3; d++) {
+    groups[d] = 1;
+    if (!global || local[d] == 0 || global[d] <= 1 || local[d] * global[d] < KEX_CL_SMALLGRID) continue;
+    size_t need = (KEX_CL_SMALLGRID + local[d] - 1) / local[d];
+    groups[d] = (uint32_t)(need < global[d] ? need : global[d]);
+  }
+}
 
 static int kex_cl_io(int fd, void *buf, size_t n, int writing) {
   unsigned char *p = buf;
@@ -687,8 +707,9 @@ static cl_int kex_cl_warm_launch(cl_context ctx, cl_command_queue q, cl_program 
     cl_int one = 1;
     status = clSetKernelArg(k, i, sizeof one, &one);
   }
-  size_t local[3] = {kh->local[0], kh->local[1], kh->local[2]};
-  if (status == CL_SUCCESS) status = clEnqueueNDRangeKernel(q, k, 3, NULL, local, local, 0, NULL, NULL);
+  size_t local[3] = {kh->local[0], kh->local[1], kh->local[2]}, global[3];
+  for (int d = 0; d < 3; d++) global[d] = local[d] * (kh->groups[d] ? kh->groups[d] : 1);
+  if (status == CL_SUCCESS) status = clEnqueueNDRangeKernel(q, k, 3, NULL, global, local, 0, NULL, NULL);
   if (status == CL_SUCCESS) status = clFinish(q);
   clReleaseKernel(k);
   return status;
@@ -723,6 +744,22 @@ static int kex_cl_helper_reply(int fd, cl_program prog, cl_device_id dev, int32_
   return rc;
 }
 
+/*
+ * In the helper, before the first request: PoCL's first build and first launch in a process cost about a second
+ * more than later ones (its kernel library and compiler start), so a helper pays that at its start, not in the
+ * first compile it serves (a spare helper is then ready for real).
+ */
+static void kex_cl_helper_warm_up(cl_context ctx, cl_command_queue q, cl_device_id dev, kex_cl_warm_bufs *b) {
+  const char *src = "__kernel void kex_warm_up(__global float *o) { o[get_global_id(0)] = 1.0f; }";
+  cl_int e = CL_SUCCESS;
+  cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &e);
+  kex_cl_warm_kernel kh = {0, {1, 1, 1}, 1, {1, 1, 1}};
+  uint64_t want[1] = {sizeof(float)};
+  if (prog && clBuildProgram(prog, 1, &dev, NULL, NULL, NULL) == CL_SUCCESS)
+    kex_cl_warm_launch(ctx, q, prog, "kex_warm_up", &kh, want, b);
+  if (prog) clReleaseProgram(prog);
+}
+
 /* The helper: serve requests on fd for device number `index` of kex_cl_enumerate. */
 static void kex_cl_helper_serve(int fd, int index) {
   kex_cl_found found[KEX_CL_MAX_DEVICES];
@@ -739,6 +776,7 @@ static void kex_cl_helper_serve(int fd, int index) {
   ctx = clCreateContext(NULL, 1, &found[index].device, NULL, NULL, &e);
   if (ctx) q = clCreateCommandQueue(ctx, found[index].device, 0, &e);
   if (!q) return;
+  kex_cl_helper_warm_up(ctx, q, found[index].device, &bufs);
   for (;;) {
     kex_cl_warm_req h;
     char *src = NULL;
@@ -845,6 +883,7 @@ typedef struct kex_cl_warm_group {
   const size_t *const *locals;   /* NULL entries: not launched */
   const uint32_t *nbufs;
   const size_t *const *buf_sizes;
+  const size_t *const *globals;  /* NULL, or NULL entries: one work-group */
 } kex_cl_warm_group;
 
 /* Send group g to the helper on fd (flags: KEX_CL_WARM_BINARY or 0). Returns 0 or -1 (the helper is gone). */
@@ -853,9 +892,11 @@ static int kex_cl_warm_send(int fd, const kex_cl_warm_group *g, uint32_t flags) 
   uint64_t sizes[KEX_DEVICE_MAX_BUFS];
   if (kex_cl_io(fd, &h, sizeof h, 1) < 0) return -1;
   for (int j = 0; j < g->n; j++) {
-    kex_cl_warm_kernel kh = {(uint32_t)strlen(g->names[j]), {0, 0, 0}, g->nbufs[j]};
-    if (g->locals[j])
+    kex_cl_warm_kernel kh = {(uint32_t)strlen(g->names[j]), {0, 0, 0}, g->nbufs[j], {1, 1, 1}};
+    if (g->locals[j]) {
       for (int d = 0; d < 3; d++) kh.local[d] = (uint32_t)g->locals[j][d];
+      kex_cl_warm_grid(g->locals[j], g->globals ? g->globals[j] : NULL, kh.groups);
+    }
     for (uint32_t b = 0; b < kh.nbufs; b++) sizes[b] = g->buf_sizes[j][b];
     if (kex_cl_io(fd, &kh, sizeof kh, 1) < 0 || kex_cl_io(fd, sizes, sizeof *sizes * kh.nbufs, 1) < 0 ||
         kex_cl_io(fd, (void *)g->names[j], kh.name_len, 1) < 0)
@@ -1096,12 +1137,12 @@ static int kex_cl_child_wait(const kex_cl_device *cl, const kex_cl_child *c, dou
 static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const char *name,
                                 const kex_prewarm_item *launch, unsigned char **bin, size_t *bin_size,
                                 kex_error *err) {
-  const size_t *local = NULL, *sizes = launch ? launch->buf_sizes : NULL;
+  const size_t *local = NULL, *sizes = launch ? launch->buf_sizes : NULL, *global = launch ? launch->global : NULL;
   uint32_t nbufs = launch ? launch->nbufs : 0;
   size_t total = 0;
   for (uint32_t i = 0; i < nbufs; i++) total += sizes[i] > KEX_CL_WARM_BYTES_MAX ? KEX_CL_WARM_BYTES_MAX + 1 : sizes[i];
   if (launch && launch->local && total <= KEX_CL_WARM_BYTES_MAX) local = launch->local;
-  kex_cl_warm_group g = {source, 1, &name, &local, &nbufs, &sizes};
+  kex_cl_warm_group g = {source, 1, &name, &local, &nbufs, &sizes, &global};
   kex_cl_child c;
   int32_t status = 0;
   bool long_one = false;
@@ -1169,8 +1210,8 @@ static int kex_cl_prewarm(void *impl, const kex_prewarm_item *items, int n, int 
   *warmed = 0;
   if (!g) return 0; /* nothing pre-built: the device builds them itself */
   for (int i = 0; i < n; i++)
-    g[i] = (kex_cl_warm_group){items[i].source, 1, &items[i].name, &items[i].local, &items[i].nbufs,
-                               &items[i].buf_sizes};
+    g[i] = (kex_cl_warm_group){items[i].source, 1,           &items[i].name,      &items[i].local,
+                               &items[i].nbufs,  &items[i].buf_sizes, &items[i].global};
   int m = 0;
   for (int i = 0; i < n; i++) /* too many buffers: built by the device itself */
     if (items[i].nbufs <= KEX_DEVICE_MAX_BUFS) g[m++] = g[i];
@@ -1293,9 +1334,10 @@ static int kex_cl_build_batch(void *impl, kex_build_item *items, int n, void **p
   const char **names = kex_calloc((size_t)n, sizeof *names);
   char (*nn)[2 * KEX_DEVICE_KERNEL_NAME_MAX + 16] = kex_calloc((size_t)n, sizeof *nn);
   const size_t **locals = kex_calloc((size_t)n, sizeof *locals), **sizes = kex_calloc((size_t)n, sizeof *sizes);
+  const size_t **globals = kex_calloc((size_t)n, sizeof *globals);
   uint32_t *nbufs = kex_calloc((size_t)n, sizeof *nbufs);
   int ng = 0;
-  if (sources && g && names && nn && locals && sizes && nbufs && cl->prewarm_ok) {
+  if (sources && g && names && nn && locals && sizes && globals && nbufs && cl->prewarm_ok) {
     for (int k = 0; k < ngroups; k++) {
       int lo = (int)((long long)n * k / ngroups), hi = (int)((long long)n * (k + 1) / ngroups);
       if (!(sources[k] = kex_cl_batch_source(items + lo, hi - lo))) continue;
@@ -1306,9 +1348,11 @@ static int kex_cl_build_batch(void *impl, kex_build_item *items, int n, void **p
         locals[i] = items[i].local;
         nbufs[i] = items[i].nbufs;
         sizes[i] = items[i].buf_sizes;
+        globals[i] = items[i].global;
         ok = ok && items[i].nbufs <= KEX_DEVICE_MAX_BUFS && (items[i].nbufs == 0 || items[i].buf_sizes);
       }
-      if (ok) g[ng++] = (kex_cl_warm_group){sources[k], hi - lo, names + lo, locals + lo, nbufs + lo, sizes + lo};
+      if (ok)
+        g[ng++] = (kex_cl_warm_group){sources[k], hi - lo, names + lo, locals + lo, nbufs + lo, sizes + lo, globals + lo};
     }
     int warmed = kex_cl_warm_groups(cl, g, ng);
     KEX_DEBUG("opencl %s: batch of %d kernels in %d groups, %d pre-built by helpers", cl->name, n, ngroups, warmed);
@@ -1324,6 +1368,7 @@ static int kex_cl_build_batch(void *impl, kex_build_item *items, int n, void **p
   kex_free(nn);
   kex_free(locals);
   kex_free(sizes);
+  kex_free(globals);
   kex_free(nbufs);
   return 0;
 }

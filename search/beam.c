@@ -791,7 +791,7 @@ static int job_build_batch(kex_device *dev, void *arg, kex_error *err) {
     uint32_t nb = ps->nargs < KEX_DEVICE_MAX_BUFS ? ps->nargs : KEX_DEVICE_MAX_BUFS;
     for (uint32_t a = 0; a < nb; a++) sz[a] = b->s->bufs.bytes[ps->args[a].idx];
     items[j] = (kex_build_item){.source = ps->src, .name = ps->name, .local = ps->has_local ? ps->local : NULL,
-                                .nbufs = nb, .buf_sizes = sz};
+                                .nbufs = nb, .buf_sizes = sz, .global = ps->global};
   }
   double t0 = now_s();
   rc = kex_device_build_batch(dev, items, b->ntodo, err);
