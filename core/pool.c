@@ -216,6 +216,9 @@ void kex_pool_submit_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) 
 void kex_pool_detach(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front) {
   enqueue(p, job, fn, front, true, false);
 }
+void kex_pool_detach_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) {
+  enqueue(p, job, fn, false, true, true);
+}
 
 /* Under mu: take job off its lane; false when it is not queued. */
 static bool unqueue(kex_pool *p, kex_pool_job *job) {

@@ -83,6 +83,8 @@ void kex_pool_submit_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
  * queue).
  */
 void kex_pool_detach(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front);
+/* Queue job detached (as kex_pool_detach) in the background lane (as kex_pool_submit_background). */
+void kex_pool_detach_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
 /* Block until job has finished (a worker of p runs it here when it is still queued). */
 void kex_pool_wait(kex_pool *p, kex_pool_job *job);
 /* Take job off its lane if it has not started: true (it never runs); false: it ran or is running. */

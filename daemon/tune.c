@@ -406,7 +406,7 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
   t->route = (kexd_route){d->disp, t->device, job->id, job->weight, &t->cancel, INFINITY, false};
   kexd_stream_start(&t->st, d->streams, c, &tune_ops, t);
   kex_log(KEX_LOG_DEBUG, t->log_id, 0, "Tune: beam %d on %s", t->bo.width, d->cfg.devices[dev]);
-  t->work = (kex_work){.fn = tune_work, .after = tune_after, .data = t};
+  t->work = (kex_work){.fn = tune_work, .after = tune_after, .data = t, .background = true}; /* others' work first */
   kexd_stream_hold(&t->st);
   if (kexd_work_submit(d, &t->work) < 0) {
     t->rc = kex_err_set(&t->err, KEX_EUNAVAILABLE, "the worker pool is not available");
