@@ -81,6 +81,9 @@ static const tenant_row tenant_rows[] = {
      TU(compile_us), false, 1e-6},
     {"kex_tenant_search_seconds_total", "counter", "Seconds of beam search the tenant's Submits and Tunes ran.",
      TU(search_us), false, 1e-6},
+    {"kex_tenant_search_wait_seconds_total", "counter",
+     "Seconds the tenant's searches waited in line for a search slot (--max-tunes-per-device).", TU(search_wait_us),
+     false, 1e-6},
 };
 #undef TU
 #define KEXD_METRICS_TENANT_ROWS ((int)(sizeof tenant_rows / sizeof tenant_rows[0]))
@@ -117,6 +120,7 @@ typedef struct snapshot {
     double busy_s;
     kexd_histogram wait;
     uint64_t held_bytes;
+    uint32_t searches, searches_waiting; /* holding a search slot, waiting for one */
   } devices[KEXD_MAX_DEVICES];
 } snapshot;
 
@@ -181,6 +185,7 @@ static void collect(kexd *d, snapshot *s) {
     snprintf(s->devices[i].name, sizeof s->devices[i].name, "%s", d->cfg.devices[i]);
     kexd_dispatch_device_stats(d->disp, i, &s->devices[i].busy_s, &s->devices[i].wait);
     s->devices[i].held_bytes = d->jobs.held_by_device[i];
+    kexd_search_counts(d, i, &s->devices[i].searches, &s->devices[i].searches_waiting);
   }
   s->unauthenticated = d->unauthenticated;
   s->permission_denied = d->permission_denied;
@@ -337,6 +342,12 @@ static void format(page *p, const snapshot *s) {
   head(p, "kex_device_held_bytes", "gauge", "Device memory that open jobs' buffers hold, by device.");
   for (uint32_t i = 0; i < s->ndevices; i++)
     put_device_sample(p, "kex_device_held_bytes", s->devices[i].name, (double)s->devices[i].held_bytes);
+  head(p, "kex_device_searches", "gauge", "Beam searches holding one of the device's search slots now, by device.");
+  for (uint32_t i = 0; i < s->ndevices; i++)
+    put_device_sample(p, "kex_device_searches", s->devices[i].name, (double)s->devices[i].searches);
+  head(p, "kex_device_searches_waiting", "gauge", "Beam searches waiting in line for a search slot now, by device.");
+  for (uint32_t i = 0; i < s->ndevices; i++)
+    put_device_sample(p, "kex_device_searches_waiting", s->devices[i].name, (double)s->devices[i].searches_waiting);
   kexd_accept_guard_stats(&as);
   head(p, "kex_connections_open", "gauge", "gRPC client connections open now.");
   kex_strbuf_printf(p, "kex_connections_open %u\n", as.open);
