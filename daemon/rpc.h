@@ -56,7 +56,7 @@ typedef struct kexd_search_place {
   kexd_search_resume resume;       /* how a waiting call goes on when its slot comes */
   double since_us;                 /* kexd_now_us() when it joined the line, then when it took the slot */
   uint32_t weight;                 /* its job's weight (>= 1): the slot's seconds are charged over it */
-  kexd_tenant_use *use;            /* its job's tenant's usage record (lives as long as kexd): the wait is shown there */
+  kexd_tenant_use *use;            /* its job's tenant's usage record (lives as long as kexd): shows the wait */
   bool waiting;
   /* the caller's continuation while waiting (rpc.c: the decoded request and its method row), which
      kexd_search_slot_end frees when the call ends first */
@@ -248,7 +248,7 @@ int kexd_tune_lower_item(const kexd_beam_req *br, const struct kex_graph *g, con
 
 #define KEXD_SEARCH_WAITING 1 /* kexd_search_slot, kexd_rpc_search_begin: the call waits in line for a slot */
 
-/* Set up d->searches (the lines, and the wake that grants freed slots on a later turn of the loop).  0 or a negative code. */
+/* Set up d->searches (the lines, and the wake that gives freed slots on a later turn of the loop).  0 or a code. */
 int kexd_searches_init(kexd *d);
 /* Close the wake, with the loop's other handles (every call is gone). */
 void kexd_searches_close(kexd *d);
