@@ -633,8 +633,8 @@ static size_t tune_request(const kexd_job *job, uint8_t *buf, size_t cap) {
 
 /*
  * The line's limits on both sides, a call that cannot wait, a waiting call that ends (client cancel or deadline:
- * the end hook) leaving the line with its kept request freed, and one whose job closed while it waited: NOT_FOUND
- * when its slot comes, which then goes on to the next.
+ * the end hook) leaving the line with its kept request freed, one whose job closed while it waited: NOT_FOUND
+ * when its slot comes, which then goes on to the next; and kexd stopping: UNAVAILABLE at once.
  */
 static void test_search_line_limits(void **state) {
   (void)state;
@@ -700,6 +700,15 @@ static void test_search_line_limits(void **state) {
   assert_int_equal(t2.status, GRPC_STATUS_NOT_FOUND);
   assert_non_null(strstr(t2.details, "Tune: the job was closed while its search waited for a slot"));
   kexd_rpc_call_end(&t2, t2.status, d);
+  /* kexd stopping: a search still in line ends UNAVAILABLE at once (its stop hook), leaving the line */
+  assert_int_equal(search_as(d, &c0, j0, on_granted), 0);
+  assert_int_equal(search_as(d, &c4, j3, on_granted), KEXD_SEARCH_WAITING);
+  assert_non_null(c4.on_stop);
+  c4.on_stop(&c4, c4.hook_ud);
+  assert_int_equal(c4.status, GRPC_STATUS_UNAVAILABLE);
+  assert_non_null(strstr(c4.details, "Tune: kexd is stopping; the search waited for a slot on device opencl"));
+  kexd_rpc_call_end(&c4, c4.status, d);
+  kexd_rpc_call_end(&c0, 0, d);
   kexd_search_counts(d, 0, &running, &waiting);
   assert_int_equal(running + waiting, 0);
   kexd_job *jobs[] = {j0, j2, j3};
