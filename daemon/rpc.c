@@ -40,7 +40,7 @@ typedef enum job_rule {
 } job_rule;
 
 /* Whether a call of the method can start a beam search: the permission and the limits of one
-   (kexd_rpc_search_begin: may_tune, --max-beam and max_beam, --max-tunes-per-device), checked here for
+   (kexd_rpc_search_begin: may_tune, --max-beam and max_beam, a search slot), checked here for
    every method that can, after the decode and before its handler, never by a handler. */
 typedef enum search_rule {
   SEARCH_NONE,

@@ -3,10 +3,13 @@
  * and the beam hook Submit calls to lower a kernel with searched opts.
  *
  * Searches (search/beam.h) block for seconds, so they never run on the
- * loop thread: a Tune is one piece of pool work (daemon/work.h) that replays, schedules and
- * optimizes every kernel in turn; Submit's hook runs inside Submit's own
- * pool work.  Both search on the process's one pool (core/pool.h: render
- * and compile workers) and route every device job a search makes
+ * loop thread: a Tune is one piece of pool work (daemon/work.h) that
+ * replays, schedules and optimizes every kernel in turn; Submit's hook
+ * runs inside Submit's own pool work.  Both are background work of the
+ * process's one pool (core/pool.h: taken only while no other call's work
+ * is queued), as are their candidates' renders and compiles, and both
+ * hold one of the device's search slots for the whole call (searches.c,
+ * taken or waited for before the handler runs).  They route every device job a search makes
  * through the caller's job flow on the device's runner (dispatch.h,
  * kexd_route: fair-queued, charged to the job).  A search stops itself
  * between candidates when its call is cancelled (client cancel, deadline,
