@@ -210,9 +210,10 @@ static const flag flags[] = {
    "beam searches at once on one device (Tune calls and Submits with beam.beam_width, each for its whole call); "
    "more wait in line, and a freed slot goes to the tenant (job without --auth) charged least slot seconds over "
    "its weight"},
-  {"max-search-queue", "N", FLAG_U32, F(max_search_queue), 0, 1 << 16, 0, 0, false, NULL,
+  {"max-search-queue", "N", FLAG_U32, F(max_search_queue), 0, KEXD_LIMIT_SEARCH_QUEUE_MAX, 0, 0, false, NULL,
    "searches that may wait for a slot per device (each until its deadline); more are refused (0: none wait)"},
-  {"max-search-queue-per-payer", "N", FLAG_U32, F(max_search_queue_per_payer), 1, 1 << 16, 0, 0, false, NULL,
+  {"max-search-queue-per-payer", "N", FLAG_U32, F(max_search_queue_per_payer), 1, KEXD_LIMIT_SEARCH_QUEUE_MAX, 0, 0,
+   false, NULL,
    "of them, searches of one tenant (one job without --auth); more of its own are refused"},
   {"launch-quantum", "SECONDS", FLAG_SECONDS, F(launch_quantum_s), 0, 0, 0, 10, false, NULL,
    "a submission's kernels go to the device back to back with one wait, about this much device time (from the "

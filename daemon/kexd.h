@@ -61,6 +61,7 @@
 #define KEXD_LIMIT_TUNES_PER_DEVICE 4        /* searches at once per device (Tune, Submit with beam.beam_width) */
 #define KEXD_LIMIT_SEARCH_QUEUE 64           /* searches waiting for a slot per device */
 #define KEXD_LIMIT_SEARCH_QUEUE_PER_PAYER 16 /* ... of them one payer's (the tenant with --auth, else the job) */
+#define KEXD_LIMIT_SEARCH_QUEUE_MAX 4096     /* the largest --max-search-queue (a freed slot's pick reads the line) */
 #define KEXD_LIMIT_BEAM 16                   /* the widest beam a Submit or Tune may ask for */
 
 typedef struct kexd_config {
