@@ -22,7 +22,7 @@ stops it as one check:
    and then run (they were refused RESOURCE_EXHAUSTED); a waiting search
    ends by its deadline or a client cancel and leaves no slot taken; the
    line's limits (--max-search-queue, --max-search-queue-per-payer) refuse
-   past them, naming the flag.
+   past them, naming the flag; SIGTERM ends a waiting search UNAVAILABLE.
 
 KEX_TENANTS_PARTS="2,3" runs only those parts.  Prints "ok - ..." /
 "FAIL - ..." per check and, last, "N passed, N failed".
@@ -32,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -650,6 +651,16 @@ def searches():
             x.join(60)
         check("8: the searches in line run once the slot is free", a.ok and b.ok and c.ok,
               (desc(a.error), desc(b.error), desc(c.error)))
+        a = hold_slot(s, busy, ja)
+        w = Search(s, "bob", jb, mul_graph())
+        time.sleep(0.2)
+        t0 = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        w.join(30)
+        check("8: SIGTERM ends a waiting search at once (its stop hook, not the cancel after --grace): UNAVAILABLE, "
+              "kexd is stopping", w.error is not None and w.error.code() == grpc.StatusCode.UNAVAILABLE and
+              "kexd is stopping" in w.error.details(), (desc(w.error), round(time.time() - t0, 2)))
+        a.join(30)
     finally:
         s.close()
 
