@@ -66,10 +66,12 @@ struct kexd_searches {
   search_line lines[KEXD_MAX_DEVICES];
 };
 
+/* What p has been charged by `now`, its running searches included. */
 static double payer_charged(const kexd_search_payer *p, double now) {
   return p->charged + p->rate * (now - p->at_us) / 1e6;
 }
 
+/* Bring p's charge up to `now` (before its rate changes). */
 static void payer_settle(kexd_search_payer *p, double now) {
   p->charged = payer_charged(p, now);
   p->at_us = now;
@@ -125,6 +127,7 @@ static void slot_take(kexd *d, uint32_t dev, kexd_search_place *pl, double now) 
   d->tunes_active[dev]++;
 }
 
+/* Take the waiting call at pl out of L's line (its payer's and the line's counts with it). */
 static void line_remove(search_line *L, kexd_search_place *pl) {
   kexd_search_place **pp = &L->head, *prev = NULL;
   while (*pp && *pp != pl) prev = *pp, pp = &(*pp)->next;
@@ -165,6 +168,7 @@ static void serve_line(kexd *d, uint32_t dev) {
   }
 }
 
+/* A slot was freed while calls waited (a later turn of the loop than the call end that freed it). */
 static void on_wake(kexd_wake *w) {
   kexd *d = w->data;
   for (uint32_t dev = 0; dev < d->cfg.ndevices && dev < KEXD_MAX_DEVICES; dev++) serve_line(d, dev);
