@@ -1,6 +1,8 @@
 /*
- * pool.c - the worker pool of pool.h: one mutex, a FIFO of intrusive jobs,
- * one condition variable for "work queued" and one for "a job finished".
+ * pool.c - the worker pool of pool.h: one mutex, two FIFOs of intrusive
+ * jobs (the foreground lane, and the background lane a worker takes from
+ * only when the foreground one is empty), one condition variable for "work
+ * queued" and one for "a job finished".
  */
 #include "core/pool.h"
 
@@ -12,10 +14,15 @@
 #include "core/alloc.h"
 #include "core/log.h"
 
+/* One lane of queued jobs, in submission order (a front job at its head). */
+typedef struct lane {
+  kex_pool_job *head, *tail;
+} lane;
+
 struct kex_pool {
   pthread_mutex_t mu;
   pthread_cond_t work, finished;
-  kex_pool_job *head, *tail;
+  lane fg, bg; /* under mu: foreground jobs; background jobs, taken only while fg is empty */
   int nthreads, stopping;
   pthread_t threads[KEX_POOL_MAX_THREADS];
   /* stand-ins (kex_pool_block), under mu */
@@ -58,11 +65,15 @@ static kex_pool *thread_start(void *arg, int *id) {
   return p;
 }
 
-/* Under mu: take the queue's head and run it as worker id. */
+/* Under mu: whether any job is queued, in either lane. */
+static bool queued(const kex_pool *p) { return p->fg.head || p->bg.head; }
+
+/* Under mu: take the next job (the foreground lane's head, else the background lane's) and run it as worker id. */
 static void run_head(kex_pool *p, int id) {
-  kex_pool_job *j = p->head;
-  p->head = j->next;
-  if (!p->head) p->tail = NULL;
+  lane *l = p->fg.head ? &p->fg : &p->bg;
+  kex_pool_job *j = l->head;
+  l->head = j->next;
+  if (!l->head) l->tail = NULL;
   run_job(p, j, id);
 }
 
@@ -70,8 +81,8 @@ static void *worker_main(void *arg) {
   int id;
   kex_pool *p = thread_start(arg, &id);
   for (;;) {
-    while (!p->head && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
-    if (!p->head) break; /* stopping and drained */
+    while (!queued(p) && !p->stopping) pthread_cond_wait(&p->work, &p->mu);
+    if (!queued(p)) break; /* stopping and drained */
     run_head(p, id);
   }
   pthread_mutex_unlock(&p->mu);
@@ -128,8 +139,8 @@ static void *standin_main(void *arg) {
   int id;
   kex_pool *p = thread_start(arg, &id);
   for (;;) {
-    if (p->standins > p->blocked || (p->stopping && !p->head)) break;
-    if (!p->head)
+    if (p->standins > p->blocked || (p->stopping && !queued(p))) break;
+    if (!queued(p))
       pthread_cond_wait(&p->work, &p->mu);
     else
       run_head(p, id);
@@ -174,41 +185,52 @@ void kex_pool_unblock(kex_pool *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
-static void enqueue(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front, bool detached) {
+static void enqueue(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front, bool detached, bool background) {
   pthread_mutex_lock(&p->mu);
+  lane *l = background ? &p->bg : &p->fg;
   job->fn = fn;
   job->next = NULL;
   job->done = 0;
   job->detached = detached;
+  job->background = background;
   if (front) {
-    job->next = p->head;
-    p->head = job;
-    if (!p->tail) p->tail = job;
+    job->next = l->head;
+    l->head = job;
+    if (!l->tail) l->tail = job;
   } else {
-    if (p->tail)
-      p->tail->next = job;
+    if (l->tail)
+      l->tail->next = job;
     else
-      p->head = job;
-    p->tail = job;
+      l->head = job;
+    l->tail = job;
   }
   pthread_cond_signal(&p->work);
   pthread_mutex_unlock(&p->mu);
 }
 
-void kex_pool_submit(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) { enqueue(p, job, fn, false, false); }
-void kex_pool_submit_front(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) { enqueue(p, job, fn, true, false); }
-void kex_pool_detach(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front) { enqueue(p, job, fn, front, true); }
+void kex_pool_submit(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) { enqueue(p, job, fn, false, false, false); }
+void kex_pool_submit_front(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) { enqueue(p, job, fn, true, false, false); }
+void kex_pool_submit_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) {
+  enqueue(p, job, fn, false, false, true);
+}
+void kex_pool_detach(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front) {
+  enqueue(p, job, fn, front, true, false);
+}
+void kex_pool_detach_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn) {
+  enqueue(p, job, fn, false, true, true);
+}
 
-/* Under mu: take job off the queue; false when it is not queued. */
+/* Under mu: take job off its lane; false when it is not queued. */
 static bool unqueue(kex_pool *p, kex_pool_job *job) {
+  lane *l = job->background ? &p->bg : &p->fg;
   kex_pool_job *prev = NULL;
-  for (kex_pool_job *j = p->head; j; prev = j, j = j->next) {
+  for (kex_pool_job *j = l->head; j; prev = j, j = j->next) {
     if (j != job) continue;
     if (prev)
       prev->next = j->next;
     else
-      p->head = j->next;
-    if (p->tail == j) p->tail = prev;
+      l->head = j->next;
+    if (l->tail == j) l->tail = prev;
     j->next = NULL;
     return true;
   }

@@ -11,12 +11,19 @@
  *
  * Threads: submit, wait and cancel from any thread.  Jobs run in
  * submission order (FIFO; kex_pool_submit_front puts one at the head: a
- * short job someone is waiting on now), any number at once.  A job that
- * waits for another job of the pool does not hold a worker idle: a worker
- * waiting in kex_pool_wait runs the awaited job itself when it is still
- * queued, so waits nest without deadlock as long as no two jobs wait for
- * each other.  A job must not touch devices (devices/device.h: one thread
- * owns a device) unless the device says that call is thread-safe.  Each
+ * short job someone is waiting on now), any number at once.  Two lanes:
+ * a job submitted as background (kex_pool_submit_background: a beam
+ * search's candidates, many at once) is taken by an idle worker only when
+ * no foreground job is queued, so the work of other calls (planning,
+ * SQLite lookups, compiles) never queues behind a search's hundreds; the
+ * background lane is FIFO too.  A job that waits for another job of the
+ * pool does not hold a worker idle: a worker waiting in kex_pool_wait runs
+ * the awaited job itself when it is still queued, in either lane, so waits
+ * nest without deadlock as long as no two jobs wait for each other, and a
+ * search progresses on its own worker however much foreground work there
+ * is (on a one-thread pool too).  A job must not touch devices
+ * (devices/device.h: one thread owns a device) unless the device says
+ * that call is thread-safe.  Each
  * job learns the index of the worker running it (0 .. size-1), so a caller
  * can keep per-worker state (a replica of a non-thread-safe context) in an
  * array indexed by it: a worker runs one job at a time, the nested job of
@@ -46,6 +53,7 @@ struct kex_pool_job {
   kex_pool_job *next; /* queue link (the pool's) */
   int done;           /* the pool's; read it through kex_pool_wait */
   bool detached;      /* the pool's: kex_pool_detach's job, never touched once fn starts */
+  bool background;    /* the pool's: queued in the background lane (kex_pool_submit_background) */
 };
 
 /*
@@ -62,6 +70,12 @@ void kex_pool_submit(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
 /* Queue job ahead of every queued job. */
 void kex_pool_submit_front(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
 /*
+ * Queue job in the background lane, after the background jobs queued
+ * before it: a worker takes it only while no foreground job is queued (a
+ * worker waiting for it in kex_pool_wait still runs it at once).
+ */
+void kex_pool_submit_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
+/*
  * Queue job like kex_pool_submit (front: like kex_pool_submit_front),
  * detached: the pool does not touch job once fn has started, so fn may
  * hand the job's memory back to its owner (which may free it or submit it
@@ -69,9 +83,11 @@ void kex_pool_submit_front(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
  * queue).
  */
 void kex_pool_detach(kex_pool *p, kex_pool_job *job, kex_pool_fn fn, bool front);
+/* Queue job detached (as kex_pool_detach) in the background lane (as kex_pool_submit_background). */
+void kex_pool_detach_background(kex_pool *p, kex_pool_job *job, kex_pool_fn fn);
 /* Block until job has finished (a worker of p runs it here when it is still queued). */
 void kex_pool_wait(kex_pool *p, kex_pool_job *job);
-/* Take job off the queue if it has not started: true (it never runs); false: it ran or is running. */
+/* Take job off its lane if it has not started: true (it never runs); false: it ran or is running. */
 bool kex_pool_cancel(kex_pool *p, kex_pool_job *job);
 /*
  * A worker of p is about to wait on something outside the pool for long
@@ -84,7 +100,7 @@ bool kex_pool_cancel(kex_pool *p, kex_pool_job *job);
 bool kex_pool_block(kex_pool *p);
 /* The wait is over: the stand-in leaves after its current job. */
 void kex_pool_unblock(kex_pool *p);
-/* Wait for the queued jobs to finish, stop and join the workers, free the pool.  NULL is a no-op. */
+/* Wait for the queued jobs (both lanes) to finish, stop and join the workers, free the pool.  NULL is a no-op. */
 void kex_pool_destroy(kex_pool *p);
 
 /*

@@ -213,7 +213,13 @@ static const flag flags[] = {
    "compile fails again at once"},
   {"max-tunes-per-device", "N", FLAG_U32, F(max_tunes_per_device), 1, 1024, 0, 0, false, NULL,
    "beam searches at once on one device (Tune calls and Submits with beam.beam_width, each for its whole call); "
-   "more are refused"},
+   "more wait in line, and a freed slot goes to the tenant (job without --auth) charged least slot seconds over "
+   "its weight"},
+  {"max-search-queue", "N", FLAG_U32, F(max_search_queue), 0, KEXD_LIMIT_SEARCH_QUEUE_MAX, 0, 0, false, NULL,
+   "searches that may wait for a slot per device (each until its deadline); more are refused (0: none wait)"},
+  {"max-search-queue-per-payer", "N", FLAG_U32, F(max_search_queue_per_payer), 1, KEXD_LIMIT_SEARCH_QUEUE_MAX, 0, 0,
+   false, NULL,
+   "of them, searches of one tenant (one job without --auth); more of its own are refused"},
   {"launch-quantum", "SECONDS", FLAG_SECONDS, F(launch_quantum_s), 0, 0, 0, 10, false, NULL,
    "a submission's kernels go to the device back to back with one wait, about this much device time (from the "
    "plan's last run) per fair-queue turn; other jobs' turns come between (0: one kernel per turn)"},
@@ -382,6 +388,8 @@ void kexd_config_defaults(kexd_config *cfg) {
   cfg->max_kept_graphs = KEXD_LIMIT_KEPT_GRAPHS;
   cfg->max_kept_graph_bytes = KEXD_LIMIT_KEPT_GRAPH_BYTES;
   cfg->max_tunes_per_device = KEXD_LIMIT_TUNES_PER_DEVICE;
+  cfg->max_search_queue = KEXD_LIMIT_SEARCH_QUEUE;
+  cfg->max_search_queue_per_payer = KEXD_LIMIT_SEARCH_QUEUE_PER_PAYER;
   cfg->max_beam = KEXD_LIMIT_BEAM;
   cfg->test_fault_kind = -1;
   parse_devices(cfg, "default", KEXD_DEFAULT_DEVICES);

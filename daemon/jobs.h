@@ -68,6 +68,7 @@ typedef struct kexd_tenant_use {
   uint64_t bytes_reserved;
   uint64_t jobs_opened, submissions, refused; /* since start; refused: calls over one of its limits */
   uint64_t compile_us, search_us; /* since start: its kernels' compiles and its beam searches, wall microseconds */
+  uint64_t search_wait_us;        /* since start: its searches' waits for a search slot, wall microseconds */
   uint64_t max_bytes;
   /* the compile budget (kexd_tenant_budget_*) */
   double compile_budget_s;  /* the bucket's size: compile seconds per hour (0: unlimited) */

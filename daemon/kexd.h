@@ -60,7 +60,10 @@
 #define KEXD_LIMIT_SUBMITS_PER_JOB 16        /* Submit calls in flight per job */
 #define KEXD_LIMIT_KEPT_GRAPHS 64            /* graphs one job keeps (Submit keep_as) */
 #define KEXD_LIMIT_KEPT_GRAPH_BYTES (64u << 20) /* bytes of the graphs one job keeps */
-#define KEXD_LIMIT_TUNES_PER_DEVICE 4        /* Tune calls at once per device */
+#define KEXD_LIMIT_TUNES_PER_DEVICE 4        /* searches at once per device (Tune, Submit with beam.beam_width) */
+#define KEXD_LIMIT_SEARCH_QUEUE 64           /* searches waiting for a slot per device */
+#define KEXD_LIMIT_SEARCH_QUEUE_PER_PAYER 16 /* ... of them one payer's (the tenant with --auth, else the job) */
+#define KEXD_LIMIT_SEARCH_QUEUE_MAX 4096     /* the largest --max-search-queue (a freed slot's pick reads the line) */
 #define KEXD_LIMIT_BEAM 16                   /* the widest beam a Submit or Tune may ask for */
 
 typedef struct kexd_config {
@@ -76,7 +79,9 @@ typedef struct kexd_config {
   uint32_t max_submits_per_job;  /* Submit calls in flight per job */
   uint32_t max_kept_graphs;      /* graphs one job keeps (Submit keep_as; least recently used go first) */
   uint64_t max_kept_graph_bytes; /* bytes of the graphs one job keeps */
-  uint32_t max_tunes_per_device; /* Tune calls at once per device */
+  uint32_t max_tunes_per_device; /* searches at once per device (Tune, Submit with beam.beam_width) */
+  uint32_t max_search_queue;     /* searches waiting for a slot per device (0: none wait, refused at once) */
+  uint32_t max_search_queue_per_payer; /* ... of them one payer's */
   uint32_t max_beam;             /* the widest beam a Submit or Tune may ask for */
   const char *fleet_cache;       /* --fleet-cache / KEX_FLEET_CACHE: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], or NULL */
   double fleet_lease_s;          /* a search's lease on its kernel in the fleet (renewed while it runs) */
@@ -147,7 +152,8 @@ typedef struct kexd {
   /* --auth (auth.c, request.c) */
   struct kexd_auth *auth;        /* the tenants now; NULL without --auth */
   uint64_t auth_reloads, auth_reload_errors, unauthenticated, permission_denied;
-  uint32_t tunes_active[KEXD_MAX_DEVICES]; /* Tune calls running per device (--max-tunes-per-device) */
+  uint32_t tunes_active[KEXD_MAX_DEVICES]; /* searches holding a slot per device (--max-tunes-per-device) */
+  struct kexd_searches *searches; /* the lines of searches waiting for a slot, their payers (searches.c) */
   void *rpc_routes;             /* the method table's per-method server data (rpc.c), kex_malloc'd */
   struct kexd_streams *streams;  /* the server-stream writers' hub (stream.c) */
   /* Tune and Submit's beam hook (tune.c) */

@@ -69,6 +69,7 @@ static void close_handles(daemon_state *st) {
   kexd_jobs_close(&st->d.jobs); /* cancels queued work and posts the buffers' frees ... */
   if (st->d.disp) kexd_dispatch_stop(st->d.disp, NULL, NULL); /* ... which run before the runners exit */
   kexd_streams_close(st->d.streams); /* every call is gone: no stream is written any more */
+  kexd_searches_close(&st->d);       /* ... and none waits for a search slot */
   if (st->signals_open) {
     st->signals_open = false;
     uv_close((uv_handle_t *)&st->sigterm, NULL);
@@ -317,7 +318,8 @@ int main(int argc, char **argv) {
     goto out_handles;
   }
   kexd_engines_targets(d); /* each device opened once to read its rules and capabilities */
-  if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_cache_rpc_init(d) < 0 || kexd_rpc_register(d) < 0 ||
+  if (kexd_submit_init(d) < 0 || kexd_tune_init(d) < 0 || kexd_searches_init(d) < 0 || kexd_cache_rpc_init(d) < 0 ||
+      kexd_rpc_register(d) < 0 ||
       kexd_jobs_init(&d->jobs, &loop, d->cfg.lease_s, d->cfg.max_jobs, d->disp) < 0 || kexd_fleet_start(d) < 0) {
     ret = 1;
     goto out_handles;
@@ -353,6 +355,7 @@ out_handles:
 out_server:
   kexd_submit_free(d); /* after the runners exited: their loaded programs are freed here */
   kexd_tune_free(d);
+  kexd_searches_free(d);
   kexd_fleet_free(d); /* every search is back */
   kexd_cache_rpc_free(d);
   kexd_engines_free(d); /* the worker threads are idle: the loop ran out */

@@ -84,6 +84,9 @@ static const tenant_row tenant_rows[] = {
     {"kex_tenant_compile_budget_refused_total", "counter",
      "Submits refused RESOURCE_EXHAUSTED because they needed a kernel compiled while the tenant's compile budget "
      "(max_compile_seconds, --tenant-compile-budget) was spent.", TU(compile_budget_refused), false, 1},
+    {"kex_tenant_search_wait_seconds_total", "counter",
+     "Seconds the tenant's searches waited in line for a search slot (--max-tunes-per-device).", TU(search_wait_us),
+     false, 1e-6},
 };
 #undef TU
 #define KEXD_METRICS_TENANT_ROWS ((int)(sizeof tenant_rows / sizeof tenant_rows[0]))
@@ -120,6 +123,7 @@ typedef struct snapshot {
     double busy_s;
     kexd_histogram wait;
     uint64_t held_bytes;
+    uint32_t searches, searches_waiting; /* holding a search slot, waiting for one */
   } devices[KEXD_MAX_DEVICES];
 } snapshot;
 
@@ -184,6 +188,7 @@ static void collect(kexd *d, snapshot *s) {
     snprintf(s->devices[i].name, sizeof s->devices[i].name, "%s", d->cfg.devices[i]);
     kexd_dispatch_device_stats(d->disp, i, &s->devices[i].busy_s, &s->devices[i].wait);
     s->devices[i].held_bytes = d->jobs.held_by_device[i];
+    kexd_search_counts(d, i, &s->devices[i].searches, &s->devices[i].searches_waiting);
   }
   s->unauthenticated = d->unauthenticated;
   s->permission_denied = d->permission_denied;
@@ -340,6 +345,12 @@ static void format(page *p, const snapshot *s) {
   head(p, "kex_device_held_bytes", "gauge", "Device memory that open jobs' buffers hold, by device.");
   for (uint32_t i = 0; i < s->ndevices; i++)
     put_device_sample(p, "kex_device_held_bytes", s->devices[i].name, (double)s->devices[i].held_bytes);
+  head(p, "kex_device_searches", "gauge", "Beam searches holding one of the device's search slots now, by device.");
+  for (uint32_t i = 0; i < s->ndevices; i++)
+    put_device_sample(p, "kex_device_searches", s->devices[i].name, (double)s->devices[i].searches);
+  head(p, "kex_device_searches_waiting", "gauge", "Beam searches waiting in line for a search slot now, by device.");
+  for (uint32_t i = 0; i < s->ndevices; i++)
+    put_device_sample(p, "kex_device_searches_waiting", s->devices[i].name, (double)s->devices[i].searches_waiting);
   kexd_accept_guard_stats(&as);
   head(p, "kex_connections_open", "gauge", "gRPC client connections open now.");
   kex_strbuf_printf(p, "kex_connections_open %u\n", as.open);

@@ -3,9 +3,9 @@
  * with protobuf-c through kex_malloc (size checked again, strings checked on
  * the wire by wire.c), the job check, the device index, failing a call with
  * a kex error; and the per-call gate and end (--auth tokens and roles,
- * the tenant check on jobs, the Submit and Tune slots, one access-log line
- * per call).  Loop thread only (the decode's out-of-memory flag is
- * per-thread).
+ * the tenant check on jobs, the Submit slots and the search permission
+ * with its slot (searches.c), one access-log line per call).  Loop thread
+ * only (the decode's out-of-memory flag is per-thread).
  */
 #include <grpc/status.h>
 #include <stdbool.h>
@@ -167,10 +167,7 @@ void kexd_rpc_call_end(kexd_call *c, int status, void *ud) {
     if (job && job->submits) job->submits--;
     ci->submit_job = 0;
   }
-  if (ci->tune_device) {
-    if (d->tunes_active[ci->tune_device - 1]) d->tunes_active[ci->tune_device - 1]--;
-    ci->tune_device = 0;
-  }
+  kexd_search_slot_end(d, c); /* its search slot given back, or its place in line left */
   if (kex_log_get_level() <= KEX_LOG_INFO) {
     kexd_call_peer_host(c, peer, sizeof peer);
     char ms[32];
@@ -232,8 +229,7 @@ int kexd_rpc_submit_begin(kexd *d, kexd_call *c, kexd_job *job, uint32_t width) 
 }
 
 int kexd_rpc_search_begin(kexd *d, kexd_call *c, kexd_job *job, const Kex__V1__BeamOptions *b, uint32_t fallback,
-                          const char *device, uint32_t *width) {
-  kexd_call_info *ci = kexd_call_ext(c);
+                          const char *device, uint32_t *width, kexd_search_resume resume) {
   const kexd_tenant *t = kexd_rpc_tenant(c);
   int dev;
   if (kexd_rpc_beam_options(d, c, b, fallback, width) < 0) return -1;
@@ -246,16 +242,7 @@ int kexd_rpc_search_begin(kexd *d, kexd_call *c, kexd_job *job, const Kex__V1__B
   }
   if (check_beam(d, c, job, *width) < 0) return -1;
   if (!device || (dev = kexd_rpc_device_index(d, device)) < 0 || dev >= KEXD_MAX_DEVICES) return 0;
-  if (d->tunes_active[dev] >= d->cfg.max_tunes_per_device) {
-    kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                    "%s: device %s runs %u searches (Tune calls and Submits with beam.beam_width), the limit "
-                    "(--max-tunes-per-device)", short_method(kexd_call_method(c)), d->cfg.devices[dev],
-                    d->tunes_active[dev]);
-    return -1;
-  }
-  d->tunes_active[dev]++;
-  ci->tune_device = (uint32_t)dev + 1;
-  return 0;
+  return kexd_search_slot(d, c, job, (uint32_t)dev, resume); /* now, or a place in the device's line */
 }
 
 int kexd_rpc_device_index(const kexd *d, const char *name) {

@@ -9,7 +9,10 @@
  * call that can start a beam search (Submit, Tune: the search column,
  * kexd_rpc_search_begin: may_tune, the width limits, the device's search
  * slots), and frees the request once the handler returns; the handler gets
- * a kexd_req.  The two client streams (Upload, ImportCache) read their own
+ * a kexd_req.  A search whose device has no free slot waits in line
+ * (searches.c): the table keeps its decoded request in the call and runs
+ * the handler when the slot comes (resume_search), the job looked up
+ * again then.  The two client streams (Upload, ImportCache) read their own
  * messages.
  *
  * The handlers live one concept per file: info.c (health, devices,
@@ -37,7 +40,7 @@ typedef enum job_rule {
 } job_rule;
 
 /* Whether a call of the method can start a beam search: the permission and the limits of one
-   (kexd_rpc_search_begin: may_tune, --max-beam and max_beam, --max-tunes-per-device), checked here for
+   (kexd_rpc_search_begin: may_tune, --max-beam and max_beam, a search slot), checked here for
    every method that can, after the decode and before its handler, never by a handler. */
 typedef enum search_rule {
   SEARCH_NONE,
@@ -103,12 +106,15 @@ static const char *job_field(const method *m, const ProtobufCMessage *msg) {
   return token ? token : "";
 }
 
+static void resume_search(kexd *d, kexd_call *c);
+
 /*
  * The search column: a Submit's or Tune's BeamOptions and the device its graph names (a Submit's
  * graph_ref: the kept graph's) to kexd_rpc_search_begin, which refuses a search the caller may not
- * start; rq->beam_width is the width the handler uses.  False when it refused (the call finished).
+ * start; rq->beam_width is the width the handler uses.  0: go on; KEXD_SEARCH_WAITING: the call waits
+ * for a slot (resume_search goes on); -1: refused (the call finished).
  */
-static bool search_gate(kexd *d, const method *m, kexd_call *c, kexd_req *rq) {
+static int search_gate(kexd *d, const method *m, kexd_call *c, kexd_req *rq) {
   const Kex__V1__BeamOptions *beam;
   const Kex__V1__Graph *graph;
   const char *device = NULL;
@@ -122,18 +128,50 @@ static bool search_gate(kexd *d, const method *m, kexd_call *c, kexd_req *rq) {
   }
   if (graph) device = graph->device ? graph->device : "";
   return kexd_rpc_search_begin(d, c, rq->job, beam, m->search == SEARCH_ALWAYS ? TUNE_DEFAULT_WIDTH : 0, device,
-                               &rq->beam_width) == 0;
+                               &rq->beam_width, resume_search);
 }
 
 static void serve(kexd *d, const method *m, kexd_call *c, const uint8_t *bytes, size_t len) {
   kexd_req r = {NULL, NULL, kex_trace_now_us(), 0};
   const char *token;
+  int rc;
   if (!(r.msg = kexd_rpc_decode(d, c, m->req, bytes, len))) return;
   token = m->job == JOB_NONE ? "" : job_field(m, r.msg);
   if ((m->job == JOB_REQUIRED || *token) && !(r.job = kexd_rpc_need_job(d, c, token))) goto out;
-  if (m->search != SEARCH_NONE && !search_gate(d, m, c, &r)) goto out;
+  if (m->search != SEARCH_NONE && (rc = search_gate(d, m, c, &r)) != 0) {
+    if (rc == KEXD_SEARCH_WAITING) { /* the call keeps the request until its slot comes (or it ends first) */
+      kexd_search_place *pl = &((kexd_call_info *)kexd_call_ext(c))->search;
+      pl->msg = r.msg, pl->method = m, pl->arrived_us = r.arrived_us, pl->width = r.beam_width;
+      return;
+    }
+    goto out;
+  }
   m->fn(d, c, &r);
 out:
+  kexd_rpc_free_msg(r.msg);
+}
+
+/*
+ * A search that waited got its slot (searches.c, on a later turn of the loop): its method's handler runs
+ * now with the request the call kept, unless the deadline passed (DEADLINE_EXCEEDED) or the job was closed
+ * meanwhile (NOT_FOUND).  The job's lease is renewed, as at arrival.
+ */
+static void resume_search(kexd *d, kexd_call *c) {
+  kexd_call_info *ci = kexd_call_ext(c);
+  const method *m = ci->search.method;
+  kexd_req r = {ci->search.msg, NULL, ci->search.arrived_us, ci->search.width};
+  const char *name = strrchr(m->path, '/') + 1;
+  ci->search.msg = NULL;
+  if (kexd_call_time_left(c) <= 0) {
+    kexd_call_failf(c, GRPC_STATUS_DEADLINE_EXCEEDED, "%s: the deadline passed while the search waited for a slot",
+                    name);
+  } else if (!(r.job = kexd_jobs_find_id(&d->jobs, ci->job))) {
+    kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "%s: the job was closed while its search waited for a slot", name);
+  } else {
+    uv_update_time(d->loop);
+    r.job->last_used_ms = uv_now(d->loop);
+    m->fn(d, c, &r);
+  }
   kexd_rpc_free_msg(r.msg);
 }
 

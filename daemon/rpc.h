@@ -42,6 +42,30 @@ kexd_job *kexd_rpc_need_job(kexd *d, kexd_call *c, const char *token);
  */
 int kexd_rpc_graph_from_pb(const kexd *d, const Kex__V1__Graph *pg, const char *device, const kex_limits *lim,
                            kexd_job *job, kex_graph **out, kex_error *err);
+/* A waiting search's slot came (searches.c): the call goes on (rpc.c: its handler runs now). */
+typedef void (*kexd_search_resume)(kexd *d, kexd_call *c);
+
+/*
+ * A call's place among its device's searches (searches.c): holding one of
+ * the search slots, or waiting in the device's line for one.
+ */
+typedef struct kexd_search_place {
+  kexd_call *call;
+  struct kexd_search_payer *payer; /* who is charged for the slot: the tenant with --auth, else the job */
+  struct kexd_search_place *next;  /* the line, while waiting */
+  kexd_search_resume resume;       /* how a waiting call goes on when its slot comes */
+  double since_us;                 /* kexd_now_us() when it joined the line, then when it took the slot */
+  uint32_t weight;                 /* its job's weight (>= 1): the slot's seconds are charged over it */
+  kexd_tenant_use *use;            /* its job's tenant's usage record (lives as long as kexd): shows the wait */
+  bool waiting;
+  /* the caller's continuation while waiting (rpc.c: the decoded request and its method row), which
+     kexd_search_slot_end frees when the call ends first */
+  void *msg;
+  const void *method;
+  uint64_t arrived_us;
+  uint32_t width;
+} kexd_search_place;
+
 /*
  * What request.c keeps on each call (the server's per-call bytes,
  * kexd_call_ext): who it is, the job it named, the slots it holds.
@@ -51,7 +75,8 @@ typedef struct kexd_call_info {
   uint64_t job;              /* the job it named (kexd_rpc_need_job, OpenJob), 0 none */
   char job_log[9];           /* that job's log id */
   uint64_t submit_job;       /* it holds a Submit slot of this job (--max-submits-per-job) */
-  uint32_t tune_device;      /* 1 + the device whose Tune slot it holds (--max-tunes-per-device); 0 none */
+  uint32_t tune_device;      /* 1 + the device whose search slot it holds or waits for (searches.c); 0 none */
+  kexd_search_place search;  /* that slot or place in line */
 } kexd_call_info;
 
 /* Who may call a method (the method table's role column, rpc.c). */
@@ -109,17 +134,20 @@ int kexd_rpc_beam_options(kexd *d, kexd_call *c, const Kex__V1__BeamOptions *b, 
  * caller asked for a search (Tune always; Submit when b->beam_width > 0),
  * the tenant's may_tune (PERMISSION_DENIED), the width limits (--max-beam,
  * max_beam) and a search slot on `device` (a configured device name, ""
- * the default; NULL or unknown: no slot, the handler refuses the device),
- * RESOURCE_EXHAUSTED naming --max-tunes-per-device at the limit.  The slot
- * is held until the call ends (kexd_rpc_call_end), whether or not a search
- * runs: a beam Submit whose kernels are all in the beam cache searches
- * nothing, but is checked before kexd knows that.  A Submit whose width
- * comes from the operator's --beam asked for nothing: it needs no may_tune
- * and no slot (its width limits are kexd_rpc_submit_begin's).  0, or -1
- * with the call finished.
+ * the default; NULL or unknown: no slot, the handler refuses the device)
+ * from kexd_search_slot: taken now, or a place in the device's line
+ * (`resume` goes on with the call when its slot comes; NULL: the call
+ * cannot wait and is refused when every slot is held).  The slot is held
+ * until the call ends (kexd_rpc_call_end), whether or not a search runs: a
+ * beam Submit whose kernels are all in the beam cache searches nothing,
+ * but is checked before kexd knows that.  A Submit whose width comes from
+ * the operator's --beam asked for nothing: it needs no may_tune and no
+ * slot (its width limits are kexd_rpc_submit_begin's).  0: go on now;
+ * KEXD_SEARCH_WAITING: the call waits in line (the caller keeps its
+ * continuation in kexd_call_info.search); -1: the call is finished.
  */
 int kexd_rpc_search_begin(kexd *d, kexd_call *c, kexd_job *job, const Kex__V1__BeamOptions *b, uint32_t fallback,
-                          const char *device, uint32_t *width);
+                          const char *device, uint32_t *width, kexd_search_resume resume);
 
 /* Index of the configured device `name` names ("" and "default": the first); -1 when none. */
 int kexd_rpc_device_index(const kexd *d, const char *name);
@@ -215,6 +243,39 @@ struct kex_program_src;
 int kexd_tune_lower_item(const kexd_beam_req *br, const struct kex_graph *g, const struct kex_schedule *s,
                          uint32_t item, struct kex_name_counter *names, struct kex_program_src *out, char *opts,
                          size_t opts_len, kex_error *err);
+
+/* ---- searches.c: the search slots of each device and the line of searches waiting for one ---- */
+
+#define KEXD_SEARCH_WAITING 1 /* kexd_search_slot, kexd_rpc_search_begin: the call waits in line for a slot */
+
+/* Set up d->searches (the lines, and the wake that gives freed slots on a later turn of the loop).  0 or a code. */
+int kexd_searches_init(kexd *d);
+/* Close the wake, with the loop's other handles (every call is gone). */
+void kexd_searches_close(kexd *d);
+/* Free d->searches after the loop ran out. */
+void kexd_searches_free(kexd *d);
+/*
+ * A search slot on device dev for call c's search, paid for by job's
+ * payer (the tenant with --auth, else the job) with job's weight.  A free
+ * slot nobody waits for is taken now: 0.  Else the call joins the
+ * device's line and KEXD_SEARCH_WAITING is returned: it waits, holding no
+ * pool worker, until a slot is freed and given to it (resume(d, c), on
+ * the loop, on a later turn than the one that freed it), until its call
+ * ends (client cancel, deadline: kexd_search_slot_end takes it out of
+ * line), or until kexd stops (UNAVAILABLE).  A freed slot goes to the
+ * waiting call whose payer has been charged least (within a payer, in
+ * turn): each payer is charged the seconds its searches hold slots over
+ * their jobs' weights, and a payer with nothing running or waiting is
+ * forgotten (it comes back level with the least charged one, not with
+ * credit).  -1 with the call finished RESOURCE_EXHAUSTED when the line
+ * is full (--max-search-queue), when the payer already has
+ * --max-search-queue-per-payer calls in it, or when resume is NULL.
+ */
+int kexd_search_slot(kexd *d, kexd_call *c, kexd_job *job, uint32_t dev, kexd_search_resume resume);
+/* Call c ends: the slot it holds is given back (charged; the line is served on a later turn), or it leaves the line. */
+void kexd_search_slot_end(kexd *d, kexd_call *c);
+/* Searches holding a slot and waiting for one on device dev now. */
+void kexd_search_counts(const kexd *d, uint32_t dev, uint32_t *running, uint32_t *waiting);
 
 /* ---- cache_rpc.c ---- */
 

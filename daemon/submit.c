@@ -521,6 +521,7 @@ static void sub_queue_work(submission *s, kex_work_fn work, kex_work_after_fn af
   s->work.fn = work;
   s->work.after = after;
   s->work.data = s;
+  s->work.background = s->beam.width > 0; /* the build searches: other calls' pool work goes first */
   kexd_stream_ref(&s->st);
   if (kexd_work_submit(s->d, &s->work) < 0) {
     kexd_stream_unref(&s->st);

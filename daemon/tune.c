@@ -3,10 +3,13 @@
  * and the beam hook Submit calls to lower a kernel with searched opts.
  *
  * Searches (search/beam.h) block for seconds, so they never run on the
- * loop thread: a Tune is one piece of pool work (daemon/work.h) that replays, schedules and
- * optimizes every kernel in turn; Submit's hook runs inside Submit's own
- * pool work.  Both search on the process's one pool (core/pool.h: render
- * and compile workers) and route every device job a search makes
+ * loop thread: a Tune is one piece of pool work (daemon/work.h) that
+ * replays, schedules and optimizes every kernel in turn; Submit's hook
+ * runs inside Submit's own pool work.  Both are background work of the
+ * process's one pool (core/pool.h: taken only while no other call's work
+ * is queued), as are their candidates' renders and compiles, and both
+ * hold one of the device's search slots for the whole call (searches.c,
+ * taken or waited for before the handler runs).  They route every device job a search makes
  * through the caller's job flow on the device's runner (dispatch.h,
  * kexd_route: fair-queued, charged to the job).  A search stops itself
  * between candidates when its call is cancelled (client cancel, deadline,
@@ -406,7 +409,7 @@ void kexd_rpc_tune(kexd *d, kexd_call *c, kexd_req *rq) {
   t->route = (kexd_route){d->disp, t->device, job->id, job->weight, &t->cancel, INFINITY, false};
   kexd_stream_start(&t->st, d->streams, c, &tune_ops, t);
   kex_log(KEX_LOG_DEBUG, t->log_id, 0, "Tune: beam %d on %s", t->bo.width, d->cfg.devices[dev]);
-  t->work = (kex_work){.fn = tune_work, .after = tune_after, .data = t};
+  t->work = (kex_work){.fn = tune_work, .after = tune_after, .data = t, .background = true}; /* others' work first */
   kexd_stream_hold(&t->st);
   if (kexd_work_submit(d, &t->work) < 0) {
     t->rc = kex_err_set(&t->err, KEX_EUNAVAILABLE, "the worker pool is not available");

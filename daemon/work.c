@@ -97,7 +97,8 @@ int kexd_work_submit(kexd *d, kex_work *w) {
   q->pending++;
   pthread_mutex_unlock(&q->mu);
   priv_of(w)->q = q;
-  kex_pool_detach(kex_pool_process(), &priv_of(w)->job, run_work, false);
+  if (w->background) kex_pool_detach_background(kex_pool_process(), &priv_of(w)->job, run_work);
+  else kex_pool_detach(kex_pool_process(), &priv_of(w)->job, run_work, false);
   return 0;
 }
 

@@ -16,9 +16,10 @@ struct kexd;
 typedef struct kexd_workq kexd_workq;
 
 /*
- * Loop thread: run w->fn on the pool, then w->after(w, 0) on the loop
- * thread.  0, or KEX_EUNAVAILABLE (no engines yet, or the loop cannot be
- * woken; after is never called).
+ * Loop thread: run w->fn on the pool (w->background: in its background
+ * lane, after every queued foreground job), then w->after(w, 0) on the
+ * loop thread.  0, or KEX_EUNAVAILABLE (no engines yet, or the loop cannot
+ * be woken; after is never called).
  */
 int kexd_work_submit(struct kexd *d, kex_work *w);
 /* The executor of d (kexd_work_submit). */

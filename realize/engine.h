@@ -59,6 +59,7 @@ struct kex_work {
   kex_work_fn fn;
   kex_work_after_fn after;
   void *data;
+  bool background; /* a search's work: run after the work queued that is not (kexd: the pool's background lane) */
   union {
     unsigned char bytes[KEX_WORK_PRIV];
     void *align;

@@ -1016,7 +1016,7 @@ static void prebuild(search *s, const search_ctx *sc, kex_pool *pool, round_set 
   if (r->ntodo < 2 || !sc->dev) return;
   if (kex_device_get_info(sc->dev)->compile_thread_safe) {
     r->prebuilt = PREBUILT_BINARY;
-    for (int j = 0; j < r->ntodo; j++) kex_pool_submit(pool, &r->cands[r->todo[j]]->cjob, compile_candidate);
+    for (int j = 0; j < r->ntodo; j++) kex_pool_submit_background(pool, &r->cands[r->todo[j]]->cjob, compile_candidate);
     for (int j = 0; j < r->ntodo; j++) kex_pool_wait(pool, &r->cands[r->todo[j]]->cjob);
   } else {
     batch_job bj = {s, r->cands, r->todo, r->ntodo};
@@ -1497,7 +1497,7 @@ static int run_search(search *s, search_ctx *sc, const kex_kernel *k0, kex_pool 
     res->rounds = round;
     if ((rc = expand_beam(s, sc, k0, beam, nbeam, &r, err))) break;
     s->prog.round_candidates = (uint32_t)r.n;
-    for (int i = 0; i < r.n; i++) kex_pool_submit(pool, &r.cands[i]->job, lower_candidate);
+    for (int i = 0; i < r.n; i++) kex_pool_submit_background(pool, &r.cands[i]->job, lower_candidate);
     r.best = INFINITY;
     r.screen_s = 0;
     rc = pick_to_compile(s, pool, nbeam, &r, &seen_src, err);

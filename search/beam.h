@@ -16,7 +16,10 @@
  * What differs, and why:
  *   - candidates are rendered (lowered) in parallel on a worker pool
  *     (core/pool.h: the caller's, opts->pool, which other searches may
- *     share, else the process's); each worker lowers in its own
+ *     share, else the process's), in its background lane: a queued
+ *     foreground job (another call's planning, lookups, compiles) is
+ *     taken first, and the searching thread runs a candidate it waits for
+ *     itself when no worker took it yet; each worker lowers in its own
  *     replica of the graph's replay (shape contexts are single-threaded;
  *     the search keeps one per worker index), so a work item is only the
  *     item index and the opts list;

@@ -66,8 +66,8 @@ def main():
               all(res.get(n) is not None and np.all(res[n] == np.arange(n) + 2) for n in sizes) and
               out["rejected"] == a.kernels and out["searches"] == a.kernels and out["lease_waits"] == 0, out)
         check("the storm ends in searching time, far from --fleet-wait-max (600 s)", wall < 120, wall)
-        # the pool's queue is first come, first served: the plain Submit's compile waits for the candidates the
-        # searches queued before it (seconds), never for a lease (--fleet-wait-max)
+        # searches are the pool's background work: the plain Submit's planning and compile wait at most for a
+        # worker to end the search it runs (seconds), never for a lease (--fleet-wait-max)
         check("another job's plain Submit of a new graph meanwhile finishes within the storm's time, not a lease's",
               plain is not None and np.all(plain == 36) and plain_s < wall + 1, (plain_s, wall))
         if a.json:

@@ -35,8 +35,10 @@ static void teardown(void) {
     while (!stopped) uv_run(&loop, UV_RUN_ONCE);
   }
   if (d.streams) kexd_streams_close(d.streams); /* every call is gone: no stream is written any more */
+  kexd_searches_close(&d);
   uv_run(&loop, UV_RUN_DEFAULT);
   kexd_tune_free(&d);
+  kexd_searches_free(&d);
   kexd_cache_rpc_free(&d);
   kexd_engines_free(&d);
   kexd_streams_free(d.streams);
@@ -76,7 +78,7 @@ static void setup(int serving, const char *cache_path) {
         kexd_engines_start(&d) < 0 || kexd_tune_init(&d) < 0 || kexd_cache_rpc_init(&d) < 0)
       abort();
   }
-  if (kexd_jobs_init(&d.jobs, &loop, d.cfg.lease_s, d.cfg.max_jobs, d.disp) < 0) abort();
+  if (kexd_jobs_init(&d.jobs, &loop, d.cfg.lease_s, d.cfg.max_jobs, d.disp) < 0 || kexd_searches_init(&d) < 0) abort();
   kexd_jobs_set_node(&d.jobs, "fuzz", "127.0.0.1:1"); /* FUZZ_TOKEN works bare; a tail reaches the node checks */
   d.jobs.max_buffers = d.cfg.max_buffers_per_job;
   open_job();

@@ -6,8 +6,10 @@ KEX_STUBS, KEXD_TMP, KEXD_AUTH, TOK_<NAME> and ENTRY_<NAME> (the --auth
 entries).  Tenants: ops (admin), alice (user: max_jobs 2, max_bytes 4096,
 max_weight 4, max_beam 2), bob (user, no limits), carol (user, may_tune
 false); dave is only in the file SIGHUP loads.  kexd runs with --max-beam 3,
---max-submits-per-job 1 and --max-tunes-per-device 1, and _BusyWork keeps
-the cpu device busy so that calls stay in flight.  Prints "ok - ..." /
+--max-submits-per-job 1, --max-tunes-per-device 1 and --max-search-queue 0
+(a search finding the slot held is refused at once instead of waiting:
+test_tenants.py part 8 has the line), and _BusyWork keeps the cpu device
+busy so that calls stay in flight.  Prints "ok - ..." /
 "FAIL - ..." per check and, last, "N passed, N failed".
 """
 import http.client
@@ -56,7 +58,8 @@ class Server:
             [KEXD, "--listen", f"127.0.0.1:{self.port}", "--device", "cpu", "--cache", os.path.join(TMP, "auth-cache.db"),
              "--auth", AUTH, "--tls-cert", os.path.join(TMP, "server.pem"), "--tls-key", os.path.join(TMP, "server.key"),
              "--log-format", "json", "--metrics", f"127.0.0.1:{self.mport}", "--max-beam", "3",
-             "--max-submits-per-job", "1", "--max-tunes-per-device", "1", "--test-busy-work", "--grace", "1"],
+             "--max-submits-per-job", "1", "--max-tunes-per-device", "1", "--max-search-queue", "0", "--test-busy-work",
+             "--grace", "1"],
             stdout=self.log, stderr=subprocess.STDOUT)
         with open(CA, "rb") as f:
             self.ch = grpc.secure_channel(f"127.0.0.1:{self.port}", grpc.ssl_channel_credentials(f.read()))
@@ -256,7 +259,7 @@ def beam_permission(k):
 
 
 def server_limits(k, jb, jo):
-    """--max-submits-per-job 1 and --max-tunes-per-device 1 while the cpu runner is kept busy."""
+    """--max-submits-per-job 1 and --max-tunes-per-device 1 (--max-search-queue 0) while the cpu runner is kept busy."""
     k.busy(kex_pb2.BusyWorkRequest(job=jb, items=3, ms=300), metadata=md("bob"), timeout=5)
     req = kex_pb2.SubmitRequest(job=jb, graph=add_graph(), only_done=True, free_outputs=True)
     first = k.kex.Submit(req, metadata=md("bob"), timeout=30)
@@ -269,8 +272,8 @@ def server_limits(k, jb, jo):
     time.sleep(0.2)
     e = rpc_error(lambda: list(k.kex.Tune(kex_pb2.TuneRequest(job=jb, graph=add_graph()), metadata=md("bob"),
                                           timeout=10)))
-    check("a second Tune on the device: RESOURCE_EXHAUSTED naming --max-tunes-per-device",
-          code_says(e, RE, "--max-tunes-per-device"), desc(e))
+    check("a second Tune on the device: RESOURCE_EXHAUSTED naming --max-tunes-per-device and --max-search-queue",
+          code_says(e, RE, "--max-tunes-per-device", "--max-search-queue"), desc(e))
     jb2 = k.open("bob")
     s0 = searches_run(k)
     e = rpc_error(submit, k, "bob", jb2, width=2)

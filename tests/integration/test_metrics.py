@@ -119,7 +119,8 @@ def check_families(fams, text):
             "kex_beam_cache_hits": "counter", "kex_beam_cache_misses": "counter", "kex_beam_searches": "counter",
             "kex_connections_open": "gauge", "kex_connections_refused": "counter",
             "kex_beam_search_seconds": "counter", "kex_queue_wait_seconds": "histogram",
-            "kex_device_busy_seconds": "counter", "kex_device_held_bytes": "gauge"}
+            "kex_device_busy_seconds": "counter", "kex_device_held_bytes": "gauge", "kex_device_searches": "gauge",
+            "kex_device_searches_waiting": "gauge"}
     wrong = {n: (fams[n].type if n in fams else None) for n, t in want.items() if n not in fams or fams[n].type != t}
     check("every family is served with its TYPE", not wrong, wrong)
     nohelp = [n for n in want if n in fams and not fams[n].documentation]

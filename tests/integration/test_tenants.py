@@ -21,6 +21,12 @@ stops it as one check:
    (the flag's bounds, a bad entry refused at load), a tenant past its
    budget refused new compiles while its cached kernels still run, and the
    others unaffected.
+9. searches share a device's slots: with --max-tunes-per-device 1 while
+   alice's search holds the slot, bob's Tune and carol's beam Submit wait
+   and then run (they were refused RESOURCE_EXHAUSTED); a waiting search
+   ends by its deadline or a client cancel and leaves no slot taken; the
+   line's limits (--max-search-queue, --max-search-queue-per-payer) refuse
+   past them, naming the flag; SIGTERM ends a waiting search UNAVAILABLE.
 
 KEX_TENANTS_PARTS="2,3" runs only those parts.  Prints "ok - ..." /
 "FAIL - ..." per check and, last, "N passed, N failed".
@@ -30,9 +36,11 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.environ["KEX_STUBS"])
@@ -637,12 +645,135 @@ def compile_budget():
         e = [submit("carol", 7), submit("carol", 8)]
         check("8: carol's own max_compile_seconds 3600 wins over the flag: both compile", e == [None, None],
               [desc(x) for x in e])
+
+
+# ---- 9. searches wait for a slot, fairly ----
+
+class Search(threading.Thread):
+    """A search of who's as a call of its own: a Tune (width 1), or a Submit with beam.beam_width 1 (submit=True);
+    .error (the RpcError it ended with, or None), .ok (a Tune's finished event, a Submit's done event arrived),
+    .ended (time.time() at its end)."""
+
+    def __init__(self, s, who, job, graph, submit=False, timeout=60):
+        super().__init__()
+        self.s, self.who, self.job, self.graph, self.submit, self.timeout = s, who, job, graph, submit, timeout
+        self.error, self.ok, self.ended, self.it = None, False, None, None
+        self.start()
+
+    def run(self):
+        beam = kex_pb2.BeamOptions(beam_width=1)
+        if self.submit:
+            self.it = self.s.kex.Submit(kex_pb2.SubmitRequest(job=self.job, graph=self.graph, beam=beam, only_done=True,
+                                                              free_outputs=True), metadata=md(self.who),
+                                        timeout=self.timeout)
+        else:
+            self.it = self.s.kex.Tune(kex_pb2.TuneRequest(job=self.job, graph=self.graph, beam=beam),
+                                      metadata=md(self.who), timeout=self.timeout)
+        try:
+            evs = list(self.it)
+            self.ok = any(e.finished for e in evs) if not self.submit else evs[-1].HasField("done")
+        except grpc.RpcError as e:
+            self.error = e
+        self.ended = time.time()
+
+
+def hold_slot(s, busy, job, s_=1.2):
+    """alice's search holds the device's one slot for at least s_ seconds: her job's device flow is first kept busy
+    (_BusyWork) so her Tune's timing runs wait behind it.  Returns her Search."""
+    busy(kex_pb2.BusyWorkRequest(job=job, items=4, ms=int(s_ * 250)), metadata=md("alice"), timeout=5)
+    a = Search(s, "alice", job, add_graph())
+    time.sleep(0.2)
+    return a
+
+
+def sub_graph():
+    """a - b (float32[8], 3.0 and 0.5) on cpu: a kernel of its own."""
+    return binary_graph("SUB", 3.0, 0.5, 8)
+
+
+def searches():
+    s = Server(auth_file("auth-search.json"), "--max-tunes-per-device", "1", "--test-busy-work")
+    busy = s.ch.unary_unary("/kex.v1.Kex/_BusyWork", request_serializer=kex_pb2.BusyWorkRequest.SerializeToString,
+                            response_deserializer=kex_pb2.BusyWorkReply.FromString)
+    try:
+        if not check("9: kexd --auth --max-tunes-per-device 1 serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        ja, jb, jc = s.open("alice"), s.open("bob"), s.open("carol")
+        a = hold_slot(s, busy, ja)
+        b = Search(s, "bob", jb, mul_graph())
+        c = Search(s, "carol", jc, sub_graph(), submit=True)
+        for x in (a, b, c):
+            x.join(60)
+        check("9: alice's search holds the only slot and finishes", a.ok and a.error is None, desc(a.error))
+        check("9: bob's Tune meanwhile waits for the slot, then runs to its finished event (it was RESOURCE_EXHAUSTED)",
+              b.ok and b.error is None and b.ended > a.ended, (desc(b.error), b.ended and b.ended - a.ended))
+        check("9: carol's Submit with beam.beam_width waits too, then runs to its done event",
+              c.ok and c.error is None and c.ended > a.ended, (desc(c.error), c.ended and c.ended - a.ended))
+        a = hold_slot(s, busy, ja)
+        t0 = time.time()
+        d = Search(s, "bob", jb, mul_graph(), timeout=0.6)
+        x = Search(s, "carol", jc, sub_graph())
+        d.join(30)
+        took = time.time() - t0
+        time.sleep(0.1)
+        x.it.cancel()
+        x.join(30)
+        check("9: a waiting search whose deadline passes ends DEADLINE_EXCEEDED (after waiting, not refused at once)",
+              d.error is not None and d.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and took >= 0.5,
+              (desc(d.error), round(took, 2)))
+        check("9: a waiting search the client cancels ends CANCELLED",
+              x.error is not None and x.error.code() == grpc.StatusCode.CANCELLED, desc(x.error))
+        a.join(60)
+        t0 = time.time()
+        e = Search(s, "bob", jb, mul_graph(), timeout=20)
+        e.join(30)
+        check("9: once alice's search ends, bob's next search runs at once: the two that left the line hold no slot",
+              a.ok and e.ok and e.error is None and time.time() - t0 < 10, (desc(a.error), desc(e.error)))
+    finally:
+        s.close()
+    s = Server(auth_file("auth-search-queue.json"), "--max-tunes-per-device", "1", "--max-search-queue", "2",
+               "--max-search-queue-per-payer", "1", "--test-busy-work")
+    busy = s.ch.unary_unary("/kex.v1.Kex/_BusyWork", request_serializer=kex_pb2.BusyWorkRequest.SerializeToString,
+                            response_deserializer=kex_pb2.BusyWorkReply.FromString)
+    try:
+        if not check("9: kexd --max-search-queue 2 --max-search-queue-per-payer 1 serves", s.wait_healthy(),
+                     s.read_log()[-2000:]):
+            return
+        ja, jb, jc, jm = s.open("alice"), s.open("bob"), s.open("carol"), s.open("mallory")
+        a = hold_slot(s, busy, ja)
+        b = Search(s, "bob", jb, mul_graph())
+        time.sleep(0.1)
+        e = rpc_error(lambda: list(s.kex.Tune(kex_pb2.TuneRequest(job=jb, graph=sub_graph()), metadata=md("bob"),
+                                              timeout=10)))
+        check("9: bob's second waiting search: RESOURCE_EXHAUSTED naming tenant 'bob' and --max-search-queue-per-payer",
+              e is not None and e.code() == RE and "tenant 'bob'" in e.details() and
+              "--max-search-queue-per-payer" in e.details(), desc(e))
+        c = Search(s, "carol", jc, sub_graph())
+        time.sleep(0.1)
+        e = rpc_error(lambda: list(s.kex.Tune(kex_pb2.TuneRequest(job=jm, graph=sub_graph()), metadata=md("mallory"),
+                                              timeout=10)))
+        check("9: mallory's search with the line full (2): RESOURCE_EXHAUSTED naming --max-search-queue",
+              e is not None and e.code() == RE and "--max-search-queue)" in e.details(), desc(e))
+        for x in (a, b, c):
+            x.join(60)
+        check("9: the searches in line run once the slot is free", a.ok and b.ok and c.ok,
+              (desc(a.error), desc(b.error), desc(c.error)))
+        a = hold_slot(s, busy, ja)
+        w = Search(s, "bob", jb, mul_graph())
+        time.sleep(0.2)
+        t0 = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        w.join(30)
+        check("9: SIGTERM ends a waiting search at once (its stop hook, not the cancel after --grace): UNAVAILABLE, "
+              "kexd is stopping", w.error is not None and w.error.code() == grpc.StatusCode.UNAVAILABLE and
+              "kexd is stopping" in w.error.details(), (desc(w.error), round(time.time() - t0, 2)))
+        a.join(30)
     finally:
         s.close()
 
 
 PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens, "6": lambda: (metrics_rules(), slow_clients()), "7": cache_visibility,
-         "8": compile_budget}
+         "8": compile_budget, "9": searches}
 
 
 def main():

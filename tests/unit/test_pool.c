@@ -1,8 +1,11 @@
 /*
  * test_pool.c - unit tests for core/pool.h, the process's one worker pool:
- * FIFO order, a job submitted to the front, a worker that waits for a
- * queued job runs it itself (nested waits on a one-thread pool end),
- * cancel, detached jobs, worker indexes, and the process pool's size.
+ * FIFO order, a job submitted to the front, the background lane (a
+ * queued foreground job overtakes queued background ones, which still
+ * run, in order, and can be cancelled), a worker that waits for a queued
+ * job runs it itself (nested waits on a one-thread pool end; a background
+ * job waited for goes ahead of queued foreground work), cancel, detached
+ * jobs, worker indexes, and the process pool's size.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,7 +23,7 @@
 /* Where jobs write their values in the order they ran. */
 typedef struct logbook {
   pthread_mutex_t mu;
-  int v[8], n;
+  int v[16], n;
 } logbook;
 
 typedef struct item {
@@ -87,6 +90,76 @@ static void test_fifo_and_front(void **state) {
   int want[4] = {3, 0, 1, 2};
   assert_memory_equal(lb.v, want, sizeof want);
   for (int i = 0; i < 4; i++) assert_int_equal(it[i].worker, 0);
+  kex_pool_destroy(p);
+}
+
+/*
+ * Background jobs queued behind a busy worker run after every foreground job queued before or after them,
+ * in their own submission order; a background job can be cancelled like any other.
+ */
+static void test_background_lane(void **state) {
+  (void)state;
+  kex_pool *p = one_thread();
+  logbook lb = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  gate g = {0};
+  hold_worker(p, &g);
+  item it[7];
+  for (int i = 0; i < 7; i++) it[i] = (item){.value = i, .book = &lb, .worker = -1};
+  kex_pool_submit_background(p, &it[0].job, record);
+  kex_pool_submit_background(p, &it[1].job, record);
+  kex_pool_submit(p, &it[2].job, record);
+  kex_pool_submit_background(p, &it[3].job, record);
+  kex_pool_submit(p, &it[4].job, record);
+  kex_pool_submit_front(p, &it[5].job, record);
+  kex_pool_submit_background(p, &it[6].job, record);
+  assert_true(kex_pool_cancel(p, &it[3].job));
+  atomic_store(&g.release, 1);
+  for (int i = 0; i < 7; i++) kex_pool_wait(p, &it[i].job);
+  kex_pool_wait(p, &g.job);
+  int want[6] = {5, 2, 4, 0, 1, 6};
+  assert_int_equal(lb.n, 6);
+  assert_memory_equal(lb.v, want, sizeof want);
+  kex_pool_destroy(p);
+}
+
+/*
+ * A worker that waits for its own background job while foreground jobs are queued (a search's candidate while
+ * other calls' work waits) runs it at once itself: the wait neither deadlocks on a one-thread pool nor waits for
+ * the foreground queue to drain.
+ */
+typedef struct searcher {
+  kex_pool_job job;
+  kex_pool *p;
+  atomic_int fg_queued;
+  item cand[3];
+} searcher;
+
+static void search_like(kex_pool_job *job, int worker) {
+  searcher *s = (searcher *)job;
+  (void)worker;
+  while (!atomic_load(&s->fg_queued)) {
+  }
+  for (int i = 0; i < 3; i++) kex_pool_submit_background(s->p, &s->cand[i].job, record);
+  for (int i = 0; i < 3; i++) kex_pool_wait(s->p, &s->cand[i].job);
+}
+
+static void test_wait_background_busy(void **state) {
+  (void)state;
+  kex_pool *p = one_thread();
+  logbook lb = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  searcher s = {.p = p};
+  item fg[4];
+  for (int i = 0; i < 3; i++) s.cand[i] = (item){.value = 10 + i, .book = &lb, .worker = -1};
+  for (int i = 0; i < 4; i++) fg[i] = (item){.value = i, .book = &lb, .worker = -1};
+  kex_pool_submit(p, &s.job, search_like);
+  for (int i = 0; i < 4; i++) kex_pool_submit(p, &fg[i].job, record);
+  atomic_store(&s.fg_queued, 1);
+  kex_pool_wait(p, &s.job);
+  for (int i = 0; i < 4; i++) kex_pool_wait(p, &fg[i].job);
+  int want[7] = {10, 11, 12, 0, 1, 2, 3};
+  assert_int_equal(lb.n, 7);
+  assert_memory_equal(lb.v, want, sizeof want);
+  for (int i = 0; i < 3; i++) assert_int_equal(s.cand[i].worker, 0);
   kex_pool_destroy(p);
 }
 
@@ -245,7 +318,8 @@ static void test_process_pool(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fifo_and_front), cmocka_unit_test(test_nested_wait_one_thread),
+      cmocka_unit_test(test_fifo_and_front), cmocka_unit_test(test_background_lane),
+      cmocka_unit_test(test_wait_background_busy), cmocka_unit_test(test_nested_wait_one_thread),
       cmocka_unit_test(test_cancel),         cmocka_unit_test(test_detached),
       cmocka_unit_test(test_block_stand_in), cmocka_unit_test(test_process_pool),
   };

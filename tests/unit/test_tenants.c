@@ -12,6 +12,13 @@
  * giving back the reference on the table each call took.  The quotas
  * (max_jobs, max_weight, max_bytes, max_beam, may_tune for a beam Submit)
  * hold on both sides and one tenant's jobs are unknown to another.
+ * Searches share a device's slots (daemon/searches.c): with every slot
+ * held a search waits in line, and a freed slot goes to the payer charged
+ * least slot seconds over its weight, not to the first in line; the line's
+ * limits (--max-search-queue, --max-search-queue-per-payer) hold on both
+ * sides; a call that ends while waiting leaves the line and frees the
+ * request it kept; one whose job closed meanwhile ends NOT_FOUND when its
+ * slot comes, and gives the slot on.
  *
  * The daemon's own objects on an in-process kexd (tests/fuzz/fuzzkexd.c)
  * with fakecall.c's calls in place of gRPC.
@@ -489,7 +496,7 @@ static int search(kexd *d, const kexd_tenant *tenant, kexd_job *job, uint32_t wi
   c.ext.tenant = tenant;
   kexd_auth_ref(tenant->table);
   b.beam_width = width;
-  int rc = kexd_rpc_search_begin(d, &c, job, &b, fallback, "", &w) == 0 ? -1 : c.status;
+  int rc = kexd_rpc_search_begin(d, &c, job, &b, fallback, "", &w, NULL) == 0 ? -1 : c.status;
   assert_true(rc == -1 ? !c.finished && (!width || w == width) : c.finished);
   snprintf(details, cap, "%s", c.details);
   kexd_rpc_call_end(&c, 0, d); /* gives back the search slot */
@@ -526,12 +533,216 @@ static void test_quota_beam(void **state) {
   d->auth = NULL;
 }
 
+/* ---- the search slots and their line (daemon/searches.c) ---- */
+
+static kexd_call *granted[16]; /* the waiting calls whose slot came, in order */
+static int ngranted;
+
+static void on_granted(kexd *d, kexd_call *c) {
+  (void)d;
+  granted[ngranted++] = c;
+}
+
+/* A Tune-like search of width 1 for job (no --auth: the job pays) as call c: kexd_rpc_search_begin's result. */
+static int search_as(kexd *d, kexd_call *c, kexd_job *job, kexd_search_resume resume) {
+  Kex__V1__BeamOptions b = KEX__V1__BEAM_OPTIONS__INIT;
+  uint32_t w = 0;
+  memset(c, 0, sizeof *c);
+  c->method = "/kex.v1.Kex/Tune";
+  c->refs = 1;
+  c->ext.job = job->id;
+  b.beam_width = 1;
+  return kexd_rpc_search_begin(d, c, job, &b, 2, "", &w, resume);
+}
+
+/* Run the loop until n calls have got their slot (the slot is given on a later turn: the wake). */
+static void wait_granted(kexd *d, int n) {
+  for (int i = 0; i < 200 && ngranted < n; i++) {
+    uv_run(d->loop, UV_RUN_NOWAIT);
+    if (ngranted < n) usleep(1000);
+  }
+  assert_int_equal(ngranted, n);
+}
+
+/* Hold for ms, then end call c (its slot given back, charged the time it held it). */
+static void hold_then_end(kexd *d, kexd_call *c, int ms) {
+  usleep((useconds_t)ms * 1000);
+  kexd_rpc_call_end(c, 0, d);
+}
+
+static kexd_job *anon_job(kexd *d, uint32_t weight) {
+  kexd_job *job;
+  char details[512];
+  assert_int_equal(open_job(d, NULL, weight, &job, details, sizeof details), GRPC_STATUS_OK);
+  return job;
+}
+
+/*
+ * With one slot: a freed slot goes to the payer charged least, not the first in line (job 1 waits twice,
+ * job 2 once: 1, 2, 1), and the charge is slot seconds over the job's weight (job 4 of weight 10 goes again
+ * before job 3 of weight 1, which held the slot as long).
+ */
+static void test_search_line_fair(void **state) {
+  (void)state;
+  kexd *d = fuzz_kexd();
+  uint32_t max0 = d->cfg.max_tunes_per_device;
+  kexd_job *j0 = anon_job(d, 1), *j1 = anon_job(d, 1), *j2 = anon_job(d, 1), *j3 = anon_job(d, 1),
+           *j4 = anon_job(d, 10);
+  kexd_call c0, c1, c2, c3, b1, b2, a1, a2;
+  uint32_t running, waiting;
+  d->cfg.max_tunes_per_device = 1;
+  ngranted = 0;
+  assert_int_equal(search_as(d, &c0, j0, on_granted), 0);
+  assert_int_equal(search_as(d, &c1, j1, on_granted), KEXD_SEARCH_WAITING);
+  assert_int_equal(search_as(d, &c2, j1, on_granted), KEXD_SEARCH_WAITING);
+  assert_int_equal(search_as(d, &c3, j2, on_granted), KEXD_SEARCH_WAITING);
+  assert_false(c1.finished || c2.finished || c3.finished);
+  kexd_search_counts(d, 0, &running, &waiting);
+  assert_int_equal(running, 1);
+  assert_int_equal(waiting, 3);
+  kexd_rpc_call_end(&c0, 0, d);
+  assert_int_equal(ngranted, 0); /* not inside the end of the call that freed it */
+  wait_granted(d, 1);
+  assert_ptr_equal(granted[0], &c1); /* payers level: the first in line */
+  hold_then_end(d, &c1, 5);
+  wait_granted(d, 2);
+  assert_ptr_equal(granted[1], &c3); /* job 1 was charged for c1's time: job 2 goes first */
+  hold_then_end(d, &c3, 5);
+  wait_granted(d, 3);
+  assert_ptr_equal(granted[2], &c2);
+  /* weights: job 3 (1) and job 4 (10) each hold the slot ~30 ms; job 4 is charged a tenth of it */
+  assert_int_equal(search_as(d, &b1, j3, on_granted), KEXD_SEARCH_WAITING);
+  assert_int_equal(search_as(d, &b2, j3, on_granted), KEXD_SEARCH_WAITING);
+  assert_int_equal(search_as(d, &a1, j4, on_granted), KEXD_SEARCH_WAITING);
+  assert_int_equal(search_as(d, &a2, j4, on_granted), KEXD_SEARCH_WAITING);
+  hold_then_end(d, &c2, 1);
+  wait_granted(d, 4);
+  assert_ptr_equal(granted[3], &b1);
+  hold_then_end(d, &b1, 30);
+  wait_granted(d, 5);
+  assert_ptr_equal(granted[4], &a1);
+  hold_then_end(d, &a1, 30);
+  wait_granted(d, 6);
+  assert_ptr_equal(granted[5], &a2); /* equal weights would give b2 here */
+  hold_then_end(d, &a2, 1);
+  wait_granted(d, 7);
+  assert_ptr_equal(granted[6], &b2);
+  kexd_rpc_call_end(&b2, 0, d);
+  kexd_search_counts(d, 0, &running, &waiting);
+  assert_int_equal(running + waiting, 0);
+  assert_int_equal(d->tunes_active[0], 0);
+  kexd_job *jobs[] = {j0, j1, j2, j3, j4};
+  for (int i = 0; i < 5; i++) assert_int_equal(close_job(d, NULL, jobs[i]), GRPC_STATUS_OK);
+  d->cfg.max_tunes_per_device = max0;
+}
+
+/* A Tune request for job as the method table gets it: packed into buf, its length returned. */
+static size_t tune_request(const kexd_job *job, uint8_t *buf, size_t cap) {
+  Kex__V1__TuneRequest r = KEX__V1__TUNE_REQUEST__INIT;
+  Kex__V1__Graph g = KEX__V1__GRAPH__INIT;
+  Kex__V1__BeamOptions b = KEX__V1__BEAM_OPTIONS__INIT;
+  r.job = (char *)job->token;
+  r.graph = &g;
+  b.beam_width = 1;
+  r.beam = &b;
+  assert_true(protobuf_c_message_get_packed_size(&r.base) <= cap);
+  return protobuf_c_message_pack(&r.base, buf);
+}
+
+/*
+ * The line's limits on both sides, a call that cannot wait, a waiting call that ends (client cancel or deadline:
+ * the end hook) leaving the line with its kept request freed, one whose job closed while it waited: NOT_FOUND
+ * when its slot comes, which then goes on to the next; and kexd stopping: UNAVAILABLE at once.
+ */
+static void test_search_line_limits(void **state) {
+  (void)state;
+  kexd *d = fuzz_kexd();
+  uint32_t max0 = d->cfg.max_tunes_per_device, q0 = d->cfg.max_search_queue, pq0 = d->cfg.max_search_queue_per_payer;
+  kexd_job *j0 = anon_job(d, 1), *j1 = anon_job(d, 1), *j2 = anon_job(d, 1), *j3 = anon_job(d, 1);
+  kexd_call c0, c1, c2, c3, c4, t1, t2;
+  uint8_t buf[512];
+  uint32_t running, waiting;
+  d->cfg.max_tunes_per_device = 1;
+  d->cfg.max_search_queue = 2;
+  d->cfg.max_search_queue_per_payer = 1;
+  ngranted = 0;
+  assert_int_equal(search_as(d, &c0, j0, on_granted), 0);
+  assert_int_equal(search_as(d, &c1, j1, NULL), -1); /* cannot wait: refused as before */
+  assert_int_equal(c1.status, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(c1.details, "device opencl runs 1 searches"));
+  assert_non_null(strstr(c1.details, "(--max-tunes-per-device)"));
+  kexd_rpc_call_end(&c1, c1.status, d);
+  assert_int_equal(search_as(d, &c1, j1, on_granted), KEXD_SEARCH_WAITING); /* its payer's one place */
+  uint64_t refused0 = j1->use->refused;
+  assert_int_equal(search_as(d, &c2, j1, on_granted), -1);
+  assert_int_equal(c2.status, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(c2.details, "job 'quota' has 1 searches waiting for a slot on device opencl, the limit "
+                                     "(--max-search-queue-per-payer)"));
+  assert_int_equal(j1->use->refused, refused0 + 1);
+  kexd_rpc_call_end(&c2, c2.status, d);
+  assert_int_equal(search_as(d, &c3, j2, on_granted), KEXD_SEARCH_WAITING); /* the line's second place */
+  assert_int_equal(search_as(d, &c4, j3, on_granted), -1);
+  assert_int_equal(c4.status, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(c4.details, "and 2 wait for a slot, the limit (--max-search-queue)"));
+  kexd_rpc_call_end(&c4, c4.status, d);
+  /* c1 ends while waiting (the client cancelled, or its deadline): its place is free for its payer again */
+  fuzz_call_cancel(&c1);
+  kexd_rpc_call_end(&c1, c1.status, d);
+  kexd_search_counts(d, 0, &running, &waiting);
+  assert_int_equal(waiting, 1);
+  assert_int_equal(d->tunes_active[0], 1);
+  /* through the method table: a waiting Tune keeps its request (freed when it ends first: LeakSanitizer) */
+  memset(&t1, 0, sizeof t1);
+  t1.method = "/kex.v1.Kex/Tune";
+  t1.refs = 1;
+  kexd_rpc_serve(d, t1.method, &t1, buf, tune_request(j1, buf, sizeof buf));
+  assert_false(t1.finished);
+  assert_non_null(t1.ext.search.msg);
+  fuzz_call_cancel(&t1);
+  kexd_rpc_call_end(&t1, t1.status, d);
+  assert_int_equal(t1.ext.tune_device, 0);
+  /* a Tune whose job closes while it waits: NOT_FOUND when its slot comes, and the slot goes on to c3 */
+  memset(&t2, 0, sizeof t2);
+  t2.method = "/kex.v1.Kex/Tune";
+  t2.refs = 1;
+  d->cfg.max_search_queue = 3;
+  kexd_rpc_serve(d, t2.method, &t2, buf, tune_request(j1, buf, sizeof buf));
+  assert_false(t2.finished);
+  assert_int_equal(close_job(d, NULL, j1), GRPC_STATUS_OK);
+  kexd_rpc_call_end(&c0, 0, d);
+  /* the line: c3 (job 2) then t2 (job 1, which waited first but came back later: level, behind c3) */
+  wait_granted(d, 1);
+  assert_ptr_equal(granted[0], &c3);
+  kexd_rpc_call_end(&c3, 0, d);
+  for (int i = 0; i < 200 && !t2.finished; i++) uv_run(d->loop, UV_RUN_NOWAIT), usleep(1000);
+  assert_int_equal(t2.status, GRPC_STATUS_NOT_FOUND);
+  assert_non_null(strstr(t2.details, "Tune: the job was closed while its search waited for a slot"));
+  kexd_rpc_call_end(&t2, t2.status, d);
+  /* kexd stopping: a search still in line ends UNAVAILABLE at once (its stop hook), leaving the line */
+  assert_int_equal(search_as(d, &c0, j0, on_granted), 0);
+  assert_int_equal(search_as(d, &c4, j3, on_granted), KEXD_SEARCH_WAITING);
+  assert_non_null(c4.on_stop);
+  c4.on_stop(&c4, c4.hook_ud);
+  assert_int_equal(c4.status, GRPC_STATUS_UNAVAILABLE);
+  assert_non_null(strstr(c4.details, "Tune: kexd is stopping; the search waited for a slot on device opencl"));
+  kexd_rpc_call_end(&c4, c4.status, d);
+  kexd_rpc_call_end(&c0, 0, d);
+  kexd_search_counts(d, 0, &running, &waiting);
+  assert_int_equal(running + waiting, 0);
+  kexd_job *jobs[] = {j0, j2, j3};
+  for (int i = 0; i < 3; i++) assert_int_equal(close_job(d, NULL, jobs[i]), GRPC_STATUS_OK);
+  d->cfg.max_tunes_per_device = max0;
+  d->cfg.max_search_queue = q0;
+  d->cfg.max_search_queue_per_payer = pq0;
+}
+
 int main(void) {
   (void)fuzz_kexd();
   kex_log_set_level(KEX_LOG_ERROR); /* after fuzzkexd's own level: the refusals here are expected */
 #define T(f) cmocka_unit_test(f)
   const struct CMUnitTest tests[] = {T(test_load_valid), T(test_wrong_tokens), T(test_load_malformed), T(test_name_limit),
                                      T(test_tenant_count_limit), T(test_file_size_limit), T(test_roles_per_method),
-                                     T(test_quota_jobs), T(test_quota_bytes), T(test_quota_beam)};
+                                     T(test_quota_jobs), T(test_quota_bytes), T(test_quota_beam),
+                                     T(test_search_line_fair), T(test_search_line_limits)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }
