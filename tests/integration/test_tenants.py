@@ -645,6 +645,8 @@ def compile_budget():
         e = [submit("carol", 7), submit("carol", 8)]
         check("8: carol's own max_compile_seconds 3600 wins over the flag: both compile", e == [None, None],
               [desc(x) for x in e])
+    finally:
+        s.close()
 
 
 # ---- 9. searches wait for a slot, fairly ----
