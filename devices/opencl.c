@@ -992,8 +992,12 @@ static int kex_cl_warm_groups(kex_cl_device *cl, const kex_cl_warm_group *groups
  * compile that arrives while every helper is busy does not wait for a new
  * one to start PoCL (about a second).  A compile still running after
  * KEX_CL_LONG_S gets nice KEX_CL_LONG_NICE, so the CPU goes to short
- * compiles first (as a feedback queue would); that helper ends after its
- * compile, since its priority cannot be raised again.  Past the compile
+ * compiles first (as a feedback queue would); afterwards its helper goes
+ * back to nice 0 where the process may raise priority again (root, or
+ * RLIMIT_NICE), else it stays idle at nice 10 and is taken only when no
+ * other helper is idle (ending it instead would cost the next compile
+ * PoCL's start: a test run of many compiles took 77 s so, 59 s without
+ * ending them).  Past the compile
  * time limit the helper is killed (KEX_EDEADLINE).  A helper killed by a
  * signal while compiling is a failed compile (KEX_ECOMPILE: the compiler
  * crashed on that source, which in this process would have taken kexd
@@ -1007,6 +1011,7 @@ static int kex_cl_warm_groups(kex_cl_device *cl, const kex_cl_warm_group *groups
 typedef struct kex_cl_child {
   int fd, index;
   pid_t pid;
+  bool niced; /* at KEX_CL_LONG_NICE still */
 } kex_cl_child;
 
 static pthread_mutex_t kex_cl_idle_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -1033,25 +1038,41 @@ static void kex_cl_child_end(kex_cl_child *c, bool kill_it, int *ws) {
 /* Start a compile helper for cl's device into *c.  0 or an errno. */
 static int kex_cl_child_start(const kex_cl_device *cl, kex_cl_child *c) {
   c->index = cl->index;
+  c->niced = false;
   int e = kex_cl_spawn(cl, "kex-cl-compile", &c->fd, &c->pid);
   if (e) c->fd = -1;
   return e;
 }
 
+/* Every thread of process pid to nice value n (setpriority changes one thread on Linux).  Whether all took it. */
+static bool kex_cl_renice(pid_t pid, int n) {
+  char path[64];
+  bool ok = true;
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  struct dirent *de;
+  if (!d) return setpriority(PRIO_PROCESS, (id_t)pid, n) == 0;
+  while ((de = readdir(d)))
+    if (de->d_name[0] >= '0' && de->d_name[0] <= '9')
+      ok = setpriority(PRIO_PROCESS, (id_t)atoi(de->d_name), n) == 0 && ok;
+  closedir(d);
+  return ok;
+}
+
 /* An idle helper of cl's device into *c (a new one when none is idle), and a spare started when none is left. */
 static int kex_cl_child_take(const kex_cl_device *cl, kex_cl_child *c) {
-  kex_cl_child spare = {-1, -1, 0};
-  bool found = false, left = false;
+  kex_cl_child spare = {-1, -1, 0, false};
+  int pick = -1, normal = 0; /* the last idle one of the device at nice 0, else the last at nice 10 */
   pthread_mutex_lock(&kex_cl_idle_lock);
-  for (int i = kex_cl_nidle - 1; i >= 0; i--) {
+  for (int i = 0; i < kex_cl_nidle; i++) {
     if (kex_cl_idle[i].index != cl->index) continue;
-    if (!found) {
-      *c = kex_cl_idle[i];
-      kex_cl_idle[i] = kex_cl_idle[--kex_cl_nidle];
-      found = true;
-    } else {
-      left = true;
-    }
+    normal += !kex_cl_idle[i].niced;
+    if (pick < 0 || !kex_cl_idle[i].niced || kex_cl_idle[pick].niced) pick = i;
+  }
+  bool found = pick >= 0, left = normal - (found && !kex_cl_idle[pick].niced) > 0;
+  if (found) {
+    *c = kex_cl_idle[pick];
+    kex_cl_idle[pick] = kex_cl_idle[--kex_cl_nidle];
   }
   if (!left && kex_cl_nidle < KEX_CL_IDLE_MAX && kex_cl_child_start(cl, &spare) == 0)
     kex_cl_idle[kex_cl_nidle++] = spare; /* it starts PoCL while this compile runs */
@@ -1059,31 +1080,24 @@ static int kex_cl_child_take(const kex_cl_device *cl, kex_cl_child *c) {
   return found ? 0 : kex_cl_child_start(cl, c);
 }
 
-/* Give helper c back to the idle ones (or end it when there are enough). */
+/* Give helper c back to the idle ones, at nice 0 where it may be; when there are enough, one at nice 10 ends. */
 static void kex_cl_child_give(kex_cl_child *c) {
-  bool kept = false;
+  kex_cl_child out = {-1, -1, 0, false};
+  if (c->niced && kex_cl_renice(c->pid, 0)) c->niced = false;
   pthread_mutex_lock(&kex_cl_idle_lock);
   if (kex_cl_nidle < KEX_CL_IDLE_MAX) {
     kex_cl_idle[kex_cl_nidle++] = *c;
-    kept = true;
+  } else {
+    out = *c;
+    for (int i = 0; i < kex_cl_nidle && !c->niced; i++)
+      if (kex_cl_idle[i].niced) { /* keep the one at nice 0 */
+        out = kex_cl_idle[i];
+        kex_cl_idle[i] = *c;
+        break;
+      }
   }
   pthread_mutex_unlock(&kex_cl_idle_lock);
-  if (!kept) kex_cl_child_end(c, false, NULL);
-}
-
-/* Every thread of process pid to nice value n (setpriority changes one thread on Linux). */
-static void kex_cl_renice(pid_t pid, int n) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-  DIR *d = opendir(path);
-  struct dirent *de;
-  if (!d) {
-    setpriority(PRIO_PROCESS, (id_t)pid, n);
-    return;
-  }
-  while ((de = readdir(d)))
-    if (de->d_name[0] >= '0' && de->d_name[0] <= '9') setpriority(PRIO_PROCESS, (id_t)atoi(de->d_name), n);
-  closedir(d);
+  kex_cl_child_end(&out, false, NULL);
 }
 
 /* Read n bytes of the helper's reply into *out (kex_malloc'd, NUL-terminated).  0 or -1. */
@@ -1114,7 +1128,7 @@ static int kex_cl_child_send(kex_cl_device *cl, const kex_cl_warm_group *g, kex_
 
 /* Wait for helper c's answer until the compile time limit, renicing it once it is a long compile.  1 ready, 0 timed
    out, -1 poll failed; *long_one says whether it was reniced. */
-static int kex_cl_child_wait(const kex_cl_device *cl, const kex_cl_child *c, double t0, bool *long_one) {
+static int kex_cl_child_wait(const kex_cl_device *cl, kex_cl_child *c, double t0, bool *long_one) {
   double limit = cl->compile_limit_s;
   for (;;) {
     double now = kex_cl_now(), until = limit > 0 ? t0 + limit : -1;
@@ -1129,6 +1143,7 @@ static int kex_cl_child_wait(const kex_cl_device *cl, const kex_cl_child *c, dou
     if (!*long_one && kex_cl_now() >= t0 + KEX_CL_LONG_S) {
       *long_one = true;
       kex_cl_renice(c->pid, KEX_CL_LONG_NICE);
+      c->niced = true;
     }
   }
 }
@@ -1192,7 +1207,7 @@ static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const cha
     KEX_DEBUG("opencl %s: build log of kernel %s:\n%s", cl->name, name, bytes ? (char *)bytes : "");
     kex_free(bytes);
   }
-  if (broken || long_one) kex_cl_child_end(&c, broken, NULL);
+  if (broken) kex_cl_child_end(&c, true, NULL);
   else kex_cl_child_give(&c);
   return rc;
 }
