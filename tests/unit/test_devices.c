@@ -494,6 +494,16 @@ static void madd_check(const madd_data *d, int n) {
   }
 }
 
+/* Run madd program prog of dev once on fresh data, check the output, and free prog. */
+static void madd_once_and_free(kex_device *dev, kex_program *prog, const size_t global[3], const size_t local[3]) {
+  madd_data d;
+  madd_setup(dev, &d);
+  assert_true(madd_run(prog, &d, global, local) > 0);
+  madd_check(&d, N_MADD);
+  madd_teardown(&d);
+  kex_program_free(prog);
+}
+
 static void test_madd_cpu(void **state) {
   madd_data d;
   kex_program *prog;
@@ -632,7 +642,6 @@ static void check_build(kex_device *dev, const char *source, const char *bad, co
   kex_program *prog = NULL;
   unsigned char *bin = (unsigned char *)"x";
   size_t size = 7;
-  madd_data d;
   assert_int_equal(kex_device_build(dev, source, "madd", &prog, &bin, &size, &err), 0);
   assert_non_null(prog);
   assert_string_equal(kex_program_name(prog), "madd");
@@ -643,11 +652,7 @@ static void check_build(kex_device *dev, const char *source, const char *bad, co
     assert_null(bin);
   }
   kex_free(bin);
-  madd_setup(dev, &d);
-  assert_true(madd_run(prog, &d, global, local) > 0);
-  madd_check(&d, N_MADD);
-  madd_teardown(&d);
-  kex_program_free(prog);
+  madd_once_and_free(dev, prog, global, local);
   /* bin may be NULL */
   assert_int_equal(kex_device_build(dev, source, "madd", &prog, NULL, NULL, &err), 0);
   kex_program_free(prog);
@@ -794,12 +799,7 @@ static void test_compile_apart(void **state) {
   kex_program *prog = NULL;
   assert_int_equal(kex_device_load(dev, bin, len, mname, &prog, &err), 0);
   kex_free(bin);
-  madd_data d;
-  madd_setup(dev, &d);
-  assert_true(madd_run(prog, &d, global, local) > 0);
-  madd_check(&d, N_MADD);
-  madd_teardown(&d);
-  kex_program_free(prog);
+  madd_once_and_free(dev, prog, global, local);
 
   /* a build error: the log comes back from the helper */
   assert_int_equal(kex_device_compile(dev, CL_BAD, "bad", &bin, &len, &err), KEX_ECOMPILE);
@@ -851,12 +851,7 @@ static void test_prewarm(void **state) {
   assert_int_equal(warmed, 1);
   kex_program *prog = NULL;
   assert_int_equal(kex_device_build(dev, src, name, &prog, NULL, NULL, &err), 0);
-  madd_data d;
-  madd_setup(dev, &d);
-  assert_true(madd_run(prog, &d, global, local) > 0);
-  madd_check(&d, N_MADD);
-  madd_teardown(&d);
-  kex_program_free(prog);
+  madd_once_and_free(dev, prog, global, local);
   assert_int_equal(kex_device_build(dev, CL_BAD, "bad", &prog, NULL, NULL, &err), KEX_ECOMPILE);
   kex_device_unref(dev);
   /* the helpers were reaped with the device: none is left */
@@ -903,12 +898,7 @@ static void check_build_batch(kex_device *dev, const char *madd, const char *bad
     assert_int_equal(it->rc, 0);
     assert_non_null(it->prog);
     assert_string_equal(kex_program_name(it->prog), "madd");
-    madd_data d;
-    madd_setup(dev, &d);
-    assert_true(madd_run(it->prog, &d, global, local) > 0);
-    madd_check(&d, N_MADD);
-    madd_teardown(&d);
-    kex_program_free(it->prog);
+    madd_once_and_free(dev, it->prog, global, local);
   }
 }
 
