@@ -39,6 +39,7 @@
 #include "core/log.h"
 #include "daemon/bridge.h"
 #include "daemon/rpc.h"
+#include "proto/pballoc.h"
 
 #define SEARCH_PAYER_MAX (KEXD_TENANT_NAME_MAX + 8) /* bytes of a payer's key, NUL included ("tenant NAME", "job ID") */
 
@@ -253,7 +254,7 @@ void kexd_search_slot_end(kexd *d, kexd_call *c) {
   p = pl->payer;
   if (pl->waiting) {
     line_remove(L, pl);
-    kexd_rpc_free_msg(pl->msg);
+    if (pl->msg) protobuf_c_message_free_unpacked(pl->msg, &kex_pb_allocator); /* the kept request */
   } else {
     payer_settle(p, kexd_now_us());
     p->running--;
