@@ -169,6 +169,7 @@ static void jobs_remove(kexd_jobs *j, uint32_t i) {
   void (*on_close)(void *) = job->on_close;
   job->on_close = NULL;
   if (on_close) on_close(job->on_close_ud); /* a HoldJob call ends with the job */
+  if (j->removed) j->removed(j->removed_ud, job->id); /* e.g. its searches waiting for a slot end */
   if (job->use) {
     job->use->jobs--;
     job->use->bytes_reserved -= job->bytes_reserved;

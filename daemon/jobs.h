@@ -150,6 +150,9 @@ typedef struct kexd_jobs {
   uint64_t opened, closed, expired, evicted; /* evicted: expired early to make room in a full table */
   uint64_t next_id;
   kexd_dispatch *disp; /* where buffers are freed */
+  /* called with each job's id as it is removed (closed, expired, evicted), before it is freed; NULL: none */
+  void (*removed)(void *ud, uint64_t id);
+  void *removed_ud;
   uint64_t buffers_freed;
   kexd_tenant_use **uses; /* every tenant that opened a job, in first-open order */
   uint32_t nuses, capuses;

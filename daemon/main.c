@@ -324,6 +324,8 @@ int main(int argc, char **argv) {
     ret = 1;
     goto out_handles;
   }
+  d->jobs.removed = kexd_search_job_removed; /* a closed job's searches waiting for a slot end with it */
+  d->jobs.removed_ud = d;
   d->jobs.max_per_peer = d->cfg.max_jobs_per_peer;
   kexd_jobs_set_node(&d->jobs, d->cfg.node_name, d->cfg.advertise);
   KEX_INFO("node %s, advertised at %s: its job tokens name both, and clients of a fleet send a job's calls there",

@@ -276,6 +276,8 @@ int kexd_search_slot(kexd *d, kexd_call *c, kexd_job *job, uint32_t dev, kexd_se
 void kexd_search_slot_end(kexd *d, kexd_call *c);
 /* Searches holding a slot and waiting for one on device dev now. */
 void kexd_search_counts(const kexd *d, uint32_t dev, uint32_t *running, uint32_t *waiting);
+/* Job `id` is gone (kexd_jobs.removed, ud the kexd): its calls still waiting for a slot end now, NOT_FOUND. */
+void kexd_search_job_removed(void *ud, uint64_t id);
 
 /* ---- cache_rpc.c ---- */
 

@@ -271,6 +271,21 @@ void kexd_search_counts(const kexd *d, uint32_t dev, uint32_t *running, uint32_t
   *waiting = d->searches && dev < KEXD_MAX_DEVICES ? d->searches->lines[dev].waiting : 0;
 }
 
+void kexd_search_job_removed(void *ud, uint64_t id) {
+  kexd *d = ud;
+  for (uint32_t dev = 0; d->searches && dev < KEXD_MAX_DEVICES; dev++) {
+    kexd_search_place *pl = d->searches->lines[dev].head;
+    while (pl) {
+      kexd_call *c = pl->call;
+      pl = pl->next; /* failing c takes its place out of the line (kexd_search_slot_end) */
+      if (((kexd_call_info *)kexd_call_ext(c))->job != id) continue;
+      const char *m = strrchr(kexd_call_method(c), '/');
+      kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "%s: the job was closed while its search waited for a slot",
+                      m ? m + 1 : kexd_call_method(c));
+    }
+  }
+}
+
 int kexd_searches_init(kexd *d) {
   struct kexd_searches *S = kex_calloc(1, sizeof *S);
   if (!S) return KEX_ENOMEM;

@@ -731,6 +731,17 @@ def searches():
         e.join(30)
         check("9: once alice's search ends, bob's next search runs at once: the two that left the line hold no slot",
               a.ok and e.ok and e.error is None and time.time() - t0 < 10, (desc(a.error), desc(e.error)))
+        a = hold_slot(s, busy, ja)
+        jc2 = s.open("carol")
+        w = Search(s, "carol", jc2, sub_graph(), timeout=30)
+        time.sleep(0.3)
+        s.kex.CloseJob(kex_pb2.CloseJobRequest(job=jc2), metadata=md("carol"), timeout=10)
+        w.join(10)
+        a.join(60)
+        check("9: closing a job ends its search waiting for a slot at once, NOT_FOUND (not when the slot comes)",
+              w.error is not None and w.error.code() == grpc.StatusCode.NOT_FOUND and "closed" in w.error.details()
+              and w.ended is not None and a.ended is not None and w.ended < a.ended,
+              (desc(w.error), w.ended and a.ended and round(a.ended - w.ended, 2)))
     finally:
         s.close()
     s = Server(auth_file("auth-search-queue.json"), "--max-tunes-per-device", "1", "--max-search-queue", "2",
