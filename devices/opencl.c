@@ -1126,13 +1126,19 @@ static int kex_cl_child_send(kex_cl_device *cl, const kex_cl_warm_group *g, kex_
   return -1;
 }
 
-/* Wait for helper c's answer until the compile time limit, renicing it once it is a long compile.  1 ready, 0 timed
-   out, -1 poll failed; *long_one says whether it was reniced. */
-static int kex_cl_child_wait(const kex_cl_device *cl, kex_cl_child *c, double t0, bool *long_one) {
+#define KEX_CL_CANCEL_POLL_S 0.1 /* how often a compile that can be cancelled looks at its flag */
+
+/* Wait for helper c's answer until the compile time limit, renicing it once it is a long compile, and while
+   *cancel (when not NULL) stays false.  1 ready, 0 timed out, -2 cancelled, -1 poll failed; *long_one says
+   whether it was reniced. */
+static int kex_cl_child_wait(const kex_cl_device *cl, kex_cl_child *c, double t0, const atomic_bool *cancel,
+                             bool *long_one) {
   double limit = cl->compile_limit_s;
   for (;;) {
+    if (cancel && atomic_load(cancel)) return -2;
     double now = kex_cl_now(), until = limit > 0 ? t0 + limit : -1;
     if (!*long_one && (until < 0 || until > t0 + KEX_CL_LONG_S)) until = t0 + KEX_CL_LONG_S;
+    if (cancel && (until < 0 || until > now + KEX_CL_CANCEL_POLL_S)) until = now + KEX_CL_CANCEL_POLL_S;
     int ms = until < 0 ? -1 : until <= now ? 0 : (until - now) > 1e6 ? 1000000000 : (int)((until - now) * 1e3) + 1;
     struct pollfd pfd = {c->fd, POLLIN, 0};
     int pr = poll(&pfd, 1, ms);
@@ -1163,7 +1169,11 @@ static int kex_cl_compile_apart(kex_cl_device *cl, const char *source, const cha
   bool long_one = false;
   double t0 = kex_cl_now();
   if (kex_cl_child_send(cl, &g, &c) < 0) return 1;
-  int ready = kex_cl_child_wait(cl, &c, t0, &long_one);
+  int ready = kex_cl_child_wait(cl, &c, t0, launch ? launch->cancel : NULL, &long_one);
+  if (ready == -2) {
+    kex_cl_child_end(&c, true, NULL);
+    return kex_err_set(err, KEX_ECANCELLED, "opencl %s: compiling kernel %s was stopped: cancelled", cl->name, name);
+  }
   if (ready == 0) {
     kex_cl_child_end(&c, true, NULL);
     return kex_err_set(err, KEX_EDEADLINE,

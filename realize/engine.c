@@ -351,12 +351,14 @@ static void remember_failed(kex_engine *e, uint64_t h, int code, const char *msg
 
 /*
  * How plan p launches kernel k (its first step's buffers and the local size), for the device's compile to
- * prepare that launch (kex_device_compile_for_launch); sizes[KEX_DEVICE_MAX_BUFS] holds the buffers' bytes.
+ * prepare that launch (kex_device_compile_for_launch), stopped when *cancel is set (the request is gone);
+ * sizes[KEX_DEVICE_MAX_BUFS] holds the buffers' bytes.
  */
-static kex_prewarm_item launch_of(const kex_rplan *p, uint32_t k, size_t *sizes) {
+static kex_prewarm_item launch_of(const kex_rplan *p, uint32_t k, const atomic_bool *cancel, size_t *sizes) {
   const kex_plan_prog *pp = &p->progs[k];
   kex_prewarm_item it = {.source = pp->src, .name = pp->name, .local = pp->has_local ? pp->local : NULL,
                          .global = pp->global};
+  it.cancel = cancel;
   for (uint32_t s = 0; s < p->nsteps; s++) {
     const kex_plan_step *st = &p->steps[s];
     if (st->kind != KEX_PLAN_STEP_KERNEL || st->kernel != k) continue;
@@ -393,7 +395,7 @@ static int compile_one(kex_engine *e, slot *sl, kex_prog_req *r, uint32_t k, kex
   uint64_t h = kex_hash_bytes(pp->src, strlen(pp->src), 0);
   if ((rc = failed_before(e, h, err)) == 0) {
     size_t sizes[KEX_DEVICE_MAX_BUFS];
-    kex_prewarm_item launch = launch_of(r->rp, k, sizes);
+    kex_prewarm_item launch = launch_of(r->rp, k, r->cancelled, sizes);
     rc = kex_device_compile_for_launch(dev, &launch, &r->bins[k], &r->binlens[k], err);
     r->compile_us[k] = now_us() - t0; /* charged to the payer whether it built or not (a timeout costs its limit) */
     if (rc == KEX_ECOMPILE || rc == KEX_EDEADLINE) remember_failed(e, h, rc, err->msg);

@@ -740,6 +740,7 @@ static char *slow_cl_source(const char *name, int terms) {
 typedef struct compile_call {
   kex_device *dev;
   const char *src, *name;
+  const atomic_bool *cancel;
   unsigned char *bin;
   size_t len;
   int rc;
@@ -748,7 +749,8 @@ typedef struct compile_call {
 
 static void *compile_thread(void *arg) {
   compile_call *c = arg;
-  c->rc = kex_device_compile(c->dev, c->src, c->name, &c->bin, &c->len, &c->err);
+  kex_prewarm_item it = {.source = c->src, .name = c->name, .cancel = c->cancel};
+  c->rc = kex_device_compile_for_launch(c->dev, &it, &c->bin, &c->len, &c->err);
   return NULL;
 }
 
@@ -757,7 +759,8 @@ static void *compile_thread(void *arg) {
  * a build past the compile time limit is stopped (KEX_EDEADLINE naming the kernel, the helper killed and reaped)
  * and the next compile gets another helper; a compile told its launch (kex_device_compile_for_launch) gives a
  * binary that loads and runs correctly; a build error carries the build log from the helper; a compile running
- * past a second gets nice 10; a helper killed mid-build is a failed compile naming the kernel, not a crash; no
+ * past a second gets nice 10; a compile whose cancel flag is set stops at once (KEX_ECANCELLED); a helper killed
+ * mid-build is a failed compile naming the kernel, not a crash; no
  * helper is left unreaped, and only a few idle ones stay.
  */
 static void test_compile_apart(void **state) {
@@ -804,6 +807,23 @@ static void test_compile_apart(void **state) {
   /* a build error: the log comes back from the helper */
   assert_int_equal(kex_device_compile(dev, CL_BAD, "bad", &bin, &len, &err), KEX_ECOMPILE);
   assert_non_null(strstr(err.msg, "bogus_identifier_xyz"));
+
+  /* a compile whose caller gives up (the flag set) is stopped at once: KEX_ECANCELLED, its helper reaped */
+  atomic_bool cancel = false;
+  compile_call cc = {.dev = dev, .src = slow, .name = name, .cancel = &cancel};
+  pthread_t tc;
+  assert_int_equal(pthread_create(&tc, NULL, compile_thread, &cc), 0);
+  usleep(300 * 1000);
+  struct timespec c0, c1;
+  clock_gettime(CLOCK_MONOTONIC, &c0);
+  atomic_store(&cancel, true);
+  assert_int_equal(pthread_join(tc, NULL), 0);
+  clock_gettime(CLOCK_MONOTONIC, &c1);
+  assert_int_equal(cc.rc, KEX_ECANCELLED);
+  assert_non_null(strstr(cc.err.msg, name));
+  assert_true((double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9 < 5.0); /* not compiled out */
+  count_kids("kex-cl-compile", ANY_NICE, &zombies, NULL);
+  assert_int_equal(zombies, 0);
 
   /* a long compile gets nice 10; its helper dies mid-build: a failed compile naming the kernel */
   assert_true(kex_device_set_compile_time_limit(dev, 0));
