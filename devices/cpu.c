@@ -556,14 +556,19 @@ out:
   return rc;
 }
 
+#define KEX_CPU_CANCEL_POLL_S 0.1 /* how often a compile that can be cancelled looks at its flag */
+
 /*
  * Run argv (looked up on PATH) with stdin from in_path (or /dev/null) and
- * stdout+stderr into log_path; *status is the exit status (127 when the
- * program could not be started, 128+signal when it was killed).
- * Errors: KEX_EIO (posix_spawn itself failed).
+ * stdout+stderr into log_path, in a process group of its own; *status is
+ * the exit status (127 when the program could not be started, 128+signal
+ * when it was killed).  Past limit_s (0: none) the group is killed and
+ * *timed_out set; when *cancel (NULL: never) becomes true the group is
+ * killed too (*timed_out stays false).  Errors: KEX_EIO (posix_spawn
+ * itself failed).
  */
 static int kex_cpu_spawn(char *const argv[], const char *in_path, const char *log_path, double limit_s,
-                         int *status, bool *timed_out, kex_error *err) {
+                         const atomic_bool *cancel, int *status, bool *timed_out, kex_error *err) {
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t at;
   pid_t pid;
@@ -590,16 +595,21 @@ static int kex_cpu_spawn(char *const argv[], const char *in_path, const char *lo
     return 0;
   }
   if (e != 0) return kex_err_set(err, KEX_EIO, "cpu: starting %s failed: %s", argv[0], strerror(e));
-  if (limit_s > 0) { /* wait on a pidfd until the limit, then kill the group */
+  if (limit_s > 0 || cancel) { /* wait on a pidfd until the limit (or the cancel), then kill the group */
     int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    double deadline = kex_cpu_now() + limit_s;
+    double deadline = limit_s > 0 ? kex_cpu_now() + limit_s : 0;
     for (;;) {
-      double left = deadline - kex_cpu_now();
+      double left = limit_s > 0 ? deadline - kex_cpu_now() : KEX_CPU_CANCEL_POLL_S;
+      if (cancel && atomic_load(cancel)) {
+        kill(-pid, SIGKILL);
+        break;
+      }
       if (left <= 0) {
         kill(-pid, SIGKILL);
         *timed_out = true;
         break;
       }
+      if (cancel && left > KEX_CPU_CANCEL_POLL_S) left = KEX_CPU_CANCEL_POLL_S;
       if (pfd < 0) { /* no pidfd (an old kernel): poll the child */
         if (waitpid(pid, &ws, WNOHANG) == pid) goto reaped;
         struct timespec ts = {0, 2000000};
@@ -626,7 +636,7 @@ reaped:
 static int kex_cpu_compile(void *impl, const char *source, const char *name, const kex_prewarm_item *launch,
                            unsigned char **bin, size_t *bin_size, kex_error *err) {
   kex_cpu_device *cpu = impl;
-  (void)launch; /* a shared object has no per-launch code */
+  const atomic_bool *cancel = launch ? launch->cancel : NULL; /* a shared object has no per-launch code */
   char src_path[PATH_MAX], so_path[PATH_MAX], log_path[PATH_MAX];
   unsigned long id = atomic_fetch_add(&cpu->counter, 1) + 1;
   unsigned char *log = NULL;
@@ -647,8 +657,12 @@ static int kex_cpu_compile(void *impl, const char *source, const char *name, con
   if (rc < 0) goto out;
   double t0 = kex_cpu_now();
   bool timed_out;
-  rc = kex_cpu_spawn(argv, src_path, log_path, cpu->compile_limit_s, &status, &timed_out, err);
+  rc = kex_cpu_spawn(argv, src_path, log_path, cpu->compile_limit_s, cancel, &status, &timed_out, err);
   if (rc < 0) goto out;
+  if (cancel && atomic_load(cancel) && status != 0) {
+    rc = kex_err_set(err, KEX_ECANCELLED, "cpu: compiling kernel %s was stopped: cancelled", name);
+    goto out;
+  }
   if (timed_out) {
     rc = kex_err_set(err, KEX_EDEADLINE, "cpu: compiling kernel %s was stopped after %.3g s (the compile time limit)",
                      name, cpu->compile_limit_s);
@@ -941,7 +955,7 @@ static int kex_cpu_compiler_version(kex_cpu_device *cpu, char *out, kex_error *e
 
   kex_cpu_path(cpu, log_path, "version", atomic_fetch_add(&cpu->counter, 1) + 1, "txt");
   bool timed_out;
-  rc = kex_cpu_spawn(argv, NULL, log_path, 0, &status, &timed_out, err);
+  rc = kex_cpu_spawn(argv, NULL, log_path, 0, NULL, &status, &timed_out, err);
   if (rc < 0) goto out;
   if (status != 0) {
     rc = kex_err_set(err, KEX_ENOTFOUND, "cpu: the system compiler %s is missing or broken (`%s --version` exit %d)",

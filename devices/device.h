@@ -283,8 +283,8 @@ typedef struct kex_prewarm_item {
   uint32_t nbufs;          /* kernel arguments, all buffers */
   const size_t *buf_sizes; /* bytes of each */
   const size_t *global;    /* its global size in work-groups, or NULL (PoCL's code differs for wide grids) */
-  /* kex_device_compile_for_launch: a compile still running when *cancel becomes true is stopped where the
-     device can (PoCL's helper is killed) and fails KEX_ECANCELLED; NULL: never */
+  /* kex_device_compile_for_launch: a compile still running when *cancel becomes true is stopped (PoCL: its
+     helper is killed; cpu: the compiler's process group) and fails KEX_ECANCELLED; NULL: never */
   const atomic_bool *cancel;
 } kex_prewarm_item;
 int kex_device_prewarm(kex_device *dev, const kex_prewarm_item *items, int n, int *warmed, kex_error *err);

@@ -10,6 +10,7 @@
  * nothing compiled -- and never when every program was in SQLite.  Also kex_run_graph with the program cache:
  * the same outputs with and without it.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -363,6 +364,18 @@ static void test_failed_source_remembered(void **state) {
 }
 
 /* The compile timeout: a compile past it is stopped (cc killed) with KEX_EDEADLINE; one under it compiles. */
+typedef struct cancel_later {
+  atomic_bool *flag;
+  int ms;
+} cancel_later;
+
+static void *cancel_after(void *arg) {
+  cancel_later *c = arg;
+  usleep((useconds_t)c->ms * 1000);
+  atomic_store(c->flag, true);
+  return NULL;
+}
+
 static void test_compile_timeout(void **state) {
   (void)state;
   if (!cpu) { printf("skipped: %s\n", cpu_skip); skip(); }
@@ -385,6 +398,21 @@ static void test_compile_timeout(void **state) {
   assert_true(s < 3.0); /* stopped near its limit, not compiled to the end */
   assert_non_null(strstr(err.msg, "slow"));
   assert_non_null(strstr(err.msg, "compile time limit"));
+  assert_null(bin);
+  /* no limit, but the caller gives up: the compiler is stopped at once (KEX_ECANCELLED), not run to the end */
+  assert_true(kex_device_set_compile_time_limit(cpu, 0));
+  atomic_bool cancel = false;
+  cancel_later cl = {&cancel, 200};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, cancel_after, &cl), 0);
+  kex_prewarm_item it = {.source = src, .name = "slow", .cancel = &cancel};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(kex_device_compile_for_launch(cpu, &it, &bin, &len, &err), KEX_ECANCELLED);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  assert_true(s < 3.0);
+  assert_non_null(strstr(err.msg, "slow"));
   assert_null(bin);
   /* under the limit: a small kernel compiles */
   const char *small = "void tiny(void **b, const int *i, int s, int e) { (void)b; (void)i; (void)s; (void)e; }";
