@@ -191,7 +191,7 @@ static void on_sweep(uv_timer_t *t) {
   uint64_t now = uv_now(j->loop), lease_ms = (uint64_t)(j->lease_s * 1000);
   for (uint32_t i = 0; i < j->njobs;) {
     kexd_job *job = j->jobs[i];
-    if (!job->held && now - job->last_used_ms >= lease_ms) {
+    if (!job->held && !job->searches && now - job->last_used_ms >= lease_ms) {
       kex_log(KEX_LOG_INFO, job->log_id, 0, "job \"%s\" expired: idle for %.1f s (lease %.1f s)", job->name,
               (now - job->last_used_ms) / 1e3, j->lease_s);
       j->expired++;
@@ -341,7 +341,7 @@ static bool evict_idlest(kexd_jobs *j, const kexd_tenant_use *use) {
   now = uv_now(j->loop);
   for (uint32_t i = 0; i < j->njobs; i++) {
     const kexd_job *c = j->jobs[i];
-    if (!c->held && c->use == use && (best < 0 || c->last_used_ms < j->jobs[best]->last_used_ms)) best = (int)i;
+    if (!c->held && !c->searches && c->use == use && (best < 0 || c->last_used_ms < j->jobs[best]->last_used_ms)) best = (int)i;
   }
   if (best < 0 || now - j->jobs[best]->last_used_ms < j->evict_idle_ms) return false;
   kex_log(KEX_LOG_INFO, j->jobs[best]->log_id, 0,

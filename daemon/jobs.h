@@ -129,6 +129,7 @@ typedef struct kexd_job {
   uint64_t kept_bytes, kept_clock;
   /* HoldJob: while held the lease never ends it; on_close (when set) runs once as the job is closed */
   bool held;
+  uint32_t searches; /* its calls holding or waiting for a search slot (searches.c): it is in use, not idle */
   void (*on_close)(void *ud);
   void *on_close_ud;
 } kexd_job;

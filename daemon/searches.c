@@ -128,6 +128,11 @@ static void slot_take(kexd *d, uint32_t dev, kexd_search_place *pl, double now) 
   d->tunes_active[dev]++;
 }
 
+/* The job of the call at pl, if it is still open. */
+static kexd_job *place_job(kexd *d, const kexd_search_place *pl) {
+  return kexd_jobs_find_id(&d->jobs, ((kexd_call_info *)kexd_call_ext(pl->call))->job);
+}
+
 /* Take the waiting call at pl out of L's line (its payer's and the line's counts with it). */
 static void line_remove(search_line *L, kexd_search_place *pl) {
   kexd_search_place **pp = &L->head, *prev = NULL;
@@ -206,6 +211,7 @@ int kexd_search_slot(kexd *d, kexd_call *c, kexd_job *job, uint32_t dev, kexd_se
   if (!L->head && d->tunes_active[dev] < d->cfg.max_tunes_per_device) {
     slot_take(d, dev, pl, now);
     ci->tune_device = dev + 1;
+    job->searches++;
     return 0;
   }
   if (!resume || L->waiting >= d->cfg.max_search_queue) {
@@ -230,6 +236,7 @@ int kexd_search_slot(kexd *d, kexd_call *c, kexd_job *job, uint32_t dev, kexd_se
   L->tail = pl;
   L->waiting++;
   p->waiting++;
+  job->searches++; /* neither the lease nor a full table's eviction ends a job while its search waits or runs */
   ci->tune_device = dev + 1;
   kexd_call_set_hooks(c, NULL, on_stop_waiting, d);
   KEX_DEBUG("%s: %s waits for a search slot on %s (%u running, %u waiting)", m, who, d->cfg.devices[dev],
@@ -248,6 +255,8 @@ void kexd_search_slot_end(kexd *d, kexd_call *c) {
   search_line *L;
   kexd_search_payer *p;
   if (!ci->tune_device) return;
+  kexd_job *job = place_job(d, pl);
+  if (job && job->searches) job->searches--;
   dev = ci->tune_device - 1;
   ci->tune_device = 0;
   L = &d->searches->lines[dev];

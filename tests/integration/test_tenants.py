@@ -783,6 +783,22 @@ def searches():
         a.join(30)
     finally:
         s.close()
+    s = Server(auth_file("auth-search-lease.json"), "--max-tunes-per-device", "1", "--lease", "1", "--test-busy-work")
+    busy = s.ch.unary_unary("/kex.v1.Kex/_BusyWork", request_serializer=kex_pb2.BusyWorkRequest.SerializeToString,
+                            response_deserializer=kex_pb2.BusyWorkReply.FromString)
+    try:
+        if not check("9: kexd --lease 1 --max-tunes-per-device 1 serves", s.wait_healthy(), s.read_log()[-2000:]):
+            return
+        ja, jb = s.open("alice"), s.open("bob")
+        a = hold_slot(s, busy, ja, 2.5)
+        b = Search(s, "bob", jb, mul_graph())
+        a.join(60)
+        b.join(60)
+        check("9: a job whose search holds or waits for a slot longer than its lease (1 s) does not expire: both "
+              "searches finish", a.ok and b.ok and a.error is None and b.error is None and b.ended > a.ended,
+              (desc(a.error), desc(b.error)))
+    finally:
+        s.close()
 
 
 PARTS = {"1": lambda: pinned_bytes(), "2": lambda: (job_table(), eviction()), "3": logs, "4": tokens, "5": cli_tokens, "6": lambda: (metrics_rules(), slow_clients()), "7": cache_visibility,
