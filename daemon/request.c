@@ -102,7 +102,7 @@ static const char *const status_names[KEXD_STATUS_CODES] = {
     "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
     "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
 
-/* "/kex.v1.Kex/OpenJob" -> "OpenJob" for messages. */
+/* "/kex.v1.Kex/OpenJob" -> "OpenJob" for messages (kexd_call_name of a call). */
 static const char *short_method(const char *path) {
   const char *slash = strrchr(path, '/');
   return slash ? slash + 1 : path;
@@ -114,7 +114,7 @@ static bool refuse_search(kexd *d, kexd_call *c, const kexd_tenant *t) {
   d->permission_denied++;
   kexd_call_failf(c, GRPC_STATUS_PERMISSION_DENIED,
                   "%s: tenant '%s' may not run beam searches (Tune, or Submit with beam.beam_width): may_tune is "
-                  "false in --auth", short_method(kexd_call_method(c)), t->name);
+                  "false in --auth", kexd_call_name(c), t->name);
   return false;
 }
 
@@ -172,7 +172,7 @@ void kexd_rpc_call_end(kexd_call *c, int status, void *ud) {
     kexd_call_peer_host(c, peer, sizeof peer);
     char ms[32];
     snprintf(ms, sizeof ms, "%.3f", kexd_call_age_ms(c));
-    const char *kv[] = {"method", short_method(kexd_call_method(c)), "tenant", ci->tenant ? ci->tenant->name : "-",
+    const char *kv[] = {"method", kexd_call_name(c), "tenant", ci->tenant ? ci->tenant->name : "-",
                         "peer", peer, "status", status >= 0 && status < KEXD_STATUS_CODES ? status_names[status] : "UNKNOWN",
                         "ms", ms, NULL};
     kex_log_kv(KEX_LOG_INFO, ci->job ? ci->job_log : NULL, "access", kv);
@@ -182,7 +182,7 @@ void kexd_rpc_call_end(kexd_call *c, int status, void *ud) {
 }
 
 int kexd_rpc_beam_options(kexd *d, kexd_call *c, const Kex__V1__BeamOptions *b, uint32_t fallback, uint32_t *width) {
-  const char *m = short_method(kexd_call_method(c));
+  const char *m = kexd_call_name(c);
   uint32_t w = b && b->beam_width ? b->beam_width : d->cfg.beam ? d->cfg.beam : fallback;
   if (w > KEX_BEAM_MAX_WIDTH || (w && b && (b->max_upcast > KEXD_BEAM_MAX_LIMIT || b->max_local > KEXD_BEAM_MAX_LIMIT))) {
     kexd_call_failf(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: beam.beam_width must be at most %d and max_upcast, "
@@ -196,7 +196,7 @@ int kexd_rpc_beam_options(kexd *d, kexd_call *c, const Kex__V1__BeamOptions *b, 
 /* The beam width limits (--max-beam, the tenant's max_beam) of a width kexd_rpc_beam_options checked.  0, or -1 with the call finished. */
 static int check_beam(kexd *d, kexd_call *c, kexd_job *job, uint64_t width) {
   const kexd_tenant *t = kexd_rpc_tenant(c);
-  const char *m = short_method(kexd_call_method(c));
+  const char *m = kexd_call_name(c);
   if (!width) return 0; /* hand-coded opts */
   if (width > d->cfg.max_beam) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: beam width %llu is more than the limit of %u (--max-beam)",

@@ -154,13 +154,14 @@ out:
 /*
  * A search that waited got its slot (searches.c, on a later turn of the loop): its method's handler runs
  * now with the request the call kept, unless the deadline passed (DEADLINE_EXCEEDED) or the job was closed
- * meanwhile (NOT_FOUND).  The job's lease is renewed, as at arrival.
+ * meanwhile (NOT_FOUND; jobs.c's removed hook ends such a call at once already).  The job's lease is renewed,
+ * as at arrival.
  */
 static void resume_search(kexd *d, kexd_call *c) {
   kexd_call_info *ci = kexd_call_ext(c);
   const method *m = ci->search.method;
   kexd_req r = {ci->search.msg, NULL, ci->search.arrived_us, ci->search.width};
-  const char *name = strrchr(m->path, '/') + 1;
+  const char *name = kexd_call_name(c);
   ci->search.msg = NULL;
   if (kexd_call_time_left(c) <= 0) {
     kexd_call_failf(c, GRPC_STATUS_DEADLINE_EXCEEDED, "%s: the deadline passed while the search waited for a slot",

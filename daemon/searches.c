@@ -184,20 +184,18 @@ static void on_wake(kexd_wake *w) {
 static void on_stop_waiting(kexd_call *c, void *ud) {
   kexd *d = ud;
   kexd_call_info *ci = kexd_call_ext(c);
-  const char *m = strrchr(kexd_call_method(c), '/');
   kexd_call_failf(c, GRPC_STATUS_UNAVAILABLE, "%s: kexd is stopping; the search waited for a slot on device %s",
-                  m ? m + 1 : kexd_call_method(c), ci->tune_device ? d->cfg.devices[ci->tune_device - 1] : "?");
+                  kexd_call_name(c), ci->tune_device ? d->cfg.devices[ci->tune_device - 1] : "?");
 }
 
 int kexd_search_slot(kexd *d, kexd_call *c, kexd_job *job, uint32_t dev, kexd_search_resume resume) {
   kexd_call_info *ci = kexd_call_ext(c);
   kexd_search_place *pl = &ci->search;
   search_line *L = &d->searches->lines[dev];
-  const char *m = strrchr(kexd_call_method(c), '/');
+  const char *m = kexd_call_name(c);
   char key[SEARCH_PAYER_MAX], who[KEXD_JOB_NAME_MAX + 16];
   double now = kexd_now_us();
   kexd_search_payer *p;
-  m = m ? m + 1 : kexd_call_method(c);
   payer_of(d, job, key, sizeof key, who, sizeof who);
   if (!(p = payer_get(L, key, now))) {
     kexd_call_failf(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory", m);
@@ -288,9 +286,8 @@ void kexd_search_job_removed(void *ud, uint64_t id) {
       kexd_call *c = pl->call;
       pl = pl->next; /* failing c takes its place out of the line (kexd_search_slot_end) */
       if (((kexd_call_info *)kexd_call_ext(c))->job != id) continue;
-      const char *m = strrchr(kexd_call_method(c), '/');
       kexd_call_failf(c, GRPC_STATUS_NOT_FOUND, "%s: the job was closed while its search waited for a slot",
-                      m ? m + 1 : kexd_call_method(c));
+                      kexd_call_name(c));
     }
   }
 }

@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <uv.h>
 
 typedef struct kexd_server kexd_server;
@@ -100,6 +101,11 @@ uint32_t kexd_server_calls_active(const kexd_server *s);
 /* ---- per call ---- */
 
 const char *kexd_call_method(const kexd_call *c);
+/* The method's last part, for messages: "OpenJob" of "/kex.v1.Kex/OpenJob". */
+static inline const char *kexd_call_name(const kexd_call *c) {
+  const char *path = kexd_call_method(c), *slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
 /* Seconds left before the client's deadline (INFINITY when none). */
 double kexd_call_time_left(const kexd_call *c);
 bool kexd_call_cancelled(const kexd_call *c);

@@ -621,10 +621,11 @@ static void kex_cl_event_free(void *impl, void *event) {
  * file sees it before main, serves requests on the socket <fd> and exits
  * when the socket closes.  A request is one program of one or more kernels
  * (kex_device_build_batch sends groups, kex_device_prewarm single sources):
- * u32 source length, u32 kernel count; per kernel u32 name length, u32
- * local[3] (local[0] = 0: not launched), u32 buffer count, u64
- * sizes[count], the name; then the source (int arguments after the buffers
- * get 1).  The reply is an i32 status (0 or the CL error of the build).
+ * u32 source length, u32 kernel count, u32 flags; per kernel u32 name
+ * length, u32 local[3] (local[0] = 0: not launched), u32 buffer count,
+ * u32 groups[3] (the launch's work-groups, kex_cl_warm_grid), u64
+ * sizes[count], the name; then the source (int arguments after the
+ * buffers get 1).  The reply is an i32 status (0 or the CL error of the build).
  * Any failure (no helper, a helper that dies, a build error) only means
  * the device builds that source itself, as it would without helpers.
  * A compile (kex_cl_compile_apart) sets flag KEX_CL_WARM_BINARY and gets

@@ -357,8 +357,7 @@ static void remember_failed(kex_engine *e, uint64_t h, int code, const char *msg
 static kex_prewarm_item launch_of(const kex_rplan *p, uint32_t k, const atomic_bool *cancel, size_t *sizes) {
   const kex_plan_prog *pp = &p->progs[k];
   kex_prewarm_item it = {.source = pp->src, .name = pp->name, .local = pp->has_local ? pp->local : NULL,
-                         .global = pp->global};
-  it.cancel = cancel;
+                         .global = pp->global, .cancel = cancel};
   for (uint32_t s = 0; s < p->nsteps; s++) {
     const kex_plan_step *st = &p->steps[s];
     if (st->kind != KEX_PLAN_STEP_KERNEL || st->kernel != k) continue;
